@@ -1,0 +1,184 @@
+"""Shared pieces of the benchmark scripts and ``lightning-gpuopt bench``.
+
+Every benchmark writes one JSON file shaped the same way (see ``write_results``) so any reader can compare
+them, and measures variants as ratios *in one run* against a ceiling measured in that same run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+ROW_KEYS = ("name", "samples_per_sec", "ratio_to_ceiling", "gpu_util_mean", "data_wait_frac")
+
+
+def machine_info() -> dict[str, Any]:
+    """GPU name, driver, torch/lightning/CUDA versions and CPU count of this machine."""
+    import lightning
+
+    info: dict[str, Any] = {
+        "gpu": None,
+        "gpu_count": 0,
+        "driver": None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:  # driver version is informative only
+            info["driver"] = None
+    return info
+
+
+def command_line() -> str:
+    """The command that is running, for the results file."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], **extra: Any) -> Path:
+    """Write ``{"machine", "command", "date", "rows", **extra}`` as JSON; missing row keys become null."""
+    full_rows = [{**{k: None for k in ROW_KEYS}, **row} for row in rows]
+    doc = {
+        "machine": machine_info(),
+        "command": extra.pop("command", command_line()),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "rows": full_rows,
+        **extra,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A fixed-width text table of ``columns`` (floats to 3 significant places, None as '-')."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_loop_throughput(
+    model: nn.Module,
+    batch_size: int,
+    image_size: int = 224,
+    num_classes: int = 1000,
+    steps: int = 60,
+    warmup: int = 15,
+    dtype: torch.dtype | None = torch.float16,
+    channels_last: bool = True,
+    device: str | torch.device = "cuda",
+    lr: float = 0.01,
+) -> float:
+    """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
+
+    Args:
+        model: the model (moved to ``device``; trained in place).
+        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for full fp32/TF32.
+        channels_last: convert model and batch to channels_last.
+    """
+    device = torch.device(device)
+    model = model.to(device)
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=mf)
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=mf)
+    y = torch.randint(0, num_classes, (batch_size,), device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    model.train()
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return steps * batch_size / (time.perf_counter() - t0)
+
+
+class ThroughputMeter(pl.Callback):
+    """Wall-clock samples/s of a fit after ``warmup`` training batches, synchronised at both ends.
+
+    Only two device syncs in the whole run (start of the timed window and end of training), so the
+    figure is what the user's run achieves.
+    """
+
+    def __init__(self, warmup: int = 10) -> None:
+        self.warmup = warmup
+        self._t0: float | None = None
+        self._samples = 0
+        self.samples_per_sec: float | None = None
+        self.seconds: float | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.warmup and self._t0 is None:
+            _sync(pl_module.device)
+            self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._t0 is not None:
+            x = batch[0] if isinstance(batch, (list, tuple)) else batch
+            self._samples += int(x.shape[0]) if hasattr(x, "shape") else 0
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._t0 is None:
+            return
+        _sync(pl_module.device)
+        self.seconds = time.perf_counter() - self._t0
+        self.samples_per_sec = self._samples / self.seconds if self.seconds > 0 else None
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run ``fn`` and return ``(result, seconds)``."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0

@@ -1,0 +1,1 @@
+# subcommands of the lightning-gpuopt CLI, one module each (see cli.py)

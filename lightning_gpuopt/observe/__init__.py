@@ -1,0 +1,1 @@
+"""Watch what the GPU does: NVML sampling, GPU-Util/data-wait monitor, NVTX ranges, bottleneck advisor."""
