@@ -1,0 +1,240 @@
+"""Class-per-subfolder image folders decoded to fixed-size uint8 arrays on the CPU.
+
+Images stay uint8 HWC on the host: four times less memory and host-to-device copy than float32. All
+float work (crop, flip, normalize) happens on the GPU afterwards (``lightning_gpuopt.data.transforms``).
+
+``load_uint8_image`` is the one decode + resize routine of the package; the HDF5 converter reuses it, so a
+folder and its HDF5 copy give the same pixels.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".bmp",
+    ".ppm",
+    ".pgm",
+    ".tif",
+    ".tiff",
+    ".webp",
+)
+
+ON_CORRUPT = ("raise", "skip")
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
+    """List a class-per-subfolder image folder.
+
+    Class names are the sorted immediate subfolders of ``root``; each class folder is walked recursively
+    and its files sorted. Files directly in ``root`` (such as a generator's manifest) and hidden files or
+    folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored.
+
+    Args:
+        root: the folder (``root/<class>/<image>``).
+
+    Returns:
+        ``(classes, samples)`` with ``samples`` a list of ``(path, class_index)``.
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist.
+        ValueError: ``root`` is not a folder, has no class subfolders, a class folder holds no images, or a
+            class folder holds files that are not images (one is named).
+    """
+    root_path = Path(root).expanduser()
+    if not root_path.exists():
+        raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist; check the path")
+    if not root_path.is_dir():
+        raise ValueError(
+            f"{str(root_path)!r} is a file, not a folder; pass a folder laid out as <root>/<class>/<image> "
+            "(for an HDF5 file use backend='hdf5')"
+        )
+    classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not _is_hidden(e.name))
+    if not classes:
+        raise ValueError(
+            f"image folder {str(root_path)!r} has no class subfolders; lay it out as <root>/<class>/<image>"
+        )
+    samples: list[tuple[str, int]] = []
+    for index, name in enumerate(classes):
+        class_dir = root_path / name
+        files: list[str] = []
+        non_images: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+            for fname in filenames:
+                if _is_hidden(fname):
+                    continue
+                full = os.path.join(dirpath, fname)
+                if fname.lower().endswith(IMAGE_EXTENSIONS):
+                    files.append(full)
+                else:
+                    non_images.append(full)
+        if non_images:
+            raise ValueError(
+                f"{len(non_images)} non-image file(s) in class folder {str(class_dir)!r}, e.g. "
+                f"{sorted(non_images)[0]!r}; move them out of the dataset (accepted extensions: "
+                f"{', '.join(IMAGE_EXTENSIONS)})"
+            )
+        if not files:
+            raise ValueError(
+                f"class folder {str(class_dir)!r} holds no images; remove it or add images "
+                f"({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        samples.extend((f, index) for f in sorted(files))
+    return classes, samples
+
+
+def load_uint8_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
+    """Decode an image to RGB, resize its short side to ``size`` and center-crop ``size x size``.
+
+    The crop and resize are one PIL call on the central square (bilinear, antialiased when shrinking), so
+    only the pixels kept are resampled. JPEGs at least twice as large as needed are decoded at a reduced
+    DCT scale first (``Image.draft``), which is much faster and still at least ``size`` on the short side.
+
+    Args:
+        path: image file.
+        size: output side in pixels.
+
+    Returns:
+        ``np.ndarray`` of shape ``(size, size, 3)``, dtype uint8, writable.
+
+    Raises:
+        ValueError: the file cannot be read or decoded (the path is named).
+    """
+    from PIL import Image
+
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    try:
+        with Image.open(path) as img:
+            w, h = img.size
+            short = min(w, h)
+            if img.format == "JPEG" and short >= 2 * size:
+                # draft keeps both sides >= the request, so the short side stays >= size
+                img.draft(
+                    "RGB", (max(1, (w * size + short - 1) // short), max(1, (h * size + short - 1) // short))
+                )
+                w, h = img.size
+                short = min(w, h)
+            rgb = img.convert("RGB")
+            left, top = (w - short) / 2.0, (h - short) / 2.0
+            out = rgb.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short))
+            return np.array(out, dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(
+            f"cannot decode image {os.fspath(path)!r} ({type(err).__name__}: {err}); remove or replace the "
+            "file, or pass on_corrupt='skip' to skip unreadable images"
+        ) from err
+
+
+class UInt8ImageFolder(Dataset):
+    """Map-style dataset over a class-per-subfolder image folder returning ``(uint8 HWC array, label)``.
+
+    Every image is decoded and resized to ``size x size`` (short side resize + center crop, see
+    ``load_uint8_image``); random crops and flips happen later on the GPU. The object holds only paths
+    and plain values, so it pickles cheaply for ``spawn`` workers and DDP.
+
+    Args:
+        root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
+        size: side of the stored square in pixels (256 for 224 crops).
+        on_corrupt: ``"raise"`` (default) raises ``ValueError`` naming an unreadable file; ``"skip"``
+            returns the next readable image in its place (so batches keep their size) and records the path.
+        skip_log: folder where skipped paths are appended (one file per process), so skips made inside
+            DataLoader worker processes can be counted by the main process (``OptimizedDataModule`` sets it).
+
+    Example:
+        >>> ds = UInt8ImageFolder("train/", size=256)  # doctest: +SKIP
+        >>> image, label = ds[0]  # (256, 256, 3) uint8, int
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        size: int = 256,
+        on_corrupt: str = "raise",
+        skip_log: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int (pixels), got {size!r}")
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        self.root = os.fspath(Path(root).expanduser())
+        self.size = size
+        self.on_corrupt = on_corrupt
+        self.skip_log = os.fspath(skip_log) if skip_log is not None else None
+        self.classes, self.samples = scan_image_folder(self.root)
+        self._skipped_here: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if self.on_corrupt == "raise":
+            path, label = self.samples[index]
+            return load_uint8_image(path, self.size), label
+        n = len(self.samples)
+        # try the following images in turn; give up if a long run is unreadable (a broken folder)
+        for offset in range(min(n, 64)):
+            path, label = self.samples[(index + offset) % n]
+            try:
+                return load_uint8_image(path, self.size), label
+            except ValueError:
+                self._record_skip(path)
+        raise ValueError(
+            f"{min(n, 64)} consecutive images from index {index} in {self.root!r} are unreadable; "
+            "the folder looks broken (check the files, e.g. with PIL)"
+        )
+
+    def _record_skip(self, path: str) -> None:
+        self._skipped_here.append(path)
+        if self.skip_log is not None:
+            os.makedirs(self.skip_log, exist_ok=True)
+            with open(os.path.join(self.skip_log, f"skipped-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
+                fh.write(path + "\n")
+
+    def skipped(self) -> list[str]:
+        """Paths skipped so far as unreadable, in this process and (via ``skip_log``) in worker processes.
+
+        A path skipped again in a later epoch appears again.
+        """
+        paths = list(self._skipped_here)
+        if self.skip_log is not None and os.path.isdir(self.skip_log):
+            own = f"skipped-{os.getpid()}.txt"
+            for name in sorted(os.listdir(self.skip_log)):
+                if name == own:  # this process's skips are already in _skipped_here
+                    continue
+                with open(os.path.join(self.skip_log, name), encoding="utf-8") as fh:
+                    paths.extend(line.rstrip("\n") for line in fh if line.strip())
+        return paths
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset for caches (worker tuning): root, count, size and the root's mtime."""
+        try:
+            mtime = os.path.getmtime(self.root)
+        except OSError:
+            mtime = None
+        return {
+            "class": type(self).__name__,
+            "root": os.path.abspath(self.root),
+            "len": len(self),
+            "size": self.size,
+            "mtime": mtime,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(root={self.root!r}, size={self.size}, images={len(self)}, "
+            f"classes={len(self.classes)})"
+        )
