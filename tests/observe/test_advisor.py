@@ -1,0 +1,509 @@
+"""BottleneckAdvisor: pure rules, hysteresis, and CPU scenario runs through Lightning."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lightning_gpuopt.models import ImageClassifier
+from lightning_gpuopt.observe.advisor import (
+    KINDS,
+    AdvisorThresholds,
+    BottleneckAdvisor,
+    Evidence,
+    Hysteresis,
+    RunConfig,
+    Verdict,
+    collect_config,
+    conv_memory_formats,
+    diagnose,
+)
+
+H200 = {
+    "device_type": "cuda",
+    "gpu_name": "NVIDIA H200",
+    "capability": (9, 0),
+    "cpus": 16,
+    "processes_per_node": 1,
+    "num_workers": 12,
+    "pin_memory": True,
+    "host_batches": True,
+    "batch_size": 256,
+    "backend": "hdf5",
+    "precision": "16-mixed",
+    "conv_layers": 36,
+    "conv_channels_last": 36,
+    "input_channels_last": True,
+    "cudnn_benchmark": True,
+    "cudnn_deterministic": False,
+    "cudnn_allow_tf32": True,
+    "float32_matmul_precision": "high",
+    "mem_peak_gb": 60.0,
+    "mem_total_gb": 140.0,
+    "gpu_monitor": True,
+}
+BUSY_GPU = {
+    "time/step_ms": 45.0,
+    "time/data_wait_ms": 0.5,
+    "time/data_wait_frac": 0.011,
+    "throughput/samples_per_sec": 5700.0,
+    "gpu/util": 99.0,
+    "gpu/sm_active": 75.0,
+    "gpu/mem_used_gb": 62.0,
+    "gpu/mem_total_gb": 143.0,
+}
+
+
+def kinds(verdicts):
+    return [v.kind for v in verdicts]
+
+
+def cfg(**over):
+    return {**H200, **over}
+
+
+def ev(**over):
+    return {**BUSY_GPU, **over}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pure rules
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_healthy_gpu_run_raises_nothing():
+    assert diagnose(ev(), cfg()) == []
+
+
+def test_healthy_cpu_run_raises_nothing():
+    config = {"device_type": "cpu", "cpus": 2, "num_workers": 0, "pin_memory": False, "precision": "32-true"}
+    assert (
+        diagnose({"time/data_wait_frac": 0.02, "time/data_wait_ms": 0.1, "time/step_ms": 5.0}, config) == []
+    )
+
+
+def test_input_bound_too_few_workers():
+    out = diagnose(
+        ev(**{"time/data_wait_frac": 0.6, "time/data_wait_ms": 60.0, "gpu/util": 40.0}), cfg(num_workers=2)
+    )
+    assert kinds(out) == ["input-bound"]
+    v = out[0]
+    assert v.cause == "too-few-workers" and v.severity == "warning"
+    assert v.evidence["data_wait_frac"] == 0.6 and v.evidence["num_workers"] == 2 and v.evidence["cpus"] == 16
+    assert 'num_workers="auto"' in v.advice
+
+
+def test_input_bound_zero_workers_on_two_cores():
+    config = {"device_type": "cpu", "cpus": 2, "num_workers": 0}
+    out = diagnose({"time/data_wait_frac": 0.5, "time/data_wait_ms": 20.0}, config)
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", "too-few-workers")]
+
+
+def test_input_bound_too_many_workers_counts_processes():
+    # 10 workers are fine for one process on 16 cores, not for 4 processes sharing them
+    wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 15.0, "gpu/util": 60.0}
+    out = diagnose(ev(**wait), cfg(num_workers=10, processes_per_node=4))
+    assert out[0].kind == "input-bound" and out[0].cause == "too-many-workers"
+    assert out[0].evidence["processes_per_node"] == 4
+    assert (
+        diagnose(ev(**wait), cfg(num_workers=10, processes_per_node=1, backend="hdf5"))[0].cause
+        == "slow-loader"
+    )
+
+
+def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
+    out = diagnose(
+        ev(**{"time/data_wait_frac": 0.45, "time/data_wait_ms": 40.0, "gpu/util": 55.0}),
+        cfg(num_workers=16, backend="folder"),
+    )
+    assert out[0].cause == "decode-bound"
+    assert 'backend="hdf5"' in out[0].advice and 'backend="dali"' in out[0].advice
+
+
+def test_wait_overlapping_a_busy_gpu_is_not_input_bound():
+    # the host waits for data while the GPU still works on queued steps: not a bottleneck
+    assert (
+        diagnose(
+            ev(**{"time/data_wait_frac": 0.3, "time/data_wait_ms": 15.0, "gpu/util": 97.0}),
+            cfg(num_workers=0),
+        )
+        == []
+    )
+
+
+def test_tiny_waits_of_tiny_steps_are_not_input_bound():
+    out = diagnose(
+        {"time/data_wait_frac": 0.2, "time/data_wait_ms": 0.3, "time/step_ms": 1.5}, cfg(num_workers=0)
+    )
+    assert "input-bound" not in kinds(out)
+
+
+def test_pageable_copies():
+    out = diagnose(ev(), cfg(pin_memory=False))
+    assert kinds(out) == ["pageable-copies"]
+    assert "pin_memory=True" in out[0].advice
+    # batches already on the GPU (no copy), DALI, or a CPU run: nothing to pin
+    assert diagnose(ev(), cfg(pin_memory=False, host_batches=False)) == []
+    assert diagnose(ev(), cfg(pin_memory=False, backend="dali")) == []
+    assert "pageable-copies" not in kinds(diagnose(ev(), cfg(pin_memory=False, device_type="cpu")))
+    # unknown origin with workers: worker processes only produce host tensors
+    assert kinds(diagnose(ev(), cfg(pin_memory=False, host_batches=None, num_workers=4))) == [
+        "pageable-copies"
+    ]
+
+
+def test_launch_bound_tiny_batch():
+    out = diagnose(
+        ev(**{"gpu/util": 62.0, "gpu/sm_active": 9.0, "time/step_ms": 14.0, "gpu/mem_used_gb": 4.0}),
+        cfg(batch_size=4, mem_peak_gb=3.0),
+    )
+    assert kinds(out) == ["launch-bound", "memory-headroom"]
+    assert out[0].evidence["gpu_util"] == 62.0 and out[0].evidence["batch_size"] == 4
+    assert "Grow the batch" in out[0].advice
+    assert out[1].severity == "info" and out[1].evidence["mem_frac"] < 0.3
+
+
+def test_launch_bound_needs_gpu_metrics():
+    out = diagnose({"time/data_wait_frac": 0.01, "time/step_ms": 14.0}, cfg(batch_size=4, gpu_monitor=False))
+    assert kinds(out) == ["gpu-metrics-missing"]
+    assert "GPUStatsMonitor()" in out[0].advice
+
+
+def test_low_sm_activity_alone_is_launch_bound():
+    assert "launch-bound" in kinds(diagnose(ev(**{"gpu/sm_active": 12.0}), cfg()))
+    # without GPM, a busy GPU on a big batch is not
+    busy_no_gpm = {k: v for k, v in BUSY_GPU.items() if k != "gpu/sm_active"}
+    assert diagnose(busy_no_gpm, cfg()) == []
+
+
+def test_fp32_on_tensor_cores():
+    out = diagnose(ev(), cfg(precision="32-true", float32_matmul_precision="highest"))
+    assert kinds(out) == ["fp32-on-tensor-cores"]
+    v = out[0]
+    assert v.evidence["capability"] == "9.0" and v.evidence["precision"] == "32-true"
+    assert (
+        '"16-mixed"' in v.advice and "bf16-mixed" in v.advice and "set_float32_matmul_precision" in v.advice
+    )
+    # pre-Volta GPUs have no tensor cores; CPU runs are out of scope
+    assert diagnose(ev(), cfg(precision="32-true", capability=(6, 1))) == []
+    assert diagnose(ev(), cfg(precision="32-true", device_type="cpu")) == []
+
+
+def test_compute_verdicts_are_info_when_input_bound():
+    out = diagnose(
+        ev(**{"time/data_wait_frac": 0.5, "time/data_wait_ms": 40.0, "gpu/util": 40.0}),
+        cfg(precision="32-true", num_workers=1),
+    )
+    sev = {v.kind: v.severity for v in out}
+    assert sev["input-bound"] == "warning" and sev["fp32-on-tensor-cores"] == "info"
+
+
+def test_nchw_convolutions():
+    out = diagnose(ev(), cfg(conv_channels_last=0, input_channels_last=False))
+    assert kinds(out) == ["nchw-convolutions"]
+    assert out[0].evidence["conv_channels_last_frac"] == 0.0
+    assert "ChannelsLast()" in out[0].advice
+    # fp32 without TF32 on a pre-Ampere GPU: NHWC buys little, so no verdict about it
+    assert "nchw-convolutions" not in kinds(
+        diagnose(ev(), cfg(conv_channels_last=0, precision="32-true", capability=(7, 0)))
+    )
+    # fp32 on Ampere+ convolutions use TF32 tensor cores by default
+    assert "nchw-convolutions" in kinds(diagnose(ev(), cfg(conv_channels_last=0, precision="32-true")))
+    # a model without convolutions
+    assert diagnose(ev(), cfg(conv_layers=0, conv_channels_last=0)) == []
+
+
+def test_cudnn_benchmark_off():
+    out = diagnose(ev(), cfg(cudnn_benchmark=False))
+    assert kinds(out) == ["cudnn-benchmark-off"] and out[0].severity == "info"
+    assert "benchmark=True" in out[0].advice
+    assert diagnose(ev(), cfg(cudnn_benchmark=False, cudnn_deterministic=True)) == []
+
+
+def test_memory_headroom_only_when_gpu_not_saturated():
+    # little memory but a saturated GPU: a bigger batch would not help, stay quiet
+    assert diagnose(ev(), cfg(mem_peak_gb=10.0)) == []
+    out = diagnose(ev(**{"gpu/util": 80.0, "gpu/sm_active": 40.0}), cfg(mem_peak_gb=10.0, batch_size=32))
+    assert kinds(out) == ["memory-headroom"]
+    assert out[0].evidence["mem_frac"] == pytest.approx(10 / 140, abs=1e-3)
+    assert "batch_size=32 could grow about 8x" in out[0].advice
+    # falls back to NVML memory figures when the allocator's are unknown
+    out = diagnose(
+        ev(**{"gpu/util": 80.0, "gpu/mem_used_gb": 20.0}), cfg(mem_peak_gb=None, mem_total_gb=None)
+    )
+    assert out[0].evidence["mem_used_gb"] == 20.0
+
+
+def test_gpu_metrics_missing_with_monitor_present():
+    out = diagnose({"time/data_wait_frac": 0.0}, cfg(gpu_monitor=True))
+    assert kinds(out) == ["gpu-metrics-missing"]
+    assert "logged no GPU-Util" in out[0].advice
+
+
+def test_warnings_sorted_first_and_every_kind_is_known():
+    out = diagnose(
+        ev(**{"gpu/util": 50.0}),
+        cfg(
+            precision="32-true",
+            conv_channels_last=0,
+            cudnn_benchmark=False,
+            pin_memory=False,
+            mem_peak_gb=5.0,
+        ),
+    )
+    assert set(kinds(out)) <= set(KINDS)
+    sev = [v.severity for v in out]
+    assert sev == sorted(sev, key=lambda s: s != "warning")
+    assert kinds(out)[:4] == ["pageable-copies", "launch-bound", "fp32-on-tensor-cores", "nchw-convolutions"]
+
+
+def test_diagnose_accepts_dataclasses_and_rejects_unknown_config_keys():
+    out = diagnose(Evidence(data_wait_frac=0.5, data_wait_ms=9.0), RunConfig(cpus=2, num_workers=0))
+    assert kinds(out) == ["input-bound"]
+    with pytest.raises(TypeError, match="num_worker"):
+        diagnose({}, {"num_worker": 2})
+
+
+def test_thresholds_are_used():
+    strict = AdvisorThresholds(input_wait_frac=0.05)
+    wait = {"time/data_wait_frac": 0.07, "time/data_wait_ms": 5.0}
+    config = {"cpus": 2, "num_workers": 0}
+    assert diagnose(wait, config) == []
+    assert kinds(diagnose(wait, config, strict)) == ["input-bound"]
+
+
+def test_verdict_round_trip():
+    v = diagnose(ev(), cfg(pin_memory=False))[0]
+    assert Verdict.from_dict(v.to_dict()) == v
+    assert v.label == "pageable-copies"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hysteresis
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _v(kind, x=0.0):
+    return Verdict(kind, {"x": x}, "advice")
+
+
+def test_hysteresis_raises_after_k_and_clears_after_n():
+    h = Hysteresis(raise_after=2, clear_after=3)
+    assert not h.update([_v("input-bound")]) and h.verdicts == []
+    assert h.update([_v("input-bound", 1.0)]) and kinds(h.verdicts) == ["input-bound"]
+    assert h.verdicts[0].evidence["x"] == 1.0
+    assert not h.update([]) and not h.update([])
+    assert kinds(h.verdicts) == ["input-bound"]
+    assert h.update([]) and h.verdicts == []
+
+
+def test_hysteresis_does_not_flap_on_alternating_windows():
+    h = Hysteresis(raise_after=2, clear_after=2)
+    changes = [h.update([_v("launch-bound")] if i % 2 == 0 else []) for i in range(12)]
+    assert not any(changes) and h.verdicts == []
+    # once raised, a single missing window does not clear it
+    h.update([_v("launch-bound")])
+    h.update([_v("launch-bound")])
+    flips = [h.update([] if i % 2 == 0 else [_v("launch-bound")]) for i in range(12)]
+    assert not any(flips) and kinds(h.verdicts) == ["launch-bound"]
+
+
+def test_hysteresis_state_round_trip():
+    h = Hysteresis(2, 2)
+    for _ in range(3):
+        h.update([_v("nchw-convolutions", 0.25)])
+    h2 = Hysteresis(2, 2)
+    h2.load_state_dict(pickle.loads(pickle.dumps(h.state_dict())))
+    assert h2.verdicts == h.verdicts and h2.windows == 3
+    h2.update([])
+    assert kinds(h2.verdicts) == ["nchw-convolutions"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lightning runs on the CPU
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class SleepyImages(Dataset):
+    """Small images whose loading takes ``delay_s`` each: a slow loader."""
+
+    def __init__(self, n: int = 256, delay_s: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 3, 16, 16, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.x[i], self.y[i]
+
+
+def _trainer(tmp_path, callbacks, steps, logger=False):
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+
+
+def _model():
+    return ImageClassifier(
+        nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01
+    )
+
+
+def test_scenario_slow_loader_without_workers_is_input_bound(tmp_path, caplog):
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=2)
+    loader = DataLoader(SleepyImages(delay_s=0.02), batch_size=4, num_workers=0)
+    with caplog.at_level("INFO"):
+        _trainer(tmp_path, [advisor], steps=14).fit(_model(), loader)
+    assert advisor.windows == 3
+    assert [(v.kind, v.cause) for v in advisor.verdicts] == [("input-bound", "too-few-workers")]
+    ev_ = advisor.verdicts[0].evidence
+    assert ev_["data_wait_frac"] >= 0.1 and ev_["num_workers"] == 0
+    assert ev_["data_wait_ms"] >= 4 * 20.0 * 0.9
+    assert "BottleneckAdvisor after 3 window(s)" in caplog.text and "too-few-workers" in caplog.text
+
+
+def test_scenario_healthy_cpu_run_no_false_alarm(tmp_path):
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=1)
+    data = SleepyImages()
+    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32, num_workers=0)
+    _trainer(tmp_path, [advisor], steps=14).fit(_model(), loader)
+    assert advisor.windows == 3
+    assert advisor.verdicts == [], advisor.history
+    assert all(h["diagnosed"] == [] for h in advisor.history)
+    assert "no bottleneck found" in advisor.summary()
+
+
+def test_collect_config_reads_the_run(tmp_path):
+    seen = {}
+
+    class Probe(BottleneckAdvisor):
+        def on_train_start(self, trainer, pl_module):
+            super().on_train_start(trainer, pl_module)
+            seen["cfg"] = collect_config(trainer, pl_module, gpu_monitor=False)
+
+    loader = DataLoader(SleepyImages(64), batch_size=16, num_workers=1, pin_memory=False)
+    _trainer(tmp_path, [Probe(warmup_steps=1, window_steps=1)], steps=2).fit(_model(), loader)
+    c = seen["cfg"]
+    assert (c.device_type, c.num_workers, c.pin_memory, c.batch_size, c.host_batches) == (
+        "cpu",
+        1,
+        False,
+        16,
+        True,
+    )
+    assert c.precision == "32-true" and c.cpus >= 1 and c.processes_per_node == 1
+    assert c.conv_layers == 1 and c.conv_channels_last == 0
+
+
+def test_conv_memory_formats():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 4, 3))
+    assert conv_memory_formats(model) == (2, 0)  # the 1x1 kernel cannot tell
+    model.to(memory_format=torch.channels_last)
+    assert conv_memory_formats(model) == (2, 2)
+
+
+def test_gpu_evidence_is_read_from_a_monitor_history(tmp_path):
+    """A stand-in with the monitor's public surface (history/last_window) feeds the GPU side."""
+    from lightning.pytorch.callbacks import Callback
+
+    class FakeMonitor(Callback):
+        def __init__(self):
+            self.history = []
+            self.last_window = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            w = {"gpu/util": 35.0, "gpu/sm_active": 8.0, "gpu/mem_used_gb": 2.0, "step": trainer.global_step}
+            self.history.append(w)
+            self.last_window = w
+
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=2)
+    data = SleepyImages()
+    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32)
+    # monitor before the advisor so its window is in the history when the advisor evaluates
+    _trainer(tmp_path, [FakeMonitor(), advisor], steps=10).fit(_model(), loader)
+    assert advisor.history[-1]["evidence"]["gpu_util"] == 35.0
+    assert advisor.config.gpu_monitor is True
+    # a CPU run: the GPU rules stay silent even with low GPU figures
+    assert advisor.verdicts == []
+
+
+def test_logs_flags_and_tensorboard_text(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    advisor = BottleneckAdvisor(warmup_steps=1, window_steps=3, min_windows=1, verbose=False)
+    loader = DataLoader(SleepyImages(128, delay_s=0.02), batch_size=4)
+    tb = TensorBoardLogger(tmp_path, name="tb")
+    csv = CSVLogger(tmp_path, name="csv")
+    _trainer(tmp_path, [advisor], steps=7, logger=[tb, csv]).fit(_model(), loader)
+    assert [v.kind for v in advisor.verdicts] == ["input-bound"]
+    tb.experiment.flush()
+    acc = EventAccumulator(tb.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    texts = acc.Tensors("advisor/summary/text_summary")
+    assert texts and b"too-few-workers" in texts[-1].tensor_proto.string_val[0]
+    assert acc.Scalars("advisor/input-bound")[-1].value == 1.0
+    assert acc.Scalars("advisor/launch-bound")[-1].value == 0.0
+    csv_text = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text()
+    assert "advisor/input-bound" in csv_text and "advisor/num_warnings" in csv_text
+
+
+def test_state_round_trip_and_second_fit(tmp_path):
+    advisor = BottleneckAdvisor(warmup_steps=1, window_steps=3, min_windows=1, verbose=False)
+    loader = DataLoader(SleepyImages(128, delay_s=0.02), batch_size=4)
+    _trainer(tmp_path, [advisor], steps=7).fit(_model(), loader)
+    state = pickle.loads(pickle.dumps(advisor.state_dict()))
+    restored = BottleneckAdvisor(min_windows=1)
+    restored.load_state_dict(state)
+    assert restored.verdicts == advisor.verdicts and restored.windows == advisor.windows == 2
+    pickle.dumps(advisor)
+    # a second fit with a fast loader starts over and finds nothing
+    data = SleepyImages()
+    fast = DataLoader(TensorDataset(data.x, data.y), batch_size=32)
+    _trainer(tmp_path, [advisor], steps=7).fit(_model(), fast)
+    assert advisor.verdicts == [] and advisor.windows == 2
+
+
+def test_short_run_says_not_enough_evidence(tmp_path):
+    advisor = BottleneckAdvisor(warmup_steps=20, window_steps=20, verbose=False)
+    data = SleepyImages(64)
+    _trainer(tmp_path, [advisor], steps=3).fit(
+        _model(), DataLoader(TensorDataset(data.x, data.y), batch_size=8)
+    )
+    assert advisor.windows == 0 and advisor.verdicts == []
+    assert "no verdict" in advisor.summary()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err"),
+    [
+        ({"warmup_steps": -1}, ValueError),
+        ({"window_steps": 0}, ValueError),
+        ({"min_windows": 0}, ValueError),
+        ({"clear_windows": 1.5}, TypeError),
+        ({"thresholds": {"input_wait_frac": 0.2}}, TypeError),
+    ],
+)
+def test_argument_validation(kwargs, err):
+    with pytest.raises(err, match=next(iter(kwargs))):
+        BottleneckAdvisor(**kwargs)
