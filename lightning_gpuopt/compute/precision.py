@@ -1,0 +1,216 @@
+"""Choose the compute settings a device runs fastest with: precision, TF32, cuDNN autotuning, channels_last.
+
+``fast_trainer_kwargs`` is the one-line preset::
+
+    trainer = Trainer(**fast_trainer_kwargs(model, max_epochs=10))
+
+Precision has to be a ``Trainer`` argument (Lightning builds its precision plugin in ``Trainer.__init__``;
+a callback comes too late), so the preset is a function returning ``Trainer`` keyword arguments rather
+than a callback. It is the only piece with a process-wide side effect: on CUDA it enables TF32 (see
+``configure_backends``), as ``torch.set_float32_matmul_precision`` is meant to be called once at the top of
+a script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+ModelFamily = Literal["conv", "transformer"]
+_FAMILIES = ("conv", "transformer")
+
+# Layers whose presence makes a model a "conv net" for the precision heuristic.
+_CONV_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+
+
+def _resolve_device(device: str | int | torch.device | None) -> torch.device:
+    if device is None:
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    if isinstance(device, (str, torch.device)):
+        try:
+            return torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(
+                f"device={device!r} is not a torch device string (e.g. 'cuda:0' or 'cpu')."
+            ) from err
+    raise TypeError(f"device must be a str, int, torch.device or None, got {type(device).__name__}")
+
+
+def _family(model: nn.Module | None, model_family: str | None) -> str | None:
+    if model_family is not None:
+        if model_family not in _FAMILIES:
+            raise ValueError(
+                f"model_family={model_family!r} is not supported; use one of {_FAMILIES} or None."
+            )
+        return model_family
+    if model is None:
+        return None
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+    return "conv" if any(isinstance(m, _CONV_TYPES) for m in model.modules()) else "transformer"
+
+
+def _cpu_has_fast_bf16() -> bool:
+    # torch exposes the ISA probes only under private names; a torch without them gets the safe answer.
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def choose_precision(
+    device: str | int | torch.device | None = None,
+    model: nn.Module | None = None,
+    model_family: ModelFamily | None = None,
+) -> str:
+    """Return the Lightning ``precision`` string that trains fastest on ``device`` without losing stability.
+
+    ============================  =================  ==========================================================
+    device                        model              precision
+    ============================  =================  ==========================================================
+    CUDA, compute capability <7   any                ``"32-true"`` (no tensor cores; autocast only adds casts)
+    CUDA 7.x (Volta, Turing)      any                ``"16-mixed"`` (no bf16 hardware)
+    CUDA >= 8.0 (Ampere, Hopper)  conv net           ``"16-mixed"``: measured faster than bf16 for ResNet-50 on
+                                                     an H200 (5,789 vs 4,718 img/s, channels_last)
+    CUDA >= 8.0                   no convolution,    ``"bf16-mixed"``: same tensor-core rate for matmuls, fp32's
+                                  or unknown         range (no loss scaling, no overflow in attention logits)
+    CPU with AVX512-BF16 or AMX   any                ``"bf16-mixed"``
+    other CPU, other devices      any                ``"32-true"``
+    ============================  =================  ==========================================================
+
+    Args:
+        device: the training device (``"cuda:0"``, an index, a ``torch.device``); ``None`` is the current CUDA
+            device if there is one, else the CPU. Under multi-GPU, pass one of them (devices are assumed alike).
+        model: the model; any ``Conv*d`` layer makes it a conv net.
+        model_family: ``"conv"`` or ``"transformer"``; overrides what ``model`` suggests.
+    """
+    dev = _resolve_device(device)
+    family = _family(model, model_family)
+    if dev.type == "cpu":
+        return "bf16-mixed" if _cpu_has_fast_bf16() else "32-true"
+    if dev.type != "cuda":
+        return "32-true"
+    major, _minor = torch.cuda.get_device_capability(dev)
+    if major < 7:
+        return "32-true"
+    if major < 8:
+        return "16-mixed"
+    return "16-mixed" if family == "conv" else "bf16-mixed"
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The process-wide backend flags ``configure_backends`` touches; ``restore()`` puts them back."""
+
+    float32_matmul_precision: str
+    cudnn_allow_tf32: bool
+    cudnn_benchmark: bool
+
+    def restore(self) -> None:
+        """Set the flags back to these values."""
+        torch.set_float32_matmul_precision(self.float32_matmul_precision)
+        torch.backends.cudnn.allow_tf32 = self.cudnn_allow_tf32
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+
+
+def _current_backends() -> BackendSettings:
+    return BackendSettings(
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+    )
+
+
+def configure_backends(tf32: bool | None = True, cudnn_benchmark: bool | None = True) -> BackendSettings:
+    """Enable TF32 for fp32 matmuls and convolutions and cuDNN autotuning; return the previous settings.
+
+    TF32 keeps fp32's range with a 10-bit mantissa and runs fp32 work on tensor cores (ResNet-50 on an H200:
+    1,063 img/s fp32, 2,219 TF32). It matters for ``"32-true"`` and for the ops autocast keeps in fp32.
+    ``cudnn.benchmark`` times the convolution algorithms once per input shape; it pays when shapes repeat
+    (fixed image size, ``drop_last``), and costs a re-tune for every new shape otherwise.
+
+    Args:
+        tf32: ``True`` sets ``torch.set_float32_matmul_precision("high")`` and ``cudnn.allow_tf32``;
+            ``False`` sets ``"highest"`` and disallows it; ``None`` leaves both alone.
+        cudnn_benchmark: value for ``torch.backends.cudnn.benchmark``; ``None`` leaves it alone. In a
+            ``Trainer``, prefer its own ``benchmark=`` argument, which sets the same flag.
+
+    Returns:
+        The settings before the call; ``configure_backends(...).restore()`` undoes it.
+    """
+    for name, value in (("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be True, False or None, got {value!r}")
+    previous = _current_backends()
+    if tf32 is not None:
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = tf32
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    return previous
+
+
+def fast_trainer_kwargs(
+    model: nn.Module | None = None,
+    device: str | int | torch.device | None = None,
+    *,
+    tf32: bool = True,
+    **trainer_kwargs: Any,
+) -> dict[str, Any]:
+    """``Trainer`` keyword arguments for the fastest compute on ``device``: the one-line preset.
+
+    ``Trainer(**fast_trainer_kwargs(model, max_epochs=10))`` gives:
+
+    - ``precision=choose_precision(device, model)`` (e.g. ``"16-mixed"`` for a conv net on an H200),
+    - ``benchmark=True`` on CUDA (Lightning sets ``cudnn.benchmark``), unless ``deterministic`` is asked for,
+    - a ``ChannelsLast()`` callback, appended to ``callbacks``, when the model has a Conv2d (or is not given),
+    - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
+
+    Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a
+    ``ChannelsLast`` of yours is not duplicated). From ``LightningCLI``, write the same in the config
+    (``precision``, ``benchmark``, ``callbacks: [{class_path: lightning_gpuopt.ChannelsLast}]``) and call
+    ``configure_backends()`` before ``LightningCLI(...)``.
+
+    Args:
+        model: the model to be trained (a ``LightningModule`` or ``nn.Module``); drives the precision choice
+            and whether channels_last can pay.
+        device: the training device; ``None`` is the current CUDA device if any, else the CPU.
+        tf32: enable TF32 on CUDA (process-wide side effect); ``False`` leaves the flags alone.
+        **trainer_kwargs: any other ``Trainer`` arguments, returned merged.
+    """
+    from lightning_gpuopt.compute.channels_last import ChannelsLast, has_conv
+
+    dev = _resolve_device(device)
+    kwargs: dict[str, Any] = {"precision": choose_precision(dev, model)}
+    if dev.type == "cuda":
+        if not trainer_kwargs.get("deterministic"):
+            kwargs["benchmark"] = True
+        if tf32:
+            configure_backends(tf32=True, cudnn_benchmark=None)
+
+    callbacks = trainer_kwargs.pop("callbacks", None)
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    callbacks = list(callbacks)
+    wants_cl = model is None or has_conv(model)
+    if wants_cl and dev.type in ("cuda", "cpu") and not any(isinstance(c, ChannelsLast) for c in callbacks):
+        callbacks.append(ChannelsLast())
+    kwargs["callbacks"] = callbacks
+    kwargs.update(trainer_kwargs)
+    return kwargs
