@@ -1,0 +1,575 @@
+"""NVTX ranges for Nsight Systems: training step, data wait, forward, backward, optimizer step, validation.
+
+``NVTXRanges`` adapts Lightning's hooks to a small per-thread range stack (``RangeStack``) that always
+balances: every range it pushes is popped on the same thread, also when a hook or user code raised, a
+``KeyboardInterrupt`` arrived, gradient accumulation skipped the optimizer step or ``max_steps`` ended the
+epoch early. Optional per-module forward ranges come from module hooks (``add_module_ranges``), never from
+patching user code.
+
+Profile only a window of steps with Nsight Systems::
+
+    nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
+        -t cuda,nvtx,osrt,cudnn,cublas -o report python train.py
+
+with ``NVTXRanges(start_step=100, stop_step=110)`` in the Trainer's callbacks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from lightning_gpuopt._imports import require
+
+__all__ = ["PHASE_COLORS", "NVTXRanges", "RangeStack", "add_module_ranges", "make_backend"]
+
+DEFAULT_DOMAIN = "lightning_gpuopt"
+
+# ARGB colors per phase, so the phases are told apart at a glance in the Nsight Systems timeline.
+PHASE_COLORS: dict[str, int] = {
+    "step": 0xFF76B900,  # NVIDIA green
+    "data wait": 0xFFE53935,  # red: the GPU may be starving here
+    "forward": 0xFF1E88E5,
+    "zero_grad": 0xFF9E9E9E,
+    "backward": 0xFF8E24AA,
+    "optimizer step": 0xFFFB8C00,
+    "validation": 0xFF00897B,
+    "validation step": 0xFF26A69A,
+    "module": 0xFF5C6BC0,
+    "capture": 0xFFFFEB3B,
+}
+
+BackendName = Literal["auto", "nvtx", "torch"]
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        rank_zero_warn(message)
+
+
+# --------------------------------------------------------------------------------------------- backends
+class _NullBackend:
+    """NVTX unavailable: every call does nothing."""
+
+    name = "none"
+
+    def push(self, message: str, color: int, cache: bool = True) -> None:
+        pass
+
+    def pop(self) -> None:
+        pass
+
+    def mark(self, message: str, color: int) -> None:
+        pass
+
+
+class _NvtxPackageBackend:
+    """The ``nvtx`` package: own domain, ARGB colors, registered strings for the fixed names."""
+
+    name = "nvtx"
+
+    def __init__(self, domain: str) -> None:
+        nvtx = require("nvtx")
+        self._domain = nvtx.get_domain(domain)
+        # Without an attached tool nvtx hands out a DummyDomain whose calls do nothing; skip building
+        # attributes for it so an unprofiled run pays almost nothing.
+        self._live = isinstance(self._domain, nvtx.Domain)
+        self._attrs: dict[str, Any] = {}
+        # Domain.get_registered_string is an unbounded lru_cache; numbered names ("step 123") go through
+        # the uncached function so a long run does not grow a cache entry per step.
+        method = type(self._domain).get_registered_string
+        self._register_uncached = getattr(method, "__wrapped__", method)
+
+    def _attributes(self, message: str, color: int, cache: bool) -> Any:
+        attrs = self._attrs.get(message) if cache else None
+        if attrs is None:
+            if cache:
+                attrs = self._domain.get_event_attributes(message=message, color=color)
+                self._attrs[message] = attrs
+            else:
+                attrs = self._domain.get_event_attributes(color=color)
+                attrs.message = self._register_uncached(self._domain, message)
+        return attrs
+
+    def push(self, message: str, color: int, cache: bool = True) -> None:
+        if self._live:
+            self._domain.push_range(self._attributes(message, color, cache))
+
+    def pop(self) -> None:
+        if self._live:
+            self._domain.pop_range()
+
+    def mark(self, message: str, color: int) -> None:
+        if self._live:
+            self._domain.mark(self._attributes(message, color, cache=False))
+
+
+class _TorchBackend:
+    """``torch.cuda.nvtx``: default domain, no colors (CUDA builds of torch only)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._nvtx = torch.cuda.nvtx
+
+    def push(self, message: str, color: int, cache: bool = True) -> None:
+        self._nvtx.range_push(message)
+
+    def pop(self) -> None:
+        self._nvtx.range_pop()
+
+    def mark(self, message: str, color: int) -> None:
+        self._nvtx.mark(message)
+
+
+def _torch_has_nvtx() -> bool:
+    # CUDA (and ROCm) builds compile torch._C._nvtx; CPU builds only carry a stub that raises.
+    return hasattr(torch._C, "_nvtx")
+
+
+def make_backend(backend: BackendName = "auto", domain: str = DEFAULT_DOMAIN) -> Any:
+    """Return the object that emits NVTX calls: ``push(message, color, cache)``, ``pop()``, ``mark()``.
+
+    Args:
+        backend: ``"auto"`` (the ``nvtx`` package if installed, else ``torch.cuda.nvtx`` on a CUDA build of
+            torch, else a no-op after one warning), ``"nvtx"`` (raises ``ModuleNotFoundError`` naming the
+            extra when missing) or ``"torch"`` (warns once and does nothing on a CPU build of torch).
+        domain: NVTX domain of the ``nvtx`` backend (``torch.cuda.nvtx`` has only the default domain).
+    """
+    if backend == "nvtx":
+        return _NvtxPackageBackend(domain)
+    if backend == "auto":
+        try:
+            return _NvtxPackageBackend(domain)
+        except ModuleNotFoundError:
+            pass
+    if _torch_has_nvtx():
+        return _TorchBackend()
+    _warn_once(
+        "no-nvtx",
+        "NVTXRanges: no NVTX backend, so no ranges are emitted. Install the `nvtx` package "
+        "(`pip install 'lightning-gpuopt[nvtx]'`) or use a CUDA build of torch.",
+    )
+    return _NullBackend()
+
+
+# ------------------------------------------------------------------------------------------ range stack
+class RangeStack:
+    """Push/pop NVTX ranges while remembering, per thread, which ones this object opened.
+
+    NVTX push/pop ranges form a stack per thread; a pop on the wrong thread or a missing pop corrupts the
+    timeline. Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of
+    that kind and ``close_all()`` empties the calling thread's stack, so a caller can always restore balance
+    without knowing what happened in between.
+
+    Args:
+        backend: an object from ``make_backend``.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._local = threading.local()
+
+    def _stack(self) -> list[tuple[str, Any]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    @property
+    def depth(self) -> int:
+        """Ranges this object holds open on the calling thread."""
+        return len(self._stack())
+
+    def entries(self) -> list[tuple[str, Any]]:
+        """The calling thread's open ``(kind, key)`` entries, outermost first."""
+        return list(self._stack())
+
+    def is_open(self, kind: str) -> bool:
+        return any(k == kind for k, _ in self._stack())
+
+    def push(
+        self, message: str, kind: str, key: Any = None, cache: bool = True, color: int | None = None
+    ) -> None:
+        """Open a range named ``message``; ``color`` defaults to ``PHASE_COLORS[kind]``.
+
+        ``cache=False`` for names that are not repeated (``step 123``) so no per-name cache grows.
+        """
+        stack = self._stack()
+        if color is None:
+            color = PHASE_COLORS.get(kind, PHASE_COLORS["module"])
+        self.backend.push(message, color, cache)
+        stack.append((kind, key))
+
+    def close(self, kind: str, key: Any = None, match_key: bool = False) -> bool:
+        """Pop down to and including the topmost ``kind`` entry (and ``key`` if ``match_key``).
+
+        Returns False, popping nothing, when no such entry is open on this thread.
+        """
+        stack = self._stack()
+        for i in range(len(stack) - 1, -1, -1):
+            k, kk = stack[i]
+            if k == kind and (not match_key or kk is key):
+                while len(stack) > i:
+                    stack.pop()
+                    self.backend.pop()
+                return True
+        return False
+
+    def close_all(self) -> int:
+        """Pop every range this object opened on the calling thread; returns how many."""
+        stack = self._stack()
+        n = len(stack)
+        while stack:
+            stack.pop()
+            self.backend.pop()
+        return n
+
+    def mark(self, message: str, kind: str = "capture") -> None:
+        self.backend.mark(message, PHASE_COLORS.get(kind, PHASE_COLORS["module"]))
+
+
+# ------------------------------------------------------------------------------------ per-module ranges
+def _modules_to_depth(root: nn.Module, depth: int) -> Iterator[tuple[str, nn.Module]]:
+    for name, module in root.named_modules():
+        if name and name.count(".") < depth:
+            yield name, module
+
+
+def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[RemovableHandle]:
+    """Wrap the forward of every submodule of ``root`` down to ``depth`` in a range named by its path.
+
+    ``depth=1`` covers the direct children (``layer1``), ``depth=3`` reaches ``layer1.0.conv1``. The
+    closing hook is registered with ``always_call=True`` so an exception in forward still pops the range.
+
+    Returns:
+        the hook handles; call ``handle.remove()`` on each to undo.
+    """
+    handles: list[RemovableHandle] = []
+    for name, module in _modules_to_depth(root, depth):
+
+        def pre_hook(mod: nn.Module, args: Any, _name: str = name) -> None:
+            ranges.push(_name, "module", key=mod)
+
+        def post_hook(mod: nn.Module, args: Any, output: Any) -> None:
+            # Pops only this module's own entry; a no-op when on_exception already closed everything.
+            ranges.close("module", key=mod, match_key=True)
+
+        handles.append(module.register_forward_pre_hook(pre_hook))
+        handles.append(module.register_forward_hook(post_hook, always_call=True))
+    return handles
+
+
+# ------------------------------------------------------------------------------------------- callback
+class NVTXRanges(pl.Callback):
+    """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
+
+    On the trainer's thread, in the domain ``domain`` (``nvtx`` backend) with one color per phase::
+
+        step {global_step}                 on_train_batch_start -> on_train_batch_end
+          forward                          batch start -> on_before_zero_grad / on_before_backward
+          zero_grad                        on_before_zero_grad -> on_before_backward
+          backward                         on_before_backward -> on_after_backward
+          optimizer step                   on_before_optimizer_step -> on_train_batch_end
+          <module path> (module_depth > 0) each submodule's forward
+        data wait                          on_train_batch_end -> next on_train_batch_start (a sibling of
+                                           "step": fetching the next batch and moving it to the device)
+        validation                         on_validation_start -> on_validation_end
+          validation step {batch_idx}      on_validation_batch_start -> on_validation_batch_end
+
+    "data wait" is a push/pop range that never crosses "step": it is closed before "step" opens and before
+    validation starts, and reopened after a validation run inside ``fit``. Under gradient accumulation
+    several batches share a ``global_step`` and only the last one has "optimizer step".
+
+    Capture window: with ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()``
+    before the first batch with ``global_step >= start_step`` and ``torch.cuda.profiler.stop()`` after the
+    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline. Record only that
+    window with::
+
+        nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
+            -t cuda,nvtx,osrt,cudnn,cublas -o report python train.py
+
+    Args:
+        module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
+            named by its path (0 = off; 1 = ``layer1``; 3 = ``layer1.0.conv1``).
+        module_root: dotted attribute path of the submodule of the LightningModule whose children are
+            counted from depth 1 (``""`` = the LightningModule itself; ``"model"`` for ``ImageClassifier``).
+        start_step: first ``global_step`` of the capture window (None = no window).
+        stop_step: ``global_step`` at which capture stops (exclusive; required with ``start_step``).
+        phases: emit forward/zero_grad/backward/optimizer step inside each step.
+        data_wait: emit "data wait" between steps.
+        validation: emit validation ranges.
+        backend: ``"auto"``, ``"nvtx"`` or ``"torch"`` (see ``make_backend``).
+        domain: NVTX domain name for the ``nvtx`` backend.
+
+    No metrics are logged. Without NVTX (CPU build of torch and no ``nvtx`` package) it warns once and does
+    nothing; the capture window needs CUDA and is marked but not started on CPU runs.
+    """
+
+    def __init__(
+        self,
+        module_depth: int = 0,
+        module_root: str = "",
+        start_step: int | None = None,
+        stop_step: int | None = None,
+        phases: bool = True,
+        data_wait: bool = True,
+        validation: bool = True,
+        backend: BackendName = "auto",
+        domain: str = DEFAULT_DOMAIN,
+    ) -> None:
+        if isinstance(module_depth, bool) or not isinstance(module_depth, int) or module_depth < 0:
+            raise ValueError(
+                f"module_depth must be an int >= 0 (0 turns module ranges off), got {module_depth!r}"
+            )
+        if not isinstance(module_root, str):
+            raise TypeError(
+                f"module_root must be a dotted attribute path str such as 'model', got {module_root!r}"
+            )
+        if (start_step is None) != (stop_step is None):
+            raise ValueError("start_step and stop_step go together: give both (e.g. 100 and 110) or neither")
+        if start_step is not None and stop_step is not None:
+            for arg, value in (("start_step", start_step), ("stop_step", stop_step)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+            if stop_step <= start_step:
+                raise ValueError(f"stop_step ({stop_step}) must be greater than start_step ({start_step})")
+        if backend not in ("auto", "nvtx", "torch"):
+            raise ValueError(f"backend must be 'auto', 'nvtx' or 'torch', got {backend!r}")
+        if not isinstance(domain, str) or not domain:
+            raise ValueError(f"domain must be a non-empty str, got {domain!r}")
+        self.module_depth = module_depth
+        self.module_root = module_root
+        self.start_step = start_step
+        self.stop_step = stop_step
+        self.phases = phases
+        self.data_wait = data_wait
+        self.validation = validation
+        self.backend = backend
+        self.domain = domain
+        self._ranges: RangeStack | None = None
+        self._handles: list[RemovableHandle] = []
+        self._capturing = False
+        self._cuda_capture = False
+
+    # ---- resources
+    @property
+    def ranges(self) -> RangeStack | None:
+        """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
+        return self._ranges
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._ranges is None:
+            self._ranges = RangeStack(make_backend(self.backend, self.domain))
+        self._capturing = False
+
+    def _add_module_hooks(self, pl_module: pl.LightningModule) -> None:
+        # After configure_model (which runs after setup), so lazily built layers get hooks too.
+        if self.module_depth == 0 or self._handles or self._ranges is None:
+            return
+        root: nn.Module = pl_module
+        if self.module_root:
+            try:
+                root = pl_module.get_submodule(self.module_root)
+            except AttributeError as err:
+                raise ValueError(
+                    f"module_root={self.module_root!r} is not a submodule of {type(pl_module).__name__}; "
+                    "give the dotted attribute path of one, e.g. 'model'"
+                ) from err
+        self._handles = add_module_ranges(root, self.module_depth, self._ranges)
+
+    def _remove_module_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _close_everything(self) -> None:
+        if self._ranges is not None:
+            self._ranges.close_all()
+        self._stop_capture()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close_everything()
+        self._remove_module_hooks()
+        self._ranges = None
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # Lightning 2.x calls on_exception but not the callbacks' teardown when fit raises (also on
+        # KeyboardInterrupt), so release everything here.
+        self._close_everything()
+        self._remove_module_hooks()
+        self._ranges = None
+
+    # ---- capture window
+    def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
+            return
+        if not self.start_step <= trainer.global_step < self.stop_step:
+            return
+        self._capturing = True
+        self._cuda_capture = pl_module.device.type == "cuda"
+        if self._cuda_capture:
+            torch.cuda.profiler.start()
+        else:
+            _warn_once(
+                "capture-cpu",
+                "NVTXRanges: start_step/stop_step call cudaProfilerStart/Stop, which needs a CUDA device; "
+                "on this run the window is only marked in the NVTX timeline.",
+            )
+        self._ranges.mark(f"capture start (step {trainer.global_step})")
+
+    def _stop_capture(self, trainer: pl.Trainer | None = None) -> None:
+        if not self._capturing:
+            return
+        self._capturing = False
+        if self._ranges is not None:
+            step = "" if trainer is None else f" (step {trainer.global_step})"
+            self._ranges.mark(f"capture stop{step}")
+        if self._cuda_capture:
+            torch.cuda.profiler.stop()
+            self._cuda_capture = False
+
+    # ---- phases
+    def _phase(self, name: str) -> None:
+        if self._ranges is None or not self.phases or not self._ranges.is_open("step"):
+            return
+        self._ranges.close("phase")
+        self._ranges.push(name, "phase", key=name, color=PHASE_COLORS[name])
+
+    def _open_data_wait(self) -> None:
+        if self._ranges is not None and self.data_wait and not self._ranges.is_open("data wait"):
+            self._ranges.push("data wait", "data wait")
+
+    def _close_data_wait(self) -> None:
+        if self._ranges is not None:
+            self._ranges.close("data wait")
+
+    # ---- training hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
+        self._open_data_wait()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._ranges is None:
+            return
+        self._close_data_wait()
+        # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are closed
+        # before the new step opens, so steps never nest.
+        self._ranges.close("step")
+        self._start_capture(trainer, pl_module)
+        self._ranges.push(f"step {trainer.global_step}", "step", cache=False)
+        self._phase("forward")
+
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase("zero_grad")
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._phase("backward")
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._ranges is not None:
+            self._ranges.close("phase")
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._phase("optimizer step")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._ranges is None:
+            return
+        self._ranges.close("step")
+        if self.stop_step is not None and trainer.global_step >= self.stop_step:
+            self._stop_capture(trainer)
+        self._start_capture(trainer, pl_module)  # so the data wait before the first captured step is in it
+        self._open_data_wait()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._ranges is not None:
+            # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
+            self._ranges.close("step")
+            self._close_data_wait()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close_everything()
+
+    # ---- validation hooks
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+        self._close_data_wait()
+        if self._ranges is not None and self.validation:
+            self._ranges.push("validation", "validation")
+
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._ranges is not None and self.validation:
+            self._ranges.close("validation step")
+            self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._ranges is not None:
+            self._ranges.close("validation step")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._ranges is None:
+            return
+        self._ranges.close("validation")
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._open_data_wait()
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    # ---- state
+    def state_dict(self) -> dict[str, Any]:
+        # Nothing to resume: the capture window is defined by global_step, which the trainer restores.
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable (e.g. for spawn launchers): ranges and hook handles are per process and rebuilt in setup.
+        state = self.__dict__.copy()
+        state["_ranges"] = None
+        state["_handles"] = []
+        return state
