@@ -83,7 +83,9 @@ class RaiseInHook(pl.Callback):
     def __init__(self, at: int) -> None:
         self.at = at
 
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
         if trainer.global_step == self.at:
             raise RuntimeError("callback failed on purpose")
 

@@ -70,11 +70,11 @@ def tree(recorded: dict[str, list[ne.Event]], name: str) -> ne.Tree:
 def test_basic_fit_order_and_nesting(recorded: dict[str, list[ne.Event]]) -> None:
     t = tree(recorded, "basic")
     val = ["validation", "  validation step 0", "  validation step 1"]
-    expected = (
-        ["validation", "  validation step 0"]  # sanity check
-        + ["data wait", "step 0", *STEP, "data wait", "step 1", *STEP, "data wait"]
-        + [*val, "data wait", "step 2", *STEP, "data wait", "step 3", *STEP, "data wait", *val, "data wait"]
-    )
+    expected = [
+        *["validation", "  validation step 0"],  # sanity check
+        *["data wait", "step 0", *STEP, "data wait", "step 1", *STEP, "data wait"],
+        *[*val, "data wait", "step 2", *STEP, "data wait", "step 3", *STEP, "data wait", *val, "data wait"],
+    ]
     assert ne.outline(t) == expected
     assert t.problems == []
     assert len({tid for tid, _, _ in t.lines}) == 1
@@ -93,7 +93,9 @@ def test_gradient_accumulation_skips_optimizer_ranges(recorded: dict[str, list[n
     last = ["step {n}", "  forward", "  backward", "  optimizer step"]
     expected = ["data wait"]
     for n in (0, 1):
-        expected += [x.format(n=n) for x in first] + ["data wait"] + [x.format(n=n) for x in last] + ["data wait"]
+        expected += (
+            [x.format(n=n) for x in first] + ["data wait"] + [x.format(n=n) for x in last] + ["data wait"]
+        )
     assert ne.outline(t) == expected
     assert t.problems == []
 
@@ -103,7 +105,17 @@ def test_module_ranges_nest_inside_forward_and_validation(recorded: dict[str, li
     modules = ["    body", "      body.0", "      body.1", "    head"]
     step = ["  forward", *modules, "  zero_grad", "  backward", "  optimizer step"]
     val = ["validation", "  validation step 0", *modules]
-    assert ne.outline(t) == ["data wait", "step 0", *step, "data wait", "step 1", *step, "data wait", *val, "data wait"]
+    assert ne.outline(t) == [
+        "data wait",
+        "step 0",
+        *step,
+        "data wait",
+        "step 1",
+        *step,
+        "data wait",
+        *val,
+        "data wait",
+    ]
 
 
 def test_capture_window_marks(recorded: dict[str, list[ne.Event]]) -> None:
@@ -134,7 +146,9 @@ def test_capture_window_marks(recorded: dict[str, list[ne.Event]]) -> None:
         ("interrupt_module", "      body.1"),
     ],
 )
-def test_ranges_balance_on_every_way_out(recorded: dict[str, list[ne.Event]], name: str, last_open: str | None) -> None:
+def test_ranges_balance_on_every_way_out(
+    recorded: dict[str, list[ne.Event]], name: str, last_open: str | None
+) -> None:
     t = tree(recorded, name)
     assert t.lines, "scenario emitted no ranges"
     assert t.problems == []  # every push popped, on the thread that pushed it
@@ -159,7 +173,9 @@ def test_no_backend_warns_once_and_emits_nothing(recorder_lib: Path, tmp_path: P
     if hasattr(torch._C, "_nvtx"):
         pytest.skip("torch.cuda.nvtx is a working backend in this build")
     out = tmp_path / "events.tsv"
-    proc, events = run_recorded(recorder_lib, out, ["basic", "accumulate"], prelude="import sys; sys.modules['nvtx'] = None")
+    proc, events = run_recorded(
+        recorder_lib, out, ["basic", "accumulate"], prelude="import sys; sys.modules['nvtx'] = None"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("NVTXRanges: no NVTX backend") == 1, proc.stderr[-3000:]
     assert [e for e in events if e.kind in ("push", "pop")] == []
@@ -284,7 +300,9 @@ def test_invalid_arguments(kwargs: dict[str, Any], match: str) -> None:
 
 def test_unknown_module_root_names_the_argument() -> None:
     with pytest.raises(ValueError, match="module_root='nope'"):
-        _trainer(NVTXRanges(module_depth=1, module_root="nope"), limit_train_batches=1).fit(Module(), loader(1))
+        _trainer(NVTXRanges(module_depth=1, module_root="nope"), limit_train_batches=1).fit(
+            Module(), loader(1)
+        )
 
 
 def test_scenarios_table_is_complete() -> None:
