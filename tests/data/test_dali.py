@@ -1,0 +1,308 @@
+"""DALI backend on the CPU (``device_id=None``): outputs, epochs and ranks, resume, errors, Lightning."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("nvidia.dali")
+
+import lightning.pytorch as pl
+
+from lightning_gpuopt.data.dali import DALILoader, build_dali_loader
+from lightning_gpuopt.data.folder import load_uint8_image, scan_image_folder
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def _indexed(folder: Path) -> tuple[list[str], list[int]]:
+    """Files of the folder labelled by their index, so a batch's labels tell which samples it holds."""
+    _, samples = scan_image_folder(folder)
+    return [p for p, _ in samples], list(range(len(samples)))
+
+
+def _loader(files, labels, **kw) -> DALILoader:
+    kw.setdefault("num_threads", 1)
+    kw.setdefault("image_size", 16)
+    return DALILoader(files, labels, **kw)
+
+
+class _DM(pl.LightningDataModule):
+    """The attributes ``build_dali_loader`` reads, as OptimizedDataModule has them."""
+
+    def __init__(
+        self, train_dir, val_dir=None, batch_size=4, image_size=16, output_dtype=torch.float32
+    ) -> None:
+        super().__init__()
+        self.train_dir, self.val_dir, self.test_dir, self.predict_dir = train_dir, val_dir, None, None
+        self.batch_size, self.image_size, self.output_dtype = batch_size, image_size, output_dtype
+        self.mean, self.std, self.augment, self.num_workers, self.storage_size = MEAN, STD, True, 1, None
+
+    def train_dataloader(self):
+        return build_dali_loader(self, "train")
+
+    def val_dataloader(self):
+        return build_dali_loader(self, "val")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+def test_outputs_shape_dtype_layout_and_labels(jpeg_folder, dtype):
+    dm = _DM(jpeg_folder, jpeg_folder, batch_size=48, image_size=24, output_dtype=dtype)
+    loader = build_dali_loader(dm, "val")
+    (images, labels), *rest = list(loader)
+    assert rest == []
+    assert images.shape == (48, 3, 24, 24) and images.dtype == dtype and images.device.type == "cpu"
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.dtype == torch.int64 and labels.shape == (48,)
+    # same class mapping and order as the folder backend (evaluation does not shuffle)
+    _, samples = scan_image_folder(jpeg_folder)
+    assert labels.tolist() == [y for _, y in samples]
+    train_images, train_labels = next(iter(build_dali_loader(dm, "train")))
+    assert train_images.shape == (48, 3, 24, 24) and train_labels.dtype == torch.int64
+
+
+def _as_uint8(images: torch.Tensor) -> np.ndarray:
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    return ((images.float() * std + mean) * 255).permute(0, 2, 3, 1).numpy()
+
+
+def test_eval_pixels_match_pil(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)  # 64x48 JPEGs
+    # no resampling (shorter side already 48): DALI's decode + center crop equals PIL's exactly
+    loader = _loader(
+        files[:8], labels[:8], batch_size=8, image_size=48, storage_size=48, train=False, mean=MEAN, std=STD
+    )
+    ref = np.stack([load_uint8_image(f, 48) for f in files[:8]]).astype(np.float32)
+    assert np.abs(_as_uint8(next(iter(loader))[0]) - ref).max() <= 1.0
+    # with resampling the filters differ; on these per-pixel-noise images (sigma 28) the mean difference
+    # stays near 6 levels, while a crop one pixel off would give about 11
+    loader = _loader(
+        files[:8], labels[:8], batch_size=8, image_size=32, storage_size=40, train=False, mean=MEAN, std=STD
+    )
+    ref = np.stack([load_uint8_image(f, 40)[4:36, 4:36] for f in files[:8]]).astype(np.float32)
+    assert np.abs(_as_uint8(next(iter(loader))[0]) - ref).mean() < 8.0
+
+
+@pytest.mark.parametrize("policy", ["drop", "fill", "partial"])
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_epoch_lengths_and_coverage_per_policy(jpeg_folder, policy, num_shards):
+    files, labels = _indexed(jpeg_folder)  # 48 files
+    batch = 5
+    seen_per_epoch = [[] for _ in range(3)]
+    lengths = []
+    for shard in range(num_shards):
+        loader = _loader(
+            files,
+            labels,
+            batch_size=batch,
+            train=False,
+            shard_id=shard,
+            num_shards=num_shards,
+            last_batch_policy=policy,
+        )
+        lengths.append(len(loader))
+        for epoch in range(3):
+            batches = [y.tolist() for _, y in loader]
+            assert len(batches) == len(loader), (shard, epoch)
+            assert all(len(b) == batch for b in batches[:-1])
+            seen_per_epoch[epoch] += [i for b in batches for i in b]
+    assert len(set(lengths)) == 1  # every rank the same number of batches
+    n = len(files)
+    if policy == "drop":
+        assert lengths[0] == (n // num_shards) // batch
+        for seen in seen_per_epoch:
+            assert len(seen) == len(set(seen)) == lengths[0] * batch * num_shards
+    elif policy == "partial":  # each sample exactly once across ranks
+        for seen in seen_per_epoch:
+            assert sorted(seen) == list(range(n))
+    else:  # fill: everything, padded with repeats to whole batches
+        for seen in seen_per_epoch:
+            assert set(seen) == set(range(n)) and len(seen) == lengths[0] * batch * num_shards
+
+
+def test_training_shards_are_disjoint_and_reshuffled(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)
+    loaders = [_loader(files, labels, batch_size=4, train=True, shard_id=r, num_shards=2) for r in range(2)]
+    orders = []
+    for _ in range(3):
+        per_rank = [[i for _, y in loader for i in y.tolist()] for loader in loaders]
+        assert len(per_rank[0]) == len(per_rank[1]) == 24
+        assert not set(per_rank[0]) & set(per_rank[1])  # no sample on two ranks in one pass
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(48))
+        orders.append(per_rank[0])
+    assert orders[0] != orders[1] != orders[2]
+    assert orders[0] != sorted(orders[0])  # shuffled from the first epoch on
+
+
+def test_partial_epochs_continue_for_training_and_restart_for_eval(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)
+    train = _loader(files, labels, batch_size=4, train=True)  # 12 batches a pass
+    stream = []
+    for _ in range(5):  # like limit_train_batches=5: five partial epochs of 5 batches
+        it = iter(train)
+        stream += [next(it)[1].tolist() for _ in range(5)]
+    flat = [i for b in stream for i in b]
+    assert sorted(flat[:48]) == list(range(48))  # first pass: every sample once, none lost
+    assert sorted(flat[48:96]) == list(range(48))  # second pass too
+    full = [y.tolist() for _, y in train]
+    assert len(full) == len(train) == 12
+
+    val = _loader(files, labels, batch_size=5, train=False)
+    it = iter(val)
+    head = [next(it)[1].tolist() for _ in range(2)]  # like the sanity check
+    epochs = [[y.tolist() for _, y in val] for _ in range(2)]
+    assert epochs[0] == epochs[1] and epochs[0][:2] == head and len(epochs[0]) == len(val)
+
+
+def test_state_dict_resumes_the_same_stream(jpeg_folder, tmp_path):
+    files, labels = _indexed(jpeg_folder)
+    first = _loader(files, labels, batch_size=4, train=True)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    assert state["yielded"] == 5 and isinstance(state["checkpoint"], (bytes, str))
+    expected = [next(it) for _ in range(7)]  # the rest of the epoch
+    expected += list(first)  # and the next one
+    second = _loader(files, labels, batch_size=4, train=True)
+    torch.save(state, tmp_path / "state.pt")  # as Lightning stores it in the checkpoint
+    second.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    got = list(second) + list(second)
+    assert len(got) == len(expected) == 19
+    for (xa, ya), (xb, yb) in zip(expected, got, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_bad_files_are_named(jpeg_folder, tmp_path):
+    files, _labels = _indexed(jpeg_folder)
+    garbage = tmp_path / "garbage.jpg"
+    garbage.write_bytes(b"not a jpeg at all" * 20)
+    with pytest.raises(ValueError, match=r"garbage\.jpg"):
+        iter(_loader([*files[:6], str(garbage)], [0] * 7, batch_size=4, train=False))
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(Path(files[0]).read_bytes()[:300])  # valid header, data cut short
+    loader = _loader([*files[:6], str(truncated)], [0] * 7, batch_size=4, train=False)
+    with pytest.raises(ValueError, match=r"truncated\.jpg"):
+        list(loader)
+
+
+def test_missing_dali_names_the_extras(jpeg_folder, monkeypatch):
+    files, labels = _indexed(jpeg_folder)
+    loader = _loader(files, labels, batch_size=4, train=False)
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what a machine without DALI sees
+    with pytest.raises(ModuleNotFoundError, match=r"lightning-gpuopt\[dali\].*lightning-gpuopt\[dali-cu13\]"):
+        iter(loader)
+
+
+def test_arguments_are_validated(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)
+    with pytest.raises(ValueError, match="last_batch_policy"):
+        _loader(files, labels, batch_size=4, train=False, last_batch_policy="pad")
+    with pytest.raises(ValueError, match="shard_id"):
+        _loader(files, labels, batch_size=4, train=False, shard_id=2, num_shards=2)
+    with pytest.raises(TypeError, match="num_thread"):
+        _loader(files, labels, batch_size=4, train=False, num_thread=2)
+    with pytest.raises(ValueError, match="split"):
+        build_dali_loader(_DM(jpeg_folder), "eval")
+    with pytest.raises(ValueError, match="val_dir"):
+        build_dali_loader(_DM(jpeg_folder), "val")
+
+
+class _Recorder(pl.LightningModule):
+    """Linear model over the batch; writes which samples each rank saw per epoch."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out = out
+        self.lin = torch.nn.Linear(3, 1)
+        self.seen: dict[str, list[int]] = {}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.setdefault(f"train{self.current_epoch}", []).extend(y.tolist())
+        return self.lin(x.float().mean((2, 3))).mean()
+
+    def validation_step(self, batch, batch_idx):
+        key = "sanity" if self.trainer.sanity_checking else f"val{self.current_epoch}"
+        self.seen.setdefault(key, []).extend(batch[1].tolist())
+
+    def on_fit_end(self):
+        Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _trainer(tmp_path, **kw) -> pl.Trainer:
+    kw = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 2,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "default_root_dir": str(tmp_path),
+        **kw,
+    }
+    return pl.Trainer(**kw)
+
+
+def test_lightning_fit_with_limits_validation_and_max_steps(jpeg_folder, tmp_path):
+    files, _ = _indexed(jpeg_folder)
+    pairs = [(f, i) for i, f in enumerate(files)]
+    dm = _DM(pairs, pairs, batch_size=4)
+    model = _Recorder(str(tmp_path))
+    trainer = _trainer(tmp_path, max_epochs=4, limit_train_batches=5, num_sanity_val_steps=2)
+    trainer.fit(model, datamodule=dm)
+    seen = json.loads((tmp_path / "rank0.json").read_text())
+    train = [seen[f"train{e}"] for e in range(4)]
+    assert all(len(t) == 20 for t in train)
+    stream = [i for t in train for i in t]
+    assert sorted(stream[:48]) == list(range(48))  # limited epochs still walk the whole data set once
+    assert seen["sanity"] == list(range(8))
+    for e in range(4):  # validation: all 48 every time, in the same order, despite the sanity check
+        assert seen[f"val{e}"] == list(range(48))
+    trainer = _trainer(tmp_path, max_steps=7, limit_val_batches=0)
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs, batch_size=4))
+    assert trainer.global_step == 7
+
+
+def test_resume_from_checkpoint_mid_epoch(jpeg_folder, tmp_path):
+    files, _ = _indexed(jpeg_folder)
+    pairs = [(f, i) for i, f in enumerate(files)]
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    _trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(_Recorder(str(full_dir)), datamodule=_DM(pairs))
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1)
+    trainer = _trainer(
+        tmp_path, max_steps=5, limit_val_batches=0, callbacks=[ckpt], enable_checkpointing=True
+    )
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs))
+    path = next((tmp_path / "ckpt").glob("*step=5*.ckpt"))
+    resumed = _trainer(tmp_path, max_epochs=2, limit_val_batches=0)
+    resumed.fit(_Recorder(str(resumed_dir)), datamodule=_DM(pairs), ckpt_path=path)
+    full = json.loads((full_dir / "rank0.json").read_text())
+    rest = json.loads((resumed_dir / "rank0.json").read_text())
+    assert rest["train0"] == full["train0"][5 * 4 :]  # the interrupted epoch continues where it stopped
+    assert rest["train1"] == full["train1"]
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
+    files, _ = _indexed(jpeg_folder)
+    pairs = [(f, i) for i, f in enumerate(files)][:46]  # 23 per rank: DROP keeps 5 batches of 4 each
+    trainer = _trainer(tmp_path, devices=2, strategy="ddp_spawn", max_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs, pairs, batch_size=4))
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    for e in range(2):
+        assert len(r0[f"train{e}"]) == len(r1[f"train{e}"]) == 20
+        assert not set(r0[f"train{e}"]) & set(r1[f"train{e}"])
+        assert sorted(r0[f"val{e}"] + r1[f"val{e}"]) == list(range(46))  # each sample once across ranks
