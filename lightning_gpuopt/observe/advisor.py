@@ -706,7 +706,8 @@ def _image_tensor(batch: Any) -> torch.Tensor | None:
         items = [items]
     if isinstance(items, (list, tuple)):
         for item in items:
-            if isinstance(item, torch.Tensor) and item.dim() == 4:
+            # floating only: a uint8 NHWC batch still to be normalized on the device says nothing yet
+            if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
                 return item
     return None
 

@@ -1,0 +1,285 @@
+"""Scenario runs for BottleneckAdvisor: does it name what starves the GPU, and stay quiet when nothing does?
+
+Each scenario is a short Lightning fit of ResNet-50 built to have one known problem; the advisor (with a
+``GPUStatsMonitor`` feeding it GPU-Util and SM activity) runs unchanged in every one. A row records the
+expected verdict, the verdicts raised, whether they match, and the evidence the advisor gave.
+
+    1 decode-bound      JPEG folder decoded by PIL in as many workers as cores, fp16 + channels_last
+    2 too-few-workers   the same folder with 2 workers
+    3 fp32              precision "32-true" on GPU-resident batches
+    4 nchw              "16-mixed" without channels_last
+    5 tiny-batch        batch 4: launch-bound
+    6 healthy           "16-mixed" + channels_last + cudnn.benchmark, batch 256 on the GPU: no warning allowed
+
+``ratio_to_ceiling`` compares each scenario's samples/s with the plain PyTorch loop (fp16, channels_last,
+batch 256, GPU-resident data) measured in the same run.
+
+    PYTHONPATH=. python3 benchmarks/gpu_advisor.py --out benchmarks/results/gpu_advisor.json
+    python benchmarks/gpu_advisor.py --quick --out /tmp/gpu_advisor_quick.json   # CPU, tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
+from lightning_gpuopt.models import ImageClassifier, build_model
+from lightning_gpuopt.observe.advisor import BottleneckAdvisor
+from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
+
+@dataclass
+class Scenario:
+    name: str
+    expected: str | None  # verdict kind that must be raised; None: no warning may be raised
+    cause: str | None = None  # expected Verdict.cause where the kind has causes
+    data: str = "device"  # "device" (GPU-resident batches) or "jpeg" (OptimizedDataModule over a JPEG folder)
+    precision: str = "16-mixed"
+    channels_last: bool = True
+    benchmark: bool = True
+    batch_size: int = 256
+    num_workers: int = 0
+    warmup: int = 10
+    window: int = 10
+    windows: int = 3
+    needs_cuda: bool = True  # the expected verdict can only be checked on a GPU
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceBatches(Dataset):
+    """The same ready batch, already on the device, ``n`` times (``DataLoader(batch_size=None)``)."""
+
+    def __init__(
+        self, n: int, batch: int, size: int, classes: int, device: torch.device, channels_last: bool
+    ):
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        self.x = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=fmt)
+        self.y = torch.randint(0, classes, (batch,), device=device)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
+
+
+def scenarios(quick: bool, cpus: int) -> list[Scenario]:
+    if quick:  # CPU: tiny everything; only the host-side verdicts can be checked
+        return [
+            Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", batch_size=16,
+                     num_workers=max(1, cpus), warmup=2, window=3),
+            Scenario("too-few-workers", "input-bound", "too-few-workers", data="jpeg", batch_size=16,
+                     num_workers=0, warmup=2, window=3, needs_cuda=False),
+            Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=8, warmup=2, window=3),
+            Scenario("nchw", "nchw-convolutions", channels_last=False, batch_size=8, warmup=2, window=3),
+            Scenario("tiny-batch", "launch-bound", batch_size=2, warmup=2, window=3),
+            Scenario("healthy", None, batch_size=16, warmup=2, window=3, needs_cuda=False),
+        ]  # fmt: skip
+    return [
+        Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", num_workers=cpus, warmup=8, window=8),
+        Scenario("too-few-workers", "input-bound", "too-few-workers", data="jpeg", batch_size=64,
+                 num_workers=2, warmup=6, window=6),
+        Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=128, warmup=10, window=10),
+        Scenario("nchw", "nchw-convolutions", channels_last=False, warmup=8, window=8),
+        Scenario("tiny-batch", "launch-bound", batch_size=4, warmup=30, window=40),
+        Scenario("healthy", None, warmup=10, window=15),
+    ]  # fmt: skip
+
+
+def run_scenario(
+    sc: Scenario, args: argparse.Namespace, device: torch.device, jpeg_root: Path | None
+) -> dict:
+    from lightning_gpuopt.compute.channels_last import apply_channels_last
+
+    cuda = device.type == "cuda"
+    steps = sc.warmup + sc.windows * sc.window
+    model = ImageClassifier(build_model(args.model, args.classes), lr=0.01)
+    if sc.channels_last:
+        apply_channels_last(model)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)  # memory-headroom reads this scenario's peak
+    monitor = GPUStatsMonitor(log_every_n_steps=sc.window, sample_period_s=0.05)
+    advisor = BottleneckAdvisor(warmup_steps=sc.warmup, window_steps=sc.window, min_windows=2, verbose=False)
+    meter = ThroughputMeter(warmup=sc.warmup)
+    trainer = Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision=sc.precision if cuda else "32-true",  # CPU autocast has no fp16
+        benchmark=sc.benchmark if cuda else None,
+        max_steps=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        callbacks=[
+            monitor,
+            advisor,
+            meter,
+        ],  # monitor first: its window is in `history` when the advisor looks
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=args.tmp,
+    )
+    t0 = time.perf_counter()
+    if sc.data == "jpeg":
+        from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+        dm = OptimizedDataModule(
+            str(jpeg_root), backend="folder", batch_size=sc.batch_size, num_workers=sc.num_workers,
+            image_size=args.image_size,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=dm)
+    else:
+        ds = DeviceBatches(steps, sc.batch_size, args.image_size, args.classes, device, sc.channels_last)
+        trainer.fit(model, DataLoader(ds, batch_size=None, num_workers=0))
+    seconds = time.perf_counter() - t0
+
+    raised = advisor.verdicts
+    kinds = [v.kind for v in raised]
+    warnings_ = [v.label for v in raised if v.severity == "warning"]
+    if sc.needs_cuda and not cuda:
+        ok: bool | None = None  # the rule needs a GPU; the run only proves the scenario executes
+    elif sc.expected is None:
+        ok = not warnings_
+    else:
+        match = [v for v in raised if v.kind == sc.expected and (sc.cause is None or v.cause == sc.cause)]
+        ok = bool(match)
+    expected_v = next((v for v in raised if v.kind == sc.expected), None)
+    gpu = monitor.summary()
+    row = {
+        "name": sc.name,
+        "expected": sc.expected if sc.cause is None else f"{sc.expected} ({sc.cause})",
+        "got": [v.label for v in raised],
+        "warnings": warnings_,
+        "pass": ok,
+        "samples_per_sec": meter.samples_per_sec,
+        "gpu_util_mean": gpu.get("gpu/util"),
+        "sm_active_mean": gpu.get("gpu/sm_active"),
+        "data_wait_frac": gpu.get("time/data_wait_frac"),
+        "evidence": expected_v.evidence if expected_v is not None else None,
+        "verdicts": [v.to_dict() for v in raised],
+        "windows": [
+            {"step": h["step"], "diagnosed": h["diagnosed"], "raised": h["raised"]} for h in advisor.history
+        ],
+        "config": advisor.config.to_dict() if advisor.config is not None else None,
+        "setup": {
+            "precision": sc.precision,
+            "channels_last": sc.channels_last,
+            "cudnn_benchmark": sc.benchmark,
+            "batch_size": sc.batch_size,
+            "num_workers": sc.num_workers,
+            "data": sc.data,
+            "steps": steps,
+            "warmup_steps": sc.warmup,
+            "window_steps": sc.window,
+        },
+        "seconds": seconds,
+        "kinds": kinds,
+    }
+    del trainer, model, advisor, monitor
+    gc.collect()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="benchmarks/results/gpu_advisor.json")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized run (small model, tiny images)")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting scenarios after this")
+    parser.add_argument("--data-root", default="/tmp/gpuopt_data")
+    parser.add_argument("--only", default=None, help="comma-separated scenario names")
+    args = parser.parse_args()
+    t_start = time.perf_counter()
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*validation_step.*")
+
+    cuda = torch.cuda.is_available() and not args.quick
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    args.model = "resnet50" if cuda else "small"
+    args.classes = 100 if cuda else 4
+    args.image_size = 224 if cuda else 32
+    tmp = tempfile.TemporaryDirectory(prefix="gpu_advisor_")
+    args.tmp = tmp.name
+
+    specs = scenarios(not cuda, cpus)
+    if args.only:
+        keep = set(args.only.split(","))
+        specs = [s for s in specs if s.name in keep]
+
+    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+
+    jpeg_root = None
+    if any(s.data == "jpeg" for s in specs):
+        t0 = time.perf_counter()
+        if cuda:
+            jpeg_root = make_jpeg_folder(
+                Path(args.data_root) / "imagenet_8192", num_images=8192, num_classes=100
+            )
+        else:
+            jpeg_root = make_jpeg_folder(Path(tmp.name) / "jpegs", num_images=96, num_classes=4,
+                                         image_size=(64, 48), workers=1)  # fmt: skip
+        print(f"JPEG folder ready in {time.perf_counter() - t0:.1f} s: {jpeg_root}", flush=True)
+
+    ceiling = None
+    if cuda:
+        ceiling = plain_loop_throughput(build_model("resnet50", args.classes), 256, num_classes=args.classes,
+                                        steps=30, warmup=10)  # fmt: skip
+        print(f"ceiling (plain loop, fp16 + channels_last, batch 256): {ceiling:,.0f} img/s", flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    rows: list[dict] = []
+    for sc in specs:
+        elapsed = time.perf_counter() - t_start
+        if elapsed > args.budget_s * 0.8:
+            rows.append({"name": sc.name, "expected": sc.expected, "pass": None, "skipped": "time budget"})
+            continue
+        row = run_scenario(sc, args, device, jpeg_root)
+        if ceiling and row["samples_per_sec"]:
+            row["ratio_to_ceiling"] = row["samples_per_sec"] / ceiling
+        rows.append(row)
+        print(f"{sc.name}: pass={row['pass']} got={row['got']} ({row['seconds']:.1f} s)", flush=True)
+
+    checked = [r for r in rows if r.get("pass") is not None]
+    write_results(
+        args.out,
+        rows,
+        ceiling_samples_per_sec=ceiling,
+        model=args.model,
+        quick=not cuda,
+        all_pass=bool(checked) and all(r["pass"] for r in checked),
+        seconds=time.perf_counter() - t_start,
+    )
+    table_rows = [
+        {
+            **r,
+            "got": ", ".join(r.get("got") or []) or "-",
+            "pass": {True: "yes", False: "NO", None: "n/a"}[r.get("pass")],
+        }
+        for r in rows
+    ]
+    print(f"results: {args.out}")
+    print(format_table(table_rows, ["name", "expected", "pass", "got", "samples_per_sec", "ratio_to_ceiling",
+                                    "gpu_util_mean", "sm_active_mean", "data_wait_frac"]))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
