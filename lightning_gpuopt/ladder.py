@@ -196,6 +196,15 @@ class NaiveImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset for the worker-tuning cache."""
+        return {
+            "class": type(self).__name__,
+            "root": os.path.abspath(self.root),
+            "len": len(self),
+            "size": self.size,
+        }
+
     def _crop_box(self, w: int, h: int) -> tuple[float, float, float, float]:
         area = w * h
         for _ in range(10):
@@ -440,6 +449,7 @@ class LadderRunner:
         self._dm_workers: dict[str, int] = {}
         self._h5_path: Path | None = self.data if self.data_is_h5 else None
         self._t_start = time.perf_counter()
+        self._ceiling: float | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
     def _count_classes(self) -> int:
@@ -505,11 +515,24 @@ class LadderRunner:
         if tune is None:
             return None, why
         self.say(f"tuning DataLoader workers for the naive dataset ({self.cfg.tune_seconds:.0f} s budget)...")
-        t0 = time.perf_counter()
-        n = int(tune(dataset, batch_size=self.cfg.batch_size, budget_s=self.cfg.tune_seconds))
-        self.say(f"  -> {n} workers ({time.perf_counter() - t0:.1f} s)")
+        result = tune(
+            dataset,
+            budget_s=self.cfg.tune_seconds,
+            target_samples_per_sec=self._tune_target(),
+            batch_size=self.cfg.batch_size,
+            loader_kwargs={"drop_last": True},
+            cache_dir=self.cfg.cache_dir,
+        )
+        n = int(result.best)
+        src = "cached" if result.cached else f"measured in {result.seconds:.1f} s"
+        self.say(f"  -> {n} workers ({src})")
         self._naive_workers = n
         return n, None
+
+    def _tune_target(self) -> float | None:
+        """What the fastest compute can consume (the plain-loop ceiling + 10%): enough workers to feed it
+        is enough, so tuning stops there."""
+        return 1.1 * self._ceiling if self._ceiling else None
 
     def _hdf5_file(self) -> tuple[Path | None, str | None]:
         if self._h5_path is not None:
@@ -687,6 +710,8 @@ class LadderRunner:
             image_size=cfg.image_size,
             num_workers=dm_workers,
             tune_budget_s=cfg.tune_seconds,
+            tune_target_samples_per_sec=self._tune_target(),
+            tune_cache_dir=cfg.cache_dir,
         )
         row.update(backend=backend, num_workers=dm_workers if isinstance(dm_workers, int) else None)
         return dm, None
@@ -798,6 +823,8 @@ class LadderRunner:
                 gc.collect()
                 if self.cuda:
                     torch.cuda.empty_cache()
+            if name == "ceiling_plain":
+                self._ceiling = row["samples_per_sec"]
             if row["status"] == OK:
                 self.say(f"  -> {row['samples_per_sec']:,.1f} samples/s ({row['steps_measured']} steps)")
             else:
