@@ -169,8 +169,8 @@ class ChannelsLast(pl.Callback):
     oneDNN's convolutions have a channels_last path.
 
     Layers created in ``LightningModule.configure_model`` do not exist yet at ``setup``. They are converted
-    at ``on_fit_start`` if the strategy has not wrapped the model; under DDP a warning names the fix (call
-    ``apply_channels_last(self)`` at the end of ``configure_model``).
+    at ``on_fit_start`` (``on_validation_start``, ...) if the strategy has not wrapped the model; under DDP
+    a warning names the fix (call ``apply_channels_last(self)`` at the end of ``configure_model``).
 
     Args:
         memory_format: ``"channels_last"`` (4-D, Conv2d models) or ``"channels_last_3d"`` (5-D, Conv3d
@@ -198,6 +198,7 @@ class ChannelsLast(pl.Callback):
         self.convert_inputs = convert_inputs
         self.active = False
         self.inputs_converted = 0
+        self._pending = False
         self._handle: RemovableHandle | None = None
 
     @property
@@ -208,6 +209,7 @@ class ChannelsLast(pl.Callback):
     # --- hooks -------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.active = False
+        self._pending = False
         device = trainer.strategy.root_device
         if device.type not in _PAYING_DEVICES:
             _warning_cache.warn(
@@ -216,31 +218,51 @@ class ChannelsLast(pl.Callback):
             )
             return
         if not has_conv(pl_module, self._format):
-            conv = "Conv2d" if self._format == torch.channels_last else "Conv3d"
-            _warning_cache.warn(
-                f"ChannelsLast: {type(pl_module).__name__} has no {conv} layer (yet), so {self.memory_format} "
-                "cannot speed it up; the callback does nothing. Remove it, or convert layers built in "
-                "`configure_model` there with `apply_channels_last(self)`."
-            )
+            # maybe built later in `configure_model`: decide once the strategy has set the model up
+            self._pending = True
             return
+        self._activate(pl_module)
+
+    def _activate(self, pl_module: pl.LightningModule) -> None:
         apply_channels_last(pl_module, self._format)
         self.active = True
         if self.convert_inputs and self._handle is None:
             self._handle = pl_module.register_forward_pre_hook(self._convert_inputs, with_kwargs=True)
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.active or is_channels_last(pl_module, self._format):
+    def _after_strategy_setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Layers created after `setup` (in `configure_model`). Converting them under a wrapper such as DDP
+        # would leave its gradient buckets laid out for the old strides, so only an unwrapped model is
+        # converted here.
+        if not (self._pending or (self.active and not is_channels_last(pl_module, self._format))):
             return
-        # Parameters that appeared after setup (configure_model). Converting them under a wrapper such as
-        # DDP would leave its gradient buckets laid out for the old strides.
-        if trainer.strategy.model is pl_module:
-            apply_channels_last(pl_module, self._format)
+        pending, self._pending = self._pending, False
+        name = type(pl_module).__name__
+        if pending and not has_conv(pl_module, self._format):
+            conv = "Conv2d" if self._format == torch.channels_last else "Conv3d"
+            _warning_cache.warn(
+                f"ChannelsLast: {name} has no {conv} layer, so {self.memory_format} cannot speed it up; "
+                "the callback does nothing. Remove it to silence this warning."
+            )
+        elif trainer.strategy.model is pl_module:
+            self._activate(pl_module)
         else:
             _warning_cache.warn(
-                f"ChannelsLast: some parameters of {type(pl_module).__name__} were created after setup (in "
-                "`configure_model`) and the strategy has already wrapped the model, so they stay in the "
-                "default layout. Call `apply_channels_last(self)` at the end of `configure_model`."
+                f"ChannelsLast: layers of {name} were created after setup (in `configure_model`) and the "
+                "strategy has already wrapped the model, so they stay in the default layout. Call "
+                "`apply_channels_last(self)` at the end of `configure_model`."
             )
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_strategy_setup(trainer, pl_module)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_strategy_setup(trainer, pl_module)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_strategy_setup(trainer, pl_module)
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_strategy_setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._handle is not None:

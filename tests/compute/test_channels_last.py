@@ -297,9 +297,17 @@ class _BuiltInConfigureModel(ImageClassifier):
 
 def test_layers_from_configure_model_are_converted_on_single_device():
     cb, probe = ChannelsLast(), _InputProbe()
-    with pytest.warns(UserWarning, match="no Conv2d layer"):
-        _trainer([cb, probe], max_steps=1).fit(_BuiltInConfigureModel(), _loader())
-    # setup saw no conv yet, so the callback stepped aside with a reason naming configure_model
+    _trainer([cb, probe], max_steps=1).fit(_BuiltInConfigureModel(), _loader())
+    assert cb.active
+    assert probe.weights_cl == [True]
+    assert probe.inputs_cl == [True]
+
+
+def test_layers_from_configure_model_under_ddp_warn_with_fix():
+    cb = ChannelsLast()
+    trainer = _trainer([cb], max_steps=1, strategy="ddp")
+    with pytest.warns(UserWarning, match=r"apply_channels_last\(self\)"):
+        trainer.fit(_BuiltInConfigureModel(), _loader())
     assert not cb.active
 
 
