@@ -4,8 +4,8 @@ Run on the GPU machine (package not installed, no network):
 
     PYTHONPATH=. python3 benchmarks/gpu_ladder.py --out $OUT/ladder_h200.json
 
-Writes the JSON (``write_results`` shape, with the targets checked), ``ladder_h200.png`` beside it and
-TensorBoard runs under ``tb_ladder/`` beside it, and prints the table last. The whole run stays inside
+Writes the JSON (``write_results`` shape, with the targets checked), ``ladder_h200.png`` and a Markdown
+table ``ladder_h200.md`` beside it, TensorBoard runs under ``tb_ladder/`` beside it, and prints the table last. The whole run stays inside
 ``--budget-s`` (default 280 s): rows shrink their measuring time to fit, and are skipped once it is spent.
 ``--quick`` runs a tiny CPU-sized ladder (small model, 32 px images) to prove the script works.
 
@@ -126,6 +126,8 @@ def main() -> int:
         targets=targets,
         quick=args.quick,
     )
+    md = out.with_suffix(".md")
+    md.write_text(f"{title}\n\n{ladder.format_ladder_markdown(rows)}\n")
     if note:
         say(note)
     say(f"wrote {js}" + (f" and {png}" if png else "") + f"; TensorBoard runs in {config.tb_dir}")

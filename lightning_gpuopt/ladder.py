@@ -875,6 +875,26 @@ def format_ladder_table(rows: Sequence[dict[str, Any]]) -> str:
     return format_table(shown, TABLE_COLUMNS)
 
 
+def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The ladder as a Markdown table (for README/docs), rows that did not run say why."""
+
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        "| row | adds | samples/s | of ceiling | x naive | GPU-Util % | data-wait | status |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        status = "ok" if r.get("status") == OK else f"{r.get('status')}: {r.get('reason')}"
+        lines.append(
+            f"| `{r['name']}` | {r.get('adds', '')} | {num(r.get('samples_per_sec'), ',.0f')} | "
+            f"{num(r.get('ratio_to_ceiling'), '.3f')} | {num(r.get('speedup_vs_naive'), '.1f')} | "
+            f"{num(r.get('gpu_util_mean'), '.1f')} | {num(r.get('data_wait_frac'), '.3f')} | {status} |"
+        )
+    return "\n".join(lines)
+
+
 def write_ladder_json(
     path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], config: LadderConfig, **extra: Any
 ) -> Path:
