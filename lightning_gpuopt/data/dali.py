@@ -586,7 +586,7 @@ def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:
     return [p for p, _ in samples], [y for _, y in samples]
 
 
-def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader:
+def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader | list[Any]:
     """Build the ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``).
 
     Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labels as ``scan_image_folder`` assigns them,
@@ -597,12 +597,16 @@ def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader:
 
     Args:
         dm: the DataModule (attached to a Trainer, or standalone: rank 0 of 1 on the current device).
-        split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+        split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``; an evaluation split without a folder
+            gives ``[]`` (Lightning skips it), a missing ``train_dir`` raises ``ValueError``.
         **overrides: ``DALILoader`` arguments that win over the DataModule's.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    files, labels = _split_samples(getattr(dm, f"{split}_dir", None), split)
+    source = getattr(dm, f"{split}_dir", None)
+    if source is None and split != "train":
+        return []  # like the other backends: Lightning skips a stage whose loader list is empty
+    files, labels = _split_samples(source, split)
     trainer = getattr(dm, "trainer", None)
     if trainer is not None:
         device = trainer.strategy.root_device

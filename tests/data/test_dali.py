@@ -210,8 +210,9 @@ def test_arguments_are_validated(jpeg_folder):
         _loader(files, labels, batch_size=4, train=False, num_thread=2)
     with pytest.raises(ValueError, match="split"):
         build_dali_loader(_DM(jpeg_folder), "eval")
-    with pytest.raises(ValueError, match="val_dir"):
-        build_dali_loader(_DM(jpeg_folder), "val")
+    with pytest.raises(ValueError, match="train_dir"):
+        build_dali_loader(_DM(None), "train")
+    assert build_dali_loader(_DM(jpeg_folder), "val") == []  # no val_dir: Lightning skips validation
 
 
 class _Recorder(pl.LightningModule):
@@ -306,3 +307,26 @@ def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
         assert len(r0[f"train{e}"]) == len(r1[f"train{e}"]) == 20
         assert not set(r0[f"train{e}"]) & set(r1[f"train{e}"])
         assert sorted(r0[f"val{e}"] + r1[f"val{e}"]) == list(range(46))  # each sample once across ranks
+
+
+def test_optimized_datamodule_dali_backend_fits(jpeg_folder, tmp_path):
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+    from lightning_gpuopt.models import ImageClassifier
+
+    dm = OptimizedDataModule(
+        jpeg_folder,
+        jpeg_folder,
+        backend="dali",
+        batch_size=8,
+        image_size=16,
+        num_workers=1,
+    )
+    trainer = _trainer(
+        tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0
+    )
+    trainer.fit(ImageClassifier("small", num_classes=3), datamodule=dm)
+    assert trainer.global_step == 3
+    assert torch.isfinite(trainer.callback_metrics["val/loss"])
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.float32 and images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.dtype == torch.int64
