@@ -1,0 +1,506 @@
+"""NVML access: map a torch CUDA device to its NVML index, and sample the GPU on a background thread.
+
+``pynvml`` (distribution ``nvidia-ml-py``, extra ``nvml``) is imported inside the functions that need it,
+never at module import, so ``import lightning_gpuopt`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+import warnings
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from lightning_gpuopt._imports import require
+
+__all__ = ["GPU_KEYS", "NVMLSampler", "nvml_device_index", "parse_cuda_visible_devices"]
+
+# Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
+GPU_KEYS: tuple[str, ...] = (
+    "gpu/util",
+    "gpu/util_min",
+    "gpu/mem_util",
+    "gpu/mem_used_gb",
+    "gpu/mem_total_gb",
+    "gpu/power_w",
+    "gpu/temp_c",
+    "gpu/sm_clock_mhz",
+    "gpu/sm_active",
+    "gpu/sm_occupancy",
+    "gpu/tensor_active",
+)
+
+_GB = 1024**3
+_GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
+
+
+def parse_cuda_visible_devices(value: str | None) -> list[str] | None:
+    """Split ``CUDA_VISIBLE_DEVICES`` the way the CUDA driver reads it.
+
+    Returns ``None`` when the variable is unset (every device is visible in NVML order), else the list of
+    entries up to the first invalid one (CUDA ignores the rest): integers, ``GPU-<uuid or prefix>`` or
+    ``MIG-<...>`` strings.
+    """
+    if value is None:
+        return None
+    entries: list[str] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            break
+        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
+            entries.append(entry)
+        elif entry.lstrip("-").isdigit():  # a negative index ends the list, as in CUDA
+            break
+        else:
+            break
+    return entries
+
+
+def _torch_cuda_index(device: torch.device | int | str | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"nvml_device_index needs a CUDA device, got {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _torch_device_uuid(index: int) -> str | None:
+    """NVML-style UUID (``GPU-...``) of torch's CUDA device ``index``, or None when torch cannot tell."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except (RuntimeError, AssertionError):
+        return None
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _as_str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: ModuleType) -> int:
+    if visible is None:
+        # Nothing hidden: torch's index is NVML's when CUDA enumerates in PCI bus order (the usual case and
+        # what CUDA_DEVICE_ORDER=PCI_BUS_ID guarantees); the UUID match in nvml_device_index covers the rest.
+        return torch_index
+    if torch_index >= len(visible):
+        raise ValueError(
+            f"torch CUDA device {torch_index} is not in CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+            f"({len(visible)} visible); pass the device the process actually trains on"
+        )
+    entry = visible[torch_index]
+    if entry.isdigit():
+        return int(entry)
+    if entry.startswith("MIG-"):
+        raise ValueError(
+            f"CUDA_VISIBLE_DEVICES entry {entry!r} is a MIG instance; GPUStatsMonitor/NVMLSampler do not "
+            "support MIG (NVML reports utilisation per physical GPU only)"
+        )
+    # GPU-<uuid>, possibly a prefix: match NVML's full UUIDs
+    matches = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        uuid = _as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+        if uuid.startswith(entry):
+            matches.append(i)
+    if len(matches) != 1:
+        raise ValueError(
+            f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} NVML devices; use a full or unique UUID"
+        )
+    return matches[0]
+
+
+def nvml_device_index(device: torch.device | int | str | None = None) -> int:
+    """Return the NVML index of torch's CUDA ``device`` (default: the current device).
+
+    torch numbers the devices left visible by ``CUDA_VISIBLE_DEVICES`` from 0, NVML numbers all devices in PCI
+    bus order. The device's UUID (from torch) is matched against NVML's first; where torch cannot tell, the
+    ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-`` UUIDs or unique UUID prefixes) are used. Never use the
+    process's local rank for this: under ``CUDA_VISIBLE_DEVICES`` it names the wrong GPU.
+
+    Raises:
+        ValueError: for a non-CUDA device, a MIG instance, or an entry that matches no (or several) GPUs.
+    """
+    torch_index = _torch_cuda_index(device)
+    pynvml = require("pynvml")
+    pynvml.nvmlInit()  # reference counted by NVML: safe when a sampler already holds it
+    try:
+        uuid = _torch_device_uuid(torch_index)
+        if uuid is not None and uuid.startswith("GPU-"):
+            try:
+                return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+            except pynvml.NVMLError:
+                pass  # fall through to CUDA_VISIBLE_DEVICES parsing
+        visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return _index_from_visible(torch_index, visible, pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class _Stat:
+    """Running sum/count/min/max, weighted (GPM pairs are weighted by their duration)."""
+
+    __slots__ = ("max", "min", "n", "total", "weight")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.weight = 0.0
+        self.n = 0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total += value * weight
+        self.weight += weight
+        self.n += 1
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight if self.weight > 0 else math.nan
+
+
+def _sample_value(value_type: int, sample: Any, pynvml: ModuleType) -> float:
+    v = sample.sampleValue
+    field = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    }.get(value_type, "uiVal")
+    return float(getattr(v, field))
+
+
+class NVMLSampler:
+    """Samples one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
+
+    GPU-Util and memory-controller utilisation come from the driver's own sample buffer
+    (``nvmlDeviceGetSamples``, read incrementally from the last timestamp seen) so a window's mean covers the
+    whole window rather than a snapshot; where the buffer does not answer, ``nvmlDeviceGetUtilizationRates`` is
+    polled every ``period_s``. Memory, power, temperature and SM clock are polled. On GPUs with GPM (Hopper and
+    newer) SM activity, SM occupancy and tensor-pipe activity are computed from pairs of GPM samples taken at
+    least ``gpm_min_interval_s`` apart (NVML needs > 100 ms between the two samples of a pair).
+
+    Args:
+        index: NVML device index (see ``nvml_device_index``).
+        period_s: polling period of the thread in seconds.
+        gpm: read GPM metrics when the device supports them.
+        gpm_min_interval_s: shortest time between the two GPM samples of a pair.
+
+    ``window()`` keys (absent when the device does not report them): ``gpu/util`` (mean %), ``gpu/util_min``
+    (%), ``gpu/mem_util`` (mean %), ``gpu/mem_used_gb`` (peak GiB), ``gpu/mem_total_gb`` (GiB), ``gpu/power_w``
+    (mean W), ``gpu/temp_c`` (mean °C), ``gpu/sm_clock_mhz`` (mean MHz), ``gpu/sm_active``,
+    ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM). A window in which no new sample
+    arrived repeats the latest sample.
+    """
+
+    def __init__(
+        self, index: int, period_s: float = 0.1, gpm: bool = True, gpm_min_interval_s: float = 0.2
+    ) -> None:
+        if not isinstance(index, int) or index < 0:
+            raise ValueError(f"index must be an NVML device index >= 0, got {index!r}")
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
+        self.index = index
+        self.period_s = float(period_s)
+        self.gpm = gpm
+        self.gpm_min_interval_s = max(float(gpm_min_interval_s), 0.11)
+        self.gpm_active = False
+        self.uses_sample_buffer = False
+        self.error: BaseException | None = None  # an unexpected error that stopped the thread
+        self.ticks = 0
+        self._pynvml: ModuleType | None = None
+        self._handle: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stats: dict[str, _Stat] = {}
+        self._latest: dict[str, float] = {}
+        self._last_ts: dict[int, int] = {}
+        self._unsupported: set[str] = set()
+        self._gpm_samples: list[Any] = []
+        self._gpm_prev_t = 0.0
+        self._mem_total_gb = math.nan
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> NVMLSampler:
+        """Initialise NVML, probe what the device answers, and start the thread.
+
+        Raises:
+            ModuleNotFoundError: ``pynvml`` is missing (extra ``nvml``).
+            pynvml.NVMLError: NVML cannot be initialised (no driver: ``NVMLError_LibraryNotFound``) or the
+                index is invalid.
+        """
+        if self._thread is not None:
+            return self
+        pynvml = require("pynvml")
+        pynvml.nvmlInit()
+        try:
+            self._pynvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            self._mem_total_gb = pynvml.nvmlDeviceGetMemoryInfo(self._handle).total / _GB
+            self.uses_sample_buffer = self._probe_sample_buffer()
+            if self.gpm:
+                self._start_gpm()
+        except BaseException:
+            self._release()
+            raise
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"NVMLSampler-{self.index}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop and join the thread, free GPM buffers and shut NVML down. Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._release()
+
+    def _free_gpm(self, pynvml: ModuleType) -> None:
+        for sample in self._gpm_samples:
+            with contextlib.suppress(pynvml.NVMLError):  # freeing is best effort at shutdown
+                pynvml.nvmlGpmSampleFree(sample)
+        self._gpm_samples = []
+        self.gpm_active = False
+
+    def _release(self) -> None:
+        pynvml = self._pynvml
+        if pynvml is None:
+            return
+        self._free_gpm(pynvml)
+        with contextlib.suppress(pynvml.NVMLError):  # already shut down elsewhere: nothing left to release
+            pynvml.nvmlShutdown()
+        self._pynvml = None
+        self._handle = None
+
+    def __enter__(self) -> NVMLSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # threads, locks and NVML handles do not pickle; a copy starts stopped
+        state = {
+            k: v for k, v in self.__dict__.items() if k in ("index", "period_s", "gpm", "gpm_min_interval_s")
+        }
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def _lib(self) -> ModuleType:
+        if self._pynvml is None:
+            raise RuntimeError("NVMLSampler is not started; call start() first")
+        return self._pynvml
+
+    # ----------------------------------------------------------------------------------------- probing
+    def _probe_sample_buffer(self) -> bool:
+        pynvml = self._lib()
+        ok = True
+        for kind in (pynvml.NVML_GPU_UTILIZATION_SAMPLES, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES):
+            try:
+                _, samples = pynvml.nvmlDeviceGetSamples(self._handle, kind, 0)
+                # history before start() does not belong to any window
+                self._last_ts[kind] = max((int(s.timeStamp) for s in samples), default=0)
+            except pynvml.NVMLError_NotFound:
+                self._last_ts[kind] = 0  # empty buffer: supported, nothing yet
+            except pynvml.NVMLError:
+                ok = False
+        return ok
+
+    def _start_gpm(self) -> None:
+        pynvml = self._lib()
+        try:
+            support = pynvml.nvmlGpmQueryDeviceSupport(self._handle)
+            if not support.isSupportedDevice:
+                raise RuntimeError("the device does not support GPM (it needs Hopper or newer)")
+            self._gpm_samples = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+            pynvml.nvmlGpmSampleGet(self._handle, self._gpm_samples[0])
+            self._gpm_prev_t = time.monotonic()
+            self.gpm_active = True
+        except (pynvml.NVMLError, RuntimeError, AttributeError) as err:
+            self._gpm_off(err)
+
+    def _gpm_off(self, err: BaseException) -> None:
+        if self._pynvml is not None:
+            self._free_gpm(self._pynvml)
+        if self.index in _GPM_WARNED:
+            return
+        _GPM_WARNED.add(self.index)
+        warnings.warn(
+            f"NVML GPM metrics (gpu/sm_active, gpu/sm_occupancy, gpu/tensor_active) are not available on NVML "
+            f"device {self.index}: {err}. Continuing without them.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    # ----------------------------------------------------------------------------------------- sampling
+    def _run(self) -> None:
+        try:
+            while True:
+                self.sample_once()
+                if self._stop.wait(self.period_s):
+                    break
+        except Exception as err:  # never take the training process down; report through .error
+            self.error = err
+
+    def _add(self, key: str, value: float, weight: float = 1.0) -> None:
+        stat = self._stats.get(key)
+        if stat is None:
+            stat = self._stats[key] = _Stat()
+        stat.add(value, weight)
+        self._latest[key] = value
+
+    def _poll(self, key: str, fn: Any) -> float | None:
+        if key in self._unsupported:
+            return None
+        pynvml = self._lib()
+        try:
+            return float(fn())
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission):
+            self._unsupported.add(key)  # this device never reports it: stop asking
+        except pynvml.NVMLError:
+            pass  # transient: skip this tick
+        return None
+
+    def _buffered(self, kind: int) -> list[float]:
+        pynvml = self._lib()
+        try:
+            value_type, samples = pynvml.nvmlDeviceGetSamples(self._handle, kind, self._last_ts[kind])
+        except pynvml.NVMLError_NotFound:
+            return []  # no new sample since the last timestamp
+        except pynvml.NVMLError:
+            return []
+        last = self._last_ts[kind]
+        out = []
+        for s in samples:
+            ts = int(s.timeStamp)
+            if ts > last:
+                out.append(_sample_value(value_type, s, pynvml))
+                self._last_ts[kind] = max(self._last_ts[kind], ts)
+        return out
+
+    def sample_once(self) -> None:
+        """Take one round of readings (the thread calls this every ``period_s``)."""
+        pynvml = self._pynvml
+        if pynvml is None:
+            return
+        h = self._handle
+        readings: list[tuple[str, float, float]] = []
+        if self.uses_sample_buffer:
+            readings += [("gpu/util", v, 1.0) for v in self._buffered(pynvml.NVML_GPU_UTILIZATION_SAMPLES)]
+            readings += [
+                ("gpu/mem_util", v, 1.0) for v in self._buffered(pynvml.NVML_MEMORY_UTILIZATION_SAMPLES)
+            ]
+        else:
+            rates = self._poll_rates()
+            if rates is not None:
+                readings += [("gpu/util", rates[0], 1.0), ("gpu/mem_util", rates[1], 1.0)]
+        polled = {
+            "gpu/mem_used_gb": lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used / _GB,
+            "gpu/power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "gpu/temp_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            "gpu/sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        }
+        for key, fn in polled.items():
+            value = self._poll(key, fn)
+            if value is not None:
+                readings.append((key, value, 1.0))
+        if self.gpm_active:
+            readings += self._gpm_pair()
+        with self._lock:
+            for key, value, weight in readings:
+                self._add(key, value, weight)
+            self.ticks += 1
+
+    def _poll_rates(self) -> tuple[float, float] | None:
+        pynvml = self._lib()
+        try:
+            rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+        except pynvml.NVMLError:
+            return None
+        return float(rates.gpu), float(rates.memory)
+
+    def _gpm_pair(self) -> list[tuple[str, float, float]]:
+        pynvml = self._lib()
+        now = time.monotonic()
+        dt = now - self._gpm_prev_t
+        if dt < self.gpm_min_interval_s:
+            return []
+        first, second = self._gpm_samples
+        metric_ids = {
+            "gpu/sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+            "gpu/sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+            "gpu/tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        }
+        try:
+            pynvml.nvmlGpmSampleGet(self._handle, second)
+            query = pynvml.c_nvmlGpmMetricsGet_t()
+            query.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            query.numMetrics = len(metric_ids)
+            query.sample1 = first
+            query.sample2 = second
+            for i, metric_id in enumerate(metric_ids.values()):
+                query.metrics[i].metricId = metric_id
+            pynvml.nvmlGpmMetricsGet(query)
+        except pynvml.NVMLError as err:
+            self._gpm_off(err)
+            return []
+        # the newer sample starts the next pair
+        self._gpm_samples = [second, first]
+        self._gpm_prev_t = now
+        out = []
+        for i, key in enumerate(metric_ids):
+            metric = query.metrics[i]
+            if int(metric.nvmlReturn) == pynvml.NVML_SUCCESS and math.isfinite(metric.value):
+                out.append((key, float(metric.value), dt))
+        return out
+
+    # ----------------------------------------------------------------------------------------- results
+    def window(self) -> dict[str, float]:
+        """Aggregates since the previous call (or since ``start``), then start a new window."""
+        with self._lock:
+            stats, self._stats = self._stats, {}
+            latest = dict(self._latest)
+        out: dict[str, float] = {}
+        util = stats.get("gpu/util")
+        if util is not None:
+            out["gpu/util"] = util.mean
+            out["gpu/util_min"] = util.min
+        elif "gpu/util" in latest:
+            out["gpu/util"] = out["gpu/util_min"] = latest["gpu/util"]
+        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPU_KEYS[8:]):
+            if key in stats:
+                out[key] = stats[key].mean
+            elif key in latest:
+                out[key] = latest[key]
+        mem = stats.get("gpu/mem_used_gb")
+        if mem is not None:
+            out["gpu/mem_used_gb"] = mem.max
+        elif "gpu/mem_used_gb" in latest:
+            out["gpu/mem_used_gb"] = latest["gpu/mem_used_gb"]
+        if math.isfinite(self._mem_total_gb):
+            out["gpu/mem_total_gb"] = self._mem_total_gb
+        return {k: out[k] for k in GPU_KEYS if k in out}

@@ -1,0 +1,347 @@
+import csv
+import pickle
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lightning_gpuopt import GPUStatsMonitor
+from lightning_gpuopt.observe.gpu_stats import METRIC_KEYS
+from lightning_gpuopt.observe.nvml import GPU_KEYS
+from lightning_gpuopt.observe.timing import HOST_KEYS
+from tests.observe.fake_pynvml import install
+
+
+class TinyModule(pl.LightningModule):
+    def __init__(
+        self, fail_at: int | None = None, interrupt_at: int | None = None, batch_size: int = 4
+    ) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 2)
+        self.fail_at = fail_at
+        self.interrupt_at = interrupt_at
+        self.batch_size = batch_size
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.fail_at:
+            raise RuntimeError("boom")
+        if batch_idx == self.interrupt_at:
+            raise KeyboardInterrupt
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.layer(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        ds = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
+        return DataLoader(ds, batch_size=self.batch_size)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _trainer(tmp_path, monitor, loggers=False, **kw):
+    kwargs = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=9,
+        logger=loggers,
+        callbacks=[monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    kwargs.update(kw)
+    return pl.Trainer(**kwargs)
+
+
+def _csv_rows(logger: CSVLogger) -> list[dict[str, str]]:
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _tb_scalars(log_dir: str) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir)
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("NVMLSampler")]
+
+
+def test_cpu_fit_logs_host_keys_to_every_logger_at_the_interval(tmp_path):
+    monitor = GPUStatsMonitor(log_every_n_steps=3)
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    tb_logger = TensorBoardLogger(tmp_path, name="tb")
+    with pytest.warns(UserWarning, match="not CUDA") as record:
+        _trainer(tmp_path, monitor, [csv_logger, tb_logger]).fit(TinyModule())
+    assert sum("GPUStatsMonitor" in str(w.message) for w in record) == 1
+    # windows end at optimizer steps 3, 6, 9; Lightning puts step k's row at logger step k-1
+    assert [w["step"] for w in monitor.history] == [2.0, 5.0, 8.0]
+    assert monitor.last_window is monitor.history[-1]
+    for w in monitor.history:
+        assert set(w) == {*HOST_KEYS, "step"}
+        assert w["time/step_ms"] > 0 and 0.0 <= w["time/data_wait_frac"] <= 1.0
+        assert w["throughput/samples_per_sec"] > 0
+    rows = [r for r in _csv_rows(csv_logger) if r.get("time/step_ms")]
+    assert [int(r["step"]) for r in rows] == [2, 5, 8]
+    assert all(r.get("gpu/util", "") == "" for r in rows)
+    tb = _tb_scalars(tb_logger.log_dir)
+    for key in HOST_KEYS:
+        assert tb[key] == [2, 5, 8]
+    assert not any(k.startswith("gpu/") for k in tb)
+
+
+def test_trainer_interval_is_the_default_and_last_window_is_flushed(tmp_path):
+    monitor = GPUStatsMonitor(gpu=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # gpu=False never warns about the GPU
+        warnings.filterwarnings("ignore", message=".*(num_workers|bottleneck|log_every_n_steps).*")
+        _trainer(tmp_path, monitor, log_every_n_steps=4, max_steps=10).fit(TinyModule())
+    # windows at steps 4 and 8, then the 2-step tail when training ends
+    assert [w["step"] for w in monitor.history] == [3.0, 7.0, 9.0]
+
+
+def test_fake_nvml_fit_logs_every_documented_key(tmp_path, monkeypatch):
+    fake = install(monkeypatch)
+    fake.set(0, util=87.0, mem_util=30.0)
+    monitor = GPUStatsMonitor(log_every_n_steps=4, sample_period_s=0.01, nvml_index=0)
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    tb_logger = TensorBoardLogger(tmp_path, name="tb")
+
+    class SlowModule(TinyModule):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.06)  # long enough for GPM pairs (> 100 ms) inside a 4-step window
+            return super().training_step(batch, batch_idx)
+
+    _trainer(tmp_path, monitor, [csv_logger, tb_logger], max_steps=8).fit(SlowModule())
+    assert monitor.sampler is None and not _sampler_threads()
+    assert fake.refcount == 0 and fake.gpm_allocated == 0
+    assert len(monitor.history) == 2
+    for w in monitor.history:
+        assert set(w) == {*METRIC_KEYS, "step"}
+        assert w["gpu/util"] == pytest.approx(87.0)
+        assert w["gpu/power_w"] == pytest.approx(250.0)
+        assert w["gpu/sm_active"] == pytest.approx(71.0)
+    rows = [r for r in _csv_rows(csv_logger) if r.get("gpu/util")]
+    assert [int(r["step"]) for r in rows] == [3, 7]
+    assert set(METRIC_KEYS) <= set(rows[0])
+    tb = _tb_scalars(tb_logger.log_dir)
+    for key in METRIC_KEYS:
+        assert tb[key] == [3, 7], key
+
+
+def test_data_wait_shows_a_starving_loop(tmp_path):
+    class SlowData(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(0.02)  # 4 items a batch: 80 ms of "decoding" per step on the main process
+            return torch.randn(8), i % 2
+
+    class Starved(TinyModule):
+        def train_dataloader(self):
+            return DataLoader(SlowData(), batch_size=4)
+
+    starved = GPUStatsMonitor(gpu=False, log_every_n_steps=4)
+    _trainer(tmp_path, starved, max_steps=8).fit(Starved())
+    fed = GPUStatsMonitor(gpu=False, log_every_n_steps=4)
+    _trainer(tmp_path, fed, max_steps=8).fit(TinyModule())
+    slow, fast = starved.history[-1], fed.history[-1]
+    assert slow["time/data_wait_ms"] >= 75.0  # every step waited for 4 x 20 ms of loading
+    assert fast["time/data_wait_ms"] < 20.0
+    assert slow["time/data_wait_frac"] > fast["time/data_wait_frac"] + 0.2
+    assert slow["throughput/samples_per_sec"] < 4 / 0.08
+
+
+def test_missing_nvml_bindings_warn_once_and_host_metrics_go_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ModuleNotFoundError
+    monitor = GPUStatsMonitor(log_every_n_steps=3, nvml_index=0)
+    with pytest.warns(UserWarning, match=r"lightning-gpuopt\[nvml\]") as record:
+        _trainer(tmp_path, monitor).fit(TinyModule())
+        _trainer(tmp_path, monitor).fit(TinyModule())  # a second fit does not warn again
+    assert sum("GPUStatsMonitor" in str(w.message) for w in record) == 1
+    assert monitor.sampler is None
+    assert len(monitor.history) == 6 and all(
+        "time/step_ms" in w and "gpu/util" not in w for w in monitor.history
+    )
+
+
+def test_missing_nvml_library_warns_and_does_not_crash(tmp_path, monkeypatch):
+    install(monkeypatch, library=False)
+    monitor = GPUStatsMonitor(log_every_n_steps=3, nvml_index=0)
+    with pytest.warns(UserWarning, match="NVMLError_LibraryNotFound"):
+        _trainer(tmp_path, monitor).fit(TinyModule())
+    assert len(monitor.history) == 3
+
+
+def test_thread_is_joined_when_training_raises(tmp_path, monkeypatch):
+    fake = install(monkeypatch)
+    monitor = GPUStatsMonitor(nvml_index=1, sample_period_s=0.01)
+    with pytest.raises(RuntimeError, match="boom"):
+        _trainer(tmp_path, monitor).fit(TinyModule(fail_at=3))
+    assert monitor.sampler is None and not _sampler_threads()
+    assert fake.refcount == 0 and fake.gpm_allocated == 0
+
+
+def test_thread_is_joined_on_keyboard_interrupt(tmp_path, monkeypatch):
+    fake = install(monkeypatch)
+    monitor = GPUStatsMonitor(nvml_index=2, sample_period_s=0.01)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):  # Lightning's graceful shutdown on Ctrl+C ends in sys.exit(1)
+            _trainer(tmp_path, monitor).fit(TinyModule(interrupt_at=2))
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after the first one
+    assert monitor.sampler is None and not _sampler_threads()
+    assert fake.refcount == 0
+
+
+def test_validation_and_pickling_and_state(tmp_path):
+    with pytest.raises(ValueError, match="sample_period_s"):
+        GPUStatsMonitor(sample_period_s=0)
+    with pytest.raises(ValueError, match="log_every_n_steps"):
+        GPUStatsMonitor(log_every_n_steps=0)
+    with pytest.raises(TypeError, match="all_ranks"):
+        GPUStatsMonitor(all_ranks="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="nvml_index"):
+        GPUStatsMonitor(nvml_index=-2)
+    monitor = GPUStatsMonitor(log_every_n_steps=3, gpu=False)
+    copy = pickle.loads(pickle.dumps(monitor))
+    assert copy.log_every_n_steps == 3 and copy.history == []
+    _trainer(tmp_path, monitor).fit(TinyModule())
+    state = monitor.state_dict()
+    assert state["last_logged_step"] == 9 and state["log_every_n_steps"] == 3
+    other = GPUStatsMonitor(log_every_n_steps=3, gpu=False)
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    assert pickle.loads(pickle.dumps(monitor)).history == monitor.history
+    assert monitor.summary()["time/step_ms"] > 0
+
+
+def test_lightning_cli_config(tmp_path):
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"""
+trainer:
+  accelerator: cpu
+  max_steps: 4
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  default_root_dir: {tmp_path}
+  callbacks:
+    - class_path: lightning_gpuopt.GPUStatsMonitor
+      init_args:
+        log_every_n_steps: 2
+        gpu: false
+"""
+    )
+    cli = LightningCLI(TinyModule, args=["fit", "--config", str(config)], save_config_callback=None)
+    monitors = [c for c in cli.trainer.callbacks if isinstance(c, GPUStatsMonitor)]
+    assert len(monitors) == 1
+    assert monitors[0].log_every_n_steps == 2 and monitors[0].gpu is False
+    assert [w["step"] for w in monitors[0].history] == [1.0, 3.0]
+
+
+@pytest.mark.slow
+def test_all_ranks_under_cpu_ddp(tmp_path):
+    monitor = GPUStatsMonitor(gpu=False, log_every_n_steps=2, all_ranks=True)
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    trainer = _trainer(tmp_path, monitor, logger, devices=2, strategy="ddp_spawn", max_steps=4)
+    trainer.fit(TinyModule())
+    rows = [r for r in _csv_rows(logger) if r.get("time/step_ms")]
+    assert [int(r["step"]) for r in rows] == [1, 3]
+    for r in rows:
+        for key in HOST_KEYS:
+            assert float(r[f"{key}/rank0"]) >= 0 and float(r[f"{key}/rank1"]) >= 0
+        assert float(r["time/step_ms"]) == float(r["time/step_ms/rank0"])
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_util_busy_then_idle():
+    from lightning_gpuopt.observe.nvml import NVMLSampler, nvml_device_index
+
+    device = torch.device("cuda", 0)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.float16)
+    with NVMLSampler(nvml_device_index(device), period_s=0.1) as sampler:
+        t_end = time.perf_counter() + 1.0
+        while time.perf_counter() < t_end:  # warm up and drop the ramp
+            for _ in range(8):
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize(device)
+        sampler.window()
+        t_end = time.perf_counter() + 3.0
+        while time.perf_counter() < t_end:
+            for _ in range(8):
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize(device)
+        busy = sampler.window()
+        time.sleep(1.0)
+        sampler.window()
+        time.sleep(3.0)
+        idle = sampler.window()
+    print(f"\nbusy window: {busy}\nidle window: {idle}")
+    assert busy["gpu/util"] >= 90.0
+    assert idle["gpu/util"] <= 10.0
+    assert busy["gpu/power_w"] > idle["gpu/power_w"]
+
+
+@pytest.mark.gpu
+def test_gpu_fit_tensorboard_event_file_holds_the_keys(tmp_path):
+    class GPUModule(TinyModule):
+        def __init__(self):
+            super().__init__(batch_size=64)
+            self.layer = nn.Sequential(
+                nn.Linear(8, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 2)
+            )
+
+        def train_dataloader(self):
+            ds = TensorDataset(torch.randn(4096, 8), torch.randint(0, 2, (4096,)))
+            return DataLoader(ds, batch_size=64)
+
+    monitor = GPUStatsMonitor(log_every_n_steps=10)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_steps=60,
+        logger=logger,
+        callbacks=[monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(GPUModule())
+    assert monitor.sampler is None and not _sampler_threads()
+    expected = set(GPU_KEYS[:8]) | set(HOST_KEYS)
+    if torch.cuda.get_device_capability(0) >= (9, 0):  # Hopper and newer answer GPM
+        expected |= set(GPU_KEYS[8:])
+    tb = _tb_scalars(logger.log_dir)
+    print(f"\nlast window: {monitor.last_window}\ntensorboard tags: {sorted(tb)}")
+    missing = expected - set(tb)
+    assert not missing, missing
+    assert tb["gpu/util"] == [9, 19, 29, 39, 49, 59]

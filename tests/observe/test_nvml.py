@@ -1,0 +1,172 @@
+import pickle
+import time
+import warnings
+
+import pytest
+
+from lightning_gpuopt.observe import nvml
+from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index, parse_cuda_visible_devices
+from tests.observe.fake_pynvml import UUIDS, install
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("0,2", ["0", "2"]),
+        (" 3 , 1 ", ["3", "1"]),
+        ("GPU-2222,1", ["GPU-2222", "1"]),
+        ("0,-1,2", ["0"]),  # CUDA stops at the first invalid entry
+        ("1,foo,2", ["1"]),
+        ("MIG-abc", ["MIG-abc"]),
+    ],
+)
+def test_parse_cuda_visible_devices(value, expected):
+    assert parse_cuda_visible_devices(value) == expected
+
+
+def test_index_without_cuda_visible_devices(monkeypatch):
+    fake = install(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml_device_index("cuda:2") == 2
+    assert nvml_device_index(1) == 1
+    assert fake.refcount == 0 and fake.init_calls == 2  # every init is matched by a shutdown
+
+
+def test_index_through_cuda_visible_devices_indices(monkeypatch):
+    install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml_device_index("cuda:0") == 3
+    assert nvml_device_index("cuda:1") == 1
+    with pytest.raises(ValueError, match="not in CUDA_VISIBLE_DEVICES"):
+        nvml_device_index("cuda:2")
+
+
+def test_index_through_cuda_visible_devices_uuids(monkeypatch):
+    install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[3]},GPU-1111,GPU-2222")
+    assert nvml_device_index(0) == 3  # full UUID
+    assert nvml_device_index(1) == 0  # unique prefix
+    with pytest.raises(ValueError, match="matches 2 NVML devices"):
+        nvml_device_index(2)  # GPU-2222 is a prefix of two UUIDs
+
+
+def test_index_mig_and_cpu_device_are_refused(monkeypatch):
+    fake = install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5c6a0a3f-0000")
+    with pytest.raises(ValueError, match="MIG"):
+        nvml_device_index(0)
+    assert fake.refcount == 0
+    with pytest.raises(ValueError, match="CUDA device"):
+        nvml_device_index("cpu")
+
+
+def test_torch_uuid_wins_over_cuda_visible_devices(monkeypatch):
+    # torch knows the device's UUID (CUDA builds): it is matched in NVML, whatever the enumeration order
+    install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: UUIDS[2] if i == 1 else None)
+    assert nvml_device_index(1) == 2
+    assert nvml_device_index(0) == 0
+
+
+def test_sampler_windows_follow_the_load(monkeypatch):
+    fake = install(monkeypatch, sample_every_s=0.01)
+    fake.set(1, util=90.0, mem_util=40.0)
+    sampler = NVMLSampler(1, period_s=0.02, gpm_min_interval_s=0.11).start()
+    try:
+        assert sampler.running and sampler.uses_sample_buffer and sampler.gpm_active
+        time.sleep(0.4)
+        busy = sampler.window()
+        fake.set(1, util=0.0, mem_util=0.0)
+        time.sleep(0.4)
+        idle = sampler.window()
+    finally:
+        sampler.stop()
+    assert not sampler.running
+    assert fake.refcount == 0 and fake.gpm_allocated == 0  # NVML shut down, GPM buffers freed
+    assert set(busy) == set(GPU_KEYS)
+    assert busy["gpu/util"] == pytest.approx(90.0) and busy["gpu/util_min"] == pytest.approx(90.0)
+    assert busy["gpu/mem_util"] == pytest.approx(40.0)
+    assert busy["gpu/power_w"] == pytest.approx(250.0)  # mW -> W
+    assert busy["gpu/mem_used_gb"] == pytest.approx(10.0) and busy["gpu/mem_total_gb"] == pytest.approx(80.0)
+    assert busy["gpu/temp_c"] == 45 and busy["gpu/sm_clock_mhz"] == 1980
+    assert busy["gpu/sm_active"] == pytest.approx(71.0)
+    assert busy["gpu/tensor_active"] == pytest.approx(69.0)
+    assert busy["gpu/sm_occupancy"] == pytest.approx(10.0)
+    # the idle window holds only samples taken after the switch (at most one straddles it)
+    assert idle["gpu/util"] < 10.0 and idle["gpu/util_min"] == 0.0
+
+
+def test_window_mean_and_min_over_the_window(monkeypatch):
+    fake = install(monkeypatch, sample_every_s=0.01)
+    sampler = NVMLSampler(0, period_s=100.0, gpm=False).start()  # thread samples once, then waits
+    try:
+        time.sleep(0.05)
+        sampler.window()
+        fake.set(0, util=100.0)
+        time.sleep(0.1)
+        fake.set(0, util=0.0)
+        time.sleep(0.1)
+        sampler.sample_once()
+        w = sampler.window()
+        # no new sample since: the next window repeats the latest values instead of going blank
+        sampler.sample_once()
+        again = sampler.window()
+    finally:
+        sampler.stop()
+    assert 30.0 < w["gpu/util"] < 70.0
+    assert w["gpu/util_min"] == 0.0
+    assert "gpu/sm_active" not in w
+    assert again["gpu/util"] == 0.0 and again["gpu/power_w"] == pytest.approx(250.0)
+
+
+def test_fallback_to_polling_when_the_buffer_does_not_answer(monkeypatch):
+    fake = install(monkeypatch, buffer=False)
+    fake.set(0, util=55.0, mem_util=12.0)
+    with NVMLSampler(0, period_s=100.0, gpm=False) as sampler:
+        assert not sampler.uses_sample_buffer
+        sampler.sample_once()
+        w = sampler.window()
+    assert w["gpu/util"] == 55.0 and w["gpu/mem_util"] == 12.0
+
+
+def test_no_gpm_warns_once_and_goes_on(monkeypatch):
+    fake = install(monkeypatch)
+    for g in fake.gpus:
+        g.gpm = False
+    monkeypatch.setattr(nvml, "_GPM_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="GPM"), NVMLSampler(3, period_s=100.0) as sampler:
+        assert not sampler.gpm_active
+        time.sleep(0.05)
+        sampler.sample_once()
+        w = sampler.window()
+    assert "gpu/util" in w and "gpu/sm_active" not in w
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second sampler on the same device stays quiet
+        NVMLSampler(3, period_s=100.0).start().stop()
+
+
+def test_missing_library_raises_and_releases(monkeypatch):
+    fake = install(monkeypatch, library=False)
+    import pynvml
+
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        NVMLSampler(0).start()
+    assert fake.refcount == 0
+
+
+def test_sampler_is_picklable_and_validates(monkeypatch):
+    install(monkeypatch)
+    sampler = NVMLSampler(0, period_s=0.05).start()
+    try:
+        copy = pickle.loads(pickle.dumps(sampler))
+    finally:
+        sampler.stop()
+        sampler.stop()  # idempotent
+    assert copy.index == 0 and copy.period_s == 0.05 and not copy.running
+    with pytest.raises(ValueError, match="period_s"):
+        NVMLSampler(0, period_s=0)
+    with pytest.raises(ValueError, match="index"):
+        NVMLSampler(-1)
