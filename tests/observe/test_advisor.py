@@ -364,6 +364,26 @@ def _trainer(tmp_path, callbacks, steps, logger=False):
     )
 
 
+class ReadyBatches(Dataset):
+    """Pre-made batches (``DataLoader(batch_size=None)``): fetching costs nothing, so the run is not input-bound."""
+
+    def __init__(self, n: int = 64, batch: int = 64, size: int = 32) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batch, 3, size, size, generator=g)
+        self.y = torch.randint(0, 4, (batch,), generator=g)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.x, self.y
+
+
+def _fast_loader():
+    return DataLoader(ReadyBatches(), batch_size=None)
+
+
 def _model():
     return ImageClassifier(
         nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01
@@ -385,9 +405,7 @@ def test_scenario_slow_loader_without_workers_is_input_bound(tmp_path, caplog):
 
 def test_scenario_healthy_cpu_run_no_false_alarm(tmp_path):
     advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=1)
-    data = SleepyImages()
-    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32, num_workers=0)
-    _trainer(tmp_path, [advisor], steps=14).fit(_model(), loader)
+    _trainer(tmp_path, [advisor], steps=14).fit(_model(), _fast_loader())
     assert advisor.windows == 3
     assert advisor.verdicts == [], advisor.history
     assert all(h["diagnosed"] == [] for h in advisor.history)
@@ -438,8 +456,7 @@ def test_gpu_evidence_is_read_from_a_monitor_history(tmp_path):
             self.last_window = w
 
     advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=2)
-    data = SleepyImages()
-    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32)
+    loader = _fast_loader()
     # monitor before the advisor so its window is in the history when the advisor evaluates
     _trainer(tmp_path, [FakeMonitor(), advisor], steps=10).fit(_model(), loader)
     assert advisor.history[-1]["evidence"]["gpu_util"] == 35.0
@@ -478,10 +495,9 @@ def test_state_round_trip_and_second_fit(tmp_path):
     assert restored.verdicts == advisor.verdicts and restored.windows == advisor.windows == 2
     pickle.dumps(advisor)
     # a second fit with a fast loader starts over and finds nothing
-    data = SleepyImages()
-    fast = DataLoader(TensorDataset(data.x, data.y), batch_size=32)
-    _trainer(tmp_path, [advisor], steps=7).fit(_model(), fast)
+    _trainer(tmp_path, [advisor], steps=7).fit(_model(), _fast_loader())
     assert advisor.verdicts == [] and advisor.windows == 2
+    assert [h["step"] for h in advisor.history] == [4, 7]
 
 
 def test_short_run_says_not_enough_evidence(tmp_path):
@@ -507,3 +523,31 @@ def test_short_run_says_not_enough_evidence(tmp_path):
 def test_argument_validation(kwargs, err):
     with pytest.raises(err, match=next(iter(kwargs))):
         BottleneckAdvisor(**kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_configuration_verdicts(tmp_path):
+    """On CUDA: fp32 on a tensor-core GPU, pageable copies, cudnn.benchmark off, and no monitor."""
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=3, min_windows=1, verbose=False)
+    data = SleepyImages()
+    loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32, pin_memory=False)
+    trainer = Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="32-true",
+        benchmark=False,
+        max_steps=11,
+        limit_val_batches=0,
+        logger=False,
+        callbacks=[advisor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_model(), loader)
+    got = {v.kind for v in advisor.verdicts}
+    assert {"pageable-copies", "cudnn-benchmark-off", "gpu-metrics-missing"} <= got
+    if torch.cuda.get_device_capability() >= (7, 0):
+        assert "fp32-on-tensor-cores" in got
+    assert advisor.config.device_type == "cuda" and advisor.config.host_batches is True
