@@ -1,0 +1,157 @@
+import json
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gpuopt.data.tuning import WorkerTuner, default_candidates, tune_num_workers
+
+
+class _PacedLoader:
+    """An iterable of batches delivered at a fixed rate (batches/s): a loader with known throughput."""
+
+    def __init__(self, rate: float, batch: int = 4, startup_s: float = 0.0) -> None:
+        self.rate, self.batch, self.startup_s = rate, batch, startup_s
+
+    def __iter__(self):
+        time.sleep(self.startup_s)
+        nxt = time.perf_counter()
+        while True:
+            nxt += 1.0 / self.rate
+            time.sleep(max(0.0, nxt - time.perf_counter()))
+            yield torch.zeros(self.batch, 1)
+
+
+def _factory(rates: dict[int, float], calls: list[int] | None = None):
+    def make(n: int):
+        if calls is not None:
+            calls.append(n)
+        return _PacedLoader(rates[n])
+
+    return make
+
+
+def test_default_candidates():
+    assert default_candidates(1) == [1]
+    assert default_candidates(2) == [1, 2]
+    assert default_candidates(16) == [1, 2, 4, 6, 8, 12, 16]
+    assert default_candidates(10) == [1, 2, 4, 6, 8, 10]
+
+
+def test_smallest_within_tolerance_of_best():
+    rates = {1: 15.0, 2: 60.0, 4: 62.0, 8: 40.0}
+    res = tune_num_workers(_factory(rates), candidates=[8, 1, 4, 2], budget_s=3.0, cache=False)
+    assert [r["num_workers"] for r in res.table] == [1, 2, 4, 8]  # ascending
+    measured = {r["num_workers"]: r["samples_per_sec"] / 4 for r in res.table}
+    for n, rate in rates.items():
+        assert measured[n] == pytest.approx(rate, rel=0.2)
+    assert res.best == 2  # 4 is the fastest, but 2 is within 5% of it
+    assert res.seconds <= 3.0 + 0.5
+
+
+def test_stops_when_throughput_stops_improving():
+    calls: list[int] = []
+    rates = {1: 40.0, 2: 41.0, 4: 40.0, 8: 40.0, 16: 40.0}
+    res = tune_num_workers(_factory(rates, calls), candidates=list(rates), budget_s=2.5, cache=False)
+    assert res.stop_reason == "no improvement"
+    assert [r["num_workers"] for r in res.table] == [1, 2, 4]
+    assert res.best == 1
+
+
+def test_stops_at_target():
+    rates = {1: 20.0, 2: 40.0, 4: 80.0, 8: 160.0}
+    res = tune_num_workers(
+        _factory(rates), candidates=list(rates), budget_s=2.0, target_samples_per_sec=120.0, cache=False
+    )
+    assert res.stop_reason == "target reached"
+    assert res.best == 2  # 2 workers deliver 160 samples/s >= 120
+    assert [r["num_workers"] for r in res.table] == [1, 2]
+
+
+def test_slow_startup_stays_in_budget():
+    def make(n):
+        return _PacedLoader(5.0, startup_s=0.4)
+
+    t0 = time.perf_counter()
+    res = tune_num_workers(make, candidates=[1, 2, 3], budget_s=1.5, cache=False)
+    assert time.perf_counter() - t0 < 2.2
+    assert res.best in (1, 2, 3) and all(r["samples_per_sec"] > 0 for r in res.table)
+
+
+class _CostlyDataset(Dataset):
+    """Each item costs ``cost_s`` of CPU-free waiting (so worker processes overlap, even on 2 cores)."""
+
+    def __init__(self, n: int = 64, cost_s: float = 0.004) -> None:
+        self.n, self.cost_s = n, cost_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.cost_s)
+        return torch.zeros(2), i
+
+
+def test_real_dataloader_and_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    ds = _CostlyDataset()
+    res = tune_num_workers(ds, candidates=[1, 2], budget_s=4.0, batch_size=8)
+    assert not res.cached and len(res.table) == 2
+    one, two = (r["samples_per_sec"] for r in res.table)
+    assert two > 1.3 * one  # sleeping items overlap across workers
+    assert res.best == 2
+    data = json.loads((tmp_path / "cache" / "workers.json").read_text())
+    assert data[res.key]["best"] == 2
+    t0 = time.perf_counter()
+    again = tune_num_workers(ds, candidates=[1, 2], budget_s=4.0, batch_size=8)
+    assert again.cached and again.best == 2 and time.perf_counter() - t0 < 0.5
+    # another batch size is another key
+    other = tune_num_workers(ds, candidates=[1], budget_s=0.5, batch_size=4)
+    assert not other.cached and other.key != res.key
+    assert "num_workers=2 (cached)" in again.format_table()
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="budget_s"):
+        tune_num_workers(_CostlyDataset(), budget_s=0)
+    with pytest.raises(ValueError, match="tolerance"):
+        tune_num_workers(_CostlyDataset(), tolerance=1.5)
+    with pytest.raises(ValueError, match="candidates"):
+        tune_num_workers(_CostlyDataset(), candidates=[-1])
+    with pytest.raises(ValueError, match="budget_s"):
+        WorkerTuner(budget_s=-1)
+
+
+class _TinyModel(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        return self.layer(x).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_worker_tuner_sets_user_loader(tmp_path):
+    loader = DataLoader(_CostlyDataset(n=32, cost_s=0.002), batch_size=8, num_workers=0)
+    tuner = WorkerTuner(budget_s=2.0, candidates=[1, 2], cache_dir=tmp_path)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[tuner],
+    )
+    trainer.fit(_TinyModel(), train_dataloaders=loader)
+    assert tuner.num_workers in (1, 2)
+    assert trainer.train_dataloader.num_workers == tuner.num_workers
+    assert trainer.train_dataloader.prefetch_factor == 2
+    assert tuner.state_dict() == {"num_workers": tuner.num_workers}
+    assert len(tuner.results) == 1 and tuner.results[0].table
