@@ -21,7 +21,7 @@ import torch
 
 from lightning_gpuopt.observe.nvtx import PHASE_COLORS, NVTXRanges, RangeStack, add_module_ranges
 from tests.observe import nvtx_events as ne
-from tests.observe.nvtx_scenarios import Module, Net, loader, scenarios
+from tests.observe.nvtx_scenarios import Module, Net, loader
 
 REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "lightning_gpuopt"
@@ -30,6 +30,9 @@ STEP = ["  forward", "  zero_grad", "  backward", "  optimizer step"]
 
 @pytest.fixture(scope="session")
 def recorder_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prebuilt = os.environ.get("NVTX_RECORDER_LIB")  # e.g. .nvtxrec/librecorder.so carried to a GPU machine
+    if prebuilt:
+        return Path(prebuilt).resolve()
     try:
         lib = ne.build_recorder(tmp_path_factory.mktemp("nvtxrec"))
     except subprocess.CalledProcessError as err:  # a compiler that cannot build a shared object
@@ -303,9 +306,3 @@ def test_unknown_module_root_names_the_argument() -> None:
         _trainer(NVTXRanges(module_depth=1, module_root="nope"), limit_train_batches=1).fit(
             Module(), loader(1)
         )
-
-
-def test_scenarios_table_is_complete() -> None:
-    # every scenario the balance test names exists in the subprocess script
-    names = set(scenarios("auto", "cpu", lambda m: None))
-    assert {"basic", "accumulate", "modules", "capture", "interrupt_module", "inf_scaler"} <= names
