@@ -370,3 +370,14 @@ def test_callback_with_compiled_inner_model():
     assert probe.weights_cl == [True, True]
     assert probe.inputs_cl == [True, True]
     assert is_channels_last(net)
+
+
+@pytest.mark.gpu
+def test_callback_on_cuda_with_fp16():
+    cb, probe = ChannelsLast(), _InputProbe()
+    model = ImageClassifier("small")
+    _trainer([cb, probe], max_steps=2, accelerator="gpu", precision="16-mixed").fit(model, _loader())
+    assert cb.active
+    assert probe.weights_cl == [True, True]
+    assert probe.inputs_cl == [True, True]
+    assert model.device.type == "cuda"

@@ -156,3 +156,13 @@ def test_fast_trainer_kwargs_fit_on_cpu(monkeypatch, restore_backends):
     cl = next(c for c in trainer.callbacks if isinstance(c, ChannelsLast))
     assert cl.active
     assert model.model.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpu
+def test_choose_precision_on_this_gpu(restore_backends):
+    major, _ = torch.cuda.get_device_capability()
+    expected = "32-true" if major < 7 else "16-mixed"
+    assert choose_precision(model=SmallResNet()) == expected
+    kwargs = fast_trainer_kwargs(SmallResNet())
+    assert kwargs["benchmark"] is True
+    assert torch.get_float32_matmul_precision() == "high"
