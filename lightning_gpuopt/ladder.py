@@ -370,20 +370,51 @@ def _sync(device: torch.device) -> None:
 
 
 class _RowMeter(ThroughputMeter):
-    """``ThroughputMeter`` with a time box: starts after ``warmup`` steps or ``warmup_seconds``, then stops
-    the fit after ``seconds`` or ``max_steps`` measured steps (host clock; two device syncs in all)."""
+    """``ThroughputMeter`` with a time box (host clock; one device sync at each end of the window).
 
-    def __init__(self, warmup: int, warmup_seconds: float, seconds: float, max_steps: int | None) -> None:
+    Warm-up lasts ``warmup`` steps (at least one: it pays for cuDNN autotuning and worker start-up), cut
+    short after ``warmup_seconds``. The fit stops after ``seconds`` of measuring or ``max_steps`` measured
+    steps.
+
+    With ``align_epochs`` (rows whose DataLoader workers prefetch) the window starts at an epoch start and
+    ends at an epoch end: batches the workers buffered while the model was still starting up would
+    otherwise be counted as if the pipeline had produced them inside the window, overstating a data-bound
+    row. At an epoch boundary the buffer is empty, so whole epochs measure what the pipeline sustains. When
+    an epoch is too long for that (start after ``warmup_seconds``, end after ``seconds + warmup_seconds``) the window is
+    cut mid-epoch and ``aligned`` says so.
+    """
+
+    def __init__(
+        self,
+        warmup: int,
+        warmup_seconds: float,
+        seconds: float,
+        max_steps: int | None,
+        align_epochs: bool = False,
+    ) -> None:
         super().__init__(warmup=warmup)
         self.warmup_seconds = warmup_seconds
         self.box_seconds = seconds
         self.max_steps = max_steps
+        self.align_epochs = align_epochs
+        self.aligned = False
         self.start_step: int | None = None
         self.measured_steps = 0
         self._fit_t0 = 0.0
 
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, aligned: bool) -> None:
+        _sync(pl_module.device)
+        self._t0 = time.perf_counter()
+        self.start_step = trainer.global_step
+        self.aligned = aligned
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit_t0 = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # called before the epoch's iterator exists: nothing of this epoch is buffered yet
+        if self.align_epochs and self._t0 is None and trainer.global_step >= max(self.warmup, 1):
+            self._start(trainer, pl_module, aligned=True)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -391,13 +422,10 @@ class _RowMeter(ThroughputMeter):
         if self._t0 is not None:
             return
         step = trainer.global_step
-        # at least one warm-up step: the first one pays for cudnn autotuning and worker start-up
-        if step >= max(self.warmup, 1) or (
-            step >= 1 and time.perf_counter() - self._fit_t0 >= self.warmup_seconds
-        ):
-            _sync(pl_module.device)
-            self._t0 = time.perf_counter()
-            self.start_step = step
+        warm_steps = step >= max(self.warmup, 1)
+        warm_time = step >= 1 and time.perf_counter() - self._fit_t0 >= self.warmup_seconds
+        if (warm_steps and not self.align_epochs) or warm_time:
+            self._start(trainer, pl_module, aligned=False)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -406,9 +434,15 @@ class _RowMeter(ThroughputMeter):
         if self._t0 is None:
             return
         self.measured_steps += 1
-        timed_out = self.box_seconds > 0 and time.perf_counter() - self._t0 >= self.box_seconds
-        if timed_out or (self.max_steps is not None and self.measured_steps >= self.max_steps):
+        elapsed = time.perf_counter() - self._t0
+        if self.max_steps is not None and self.measured_steps >= self.max_steps:
+            self.aligned = False
             trainer.should_stop = True
+        elif self.box_seconds > 0 and elapsed >= self.box_seconds:
+            epoch_end = batch_idx + 1 >= trainer.num_training_batches
+            if not self.aligned or epoch_end or elapsed >= self.box_seconds + self.warmup_seconds:
+                self.aligned = self.aligned and epoch_end
+                trainer.should_stop = True
 
 
 def _window_means(
@@ -610,6 +644,7 @@ class LadderRunner:
             "batch_size": self.cfg.batch_size,
             "steps_measured": None,
             "seconds_measured": None,
+            "whole_epochs": None,
         }
 
     def _row_seconds(self, rows_left: int) -> float | None:
@@ -734,7 +769,11 @@ class LadderRunner:
         if spec.channels_last and spec.loader == "device":
             # the ceiling needs no package component: the model is simply made channels_last
             model = model.to(memory_format=torch.channels_last)
-        meter = _RowMeter(self.cfg.warmup, max(seconds / 2, 1.0), seconds, self.cfg.steps)
+        # a prefetching loader must be measured over whole epochs (see _RowMeter); the others need no
+        # long warm-up, which keeps the naive row (about a step a second on ImageNet JPEGs) short
+        buffered = spec.loader not in ("naive", "device") or bool(row["num_workers"])
+        warmup_cap = max(seconds, 1.0) if buffered else max(seconds / 2, 1.0)
+        meter = _RowMeter(self.cfg.warmup, warmup_cap, seconds, self.cfg.steps, align_epochs=buffered)
         monitor, monitor_why = self._monitor(spec)
         callbacks += [meter] + ([monitor] if monitor is not None else [])
         trainer = self._trainer(index, spec, callbacks)
@@ -761,6 +800,7 @@ class LadderRunner:
         row["samples_per_sec"] = meter.samples_per_sec
         row["seconds_measured"] = meter.seconds
         row["steps_measured"] = meter.measured_steps
+        row["whole_epochs"] = meter.aligned if buffered else None
         if meter.samples_per_sec is None:
             row.update(status=FAILED, reason="the fit ended before the warm-up did (too few batches?)")
         if monitor is not None:

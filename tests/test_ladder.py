@@ -22,7 +22,9 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
             str(jpeg_folder),
             *TINY,
             "--rows",
-            "naive,+dali,ceiling_lightning",
+            "naive,+workers,+dali,ceiling_lightning",
+            "--workers",
+            "1",
             "--seconds",
             "1",
             "--out",
@@ -38,7 +40,13 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     doc = json.loads((out / "ladder.json").read_text())
     rows = {r["name"]: r for r in doc["rows"]}
     # selected rows in ladder order, the plain ceiling always measured (it is the ratios' ceiling)
-    assert [r["name"] for r in doc["rows"]] == ["naive", "+dali", "ceiling_lightning", "ceiling_plain"]
+    assert [r["name"] for r in doc["rows"]] == [
+        "naive",
+        "+workers",
+        "+dali",
+        "ceiling_lightning",
+        "ceiling_plain",
+    ]
     assert set(ladder.TABLE_COLUMNS) - {"status"} <= set(doc["rows"][0])
     assert doc["machine"]["torch"] == torch.__version__
     assert doc["ceiling_samples_per_sec"] == rows["ceiling_plain"]["samples_per_sec"] > 0
@@ -51,13 +59,18 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     )
     assert naive["steps_measured"] >= 1 and naive["gpu_util_mean"] is None  # no GPU on a CPU run
     assert rows["ceiling_plain"]["ratio_to_ceiling"] == pytest.approx(1.0)
+    # a prefetching loader is measured over whole epochs (48 images / batch 8 = 6 steps an epoch)
+    workers = rows["+workers"]
+    assert workers["status"] == "ok" and workers["num_workers"] == 1
+    assert isinstance(workers["whole_epochs"], bool) and workers["steps_measured"] >= 1
+    assert naive["whole_epochs"] is None  # no workers, nothing prefetched: no need to align
     assert rows["ceiling_lightning"]["status"] == "ok"
     dali = rows["+dali"]
     assert dali["status"] == "cannot run" and "CUDA" in dali["reason"] and dali["samples_per_sec"] is None
     # PNG chart and one TensorBoard run per Lightning row
     assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = sorted(p.name for p in (out / "tensorboard").iterdir())
-    assert runs == ["00_naive", "08_ceiling_lightning"]
+    assert runs == ["00_naive", "01_workers", "08_ceiling_lightning"]
     assert any((out / "tensorboard" / "00_naive").glob("events.out.tfevents.*"))
     # the table comes last on stdout and says why a row did not run
     table = captured.out.strip().splitlines()
@@ -176,3 +189,39 @@ def test_window_means_skip_warmup_windows():
     ]
     assert ladder._window_means(history, start_step=5) == (pytest.approx(97.0), pytest.approx(0.2))
     assert ladder._window_means([], start_step=3) == (None, None)
+
+
+def _tiny_fit(meter, batches_per_epoch=6):
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_gpuopt.models import ImageClassifier
+
+    data = TensorDataset(
+        torch.randn(4 * batches_per_epoch, 3, 8, 8), torch.randint(0, 2, (4 * batches_per_epoch,))
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=50,
+        logger=False,
+        callbacks=[meter],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4))
+    return trainer
+
+
+def test_row_meter_measures_whole_epochs_when_aligned():
+    meter = ladder._RowMeter(warmup=2, warmup_seconds=60.0, seconds=0.001, max_steps=None, align_epochs=True)
+    trainer = _tiny_fit(meter)
+    # warm-up runs to the end of epoch 0; the window is exactly epoch 1
+    assert meter.start_step == 6 and meter.measured_steps == 6 and meter.aligned is True
+    assert trainer.global_step == 12 and meter.samples_per_sec > 0
+
+
+def test_row_meter_without_alignment_and_step_cap():
+    meter = ladder._RowMeter(warmup=2, warmup_seconds=60.0, seconds=0, max_steps=3, align_epochs=False)
+    _tiny_fit(meter)
+    assert meter.start_step == 2 and meter.measured_steps == 3 and meter.aligned is False
