@@ -55,7 +55,9 @@ def check_targets(rows: list[dict]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/results/ladder_h200.json", help="results JSON path")
+    p.add_argument(
+        "--out", default=None, help="results JSON path (default benchmarks/results/ladder_h200.json)"
+    )
     p.add_argument(
         "--data", default="/tmp/gpuopt_data/imagenet_8192", help="generated JPEG folder (made if absent)"
     )
@@ -78,7 +80,10 @@ def main() -> int:
     from lightning_gpuopt.benchmarking import command_line
     from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
-    out = Path(args.out)
+    default_out = (
+        "/tmp/gpuopt_quick/ladder_quick.json" if args.quick else "benchmarks/results/ladder_h200.json"
+    )
+    out = Path(args.out or default_out)
     if args.quick:
         data = out.parent / "quick_ladder_jpegs"
         size = dict(num_images=64, num_classes=4, image_size=(64, 48))

@@ -654,8 +654,8 @@ class LadderRunner:
         left = self.cfg.time_budget_s - (time.perf_counter() - self._t_start)
         if left < 5.0:
             return None
-        # about 40% of a row goes to start-up and warm-up; keep the rest for measuring
-        share = 0.6 * left / max(rows_left, 1)
+        # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a row
+        share = 0.45 * left / max(rows_left, 1)
         return max(1.0, min(self.cfg.seconds, share)) if self.cfg.seconds > 0 else share
 
     def run_plain(self, row: dict[str, Any], seconds: float) -> None:
