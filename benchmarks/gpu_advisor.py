@@ -51,8 +51,8 @@ class Scenario:
     benchmark: bool = True
     batch_size: int = 256
     num_workers: int = 0
-    warmup: int = 10
-    window: int = 10
+    warmup: int = 10  # equal to window: warm-up ends with the monitor's first window
+    window: int = 10  # the monitor's logging window, judged by the advisor
     windows: int = 3
     needs_cuda: bool = True  # the expected verdict can only be checked on a GPU
     extra: dict[str, Any] = field(default_factory=dict)
@@ -80,13 +80,13 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
     if quick:  # CPU: tiny everything; only the host-side verdicts can be checked
         return [
             Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", batch_size=16,
-                     num_workers=max(1, cpus), warmup=2, window=3),
+                     num_workers=max(1, cpus), warmup=3, window=3),
             Scenario("too-few-workers", "input-bound", "too-few-workers", data="jpeg", batch_size=16,
-                     num_workers=0, warmup=2, window=3, needs_cuda=False),
-            Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=8, warmup=2, window=3),
-            Scenario("nchw", "nchw-convolutions", channels_last=False, batch_size=8, warmup=2, window=3),
-            Scenario("tiny-batch", "launch-bound", batch_size=2, warmup=2, window=3),
-            Scenario("healthy", None, batch_size=16, warmup=2, window=3, needs_cuda=False),
+                     num_workers=0, warmup=3, window=3, needs_cuda=False),
+            Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=8, warmup=3, window=3),
+            Scenario("nchw", "nchw-convolutions", channels_last=False, batch_size=8, warmup=3, window=3),
+            Scenario("tiny-batch", "launch-bound", batch_size=2, warmup=3, window=3),
+            Scenario("healthy", None, batch_size=16, warmup=3, window=3, needs_cuda=False),
         ]  # fmt: skip
     return [
         Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", num_workers=cpus, warmup=8, window=8),
@@ -94,8 +94,8 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
                  num_workers=2, warmup=6, window=6),
         Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=128, warmup=10, window=10),
         Scenario("nchw", "nchw-convolutions", channels_last=False, warmup=8, window=8),
-        Scenario("tiny-batch", "launch-bound", batch_size=4, warmup=30, window=40),
-        Scenario("healthy", None, warmup=10, window=15),
+        Scenario("tiny-batch", "launch-bound", batch_size=4, warmup=40, window=40),
+        Scenario("healthy", None, warmup=15, window=15),
     ]  # fmt: skip
 
 
@@ -113,7 +113,8 @@ def run_scenario(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)  # memory-headroom reads this scenario's peak
     monitor = GPUStatsMonitor(log_every_n_steps=sc.window, sample_period_s=0.05)
-    advisor = BottleneckAdvisor(warmup_steps=sc.warmup, window_steps=sc.window, min_windows=2, verbose=False)
+    # window_steps=None: the advisor judges the monitor's windows
+    advisor = BottleneckAdvisor(warmup_steps=sc.warmup, window_steps=None, min_windows=2, verbose=False)
     meter = ThroughputMeter(warmup=sc.warmup)
     trainer = Trainer(
         accelerator="gpu" if cuda else "cpu",
@@ -201,7 +202,12 @@ def main() -> int:
     )
     parser.add_argument("--out", default="benchmarks/results/gpu_advisor.json")
     parser.add_argument("--quick", action="store_true", help="CPU-sized run (small model, tiny images)")
-    parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting scenarios after this")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="no new scenario after 80%% of this (default 150 s, --quick 900 s)",
+    )
     parser.add_argument("--data-root", default="/tmp/gpuopt_data")
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     args = parser.parse_args()
@@ -210,6 +216,8 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=".*validation_step.*")
 
     cuda = torch.cuda.is_available() and not args.quick
+    if args.budget_s is None:
+        args.budget_s = 150.0 if cuda else 900.0
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     args.model = "resnet50" if cuda else "small"
@@ -234,7 +242,7 @@ def main() -> int:
             )
         else:
             jpeg_root = make_jpeg_folder(Path(tmp.name) / "jpegs", num_images=96, num_classes=4,
-                                         image_size=(64, 48), workers=1)  # fmt: skip
+                                         image_size=(320, 240), workers=1)  # fmt: skip
         print(f"JPEG folder ready in {time.perf_counter() - t0:.1f} s: {jpeg_root}", flush=True)
 
     ceiling = None

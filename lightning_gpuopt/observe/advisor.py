@@ -550,8 +550,8 @@ def diagnose(
             "No GPU-Util measured, so launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() "
             "to the Trainer's callbacks (needs nvidia-ml-py)."
             if not cfg.gpu_monitor
-            else "GPUStatsMonitor is in the run but logged no GPU-Util for this window (NVML unavailable, or it "
-            "logs less often than the advisor's window_steps)."
+            else "GPUStatsMonitor is in the run but logged no GPU-Util for this window (NVML unavailable for "
+            "this device, or a fixed window_steps shorter than the monitor's window)."
         )
         out.append(Verdict("gpu-metrics-missing", {"gpu_monitor": str(cfg.gpu_monitor)}, advice, "info"))
 
@@ -621,8 +621,8 @@ def format_summary(verdicts: Sequence[Verdict], windows: int, window_steps: int,
     """Concise multi-line text: one line a verdict with its evidence, then the advice."""
     if windows == 0:
         return (
-            f"BottleneckAdvisor: no verdict - the run ended before one window of {window_steps} steps "
-            f"after {warmup_steps} warm-up steps."
+            f"BottleneckAdvisor: no verdict - the run ended before the first window after {warmup_steps} "
+            "warm-up steps was over."
         )
     head = f"BottleneckAdvisor after {windows} window(s) of {window_steps} steps:"
     if not verdicts:
@@ -813,6 +813,9 @@ def collect_config(trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monit
     return cfg
 
 
+_DEFAULT_WINDOW = 20
+
+
 def _find_monitor(trainer: pl.Trainer) -> Any | None:
     for cb in trainer.callbacks:  # type: ignore[attr-defined]
         if type(cb).__name__ == "GPUStatsMonitor" or (hasattr(cb, "history") and hasattr(cb, "last_window")):
@@ -823,9 +826,11 @@ def _find_monitor(trainer: pl.Trainer) -> Any | None:
 class BottleneckAdvisor(Callback):
     """Tell which part of the pipeline starves the GPU and what to change.
 
-    After ``warmup_steps`` training batches it evaluates a window every ``window_steps`` batches: the host side
-    (step time, data wait, samples/s) and, when a ``GPUStatsMonitor`` is among the callbacks, the GPU side
-    (GPU-Util, SM activity, memory) from the monitor's ``history``, together with the run's configuration.
+    After ``warmup_steps`` training batches it evaluates one window at a time: the host side (step time, data
+    wait, samples/s, timed by the advisor itself) and, when a ``GPUStatsMonitor`` is among the callbacks, the GPU
+    side (GPU-Util, SM activity, memory) from the monitor's ``history``, together with the run's configuration.
+    By default (``window_steps=None``) its windows are the monitor's logging windows, so both sides cover the
+    same steps; without a monitor a window is 20 batches.
     A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared after
     ``clear_windows`` windows without it. ``advisor.verdicts`` holds the raised :class:`Verdict` objects.
 
@@ -843,7 +848,9 @@ class BottleneckAdvisor(Callback):
 
     Args:
         warmup_steps: training batches ignored first (worker start-up, cuDNN autotuning, allocator growth).
-        window_steps: training batches a window spans.
+            Following a monitor, warm-up ends with the first monitor window that closes at or after it.
+        window_steps: training batches a window spans; ``None`` follows the ``GPUStatsMonitor``'s windows
+            (20 batches when there is no monitor).
         min_windows: consecutive windows a verdict must hold before it is raised.
         clear_windows: consecutive windows without it before a raised verdict is cleared.
         thresholds: numbers the rules use (:class:`AdvisorThresholds`).
@@ -853,7 +860,7 @@ class BottleneckAdvisor(Callback):
     def __init__(
         self,
         warmup_steps: int = 20,
-        window_steps: int = 20,
+        window_steps: int | None = None,
         min_windows: int = 2,
         clear_windows: int = 2,
         thresholds: AdvisorThresholds | None = None,
@@ -861,7 +868,7 @@ class BottleneckAdvisor(Callback):
     ) -> None:
         for name, value, low in (
             ("warmup_steps", warmup_steps, 0),
-            ("window_steps", window_steps, 1),
+            ("window_steps", 20 if window_steps is None else window_steps, 1),
             ("min_windows", min_windows, 1),
             ("clear_windows", clear_windows, 1),
         ):
@@ -887,8 +894,14 @@ class BottleneckAdvisor(Callback):
         self._timer: Any = None
         self._monitor: Any = None
         self._batches = 0
-        self._warmup_end_step = -1.0  # monitor history steps up to here are warm-up
-        self._consumed_step = -1.0  # monitor history steps up to here were used by a window
+        self._follow = False  # windows are the monitor's
+        self._warm = False  # warm-up is over
+        self._seen = 0  # monitor history entries already accounted for
+        self._warm_seen = 0  # monitor history length when warm-up ended
+        self._window_len = (
+            self.window_steps or _DEFAULT_WINDOW
+        )  # batches in the latest window (for the summary)
+        self._last_eval_batch = 0
         self._probe_input = True
 
     @property
@@ -903,7 +916,7 @@ class BottleneckAdvisor(Callback):
 
     def summary(self) -> str:
         """The concise text printed at the end of fit."""
-        return format_summary(self.verdicts, self.windows, self.window_steps, self.warmup_steps)
+        return format_summary(self.verdicts, self.windows, self._window_len, self.warmup_steps)
 
     def state_dict(self) -> dict[str, Any]:
         return {"filter": self._filter.state_dict(), "history": list(self.history[-100:])}
@@ -924,6 +937,9 @@ class BottleneckAdvisor(Callback):
         self._reset_run()
         self._timer = StepTimer()
         self._monitor = _find_monitor(trainer)
+        self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
+        self._follow = self.window_steps is None and self._monitor is not None
+        self._warm = self.warmup_steps == 0
         self.config = collect_config(trainer, pl_module, gpu_monitor=self._monitor is not None)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -958,14 +974,27 @@ class BottleneckAdvisor(Callback):
             return
         self._timer.batch_end(time.perf_counter(), batch_size_of(batch))
         self._batches += 1
-        if self._batches == self.warmup_steps:
-            self._timer.window()  # discard warm-up
-            steps = [float(h.get("step", -1)) for h in self._monitor_history()]
-            self._warmup_end_step = self._consumed_step = max(steps, default=-1.0)
-        elif (
-            self._batches > self.warmup_steps and (self._batches - self.warmup_steps) % self.window_steps == 0
-        ):
-            self._evaluate(trainer, pl_module)
+        if self._follow:
+            history = self._monitor_history()
+            if len(history) < self._seen:  # the monitor's history was reset
+                self._seen = 0
+            if len(history) == self._seen:
+                return
+            new, self._seen = history[self._seen :], len(history)
+            if self._warm:
+                self._evaluate(trainer, pl_module, Evidence.mean_of(new))
+            elif self._batches >= self.warmup_steps:
+                self._warm = True
+                self._timer.window()  # discard warm-up; the next monitor window is the first one judged
+                self._last_eval_batch = self._batches
+            return
+        if not self._warm and self._batches >= self.warmup_steps:
+            self._warm = True
+            self._timer.window()
+            self._seen = self._warm_seen = len(self._monitor_history())
+            self._last_eval_batch = self._batches
+        elif self._warm and (self._batches - self.warmup_steps) % self._window_len == 0:
+            self._evaluate(trainer, pl_module, self._gpu_evidence())
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._timer is None:
@@ -987,23 +1016,23 @@ class BottleneckAdvisor(Callback):
         return [h for h in history or [] if isinstance(h, Mapping)]
 
     def _gpu_evidence(self) -> Evidence:
+        """Monitor windows logged since the last evaluation (fixed ``window_steps`` mode)."""
         history = self._monitor_history()
-        if not history:
-            return Evidence()
-        fresh = [h for h in history if float(h.get("step", -1)) > self._consumed_step]
-        if fresh:
-            self._consumed_step = max(float(h.get("step", -1)) for h in fresh)
-        elif float(history[-1].get("step", -1)) > self._warmup_end_step:
+        if len(history) < self._seen:
+            self._seen = self._warm_seen = 0
+        fresh, self._seen = history[self._seen :], len(history)
+        if not fresh and len(history) > self._warm_seen:
             # the monitor logs less often than the advisor evaluates: its latest post-warm-up window stands
             fresh = [history[-1]]
         return Evidence.mean_of(fresh)
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, gpu: Evidence) -> None:
         step = trainer.global_step
+        self._window_len, self._last_eval_batch = self._batches - self._last_eval_batch, self._batches
         host = Evidence.from_metrics(self._timer.window())
         # host figures from our own timer cover exactly this window; the monitor adds the GPU side (and the
         # host side only if ours is empty)
-        evidence = host.merged_with(self._gpu_evidence())
+        evidence = host.merged_with(gpu)
         cfg = self.config or collect_config(trainer, pl_module, self._monitor is not None)
         # what can change during fit (ChannelsLast applied late, allocator peak) is re-read: metadata only
         cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(pl_module)

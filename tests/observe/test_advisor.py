@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -404,11 +405,10 @@ def test_scenario_slow_loader_without_workers_is_input_bound(tmp_path, caplog):
 
 
 def test_scenario_healthy_cpu_run_no_false_alarm(tmp_path):
-    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=1)
-    _trainer(tmp_path, [advisor], steps=14).fit(_model(), _fast_loader())
-    assert advisor.windows == 3
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=2)
+    _trainer(tmp_path, [advisor], steps=18).fit(_model(), _fast_loader())
+    assert advisor.windows == 4
     assert advisor.verdicts == [], advisor.history
-    assert all(h["diagnosed"] == [] for h in advisor.history)
     assert "no bottleneck found" in advisor.summary()
 
 
@@ -441,28 +441,50 @@ def test_conv_memory_formats():
     assert conv_memory_formats(model) == (2, 2)
 
 
-def test_gpu_evidence_is_read_from_a_monitor_history(tmp_path):
-    """A stand-in with the monitor's public surface (history/last_window) feeds the GPU side."""
-    from lightning.pytorch.callbacks import Callback
+class FakeMonitor(Callback):
+    """Stands in for GPUStatsMonitor's public surface (``history``, ``last_window``), one window every ``every``."""
 
-    class FakeMonitor(Callback):
-        def __init__(self):
-            self.history = []
-            self.last_window = None
+    def __init__(self, every: int = 1, util: float = 35.0):
+        self.history = []
+        self.last_window = {}
+        self.every = every
+        self.util = util
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            w = {"gpu/util": 35.0, "gpu/sm_active": 8.0, "gpu/mem_used_gb": 2.0, "step": trainer.global_step}
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % self.every == 0:
+            w = {
+                "gpu/util": self.util,
+                "gpu/sm_active": 8.0,
+                "gpu/mem_used_gb": 2.0,
+                "step": trainer.global_step - 1,
+            }
             self.history.append(w)
             self.last_window = w
 
+
+def test_gpu_evidence_is_read_from_a_monitor_history(tmp_path):
     advisor = BottleneckAdvisor(warmup_steps=2, window_steps=4, min_windows=2)
-    loader = _fast_loader()
     # monitor before the advisor so its window is in the history when the advisor evaluates
-    _trainer(tmp_path, [FakeMonitor(), advisor], steps=10).fit(_model(), loader)
+    _trainer(tmp_path, [FakeMonitor(), advisor], steps=10).fit(_model(), _fast_loader())
+    assert [h["step"] for h in advisor.history] == [6, 10]
     assert advisor.history[-1]["evidence"]["gpu_util"] == 35.0
     assert advisor.config.gpu_monitor is True
     # a CPU run: the GPU rules stay silent even with low GPU figures
-    assert advisor.verdicts == []
+    gpu_kinds = {"launch-bound", "memory-headroom", "gpu-metrics-missing", "nchw-convolutions"}
+    assert not gpu_kinds & {k for h in advisor.history for k in h["diagnosed"]}
+
+
+def test_windows_follow_the_monitor_by_default(tmp_path):
+    monitor = FakeMonitor(every=3, util=20.0)
+    advisor = BottleneckAdvisor(warmup_steps=2, min_windows=1, verbose=False)
+    _trainer(tmp_path, [monitor, advisor], steps=12).fit(_model(), _fast_loader())
+    # warm-up ends with the monitor window closing at step 3; windows 4-6, 7-9, 10-12 are judged
+    assert [h["step"] for h in advisor.history] == [6, 9, 12]
+    assert all(h["evidence"]["gpu_util"] == 20.0 and h["evidence"]["step_ms"] > 0 for h in advisor.history)
+    assert "3 window(s) of 3 steps" in advisor.summary()
+    # a second fit ignores the first fit's monitor windows
+    _trainer(tmp_path, [monitor, advisor], steps=6).fit(_model(), _fast_loader())
+    assert [h["step"] for h in advisor.history] == [6]
 
 
 def test_logs_flags_and_tensorboard_text(tmp_path):
