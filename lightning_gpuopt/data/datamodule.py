@@ -17,7 +17,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from lightning_gpuopt.data.folder import UInt8ImageFolder
 from lightning_gpuopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, GPUAugment
-from lightning_gpuopt.data.tuning import _broadcast_best, available_cpus, endless_sampler, tune_num_workers
+from lightning_gpuopt.data.tuning import (
+    MEASURE_BATCH_SIZE,
+    _broadcast_best,
+    available_cpus,
+    endless_sampler,
+    tune_num_workers,
+)
 
 BACKENDS = ("auto", "folder", "hdf5", "dali")
 SPLITS = ("train", "val", "test", "predict")
@@ -347,15 +353,25 @@ class OptimizedDataModule(pl.LightningDataModule):
         dataset = next((self._datasets[s] for s in splits if self._datasets.get(s) is not None), None)
         if dataset is None:
             return 0
+        measure_bs = min(self.batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
         result = tune_num_workers(
             lambda n: self._loader(
-                dataset, n, train=False, persistent=False, sampler=endless_sampler(dataset, self.batch_size)
+                dataset,
+                n,
+                train=False,
+                persistent=False,
+                sampler=endless_sampler(dataset, measure_bs),
+                batch_size=measure_bs,
             ),
             budget_s=self.tune_budget_s,
             target_samples_per_sec=self.tune_target_samples_per_sec,
             max_workers=cpus,
             cache_dir=self.tune_cache_dir,
-            cache_key={"local_world_size": self._local_world_size(), "pin_memory": self._pin()},
+            cache_key={
+                "local_world_size": self._local_world_size(),
+                "pin_memory": self._pin(),
+                "train_batch_size": self.batch_size,
+            },
         )
         best = _broadcast_best(self.trainer, result.best)
         result.best = best
@@ -385,10 +401,11 @@ class OptimizedDataModule(pl.LightningDataModule):
         persistent: bool,
         source: str = "",
         sampler: Sampler | None = None,
+        batch_size: int | None = None,
     ) -> DataLoader:
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             shuffle=train,
             sampler=sampler,
             drop_last=train,

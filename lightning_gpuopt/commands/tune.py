@@ -1,0 +1,77 @@
+"""``lightning-gpuopt tune FOLDER``: DataLoader throughput per ``num_workers`` and the suggested count."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "measure DataLoader throughput per num_workers for a folder"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="class-per-subfolder image folder (or a .h5/.hdf5 file)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="training batch size (measured in batches of at most 64; default 256)",
+    )
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds to spend measuring (default 30)")
+    parser.add_argument("--size", type=int, default=256, help="decoded square side in pixels (default 256)")
+    parser.add_argument(
+        "--candidates",
+        default=None,
+        help="comma-separated worker counts (default 1,2,4,6,8,12,... up to the CPUs)",
+    )
+    parser.add_argument(
+        "--target", type=float, default=None, help="stop once this many samples/s are reached"
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="pick the smallest count within this of the best"
+    )
+    parser.add_argument("--no-cache", action="store_true", help="measure even if a cached result exists")
+    parser.add_argument("--json", default=None, help="also write the result as JSON to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lightning_gpuopt.data.datamodule import UInt8Collate
+    from lightning_gpuopt.data.folder import UInt8ImageFolder
+    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
+
+    path = Path(args.path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
+    if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+        dataset = HDF5ImageDataset(str(path))
+    else:
+        dataset = UInt8ImageFolder(path, size=args.size)
+    candidates = None
+    if args.candidates:
+        try:
+            candidates = [int(c) for c in args.candidates.split(",") if c.strip()]
+        except ValueError as err:
+            raise ValueError(
+                f"--candidates must be comma-separated integers, got {args.candidates!r}"
+            ) from err
+    print(f"tuning num_workers for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
+    result = tune_num_workers(
+        dataset,
+        candidates=candidates,
+        budget_s=args.budget,
+        target_samples_per_sec=args.target,
+        tolerance=args.tolerance,
+        batch_size=min(args.batch_size, MEASURE_BATCH_SIZE),
+        cache_key={"train_batch_size": args.batch_size},
+        loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": 4},
+        cache=not args.no_cache,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    print(result.format_table())
+    print(
+        f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"
+    )
+    return 0
