@@ -583,7 +583,7 @@ class LadderRunner:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.say(f"converting {src} to uint8 HDF5 ({self.storage_size}px) at {out} (once, cached)...")
             t0 = time.perf_counter()
-            tmp = out.with_suffix(".h5.partial")
+            tmp = out.with_name(out.stem + ".partial.h5")
             if tmp.exists():
                 tmp.unlink()
             convert(os.fspath(src), os.fspath(tmp), size=self.storage_size)
