@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils.hooks import RemovableHandle
 
 # One warning per distinct reason and process: a model without convolutions is usually a deliberate choice,
@@ -32,6 +33,8 @@ _CONV_LAYERS: dict[torch.memory_format, tuple[type[nn.Module], ...]] = {
     torch.channels_last: (nn.Conv2d, nn.ConvTranspose2d),
     torch.channels_last_3d: (nn.Conv3d, nn.ConvTranspose3d),
 }
+# lazy modules' placeholders have no shape yet
+_UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)
 # devices whose convolution kernels have a channels_last path (cuDNN, oneDNN)
 _PAYING_DEVICES = ("cuda", "cpu")
 
@@ -92,9 +95,7 @@ def is_channels_last(
     fmt = _resolve_format(memory_format)
     rank = _RANK[fmt]
     return all(
-        _in_format(t, fmt)
-        for t in _tensors(model)
-        if not isinstance(t, nn.parameter.UninitializedTensorMixin) and t.dim() == rank
+        _in_format(t, fmt) for t in _tensors(model) if not isinstance(t, _UNINITIALIZED) and t.dim() == rank
     )
 
 
@@ -130,7 +131,7 @@ def apply_channels_last(
     rank = _RANK[fmt]
     with torch.no_grad():
         for t in _tensors(model):
-            if isinstance(t, nn.parameter.UninitializedTensorMixin) or t.dim() != rank:
+            if isinstance(t, _UNINITIALIZED) or t.dim() != rank:
                 continue
             if not _in_format(t, fmt):
                 t.data = torch.empty_like(t.data, memory_format=fmt).copy_(t.data)
