@@ -242,3 +242,15 @@ def test_corrupt_images_raise_or_skip(tmp_path):
         _trainer(max_epochs=2).fit(model, datamodule=dm)
     assert len(model.train_labels) == 32  # batches kept their size
     assert dm.num_skipped == 2 and all(p.endswith("5.png") for p in dm.skipped_images)
+
+
+@pytest.mark.gpu
+def test_cuda_fit_pins_and_transforms_on_device(jpeg_folder):
+    dm = OptimizedDataModule(
+        jpeg_folder, batch_size=8, num_workers=2, image_size=16, output_dtype=torch.float16
+    )
+    model = Recorder()
+    trainer = _trainer(accelerator="cuda", devices=1, max_steps=3, precision="16-mixed")
+    trainer.fit(model, datamodule=dm)
+    assert trainer.train_dataloader.pin_memory is True
+    assert model.layouts[0] == ((8, 3, 16, 16), torch.float16, True)

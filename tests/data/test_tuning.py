@@ -155,3 +155,27 @@ def test_worker_tuner_sets_user_loader(tmp_path):
     assert trainer.train_dataloader.prefetch_factor == 2
     assert tuner.state_dict() == {"num_workers": tuner.num_workers}
     assert len(tuner.results) == 1 and tuner.results[0].table
+
+
+def test_cli_tune_prints_table_and_suggestion(jpeg_folder, tmp_path, monkeypatch, capsys):
+    from lightning_gpuopt.cli import main
+
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path))
+    argv = [
+        "tune",
+        str(jpeg_folder),
+        "--batch-size",
+        "8",
+        "--budget",
+        "2",
+        "--size",
+        "16",
+        "--candidates",
+        "1,2",
+    ]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "samples_per_sec" in out and "suggestion: OptimizedDataModule(..., num_workers=" in out
+    assert json.loads((tmp_path / "r.json").read_text())["best"] in (1, 2)
+    assert main(["tune", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
