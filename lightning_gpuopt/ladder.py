@@ -583,11 +583,9 @@ class LadderRunner:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.say(f"converting {src} to uint8 HDF5 ({self.storage_size}px) at {out} (once, cached)...")
             t0 = time.perf_counter()
-            tmp = out.with_name(out.stem + ".partial.h5")
-            if tmp.exists():
-                tmp.unlink()
-            convert(os.fspath(src), os.fspath(tmp), size=self.storage_size)
-            tmp.rename(out)  # a conversion cut short never looks cached
+            # the converter writes a temporary file and renames it when complete, so an interrupted
+            # conversion never looks cached; it draws its own progress bar on stderr
+            convert(os.fspath(src), os.fspath(out), size=self.storage_size, progress=True)
             self.say(
                 f"  -> converted in {time.perf_counter() - t0:.1f} s ({out.stat().st_size / 2**20:.0f} MiB)"
             )

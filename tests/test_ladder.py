@@ -226,3 +226,29 @@ def test_row_meter_without_alignment_and_step_cap():
     meter = ladder._RowMeter(warmup=2, warmup_seconds=60.0, seconds=0, max_steps=3, align_epochs=False)
     _tiny_fit(meter)
     assert meter.start_step == 2 and meter.measured_steps == 3 and meter.aligned is False
+
+
+@pytest.mark.gpu
+def test_gpu_ladder_runs_cuda_rows(tmp_path):
+    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+
+    data = make_jpeg_folder(tmp_path / "jpegs", num_images=512, num_classes=4, image_size=(96, 72))
+    config = ladder.LadderConfig(
+        data=data,
+        model="small",
+        batch_size=64,
+        image_size=64,
+        rows=["naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last"],
+        seconds=2.0,
+        warmup=2,
+        num_workers=4,
+        cache_dir=tmp_path / "cache",
+    )
+    rows = {r["name"]: r for r in ladder.run_ladder(config)}
+    for name in ("naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last", "ceiling_plain"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert rows[name]["samples_per_sec"] > 0
+    assert rows["+pinned"]["pin_memory"] is True and rows["+pinned"]["num_workers"] == 4
+    assert rows["+16-mixed"]["precision"] == "16-mixed" and rows["naive"]["precision"] == "32-true"
+    assert rows["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
+    assert rows["ceiling_plain"]["precision"] == "fp16 autocast"
