@@ -126,7 +126,7 @@ class Evidence:
         gpu_util: NVML GPU-Util, mean over the window (%): time a kernel was running.
         gpu_util_min: lowest GPU-Util sample of the window (%).
         sm_active / sm_occupancy / tensor_active: GPM SM activity, occupancy and tensor-pipe activity (%).
-        mem_used_gb / mem_total_gb: NVML device memory used / total (GB).
+        mem_used_gb / mem_total_gb: NVML device memory used / total (GiB, as the monitor logs them).
     """
 
     step_ms: float | None = None
@@ -198,8 +198,8 @@ class RunConfig:
         input_channels_last: whether the 4-D input batch is channels_last.
         cudnn_benchmark / cudnn_deterministic / cudnn_allow_tf32: ``torch.backends.cudnn`` flags.
         float32_matmul_precision: ``torch.get_float32_matmul_precision()``.
-        mem_peak_gb: peak memory the caching allocator reserved (GB).
-        mem_total_gb: device memory (GB).
+        mem_peak_gb: peak memory the caching allocator reserved (GiB).
+        mem_total_gb: device memory (GiB).
         gpu_monitor: whether a ``GPUStatsMonitor`` is in the run.
     """
 
@@ -537,7 +537,7 @@ def diagnose(
                 Verdict(
                     "memory-headroom",
                     figs,
-                    f"Peak memory is {mem_frac:.0%} of {total:.0f} GB while the GPU is not saturated: {bs} "
+                    f"Peak memory is {mem_frac:.0%} of {total:.0f} GiB while the GPU is not saturated: {bs} "
                     "(scale the learning rate with it); Lightning's Tuner(trainer).scale_batch_size finds the "
                     "largest batch that fits.",
                     "info",
@@ -758,7 +758,7 @@ def _loader_facts(trainer: pl.Trainer) -> dict[str, Any]:
             facts["host_batches"] = True  # CUDA tensors cannot come out of worker processes
         else:
             facts["host_batches"] = _dataset_on_host(loader.dataset)
-    dm = trainer.datamodule
+    dm = getattr(trainer, "datamodule", None)  # set by Lightning in fit(); documented, not typed
     backend = getattr(dm, "backend", None) if dm is not None else None
     if isinstance(backend, str) and backend in ("folder", "hdf5", "dali"):
         facts["backend"] = backend
@@ -807,9 +807,9 @@ def collect_config(trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monit
         props = torch.cuda.get_device_properties(device)
         cfg.gpu_name = props.name
         cfg.capability = (props.major, props.minor)
-        cfg.mem_total_gb = props.total_memory / 1e9
+        cfg.mem_total_gb = props.total_memory / 2**30
         # allocator bookkeeping on the host: no sync
-        cfg.mem_peak_gb = torch.cuda.max_memory_reserved(device) / 1e9
+        cfg.mem_peak_gb = torch.cuda.max_memory_reserved(device) / 2**30
     return cfg
 
 
@@ -1038,7 +1038,7 @@ class BottleneckAdvisor(Callback):
         cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(pl_module)
         cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         if cfg.device_type == "cuda":
-            cfg.mem_peak_gb = torch.cuda.max_memory_reserved(trainer.strategy.root_device) / 1e9
+            cfg.mem_peak_gb = torch.cuda.max_memory_reserved(trainer.strategy.root_device) / 2**30
         self.config = cfg
         found = diagnose(evidence, cfg, self.thresholds)
         changed = self._filter.update(found)
