@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 HELP = "measure DataLoader throughput per num_workers for a folder"
 
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.data.folder import UInt8ImageFolder
     from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
+    dataset: Any
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")

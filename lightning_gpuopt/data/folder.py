@@ -130,7 +130,9 @@ def load_uint8_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
                 short = min(w, h)
             rgb = img.convert("RGB")
             left, top = (w - short) / 2.0, (h - short) / 2.0
-            out = rgb.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short))
+            out = rgb.resize(
+                (size, size), Image.Resampling.BILINEAR, box=(left, top, left + short, top + short)
+            )
             return np.array(out, dtype=np.uint8)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise ValueError(

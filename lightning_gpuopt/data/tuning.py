@@ -270,9 +270,11 @@ def tune_num_workers(
             kwargs["sampler"] = endless_sampler(dataset, batch_size)
         prefetch = kwargs.pop("prefetch_factor", None) or 4
 
-        def make_loader(n: int) -> Iterable[Any]:
-            extra = {"prefetch_factor": prefetch} if n > 0 else {}
+        def from_dataset(n: int) -> Iterable[Any]:
+            extra: dict[str, Any] = {"prefetch_factor": prefetch} if n > 0 else {}
             return DataLoader(dataset, batch_size=batch_size, num_workers=n, **extra, **kwargs)
+
+        make_loader: Callable[[int], Iterable[Any]] = from_dataset
 
         key_info: dict[str, Any] = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size}
     else:
@@ -466,7 +468,7 @@ class WorkerTuner(pl.Callback):
                 target_samples_per_sec=self.target_samples_per_sec,
                 tolerance=self.tolerance,
                 max_workers=max_workers,
-                cache=self.cache and trainer.is_global_zero,
+                cache=self.cache,
                 cache_dir=self.cache_dir,
                 cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
             )
