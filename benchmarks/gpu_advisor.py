@@ -76,6 +76,22 @@ class DeviceBatches(Dataset):
         return self.x, self.y
 
 
+class TimedAdvisor(BottleneckAdvisor):
+    """The advisor with the host time of its own per-batch hooks measured (for the overhead figure)."""
+
+    hook_s = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self.hook_s += time.perf_counter() - t0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.hook_s += time.perf_counter() - t0
+
+
 def scenarios(quick: bool, cpus: int) -> list[Scenario]:
     if quick:  # CPU: tiny everything; only the host-side verdicts can be checked
         return [
@@ -114,7 +130,7 @@ def run_scenario(
         torch.cuda.reset_peak_memory_stats(device)  # memory-headroom reads this scenario's peak
     monitor = GPUStatsMonitor(log_every_n_steps=sc.window, sample_period_s=0.05)
     # window_steps=None: the advisor judges the monitor's windows
-    advisor = BottleneckAdvisor(warmup_steps=sc.warmup, window_steps=None, min_windows=2, verbose=False)
+    advisor = TimedAdvisor(warmup_steps=sc.warmup, window_steps=None, min_windows=2, verbose=False)
     meter = ThroughputMeter(warmup=sc.warmup)
     trainer = Trainer(
         accelerator="gpu" if cuda else "cpu",
@@ -161,6 +177,9 @@ def run_scenario(
         ok = bool(match)
     expected_v = next((v for v in raised if v.kind == sc.expected), None)
     gpu = monitor.summary()
+    # the advisor's own cost: its hooks' host time a step (windows included) against the measured step time
+    hook_us = 1e6 * advisor.hook_s / steps
+    step_s = sc.batch_size / meter.samples_per_sec if meter.samples_per_sec else None
     row = {
         "name": sc.name,
         "expected": sc.expected if sc.cause is None else f"{sc.expected} ({sc.cause})",
@@ -188,6 +207,8 @@ def run_scenario(
             "warmup_steps": sc.warmup,
             "window_steps": sc.window,
         },
+        "advisor_hook_us_per_step": hook_us,
+        "advisor_overhead_frac": hook_us * 1e-6 / step_s if step_s else None,
         "seconds": seconds,
         "kinds": kinds,
     }
@@ -273,6 +294,7 @@ def main() -> int:
         model=args.model,
         quick=not cuda,
         all_pass=bool(checked) and all(r["pass"] for r in checked),
+        max_advisor_overhead_frac=max((r.get("advisor_overhead_frac") or 0.0 for r in rows), default=None),
         seconds=time.perf_counter() - t_start,
     )
     table_rows = [
@@ -285,7 +307,7 @@ def main() -> int:
     ]
     print(f"results: {args.out}")
     print(format_table(table_rows, ["name", "expected", "pass", "got", "samples_per_sec", "ratio_to_ceiling",
-                                    "gpu_util_mean", "sm_active_mean", "data_wait_frac"]))  # fmt: skip
+                                    "gpu_util_mean", "sm_active_mean", "data_wait_frac", "advisor_overhead_frac"]))  # fmt: skip
     return 0
 
 
