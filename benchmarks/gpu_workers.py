@@ -14,6 +14,7 @@ the GPU). Pass: the tuned count's throughput is within 5% of the sweep's best an
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -140,13 +141,18 @@ def fit_row(
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm)
     tuning = dm.tuning_result
+    wall = time.perf_counter() - t0
+    num_workers = dm.num_workers
+    # drop the loaders now so their (persistent) workers exit before the next run starts
+    del trainer, dm, module
+    gc.collect()
     return {
-        "num_workers": dm.num_workers,
+        "num_workers": num_workers,
         "samples_per_sec": meter.samples_per_sec,
         "gpu_util_mean": meter.gpu_util,
         "data_wait_frac": meter.data_wait_frac,
         "steps": steps,
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall,
         "tuning_s": tuning.seconds if tuning is not None else None,
         "tuning_table": tuning.table if tuning is not None else None,
     }
