@@ -68,7 +68,7 @@ def main() -> int:
         "--seconds", type=float, default=8.0, help="measured seconds a row (shrunk to fit the budget)"
     )
     p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--tune-seconds", type=float, default=5.0)
+    p.add_argument("--tune-seconds", type=float, default=10.0)
     p.add_argument("--rows", default=None, help="comma-separated rows (default all)")
     p.add_argument("--budget-s", type=float, default=280.0, help="whole-script wall-clock budget")
     p.add_argument("--quick", action="store_true", help="tiny CPU-sized run to prove the script works")

@@ -40,6 +40,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -502,7 +503,9 @@ class LadderRunner:
             )
         return max(len(classes), 2)
 
-    def _trainer(self, row_index: int, spec: RowSpec, callbacks: list[pl.Callback]) -> pl.Trainer:
+    def _trainer(
+        self, row_index: int, spec: RowSpec, callbacks: list[pl.Callback], max_seconds: float | None
+    ) -> pl.Trainer:
         logger: Any = False
         if self.cfg.tb_dir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger
@@ -516,6 +519,8 @@ class LadderRunner:
             precision=cast(Any, self._precision(spec)),
             max_epochs=-1,
             max_steps=-1,
+            # a safety net only: the row's meter stops the fit long before
+            max_time=None if max_seconds is None else timedelta(seconds=max_seconds),
             limit_val_batches=0,
             num_sanity_val_steps=0,
             logger=logger,
@@ -549,8 +554,12 @@ class LadderRunner:
         if tune is None:
             return None, why
         self.say(f"tuning DataLoader workers for the naive dataset ({self.cfg.tune_seconds:.0f} s budget)...")
+        # PIL decode scales with cores; a coarse set of counts fits a short budget at large batch sizes
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        candidates = sorted({max(1, cpus * k // 4) for k in (1, 2, 3, 4)})
         result = tune(
             dataset,
+            candidates=candidates,
             budget_s=self.cfg.tune_seconds,
             target_samples_per_sec=self._tune_target(),
             batch_size=self.cfg.batch_size,
@@ -774,7 +783,8 @@ class LadderRunner:
         meter = _RowMeter(self.cfg.warmup, warmup_cap, seconds, self.cfg.steps, align_epochs=buffered)
         monitor, monitor_why = self._monitor(spec)
         callbacks += [meter] + ([monitor] if monitor is not None else [])
-        trainer = self._trainer(index, spec, callbacks)
+        safety = 3 * (warmup_cap + seconds) + 120 if seconds > 0 else None
+        trainer = self._trainer(index, spec, callbacks, safety)
         with warnings.catch_warnings():
             # the naive rows are meant to have few workers; Lightning's hint would only repeat the table
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
