@@ -568,10 +568,10 @@ class HDF5ImageDataset(Dataset):
         return out, int(self.labels[index])
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
-        """Read a batch: one array for all images, read in ascending file order, returned in request order.
+        """Read a batch in ascending file order and return it in request order.
 
-        Returns a list of ``(image view, label)`` (views into one ``(B, H, W, 3)`` array), the shape the
-        DataLoader's fetcher passes to ``collate_fn``.
+        Returns a list of ``(uint8 HWC array, label)``, the shape the DataLoader's fetcher passes to
+        ``collate_fn``.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
@@ -584,11 +584,13 @@ class HDF5ImageDataset(Dataset):
             raise IndexError(f"index {bad} out of range for {self._len} images in {self.path!r}")
         self._ensure_open()
         if self.raw_reads:
-            # read each image straight into its slot of the batch array, in file order (read-ahead
-            # friendly on cold files): images adjacent in the file go in one preadv call, each to its own
-            # row, so the batch comes out in request order with no un-permuting copy
-            batch = np.empty((idx.size, *self.image_shape), dtype=np.uint8)
-            flat = batch.reshape(idx.size, -1)
+            # read each image straight into its own array, in file order (read-ahead friendly on cold
+            # files): images adjacent in the file go in one preadv call, so the batch comes out in
+            # request order with no un-permuting copy. One array per image, not one (B, H, W, 3) block:
+            # a block of tens of MB is a fresh mmap (page faults + zeroing) on every call, while
+            # image-sized buffers are recycled by the allocator (about 1.5x faster at 256 px, 2-core CPU).
+            images = [np.empty(self.image_shape, dtype=np.uint8) for _ in range(idx.size)]
+            flat = [img.reshape(-1) for img in images]
             order = np.argsort(idx, kind="stable")
             offsets = self._offsets_of(idx[order])
             breaks = np.flatnonzero(np.diff(offsets) != self._image_bytes) + 1
@@ -605,7 +607,7 @@ class HDF5ImageDataset(Dataset):
                             "the file was truncated or changed while open"
                         )
             labels = self.labels[idx].tolist()
-            return [(batch[j], labels[j]) for j in range(idx.size)]
+            return list(zip(images, labels, strict=True))
         rows, where = self._read_h5py(idx)  # duplicates share a row: views, no un-permuting copy
         labels = self.labels[idx].tolist()
         return [(rows[where[j]], labels[j]) for j in range(idx.size)]
