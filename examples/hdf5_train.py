@@ -1,0 +1,57 @@
+"""Convert an image folder to uint8 HDF5 once, then train from it with GPU-side augmentation.
+
+python examples/hdf5_train.py                       # a generated folder, small model, CPU or GPU
+python examples/hdf5_train.py --src data/train --model resnet50 --size 224
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_gpuopt import HDF5ImageDataset, ImageClassifier, OptimizedDataModule, convert_folder_to_hdf5
+from lightning_gpuopt.data.synthetic import make_jpeg_folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--src", default=None, help="class-per-subfolder folder (default: generate one)")
+    parser.add_argument("--out", default=None, help="HDF5 file (default: beside the generated folder)")
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--size", type=int, default=32, help="training crop; stored at size * 256 / 224")
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args()
+
+    work = Path(tempfile.gettempdir()) / "lightning_gpuopt_example"
+    src = (
+        Path(args.src)
+        if args.src
+        else make_jpeg_folder(work / "jpegs", num_images=512, num_classes=8, image_size=(96, 72))
+    )
+    out = Path(args.out) if args.out else work / f"train_{round(args.size * 256 / 224)}.h5"
+    if not out.exists():
+        res = convert_folder_to_hdf5(src, out, size=round(args.size * 256 / 224))
+        print(f"converted {res.num_images} images in {res.seconds:.1f} s -> {out}")
+
+    ds = HDF5ImageDataset(out)
+    print(ds)
+    dm = OptimizedDataModule(out, backend="hdf5", batch_size=64, num_workers=2, image_size=args.size)
+    model = ImageClassifier(args.model, num_classes=len(ds.classes))
+    gpu = torch.cuda.is_available()
+    trainer = pl.Trainer(
+        accelerator="gpu" if gpu else "cpu",
+        devices=1,
+        precision="16-mixed" if gpu else "32-true",
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(model.to(memory_format=torch.channels_last), datamodule=dm)
+
+
+if __name__ == "__main__":
+    main()
