@@ -234,7 +234,7 @@ def _csv_checks(args: argparse.Namespace, scenario: str) -> dict[str, bool]:
     keys: set[str] = set()
     for row in rows:
         for key, value in row.items():
-            if key != "step" and value not in ("", None):
+            if key not in ("step", "epoch") and value not in ("", None):
                 seen[(key, row["step"])] += 1
                 keys.add(key)
     gpu_keys = {"gpu/util", "gpu/util/rank0", "gpu/util/rank1"} if args.accelerator == "gpu" else set()
