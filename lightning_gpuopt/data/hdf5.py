@@ -543,7 +543,7 @@ class HDF5ImageDataset(Dataset):
         return int(self._raw_base) + index * self._image_bytes  # type: ignore[arg-type]
 
     def _pread_into(self, dest: np.ndarray, index: int) -> None:
-        got = os.preadv(self._fd, [dest], self._offset(index))  # type: ignore[arg-type]
+        got = os.preadv(self._fd, [dest], self._offset(index))  # type: ignore[arg-type,list-item]
         if got != self._image_bytes:
             raise OSError(
                 f"short read of image {index} from {self.path!r} ({got} of {self._image_bytes} bytes)"
