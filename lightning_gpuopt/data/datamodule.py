@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from lightning_gpuopt.data.folder import UInt8ImageFolder
+from lightning_gpuopt.data.loader import ContinuousDataLoader
 from lightning_gpuopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, GPUAugment
 from lightning_gpuopt.data.tuning import (
     MEASURE_BATCH_SIZE,
@@ -171,6 +172,11 @@ class OptimizedDataModule(pl.LightningDataModule):
         crop_scale: random-resized-crop area range.
         crop_ratio: random-resized-crop aspect-ratio range.
         flip_p: horizontal flip probability.
+        continuous_epochs: the training loader's workers keep prefetching across epoch boundaries
+            (``ContinuousDataLoader``), so an epoch does not start with the GPU waiting for a worker to build
+            a batch from scratch. Each epoch is still one pass over the (distributed) sampler.
+        dali_kwargs: extra keyword arguments for the DALI loader (``backend="dali"``), e.g.
+            ``{"num_threads": 8, "prefetch_queue_depth": 3}``; see ``DALILoader``.
     """
 
     def __init__(
@@ -199,6 +205,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         crop_scale: tuple[float, float] = (0.25, 1.0),
         crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip_p: float = 0.5,
+        continuous_epochs: bool = True,
+        dali_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if backend not in BACKENDS:
@@ -271,6 +279,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             eval_crop_fraction=image_size / storage_size,
             output_dtype=output_dtype,
         )
+        self.continuous_epochs = bool(continuous_epochs)
+        self.dali_kwargs: dict[str, Any] = dict(dali_kwargs or {})
         self.tuning_result: Any = None
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
@@ -294,7 +304,18 @@ class OptimizedDataModule(pl.LightningDataModule):
                     f"backend='hdf5' needs lightning_gpuopt.data.hdf5 and h5py ({err}); "
                     "`pip install 'lightning-gpuopt[hdf5]'`"
                 ) from err
-            return HDF5ImageDataset(path)
+            dataset = HDF5ImageDataset(path)
+            stored = int(dataset.image_shape[0])
+            if stored < self.image_size:
+                raise ValueError(
+                    f"{path!r} stores {stored}px images but image_size={self.image_size}; convert with "
+                    f"`lightning-gpuopt convert SRC OUT.h5 --size {self.storage_size}` or lower image_size"
+                )
+            if stored != self.storage_size:
+                # the GPU crops image_size out of whatever is stored; the eval crop follows the file's size
+                self.storage_size = stored
+                self.gpu_augment.eval_crop_fraction = self.image_size / stored
+            return dataset
         skip_log = os.path.join(self._skip_dir, split) if self._skip_dir is not None else None
         return UInt8ImageFolder(path, size=self.storage_size, on_corrupt=self.on_corrupt, skip_log=skip_log)
 
@@ -403,7 +424,9 @@ class OptimizedDataModule(pl.LightningDataModule):
         sampler: Sampler | None = None,
         batch_size: int | None = None,
     ) -> DataLoader:
-        return DataLoader(
+        # the training loader keeps its workers busy across epoch boundaries (see ContinuousDataLoader)
+        cls = ContinuousDataLoader if train and self.continuous_epochs and sampler is None else DataLoader
+        return cls(
             dataset,
             batch_size=batch_size or self.batch_size,
             shuffle=train,

@@ -235,7 +235,13 @@ def test_corrupt_images_raise_or_skip(tmp_path):
         )
 
     dm = OptimizedDataModule(
-        root, batch_size=4, num_workers=1, image_size=8, on_corrupt="skip", persistent_workers=False
+        root,
+        batch_size=4,
+        num_workers=1,
+        image_size=8,
+        on_corrupt="skip",
+        persistent_workers=False,
+        continuous_epochs=False,  # exact count: no batches prefetched into a third epoch
     )
     model = Recorder()
     with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\).*5\.png"):

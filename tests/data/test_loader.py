@@ -1,0 +1,87 @@
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from lightning_gpuopt.data.loader import ContinuousDataLoader
+
+
+def _epochs(loader, n):
+    return [torch.cat([b[0] for b in loader]).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_epoch_is_one_pass_over_the_sampler(workers):
+    ds = TensorDataset(torch.arange(50))
+    loader = ContinuousDataLoader(
+        ds, batch_size=8, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
+    )
+    assert len(loader) == 6
+    epochs = _epochs(loader, 3)
+    for got in epochs:
+        assert len(got) == 48 and len(set(got)) == 48  # no sample twice within an epoch
+    assert epochs[0] != epochs[1]  # reshuffled every pass
+
+
+def test_workers_outlive_the_epoch():
+    ds = TensorDataset(torch.arange(32))
+    loader = ContinuousDataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+    first = iter(loader)
+    list(first)
+    source = loader._continuous_iter
+    list(iter(loader))
+    assert loader._continuous_iter is source  # one iterator (and one set of workers) for every epoch
+
+
+def test_distributed_sampler_epochs_follow_passes():
+    ds = TensorDataset(torch.arange(40))
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        loader = ContinuousDataLoader(ds, batch_size=5, sampler=sampler, drop_last=True)
+        seen.append(_epochs(loader, 2))
+    # the two ranks split each epoch exactly, and epoch 1 is the sampler's epoch-1 order, not a repeat
+    for epoch in range(2):
+        assert sorted(seen[0][epoch] + seen[1][epoch]) == list(range(40))
+    reference = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=3)
+    reference.set_epoch(1)
+    assert seen[0][1] == list(reference)
+
+
+def test_needs_automatic_batching():
+    loader = ContinuousDataLoader(TensorDataset(torch.arange(4)), batch_size=None)
+    with pytest.raises(TypeError, match="batch_size"):
+        iter(loader)
+
+
+class _Sum(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch[0].tolist())
+        return (self.w * batch[0].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_lightning_fit_sees_each_sample_once_per_epoch():
+    ds = TensorDataset(torch.arange(24))
+    model = _Sum()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    loader = ContinuousDataLoader(ds, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True)
+    trainer.fit(model, train_dataloaders=loader)
+    assert isinstance(trainer.train_dataloader, DataLoader)
+    flat = [x for batch in model.seen for x in batch]
+    for epoch in range(3):
+        assert sorted(flat[epoch * 24 : (epoch + 1) * 24]) == list(range(24))
