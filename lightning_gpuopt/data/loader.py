@@ -8,17 +8,27 @@ sampler endlessly behind one long-lived iterator and yields exactly ``len(self)`
 so workers are already building the next epoch's first batches while this epoch's last ones train
 (the idea of timm's ``MultiEpochsDataLoader``).
 
-It is a ``DataLoader`` subclass with DataLoader's own ``__init__``, so Lightning can still re-create it
-with a ``DistributedSampler`` under DDP. Each pass over the sampler sets the sampler's epoch itself
+It is a ``DataLoader`` subclass that takes DataLoader's arguments (Lightning re-creates it from them with a
+``DistributedSampler`` under DDP). Each pass over the sampler sets the sampler's epoch itself
 (``set_epoch``), because the next pass starts before Lightning calls ``set_epoch`` for that epoch.
+
+With ``device_transform`` on a CUDA run, it also stages the next batch on the GPU ahead of time: the
+pinned host batch is copied on a side CUDA stream and transformed there (GPU crop/flip/normalize) while
+the current step computes, so neither the copy nor the augmentation waits behind the step (apex's
+``data_prefetcher`` idea). fp16 training syncs the host every step (GradScaler's inf check); whatever
+the host must still do after that sync leaves the GPU idle, so doing it one step early matters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
+
+# set on image tensors a device_transform already produced, so the DataModule's hook skips them
+STAGED_ATTR = "_lightning_gpuopt_staged"
 
 
 class _RepeatSampler:
@@ -53,6 +63,12 @@ class ContinuousDataLoader(DataLoader):
         the next epoch starts with them, so epochs then no longer line up with passes over the sampler.
     """
 
+    def __init__(
+        self, *args: Any, device_transform: Callable[[Any], Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.device_transform = device_transform
+
     @property
     def _index_sampler(self) -> Any:  # read by DataLoader's iterators and __len__
         sampler = super()._index_sampler
@@ -69,9 +85,14 @@ class ContinuousDataLoader(DataLoader):
         if self.batch_sampler is None:
             raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
         if getattr(self, "_continuous_iter", None) is None:
-            self._continuous_iter = super().__iter__()
-        source = self._continuous_iter
-        return _take(source, len(self))
+            source: Iterator[Any] = super().__iter__()
+            if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():
+                # under DDP Lightning has set each rank's current device before the first iter()
+                source = _staged(
+                    source, torch.device("cuda", torch.cuda.current_device()), self.device_transform
+                )
+            self._continuous_iter = source
+        return _take(self._continuous_iter, len(self))
 
     def __del__(self) -> None:
         self._continuous_iter = None
@@ -80,3 +101,44 @@ class ContinuousDataLoader(DataLoader):
 def _take(source: Iterator[Any], n: int) -> Iterator[Any]:
     for _ in range(n):
         yield next(source)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    return batch
+
+
+def _record(batch: Any, stream: torch.cuda.Stream) -> None:
+    if isinstance(batch, torch.Tensor) and batch.is_cuda:
+        batch.record_stream(stream)  # the caching allocator must not reuse it while `stream` reads it
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            _record(b, stream)
+
+
+def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
+    """Yield ``transform(batch on device)`` one batch ahead, copied and transformed on a side stream."""
+    side = torch.cuda.Stream(device)
+
+    def stage(batch: Any) -> Any:
+        with torch.cuda.stream(side):
+            out = transform(_to_device(batch, device))
+        if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
+            setattr(out[0], STAGED_ATTR, True)
+        return out
+
+    ready = stage(next(source))
+    while True:
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(side)  # the step's stream waits for this batch's copy and transform only
+        _record(ready, current)
+        batch = ready
+        try:
+            ready = stage(next(source))  # the next batch's copy runs while this one trains
+        except StopIteration:
+            yield batch
+            return
+        yield batch

@@ -85,3 +85,25 @@ def test_lightning_fit_sees_each_sample_once_per_epoch():
     flat = [x for batch in model.seen for x in batch]
     for epoch in range(3):
         assert sorted(flat[epoch * 24 : (epoch + 1) * 24]) == list(range(24))
+
+
+@pytest.mark.gpu
+def test_cuda_staging_copies_and_transforms_ahead():
+    from lightning_gpuopt.data.loader import STAGED_ATTR
+
+    ds = TensorDataset(torch.arange(64, dtype=torch.float32).view(64, 1), torch.arange(64))
+    loader = ContinuousDataLoader(
+        ds,
+        batch_size=8,
+        num_workers=1,
+        pin_memory=True,
+        persistent_workers=True,
+        device_transform=lambda b: (b[0] * 2, b[1]),
+    )
+    for _ in range(2):
+        seen = []
+        for x, y in loader:
+            assert x.is_cuda and y.is_cuda and getattr(x, STAGED_ATTR, False)
+            torch.testing.assert_close(x.cpu().view(-1), 2 * y.cpu().float())
+            seen += y.tolist()
+        assert sorted(seen) == list(range(64))
