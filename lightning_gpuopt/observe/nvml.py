@@ -491,6 +491,13 @@ class NVMLSampler:
             out["gpu/util_min"] = util.min
         elif "gpu/util" in latest:
             out["gpu/util"] = out["gpu/util_min"] = latest["gpu/util"]
+        elif self._handle is not None and self._pynvml is not None:
+            # a window shorter than the driver's sampling period (the first one, right after start) has no
+            # buffered sample yet: take the driver's current reading rather than leave the key out
+            rates = self._poll_rates()
+            if rates is not None:
+                out["gpu/util"] = out["gpu/util_min"] = rates[0]
+                out.setdefault("gpu/mem_util", rates[1])
         for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPU_KEYS[8:]):
             if key in stats:
                 out[key] = stats[key].mean

@@ -170,3 +170,19 @@ def test_sampler_is_picklable_and_validates(monkeypatch):
         NVMLSampler(0, period_s=0)
     with pytest.raises(ValueError, match="index"):
         NVMLSampler(-1)
+
+
+def test_window_shorter_than_the_driver_sample_period_still_reports_util(monkeypatch):
+    # the driver buffer holds no sample yet (it fills every ~1/6 s on real GPUs): the first, short window
+    # falls back to the driver's current reading instead of leaving gpu/util out
+    fake = install(monkeypatch, sample_every_s=1000.0)
+    fake.set(0, util=55.0, mem_util=20.0)
+    sampler = NVMLSampler(0, period_s=100.0, gpm=False).start()
+    try:
+        with sampler._lock:
+            sampler._stats.pop("gpu/util", None)
+            sampler._latest.pop("gpu/util", None)
+        window = sampler.window()
+    finally:
+        sampler.stop()
+    assert window["gpu/util"] == pytest.approx(55.0) and window["gpu/util_min"] == pytest.approx(55.0)
