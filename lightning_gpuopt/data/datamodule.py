@@ -501,7 +501,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         return (self.gpu_augment(batch[0], train=self.augment), *batch[1:])
 
     def teardown(self, stage: str) -> None:
-        """Report images skipped as unreadable (``on_corrupt="skip"``) and remove the skip log."""
+        """Stop the training loader's workers; report images skipped as unreadable (``on_corrupt="skip"``)."""
+        loader = self.trainer.train_dataloader if self.trainer is not None and stage == "fit" else None
+        if isinstance(loader, ContinuousDataLoader):
+            loader.close()  # its workers run ahead into the next epoch: do not leave them running after fit
         if self._skip_dir is None:
             return
         new = self._current_skips()

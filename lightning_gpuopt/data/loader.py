@@ -94,6 +94,15 @@ class ContinuousDataLoader(DataLoader):
             self._continuous_iter = source
         return _take(self._continuous_iter, len(self))
 
+    def close(self) -> None:
+        """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh."""
+        source = getattr(self, "_continuous_iter", None)
+        self._continuous_iter = None
+        if hasattr(source, "close"):
+            source.close()  # a staging generator: releases the DataLoader iterator it wraps
+        # DataLoader keeps its persistent iterator too; dropping the last reference shuts the workers down
+        self._iterator = None
+
     def __del__(self) -> None:
         self._continuous_iter = None
 

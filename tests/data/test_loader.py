@@ -107,3 +107,34 @@ def test_cuda_staging_copies_and_transforms_ahead():
             torch.testing.assert_close(x.cpu().view(-1), 2 * y.cpu().float())
             seen += y.tolist()
         assert sorted(seen) == list(range(64))
+
+
+def test_close_stops_the_workers():
+    ds = TensorDataset(torch.arange(32))
+    loader = ContinuousDataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+    next(iter(loader))
+    workers = list(loader._continuous_iter._workers)
+    assert all(w.is_alive() for w in workers)
+    loader.close()
+    for w in workers:
+        w.join(timeout=10)
+    assert not any(w.is_alive() for w in workers)
+    assert len(torch.cat([b[0] for b in loader])) == 32  # a new iter() starts afresh
+
+
+def test_datamodule_teardown_closes_the_training_loader(jpeg_folder):
+    from lightning_gpuopt import ImageClassifier, OptimizedDataModule
+
+    dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers=1, image_size=16)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(ImageClassifier("small", num_classes=3), datamodule=dm)
+    loader = trainer.train_dataloader
+    assert isinstance(loader, ContinuousDataLoader)
+    assert loader._continuous_iter is None and loader._iterator is None
