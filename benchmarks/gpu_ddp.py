@@ -169,7 +169,9 @@ def _child(args: argparse.Namespace) -> None:
         if nv is not None:
             pynvml.nvmlInit()
             try:
-                device["monitor_nvml_uuid"] = str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(nv)))
+                device["monitor_nvml_uuid"] = str(
+                    pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(nv))
+                )
             finally:
                 pynvml.nvmlShutdown()
     result = {
@@ -187,7 +189,9 @@ def _child(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------- parent side
-def _run_child(args: argparse.Namespace, scenario: str, devices: int, env: dict[str, str] | None = None, **extra: Any) -> float:
+def _run_child(
+    args: argparse.Namespace, scenario: str, devices: int, env: dict[str, str] | None = None, **extra: Any
+) -> float:
     cmd = [
         sys.executable,
         __file__,
@@ -216,7 +220,10 @@ def _run_child(args: argparse.Namespace, scenario: str, devices: int, env: dict[
     log = Path(args.workdir) / f"{scenario}.log"
     log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode != 0:
-        print(f"[ddp] {scenario} FAILED (rc={proc.returncode}); tail of its log:\n{proc.stderr[-3000:]}", flush=True)
+        print(
+            f"[ddp] {scenario} FAILED (rc={proc.returncode}); tail of its log:\n{proc.stderr[-3000:]}",
+            flush=True,
+        )
     return seconds
 
 
@@ -247,7 +254,6 @@ def _csv_checks(args: argparse.Namespace, scenario: str) -> dict[str, bool]:
 
 
 def _coverage(ranks: list[dict[str, Any]], split: str, n: int, world: int) -> dict[str, bool]:
-    out: dict[str, bool] = {}
     epochs = sorted({r["epoch"] for rk in ranks for r in rk["records"] if r["split"] == split})
     ok_once, ok_counts, ok_cover = bool(epochs), bool(epochs), bool(epochs)
     for epoch in epochs:
@@ -273,7 +279,9 @@ def _device_checks(ranks: list[dict[str, Any]], expect_rank0_nvml: int | None) -
     checks = {"monitor_reads_own_gpu": own and bool(ranks), "ranks_monitor_distinct_gpus": distinct}
     if expect_rank0_nvml is not None:
         r0 = next((rk for rk in ranks if rk["rank"] == 0), None)
-        checks["rank0_maps_to_nvml_1_when_reordered"] = r0 is not None and r0["device"].get("monitor_nvml_index") == expect_rank0_nvml
+        checks["rank0_maps_to_nvml_1_when_reordered"] = (
+            r0 is not None and r0["device"].get("monitor_nvml_index") == expect_rank0_nvml
+        )
     return checks
 
 
@@ -338,13 +346,26 @@ def _parent(args: argparse.Namespace) -> int:
         ranks = _ranks(args, "reordered")
         c = {"ran": len(ranks) == 2, **_device_checks(ranks, 1)}
         checks.update({f"reordered.{k}": v for k, v in c.items()})
-        rows.append({"name": "reordered CUDA_VISIBLE_DEVICES=1,0", "checks_passed": all(c.values()),
-                     "devices": {rk["rank"]: rk["device"] for rk in ranks}})
+        rows.append(
+            {
+                "name": "reordered CUDA_VISIBLE_DEVICES=1,0",
+                "checks_passed": all(c.values()),
+                "devices": {rk["rank"]: rk["device"] for rk in ranks},
+            }
+        )
         speeds: dict[int, float | None] = {}
         for devices in (1, 2):
             scenario = f"speed-{devices}"
-            _run_child(args, scenario, devices, env={"CUDA_VISIBLE_DEVICES": "0,1"}, steps=args.steps,
-                       warmup=args.warmup, batch_size=256, workers=args.workers)
+            _run_child(
+                args,
+                scenario,
+                devices,
+                env={"CUDA_VISIBLE_DEVICES": "0,1"},
+                steps=args.steps,
+                warmup=args.warmup,
+                batch_size=256,
+                workers=args.workers,
+            )
             ranks = _ranks(args, scenario)
             sps = [rk["samples_per_sec"] for rk in ranks]
             total = sum(sps) if sps and all(s is not None for s in sps) and len(sps) == devices else None
@@ -355,7 +376,9 @@ def _parent(args: argparse.Namespace) -> int:
                     "samples_per_sec": total,
                     "per_rank_samples_per_sec": sps,
                     "gpu_util_mean": ranks[0]["monitor_summary"].get("gpu/util") if ranks else None,
-                    "data_wait_frac": ranks[0]["monitor_summary"].get("time/data_wait_frac") if ranks else None,
+                    "data_wait_frac": ranks[0]["monitor_summary"].get("time/data_wait_frac")
+                    if ranks
+                    else None,
                 }
             )
         scale = speeds[2] / speeds[1] if speeds.get(1) and speeds.get(2) else None

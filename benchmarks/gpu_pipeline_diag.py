@@ -43,12 +43,16 @@ class StepWaits(pl.Callback):
             torch.cuda.synchronize() if torch.cuda.is_available() else None
             self.t0 = time.perf_counter()
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         if self._end is not None and trainer.current_epoch >= self.skip_epochs:
             self.waits.append((trainer.current_epoch, batch_idx, now - self._end))
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._end = time.perf_counter()
         if trainer.current_epoch >= self.skip_epochs:
             self.samples += int(batch[0].shape[0])
@@ -60,7 +64,12 @@ class StepWaits(pl.Callback):
 
 def run(h5: str, args: argparse.Namespace, **dm_kwargs: Any) -> dict[str, Any]:
     dm = OptimizedDataModule(
-        h5, backend="hdf5", batch_size=args.batch_size, num_workers=args.workers, image_size=args.image_size, **dm_kwargs
+        h5,
+        backend="hdf5",
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        image_size=args.image_size,
+        **dm_kwargs,
     )
     waits = StepWaits()
     gpu = torch.cuda.is_available()
@@ -121,7 +130,9 @@ def main() -> int:
         from lightning_gpuopt.models import build_model
 
         ceiling = plain_loop_throughput(build_model(args.model, 100), args.batch_size, args.image_size, 100)
-        rows.append({"name": "ceiling: plain loop, batch on GPU", "samples_per_sec": ceiling, "ratio_to_ceiling": 1.0})
+        rows.append(
+            {"name": "ceiling: plain loop, batch on GPU", "samples_per_sec": ceiling, "ratio_to_ceiling": 1.0}
+        )
     variants = [
         ("per-epoch loader, copy+augment in the step", {"continuous_epochs": False}),
         ("continuous epochs, copy+augment in the step", {"prefetch_to_device": False}),
@@ -135,11 +146,26 @@ def main() -> int:
         row = {"name": name, **run(str(h5), args, **kwargs)}
         if ceiling and row["samples_per_sec"]:
             row["ratio_to_ceiling"] = row["samples_per_sec"] / ceiling
-        print(f"{name}: {row['samples_per_sec']:.1f} samples/s ({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"{name}: {row['samples_per_sec']:.1f} samples/s ({time.perf_counter() - t0:.1f} s)", flush=True
+        )
         rows.append(row)
     path = write_results(args.out, rows, workers=args.workers, batch_size=args.batch_size, epochs=args.epochs)
     print(f"wrote {path}")
-    print(format_table(rows, ["name", "samples_per_sec", "ratio_to_ceiling", "wait_median_ms", "wait_p95_ms", "epoch_first_wait_ms", "data_wait_frac"]))
+    print(
+        format_table(
+            rows,
+            [
+                "name",
+                "samples_per_sec",
+                "ratio_to_ceiling",
+                "wait_median_ms",
+                "wait_p95_ms",
+                "epoch_first_wait_ms",
+                "data_wait_frac",
+            ],
+        )
+    )
     return 0
 
 

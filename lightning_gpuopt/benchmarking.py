@@ -159,12 +159,16 @@ class ThroughputMeter(pl.Callback):
         self.samples_per_sec: float | None = None
         self.seconds: float | None = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == self.warmup and self._t0 is None:
             _sync(pl_module.device)
             self._t0 = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._t0 is not None:
             x = batch[0] if isinstance(batch, (list, tuple)) else batch
             self._samples += int(x.shape[0]) if hasattr(x, "shape") else 0

@@ -16,9 +16,18 @@ from lightning_gpuopt import __version__
 
 # subcommand -> (module, one-line help). Help is duplicated here so --help needs no heavy import.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("lightning_gpuopt.commands.demo", "short Lightning fit on generated images with the GPU monitor on"),
-    "bench": ("lightning_gpuopt.commands.bench", "benchmark a ladder of settings from naive to fully optimized"),
-    "convert": ("lightning_gpuopt.commands.convert", "convert a class-per-subfolder image folder to uint8 HDF5"),
+    "demo": (
+        "lightning_gpuopt.commands.demo",
+        "short Lightning fit on generated images with the GPU monitor on",
+    ),
+    "bench": (
+        "lightning_gpuopt.commands.bench",
+        "benchmark a ladder of settings from naive to fully optimized",
+    ),
+    "convert": (
+        "lightning_gpuopt.commands.convert",
+        "convert a class-per-subfolder image folder to uint8 HDF5",
+    ),
     "tune": ("lightning_gpuopt.commands.tune", "measure DataLoader throughput per num_workers for a folder"),
 }
 
@@ -30,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightning-gpuopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text, add_help=False)
     return parser
 

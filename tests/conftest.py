@@ -23,3 +23,33 @@ def jpeg_folder(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("jpegs")
     return make_jpeg_folder(root, num_images=48, num_classes=3, image_size=(64, 48), workers=1)
+
+
+_DIST_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolate_distributed():
+    """Each test starts without a process group or a MASTER_PORT left by an earlier DDP test.
+
+    Lightning's DDP strategies set MASTER_PORT in the parent and leave the default process group (and its
+    TCP store, bound to that port) alive after fit; a later DDP test would reuse the port and fail with
+    EADDRINUSE, or hang when forked children join the stale store.
+    """
+    saved = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

@@ -25,7 +25,9 @@ def _class_color(label: int, num_classes: int) -> np.ndarray:
     return np.array([r, g, b], dtype=np.float32) * 255.0
 
 
-def _make_image(seed: int, label: int, num_classes: int, width: int, height: int, texture: float) -> np.ndarray:
+def _make_image(
+    seed: int, label: int, num_classes: int, width: int, height: int, texture: float
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
     base = _class_color(label, num_classes)
     # low-frequency field: a coarse random grid upsampled bilinearly
@@ -107,7 +109,9 @@ def make_jpeg_folder(
     if manifest.is_file():
         if json.loads(manifest.read_text()).get("spec") == spec:
             return root
-        raise ValueError(f"{root} holds a generated folder with other settings; delete it or pick another root")
+        raise ValueError(
+            f"{root} holds a generated folder with other settings; delete it or pick another root"
+        )
     if root.exists() and any(root.iterdir()):
         raise ValueError(f"{root} exists and is not empty; pick an empty or new folder")
     width, height = int(image_size[0]), int(image_size[1])
@@ -117,7 +121,19 @@ def make_jpeg_folder(
         label = i % num_classes
         folder = root / f"class_{label:02d}"
         folder.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(folder / f"img_{i:06d}{ext}"), seed + i, label, num_classes, width, height, texture, quality, image_format))
+        jobs.append(
+            (
+                str(folder / f"img_{i:06d}{ext}"),
+                seed + i,
+                label,
+                num_classes,
+                width,
+                height,
+                texture,
+                quality,
+                image_format,
+            )
+        )
     workers = workers or os.cpu_count() or 1
     if workers > 1 and num_images >= 64:
         with ProcessPoolExecutor(max_workers=workers) as pool:

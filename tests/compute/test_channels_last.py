@@ -383,7 +383,9 @@ def test_callback_on_cuda_with_fp16():
             devices.append(pl_module.device.type)
 
     model = ImageClassifier("small")
-    _trainer([cb, probe, _Device()], max_steps=2, accelerator="gpu", precision="16-mixed").fit(model, _loader())
+    _trainer([cb, probe, _Device()], max_steps=2, accelerator="gpu", precision="16-mixed").fit(
+        model, _loader()
+    )
     assert cb.active
     assert probe.weights_cl == [True, True]
     assert probe.inputs_cl == [True, True]

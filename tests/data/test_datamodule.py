@@ -199,8 +199,9 @@ def test_subclass_float_dataset_fails_naming_hook():
 def test_ddp_two_processes_see_each_sample_once(tmp_path):
     dm = IndexData(n=32, batch_size=4, num_workers=0, image_size=8, storage_size=12)
     assert pickle.loads(pickle.dumps(dm)).batch_size == 4  # what ddp_spawn / spawn workers need
-    # fork-based DDP: the same sampler injection as "ddp"/"ddp_spawn" without re-importing torch twice
-    trainer = _trainer(devices=2, strategy="ddp_fork", max_epochs=1, num_sanity_val_steps=0)
+    # spawn, not fork: a child forked from this pytest process deadlocks in libgomp once earlier tests have
+    # run OpenMP-parallel convolutions here (seen: both ranks stuck in Conv2d.forward)
+    trainer = _trainer(devices=2, strategy="ddp_spawn", max_epochs=1, num_sanity_val_steps=0)
     trainer.fit(Recorder(out=str(tmp_path)), datamodule=dm)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     train = ranks[0]["train"] + ranks[1]["train"]

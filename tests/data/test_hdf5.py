@@ -281,7 +281,7 @@ def test_ddp_cpu_each_sample_once(tmp_path):
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp_fork",
+        strategy="ddp_spawn",  # fork deadlocks in libgomp after earlier tests ran parallel convolutions
         max_epochs=1,
         logger=False,
         enable_progress_bar=False,
