@@ -4,17 +4,31 @@ Each scenario is a short Lightning fit of ResNet-50 built to have one known prob
 ``GPUStatsMonitor`` feeding it GPU-Util and SM activity) runs unchanged in every one. A row records the
 expected verdict, the verdicts raised, whether they match, and the evidence the advisor gave.
 
-    1 decode-bound      JPEG folder decoded by PIL in as many workers as cores, fp16 + channels_last
-    2 too-few-workers   the same folder with 2 workers
+    1 decode-bound      large JPEGs (1360x1020, quality 95, ~1.2 MB) decoded by PIL in as many workers as
+                        cores, fp16 + channels_last, batch 128
+    2 too-few-workers   ImageNet-sized JPEGs (500x375, ~110 kB) with 2 workers
     3 fp32              precision "32-true" on GPU-resident batches
     4 nchw              "16-mixed" without channels_last
     5 tiny-batch        batch 4: launch-bound
     6 healthy           "16-mixed" + channels_last + cudnn.benchmark, batch 256 on the GPU: no warning allowed
 
+Why the decode-bound scenario uses large JPEGs: ``load_uint8_image`` decodes at a reduced DCT scale
+(``Image.draft``) when the image is at least twice the stored size, so a 500x375 JPEG stored at 256 px
+costs about 3-5 ms a core and 16 workers keep up with an H200 (measured: 0.90 of the ceiling, data wait
+0.055). A 1020-px short side can only be drafted to 1/2 scale (1/4 would give 255 < 256) and its
+entropy-coded data (~1.2 MB) must be read in full: 19.4 ms against 4.8 ms for a 500x375 one (one core of
+a Xeon dev box), 4x the work. The H200 host's 16 workers delivered at least 5,160 img/s of 500x375, so
+expect about 1,300 img/s here (at most ~2,500 even with cores 3x faster than the dev box's) against a
+ceiling near 5,700 img/s. 1,536 of them (~300 core-ms each) take about 20 s to generate on 16 cores
+(once; reused from ``--data-root``). Warm-up and window are ``num_workers`` steps: every worker delivers a
+whole batch at about the same time, so the wait comes once every ``num_workers`` steps and windows of that
+length each hold one.
+
 ``ratio_to_ceiling`` compares each scenario's samples/s with the plain PyTorch loop (fp16, channels_last,
 batch 256, GPU-resident data) measured in the same run.
 
     PYTHONPATH=. python3 benchmarks/gpu_advisor.py --out benchmarks/results/gpu_advisor.json
+    PYTHONPATH=. python3 benchmarks/gpu_advisor.py --only decode-bound --out /tmp/advisor_decode.json
     python benchmarks/gpu_advisor.py --quick --out /tmp/gpu_advisor_quick.json   # CPU, tiny sizes
 """
 
@@ -46,6 +60,7 @@ class Scenario:
     expected: str | None  # verdict kind that must be raised; None: no warning may be raised
     cause: str | None = None  # expected Verdict.cause where the kind has causes
     data: str = "device"  # "device" (GPU-resident batches) or "jpeg" (OptimizedDataModule over a JPEG folder)
+    folder: str = "imagenet"  # with data="jpeg": which JPEG_FOLDERS entry
     precision: str = "16-mixed"
     channels_last: bool = True
     benchmark: bool = True
@@ -56,6 +71,32 @@ class Scenario:
     windows: int = 3
     needs_cuda: bool = True  # the expected verdict can only be checked on a GPU
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# make_jpeg_folder arguments of the generated folders, full-size (GPU) and quick (CPU)
+JPEG_FOLDERS: dict[str, dict[str, Any]] = {
+    "imagenet": {"num_images": 8192, "num_classes": 100},  # 500x375, quality 90, ~110 kB
+    "large": {
+        "num_images": 1536,
+        "num_classes": 100,
+        "image_size": (1360, 1020),
+        "quality": 95,
+        "texture": 40.0,
+    },
+}
+JPEG_FOLDERS_QUICK: dict[str, dict[str, Any]] = {
+    "imagenet": {"num_images": 96, "num_classes": 4, "image_size": (320, 240), "workers": 1},
+    "large": {"num_images": 32, "num_classes": 4, "image_size": (680, 510), "quality": 95, "texture": 40.0,
+              "workers": 1},
+}  # fmt: skip
+
+
+def jpeg_folder_dir(name: str, spec: dict[str, Any]) -> str:
+    """Folder name under --data-root; the ImageNet-sized one keeps the name other benchmarks share."""
+    if name == "imagenet" and set(spec) == {"num_images", "num_classes"}:
+        return f"imagenet_{spec['num_images']}"
+    w, h = spec.get("image_size", (500, 375))
+    return f"jpeg_{w}x{h}_q{spec.get('quality', 90)}_t{spec.get('texture', 28.0):g}_{spec['num_images']}"
 
 
 class DeviceBatches(Dataset):
@@ -95,8 +136,8 @@ class TimedAdvisor(BottleneckAdvisor):
 def scenarios(quick: bool, cpus: int) -> list[Scenario]:
     if quick:  # CPU: tiny everything; only the host-side verdicts can be checked
         return [
-            Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", batch_size=16,
-                     num_workers=max(1, cpus), warmup=3, window=3),
+            Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", folder="large",
+                     batch_size=16, num_workers=max(1, cpus), warmup=3, window=3),
             Scenario("too-few-workers", "input-bound", "too-few-workers", data="jpeg", batch_size=16,
                      num_workers=0, warmup=3, window=3, needs_cuda=False),
             Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=8, warmup=3, window=3),
@@ -105,7 +146,9 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
             Scenario("healthy", None, batch_size=16, warmup=3, window=3, needs_cuda=False),
         ]  # fmt: skip
     return [
-        Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", num_workers=cpus, warmup=8, window=8),
+        # a window of num_workers steps holds one round of whole-batch deliveries (see the module docstring)
+        Scenario("decode-bound", "input-bound", "decode-bound", data="jpeg", folder="large", batch_size=128,
+                 num_workers=cpus, warmup=max(8, cpus), window=max(8, cpus)),
         Scenario("too-few-workers", "input-bound", "too-few-workers", data="jpeg", batch_size=64,
                  num_workers=2, warmup=6, window=6),
         Scenario("fp32", "fp32-on-tensor-cores", precision="32-true", batch_size=128, warmup=10, window=10),
@@ -116,7 +159,7 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
 
 
 def run_scenario(
-    sc: Scenario, args: argparse.Namespace, device: torch.device, jpeg_root: Path | None
+    sc: Scenario, args: argparse.Namespace, device: torch.device, jpeg_roots: dict[str, Path]
 ) -> dict:
     from lightning_gpuopt.compute.channels_last import apply_channels_last
 
@@ -156,8 +199,8 @@ def run_scenario(
         from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
         dm = OptimizedDataModule(
-            str(jpeg_root), backend="folder", batch_size=sc.batch_size, num_workers=sc.num_workers,
-            image_size=args.image_size,
+            str(jpeg_roots[sc.folder]), backend="folder", batch_size=sc.batch_size,
+            num_workers=sc.num_workers, image_size=args.image_size,
         )  # fmt: skip
         trainer.fit(model, datamodule=dm)
     else:
@@ -203,6 +246,7 @@ def run_scenario(
             "batch_size": sc.batch_size,
             "num_workers": sc.num_workers,
             "data": sc.data,
+            "jpeg_folder": str(jpeg_roots[sc.folder]) if sc.data == "jpeg" else None,
             "steps": steps,
             "warmup_steps": sc.warmup,
             "window_steps": sc.window,
@@ -249,22 +293,26 @@ def main() -> int:
 
     specs = scenarios(not cuda, cpus)
     if args.only:
-        keep = set(args.only.split(","))
+        keep = {name.strip() for name in args.only.split(",") if name.strip()}
+        unknown = keep - {s.name for s in specs}
+        if unknown:
+            parser.error(
+                f"--only: unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in specs]}"
+            )
         specs = [s for s in specs if s.name in keep]
 
     from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
-    jpeg_root = None
-    if any(s.data == "jpeg" for s in specs):
+    jpeg_roots: dict[str, Path] = {}
+    folder_specs = JPEG_FOLDERS if cuda else JPEG_FOLDERS_QUICK
+    for name in dict.fromkeys(s.folder for s in specs if s.data == "jpeg"):  # only the folders needed
         t0 = time.perf_counter()
-        if cuda:
-            jpeg_root = make_jpeg_folder(
-                Path(args.data_root) / "imagenet_8192", num_images=8192, num_classes=100
-            )
-        else:
-            jpeg_root = make_jpeg_folder(Path(tmp.name) / "jpegs", num_images=96, num_classes=4,
-                                         image_size=(320, 240), workers=1)  # fmt: skip
-        print(f"JPEG folder ready in {time.perf_counter() - t0:.1f} s: {jpeg_root}", flush=True)
+        spec = folder_specs[name]
+        base = Path(args.data_root) if cuda else Path(tmp.name)
+        jpeg_roots[name] = make_jpeg_folder(base / jpeg_folder_dir(name, spec), **spec)
+        print(
+            f"JPEG folder {name!r} ready in {time.perf_counter() - t0:.1f} s: {jpeg_roots[name]}", flush=True
+        )
 
     ceiling = None
     if cuda:
@@ -280,7 +328,7 @@ def main() -> int:
         if elapsed > args.budget_s * 0.8:
             rows.append({"name": sc.name, "expected": sc.expected, "pass": None, "skipped": "time budget"})
             continue
-        row = run_scenario(sc, args, device, jpeg_root)
+        row = run_scenario(sc, args, device, jpeg_roots)
         if ceiling and row["samples_per_sec"]:
             row["ratio_to_ceiling"] = row["samples_per_sec"] / ceiling
         rows.append(row)
