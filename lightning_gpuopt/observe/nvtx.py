@@ -47,6 +47,8 @@ PHASE_COLORS: dict[str, int] = {
     "capture": 0xFFFFEB3B,
 }
 
+_MODULE_COLOR = PHASE_COLORS["module"]
+
 BackendName = Literal["auto", "nvtx", "torch"]
 
 _warned: set[str] = set()
@@ -59,10 +61,20 @@ def _warn_once(key: str, message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- backends
+def _noop(*args: Any) -> None:
+    pass
+
+
 class _NullBackend:
     """NVTX unavailable: every call does nothing."""
 
     name = "none"
+    enabled = False  # nothing is recorded, so callers may skip their bookkeeping
+
+    def prepare(self, message: str, color: int) -> Any:
+        return None
+
+    push_prepared = staticmethod(_noop)
 
     def push(self, message: str, color: int, cache: bool = True) -> None:
         pass
@@ -85,22 +97,35 @@ class _NvtxPackageBackend:
         # Without an attached tool nvtx hands out a DummyDomain whose calls do nothing; skip building
         # attributes for it so an unprofiled run pays almost nothing.
         self._live = isinstance(self._domain, nvtx.Domain)
+        # Fixed for the process: a tool is attached (NVTX_INJECTION64_PATH) before the first NVTX call or never.
+        self.enabled = self._live
         self._attrs: dict[str, Any] = {}
+        self._uncached: dict[int, Any] = {}  # color -> reused attributes for numbered names
+        # Bound once: one attribute lookup less per call on the hot path.
+        self.push_prepared = self._domain.push_range if self._live else _noop
+        if self._live:
+            self.pop = self._domain.pop_range  # type: ignore[method-assign]
         # Domain.get_registered_string is an unbounded lru_cache; numbered names ("step 123") go through
         # the uncached function so a long run does not grow a cache entry per step.
         method = type(self._domain).get_registered_string
         self._register_uncached = getattr(method, "__wrapped__", method)
 
     def _attributes(self, message: str, color: int, cache: bool) -> Any:
-        attrs = self._attrs.get(message) if cache else None
+        if cache:
+            attrs = self._attrs.get(message)
+            if attrs is None:
+                attrs = self._attrs[message] = self._domain.get_event_attributes(message=message, color=color)
+            return attrs
+        # One attributes object per color is reused: NVTX reads it during the push/mark call only.
+        attrs = self._uncached.get(color)
         if attrs is None:
-            if cache:
-                attrs = self._domain.get_event_attributes(message=message, color=color)
-                self._attrs[message] = attrs
-            else:
-                attrs = self._domain.get_event_attributes(color=color)
-                attrs.message = self._register_uncached(self._domain, message)
+            attrs = self._uncached[color] = self._domain.get_event_attributes(color=color)
+        attrs.message = self._register_uncached(self._domain, message)
         return attrs
+
+    def prepare(self, message: str, color: int) -> Any:
+        """The registered string and color of a fixed name, resolved once, for ``push_prepared``."""
+        return self._attributes(message, color, True) if self._live else None
 
     def push(self, message: str, color: int, cache: bool = True) -> None:
         if self._live:
@@ -119,9 +144,15 @@ class _TorchBackend:
     """``torch.cuda.nvtx``: default domain, no colors (CUDA builds of torch only)."""
 
     name = "torch"
+    enabled = True  # whether a tool listens is not visible from here
 
     def __init__(self) -> None:
         self._nvtx = torch.cuda.nvtx
+        self.push_prepared = self._nvtx.range_push
+        self.pop = self._nvtx.range_pop  # type: ignore[method-assign]
+
+    def prepare(self, message: str, color: int) -> Any:
+        return message
 
     def push(self, message: str, color: int, cache: bool = True) -> None:
         self._nvtx.range_push(message)
@@ -140,6 +171,10 @@ def _torch_has_nvtx() -> bool:
 
 def make_backend(backend: BackendName = "auto", domain: str = DEFAULT_DOMAIN) -> Any:
     """Return the object that emits NVTX calls: ``push(message, color, cache)``, ``pop()``, ``mark()``.
+
+    Backends also have ``prepare(message, color) -> token`` and ``push_prepared(token)`` (a fixed name
+    resolved once) and ``enabled``: False when nothing can be recorded (no tool attached to the ``nvtx``
+    package, or no backend at all), so ``NVTXRanges`` skips its per-step work.
 
     Args:
         backend: ``"auto"`` (the ``nvtx`` package if installed, else ``torch.cuda.nvtx`` on a CUDA build of
@@ -179,13 +214,28 @@ class RangeStack:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        #: False when the backend records nothing (see ``make_backend``).
+        self.enabled: bool = getattr(backend, "enabled", True)
         self._local = threading.local()
+        self._pop = backend.pop
+        if hasattr(backend, "prepare") and hasattr(backend, "push_prepared"):
+            self._prepare = backend.prepare
+            self._push_prepared = backend.push_prepared
+        else:  # a backend with push/pop/mark only
+
+            def push_prepared(token: tuple[str, int]) -> None:
+                backend.push(token[0], token[1], True)
+
+            self._prepare = lambda message, color: (message, color)
+            self._push_prepared = push_prepared
 
     def _stack(self) -> list[tuple[str, Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+        try:
+            return self._local.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            stack: list[tuple[str, Any]] = []
+            self._local.stack = stack
+            return stack
 
     @property
     def depth(self) -> int:
@@ -197,7 +247,22 @@ class RangeStack:
         return list(self._stack())
 
     def is_open(self, kind: str) -> bool:
-        return any(k == kind for k, _ in self._stack())
+        # a plain loop: any() over a generator costs several times more on these 1-4 entry stacks
+        for k, _ in self._stack():  # noqa: SIM110
+            if k == kind:
+                return True
+        return False
+
+    def prepare(self, message: str, kind: str, color: int | None = None) -> Any:
+        """Resolve a fixed name once (registered string + color) for ``push_prepared``."""
+        if color is None:
+            color = PHASE_COLORS.get(kind, _MODULE_COLOR)
+        return self._prepare(message, color)
+
+    def push_prepared(self, token: Any, kind: str, key: Any = None) -> None:
+        """``push`` of a name resolved by ``prepare``: no per-call name or color lookups."""
+        self._push_prepared(token)
+        self._stack().append((kind, key))
 
     def push(
         self, message: str, kind: str, key: Any = None, cache: bool = True, color: int | None = None
@@ -206,11 +271,10 @@ class RangeStack:
 
         ``cache=False`` for names that are not repeated (``step 123``) so no per-name cache grows.
         """
-        stack = self._stack()
         if color is None:
-            color = PHASE_COLORS.get(kind, PHASE_COLORS["module"])
+            color = PHASE_COLORS.get(kind, _MODULE_COLOR)
         self.backend.push(message, color, cache)
-        stack.append((kind, key))
+        self._stack().append((kind, key))
 
     def close(self, kind: str, key: Any = None, match_key: bool = False) -> bool:
         """Pop down to and including the topmost ``kind`` entry (and ``key`` if ``match_key``).
@@ -218,12 +282,15 @@ class RangeStack:
         Returns False, popping nothing, when no such entry is open on this thread.
         """
         stack = self._stack()
-        for i in range(len(stack) - 1, -1, -1):
+        i = len(stack)
+        while i:
+            i -= 1
             k, kk = stack[i]
             if k == kind and (not match_key or kk is key):
+                pop = self._pop
                 while len(stack) > i:
                     stack.pop()
-                    self.backend.pop()
+                    pop()
                 return True
         return False
 
@@ -233,11 +300,11 @@ class RangeStack:
         n = len(stack)
         while stack:
             stack.pop()
-            self.backend.pop()
+            self._pop()
         return n
 
     def mark(self, message: str, kind: str = "capture") -> None:
-        self.backend.mark(message, PHASE_COLORS.get(kind, PHASE_COLORS["module"]))
+        self.backend.mark(message, PHASE_COLORS.get(kind, _MODULE_COLOR))
 
 
 # ------------------------------------------------------------------------------------ per-module ranges
@@ -253,17 +320,43 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
     ``depth=1`` covers the direct children (``layer1``), ``depth=3`` reaches ``layer1.0.conv1``. The
     closing hook is registered with ``always_call=True`` so an exception in forward still pops the range.
 
+    No hooks are registered when ``ranges`` records nothing (``ranges.enabled`` is False): a module hook
+    costs every forward call, profiled or not.
+
     Returns:
-        the hook handles; call ``handle.remove()`` on each to undo.
+        the hook handles (empty when nothing is recorded); call ``handle.remove()`` on each to undo.
     """
     handles: list[RemovableHandle] = []
+    if not ranges.enabled:
+        return handles
+    # The hooks run on every forward call of every wrapped module: locals only, no method lookups.
+    local = ranges._local
+    stack_of = ranges._stack
+    push_prepared = ranges._push_prepared
+    pop = ranges._pop
     for name, module in _modules_to_depth(root, depth):
+        token = ranges.prepare(name, "module")
 
-        def pre_hook(mod: nn.Module, args: Any, _name: str = name) -> None:
-            ranges.push(_name, "module", key=mod)
+        def pre_hook(mod: nn.Module, args: Any, _token: Any = token) -> None:
+            push_prepared(_token)
+            try:
+                stack = local.stack
+            except AttributeError:  # first range on this thread
+                stack = stack_of()
+            stack.append(("module", mod))
 
         def post_hook(mod: nn.Module, args: Any, output: Any) -> None:
             # Pops only this module's own entry; a no-op when on_exception already closed everything.
+            try:
+                stack = local.stack
+            except AttributeError:
+                return
+            if stack:
+                top = stack[-1]
+                if top[1] is mod and top[0] == "module":  # the usual case: it is on top
+                    stack.pop()
+                    pop()
+                    return
             ranges.close("module", key=mod, match_key=True)
 
         handles.append(module.register_forward_pre_hook(pre_hook))
@@ -359,6 +452,8 @@ class NVTXRanges(pl.Callback):
         self.backend = backend
         self.domain = domain
         self._ranges: RangeStack | None = None
+        self._emit = False  # a range stack whose backend records something (set in setup)
+        self._tokens: dict[str, Any] = {}  # fixed names resolved once by the backend
         self._handles: list[RemovableHandle] = []
         self._capturing = False
         self._cuda_capture = False
@@ -372,6 +467,9 @@ class NVTXRanges(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
+            # Without a tool attached nothing is recorded: the hooks then only run the capture window.
+            self._emit = self._ranges.enabled
+            self._tokens = {}
         self._capturing = False
 
     def _add_module_hooks(self, pl_module: pl.LightningModule) -> None:
@@ -399,19 +497,22 @@ class NVTXRanges(pl.Callback):
             self._ranges.close_all()
         self._stop_capture()
 
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def _release(self) -> None:
         self._close_everything()
         self._remove_module_hooks()
         self._ranges = None
+        self._emit = False
+        self._tokens = {}
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         # Lightning 2.x calls on_exception but not the callbacks' teardown when fit raises (also on
         # KeyboardInterrupt), so release everything here.
-        self._close_everything()
-        self._remove_module_hooks()
-        self._ranges = None
+        self._release()
 
     # ---- capture window
     def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -443,15 +544,23 @@ class NVTXRanges(pl.Callback):
             self._cuda_capture = False
 
     # ---- phases
+    def _token(self, name: str) -> Any:
+        token = self._tokens.get(name)
+        if token is None and self._ranges is not None:
+            token = self._tokens[name] = self._ranges.prepare(name, name, PHASE_COLORS[name])
+        return token
+
     def _phase(self, name: str) -> None:
-        if self._ranges is None or not self.phases or not self._ranges.is_open("step"):
+        ranges = self._ranges
+        if not self._emit or ranges is None or not self.phases or not ranges.is_open("step"):
             return
-        self._ranges.close("phase")
-        self._ranges.push(name, "phase", key=name, color=PHASE_COLORS[name])
+        ranges.close("phase")
+        ranges.push_prepared(self._token(name), "phase", name)
 
     def _open_data_wait(self) -> None:
-        if self._ranges is not None and self.data_wait and not self._ranges.is_open("data wait"):
-            self._ranges.push("data wait", "data wait")
+        ranges = self._ranges
+        if self._emit and ranges is not None and self.data_wait and not ranges.is_open("data wait"):
+            ranges.push_prepared(self._token("data wait"), "data wait")
 
     def _close_data_wait(self) -> None:
         if self._ranges is not None:
@@ -468,15 +577,21 @@ class NVTXRanges(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._ranges is None:
+        ranges = self._ranges
+        if ranges is None:
             return
-        self._close_data_wait()
-        # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are closed
-        # before the new step opens, so steps never nest.
-        self._ranges.close("step")
-        self._start_capture(trainer, pl_module)
-        self._ranges.push(f"step {trainer.global_step}", "step", cache=False)
-        self._phase("forward")
+        if self._emit:
+            ranges.close("data wait")
+            # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are
+            # closed before the new step opens, so steps never nest.
+            ranges.close("step")
+        if self.start_step is not None:
+            self._start_capture(trainer, pl_module)
+        if not self._emit:
+            return
+        ranges.push(f"step {trainer.global_step}", "step", cache=False)
+        if self.phases:
+            ranges.push_prepared(self._token("forward"), "phase", "forward")
 
     def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self._phase("zero_grad")
@@ -487,7 +602,7 @@ class NVTXRanges(pl.Callback):
         self._phase("backward")
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._ranges is not None:
+        if self._emit and self._ranges is not None:
             self._ranges.close("phase")
 
     def on_before_optimizer_step(
@@ -498,13 +613,18 @@ class NVTXRanges(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._ranges is None:
+        ranges = self._ranges
+        if ranges is None:
             return
-        self._ranges.close("step")
-        if self.stop_step is not None and trainer.global_step >= self.stop_step:
-            self._stop_capture(trainer)
-        self._start_capture(trainer, pl_module)  # so the data wait before the first captured step is in it
-        self._open_data_wait()
+        if self._emit:
+            ranges.close("step")
+        if self.stop_step is not None:
+            if trainer.global_step >= self.stop_step:
+                self._stop_capture(trainer)
+            # so the data wait before the first captured step is in the window
+            self._start_capture(trainer, pl_module)
+        if self._emit and self.data_wait and not ranges.is_open("data wait"):
+            ranges.push_prepared(self._token("data wait"), "data wait")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._ranges is not None:
@@ -519,7 +639,7 @@ class NVTXRanges(pl.Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
         self._close_data_wait()
-        if self._ranges is not None and self.validation:
+        if self._emit and self._ranges is not None and self.validation:
             self._ranges.push("validation", "validation")
 
     def on_validation_batch_start(
@@ -530,7 +650,7 @@ class NVTXRanges(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._ranges is not None and self.validation:
+        if self._emit and self._ranges is not None and self.validation:
             self._ranges.close("validation step")
             self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
@@ -543,7 +663,7 @@ class NVTXRanges(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._ranges is not None:
+        if self._emit and self._ranges is not None:
             self._ranges.close("validation step")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

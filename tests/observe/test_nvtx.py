@@ -306,3 +306,52 @@ def test_unknown_module_root_names_the_argument() -> None:
         _trainer(NVTXRanges(module_depth=1, module_root="nope"), limit_train_batches=1).fit(
             Module(), loader(1)
         )
+
+
+class _Probe(pl.Callback):
+    """Looks at NVTXRanges from inside a fit: hooks on the wrapped modules, open ranges, capture state."""
+
+    def __init__(self, cb: NVTXRanges) -> None:
+        self.cb = cb
+        self.seen: list[tuple[int, int, bool]] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *args: Any) -> None:
+        hooked = sum(len(m._forward_pre_hooks) for m in pl_module.net.modules())
+        assert self.cb.ranges is not None
+        self.seen.append((hooked, self.cb.ranges.depth, self.cb._capturing))
+
+
+def test_idle_backend_skips_bookkeeping_but_keeps_the_capture_window() -> None:
+    # In this process no NVTX tool is attached: the nvtx package hands out a DummyDomain that records nothing.
+    pytest.importorskip("nvtx")
+    cb = NVTXRanges(module_depth=2, module_root="net", start_step=1, stop_step=2, backend="nvtx")
+    probe = _Probe(cb)
+    trainer = _trainer(cb, limit_train_batches=4)
+    trainer.callbacks.append(probe)
+    trainer.fit(Module(), loader(4))
+    # no module hooks (they would slow every forward), no ranges held, but the window still opened and closed
+    assert [(h, d) for h, d, _ in probe.seen] == [(0, 0)] * 4
+    assert [c for _, _, c in probe.seen] == [True, False, False, False]
+    assert not cb._capturing
+
+
+def test_disabled_backend_adds_no_module_hooks() -> None:
+    backend = ListBackend()
+    backend.enabled = False  # type: ignore[attr-defined]
+    net = Net()
+    assert add_module_ranges(net, 2, RangeStack(backend)) == []
+    assert all(not m._forward_pre_hooks for m in net.modules())
+
+
+def test_module_post_hook_pops_only_its_own_range() -> None:
+    backend = ListBackend()
+    ranges = RangeStack(backend)
+    net = Net()
+    add_module_ranges(net, 1, ranges)
+    ranges.push("step 0", "step")
+    # runs before the module's own post hook, so "body" is not on top when that one pops
+    net.body.register_forward_hook(lambda *_: ranges.push("left open", "phase"), prepend=True)
+    net(torch.randn(2, 8))
+    # the fallback popped down to "body", taking "left open" with it
+    assert [e[0] for e in ranges.entries()] == ["step"]
+    assert [c[0] for c in backend.calls] == ["push", "push", "push", "pop", "pop", "push", "pop"]
