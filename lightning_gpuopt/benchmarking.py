@@ -119,7 +119,7 @@ def plain_loop_throughput(
     device = torch.device(device)
     model = model.to(device)
     mf = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(memory_format=mf)
+    model = model.to(memory_format=mf)  # type: ignore[call-overload]
     x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=mf)
     y = torch.randint(0, num_classes, (batch_size,), device=device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)

@@ -68,6 +68,7 @@ class ContinuousDataLoader(DataLoader):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.device_transform = device_transform
+        self._continuous_iter: Iterator[Any] | None = None
 
     @property
     def _index_sampler(self) -> Any:  # read by DataLoader's iterators and __len__
@@ -79,29 +80,30 @@ class ContinuousDataLoader(DataLoader):
     def __len__(self) -> int:
         if self.batch_sampler is None:
             return super().__len__()
-        return len(self.batch_sampler)
+        return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.batch_sampler is None:
             raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
-        if getattr(self, "_continuous_iter", None) is None:
-            source: Iterator[Any] = super().__iter__()
+        source = self._continuous_iter
+        if source is None:
+            source = super().__iter__()
             if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():
                 # under DDP Lightning has set each rank's current device before the first iter()
                 source = _staged(
                     source, torch.device("cuda", torch.cuda.current_device()), self.device_transform
                 )
             self._continuous_iter = source
-        return _take(self._continuous_iter, len(self))
+        return _take(source, len(self))
 
     def close(self) -> None:
         """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh."""
-        source = getattr(self, "_continuous_iter", None)
-        self._continuous_iter = None
-        if hasattr(source, "close"):
-            source.close()  # a staging generator: releases the DataLoader iterator it wraps
+        source, self._continuous_iter = self._continuous_iter, None
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()  # a staging generator: releases the DataLoader iterator it wraps
         # DataLoader keeps its persistent iterator too; dropping the last reference shuts the workers down
-        self._iterator = None
+        self._iterator = None  # type: ignore[assignment]
 
     def __del__(self) -> None:
         self._continuous_iter = None
