@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from lightning_gpuopt.data.folder import UInt8ImageFolder
-from lightning_gpuopt.data.loader import STAGED_ATTR, ContinuousDataLoader
+from lightning_gpuopt.data.loader import ContinuousDataLoader, StagedBatch
 from lightning_gpuopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, GPUAugment
 from lightning_gpuopt.data.tuning import (
     MEASURE_BATCH_SIZE,
@@ -490,7 +490,7 @@ class OptimizedDataModule(pl.LightningDataModule):
                 f"OptimizedDataModule.on_after_batch_transfer expects (images, labels, ...), got "
                 f"{type(batch).__name__}; return (uint8 HWC, label) samples from the dataset hooks"
             )
-        if getattr(batch[0], STAGED_ATTR, False):
+        if isinstance(batch, StagedBatch):
             return batch  # staged by the training loader: already augmented on a side stream
         training = self.trainer is not None and self.trainer.training
         images = self.gpu_augment(batch[0], train=training and self.augment)

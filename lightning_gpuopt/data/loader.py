@@ -27,8 +27,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-# set on image tensors a device_transform already produced, so the DataModule's hook skips them
-STAGED_ATTR = "_lightning_gpuopt_staged"
+
+class StagedBatch(tuple):
+    """A batch a ``device_transform`` already produced on the GPU (the DataModule's hook passes it through).
+
+    The type is the marker: Lightning's collection helpers rebuild a tuple subclass with its own type, so
+    the mark survives ``batch_to_device`` and a precision plugin's ``convert_input`` (``"16-true"``), which
+    replace the tensors themselves.
+    """
+
+    __slots__ = ()
 
 
 class _RepeatSampler:
@@ -137,9 +145,7 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
     def stage(batch: Any) -> Any:
         with torch.cuda.stream(side):
             out = transform(_to_device(batch, device))
-        if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
-            setattr(out[0], STAGED_ATTR, True)
-        return out
+        return StagedBatch(out) if isinstance(out, (list, tuple)) else out
 
     ready = stage(next(source))
     while True:

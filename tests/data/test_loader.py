@@ -89,7 +89,7 @@ def test_lightning_fit_sees_each_sample_once_per_epoch():
 
 @pytest.mark.gpu
 def test_cuda_staging_copies_and_transforms_ahead():
-    from lightning_gpuopt.data.loader import STAGED_ATTR
+    from lightning_gpuopt.data.loader import StagedBatch
 
     ds = TensorDataset(torch.arange(64, dtype=torch.float32).view(64, 1), torch.arange(64))
     loader = ContinuousDataLoader(
@@ -102,8 +102,10 @@ def test_cuda_staging_copies_and_transforms_ahead():
     )
     for _ in range(2):
         seen = []
-        for x, y in loader:
-            assert x.is_cuda and y.is_cuda and getattr(x, STAGED_ATTR, False)
+        for batch in loader:
+            assert isinstance(batch, StagedBatch)
+            x, y = batch
+            assert x.is_cuda and y.is_cuda
             torch.testing.assert_close(x.cpu().view(-1), 2 * y.cpu().float())
             seen += y.tolist()
         assert sorted(seen) == list(range(64))
@@ -138,3 +140,31 @@ def test_datamodule_teardown_closes_the_training_loader(jpeg_folder):
     loader = trainer.train_dataloader
     assert isinstance(loader, ContinuousDataLoader)
     assert loader._continuous_iter is None and loader._iterator is None
+
+
+def test_staged_batches_survive_lightning_collection_helpers():
+    # batch_to_device and precision plugins rebuild collections; the StagedBatch type must survive them
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    from lightning_gpuopt.data.loader import StagedBatch
+
+    batch = StagedBatch((torch.zeros(2, 3, 4, 4), torch.arange(2)))
+    moved = move_data_to_device(batch, torch.device("cpu"))
+    halved = apply_to_collection(moved, torch.Tensor, lambda t: t.half() if t.is_floating_point() else t)
+    assert isinstance(moved, StagedBatch) and isinstance(halved, StagedBatch)
+    assert halved[0].dtype == torch.float16
+
+
+def test_datamodule_passes_staged_batches_through(jpeg_folder):
+    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.data.loader import StagedBatch
+
+    dm = OptimizedDataModule(jpeg_folder, batch_size=4, num_workers=0, image_size=8)
+    images = torch.rand(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    staged = StagedBatch((images, torch.arange(4)))
+    assert (
+        dm.on_after_batch_transfer(staged, 0) is staged
+    )  # float images: would fail GPUAugment's uint8 check
+    with pytest.raises(TypeError, match="uint8"):
+        dm.on_after_batch_transfer((images, torch.arange(4)), 0)
