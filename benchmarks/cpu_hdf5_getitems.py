@@ -1,17 +1,22 @@
 """CPU benchmark: batched ``HDF5ImageDataset.__getitems__`` vs per-item HDF5 reads.
 
-For each stored image size, a JPEG folder is converted with ``convert_folder_to_hdf5`` and random batches
-(a shuffled epoch, batch 256) are read four ways, interleaved over several rounds (median kept):
+For each stored image size, a JPEG folder is converted with ``convert_folder_to_hdf5`` (default layout:
+one uncompressed image per chunk) and random batches (a shuffled epoch, batch 256) are read these ways,
+interleaved in every round (median over rounds kept, so all ratios come from the same run):
 
 * ``h5py per-item``: what a hand-written loader does -- ``dset[i]`` per image on an h5py file opened with
   the default chunk cache, plus the label.
-* ``dataset per-item``: ``HDF5ImageDataset.__getitem__`` per index (the DataLoader fetcher's path for a
-  dataset without ``__getitems__``).
-* ``dataset __getitems__``: one call per batch (what the DataLoader calls, torch >= 2.1).
-* ``__getitems__ via h5py``: the same with ``raw_reads=False`` (the compressed-store path).
+* ``dataset per-item``: ``HDF5ImageDataset.__getitem__`` per index -- the same dataset with batched reads
+  turned off (what the DataLoader's fetcher does for a dataset without ``__getitems__``).
+* ``dataset __getitems__``: one call per batch (what the DataLoader calls, torch >= 2.1): memory-mapped
+  gather into one batch array.
+* ``__getitems__ preadv``: the same with ``mmap_reads=False`` (the previous default: one ``preadv`` per
+  run of neighbouring images).
+* ``__getitems__ via h5py``: ``raw_reads=False`` (the compressed-store path).
 
-and end to end through a ``DataLoader(num_workers=0)`` with the package's collate, per-item vs batched.
-The file is in the page cache (read once before timing), as it is when training several epochs.
+and end to end through a ``DataLoader`` (``num_workers`` 0 and 2, persistent workers, the package's
+``UInt8Collate``), per-item (``__getitems__`` hidden) vs batched. The file is in the page cache (read once
+before timing), as it is when training several epochs.
 
     python benchmarks/cpu_hdf5_getitems.py --out benchmarks/results/hdf5_getitems_cpu.json
     python benchmarks/cpu_hdf5_getitems.py --quick
@@ -61,17 +66,36 @@ def _collate() -> Any:
         return default_collate
 
 
-def bench_size(path: Path, batch_size: int, rounds: int, batches: int, seed: int) -> list[dict[str, Any]]:
+def _time_epochs(loader: Any, batches: int) -> float:
+    """Seconds per image for ``batches`` batches of a fresh epoch of ``loader``."""
+    it = iter(loader)
+    t0 = time.perf_counter()
+    got = 0
+    for _ in range(batches):
+        x, _ = next(it)
+        got += len(x)
+    sec = time.perf_counter() - t0
+    del it
+    return sec / got
+
+
+def bench_size(
+    path: Path, batch_size: int, rounds: int, batches: int, seed: int, workers: list[int]
+) -> list[dict[str, Any]]:
     import h5py
     from torch.utils.data import DataLoader
 
     ds = HDF5ImageDataset(path)
+    ds_pread = HDF5ImageDataset(path, mmap_reads=False)
     ds_h5 = HDF5ImageDataset(path, raw_reads=False)
+    assert ds.mmap_reads, "the default store should be memory-mapped"
     n = len(ds)
     rng = np.random.default_rng(seed)
     f = h5py.File(path, "r")  # default chunk cache (1 MiB), as a hand-written loader would open it
     dset, labels = f["images"], f["labels"][()]
-    ds.__getitems__(list(range(n)))  # warm the page cache
+    for d in (ds, ds_pread):  # warm the page cache and this process's map
+        for i in range(0, n, batch_size):
+            d.__getitems__(list(range(i, min(n, i + batch_size))))
 
     def naive(b: list[int]) -> Any:
         return [(dset[i], int(labels[i])) for i in b]
@@ -80,17 +104,23 @@ def bench_size(path: Path, batch_size: int, rounds: int, batches: int, seed: int
         "h5py per-item": naive,
         "dataset per-item": lambda b: [ds[i] for i in b],
         "dataset __getitems__": ds.__getitems__,
+        "__getitems__ preadv": ds_pread.__getitems__,
         "__getitems__ via h5py": ds_h5.__getitems__,
     }
     collate = _collate()
-    loaders = {
-        "DataLoader per-item": lambda: DataLoader(
-            _PerItem(ds), batch_size=batch_size, shuffle=True, collate_fn=collate
-        ),
-        "DataLoader __getitems__": lambda: DataLoader(
-            ds, batch_size=batch_size, shuffle=True, collate_fn=collate
-        ),
-    }
+    loaders: dict[str, Any] = {}
+    for w in workers:
+        extra: dict[str, Any] = {"num_workers": w}
+        if w:
+            extra.update(persistent_workers=True, prefetch_factor=2)
+        loaders[f"DataLoader w{w} per-item"] = DataLoader(
+            _PerItem(ds), batch_size=batch_size, shuffle=True, collate_fn=collate, **extra
+        )
+        loaders[f"DataLoader w{w} __getitems__"] = DataLoader(
+            ds, batch_size=batch_size, shuffle=True, collate_fn=collate, **extra
+        )
+    for loader in loaders.values():  # start workers, map the file in each
+        _time_epochs(loader, batches)
     times: dict[str, list[float]] = {k: [] for k in [*variants, *loaders]}
     for _ in range(rounds):
         perm = rng.permutation(n).tolist()
@@ -100,34 +130,30 @@ def bench_size(path: Path, batch_size: int, rounds: int, batches: int, seed: int
             for b in batch_list:
                 fn(b)
             times[name].append((time.perf_counter() - t0) / (batches * batch_size))
-        for name, make in loaders.items():
-            it = iter(make())
-            t0 = time.perf_counter()
-            for _ in range(batches):
-                next(it)
-            times[name].append((time.perf_counter() - t0) / (batches * batch_size))
+        for name, loader in loaders.items():
+            times[name].append(_time_epochs(loader, batches))
+    loaders.clear()
     f.close()
     size = ds.image_shape[0]
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for name, sec in med.items():
-        base = med["DataLoader per-item"] if name.startswith("DataLoader") else med["h5py per-item"]
-        rows.append(
-            {
-                "name": f"{size}px {name}",
-                "samples_per_sec": 1.0 / sec,
-                "ratio_to_ceiling": None,
-                "image_size": size,
-                "us_per_image": sec * 1e6,
-                "speedup_vs_h5py_per_item": med["h5py per-item"] / sec
-                if not name.startswith("DataLoader")
-                else None,
-                "speedup_vs_dataset_per_item": med["dataset per-item"] / sec
-                if not name.startswith("DataLoader")
-                else None,
-                "speedup_vs_per_item_loader": base / sec if name.startswith("DataLoader") else None,
-            }
-        )
+        row: dict[str, Any] = {
+            "name": f"{size}px {name}",
+            "samples_per_sec": 1.0 / sec,
+            "ratio_to_ceiling": None,
+            "image_size": size,
+            "us_per_image": sec * 1e6,
+            "speedup_vs_h5py_per_item": None,
+            "speedup_vs_dataset_per_item": None,
+            "speedup_vs_per_item_loader": None,
+        }
+        if name.startswith("DataLoader"):
+            row["speedup_vs_per_item_loader"] = med[name.replace("__getitems__", "per-item")] / sec
+        else:
+            row["speedup_vs_h5py_per_item"] = med["h5py per-item"] / sec
+            row["speedup_vs_dataset_per_item"] = med["dataset per-item"] / sec
+        rows.append(row)
     return rows
 
 
@@ -137,7 +163,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--images", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader num_workers")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "gpuopt_data"))
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes; writes next to --out as *_quick.json"
@@ -161,7 +188,7 @@ def main() -> int:
         if not h5.exists():
             res = convert_folder_to_hdf5(src, h5, size=size, progress=False)
             conversions[size] = {"seconds": res.seconds, "images_per_sec": res.num_images / res.seconds}
-        rows += bench_size(h5, args.batch_size, args.rounds, batches, seed=size)
+        rows += bench_size(h5, args.batch_size, args.rounds, batches, seed=size, workers=args.workers)
     write_results(
         args.out,
         rows,

@@ -11,16 +11,19 @@ Layout written by ``convert_folder_to_hdf5`` (format version 1)::
     attrs: format="lightning-gpuopt/uint8-images", format_version=1, image_size, resize, chunk_images,
            compression, num_skipped, source
 
-Reading: images of an *unfiltered* store (no compression, the default) are read with ``os.preadv``
-straight into the batch array at the byte offsets HDF5 reports for each chunk (``H5Dchunk_iter``, stored
-in ``/chunk_offsets`` at conversion and checked against HDF5 on open). That costs one system call and one
-copy per image and no per-call HDF5 selection work, which is what makes ``__getitems__`` fast. Compressed
-stores are read through h5py with a chunk cache sized to the chunk (see ``HDF5ImageDataset``).
+Reading: images of an *unfiltered* store (no compression, the default) are plain bytes at the byte
+offsets HDF5 reports for each chunk (``H5Dchunk_iter``, stored in ``/chunk_offsets`` at conversion and
+checked against HDF5 on open). Each process maps the file read-only once (``mmap``) and ``__getitems__``
+copies a whole batch out of the mapping into one ``(B, H, W, 3)`` array, returning per-image views of
+it: no system call and no HDF5 selection work per image. ``mmap_reads=False`` reads with one
+``os.preadv`` per run of neighbouring images instead. Compressed stores are read through h5py with a
+chunk cache sized to the chunk (see ``HDF5ImageDataset``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import sys
 import time
@@ -42,6 +45,10 @@ RESIZE_DOC = "short side resized to image_size (PIL bilinear, antialiased), then
 COMPRESSIONS = (None, "gzip", "lzf")
 _IOV_MAX = 1024  # POSIX minimum of IOV_MAX on Linux
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
+# batches up to this many bytes are gathered with one fancy index into a fresh array; larger ones are
+# copied image by image into a recycled batch buffer (a fresh multi-MB array is a new mmap whose page
+# faults and zeroing cost about as much as the copy itself: 2-core CPU, 256 px, measured)
+_FANCY_MAX_BYTES = 4 << 20
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,9 +353,13 @@ class HDF5ImageDataset(Dataset):
 
     Two read paths:
 
-    * unfiltered stores (the converter's default): ``os.preadv`` of each image straight into the batch
-      array at the chunk byte offsets HDF5 reports (``/chunk_offsets``, verified on open), or at the
-      dataset offset for contiguous (unchunked) files. No chunk cache is involved.
+    * unfiltered stores (the converter's default): the images are plain bytes at the chunk byte offsets
+      HDF5 reports (``/chunk_offsets``, verified on open), or at the dataset offset for contiguous
+      (unchunked) files. Each process maps the file read-only (``mmap``, on first read); ``__getitems__``
+      copies the batch out of the mapping into one ``(B, H, W, 3)`` array and returns per-image views of
+      its rows (writable, owned by that array; the array is recycled for the next batch once no view of
+      it is alive). ``mmap_reads=False`` uses one ``os.preadv`` per run of neighbouring images instead.
+      No chunk cache is involved.
     * compressed stores (and ``raw_reads=False``): h5py reads. A random read of a compressed chunk must
       decompress the whole chunk, so the chunk cache is sized to hold ``cache_chunks`` chunks
       (``rdcc_nbytes``), with ``rdcc_nslots`` a prime about 100x that many chunks (HDF5's advice) and
@@ -359,7 +370,9 @@ class HDF5ImageDataset(Dataset):
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert`` makes one).
-        raw_reads: use the ``preadv`` path for unfiltered stores (default); ``False`` always uses h5py.
+        raw_reads: read unfiltered stores at their byte offsets (default); ``False`` always uses h5py.
+        mmap_reads: with ``raw_reads``, read through a per-process read-only memory map (default);
+            ``False``: ``os.preadv`` system calls (one per run of neighbouring images).
         rdcc_nbytes: chunk cache bytes per dataset per process (default: see above).
         rdcc_nslots: chunk cache hash slots (default: a prime ~100x the chunks that fit).
         rdcc_w0: chunk cache eviction preference for fully read chunks (0..1).
@@ -375,6 +388,7 @@ class HDF5ImageDataset(Dataset):
         path: str | os.PathLike[str],
         *,
         raw_reads: bool = True,
+        mmap_reads: bool = True,
         rdcc_nbytes: int | None = None,
         rdcc_nslots: int | None = None,
         rdcc_w0: float = 1.0,
@@ -437,6 +451,10 @@ class HDF5ImageDataset(Dataset):
             self._raw_offsets: np.ndarray | None = None
             if raw_reads and not filtered:
                 self._setup_raw(f, images)
+        # map only when every image lies inside the file (a truncated file would fault, not short-read)
+        self.mmap_reads = bool(
+            mmap_reads and self.raw_reads and self._len > 0 and self._raw_end() <= os.path.getsize(self.path)
+        )
         if rdcc_nbytes is None:
             rdcc_nbytes = cache_chunks * chunk_bytes if filtered else 0
         fitting = max(1, rdcc_nbytes // max(chunk_bytes, 1))
@@ -448,6 +466,8 @@ class HDF5ImageDataset(Dataset):
         self._file: Any = None
         self._images: Any = None
         self._fd: int | None = None
+        self._win: np.ndarray | None = None  # (file bytes - image bytes + 1, H, W, 3) window on the map
+        self._buf: np.ndarray | None = None  # recycled batch array (large batches)
         self._pid: int | None = None
 
     def _setup_raw(self, f: Any, images: Any) -> None:
@@ -477,9 +497,15 @@ class HDF5ImageDataset(Dataset):
                 return
         self._raw_offsets = offsets
 
+    def _raw_end(self) -> int:
+        """One past the last byte of image data in the file (raw reads only)."""
+        if self._raw_offsets is not None:
+            return int(self._raw_offsets.max()) + self._chunk_images * self._image_bytes
+        return int(self._raw_base) + self._len * self._image_bytes  # type: ignore[arg-type]
+
     @property
     def raw_reads(self) -> bool:
-        """Whether images are read with ``preadv`` at known byte offsets (else through h5py)."""
+        """Whether images are read at known byte offsets (memory map or ``preadv``; else through h5py)."""
         return self._raw_base is not None or self._raw_offsets is not None
 
     def __len__(self) -> int:
@@ -493,8 +519,24 @@ class HDF5ImageDataset(Dataset):
             return
         # a handle inherited through fork belongs to the parent: drop it without closing (closing could
         # disturb the parent's HDF5 state) and open our own
-        self._file = self._images = self._fd = None
-        if self.raw_reads:
+        self._file = self._images = self._fd = self._win = self._buf = None
+        if self.mmap_reads:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)  # the mapping stays valid without the descriptor
+            flat = np.frombuffer(mapped, dtype=np.uint8)
+            h, w, c = self.image_shape
+            # row k of this window is the image whose bytes start at file offset k: one integer index
+            # gives a view, an array of offsets gathers a batch in one fancy-index copy
+            self._win = np.lib.stride_tricks.as_strided(
+                flat,
+                shape=(flat.size - self._image_bytes + 1, h, w, c),
+                strides=(1, w * c, c, 1),
+                writeable=False,
+            )
+        elif self.raw_reads:
             self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         else:
             h5py = require("h5py")
@@ -517,7 +559,8 @@ class HDF5ImageDataset(Dataset):
             if self._file is not None:
                 with contextlib.suppress(Exception):  # h5py may already be shutting down at exit
                     self._file.close()
-        self._file = self._images = self._fd = self._pid = None
+        # the map is unmapped when the last array using it goes (closing it under live arrays would fail)
+        self._file = self._images = self._fd = self._win = self._buf = self._pid = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -525,7 +568,7 @@ class HDF5ImageDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_file=None, _images=None, _fd=None, _pid=None)
+        state.update(_file=None, _images=None, _fd=None, _win=None, _buf=None, _pid=None)
         return state
 
     # -- reads ----------------------------------------------------------------------------------------
@@ -560,7 +603,9 @@ class HDF5ImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         index = self._check_index(index)
         self._ensure_open()
-        if self.raw_reads:
+        if self._win is not None:
+            out = self._win[self._offset(index)].copy()
+        elif self.raw_reads:
             out = np.empty(self.image_shape, dtype=np.uint8)
             self._pread_into(out.reshape(-1), index)
         else:
@@ -583,6 +628,8 @@ class HDF5ImageDataset(Dataset):
             )
             raise IndexError(f"index {bad} out of range for {self._len} images in {self.path!r}")
         self._ensure_open()
+        if self._win is not None:
+            return self._gather(idx)
         if self.raw_reads:
             # read each image straight into its own array, in file order (read-ahead friendly on cold
             # files): images adjacent in the file go in one preadv call, so the batch comes out in
@@ -611,6 +658,36 @@ class HDF5ImageDataset(Dataset):
         rows, where = self._read_h5py(idx)  # duplicates share a row: views, no un-permuting copy
         labels = self.labels[idx].tolist()
         return [(rows[where[j]], labels[j]) for j in range(idx.size)]
+
+    def _gather(self, idx: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """Copy a batch out of the memory map into one (B, H, W, 3) array; items are views of its rows.
+
+        Request order (no sort: the file is mapped, so order only matters to a cold page cache, and
+        request-order rows let a collate recognise one contiguous batch). Duplicates are simply copied
+        twice.
+        """
+        win = self._win
+        assert win is not None
+        offsets = self._offsets_of(idx)
+        n = int(idx.size)
+        if n * self._image_bytes <= _FANCY_MAX_BYTES:
+            batch = win[offsets]  # one gather: a memcpy per image inside numpy, no Python loop
+        else:
+            batch = self._batch_buffer(n)
+            for j, off in enumerate(offsets.tolist()):
+                batch[j] = win[off]
+        return list(zip(batch, self.labels[idx].tolist(), strict=True))
+
+    def _batch_buffer(self, n: int) -> np.ndarray:
+        """A (n, H, W, 3) array to fill: the previous batch's array when nothing refers to it any more."""
+        buf = self._buf
+        # references when free: self.__dict__, ``buf`` here and getrefcount's argument. Every view of it
+        # (the items handed out, anything made from them) holds a reference, so a batch still in use is
+        # never overwritten.
+        if buf is None or buf.shape[0] < n or sys.getrefcount(buf) > 3:
+            buf = np.empty((n, *self.image_shape), dtype=np.uint8)
+            self._buf = buf
+        return buf[:n]
 
     def _read_h5py(self, idx: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
         """Read sorted unique runs as slices; returns ``(image per unique index, its row per request)``.

@@ -84,6 +84,40 @@ def test_getitems_matches_getitem(tmp_path, raw_reads, chunks):
         ds[-41]
 
 
+@pytest.mark.parametrize("mmap_reads", [True, False])
+@pytest.mark.parametrize("fancy_max", [0, 1 << 30])  # 0: recycled batch buffer; else: one fancy gather
+def test_raw_read_paths_agree_and_items_stay_valid(tmp_path, monkeypatch, mmap_reads, fancy_max):
+    import lightning_gpuopt.data.hdf5 as hdf5_mod
+
+    monkeypatch.setattr(hdf5_mod, "_FANCY_MAX_BYTES", fancy_max)
+    for chunks in (True, None):  # chunked (converter default) and contiguous files
+        path, images = _index_store(tmp_path / f"m{chunks}.h5", chunks=chunks)
+        ds = HDF5ImageDataset(path, mmap_reads=mmap_reads)
+        assert ds.raw_reads and ds.mmap_reads == mmap_reads
+        first = ds.__getitems__([3, 1, 1, 39])
+        kept = first[0][0]
+        assert kept.flags.writeable and kept.shape == (6, 6, 3)
+        del first
+        for _ in range(3):  # later batches must not overwrite an image still referenced
+            second = ds.__getitems__([10, 11, 12, 13, 14])
+        np.testing.assert_array_equal(kept, images[3])
+        np.testing.assert_array_equal(np.stack([x for x, _ in second]), images[10:15])
+        kept[:] = 0  # writing an item changes neither the file nor later reads
+        np.testing.assert_array_equal(ds[3][0], images[3])
+        np.testing.assert_array_equal(ds.__getitems__([3])[0][0], images[3])
+        clone = pickle.loads(pickle.dumps(ds))
+        assert clone._win is None and clone._buf is None
+        np.testing.assert_array_equal(clone.__getitems__([39, 0])[1][0], images[0])
+
+
+def test_images_past_end_of_file_are_not_mapped(tmp_path, monkeypatch):
+    path, _ = _index_store(tmp_path / "t.h5", chunks=None)
+    assert HDF5ImageDataset(path).mmap_reads
+    monkeypatch.setattr(os.path, "getsize", lambda p: 100)  # as if truncated: no map (no SIGBUS later)
+    ds = HDF5ImageDataset(path)
+    assert ds.raw_reads and not ds.mmap_reads
+
+
 def test_chunk_cache_sized_to_chunks(tmp_path):
     path, _ = _index_store(tmp_path / "z.h5", chunks=(4, 6, 6, 3), compression="gzip")
     ds = HDF5ImageDataset(path, cache_chunks=3)
@@ -109,9 +143,11 @@ def test_pickle_and_reopen_after_fork(tmp_path):
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
-def test_spawned_workers_read_right(tmp_path, context):
-    path, images = _index_store(tmp_path / "w.h5", n=64, chunks=(4, 6, 6, 3), compression="gzip")
+@pytest.mark.parametrize("compression", ["gzip", None])  # h5py path; memory-mapped path
+def test_spawned_workers_read_right(tmp_path, context, compression):
+    path, images = _index_store(tmp_path / "w.h5", n=64, chunks=(4, 6, 6, 3), compression=compression)
     ds = HDF5ImageDataset(path)
+    assert ds.mmap_reads == (compression is None)
     loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, multiprocessing_context=context)
     seen = []
     for x, y in loader:
