@@ -667,7 +667,8 @@ class HDF5ImageDataset(Dataset):
         twice.
         """
         win = self._win
-        assert win is not None
+        if win is None:  # _gather is only called once the map is open; say so rather than fail obscurely
+            raise RuntimeError(f"HDF5ImageDataset({self.path!r}): memory map not open")
         offsets = self._offsets_of(idx)
         n = int(idx.size)
         if n * self._image_bytes <= _FANCY_MAX_BYTES:
