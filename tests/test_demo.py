@@ -4,7 +4,10 @@ import pytest
 
 from lightning_gpuopt.cli import main
 
-TINY = ["--steps", "6", "--images", "24", "--image-size", "16", "--batch-size", "4", "--accelerator", "cpu"]
+TINY = [
+    "--steps", "6", "--images", "24", "--image-size", "16", "--batch-size", "4", "--accelerator", "cpu",
+    "--ladder-seconds", "0",
+]  # fmt: skip
 
 
 def test_demo_runs_and_says_where_the_logs_are(tmp_path, capsys):
@@ -27,8 +30,24 @@ def test_demo_runs_and_says_where_the_logs_are(tmp_path, capsys):
     assert (out / "tensorboard" / "version_1").is_dir()
 
 
+def test_demo_runs_the_short_ladder(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["demo", "--out", str(out), "--workers", "1", *TINY[:-2], "--ladder-seconds", "1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    doc = json.loads((out / "ladder.json").read_text())
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert rows["naive"]["samples_per_sec"] > 0 and rows["ceiling_plain"]["samples_per_sec"] > 0
+    assert rows["+16-mixed"]["samples_per_sec"] is None and "CUDA" in rows["+16-mixed"]["reason"]
+    assert "naive" in text and "ladder results:" in text
+    assert (out / "ladder.png").is_file()
+
+
 def test_demo_rejects_bad_arguments(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--steps", "0"]) == 2
+    assert main(["demo", "--out", str(tmp_path), "--ladder-seconds", "-1"]) == 2
     assert "--steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["demo", "--accelerator", "tpu"])

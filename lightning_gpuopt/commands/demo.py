@@ -1,4 +1,6 @@
-"""``lightning-gpuopt demo``: a short Lightning fit on generated JPEGs with ``GPUStatsMonitor`` on.
+"""``lightning-gpuopt demo``: a short Lightning fit on generated JPEGs with ``GPUStatsMonitor`` on, then the
+short version of ``lightning-gpuopt bench``: a few ladder rows from a naive loader to the optimized stack on
+the same images, each measured for ``--ladder-seconds`` next to a ceiling measured in the same run.
 
 It writes TensorBoard logs (CSV when tensorboard is not installed) and ends by printing samples/s, the share of
 step time spent waiting for data, GPU-Util where there is a GPU, and where the logs are with the command that
@@ -35,6 +37,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="DataLoader workers (default: min(4, CPUs - 1): one core stays with training)",
     )
     parser.add_argument(
+        "--ladder-seconds",
+        type=float,
+        default=4.0,
+        help="measured seconds per ladder row after the fit; 0 skips the ladder (default: %(default)s)",
+    )
+    parser.add_argument(
         "--accelerator",
         choices=("auto", "cpu", "gpu"),
         default="auto",
@@ -50,6 +58,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--image-size must be >= 16 pixels, got {args.image_size}")
     if args.workers is not None and args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
+    if args.ladder_seconds < 0:
+        raise ValueError(f"--ladder-seconds must be >= 0 (0 skips the ladder), got {args.ladder_seconds}")
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -154,9 +164,58 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         print("  GPU-Util              - (no GPU sampled)")
+    if args.ladder_seconds > 0:
+        _ladder(args, data_dir, out, use_gpu, workers)
     print(f"logs: {log_dir}")
     if _TENSORBOARD_AVAILABLE:
         print(f"open them with: tensorboard --logdir {log_dir.parent}")
     else:
         print(f"metrics table: {log_dir / 'metrics.csv'}")
     return 0
+
+
+# the short ladder: each row adds one thing; rows a CPU cannot run say why instead of vanishing
+DEMO_ROWS = (
+    "naive",
+    "+workers",
+    "+uint8_gpu_aug",
+    "+hdf5",
+    "+16-mixed",
+    "+channels_last",
+    "ceiling_lightning",
+)
+
+
+def _ladder(args: argparse.Namespace, data_dir: Path, out: Path, use_gpu: bool, workers: int) -> None:
+    from lightning_gpuopt._imports import _H5PY_AVAILABLE, _MATPLOTLIB_AVAILABLE, _TENSORBOARD_AVAILABLE
+    from lightning_gpuopt.ladder import LadderConfig, format_ladder_table, run_ladder, write_outputs
+
+    rows = [r for r in DEMO_ROWS if r != "+hdf5" or _H5PY_AVAILABLE]
+    config = LadderConfig(
+        data=data_dir,
+        model="small",
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        rows=rows,
+        seconds=args.ladder_seconds,
+        warmup=2,
+        accelerator="gpu" if use_gpu else "cpu",
+        num_workers=workers if workers > 0 else None,
+        tune_seconds=min(5.0, 2 * args.ladder_seconds),
+        cache_dir=out / "cache",
+        tb_dir=out / "ladder_tb" if _TENSORBOARD_AVAILABLE else None,
+        time_budget_s=30 * args.ladder_seconds,
+    )
+    print()
+    print(
+        f"ladder: {len(rows) + 1} rows of ~{args.ladder_seconds:g} s each on the same images (bench's short version)"
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*(log_every_n_steps|num_workers|does not have many workers|Total length of).*"
+        )
+        results = run_ladder(config, progress=lambda line: print(f"  {line}", flush=True))
+    png = out / "ladder.png" if _MATPLOTLIB_AVAILABLE else None
+    write_outputs(results, config, out / "ladder.json", png, title="lightning-gpuopt demo ladder")
+    print(format_ladder_table(results))
+    print(f"ladder results: {out / 'ladder.json'}" + (f", chart: {png}" if png else ""))
