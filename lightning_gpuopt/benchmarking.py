@@ -108,6 +108,7 @@ def plain_loop_throughput(
     channels_last: bool = True,
     device: str | torch.device = "cuda",
     lr: float = 0.01,
+    fused: bool | None = None,
 ) -> float:
     """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
 
@@ -115,6 +116,8 @@ def plain_loop_throughput(
         model: the model (moved to ``device``; trained in place).
         dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for full fp32/TF32.
         channels_last: convert model and batch to channels_last.
+        fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
+            ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
     """
     device = torch.device(device)
     model = model.to(device)
@@ -122,7 +125,8 @@ def plain_loop_throughput(
     model = model.to(memory_format=mf)  # type: ignore[call-overload]
     x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=mf)
     y = torch.randint(0, num_classes, (batch_size,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    fused = device.type == "cuda" if fused is None else fused
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -80,13 +80,24 @@ class ImageClassifier(pl.LightningModule):
         model: ``"small"``, ``"resnet18"``, ``"resnet50"`` or an ``nn.Module``.
         num_classes: classes (ignored when ``model`` is a module).
         lr: learning rate.
+        fused: use the fused SGD kernel. ``None`` (default): fused when the parameters are on a CUDA device.
+            With ``precision="16-mixed"`` a fused optimizer lets the GradScaler skip an inf/NaN step on the
+            device; an unfused one makes the host wait for the GPU at every step (see
+            ``lightning_gpuopt.compute.optimizer``).
     """
 
-    def __init__(self, model: str | nn.Module = "small", num_classes: int = 10, lr: float = 0.05) -> None:
+    def __init__(
+        self,
+        model: str | nn.Module = "small",
+        num_classes: int = 10,
+        lr: float = 0.05,
+        fused: bool | None = None,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["model"] if isinstance(model, nn.Module) else None)
         self.model = model if isinstance(model, nn.Module) else build_model(model, num_classes)
         self.lr = lr
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -105,4 +116,13 @@ class ImageClassifier(pl.LightningModule):
         self.log("val/acc", (logits.argmax(1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=5e-5)
+        params = list(self.parameters())
+        fused = self.fused
+        if fused is None:
+            # Lightning refuses gradient clipping with an optimizer that unscales inside its step under 16-mixed
+            try:
+                clip = bool(self.trainer.gradient_clip_val)
+            except RuntimeError:  # not attached to a Trainer
+                clip = False
+            fused = not clip and bool(params) and all(p.device.type == "cuda" for p in params)
+        return torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=5e-5, fused=fused or None)
