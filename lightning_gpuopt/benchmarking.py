@@ -109,6 +109,8 @@ def plain_loop_throughput(
     device: str | torch.device = "cuda",
     lr: float = 0.01,
     fused: bool | None = None,
+    feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    use_feed: bool = True,
 ) -> float:
     """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
 
@@ -118,6 +120,9 @@ def plain_loop_throughput(
         channels_last: convert model and batch to channels_last.
         fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
             ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
+        feed: a callable returning the next ``(images, labels)`` batch on the device (a hand-written fed
+            loop); each step calls it. With ``use_feed=False`` the batch is fetched and discarded while the
+            step trains on the resident batch: what the pipeline's own GPU work costs the model.
     """
     device = torch.device(device)
     model = model.to(device)
@@ -131,9 +136,14 @@ def plain_loop_throughput(
     loss_fn = nn.CrossEntropyLoss()
 
     def step() -> None:
+        xb, yb = x, y
+        if feed is not None:
+            fx, fy = feed()
+            if use_feed:
+                xb, yb = fx, fy
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(xb), yb)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

@@ -563,12 +563,17 @@ _PIPELINE_KWARGS = {
 
 
 def default_num_threads(local_world_size: int = 1) -> int:
-    """DALI CPU threads per rank: this process's CPUs shared by the local ranks, 1..16."""
+    """DALI CPU threads per rank: half of this process's CPUs shared by the local ranks, 1..8.
+
+    The other half is for the training loop, the CUDA driver and DALI's own executor threads: on the H200's
+    16 cores a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
+    (``benchmarks/results/dali_h200.json``).
+    """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(16, cpus // max(1, local_world_size)))
+    return max(1, min(8, cpus // (2 * max(1, local_world_size))))
 
 
 def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:

@@ -2,7 +2,7 @@
 
 ``diagnose(evidence, config)`` is the pure expert system: measured figures of one window (data-wait fraction,
 step time, GPU-Util, SM activity, memory) plus the run's configuration (workers, CPUs, pin_memory, precision,
-memory format of the convolutions, cudnn.benchmark) in, a list of :class:`Verdict` out. ``BottleneckAdvisor``
+GradScaler and optimizers, memory format of the convolutions, cudnn.benchmark) in, a list of :class:`Verdict` out. ``BottleneckAdvisor``
 adapts it to Lightning: it gathers the configuration through public API, reads the measurements the
 ``GPUStatsMonitor`` already takes (or times the host side itself), and raises a verdict only when it held for
 ``min_windows`` consecutive windows after warm-up, clearing it only after ``clear_windows`` windows without it.
@@ -46,6 +46,7 @@ KINDS: tuple[str, ...] = (
     "input-bound",
     "pageable-copies",
     "launch-bound",
+    "amp-host-sync",
     "fp32-on-tensor-cores",
     "nchw-convolutions",
     "cudnn-benchmark-off",
@@ -201,6 +202,11 @@ class RunConfig:
         mem_peak_gb: peak memory the caching allocator reserved (GiB).
         mem_total_gb: device memory (GiB).
         gpu_monitor: whether a ``GPUStatsMonitor`` is in the run.
+        grad_scaler: whether the precision plugin steps the optimizers through an enabled ``GradScaler``.
+        unfused_optimizers: class names of the optimizers that cannot take the GradScaler's ``grad_scale`` /
+            ``found_inf`` in their step (no ``_step_supports_amp_scaling``): ``GradScaler.step`` then reads
+            ``found_inf`` on the host, a GPU sync every step. Empty: every optimizer scales on the device.
+        gradient_clip_val: ``Trainer(gradient_clip_val=...)``; ``None`` when clipping is off.
     """
 
     device_type: str = "cpu"
@@ -224,6 +230,9 @@ class RunConfig:
     mem_peak_gb: float | None = None
     mem_total_gb: float | None = None
     gpu_monitor: bool = False
+    grad_scaler: bool | None = None
+    unfused_optimizers: tuple[str, ...] | None = None
+    gradient_clip_val: float | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
@@ -235,6 +244,8 @@ class RunConfig:
         kwargs = dict(d)
         if kwargs.get("capability") is not None:
             kwargs["capability"] = tuple(int(x) for x in kwargs["capability"])
+        if kwargs.get("unfused_optimizers") is not None:  # a JSON round trip turns the tuple into a list
+            kwargs["unfused_optimizers"] = tuple(str(x) for x in kwargs["unfused_optimizers"])
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +270,8 @@ class AdvisorThresholds:
         headroom_mem_frac: peak memory fraction below which the batch could grow.
         tensor_core_capability: compute capability from which fp16 tensor cores exist.
         channels_last_frac: fraction of convolutions that must be channels_last.
+        host_sync_wait_frac: data-wait fraction from which a per-step host sync (``amp-host-sync``) counts as
+            costly: there is host work before each step that the sync keeps from overlapping GPU work.
     """
 
     input_wait_frac: float = 0.10
@@ -271,6 +284,7 @@ class AdvisorThresholds:
     headroom_mem_frac: float = 0.30
     tensor_core_capability: tuple[int, int] = (7, 0)
     channels_last_frac: float = 0.5
+    host_sync_wait_frac: float = 0.02
 
 
 def _finite(value: Any) -> bool:
@@ -299,6 +313,66 @@ def _half_advice(capability: tuple[int, int] | None) -> str:
     bf16 = capability is not None and capability >= (8, 0)
     alt = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if bf16 else ""
     return f'Trainer(precision="16-mixed"){alt}; `Trainer(**fast_trainer_kwargs())` sets it with the rest'
+
+
+#: torch optimizers with a fused CUDA step that takes the GradScaler's ``grad_scale``/``found_inf`` itself.
+FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
+
+_AMP_SYNC_MEASURED = (
+    "Measured on an H200 (benchmarks/results/pipeline_diag_h200.json, ResNet-50 16-mixed + channels_last "
+    "through Lightning fed from HDF5): unfused SGD 0.762 of the ceiling, fused 0.973; a plain PyTorch loop "
+    "on a GPU-resident batch 5,736 img/s unfused against 6,150 fused."
+)
+
+
+def _amp_sync_advice(
+    names: Sequence[str], precision: str | None, clip: float | None, cap: tuple[int, int] | None
+) -> str:
+    listed = ", ".join(names)
+    head = (
+        f"{listed} cannot take the GradScaler's inf check into its step, so under "
+        f"{precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host waits "
+        "for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches leave the "
+        "GPU idle."
+    )
+    if clip is not None:
+        if cap is not None and cap >= (8, 0):
+            bf16 = (
+                f'Use Trainer(precision="bf16-mixed") instead: compute capability {cap[0]}.{cap[1]} has '
+                "bf16 tensor cores, bf16 needs no GradScaler (no sync) and clipping keeps working"
+            )
+        elif cap is not None:
+            bf16 = (
+                f"bf16 is not fast on compute capability {cap[0]}.{cap[1]} (bf16-mixed needs >= 8.0), so "
+                "choose between clipping and the sync"
+            )
+        else:
+            bf16 = (
+                'On compute capability >= 8.0 use Trainer(precision="bf16-mixed") instead: no GradScaler, '
+                "no sync, and clipping keeps working"
+            )
+        return (
+            f"{head} The fused optimizers that avoid it are not an option as configured: with "
+            f"gradient_clip_val={clip:g}, Lightning refuses gradient clipping under 16-mixed for optimizers "
+            f"that unscale inside their step (it raises RuntimeError). {bf16}; or drop gradient_clip_val and "
+            f"construct the optimizer with fused=True; or accept the sync. {_AMP_SYNC_MEASURED}"
+        )
+    fusable = [n for n in names if n in FUSED_OPTIMIZERS]
+    example = fusable[0] if fusable else "SGD"
+    momentum = ", momentum=0.9" if example == "SGD" else ""
+    advice = (
+        f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), e.g. "
+        f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)` in configure_optimizers: the "
+        "GradScaler then hands it grad_scale and found_inf and the inf/NaN step is skipped on the device "
+        "(ImageClassifier does this by default on CUDA)."
+    )
+    others = [n for n in names if n not in FUSED_OPTIMIZERS]
+    if others:
+        advice += (
+            f" {', '.join(others)} has no fused step: switch to one of those, or train in "
+            'precision="bf16-mixed" on compute capability >= 8.0 (no GradScaler).'
+        )
+    return f"{advice} {_AMP_SYNC_MEASURED}"
 
 
 def diagnose(
@@ -457,6 +531,30 @@ def diagnose(
                     "warning",
                 )
             )
+
+    # ---- amp-host-sync ------------------------------------------------------------------------------------
+    unfused = cfg.unfused_optimizers
+    if cuda and cfg.grad_scaler and unfused:
+        clip = cfg.gradient_clip_val if cfg.gradient_clip_val and cfg.gradient_clip_val > 0 else None
+        figs = {"precision": str(cfg.precision), "optimizers": ",".join(unfused)}
+        if clip is not None:
+            figs["gradient_clip_val"] = float(clip)
+        for name in ("step_ms", "data_wait_frac"):
+            if getattr(ev, name) is not None:
+                figs[name] = _r(getattr(ev, name), 3)
+        for name in ("gpu_util", "sm_active"):
+            if getattr(ev, name) is not None:
+                figs[name] = _r(getattr(ev, name), 1)
+        # the sync costs what the host does between steps: GPU idle, or host work (the batch fetch) to expose
+        costly = (gpu_known and not gpu_busy) or (wf is not None and wf >= t.host_sync_wait_frac)
+        out.append(
+            Verdict(
+                "amp-host-sync",
+                figs,
+                _amp_sync_advice(unfused, cfg.precision, clip, cap),
+                "warning" if costly else "info",
+            )
+        )
 
     compute_severity = "info" if input_bound else "warning"
 
