@@ -131,7 +131,7 @@ def lightning_fit(
     return meter.samples_per_sec
 
 
-def record_child(quick: bool) -> int:
+def record_child(quick: bool, backend: str = "auto") -> int:
     """Runs under the recorder: the CPU test scenarios on this device, then a short ResNet fit."""
     import warnings
 
@@ -141,12 +141,38 @@ def record_child(quick: bool) -> int:
     warnings.filterwarnings("ignore")
     setup = make_setup(quick, 8 if quick else 64)
     acc = "cuda" if setup["cuda"] else "cpu"
-    nvtx_scenarios.main(["--accelerator", acc])  # marks "scenario NAME" ... "scenario end"
-    make_backend("auto", "scenario").mark("scenario resnet_fit", 0xFFFFFFFF)
-    cb = NVTXRanges(module_depth=2, module_root="model", start_step=2, stop_step=4)
+    nvtx_scenarios.main(
+        ["--accelerator", acc, "--backend", backend]
+    )  # marks "scenario NAME" ... "scenario end"
+    marker = make_backend(backend, "scenario")  # type: ignore[arg-type]
+    marker.mark("scenario resnet_fit", 0xFFFFFFFF)
+    cb = NVTXRanges(module_depth=2, module_root="model", start_step=2, stop_step=4, backend=backend)  # type: ignore[arg-type]
     lightning_fit(setup, [cb], steps=4, warmup=2, val_batches=2)
-    make_backend("auto", "scenario").mark("scenario end", 0xFFFFFFFF)
+    marker.mark("scenario end", 0xFFFFFFFF)
     return 0
+
+
+def record_backends(args: argparse.Namespace) -> dict[str, Any]:
+    """The recorder runs, one per NVTX backend this machine has: ``nvtx`` package and ``torch.cuda.nvtx``."""
+    import importlib.util
+
+    import torch
+
+    lib = Path(args.recorder)
+    if not lib.exists():
+        return {"error": f"{lib} not found; build it with tools/build_nvtx_recorder.sh"}
+    out: dict[str, Any] = {}
+    names = ["nvtx"] if importlib.util.find_spec("nvtx") else []
+    names += ["torch"] if torch.cuda.is_available() else []  # torch.cuda.nvtx needs a CUDA build and driver
+    for name in names:
+        say(
+            f"recording the test scenarios and a short ResNet fit, backend {name}, under the injection recorder"
+        )
+        child = [sys.executable, str(Path(__file__).resolve()), "--record-child", "--record-backend", name]
+        out[name] = recorded_run(child + (["--quick"] if args.quick else []), lib, timeout=150)
+    if not names:
+        out["error"] = "neither the nvtx package nor a CUDA torch here"
+    return out
 
 
 def recorded_run(cmd: list[str], recorder: Path, timeout: float) -> dict[str, Any]:
@@ -198,9 +224,52 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=75.0, help="whole-script wall-clock budget")
     p.add_argument("--quick", action="store_true", help="tiny CPU-sized run to prove the script works")
     p.add_argument("--record-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--record-backend", default="auto", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--record-only",
+        action="store_true",
+        help="only the recorder runs, once per backend present (nvtx package, torch.cuda.nvtx); needs --recorder",
+    )
     args = p.parse_args()
     if args.record_child:
-        return record_child(args.quick)
+        return record_child(args.quick, args.record_backend)
+    if args.record_only:
+        from lightning_gpuopt.benchmarking import command_line, write_results
+
+        if not args.recorder:
+            p.error("--record-only needs --recorder")
+        recorders = record_backends(args)
+        rows = []
+        for name, rec in recorders.items():
+            if not isinstance(rec, dict):
+                continue
+            fit = rec.get("scenarios", {}).get("resnet_fit", {})
+            rows.append(
+                {
+                    "name": f"recorder, backend {name}",
+                    "returncode": rec.get("returncode"),
+                    "backend_seen": rec.get("backend"),
+                    "events": rec.get("events"),
+                    "scenarios": len(rec.get("scenarios", {})),
+                    "problems": rec.get("problems"),
+                    "resnet_fit_pushes": fit.get("pushes"),
+                    "resnet_fit_marks": fit.get("marks"),
+                }
+            )
+        path = write_results(
+            args.out,
+            rows,
+            command=command_line(),
+            benchmark="nvtx_recorder",
+            quick=args.quick,
+            recorders=recorders,
+        )
+        say(f"wrote {path}")
+        from lightning_gpuopt.benchmarking import format_table
+
+        print(format_table(rows, ["name", "returncode", "backend_seen", "events", "scenarios", "problems"]))
+        bad = [r for r in rows if r["returncode"] != 0 or r["problems"]]
+        return 1 if bad or not rows else 0
 
     import logging
     import warnings
