@@ -316,7 +316,7 @@ def _half_advice(capability: tuple[int, int] | None) -> str:
 
 
 #: torch optimizers with a fused CUDA step that takes the GradScaler's ``grad_scale``/``found_inf`` itself.
-FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
+_FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 _AMP_SYNC_MEASURED = (
     "Measured on an H200 (benchmarks/results/pipeline_diag_h200.json, ResNet-50 16-mixed + channels_last "
@@ -330,10 +330,10 @@ def _amp_sync_advice(
 ) -> str:
     listed = ", ".join(names)
     head = (
-        f"{listed} cannot take the GradScaler's inf check into its step, so under "
-        f"{precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host waits "
-        "for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches leave the "
-        "GPU idle."
+        f"The optimizer{'s' if len(names) > 1 else ''} {listed} cannot skip an inf/NaN step on the device, so "
+        f"under {precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host "
+        "waits for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches "
+        "leave the GPU idle."
     )
     if clip is not None:
         if cap is not None and cap >= (8, 0):
@@ -357,20 +357,27 @@ def _amp_sync_advice(
             f"that unscale inside their step (it raises RuntimeError). {bf16}; or drop gradient_clip_val and "
             f"construct the optimizer with fused=True; or accept the sync. {_AMP_SYNC_MEASURED}"
         )
-    fusable = [n for n in names if n in FUSED_OPTIMIZERS]
+    fusable = [n for n in names if n in _FUSED_OPTIMIZERS]
+    others = [n for n in names if n not in _FUSED_OPTIMIZERS]
     example = fusable[0] if fusable else "SGD"
     momentum = ", momentum=0.9" if example == "SGD" else ""
-    advice = (
-        f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), e.g. "
-        f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)` in configure_optimizers: the "
-        "GradScaler then hands it grad_scale and found_inf and the inf/NaN step is skipped on the device "
-        "(ImageClassifier does this by default on CUDA)."
+    line = f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)`"
+    how = (
+        "in configure_optimizers: the GradScaler then hands it grad_scale and found_inf and the inf/NaN step "
+        "is skipped on the device (ImageClassifier does this by default on CUDA)."
     )
-    others = [n for n in names if n not in FUSED_OPTIMIZERS]
-    if others:
-        advice += (
-            f" {', '.join(others)} has no fused step: switch to one of those, or train in "
-            'precision="bf16-mixed" on compute capability >= 8.0 (no GradScaler).'
+    if fusable:
+        advice = (
+            f"{head} Construct the optimizer with fused=True ({', '.join(_FUSED_OPTIMIZERS)} have it on CUDA), "
+            f"e.g. {line} {how}"
+        )
+        if others:
+            advice += f" {', '.join(others)} has no fused step: switch it to one of those too."
+    else:
+        advice = (
+            f"{head} {listed} has no fused step: switch to one that has ({', '.join(_FUSED_OPTIMIZERS)}) with "
+            f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
+            "(no GradScaler)."
         )
     return f"{advice} {_AMP_SYNC_MEASURED}"
 
@@ -887,6 +894,30 @@ def _dataset_on_host(ds: Any) -> bool | None:
     return t.device.type == "cpu"
 
 
+def amp_facts(trainer: Any) -> dict[str, Any]:
+    """``grad_scaler``, ``unfused_optimizers`` and ``gradient_clip_val`` of a run; host attributes only, no sync.
+
+    Reads ``trainer.precision_plugin.scaler`` (Lightning's ``MixedPrecision`` and ``FSDPPrecision`` keep their
+    ``GradScaler`` there; other plugins have none), ``trainer.optimizers`` and ``trainer.gradient_clip_val``.
+    An optimizer counts as unfused when it lacks ``_step_supports_amp_scaling``: the attribute
+    ``GradScaler.step`` itself checks to decide between the device-side path and ``found_inf.item()``.
+    """
+    facts: dict[str, Any] = {}
+    plugin = getattr(trainer, "precision_plugin", None)
+    if plugin is not None:
+        scaler = getattr(plugin, "scaler", None)
+        is_enabled = getattr(scaler, "is_enabled", None)
+        facts["grad_scaler"] = bool(is_enabled()) if callable(is_enabled) else scaler is not None
+    optimizers = getattr(trainer, "optimizers", None)
+    if isinstance(optimizers, (list, tuple)):
+        facts["unfused_optimizers"] = tuple(
+            type(opt).__name__ for opt in optimizers if not getattr(opt, "_step_supports_amp_scaling", False)
+        )
+    clip: Any = getattr(trainer, "gradient_clip_val", None)
+    facts["gradient_clip_val"] = float(clip) if _finite(clip) and clip > 0 else None
+    return facts
+
+
 def collect_config(trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monitor: bool) -> RunConfig:
     """Read the run's configuration through public Lightning and torch API; no GPU work, no sync."""
     device = trainer.strategy.root_device
@@ -895,6 +926,8 @@ def collect_config(trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monit
     cfg.cpus = _cpu_count()
     cfg.processes_per_node = max(1, int(trainer.num_devices))
     for key, value in _loader_facts(trainer).items():
+        setattr(cfg, key, value)
+    for key, value in amp_facts(trainer).items():
         setattr(cfg, key, value)
     cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(pl_module)
     cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
