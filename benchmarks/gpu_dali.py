@@ -236,7 +236,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/gpu_dali.json")
     parser.add_argument("--quick", action="store_true", help="tiny CPU run that proves the script works")
     parser.add_argument("--data-root", default="/tmp/gpuopt_data")
-    parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--budget-s", type=float, default=260.0)
     parser.add_argument("--target", type=float, default=0.95)
     args = parser.parse_args()
 
