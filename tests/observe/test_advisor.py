@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from lightning_gpuopt.observe.advisor import (
     Hysteresis,
     RunConfig,
     Verdict,
+    amp_facts,
     collect_config,
     conv_memory_formats,
     diagnose,
@@ -49,6 +52,9 @@ H200 = {
     "mem_peak_gb": 60.0,
     "mem_total_gb": 140.0,
     "gpu_monitor": True,
+    "grad_scaler": True,  # 16-mixed: Lightning's MixedPrecision plugin holds an enabled GradScaler
+    "unfused_optimizers": (),  # fused SGD: the GradScaler's inf check stays on the device
+    "gradient_clip_val": None,
 }
 BUSY_GPU = {
     "time/step_ms": 45.0,
@@ -280,6 +286,96 @@ def test_thresholds_are_used():
     assert kinds(diagnose(wait, config, strict)) == ["input-bound"]
 
 
+def test_amp_host_sync_unfused_optimizer_under_a_grad_scaler():
+    out = diagnose(ev(), cfg(unfused_optimizers=("SGD",)))
+    assert kinds(out) == ["amp-host-sync"]
+    v = out[0]
+    # a busy GPU and no data wait: the sync costs little here, so it is an opportunity
+    assert v.severity == "info"
+    assert v.evidence == {
+        "precision": "16-mixed",
+        "optimizers": "SGD",
+        "step_ms": 45.0,
+        "data_wait_frac": 0.011,
+        "gpu_util": 99.0,
+        "sm_active": 75.0,
+    }
+    assert "found_inf" in v.advice and "fused=True" in v.advice
+    assert "torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, fused=True)" in v.advice
+    assert "pipeline_diag_h200.json" in v.advice and "0.762" in v.advice and "0.973" in v.advice
+    assert "bf16-mixed" not in v.advice
+    # the example follows the user's optimizer class
+    adamw = diagnose(ev(), cfg(unfused_optimizers=("AdamW",)))[0]
+    assert "torch.optim.AdamW(self.parameters(), lr=lr, fused=True)" in adamw.advice
+
+
+def test_amp_host_sync_severity():
+    unfused = cfg(unfused_optimizers=("SGD",))
+
+    def severity(metrics, thresholds=None):
+        return {v.kind: v.severity for v in diagnose(metrics, unfused, thresholds)}["amp-host-sync"]
+
+    # GPU not busy: the host's work between steps leaves it idle
+    assert severity(ev(**{"gpu/util": 85.0})) == "warning"
+    # GPU busy, but there is a data wait for the sync to expose
+    assert severity(ev(**{"time/data_wait_frac": 0.02})) == "warning"
+    assert severity(ev(**{"time/data_wait_frac": 0.019})) == "info"
+    assert severity(ev(**{"time/data_wait_frac": 0.019}), AdvisorThresholds(host_sync_wait_frac=0.01)) == (
+        "warning"
+    )
+    # nothing measured: the configuration alone is an opportunity, not a measured loss
+    assert severity({}) == "info"
+    # a launch-bound window is also an amp-host-sync warning, ordered after launch-bound
+    out = diagnose(ev(**{"gpu/util": 60.0}), cfg(unfused_optimizers=("SGD",), mem_peak_gb=100.0))
+    assert [(v.kind, v.severity) for v in out] == [("launch-bound", "warning"), ("amp-host-sync", "warning")]
+
+
+def test_amp_host_sync_silent_without_the_sync():
+    unfused = ("SGD",)
+    # fused optimizers (the healthy default) and runs without a GradScaler: bf16-mixed, 32-true, 16-true
+    assert diagnose(ev(), cfg(unfused_optimizers=())) == []
+    assert diagnose(ev(), cfg(precision="bf16-mixed", grad_scaler=False, unfused_optimizers=unfused)) == []
+    assert "amp-host-sync" not in kinds(
+        diagnose(ev(), cfg(precision="32-true", grad_scaler=False, unfused_optimizers=unfused))
+    )
+    # unknown configuration: the rule stays silent
+    assert diagnose(ev(), cfg(grad_scaler=None, unfused_optimizers=unfused)) == []
+    assert diagnose(ev(), cfg(unfused_optimizers=None)) == []
+    # on the CPU .item() does not wait for a device
+    assert diagnose(ev(), cfg(device_type="cpu", unfused_optimizers=unfused)) == []
+
+
+def test_amp_host_sync_with_gradient_clipping_advises_bf16():
+    v = diagnose(ev(), cfg(unfused_optimizers=("SGD",), gradient_clip_val=1.0))[0]
+    assert v.kind == "amp-host-sync" and v.evidence["gradient_clip_val"] == 1.0
+    assert "gradient_clip_val=1" in v.advice and "RuntimeError" in v.advice
+    assert 'precision="bf16-mixed"' in v.advice and "capability 9.0" in v.advice
+    assert "torch.optim.SGD(self.parameters()" not in v.advice  # Lightning would refuse that with clipping
+    assert "pipeline_diag_h200.json" in v.advice
+    # before Ampere bf16 is no way out
+    old = diagnose(ev(), cfg(unfused_optimizers=("SGD",), gradient_clip_val=1.0, capability=(7, 5)))[0]
+    assert "not fast on compute capability 7.5" in old.advice and "Use Trainer(" not in old.advice
+    # gradient_clip_val=0 means no clipping (Lightning skips it)
+    off = diagnose(ev(), cfg(unfused_optimizers=("SGD",), gradient_clip_val=0.0))[0]
+    assert "gradient_clip_val" not in off.evidence and "fused=True, e.g." not in off.advice
+    assert "momentum=0.9, fused=True)" in off.advice
+
+
+def test_amp_host_sync_optimizer_without_a_fused_step():
+    v = diagnose(ev(), cfg(unfused_optimizers=("RMSprop",)))[0]
+    assert v.evidence["optimizers"] == "RMSprop"
+    assert "RMSprop has no fused step" in v.advice and "SGD, Adam, AdamW, Adagrad" in v.advice
+    both = diagnose(ev(), cfg(unfused_optimizers=("Adam", "RMSprop")))[0]
+    assert both.evidence["optimizers"] == "Adam,RMSprop"
+    assert "torch.optim.Adam(" in both.advice and "RMSprop has no fused step" in both.advice
+
+
+def test_run_config_dict_round_trip_keeps_tuples():
+    c = RunConfig.from_dict(cfg(unfused_optimizers=("SGD", "Adam"), gradient_clip_val=0.5))
+    again = RunConfig.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c and again.unfused_optimizers == ("SGD", "Adam") and again.capability == (9, 0)
+
+
 def test_verdict_round_trip():
     v = diagnose(ev(), cfg(pin_memory=False))[0]
     assert Verdict.from_dict(v.to_dict()) == v
@@ -434,6 +530,102 @@ def test_collect_config_reads_the_run(tmp_path):
     assert c.conv_layers == 1 and c.conv_channels_last == 0
 
 
+def _amp_fit(tmp_path, fused, scaler_enabled=True, clip=None):
+    """A CPU fit through Lightning's MixedPrecision plugin holding a (CPU) GradScaler; returns the advisor."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    advisor = BottleneckAdvisor(warmup_steps=1, window_steps=2, min_windows=1, verbose=False)
+    model = ImageClassifier(
+        nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01, fused=fused
+    )
+    scaler = torch.amp.GradScaler("cpu", enabled=scaler_enabled)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=5,
+        limit_val_batches=0,
+        logger=False,
+        callbacks=[advisor],
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        gradient_clip_val=clip,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, _fast_loader())
+    return advisor
+
+
+def test_collect_config_reads_grad_scaler_and_optimizers(tmp_path):
+    advisor = _amp_fit(tmp_path, fused=False)
+    c = advisor.config
+    assert (c.precision, c.grad_scaler, c.unfused_optimizers, c.gradient_clip_val) == (
+        "16-mixed",
+        True,
+        ("SGD",),
+        None,
+    )
+    # a CPU run: .item() waits for no device, so nothing is raised
+    assert "amp-host-sync" not in {k for h in advisor.history for k in h["diagnosed"]}
+    # the same configuration on a CUDA device is the verdict
+    cuda = RunConfig.from_dict({**c.to_dict(), "device_type": "cuda", "capability": (9, 0)})
+    assert "amp-host-sync" in kinds(diagnose(ev(), cuda))
+    fused = _amp_fit(tmp_path, fused=True).config
+    assert (fused.grad_scaler, fused.unfused_optimizers) == (True, ())
+    fused_on_cuda = {**fused.to_dict(), "device_type": "cuda", "capability": (9, 0)}
+    assert "amp-host-sync" not in kinds(diagnose(ev(), fused_on_cuda))
+    disabled = _amp_fit(tmp_path, fused=False, scaler_enabled=False).config
+    assert disabled.grad_scaler is False
+
+
+def test_collect_config_32_true_has_no_grad_scaler(tmp_path):
+    advisor = BottleneckAdvisor(warmup_steps=1, window_steps=2, min_windows=1, verbose=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        callbacks=[advisor],
+        gradient_clip_val=0.5,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_model(), _fast_loader())
+    c = advisor.config
+    assert (c.precision, c.grad_scaler, c.unfused_optimizers, c.gradient_clip_val) == (
+        "32-true",
+        False,
+        ("SGD",),  # unfused on the CPU, but without a GradScaler that costs no sync
+        0.5,
+    )
+    on_cuda = {**c.to_dict(), "device_type": "cuda", "capability": (9, 0)}
+    assert "amp-host-sync" not in kinds(diagnose(ev(), on_cuda))
+
+
+def test_amp_facts_reads_public_attributes_only():
+    fused = SimpleNamespace(_step_supports_amp_scaling=True)
+    scaler = torch.amp.GradScaler("cpu")
+    trainer = SimpleNamespace(
+        precision_plugin=SimpleNamespace(scaler=scaler),
+        optimizers=[torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), fused],
+        gradient_clip_val=1,
+    )
+    assert amp_facts(trainer) == {
+        "grad_scaler": True,
+        "unfused_optimizers": ("SGD",),
+        "gradient_clip_val": 1.0,
+    }
+    # plugins without a scaler attribute (32-true, bf16-mixed, DeepSpeed...) have no GradScaler
+    no_scaler = SimpleNamespace(precision_plugin=object(), optimizers=[fused], gradient_clip_val=0)
+    assert amp_facts(no_scaler) == {"grad_scaler": False, "unfused_optimizers": (), "gradient_clip_val": None}
+    # what cannot be read stays unknown
+    assert amp_facts(SimpleNamespace()) == {"gradient_clip_val": None}
+
+
 def test_conv_memory_formats():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 4, 3))
     assert conv_memory_formats(model) == (2, 0)  # the 1x1 kernel cannot tell
@@ -503,8 +695,10 @@ def test_logs_flags_and_tensorboard_text(tmp_path):
     assert texts and b"too-few-workers" in texts[-1].tensor_proto.string_val[0]
     assert acc.Scalars("advisor/input-bound")[-1].value == 1.0
     assert acc.Scalars("advisor/launch-bound")[-1].value == 0.0
+    assert acc.Scalars("advisor/amp-host-sync")[-1].value == 0.0
     csv_text = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text()
     assert "advisor/input-bound" in csv_text and "advisor/num_warnings" in csv_text
+    assert "advisor/amp-host-sync" in csv_text
 
 
 def test_state_round_trip_and_second_fit(tmp_path):
@@ -515,6 +709,12 @@ def test_state_round_trip_and_second_fit(tmp_path):
     restored = BottleneckAdvisor(min_windows=1)
     restored.load_state_dict(state)
     assert restored.verdicts == advisor.verdicts and restored.windows == advisor.windows == 2
+    # a raised amp-host-sync verdict survives the round trip too
+    h = Hysteresis(1, 1)
+    h.update(diagnose(ev(), cfg(unfused_optimizers=("SGD",), gradient_clip_val=1.0)))
+    h2 = Hysteresis(1, 1)
+    h2.load_state_dict(pickle.loads(pickle.dumps(h.state_dict())))
+    assert kinds(h2.verdicts) == ["amp-host-sync"] and h2.verdicts == h.verdicts
     pickle.dumps(advisor)
     # a second fit starts over: its windows and history are its own (what it concludes about a tiny,
     # fast CPU loader depends on the machine's load, so that is not asserted here)
@@ -574,3 +774,34 @@ def test_gpu_configuration_verdicts(tmp_path):
     if torch.cuda.get_device_capability() >= (7, 0):
         assert "fp32-on-tensor-cores" in got
     assert advisor.config.device_type == "cuda" and advisor.config.host_batches is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, None])
+def test_gpu_amp_host_sync(tmp_path, fused):
+    """On CUDA under 16-mixed: an unfused SGD is amp-host-sync, ImageClassifier's default (fused) is not."""
+    advisor = BottleneckAdvisor(warmup_steps=2, window_steps=3, min_windows=1, verbose=False)
+    data = SleepyImages()
+    model = ImageClassifier(
+        nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01, fused=fused
+    )
+    trainer = Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="16-mixed",
+        max_steps=11,
+        limit_val_batches=0,
+        logger=False,
+        callbacks=[advisor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, DataLoader(TensorDataset(data.x, data.y), batch_size=32, pin_memory=True))
+    assert advisor.config.grad_scaler is True
+    got = {v.kind for v in advisor.verdicts}
+    if fused is False:
+        assert advisor.config.unfused_optimizers == ("SGD",) and "amp-host-sync" in got
+    else:
+        assert advisor.config.unfused_optimizers == () and "amp-host-sync" not in got
