@@ -10,7 +10,10 @@ expected verdict, the verdicts raised, whether they match, and the evidence the 
     3 fp32              precision "32-true" on GPU-resident batches
     4 nchw              "16-mixed" without channels_last
     5 tiny-batch        batch 4: launch-bound
-    6 healthy           "16-mixed" + channels_last + cudnn.benchmark, batch 256 on the GPU: no warning allowed
+    6 healthy           "16-mixed" + channels_last + cudnn.benchmark, batch 256 on the GPU, ImageClassifier's
+                        default fused SGD: no warning allowed
+    7 unfused-fp16      as healthy, but ImageClassifier(fused=False): Lightning's GradScaler.step reads
+                        found_inf with .item() every step (amp-host-sync); CUDA only, skipped by --quick
 
 Why the decode-bound scenario uses large JPEGs: ``load_uint8_image`` decodes at a reduced DCT scale
 (``Image.draft``) when the image is at least twice the stored size, so a 500x375 JPEG stored at 256 px
@@ -70,6 +73,8 @@ class Scenario:
     window: int = 10  # the monitor's logging window, judged by the advisor
     windows: int = 3
     needs_cuda: bool = True  # the expected verdict can only be checked on a GPU
+    cuda_only: str | None = None  # reason to skip the scenario without CUDA (a CPU run would check nothing)
+    fused: bool | None = None  # ImageClassifier(fused=...): None is fused SGD on CUDA
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -133,6 +138,12 @@ class TimedAdvisor(BottleneckAdvisor):
         self.hook_s += time.perf_counter() - t0
 
 
+UNFUSED_CPU_SKIP = (
+    "needs CUDA: a CPU run trains in 32-true without a GradScaler, and on the CPU found_inf.item() waits for no "
+    "device, so there is no sync to diagnose"
+)
+
+
 def scenarios(quick: bool, cpus: int) -> list[Scenario]:
     if quick:  # CPU: tiny everything; only the host-side verdicts can be checked
         return [
@@ -144,6 +155,8 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
             Scenario("nchw", "nchw-convolutions", channels_last=False, batch_size=8, warmup=3, window=3),
             Scenario("tiny-batch", "launch-bound", batch_size=2, warmup=3, window=3),
             Scenario("healthy", None, batch_size=16, warmup=3, window=3, needs_cuda=False),
+            Scenario("unfused-fp16", "amp-host-sync", fused=False, batch_size=16, warmup=3, window=3,
+                     cuda_only=UNFUSED_CPU_SKIP),
         ]  # fmt: skip
     return [
         # a window of num_workers steps holds one round of whole-batch deliveries (see the module docstring)
@@ -155,6 +168,7 @@ def scenarios(quick: bool, cpus: int) -> list[Scenario]:
         Scenario("nchw", "nchw-convolutions", channels_last=False, warmup=8, window=8),
         Scenario("tiny-batch", "launch-bound", batch_size=4, warmup=40, window=40),
         Scenario("healthy", None, warmup=15, window=15),
+        Scenario("unfused-fp16", "amp-host-sync", fused=False, warmup=15, window=15),
     ]  # fmt: skip
 
 
@@ -165,7 +179,7 @@ def run_scenario(
 
     cuda = device.type == "cuda"
     steps = sc.warmup + sc.windows * sc.window
-    model = ImageClassifier(build_model(args.model, args.classes), lr=0.01)
+    model = ImageClassifier(build_model(args.model, args.classes), lr=0.01, fused=sc.fused)
     if sc.channels_last:
         apply_channels_last(model)
     if cuda:
@@ -234,6 +248,7 @@ def run_scenario(
         "sm_active_mean": gpu.get("gpu/sm_active"),
         "data_wait_frac": gpu.get("time/data_wait_frac"),
         "evidence": expected_v.evidence if expected_v is not None else None,
+        "severity": expected_v.severity if expected_v is not None else None,
         "verdicts": [v.to_dict() for v in raised],
         "windows": [
             {"step": h["step"], "diagnosed": h["diagnosed"], "raised": h["raised"]} for h in advisor.history
@@ -241,6 +256,7 @@ def run_scenario(
         "config": advisor.config.to_dict() if advisor.config is not None else None,
         "setup": {
             "precision": sc.precision,
+            "fused_sgd": sc.fused,
             "channels_last": sc.channels_last,
             "cudnn_benchmark": sc.benchmark,
             "batch_size": sc.batch_size,
@@ -328,6 +344,10 @@ def main() -> int:
         if elapsed > args.budget_s * 0.8:
             rows.append({"name": sc.name, "expected": sc.expected, "pass": None, "skipped": "time budget"})
             continue
+        if sc.cuda_only and not cuda:
+            rows.append({"name": sc.name, "expected": sc.expected, "pass": None, "skipped": sc.cuda_only})
+            print(f"{sc.name}: skipped ({sc.cuda_only})", flush=True)
+            continue
         row = run_scenario(sc, args, device, jpeg_roots)
         if ceiling and row["samples_per_sec"]:
             row["ratio_to_ceiling"] = row["samples_per_sec"] / ceiling
@@ -335,6 +355,11 @@ def main() -> int:
         print(f"{sc.name}: pass={row['pass']} got={row['got']} ({row['seconds']:.1f} s)", flush=True)
 
     checked = [r for r in rows if r.get("pass") is not None]
+    by_name = {r["name"]: r for r in rows}
+    # what the GradScaler's per-step sync costs: the unfused run against the fused (healthy) one, same setup
+    fused_sps = by_name.get("healthy", {}).get("samples_per_sec")
+    unfused_sps = by_name.get("unfused-fp16", {}).get("samples_per_sec")
+    unfused_over_healthy = unfused_sps / fused_sps if fused_sps and unfused_sps else None
     write_results(
         args.out,
         rows,
@@ -342,18 +367,21 @@ def main() -> int:
         model=args.model,
         quick=not cuda,
         all_pass=bool(checked) and all(r["pass"] for r in checked),
+        unfused_over_healthy=unfused_over_healthy,
         max_advisor_overhead_frac=max((r.get("advisor_overhead_frac") or 0.0 for r in rows), default=None),
         seconds=time.perf_counter() - t_start,
     )
     table_rows = [
         {
             **r,
-            "got": ", ".join(r.get("got") or []) or "-",
+            "got": "(skipped)" if r.get("skipped") else ", ".join(r.get("got") or []) or "-",
             "pass": {True: "yes", False: "NO", None: "n/a"}[r.get("pass")],
         }
         for r in rows
     ]
     print(f"results: {args.out}")
+    if unfused_over_healthy is not None:
+        print(f"unfused-fp16 / healthy (fused) samples/s: {unfused_over_healthy:.3f}")
     print(format_table(table_rows, ["name", "expected", "pass", "got", "samples_per_sec", "ratio_to_ceiling",
                                     "gpu_util_mean", "sm_active_mean", "data_wait_frac", "advisor_overhead_frac"]))  # fmt: skip
     return 0
