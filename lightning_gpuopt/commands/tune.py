@@ -26,7 +26,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="comma-separated worker counts (default 1,2,4,6,8,12,... up to the CPUs)",
     )
     parser.add_argument(
-        "--target", type=float, default=None, help="stop once this many samples/s are reached"
+        "--target",
+        type=float,
+        default=None,
+        help="what the model consumes (samples/s); stop once the loader delivers twice that (headroom)",
     )
     parser.add_argument(
         "--tolerance", type=float, default=0.05, help="pick the smallest count within this of the best"

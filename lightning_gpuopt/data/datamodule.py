@@ -166,7 +166,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (skip unreadable images, count them and
             warn at teardown; ``skipped_images`` lists them). Applies to the built-in folder backend.
         tune_budget_s: seconds ``num_workers="auto"`` may spend measuring.
-        tune_target_samples_per_sec: stop tuning once the loader delivers this much (your model's speed).
+        tune_target_samples_per_sec: your model's speed (samples/s); tuning stops once the loader, measured
+            alone, delivers twice that (``tune_num_workers``'s ``headroom``).
         tune_cache_dir: folder of the tuning cache (default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or
             ``~/.cache/lightning_gpuopt``); results are keyed by dataset, batch size and CPU count.
         crop_scale: random-resized-crop area range.

@@ -60,14 +60,35 @@ def test_stops_when_throughput_stops_improving():
     assert res.best == 1
 
 
-def test_stops_at_target():
-    rates = {1: 20.0, 2: 40.0, 4: 80.0, 8: 160.0}
+def test_stops_at_target_with_headroom():
+    rates = {1: 20.0, 2: 40.0, 4: 80.0, 8: 160.0}  # batches of 4: 80, 160, 320, 640 samples/s
     res = tune_num_workers(
         _factory(rates), candidates=list(rates), budget_s=2.0, target_samples_per_sec=120.0, cache=False
     )
     assert res.stop_reason == "target reached"
-    assert res.best == 2  # 2 workers deliver 160 samples/s >= 120
+    # the default headroom asks for 2 x 120 = 240 samples/s measured alone: 4 workers (320), not 2 (160)
+    assert res.best == 4
+    assert [r["num_workers"] for r in res.table] == [1, 2, 4]
+
+
+def test_headroom_one_stops_at_the_bare_target():
+    rates = {1: 20.0, 2: 40.0, 4: 80.0, 8: 160.0}
+    res = tune_num_workers(
+        _factory(rates),
+        candidates=list(rates),
+        budget_s=2.0,
+        target_samples_per_sec=120.0,
+        cache=False,
+        headroom=1.0,
+    )
+    assert res.stop_reason == "target reached"
+    assert res.best == 2  # 160 samples/s >= 120
     assert [r["num_workers"] for r in res.table] == [1, 2]
+
+
+def test_headroom_below_one_is_refused():
+    with pytest.raises(ValueError, match="headroom"):
+        tune_num_workers(_factory({1: 10.0}), candidates=[1], budget_s=1.0, cache=False, headroom=0.5)
 
 
 def test_slow_startup_stays_in_budget():
