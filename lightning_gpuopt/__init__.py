@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "choose_precision": "lightning_gpuopt.compute.precision",
     "fast_trainer_kwargs": "lightning_gpuopt.compute.precision",
     "configure_backends": "lightning_gpuopt.compute.precision",
+    "StreamPriority": "lightning_gpuopt.compute.streams",
     # data/: feed the GPU
     "OptimizedDataModule": "lightning_gpuopt.data.datamodule",
     "UInt8ImageFolder": "lightning_gpuopt.data.folder",
@@ -68,6 +69,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.compute.channels_last import ChannelsLast, apply_channels_last, to_channels_last
     from lightning_gpuopt.compute.precision import choose_precision, configure_backends, fast_trainer_kwargs
+    from lightning_gpuopt.compute.streams import StreamPriority
     from lightning_gpuopt.data.dali import DALILoader, build_dali_loader
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
     from lightning_gpuopt.data.folder import UInt8ImageFolder
