@@ -215,6 +215,26 @@ def test_arguments_are_validated(jpeg_folder):
     assert build_dali_loader(_DM(jpeg_folder), "val") == []  # no val_dir: Lightning skips validation
 
 
+def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
+    from lightning_gpuopt.data import dali as dali_mod
+
+    assert dali_mod.default_hw_decoder_load(None) == dali_mod.DALI_HW_DECODER_LOAD  # CPU pipeline
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert dali_mod.default_hw_decoder_load(0) == 1.0  # Hopper: the hardware decoder takes every JPEG
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert dali_mod.default_hw_decoder_load(0) == 0.65  # A100: DALI's own default
+
+
+def test_hw_decoder_load_out_of_range_is_refused(jpeg_folder):
+    from lightning_gpuopt.data.dali import build_dali_pipeline
+
+    files, labels = _indexed(jpeg_folder)
+    with pytest.raises(ValueError, match="hw_decoder_load"):
+        build_dali_pipeline(
+            files, labels, batch_size=4, image_size=16, train=True, device_id=None, hw_decoder_load=1.5
+        )
+
+
 class _Recorder(pl.LightningModule):
     """Linear model over the batch; writes which samples each rank saw per epoch."""
 
