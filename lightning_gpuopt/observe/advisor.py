@@ -272,6 +272,9 @@ class AdvisorThresholds:
         channels_last_frac: fraction of convolutions that must be channels_last.
         host_sync_wait_frac: data-wait fraction from which a per-step host sync (``amp-host-sync``) counts as
             costly: there is host work before each step that the sync keeps from overlapping GPU work.
+        host_sync_busy_util: GPU-Util (%) below which a per-step host sync counts as costly. Higher than
+            ``gpu_busy_util``: on the H200 an unfused optimizer on GPU-resident batches read 92.4% GPU-Util
+            while training 9% slower than the fused run's 98.8% (``benchmarks/results/advisor_h200.json``).
     """
 
     input_wait_frac: float = 0.10
@@ -285,6 +288,7 @@ class AdvisorThresholds:
     tensor_core_capability: tuple[int, int] = (7, 0)
     channels_last_frac: float = 0.5
     host_sync_wait_frac: float = 0.02
+    host_sync_busy_util: float = 97.0
 
 
 def _finite(value: Any) -> bool:
@@ -553,7 +557,9 @@ def diagnose(
             if getattr(ev, name) is not None:
                 figs[name] = _r(getattr(ev, name), 1)
         # the sync costs what the host does between steps: GPU idle, or host work (the batch fetch) to expose
-        costly = (gpu_known and not gpu_busy) or (wf is not None and wf >= t.host_sync_wait_frac)
+        costly = (gpu_known and float(ev.gpu_util) < t.host_sync_busy_util) or (  # type: ignore[arg-type]
+            wf is not None and wf >= t.host_sync_wait_frac
+        )
         out.append(
             Verdict(
                 "amp-host-sync",
