@@ -109,6 +109,7 @@ def build_dali_pipeline(
     random_area: tuple[float, float] = (0.08, 1.0),
     random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hw_decoder_load: float | None = None,
+    resize_filter: str = "antialiased",
     enable_checkpointing: bool = False,
     checkpoint: bytes | str | None = None,
 ) -> Any:
@@ -138,11 +139,18 @@ def build_dali_pipeline(
         hw_decoder_load: share of images sent to the hardware JPEG decoder (mixed decoding only); the rest
             are decoded by nvJPEG's CUDA kernels on the SMs the model trains on. ``None``:
             ``default_hw_decoder_load(device_id)`` (1.0 on Hopper and newer, DALI's 0.65 before).
+        resize_filter: ``"antialiased"`` (triangular filter with antialiasing, the default: closest to PIL)
+            or ``"linear"`` (bilinear without antialiasing: less GPU work per image, aliasing when
+            shrinking a crop a lot).
         enable_checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint string from ``DALIGenericIterator.checkpoints()`` to restore.
     """
     dali, fn, types, _, _ = _dali_modules()
     gpu = device_id is not None
+    filters = {"antialiased": (types.INTERP_TRIANGULAR, True), "linear": (types.INTERP_LINEAR, False)}
+    if resize_filter not in filters:
+        raise ValueError(f"resize_filter must be one of {sorted(filters)}, got {resize_filter!r}")
+    interp, antialias = filters[resize_filter]
     if hw_decoder_load is None:
         hw_decoder_load = default_hw_decoder_load(device_id)
     elif not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -201,8 +209,8 @@ def build_dali_pipeline(
                 device=op_device,
                 resize_x=image_size,
                 resize_y=image_size,
-                interp_type=types.INTERP_TRIANGULAR,
-                antialias=True,
+                interp_type=interp,
+                antialias=antialias,
             )
             mirror = fn.random.coin_flip(probability=0.5)
         else:
@@ -212,8 +220,8 @@ def build_dali_pipeline(
                 images,
                 device=op_device,
                 resize_shorter=storage_size,
-                interp_type=types.INTERP_TRIANGULAR,
-                antialias=True,
+                interp_type=interp,
+                antialias=antialias,
             )
             mirror = 0
         images = fn.crop_mirror_normalize(
@@ -318,7 +326,7 @@ class DALILoader:
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
         **pipeline_kwargs: passed to ``build_dali_pipeline`` (``storage_size``, ``mean``, ``std``,
             ``num_threads``, ``prefetch_queue_depth``, ``seed``, ``shuffle_seed``, ``random_area``,
-            ``random_aspect_ratio``, ``hw_decoder_load``).
+            ``random_aspect_ratio``, ``hw_decoder_load``, ``resize_filter``).
     """
 
     def __init__(
@@ -565,6 +573,7 @@ _PIPELINE_KWARGS = {
     "random_area",
     "random_aspect_ratio",
     "hw_decoder_load",
+    "resize_filter",
 }
 
 

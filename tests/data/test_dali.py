@@ -225,6 +225,18 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
     assert dali_mod.default_hw_decoder_load(0) == 0.65  # A100: DALI's own default
 
 
+def test_linear_resize_filter_runs_and_differs_from_the_default(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)
+    kw = dict(batch_size=4, train=False, image_size=16, storage_size=20, device="cpu", num_threads=1)
+    aa, _ = next(iter(DALILoader(files[:4], labels[:4], **kw)))
+    lin, _ = next(iter(DALILoader(files[:4], labels[:4], resize_filter="linear", **kw)))
+    assert lin.shape == aa.shape and lin.dtype == aa.dtype
+    assert not torch.equal(lin, aa)  # a different filter, not silently ignored
+    assert (lin - aa).abs().mean() < 0.5  # the same images (normalized units)
+    with pytest.raises(ValueError, match="resize_filter"):
+        next(iter(DALILoader(files[:4], labels[:4], resize_filter="cubic", **kw)))
+
+
 def test_hw_decoder_load_out_of_range_is_refused(jpeg_folder):
     from lightning_gpuopt.data.dali import build_dali_pipeline
 
