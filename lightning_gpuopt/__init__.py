@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "fast_trainer_kwargs": "lightning_gpuopt.compute.precision",
     "configure_backends": "lightning_gpuopt.compute.precision",
     "StreamPriority": "lightning_gpuopt.compute.streams",
+    "FusedOptimizer": "lightning_gpuopt.compute.optimizer",
     # data/: feed the GPU
     "OptimizedDataModule": "lightning_gpuopt.data.datamodule",
     "UInt8ImageFolder": "lightning_gpuopt.data.folder",
@@ -68,6 +69,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.compute.channels_last import ChannelsLast, apply_channels_last, to_channels_last
+    from lightning_gpuopt.compute.optimizer import FusedOptimizer
     from lightning_gpuopt.compute.precision import choose_precision, configure_backends, fast_trainer_kwargs
     from lightning_gpuopt.compute.streams import StreamPriority
     from lightning_gpuopt.data.dali import DALILoader, build_dali_loader

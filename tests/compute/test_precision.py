@@ -5,6 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gpuopt.compute.channels_last import ChannelsLast
+from lightning_gpuopt.compute.optimizer import FusedOptimizer
 from lightning_gpuopt.compute.precision import (
     choose_precision,
     configure_backends,
@@ -108,8 +109,10 @@ def test_fast_trainer_kwargs_on_gpu(fake_gpu, restore_backends):
     assert kwargs["benchmark"] is True
     assert kwargs["max_epochs"] == 3
     assert kwargs["callbacks"][0] is mine
-    assert [type(c) for c in kwargs["callbacks"]] == [pl.Callback, ChannelsLast]
+    assert [type(c) for c in kwargs["callbacks"]] == [pl.Callback, ChannelsLast, FusedOptimizer]
     assert torch.get_float32_matmul_precision() == "high"  # the documented side effect
+    plain = fast_trainer_kwargs(SmallResNet(), fused_optimizer=False)
+    assert [type(c) for c in plain["callbacks"]] == [ChannelsLast]
     assert torch.backends.cudnn.allow_tf32 is True
 
 

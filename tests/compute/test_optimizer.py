@@ -1,0 +1,220 @@
+"""FusedOptimizer / fuse_optimizer: optimizers switched to fused kernels in place, exactly as if built fused."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from lightning_gpuopt.compute.optimizer import FusedOptimizer, fuse_optimizer, is_fused
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.nn.Parameter(torch.randn(5, 3, generator=g)),
+        torch.nn.Parameter(torch.randn(3, generator=g)),
+    ]
+
+
+def _step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    opt.step()
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw"),
+    [
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}),
+        (torch.optim.Adam, {"lr": 1e-2}),
+        (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.01}),
+        (torch.optim.Adagrad, {"lr": 0.1}),
+    ],
+)
+def test_switched_optimizer_steps_like_one_built_fused(cls, kw) -> None:
+    a, b = _params(), _params()
+    switched, native = cls(a, **kw), cls(b, **kw, fused=True)
+    for seed in range(2):  # state exists before the switch (momentum, moments): it is kept
+        _step(switched, a, seed)
+        _step(native, b, seed)
+    assert not is_fused(switched)
+    assert fuse_optimizer(switched) is None
+    assert is_fused(switched) and all(g["fused"] and not g["foreach"] for g in switched.param_groups)
+    assert fuse_optimizer(switched) is None  # idempotent
+    for seed in range(2, 6):
+        _step(switched, a, seed)
+        _step(native, b, seed)
+    for p, q in zip(a, b, strict=True):  # fused and foreach kernels round differently in the first steps
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_switched_sgd_skips_an_inf_step_on_the_device() -> None:
+    """GradScaler hands the inf flag to the switched optimizer: the step is skipped without reading it."""
+    params = _params()
+    opt = torch.optim.SGD(params, lr=0.1)
+    assert fuse_optimizer(opt) is None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    before = [p.detach().clone() for p in params]
+    loss = (params[0].sum() + params[1].sum()) * float("inf")
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    for p, q in zip(params, before, strict=True):
+        assert torch.equal(p, q)  # skipped
+    assert scaler.get_scale() < 2.0**4  # and the scale backed off
+
+
+def test_classes_without_fused_kernels_are_named() -> None:
+    opt = torch.optim.RMSprop(_params(), lr=0.1)
+    why = fuse_optimizer(opt)
+    assert why is not None and "RMSprop" in why and "no fused kernel" in why
+    assert not is_fused(opt)
+
+
+def test_torch_validation_is_respected() -> None:
+    opt = torch.optim.SGD(_params(), lr=0.1, differentiable=True)  # fused kernels refuse differentiable
+    why = fuse_optimizer(opt)
+    assert why is not None and "cannot be fused" in why
+    assert not is_fused(opt) and not opt.param_groups[0]["fused"]
+
+
+class _Module(pl.LightningModule):
+    def __init__(self, opt_cls: type[torch.optim.Optimizer] = torch.optim.SGD) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 2)
+        self.opt_cls = opt_cls
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.lin(x), y)
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return self.opt_cls(self.parameters(), lr=0.1)
+
+
+def _data() -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(
+        torch.randn(32, 8, generator=g), torch.randint(0, 2, (32,), generator=g)
+    )
+    return torch.utils.data.DataLoader(ds, batch_size=8)
+
+
+def _fit(module: pl.LightningModule, callbacks: list[pl.Callback], **kw) -> pl.Trainer:  # type: ignore[no-untyped-def]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kw,
+    )
+    trainer.fit(module, _data())
+    return trainer
+
+
+def _amp() -> MixedPrecision:
+    # 16-mixed with a GradScaler, on the CPU (Lightning refuses precision="16-mixed" there, not the plugin)
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+
+
+def test_callback_fuses_under_a_grad_scaler_and_matches_a_native_fused_run() -> None:
+    cb = FusedOptimizer()
+    mod = _Module()
+    trainer = _fit(mod, [cb], plugins=[_amp()])
+    assert cb.fused == ["SGD"] and cb.skipped == []
+    assert is_fused(trainer.optimizers[0])
+
+    class Native(_Module):
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1, fused=True)
+
+    ref = Native()
+    _fit(ref, [], plugins=[_amp()])
+    torch.testing.assert_close(mod.lin.weight, ref.lin.weight, rtol=0, atol=0)
+    assert cb.state_dict() == {"fused": ["SGD"], "skipped": []}
+    other = FusedOptimizer()
+    other.load_state_dict(cb.state_dict())
+    assert other.fused == ["SGD"]
+
+
+def test_unsupported_optimizer_warns_once_with_the_reason() -> None:
+    cb = FusedOptimizer()
+    with pytest.warns(UserWarning, match="RMSprop"):
+        _fit(_Module(torch.optim.RMSprop), [cb], plugins=[_amp()])
+    assert cb.fused == [] and cb.skipped and cb.skipped[0][0] == "RMSprop"
+
+
+def test_gradient_clipping_under_mixed_precision_leaves_optimizers_alone() -> None:
+    cb = FusedOptimizer()
+    with pytest.warns(UserWarning, match="gradient clipping"):
+        trainer = _fit(_Module(), [cb], plugins=[_amp()], gradient_clip_val=1.0)
+    assert not is_fused(trainer.optimizers[0])  # Lightning would raise on the first clip otherwise
+    assert cb.skipped == [("SGD", "gradient clipping under mixed precision")]
+
+
+def test_clipping_in_full_precision_still_fuses() -> None:
+    cb = FusedOptimizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*(does not have many workers|LeafSpec).*")
+        trainer = _fit(_Module(), [cb], gradient_clip_val=1.0)
+    assert is_fused(trainer.optimizers[0]) and cb.fused == ["SGD"]
+
+
+def test_resume_keeps_the_switch(tmp_path) -> None:
+    def trainer(max_steps: int, cb: FusedOptimizer) -> pl.Trainer:
+        return pl.Trainer(
+            accelerator="cpu",
+            max_steps=max_steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[cb],
+            plugins=[_amp()],
+            default_root_dir=str(tmp_path),
+        )
+
+    first = trainer(2, FusedOptimizer())
+    first.fit(_Module(), _data())
+    ckpt = tmp_path / "mid.ckpt"
+    first.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=False)["optimizer_states"][0]["param_groups"][0]
+    assert saved["fused"] is True  # the switch is part of the optimizer state
+    cb = FusedOptimizer()
+    resumed = trainer(4, cb)
+    resumed.fit(_Module(), _data(), ckpt_path=str(ckpt))
+    assert is_fused(resumed.optimizers[0])
+    assert resumed.global_step == 4
+
+
+@pytest.mark.gpu
+def test_gpu_16_mixed_fit_runs_fused() -> None:
+    from lightning_gpuopt.models import ImageClassifier
+
+    cb = FusedOptimizer()
+    x = torch.randn(32, 3, 16, 16)
+    y = torch.randint(0, 4, (32,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="16-mixed",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+    )
+    trainer.fit(ImageClassifier("small", num_classes=4, fused=False), loader)
+    assert cb.fused == ["SGD"] and is_fused(trainer.optimizers[0])
