@@ -218,3 +218,45 @@ def test_gpu_16_mixed_fit_runs_fused() -> None:
     )
     trainer.fit(ImageClassifier("small", num_classes=4, fused=False), loader)
     assert cb.fused == ["SGD"] and is_fused(trainer.optimizers[0])
+
+
+class CLIModule(_Module):
+    """For LightningCLI: a module with a data loader of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def train_dataloader(self):  # type: ignore[no-untyped-def]
+        return _data()
+
+
+def test_compute_callbacks_from_lightning_cli_yaml(tmp_path) -> None:
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    from lightning_gpuopt import StreamPriority
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"""
+trainer:
+  accelerator: cpu
+  max_steps: 2
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  default_root_dir: {tmp_path}
+  callbacks:
+    - class_path: lightning_gpuopt.FusedOptimizer
+    - class_path: lightning_gpuopt.StreamPriority
+      init_args:
+        priority: -1
+"""
+    )
+    with pytest.warns(UserWarning, match="StreamPriority"):
+        cli = LightningCLI(CLIModule, args=["fit", "--config", str(config)], save_config_callback=None)
+    fused = next(c for c in cli.trainer.callbacks if isinstance(c, FusedOptimizer))
+    prio = next(c for c in cli.trainer.callbacks if isinstance(c, StreamPriority))
+    assert fused.fused == ["SGD"] and is_fused(cli.trainer.optimizers[0])
+    assert prio.priority == -1 and not prio.active  # CPU: warned and stepped aside
