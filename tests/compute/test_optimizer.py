@@ -235,6 +235,9 @@ def test_compute_callbacks_from_lightning_cli_yaml(tmp_path) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gpuopt import StreamPriority
+    from lightning_gpuopt.compute import streams
+
+    streams._warning_cache.clear()  # its CPU warning is once per process
 
     config = tmp_path / "config.yaml"
     config.write_text(

@@ -48,6 +48,9 @@ def test_rejects_bad_priority(bad: object) -> None:
 
 
 def test_cpu_run_warns_once_and_steps_aside() -> None:
+    from lightning_gpuopt.compute import streams
+
+    streams._warning_cache.clear()  # "once" per process: another test may have warned already
     cb = StreamPriority()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
