@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 
 from lightning_gpuopt.data.dali import DALILoader, build_dali_loader
 from lightning_gpuopt.data.folder import load_uint8_image, scan_image_folder
+from tests._ddp import CloseProcessGroup
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -332,7 +333,14 @@ def test_resume_from_checkpoint_mid_epoch(jpeg_folder, tmp_path):
 def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
     files, _ = _indexed(jpeg_folder)
     pairs = [(f, i) for i, f in enumerate(files)][:46]  # 23 per rank: DROP keeps 5 batches of 4 each
-    trainer = _trainer(tmp_path, devices=2, strategy="ddp_spawn", max_epochs=2, num_sanity_val_steps=0)
+    trainer = _trainer(
+        tmp_path,
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        num_sanity_val_steps=0,
+        callbacks=[CloseProcessGroup()],
+    )
     trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs, pairs, batch_size=4))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for e in range(2):

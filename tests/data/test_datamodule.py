@@ -9,6 +9,7 @@ from PIL import Image
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 from lightning_gpuopt.data.datamodule import OptimizedDataModule, UInt8Collate
+from tests._ddp import CloseProcessGroup
 
 
 def _trainer(**kw):
@@ -201,7 +202,9 @@ def test_ddp_two_processes_see_each_sample_once(tmp_path):
     assert pickle.loads(pickle.dumps(dm)).batch_size == 4  # what ddp_spawn / spawn workers need
     # spawn, not fork: a child forked from this pytest process deadlocks in libgomp once earlier tests have
     # run OpenMP-parallel convolutions here (seen: both ranks stuck in Conv2d.forward)
-    trainer = _trainer(devices=2, strategy="ddp_spawn", max_epochs=1, num_sanity_val_steps=0)
+    trainer = _trainer(
+        devices=2, strategy="ddp_spawn", max_epochs=1, num_sanity_val_steps=0, callbacks=[CloseProcessGroup()]
+    )
     trainer.fit(Recorder(out=str(tmp_path)), datamodule=dm)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     train = ranks[0]["train"] + ranks[1]["train"]

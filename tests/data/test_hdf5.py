@@ -19,6 +19,7 @@ h5py = pytest.importorskip("h5py")
 from lightning_gpuopt.cli import main as cli_main  # noqa: E402
 from lightning_gpuopt.data.folder import load_uint8_image, scan_image_folder  # noqa: E402
 from lightning_gpuopt.data.hdf5 import FORMAT, HDF5ImageDataset, convert_folder_to_hdf5  # noqa: E402
+from tests._ddp import CloseProcessGroup  # noqa: E402
 
 
 def _write_h5(path, images, labels, chunks=True, **kwargs):
@@ -319,6 +320,7 @@ def test_ddp_cpu_each_sample_once(tmp_path):
         devices=2,
         strategy="ddp_spawn",  # fork deadlocks in libgomp after earlier tests ran parallel convolutions
         max_epochs=1,
+        callbacks=[CloseProcessGroup()],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

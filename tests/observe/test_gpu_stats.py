@@ -18,6 +18,7 @@ from lightning_gpuopt import GPUStatsMonitor
 from lightning_gpuopt.observe.gpu_stats import METRIC_KEYS
 from lightning_gpuopt.observe.nvml import GPU_KEYS
 from lightning_gpuopt.observe.timing import HOST_KEYS
+from tests._ddp import CloseProcessGroup
 from tests.observe.fake_pynvml import install
 
 
@@ -267,7 +268,15 @@ trainer:
 def test_all_ranks_under_cpu_ddp(tmp_path):
     monitor = GPUStatsMonitor(gpu=False, log_every_n_steps=2, all_ranks=True)
     logger = CSVLogger(tmp_path, name="csv", version=0)
-    trainer = _trainer(tmp_path, monitor, logger, devices=2, strategy="ddp_spawn", max_steps=4)
+    trainer = _trainer(
+        tmp_path,
+        monitor,
+        logger,
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=4,
+        callbacks=[monitor, CloseProcessGroup()],
+    )
     trainer.fit(TinyModule())
     rows = [r for r in _csv_rows(logger) if r.get("time/step_ms")]
     assert [int(r["step"]) for r in rows] == [1, 3]
