@@ -29,7 +29,10 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_warn
 
-__all__ = ["FusedOptimizer", "fuse_optimizer", "is_fused"]
+__all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "is_fused"]
+
+#: torch.optim classes with a fused kernel (``fused=True``) that takes the GradScaler's scale and inf flag.
+FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 
 def is_fused(optimizer: Any) -> bool:
@@ -55,7 +58,7 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
     except (TypeError, ValueError):
         accepted = set()
     if "fused" not in accepted or "fused" not in inner.defaults:
-        return f"{cls.__name__} has no fused kernel (torch has them for SGD, Adam, AdamW, Adagrad)"
+        return f"{cls.__name__} has no fused kernel (torch has them for {', '.join(FUSED_OPTIMIZERS)})"
     groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in inner.param_groups]
     # only what __init__ takes (AdamW keeps a `decoupled_weight_decay` default it does not accept)
     defaults = {k: v for k, v in inner.defaults.items() if k in accepted and k not in ("fused", "foreach")}

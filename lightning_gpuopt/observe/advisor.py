@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from lightning_gpuopt.compute.optimizer import FUSED_OPTIMIZERS, is_fused
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
 
 __all__ = [
@@ -320,7 +321,6 @@ def _half_advice(capability: tuple[int, int] | None) -> str:
 
 
 #: torch optimizers with a fused CUDA step that takes the GradScaler's ``grad_scale``/``found_inf`` itself.
-_FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 _AMP_SYNC_MEASURED = (
     "Measured on an H200 (benchmarks/results/pipeline_diag_h200.json, ResNet-50 16-mixed + channels_last "
@@ -361,8 +361,8 @@ def _amp_sync_advice(
             f"that unscale inside their step (it raises RuntimeError). {bf16}; or drop gradient_clip_val and "
             f"construct the optimizer with fused=True; or accept the sync. {_AMP_SYNC_MEASURED}"
         )
-    fusable = [n for n in names if n in _FUSED_OPTIMIZERS]
-    others = [n for n in names if n not in _FUSED_OPTIMIZERS]
+    fusable = [n for n in names if n in FUSED_OPTIMIZERS]
+    others = [n for n in names if n not in FUSED_OPTIMIZERS]
     example = fusable[0] if fusable else "SGD"
     momentum = ", momentum=0.9" if example == "SGD" else ""
     line = f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)`"
@@ -372,7 +372,7 @@ def _amp_sync_advice(
     )
     if fusable:
         advice = (
-            f"{head} Construct the optimizer with fused=True ({', '.join(_FUSED_OPTIMIZERS)} have it on CUDA), "
+            f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), "
             f"e.g. {line} {how} Where you do not construct it yourself, add FusedOptimizer() to the Trainer's "
             "callbacks (fast_trainer_kwargs adds it under 16-mixed): it switches them in place."
         )
@@ -380,7 +380,7 @@ def _amp_sync_advice(
             advice += f" {', '.join(others)} has no fused step: switch it to one of those too."
     else:
         advice = (
-            f"{head} {listed} has no fused step: switch to one that has ({', '.join(_FUSED_OPTIMIZERS)}) with "
+            f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
             f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
             "(no GradScaler)."
         )
@@ -918,7 +918,7 @@ def amp_facts(trainer: Any) -> dict[str, Any]:
     optimizers = getattr(trainer, "optimizers", None)
     if isinstance(optimizers, (list, tuple)):
         facts["unfused_optimizers"] = tuple(
-            type(opt).__name__ for opt in optimizers if not getattr(opt, "_step_supports_amp_scaling", False)
+            type(getattr(opt, "optimizer", opt)).__name__ for opt in optimizers if not is_fused(opt)
         )
     clip: Any = getattr(trainer, "gradient_clip_val", None)
     facts["gradient_clip_val"] = float(clip) if _finite(clip) and clip > 0 else None
