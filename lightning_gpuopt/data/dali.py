@@ -88,6 +88,20 @@ def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
                 )
 
 
+RESIZE_FILTERS = ("antialiased", "linear")
+
+
+def _check_pipeline_values(**values: Any) -> None:
+    """Reject pipeline argument values DALI would only refuse when the pipeline is built (``ValueError``)."""
+    if "resize_filter" in values and values["resize_filter"] not in RESIZE_FILTERS:
+        raise ValueError(
+            f"resize_filter must be one of {list(RESIZE_FILTERS)}, got {values['resize_filter']!r}"
+        )
+    load = values.get("hw_decoder_load")
+    if load is not None and not 0.0 <= float(load) <= 1.0:
+        raise ValueError(f"hw_decoder_load must be in [0, 1] or None, got {load!r}")
+
+
 def build_dali_pipeline(
     files: Sequence[str],
     labels: Sequence[int],
@@ -145,16 +159,15 @@ def build_dali_pipeline(
         enable_checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint string from ``DALIGenericIterator.checkpoints()`` to restore.
     """
+    _check_pipeline_values(resize_filter=resize_filter, hw_decoder_load=hw_decoder_load)
     dali, fn, types, _, _ = _dali_modules()
     gpu = device_id is not None
-    filters = {"antialiased": (types.INTERP_TRIANGULAR, True), "linear": (types.INTERP_LINEAR, False)}
-    if resize_filter not in filters:
-        raise ValueError(f"resize_filter must be one of {sorted(filters)}, got {resize_filter!r}")
-    interp, antialias = filters[resize_filter]
+    interp, antialias = {
+        "antialiased": (types.INTERP_TRIANGULAR, True),
+        "linear": (types.INTERP_LINEAR, False),
+    }[resize_filter]
     if hw_decoder_load is None:
         hw_decoder_load = default_hw_decoder_load(device_id)
-    elif not 0.0 <= float(hw_decoder_load) <= 1.0:
-        raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load!r}")
     storage_size = storage_size or round(image_size * 256 / 224)
     mean255 = [float(m) * 255.0 for m in mean]
     std255 = [float(s) * 255.0 for s in std]
@@ -369,6 +382,7 @@ class DALILoader:
             raise TypeError(
                 f"unknown DALI pipeline argument(s) {sorted(unknown)}; valid: {sorted(_PIPELINE_KWARGS)}"
             )
+        _check_pipeline_values(**pipeline_kwargs)  # here, not when the first batch builds the pipeline
         self.files = list(files)
         self.labels = [int(v) for v in labels]
         self.batch_size = int(batch_size)

@@ -238,6 +238,15 @@ def test_linear_resize_filter_runs_and_differs_from_the_default(jpeg_folder):
         next(iter(DALILoader(files[:4], labels[:4], resize_filter="cubic", **kw)))
 
 
+def test_bad_pipeline_values_fail_when_the_loader_is_made(jpeg_folder):
+    files, labels = _indexed(jpeg_folder)
+    kw = dict(batch_size=4, train=False, image_size=16, device="cpu", validate_files=False)
+    with pytest.raises(ValueError, match="resize_filter"):
+        DALILoader(files, labels, resize_filter="cubic", **kw)  # no iteration: before training starts
+    with pytest.raises(ValueError, match="hw_decoder_load"):
+        DALILoader(files, labels, hw_decoder_load=-0.1, **kw)
+
+
 def test_hw_decoder_load_out_of_range_is_refused(jpeg_folder):
     from lightning_gpuopt.data.dali import build_dali_pipeline
 
