@@ -134,6 +134,7 @@ def plain_fed(
     """
     from lightning_gpuopt.data.dali import build_dali_loader
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
+    from lightning_gpuopt.models import build_model
 
     loader = build_dali_loader(OptimizedDataModule(**dm_kwargs), "train", device=device, **overrides)
 
@@ -147,35 +148,20 @@ def plain_fed(
         # the model's kernels on a high-priority stream: the block scheduler prefers them over DALI's
         ctx = torch.cuda.stream(torch.cuda.Stream(device, priority=-1))
     with ctx:
-        rate = _plain(model_name, num_classes, dm_kwargs, device, steps, warmup, lambda: next(it), use_feed)
+        rate = plain_loop_throughput(
+            build_model(model_name, num_classes),
+            dm_kwargs["batch_size"],
+            image_size=dm_kwargs["image_size"],
+            num_classes=num_classes,
+            dtype=torch.float16 if device.type == "cuda" else None,
+            device=device,
+            steps=steps,
+            warmup=warmup,
+            feed=lambda: next(it),
+            use_feed=use_feed,
+        )
     loader.close()
     return rate
-
-
-def _plain(
-    model_name: str,
-    num_classes: int,
-    dm_kwargs: dict[str, Any],
-    device: torch.device,
-    steps: int,
-    warmup: int,
-    feed: Any,
-    use_feed: bool,
-) -> float:
-    from lightning_gpuopt.models import build_model
-
-    return plain_loop_throughput(
-        build_model(model_name, num_classes),
-        dm_kwargs["batch_size"],
-        image_size=dm_kwargs["image_size"],
-        num_classes=num_classes,
-        dtype=torch.float16 if device.type == "cuda" else None,
-        device=device,
-        steps=steps,
-        warmup=warmup,
-        feed=feed,
-        use_feed=use_feed,
-    )
 
 
 def lightning_dali(
