@@ -239,11 +239,7 @@ def main() -> int:
         rates = sorted(x["samples_per_sec"] for x in rs if x["samples_per_sec"])
         if not rates:
             continue
-        sps = (
-            rates[len(rates) // 2]
-            if len(rates) % 2
-            else sum(rates[len(rates) // 2 - 1 : len(rates) // 2 + 1]) / 2
-        )
+        sps = statistics.median(rates)
         chosen = sorted({x["num_workers"] for x in rs})
         label = name + (f" (-> {', '.join(map(str, chosen))})" if name.endswith("auto") else "")
         rows.append(
