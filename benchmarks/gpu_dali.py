@@ -207,12 +207,19 @@ def lightning_dali(
 
 # session 2's focus run (dali_focus_h200.json) compared, with hw_decoder_load 0.65 then the default:
 # defaults 0.888, hw_decoder_load 1.0 0.911, StreamPriority() 0.912, both 0.903. Since then 1.0 is the Hopper
-# default; the next question is whether less resize work on the SMs closes the rest of the gap.
+# default. Session 3 asks whether less DALI work on the SMs closes the rest of the gap: a cheaper resize
+# filter, or JPEG decoding on the CPU cores (the GPU then only resizes and normalizes the decoded crops).
 FOCUS_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("defaults", {}),
     ("resize_filter linear", {"resize_filter": "linear"}),
     ("resize_filter linear + StreamPriority()", {"resize_filter": "linear", "high_priority": True}),
-    ("hw_decoder_load 0.65 (DALI's default)", {"hw_decoder_load": 0.65}),
+    ("decoder cpu", {"decoder": "cpu"}),
+    ("decoder cpu + StreamPriority()", {"decoder": "cpu", "high_priority": True}),
+]
+#: pipeline-only and model-beside rows of the focus run: what each decoder delivers and what it costs the model
+FOCUS_EXPLAIN: list[tuple[str, dict[str, Any]]] = [
+    ("decoder gpu", {}),
+    ("decoder cpu", {"decoder": "cpu"}),
 ]
 
 
@@ -230,6 +237,26 @@ def focus_run(
     """Each focus configuration twice (forward, then reverse order), median of the two kept."""
     import statistics
 
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    plain_steps, plain_warmup = (60, 15) if gpu else (5, 2)
+    for name, overrides in FOCUS_EXPLAIN:
+        only = dali_only(dm_kwargs, device, 100 if gpu else 8, **overrides)
+        rows.append(
+            {"name": f"DALI alone, {name}", "samples_per_sec": only, "ratio_to_ceiling": only / ceiling}
+        )
+        beside = plain_fed(
+            model_name, num_classes, dm_kwargs, device, False, plain_steps, plain_warmup, **overrides
+        )
+        rows.append(
+            {
+                "name": f"plain loop, DALI beside, {name}",
+                "samples_per_sec": beside,
+                "ratio_to_ceiling": beside / ceiling,
+            }
+        )
+        print(
+            f"[{elapsed():.0f}s] {name}: alone {only:.0f}/s, model beside {beside / ceiling:.3f}", flush=True
+        )
     order = FOCUS_CONFIGS + FOCUS_CONFIGS[::-1]
     runs: dict[str, list[float]] = {}
     for name, overrides in order:

@@ -29,6 +29,8 @@ SPLITS = ("train", "val", "test", "predict")
 POLICIES = ("drop", "fill", "partial")
 PARTIAL_EPOCH = ("continue", "restart")
 READER_NAME = "Reader"
+#: where JPEGs are decoded on a GPU run (``decoder=``)
+DECODERS = ("gpu", "cpu")
 
 # Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
 # empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
@@ -97,6 +99,9 @@ def _check_pipeline_values(**values: Any) -> None:
         raise ValueError(
             f"resize_filter must be one of {list(RESIZE_FILTERS)}, got {values['resize_filter']!r}"
         )
+    decoder = values.get("decoder")
+    if decoder is not None and decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     load = values.get("hw_decoder_load")
     if load is not None and not 0.0 <= float(load) <= 1.0:
         raise ValueError(f"hw_decoder_load must be in [0, 1] or None, got {load!r}")
@@ -124,6 +129,7 @@ def build_dali_pipeline(
     random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hw_decoder_load: float | None = None,
     resize_filter: str = "antialiased",
+    decoder: str = "gpu",
     enable_checkpointing: bool = False,
     checkpoint: bytes | str | None = None,
 ) -> Any:
@@ -156,12 +162,17 @@ def build_dali_pipeline(
         resize_filter: ``"antialiased"`` (triangular filter with antialiasing, the default: closest to PIL)
             or ``"linear"`` (bilinear without antialiasing: less GPU work per image, aliasing when
             shrinking a crop a lot).
+        decoder: ``"gpu"`` (nvJPEG, ``device="mixed"``: the hardware decoder and CUDA kernels) or ``"cpu"``
+            (libjpeg-turbo on ``num_threads`` CPU threads, decoding only the random crop; the decoded crops
+            are copied to the GPU, which only resizes and normalizes them). ``"cpu"`` leaves the SMs to
+            the model but needs enough cores; ignored for a CPU pipeline (``device_id=None``).
         enable_checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint string from ``DALIGenericIterator.checkpoints()`` to restore.
     """
-    _check_pipeline_values(resize_filter=resize_filter, hw_decoder_load=hw_decoder_load)
+    _check_pipeline_values(resize_filter=resize_filter, hw_decoder_load=hw_decoder_load, decoder=decoder)
     dali, fn, types, _, _ = _dali_modules()
     gpu = device_id is not None
+    gpu_decode = gpu and decoder == "gpu"
     interp, antialias = {
         "antialiased": (types.INTERP_TRIANGULAR, True),
         "linear": (types.INTERP_LINEAR, False),
@@ -200,8 +211,8 @@ def build_dali_pipeline(
             stick_to_shard=not train,
             name=READER_NAME,
         )
-        decoder_kw: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
-        if gpu:
+        decoder_kw: dict[str, Any] = {"device": "mixed" if gpu_decode else "cpu", "output_type": types.RGB}
+        if gpu_decode:
             # paddings from DALI's ImageNet example: avoid reallocations for the largest images
             decoder_kw.update(
                 hw_decoder_load=hw_decoder_load,
@@ -217,6 +228,8 @@ def build_dali_pipeline(
                 num_attempts=100,
                 **decoder_kw,
             )
+            if gpu and not gpu_decode:
+                images = images.gpu()  # the decoded crop goes to the GPU for resize and normalize
             images = fn.resize(
                 images,
                 device=op_device,
@@ -229,6 +242,8 @@ def build_dali_pipeline(
         else:
             # libjpeg's fancy upsampling, as PIL decodes, so eval batches match the folder backend closely
             images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decoder_kw)
+            if gpu and not gpu_decode:
+                images = images.gpu()
             images = fn.resize(
                 images,
                 device=op_device,
@@ -588,6 +603,7 @@ _PIPELINE_KWARGS = {
     "random_aspect_ratio",
     "hw_decoder_load",
     "resize_filter",
+    "decoder",
 }
 
 
@@ -614,18 +630,23 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
-def default_num_threads(local_world_size: int = 1) -> int:
-    """DALI CPU threads per rank: half of this process's CPUs shared by the local ranks, 1..8.
+def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
+    """DALI CPU threads per rank.
 
-    The other half is for the training loop, the CUDA driver and DALI's own executor threads: on the H200's
-    16 cores a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
-    (``benchmarks/results/dali_h200.json``).
+    ``decoder="gpu"``: half of this process's CPUs shared by the local ranks, 1..8. The other half is for
+    the training loop, the CUDA driver and DALI's own executor threads: on the H200's 16 cores a DALI thread
+    per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
+    (``benchmarks/results/dali_h200.json``). ``decoder="cpu"``: the threads decode every JPEG, so each
+    rank takes its share of the CPUs less two (the training loop and DALI's executor), at least 1.
     """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus // (2 * max(1, local_world_size))))
+    share = cpus // max(1, local_world_size)
+    if decoder == "cpu":
+        return max(1, share - 2)
+    return max(1, min(8, share // 2))
 
 
 def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:
@@ -677,9 +698,12 @@ def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader | lis
         )
         rank, world, local_world = 0, 1, 1
     train = split == "train"
+    extra = {**(getattr(dm, "dali_kwargs", None) or {}), **overrides}
     num_workers = getattr(dm, "num_workers", None)
     num_threads = (
-        num_workers if isinstance(num_workers, int) and num_workers > 0 else default_num_threads(local_world)
+        num_workers
+        if isinstance(num_workers, int) and num_workers > 0
+        else default_num_threads(local_world, decoder=extra.get("decoder", "gpu"))
     )
     kwargs: dict[str, Any] = {
         "batch_size": int(dm.batch_size),
@@ -700,6 +724,5 @@ def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader | lis
         kwargs.update(last_batch_policy="drop", partial_epoch="continue", checkpointing=True)
     if train and trainer is not None:
         kwargs["epoch_batches"] = lambda: trainer.num_training_batches
-    kwargs.update(getattr(dm, "dali_kwargs", None) or {})
-    kwargs.update(overrides)
+    kwargs.update(extra)
     return DALILoader(files, labels, **kwargs)
