@@ -29,8 +29,6 @@ SPLITS = ("train", "val", "test", "predict")
 POLICIES = ("drop", "fill", "partial")
 PARTIAL_EPOCH = ("continue", "restart")
 READER_NAME = "Reader"
-#: where JPEGs are decoded on a GPU run (``decoder=``)
-DECODERS = ("gpu", "cpu")
 
 # Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
 # empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
@@ -99,9 +97,14 @@ def _check_pipeline_values(**values: Any) -> None:
         raise ValueError(
             f"resize_filter must be one of {list(RESIZE_FILTERS)}, got {values['resize_filter']!r}"
         )
-    decoder = values.get("decoder")
-    if decoder is not None and decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    share = values.get("cpu_decode_share")
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0
+    ):
+        raise ValueError(
+            f"cpu_decode_share must be a number in [0, 1] (0: all JPEGs on nvJPEG, 1: all on CPU threads), "
+            f"got {share!r}"
+        )
     load = values.get("hw_decoder_load")
     if load is not None and not 0.0 <= float(load) <= 1.0:
         raise ValueError(f"hw_decoder_load must be in [0, 1] or None, got {load!r}")
@@ -129,7 +132,7 @@ def build_dali_pipeline(
     random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hw_decoder_load: float | None = None,
     resize_filter: str = "antialiased",
-    decoder: str = "gpu",
+    cpu_decode_share: float = 0.0,
     enable_checkpointing: bool = False,
     checkpoint: bytes | str | None = None,
 ) -> Any:
@@ -162,17 +165,22 @@ def build_dali_pipeline(
         resize_filter: ``"antialiased"`` (triangular filter with antialiasing, the default: closest to PIL)
             or ``"linear"`` (bilinear without antialiasing: less GPU work per image, aliasing when
             shrinking a crop a lot).
-        decoder: ``"gpu"`` (nvJPEG, ``device="mixed"``: the hardware decoder and CUDA kernels) or ``"cpu"``
-            (libjpeg-turbo on ``num_threads`` CPU threads, decoding only the random crop; the decoded crops
-            are copied to the GPU, which only resizes and normalizes them). ``"cpu"`` leaves the SMs to
-            the model but needs enough cores; ignored for a CPU pipeline (``device_id=None``).
+        cpu_decode_share: share of JPEGs decoded by libjpeg-turbo on the ``num_threads`` CPU threads
+            instead of nvJPEG (``device="mixed"``); the CPU decodes only the random crop and copies it to
+            the GPU, which then only resizes and normalizes it. 0: every JPEG on nvJPEG; 1: every JPEG on
+            the CPU (the SMs are left to the model, if the cores keep up); in between: each JPEG goes to
+            the CPU with this probability (DALI conditional execution), so both decoders work at once.
+            A CPU pipeline (``device_id=None``) decodes on the CPU whatever the share.
         enable_checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint string from ``DALIGenericIterator.checkpoints()`` to restore.
     """
-    _check_pipeline_values(resize_filter=resize_filter, hw_decoder_load=hw_decoder_load, decoder=decoder)
+    _check_pipeline_values(
+        resize_filter=resize_filter, hw_decoder_load=hw_decoder_load, cpu_decode_share=cpu_decode_share
+    )
     dali, fn, types, _, _ = _dali_modules()
     gpu = device_id is not None
-    gpu_decode = gpu and decoder == "gpu"
+    cpu_share = float(cpu_decode_share)
+    split = 0.0 < cpu_share < 1.0
     interp, antialias = {
         "antialiased": (types.INTERP_TRIANGULAR, True),
         "linear": (types.INTERP_LINEAR, False),
@@ -184,6 +192,31 @@ def build_dali_pipeline(
     std255 = [float(s) * 255.0 for s in std]
     out_dtype = types.FLOAT16 if half else types.FLOAT
 
+    def _decode(jpegs: Any, on_cpu: bool) -> Any:
+        """Decode (training: only the random crop) with nvJPEG, or on the CPU threads; output on the GPU."""
+        kw: dict[str, Any] = {"device": "cpu" if on_cpu or not gpu else "mixed", "output_type": types.RGB}
+        if kw["device"] == "mixed":
+            # paddings from DALI's ImageNet example: avoid reallocations for the largest images
+            kw.update(
+                hw_decoder_load=hw_decoder_load,
+                device_memory_padding=211025920,
+                host_memory_padding=140544512,
+            )
+        if train:
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                random_area=list(random_area),
+                random_aspect_ratio=list(random_aspect_ratio),
+                num_attempts=100,
+                **kw,
+            )
+        else:
+            # libjpeg's fancy upsampling, as PIL decodes, so eval batches match the folder backend closely
+            images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **kw)
+        if gpu and kw["device"] == "cpu":
+            images = images.gpu()  # the decoded (cropped) image goes to the GPU for resize and normalize
+        return images
+
     @dali.pipeline_def(
         batch_size=batch_size,
         num_threads=num_threads,
@@ -192,6 +225,7 @@ def build_dali_pipeline(
         prefetch_queue_depth=prefetch_queue_depth,
         enable_checkpointing=enable_checkpointing,
         checkpoint=checkpoint,
+        enable_conditionals=split,
     )
     def pipeline() -> Any:
         jpegs, label = fn.readers.file(
@@ -211,25 +245,16 @@ def build_dali_pipeline(
             stick_to_shard=not train,
             name=READER_NAME,
         )
-        decoder_kw: dict[str, Any] = {"device": "mixed" if gpu_decode else "cpu", "output_type": types.RGB}
-        if gpu_decode:
-            # paddings from DALI's ImageNet example: avoid reallocations for the largest images
-            decoder_kw.update(
-                hw_decoder_load=hw_decoder_load,
-                device_memory_padding=211025920,
-                host_memory_padding=140544512,
-            )
         op_device = "gpu" if gpu else "cpu"
+        if split:
+            # a per-sample coin: DALI runs each branch on its own sub-batch and merges them in order
+            if fn.random.coin_flip(probability=cpu_share, dtype=types.BOOL):
+                images = _decode(jpegs, on_cpu=True)
+            else:
+                images = _decode(jpegs, on_cpu=False)
+        else:
+            images = _decode(jpegs, on_cpu=cpu_share >= 1.0)
         if train:
-            images = fn.decoders.image_random_crop(
-                jpegs,
-                random_area=list(random_area),
-                random_aspect_ratio=list(random_aspect_ratio),
-                num_attempts=100,
-                **decoder_kw,
-            )
-            if gpu and not gpu_decode:
-                images = images.gpu()  # the decoded crop goes to the GPU for resize and normalize
             images = fn.resize(
                 images,
                 device=op_device,
@@ -240,10 +265,6 @@ def build_dali_pipeline(
             )
             mirror = fn.random.coin_flip(probability=0.5)
         else:
-            # libjpeg's fancy upsampling, as PIL decodes, so eval batches match the folder backend closely
-            images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decoder_kw)
-            if gpu and not gpu_decode:
-                images = images.gpu()
             images = fn.resize(
                 images,
                 device=op_device,
@@ -603,7 +624,7 @@ _PIPELINE_KWARGS = {
     "random_aspect_ratio",
     "hw_decoder_load",
     "resize_filter",
-    "decoder",
+    "cpu_decode_share",
 }
 
 
@@ -630,13 +651,13 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
-def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
+def default_num_threads(local_world_size: int = 1, cpu_decode_share: float = 0.0) -> int:
     """DALI CPU threads per rank.
 
-    ``decoder="gpu"``: half of this process's CPUs shared by the local ranks, 1..8. The other half is for
-    the training loop, the CUDA driver and DALI's own executor threads: on the H200's 16 cores a DALI thread
-    per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
-    (``benchmarks/results/dali_h200.json``). ``decoder="cpu"``: the threads decode every JPEG, so each
+    All JPEGs on nvJPEG (``cpu_decode_share=0``): half of this process's CPUs shared by the local ranks,
+    1..8. The other half is for the training loop, the CUDA driver and DALI's own executor threads: on the
+    H200's 16 cores a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
+    (``benchmarks/results/dali_h200.json``). When the threads decode JPEGs (``cpu_decode_share > 0``) each
     rank takes its share of the CPUs less two (the training loop and DALI's executor), at least 1.
     """
     try:
@@ -644,7 +665,7 @@ def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     share = cpus // max(1, local_world_size)
-    if decoder == "cpu":
+    if cpu_decode_share > 0:
         return max(1, share - 2)
     return max(1, min(8, share // 2))
 
@@ -703,7 +724,7 @@ def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader | lis
     num_threads = (
         num_workers
         if isinstance(num_workers, int) and num_workers > 0
-        else default_num_threads(local_world, decoder=extra.get("decoder", "gpu"))
+        else default_num_threads(local_world, float(extra.get("cpu_decode_share", 0.0)))
     )
     kwargs: dict[str, Any] = {
         "batch_size": int(dm.batch_size),
