@@ -206,22 +206,21 @@ def lightning_dali(
 
 
 # session 2's focus run (session2/dali_focus_h200.json) compared, with hw_decoder_load 0.65 then the default:
-# defaults 0.888, hw_decoder_load 1.0 0.911, StreamPriority() 0.912, both 0.903. Session 3's first focus run
-# (session3_run1/dali_focus_h200.json): resize_filter linear 0.922, + StreamPriority() 0.911, all JPEGs
-# decoded on 14 CPU threads 0.951 (0.961, 0.940; the pipeline alone then delivers only 1.01x the ceiling,
-# while the model beside it keeps 0.979). Now: a share of the JPEGs on the CPU, the rest on nvJPEG.
+# defaults 0.888, hw_decoder_load 1.0 0.911, StreamPriority() 0.912, both 0.903. Session 3:
+# session3_run1/: resize_filter linear 0.922, + StreamPriority() 0.911, every JPEG decoded on 14 CPU threads
+# (decoder="cpu") 0.951 (0.961, 0.940); session3_run2/: decoder="cpu" 0.917 (0.894, 0.940), a per-sample
+# CPU/nvJPEG split inside the pipeline (DALI conditionals) 0.85-0.91, dropped; dali_decode_h200.json
+# (hand-written loop): 14 CPU threads 0.966, 15 0.906, 16 0.898, nvJPEG 0.927. Now: how many CPU threads
+# suit Lightning's loop, each configuration three times.
 FOCUS_CONFIGS: list[tuple[str, dict[str, Any]]] = [
-    ("defaults", {}),
-    ("cpu_decode_share 1.0", {"cpu_decode_share": 1.0}),
-    ("cpu_decode_share 0.85", {"cpu_decode_share": 0.85}),
-    ("cpu_decode_share 0.7", {"cpu_decode_share": 0.7}),
-    ("cpu_decode_share 0.5", {"cpu_decode_share": 0.5}),
+    ("defaults (nvJPEG)", {}),
+    ("decoder cpu, 14 threads", {"decoder": "cpu", "num_threads": 14}),
+    ("decoder cpu, 13 threads", {"decoder": "cpu", "num_threads": 13}),
+    ("decoder cpu, 12 threads", {"decoder": "cpu", "num_threads": 12}),
 ]
-#: pipeline-only and model-beside rows of the focus run: what each split delivers and what it costs the model
+#: pipeline-only and model-beside rows of the focus run: what each decoder delivers and what it costs the model
 FOCUS_EXPLAIN: list[tuple[str, dict[str, Any]]] = [
-    ("cpu_decode_share 0 (nvJPEG)", {}),
-    ("cpu_decode_share 1.0", {"cpu_decode_share": 1.0}),
-    ("cpu_decode_share 0.7", {"cpu_decode_share": 0.7}),
+    ("decoder cpu, 13 threads", {"decoder": "cpu", "num_threads": 13}),
 ]
 
 
@@ -236,7 +235,7 @@ def focus_run(
     gpu: bool,
     images: int,
 ) -> int:
-    """Each focus configuration twice (forward, then reverse order), median of the two kept."""
+    """Each focus configuration three times (forward, reverse, forward order), the median kept."""
     import statistics
 
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
@@ -259,7 +258,7 @@ def focus_run(
         print(
             f"[{elapsed():.0f}s] {name}: alone {only:.0f}/s, model beside {beside / ceiling:.3f}", flush=True
         )
-    order = FOCUS_CONFIGS + FOCUS_CONFIGS[::-1]
+    order = FOCUS_CONFIGS + FOCUS_CONFIGS[::-1] + FOCUS_CONFIGS
     runs: dict[str, list[float]] = {}
     for name, overrides in order:
         if elapsed() > args.budget_s - 15:

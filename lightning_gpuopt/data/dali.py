@@ -29,6 +29,8 @@ SPLITS = ("train", "val", "test", "predict")
 POLICIES = ("drop", "fill", "partial")
 PARTIAL_EPOCH = ("continue", "restart")
 READER_NAME = "Reader"
+#: where a GPU run decodes its JPEGs (``decoder=``): nvJPEG on the GPU, or libjpeg-turbo on CPU threads
+DECODERS = ("gpu", "cpu")
 
 # Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
 # empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
@@ -97,13 +99,10 @@ def _check_pipeline_values(**values: Any) -> None:
         raise ValueError(
             f"resize_filter must be one of {list(RESIZE_FILTERS)}, got {values['resize_filter']!r}"
         )
-    share = values.get("cpu_decode_share")
-    if share is not None and (
-        isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0
-    ):
+    decoder = values.get("decoder")
+    if decoder is not None and decoder not in DECODERS:
         raise ValueError(
-            f"cpu_decode_share must be a number in [0, 1] (0: all JPEGs on nvJPEG, 1: all on CPU threads), "
-            f"got {share!r}"
+            f"decoder must be one of {DECODERS} ('gpu': nvJPEG, 'cpu': CPU threads), got {decoder!r}"
         )
     load = values.get("hw_decoder_load")
     if load is not None and not 0.0 <= float(load) <= 1.0:
@@ -132,7 +131,7 @@ def build_dali_pipeline(
     random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hw_decoder_load: float | None = None,
     resize_filter: str = "antialiased",
-    cpu_decode_share: float = 0.0,
+    decoder: str = "gpu",
     enable_checkpointing: bool = False,
     checkpoint: bytes | str | None = None,
 ) -> Any:
@@ -165,22 +164,16 @@ def build_dali_pipeline(
         resize_filter: ``"antialiased"`` (triangular filter with antialiasing, the default: closest to PIL)
             or ``"linear"`` (bilinear without antialiasing: less GPU work per image, aliasing when
             shrinking a crop a lot).
-        cpu_decode_share: share of JPEGs decoded by libjpeg-turbo on the ``num_threads`` CPU threads
-            instead of nvJPEG (``device="mixed"``); the CPU decodes only the random crop and copies it to
-            the GPU, which then only resizes and normalizes it. 0: every JPEG on nvJPEG; 1: every JPEG on
-            the CPU (the SMs are left to the model, if the cores keep up); in between: each JPEG goes to
-            the CPU with this probability (DALI conditional execution), so both decoders work at once.
-            A CPU pipeline (``device_id=None``) decodes on the CPU whatever the share.
+        decoder: ``"gpu"`` (nvJPEG, ``device="mixed"``: the hardware JPEG decoder and CUDA kernels) or
+            ``"cpu"`` (libjpeg-turbo on the ``num_threads`` CPU threads, decoding only the random crop,
+            which is then copied to the GPU to be resized and normalized there): the SMs are left to the
+            model, if the cores keep up. A CPU pipeline (``device_id=None``) decodes on the CPU anyway.
         enable_checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint string from ``DALIGenericIterator.checkpoints()`` to restore.
     """
-    _check_pipeline_values(
-        resize_filter=resize_filter, hw_decoder_load=hw_decoder_load, cpu_decode_share=cpu_decode_share
-    )
+    _check_pipeline_values(resize_filter=resize_filter, hw_decoder_load=hw_decoder_load, decoder=decoder)
     dali, fn, types, _, _ = _dali_modules()
     gpu = device_id is not None
-    cpu_share = float(cpu_decode_share)
-    split = 0.0 < cpu_share < 1.0
     interp, antialias = {
         "antialiased": (types.INTERP_TRIANGULAR, True),
         "linear": (types.INTERP_LINEAR, False),
@@ -225,7 +218,6 @@ def build_dali_pipeline(
         prefetch_queue_depth=prefetch_queue_depth,
         enable_checkpointing=enable_checkpointing,
         checkpoint=checkpoint,
-        enable_conditionals=split,
     )
     def pipeline() -> Any:
         jpegs, label = fn.readers.file(
@@ -246,14 +238,7 @@ def build_dali_pipeline(
             name=READER_NAME,
         )
         op_device = "gpu" if gpu else "cpu"
-        if split:
-            # a per-sample coin: DALI runs each branch on its own sub-batch and merges them in order
-            if fn.random.coin_flip(probability=cpu_share, dtype=types.BOOL):
-                images = _decode(jpegs, on_cpu=True)
-            else:
-                images = _decode(jpegs, on_cpu=False)
-        else:
-            images = _decode(jpegs, on_cpu=cpu_share >= 1.0)
+        images = _decode(jpegs, on_cpu=decoder == "cpu")
         if train:
             images = fn.resize(
                 images,
@@ -624,7 +609,7 @@ _PIPELINE_KWARGS = {
     "random_aspect_ratio",
     "hw_decoder_load",
     "resize_filter",
-    "cpu_decode_share",
+    "decoder",
 }
 
 
@@ -651,13 +636,13 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
-def default_num_threads(local_world_size: int = 1, cpu_decode_share: float = 0.0) -> int:
+def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
     """DALI CPU threads per rank.
 
-    All JPEGs on nvJPEG (``cpu_decode_share=0``): half of this process's CPUs shared by the local ranks,
+    ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks,
     1..8. The other half is for the training loop, the CUDA driver and DALI's own executor threads: on the
     H200's 16 cores a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
-    (``benchmarks/results/dali_h200.json``). When the threads decode JPEGs (``cpu_decode_share > 0``) each
+    (``benchmarks/results/dali_h200.json``). ``decoder="cpu"``: the threads decode every JPEG, so each
     rank takes its share of the CPUs less two (the training loop and DALI's executor), at least 1.
     """
     try:
@@ -665,7 +650,7 @@ def default_num_threads(local_world_size: int = 1, cpu_decode_share: float = 0.0
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     share = cpus // max(1, local_world_size)
-    if cpu_decode_share > 0:
+    if decoder == "cpu":
         return max(1, share - 2)
     return max(1, min(8, share // 2))
 
@@ -724,7 +709,7 @@ def build_dali_loader(dm: Any, split: str, **overrides: Any) -> DALILoader | lis
     num_threads = (
         num_workers
         if isinstance(num_workers, int) and num_workers > 0
-        else default_num_threads(local_world, float(extra.get("cpu_decode_share", 0.0)))
+        else default_num_threads(local_world, extra.get("decoder", "gpu"))
     )
     kwargs: dict[str, Any] = {
         "batch_size": int(dm.batch_size),

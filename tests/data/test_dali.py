@@ -247,73 +247,50 @@ def test_bad_pipeline_values_fail_when_the_loader_is_made(jpeg_folder):
         DALILoader(files, labels, hw_decoder_load=-0.1, **kw)
 
 
-def test_cpu_decode_share_is_checked_and_picks_the_thread_default(jpeg_folder, monkeypatch):
+def test_decoder_is_checked_and_picks_the_thread_default(jpeg_folder, monkeypatch):
     from lightning_gpuopt.data import dali as dali_mod
 
     files, labels = _indexed(jpeg_folder)
-    for bad in (1.5, -0.1, True, "cpu"):
-        with pytest.raises(ValueError, match="cpu_decode_share must be a number"):
-            DALILoader(files, labels, batch_size=4, image_size=16, train=False, cpu_decode_share=bad)
+    for bad in ("nvjpeg", 1.0, "CPU "):
+        with pytest.raises(ValueError, match="decoder must be one of"):
+            DALILoader(files, labels, batch_size=4, image_size=16, train=False, decoder=bad)
     monkeypatch.setattr(dali_mod.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert dali_mod.default_num_threads(1) == 8  # nvJPEG decodes: half the cores, at most 8
-    assert dali_mod.default_num_threads(1, 1.0) == 14  # the threads decode: all cores but two
-    assert dali_mod.default_num_threads(1, 0.5) == 14
-    assert dali_mod.default_num_threads(2, 1.0) == 6  # two local ranks share the 16 cores
-    assert dali_mod.default_num_threads(8, 1.0) == 1
+    assert dali_mod.default_num_threads(1, "cpu") == 14  # the threads decode: all cores but two
+    assert dali_mod.default_num_threads(2, "cpu") == 6  # two local ranks share the 16 cores
+    assert dali_mod.default_num_threads(8, "cpu") == 1
     dm = _DM(jpeg_folder)
-    dm.num_workers = None  # no explicit thread count: the share decides
-    dm.dali_kwargs = {"cpu_decode_share": 1.0}
+    dm.num_workers = None  # no explicit thread count: the decoder decides
+    dm.dali_kwargs = {"decoder": "cpu"}
     loader = build_dali_loader(dm, "train")
-    assert loader.pipeline_kwargs["cpu_decode_share"] == 1.0 and loader.pipeline_kwargs["num_threads"] == 14
-    assert build_dali_loader(dm, "train", cpu_decode_share=0.0).pipeline_kwargs["num_threads"] == 8
+    assert loader.pipeline_kwargs["decoder"] == "cpu" and loader.pipeline_kwargs["num_threads"] == 14
+    assert build_dali_loader(dm, "train", decoder="gpu").pipeline_kwargs["num_threads"] == 8
+    dm.num_workers = 3  # an explicit count wins
+    assert build_dali_loader(dm, "train").pipeline_kwargs["num_threads"] == 3
 
 
-@pytest.mark.parametrize("share", [1.0, 0.5])
-def test_cpu_decode_share_on_a_cpu_pipeline_gives_the_same_batches(jpeg_folder, share):
+def test_cpu_decoder_on_a_cpu_pipeline_gives_the_same_batches(jpeg_folder):
     files, labels = _indexed(jpeg_folder)
     kw = dict(batch_size=8, train=False, image_size=16, device="cpu")
     a, ya = next(iter(_loader(files[:8], labels[:8], **kw)))
-    b, yb = next(iter(_loader(files[:8], labels[:8], cpu_decode_share=share, **kw)))
-    # without a GPU every branch decodes on the CPU: the split (DALI conditionals) must keep sample order
-    assert torch.equal(a, b) and torch.equal(ya, yb)
-
-
-def test_split_decoding_trains_and_resumes_the_same_stream(jpeg_folder, tmp_path):
-    files, labels = _indexed(jpeg_folder)
-    kw = dict(batch_size=4, train=True, cpu_decode_share=0.5)
-    first = _loader(files, labels, **kw)
-    it = iter(first)
-    for _ in range(3):
-        next(it)
-    state = first.state_dict()
-    expected = [next(it) for _ in range(9)] + list(first)
-    second = _loader(files, labels, **kw)
-    second.load_state_dict(state)
-    got = list(second) + list(second)
-    assert len(got) == len(expected) == 21
-    for (xa, ya), (xb, yb) in zip(expected, got, strict=True):
-        assert torch.equal(ya, yb) and torch.equal(xa, xb)
-    seen = sorted(int(v) for _, y in got[9:] for v in y)
-    assert len(seen) == len(set(seen)) == 48  # a whole epoch (DROP: 12 batches of 4), no sample twice
+    b, yb = next(iter(_loader(files[:8], labels[:8], decoder="cpu", **kw)))
+    assert torch.equal(a, b) and torch.equal(ya, yb)  # without a GPU everything decodes on the CPU anyway
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("share", [1.0, 0.5])
-def test_gpu_cpu_decoding_feeds_the_gpu_like_nvjpeg(jpeg_folder, share):
+def test_gpu_cpu_decoder_feeds_the_gpu_like_nvjpeg(jpeg_folder):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     files, labels = _indexed(jpeg_folder)
     kw = dict(batch_size=8, train=False, image_size=24, device="cuda", dtype=torch.float16)
     gpu, gpu_labels = next(iter(_loader(files[:8], labels[:8], **kw)))
-    cpu, cpu_labels = next(iter(_loader(files[:8], labels[:8], cpu_decode_share=share, **kw)))
+    cpu, cpu_labels = next(iter(_loader(files[:8], labels[:8], decoder="cpu", **kw)))
     assert cpu.device.type == "cuda" and cpu.dtype == torch.float16 and cpu.shape == gpu.shape
     assert cpu.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(cpu_labels, gpu_labels)  # the split keeps sample order
+    assert torch.equal(cpu_labels, gpu_labels)
     # libjpeg-turbo and nvJPEG differ by JPEG rounding only (normalized units: 1 level is ~0.017)
     assert (cpu.float() - gpu.float()).abs().mean() < 0.05
-    train = _loader(
-        files, labels, batch_size=8, train=True, image_size=24, device="cuda", cpu_decode_share=share
-    )
+    train = _loader(files, labels, batch_size=8, train=True, image_size=24, device="cuda", decoder="cpu")
     images, _ = next(iter(train))
     assert images.shape == (8, 3, 24, 24) and images.device.type == "cuda"
 
