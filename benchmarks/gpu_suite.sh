@@ -19,7 +19,7 @@ for name in "$@"; do
     nvtx) cmd=(python3 benchmarks/gpu_nvtx.py --recorder .nvtxrec/librecorder.so --out "$RES/nvtx_h200.json") ;;
     ladder) cmd=(python3 benchmarks/gpu_ladder.py --out "$RES/ladder_h200.json") ;;
     nvtx_record) cmd=(python3 benchmarks/gpu_nvtx.py --record-only --recorder .nvtxrec/librecorder.so --out "$RES/nvtx_recorder_h200.json") ;;
-    dali_focus) cmd=(python3 benchmarks/gpu_dali.py --focus --budget-s 280 --out "$RES/dali_focus_h200.json") ;;
+    dali_focus) cmd=(python3 benchmarks/gpu_dali.py --focus --budget-s 300 --out "$RES/dali_focus_h200.json") ;;
     advisor) cmd=(python3 benchmarks/gpu_advisor.py --budget-s 200 --out "$RES/advisor_h200.json") ;;
     advisor_decode) cmd=(python3 benchmarks/gpu_advisor.py --only decode-bound --out "$RES/advisor_decode_h200.json") ;;
     ddp) cmd=(env CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/gpu_ddp.py --out "$RES/ddp_h200x2.json") ;;

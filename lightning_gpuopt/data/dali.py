@@ -316,6 +316,32 @@ def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
     return None
 
 
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # not Linux
+        return set()
+
+
+def renice_dali_workers(existing: set[int], nice: int) -> list[int]:
+    """Lower the priority of DALI worker threads started since ``existing`` (thread ids) by ``nice``.
+
+    DALI names its pool threads ``[DALI][TP<n>]...``; its executor and prefetch threads, the CUDA driver's and
+    the training loop's are left alone. Linux only (per-thread nice values); returns the threads changed.
+    """
+    changed = []
+    for tid in sorted(_thread_ids() - existing):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+            if name.startswith("[DALI][TP"):
+                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+                changed.append(tid)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return changed
+
+
 class DALILoader:
     """Lightning-ready iterable over a DALI pipeline: ``(images, labels)`` batches on the device.
 
@@ -358,9 +384,12 @@ class DALILoader:
         validate_files: check every file's leading bytes before building (cheap; names a bad file).
         epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
+        worker_nice: nice increment (0..19) for DALI's worker threads (Linux; elsewhere ignored), so the
+            training loop and DALI's executor threads get a core first when decoding keeps every core
+            busy (``decoder="cpu"``). 0 leaves them as they are.
         **pipeline_kwargs: passed to ``build_dali_pipeline`` (``storage_size``, ``mean``, ``std``,
             ``num_threads``, ``prefetch_queue_depth``, ``seed``, ``shuffle_seed``, ``random_area``,
-            ``random_aspect_ratio``, ``hw_decoder_load``, ``resize_filter``).
+            ``random_aspect_ratio``, ``hw_decoder_load``, ``resize_filter``, ``decoder``).
     """
 
     def __init__(
@@ -380,6 +409,7 @@ class DALILoader:
         checkpointing: bool | None = None,
         validate_files: bool = True,
         epoch_batches: Callable[[], int | float] | None = None,
+        worker_nice: int = 0,
         **pipeline_kwargs: Any,
     ) -> None:
         if len(files) != len(labels):
@@ -404,6 +434,9 @@ class DALILoader:
                 f"unknown DALI pipeline argument(s) {sorted(unknown)}; valid: {sorted(_PIPELINE_KWARGS)}"
             )
         _check_pipeline_values(**pipeline_kwargs)  # here, not when the first batch builds the pipeline
+        if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
+            raise ValueError(f"worker_nice must be an int in [0, 19] (0: unchanged), got {worker_nice!r}")
+        self.worker_nice = worker_nice
         self.files = list(files)
         self.labels = [int(v) for v in labels]
         self.batch_size = int(batch_size)
@@ -468,12 +501,15 @@ class DALILoader:
             "fill": LastBatchPolicy.FILL,
             "partial": LastBatchPolicy.PARTIAL,
         }[self.last_batch_policy]
+        threads_before = _thread_ids()
         try:
             self._iterator = DALIGenericIterator(
                 pipe, ["images", "labels"], reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True
             )
         except RuntimeError as err:
             raise self._decode_error(err) from err
+        if self.worker_nice:
+            renice_dali_workers(threads_before, self.worker_nice)
         self._checkpoint = None
         if len(self._iterator) != len(self):
             raise RuntimeError(

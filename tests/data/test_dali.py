@@ -295,6 +295,31 @@ def test_gpu_cpu_decoder_feeds_the_gpu_like_nvjpeg(jpeg_folder):
     assert images.shape == (8, 3, 24, 24) and images.device.type == "cuda"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_worker_nice_lowers_only_dali_pool_threads(jpeg_folder):
+    import os
+
+    files, labels = _indexed(jpeg_folder)
+    with pytest.raises(ValueError, match="worker_nice"):
+        _loader(files, labels, batch_size=4, train=False, worker_nice=-5)  # raising priority: refused
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    before = set(os.listdir("/proc/self/task"))  # threads of other tests' pipelines are not this loader's
+    loader = _loader(files, labels, batch_size=4, train=False, num_threads=2, worker_nice=7)
+    images, _ = next(iter(loader))
+    assert images.shape == (4, 3, 16, 16)
+    names = {}
+    for tid in set(os.listdir("/proc/self/task")) - before:
+        with open(f"/proc/self/task/{tid}/comm") as fh:
+            names[int(tid)] = fh.read().strip()
+    pool = [t for t, n in names.items() if n.startswith("[DALI][TP")]
+    assert len(pool) >= 2
+    assert all(os.getpriority(os.PRIO_PROCESS, t) == base + 7 for t in pool)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the training loop's thread keeps its priority
+    others = [t for t, n in names.items() if "Executor" in n]
+    assert others and all(os.getpriority(os.PRIO_PROCESS, t) == base for t in others)
+    loader.close()
+
+
 def test_hw_decoder_load_out_of_range_is_refused(jpeg_folder):
     from lightning_gpuopt.data.dali import build_dali_pipeline
 
