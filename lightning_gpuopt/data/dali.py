@@ -31,6 +31,8 @@ PARTIAL_EPOCH = ("continue", "restart")
 READER_NAME = "Reader"
 #: where a GPU run decodes its JPEGs (``decoder=``): nvJPEG on the GPU, or libjpeg-turbo on CPU threads
 DECODERS = ("gpu", "cpu")
+#: default ``worker_nice`` of CPU-decoding pools: the pool soaks up idle cores, never the training loop's
+CPU_DECODER_NICE = 10
 
 # Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
 # empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
@@ -386,7 +388,7 @@ class DALILoader:
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
         worker_nice: nice increment (0..19) for DALI's worker threads (Linux; elsewhere ignored), so the
             training loop and DALI's executor threads get a core first when decoding keeps every core
-            busy (``decoder="cpu"``). 0 leaves them as they are.
+            busy. ``None``: ``CPU_DECODER_NICE`` (10) with ``decoder="cpu"``, else 0 (unchanged).
         **pipeline_kwargs: passed to ``build_dali_pipeline`` (``storage_size``, ``mean``, ``std``,
             ``num_threads``, ``prefetch_queue_depth``, ``seed``, ``shuffle_seed``, ``random_area``,
             ``random_aspect_ratio``, ``hw_decoder_load``, ``resize_filter``, ``decoder``).
@@ -409,7 +411,7 @@ class DALILoader:
         checkpointing: bool | None = None,
         validate_files: bool = True,
         epoch_batches: Callable[[], int | float] | None = None,
-        worker_nice: int = 0,
+        worker_nice: int | None = None,
         **pipeline_kwargs: Any,
     ) -> None:
         if len(files) != len(labels):
@@ -434,6 +436,8 @@ class DALILoader:
                 f"unknown DALI pipeline argument(s) {sorted(unknown)}; valid: {sorted(_PIPELINE_KWARGS)}"
             )
         _check_pipeline_values(**pipeline_kwargs)  # here, not when the first batch builds the pipeline
+        if worker_nice is None:
+            worker_nice = CPU_DECODER_NICE if pipeline_kwargs.get("decoder") == "cpu" else 0
         if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
             raise ValueError(f"worker_nice must be an int in [0, 19] (0: unchanged), got {worker_nice!r}")
         self.worker_nice = worker_nice

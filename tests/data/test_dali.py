@@ -318,6 +318,10 @@ def test_worker_nice_lowers_only_dali_pool_threads(jpeg_folder):
     others = [t for t, n in names.items() if "Executor" in n]
     assert others and all(os.getpriority(os.PRIO_PROCESS, t) == base for t in others)
     loader.close()
+    # the default: lowered only when the pool decodes JPEGs on the CPU of a GPU run
+    assert _loader(files, labels, batch_size=4, train=False).worker_nice == 0
+    assert _loader(files, labels, batch_size=4, train=False, decoder="cpu").worker_nice == 10
+    assert _loader(files, labels, batch_size=4, train=False, decoder="cpu", worker_nice=0).worker_nice == 0
 
 
 def test_hw_decoder_load_out_of_range_is_refused(jpeg_folder):
