@@ -662,7 +662,7 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper and newer), else 0.65.
 
     Whatever the hardware decoder does not take is decoded by CUDA kernels on the SMs, which the model then
-    shares. On one H200 (``benchmarks/results/dali_focus_h200.json``, two runs each) Lightning + DALI fed
+    shares. On one H200 (``benchmarks/results/session2/dali_focus_h200.json``, two runs each) Lightning + DALI fed
     ResNet-50 at 0.911 of the ceiling with 1.0 against 0.888 with 0.65, and the model beside a DALI pipeline
     whose output was discarded ran at 0.929 against 0.907 (``dali_h200.json``). Older GPUs keep DALI's 0.65
     (not measured here). ``device_id=None`` (CPU pipeline): the value is unused; 0.65 is returned.
