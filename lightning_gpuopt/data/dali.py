@@ -1,8 +1,8 @@
 """NVIDIA DALI backend: JPEG decoding and augmentation on the GPU, behind a Lightning-ready loader.
 
 ``build_dali_pipeline`` defines the pipeline (``fn.readers.file`` sharded by rank, nvJPEG decoding with
-``device="mixed"``, random-resized-crop + flip for training, resize + center crop for evaluation,
-normalization to fp16/fp32 NHWC). ``DALILoader`` wraps DALI's own ``DALIGenericIterator`` and adds what
+``device="mixed"`` or, with ``decoder="cpu"``, libjpeg-turbo on DALI's CPU threads, random-resized-crop +
+flip for training, resize + center crop for evaluation, normalization to fp16/fp32 NHWC). ``DALILoader`` wraps DALI's own ``DALIGenericIterator`` and adds what
 Lightning needs: a ``len`` known before the pipeline is built, one ``__iter__`` per epoch that neither
 ends early nor loses or repeats batches after a partially consumed epoch, the same batch count on every
 rank, and ``state_dict``/``load_state_dict`` backed by DALI checkpointing so a resumed fit continues the
@@ -693,6 +693,29 @@ def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
     if decoder == "cpu":
         return max(1, share - 2)
     return max(1, min(8, share // 2))
+
+
+def check_dali_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse unknown ``dali_kwargs`` keys or bad values when the DataModule is made, not at fit time."""
+    import inspect
+
+    params = set(inspect.signature(DALILoader.__init__).parameters) - {
+        "self",
+        "files",
+        "labels",
+        "pipeline_kwargs",
+    }
+    valid = params | _PIPELINE_KWARGS
+    unknown = set(kwargs) - valid
+    if unknown:
+        raise TypeError(f"unknown dali_kwargs key(s) {sorted(unknown)}; valid: {sorted(valid)}")
+    try:
+        _check_pipeline_values(**{k: v for k, v in kwargs.items() if k in _PIPELINE_KWARGS})
+    except ValueError as err:
+        raise ValueError(f"dali_kwargs: {err}") from None
+    nice = kwargs.get("worker_nice")
+    if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
+        raise ValueError(f"dali_kwargs: worker_nice must be an int in [0, 19] (0: unchanged), got {nice!r}")
 
 
 def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:

@@ -264,3 +264,20 @@ def test_cuda_fit_pins_and_transforms_on_device(jpeg_folder):
     trainer.fit(model, datamodule=dm)
     assert trainer.train_dataloader.pin_memory is True
     assert model.layouts[0] == ((8, 3, 16, 16), torch.float16, True)
+
+
+def test_dali_kwargs_are_checked_when_the_datamodule_is_made(jpeg_folder):
+    # no DALI import needed: the keys and values are refused before any pipeline (or Trainer) exists
+    def make(kw):
+        return OptimizedDataModule(train_dir=jpeg_folder, backend="dali", dali_kwargs=kw)
+
+    with pytest.raises(TypeError, match=r"unknown dali_kwargs key\(s\) \['decodr'\]"):
+        make({"decodr": "cpu"})
+    with pytest.raises(ValueError, match="dali_kwargs: decoder must be one of"):
+        make({"decoder": "nvjpeg"})
+    with pytest.raises(ValueError, match="dali_kwargs: hw_decoder_load"):
+        make({"hw_decoder_load": 2})
+    with pytest.raises(ValueError, match="dali_kwargs: worker_nice"):
+        make({"worker_nice": -3})
+    dm = make({"decoder": "cpu", "num_threads": 4, "worker_nice": 5, "last_batch_policy": "fill"})
+    assert dm.dali_kwargs["decoder"] == "cpu"
