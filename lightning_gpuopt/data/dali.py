@@ -2,8 +2,8 @@
 
 ``build_dali_pipeline`` defines the pipeline (``fn.readers.file`` sharded by rank, nvJPEG decoding with
 ``device="mixed"`` or, with ``decoder="cpu"``, libjpeg-turbo on DALI's CPU threads, random-resized-crop +
-flip for training, resize + center crop for evaluation, normalization to fp16/fp32 NHWC). ``DALILoader`` wraps DALI's own ``DALIGenericIterator`` and adds what
-Lightning needs: a ``len`` known before the pipeline is built, one ``__iter__`` per epoch that neither
+flip for training, resize + center crop for evaluation, normalization to fp16/fp32 NHWC). ``DALILoader``
+wraps DALI's own ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before the pipeline is built, one ``__iter__`` per epoch that neither
 ends early nor loses or repeats batches after a partially consumed epoch, the same batch count on every
 rank, and ``state_dict``/``load_state_dict`` backed by DALI checkpointing so a resumed fit continues the
 sample order. ``build_dali_loader(dm, split)`` builds one from an ``OptimizedDataModule``.
@@ -109,6 +109,11 @@ def _check_pipeline_values(**values: Any) -> None:
     load = values.get("hw_decoder_load")
     if load is not None and not 0.0 <= float(load) <= 1.0:
         raise ValueError(f"hw_decoder_load must be in [0, 1] or None, got {load!r}")
+
+
+def _check_worker_nice(nice: Any) -> None:
+    if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
+        raise ValueError(f"worker_nice must be an int in [0, 19] (0: unchanged), got {nice!r}")
 
 
 def build_dali_pipeline(
@@ -436,10 +441,9 @@ class DALILoader:
                 f"unknown DALI pipeline argument(s) {sorted(unknown)}; valid: {sorted(_PIPELINE_KWARGS)}"
             )
         _check_pipeline_values(**pipeline_kwargs)  # here, not when the first batch builds the pipeline
+        _check_worker_nice(worker_nice)
         if worker_nice is None:
             worker_nice = CPU_DECODER_NICE if pipeline_kwargs.get("decoder") == "cpu" else 0
-        if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
-            raise ValueError(f"worker_nice must be an int in [0, 19] (0: unchanged), got {worker_nice!r}")
         self.worker_nice = worker_nice
         self.files = list(files)
         self.labels = [int(v) for v in labels]
@@ -662,8 +666,8 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper and newer), else 0.65.
 
     Whatever the hardware decoder does not take is decoded by CUDA kernels on the SMs, which the model then
-    shares. On one H200 (``benchmarks/results/session2/dali_focus_h200.json``, two runs each) Lightning + DALI fed
-    ResNet-50 at 0.911 of the ceiling with 1.0 against 0.888 with 0.65, and the model beside a DALI pipeline
+    shares. On one H200 (``benchmarks/results/session2/dali_focus_h200.json``, two runs each) Lightning +
+    DALI fed ResNet-50 at 0.911 of the ceiling with 1.0 against 0.888 with 0.65, and the model beside a DALI pipeline
     whose output was discarded ran at 0.929 against 0.907 (``dali_h200.json``). Older GPUs keep DALI's 0.65
     (not measured here). ``device_id=None`` (CPU pipeline): the value is unused; 0.65 is returned.
     """
@@ -679,11 +683,13 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
     """DALI CPU threads per rank.
 
-    ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks,
-    1..8. The other half is for the training loop, the CUDA driver and DALI's own executor threads: on the
-    H200's 16 cores a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
-    (``benchmarks/results/dali_h200.json``). ``decoder="cpu"``: the threads decode every JPEG, so each
-    rank takes its share of the CPUs less two (the training loop and DALI's executor), at least 1.
+    ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks, 1..8. The other
+    half is for the training loop, the CUDA driver and DALI's own executor threads: on the H200's 16 cores
+    a DALI thread per core fed ResNet-50 at 0.896 of the ceiling, 8 or 4 threads at 0.92
+    (``benchmarks/results/dali_h200.json``). ``decoder="cpu"``: the threads decode every JPEG, so each rank
+    takes its share of the CPUs less two (the training loop and DALI's executor), at least 1: on the H200,
+    14 threads fed ResNet-50 at 0.95-0.99 of the ceiling on three machines of four, 15 or 16 threads
+    without ``worker_nice`` starved the loop (``benchmarks/results/dali_decode_h200.json``).
     """
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -711,11 +717,9 @@ def check_dali_kwargs(kwargs: dict[str, Any]) -> None:
         raise TypeError(f"unknown dali_kwargs key(s) {sorted(unknown)}; valid: {sorted(valid)}")
     try:
         _check_pipeline_values(**{k: v for k, v in kwargs.items() if k in _PIPELINE_KWARGS})
+        _check_worker_nice(kwargs.get("worker_nice"))
     except ValueError as err:
         raise ValueError(f"dali_kwargs: {err}") from None
-    nice = kwargs.get("worker_nice")
-    if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
-        raise ValueError(f"dali_kwargs: worker_nice must be an int in [0, 19] (0: unchanged), got {nice!r}")
 
 
 def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:
