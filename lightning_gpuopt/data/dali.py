@@ -3,10 +3,10 @@
 ``build_dali_pipeline`` defines the pipeline (``fn.readers.file`` sharded by rank, nvJPEG decoding with
 ``device="mixed"`` or, with ``decoder="cpu"``, libjpeg-turbo on DALI's CPU threads, random-resized-crop +
 flip for training, resize + center crop for evaluation, normalization to fp16/fp32 NHWC). ``DALILoader``
-wraps DALI's own ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before the pipeline is built, one ``__iter__`` per epoch that neither
-ends early nor loses or repeats batches after a partially consumed epoch, the same batch count on every
-rank, and ``state_dict``/``load_state_dict`` backed by DALI checkpointing so a resumed fit continues the
-sample order. ``build_dali_loader(dm, split)`` builds one from an ``OptimizedDataModule``.
+wraps DALI's own ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before the
+pipeline is built, one ``__iter__`` per epoch that neither ends early nor loses or repeats batches after a
+partially consumed epoch, the same batch count on every rank, and ``state_dict``/``load_state_dict``
+backed by DALI checkpointing so a resumed fit continues the sample order. ``build_dali_loader(dm, split)`` builds one from an ``OptimizedDataModule``.
 
 Without a CUDA root device the same pipeline runs on the CPU (``device_id=None``), so it can be developed
 and tested anywhere.
@@ -333,8 +333,8 @@ def _thread_ids() -> set[int]:
 def renice_dali_workers(existing: set[int], nice: int) -> list[int]:
     """Lower the priority of DALI worker threads started since ``existing`` (thread ids) by ``nice``.
 
-    DALI names its pool threads ``[DALI][TP<n>]...``; its executor and prefetch threads, the CUDA driver's and
-    the training loop's are left alone. Linux only (per-thread nice values); returns the threads changed.
+    DALI names its pool threads ``[DALI][TP<n>]...``; its executor and prefetch threads, the CUDA driver's
+    and the training loop's are left alone. Linux only (per-thread nice values); returns the threads changed.
     """
     changed = []
     for tid in sorted(_thread_ids() - existing):
