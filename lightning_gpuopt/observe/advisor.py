@@ -195,6 +195,8 @@ class RunConfig:
         host_batches: whether batches start in host memory and are copied to the device each step.
         batch_size: samples per batch per process.
         backend: ``"folder"`` (JPEG/PNG decoded by PIL), ``"hdf5"`` (decoded uint8), ``"dali"`` or ``None``.
+        dali_decoder: with ``backend="dali"``: ``"gpu"`` (nvJPEG) or ``"cpu"`` (DALI's CPU threads).
+        dali_threads: with ``backend="dali"``: DALI's CPU threads per process.
         conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
         conv_channels_last: how many of those are channels_last.
         input_channels_last: whether the 4-D input batch is channels_last.
@@ -221,6 +223,8 @@ class RunConfig:
     host_batches: bool | None = None
     batch_size: int | None = None
     backend: str | None = None
+    dali_decoder: str | None = None
+    dali_threads: int | None = None
     conv_layers: int = 0
     conv_channels_last: int = 0
     input_channels_last: bool | None = None
@@ -468,6 +472,25 @@ def diagnose(
                 advice += (
                     ' JPEG decoding is what the workers spend their time on: backend="hdf5" (after '
                     '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
+                )
+        elif cfg.backend == "dali":
+            cause = "dali-bound"
+            for name in ("dali_decoder", "dali_threads"):
+                if getattr(cfg, name) is not None:
+                    figs[name] = getattr(cfg, name)
+            threads = f"{cfg.dali_threads} " if cfg.dali_threads else ""
+            if cfg.dali_decoder == "cpu":
+                advice = (
+                    f"{head}DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
+                    '(decoder="cpu"). Decode with nvJPEG (dali_kwargs={"decoder": "gpu"}), run on a '
+                    'host with more cores per GPU, or store decoded uint8 once (backend="hdf5").'
+                )
+            else:
+                advice = (
+                    f"{head}The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads "
+                    "(num_workers), a deeper dali_kwargs prefetch_queue_depth, or the hardware decoder "
+                    '(hw_decoder_load=1.0); with many cores per GPU try dali_kwargs={"decoder": "cpu"}, or store '
+                    'decoded uint8 once (backend="hdf5").'
                 )
         elif cfg.backend == "folder":
             cause = "decode-bound"
@@ -857,6 +880,11 @@ def _loader_facts(trainer: pl.Trainer) -> dict[str, Any]:
         return facts
     if "dali" in type(loader).__name__.lower():
         facts.update(backend="dali", host_batches=False)
+        kwargs = getattr(loader, "pipeline_kwargs", None)  # DALILoader's; other DALI wrappers: unknown
+        if isinstance(kwargs, Mapping):
+            facts["dali_decoder"] = str(kwargs.get("decoder", "gpu"))
+            if isinstance(kwargs.get("num_threads"), int):
+                facts["dali_threads"] = int(kwargs["num_threads"])
     if isinstance(loader, torch.utils.data.DataLoader):
         facts["num_workers"] = loader.num_workers
         facts["pin_memory"] = bool(loader.pin_memory)

@@ -134,6 +134,34 @@ def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
     assert 'backend="hdf5"' in out[0].advice and 'backend="dali"' in out[0].advice
 
 
+@pytest.mark.parametrize(
+    ("decoder", "remedy"),
+    [("cpu", '{"decoder": "gpu"}'), ("gpu", '{"decoder": "cpu"}'), (None, "hw_decoder_load")],
+)
+def test_input_bound_dali_names_the_other_decoder(decoder, remedy):
+    wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
+    out = diagnose(ev(**wait), cfg(backend="dali", dali_decoder=decoder, dali_threads=14, pin_memory=None))
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
+    assert remedy in out[0].advice and 'backend="hdf5"' in out[0].advice
+    assert out[0].evidence.get("dali_decoder") == decoder and out[0].evidence["dali_threads"] == 14
+
+
+def test_loader_facts_read_a_dali_loaders_decoder_and_threads(jpeg_folder):
+    from types import SimpleNamespace
+
+    from lightning_gpuopt.data.dali import DALILoader
+    from lightning_gpuopt.data.folder import scan_image_folder
+    from lightning_gpuopt.observe.advisor import _loader_facts
+
+    _, samples = scan_image_folder(jpeg_folder)
+    files, labels = [p for p, _ in samples], [y for _, y in samples]
+    loader = DALILoader(files, labels, batch_size=4, image_size=16, train=True, decoder="cpu", num_threads=6)
+    facts = _loader_facts(SimpleNamespace(train_dataloader=loader, datamodule=None))  # no DALI import needed
+    assert facts == {"backend": "dali", "host_batches": False, "dali_decoder": "cpu", "dali_threads": 6}
+    loader = DALILoader(files, labels, batch_size=4, image_size=16, train=True)
+    assert _loader_facts(SimpleNamespace(train_dataloader=loader, datamodule=None))["dali_decoder"] == "gpu"
+
+
 def test_wait_overlapping_a_busy_gpu_is_not_input_bound():
     # the host waits for data while the GPU still works on queued steps: not a bottleneck
     assert (
