@@ -9,6 +9,7 @@ import torch
 
 from lightning_gpuopt import ladder
 from lightning_gpuopt.cli import main
+from tests._lightning import quiet_trainer
 
 TINY = ["--model", "small", "--batch-size", "8", "--image-size", "32", "--warmup", "1"]
 
@@ -193,7 +194,6 @@ def test_window_means_skip_warmup_windows():
 
 
 def _tiny_fit(meter, batches_per_epoch=6):
-    import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_gpuopt.models import ImageClassifier
@@ -201,14 +201,10 @@ def _tiny_fit(meter, batches_per_epoch=6):
     data = TensorDataset(
         torch.randn(4 * batches_per_epoch, 3, 8, 8), torch.randint(0, 2, (4 * batches_per_epoch,))
     )
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_epochs=50,
-        logger=False,
         callbacks=[meter],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4))
     return trainer

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lightning_gpuopt.models import ImageClassifier
+from tests._lightning import quiet_trainer
 
 
 def _fused(opt: torch.optim.Optimizer) -> bool:
@@ -54,12 +55,8 @@ def test_fused_model_trains_under_lightning_on_cpu() -> None:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
     module = ImageClassifier("small", num_classes=4, fused=True)
     before = [p.detach().clone() for p in module.parameters()]
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module, loader)
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))

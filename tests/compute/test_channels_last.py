@@ -18,6 +18,7 @@ from lightning_gpuopt.compute.channels_last import (
     to_channels_last,
 )
 from lightning_gpuopt.models import ImageClassifier, SmallResNet
+from tests._lightning import quiet_trainer
 
 CL = torch.channels_last
 
@@ -54,12 +55,8 @@ def _loader(n: int = 16, size: int = 16, batch_size: int = 8, channels_last: boo
 def _trainer(callbacks, max_steps: int = 2, **kw) -> pl.Trainer:
     kw.setdefault("accelerator", "cpu")
     kw.setdefault("devices", 1)
-    return pl.Trainer(
+    return quiet_trainer(
         max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=callbacks,
         **kw,
     )

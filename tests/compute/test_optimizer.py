@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from lightning_gpuopt.compute.optimizer import FusedOptimizer, fuse_optimizer, is_fused
+from tests._lightning import quiet_trainer
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -107,13 +108,9 @@ def _data() -> torch.utils.data.DataLoader:
 
 
 def _fit(module: pl.LightningModule, callbacks: list[pl.Callback], **kw) -> pl.Trainer:  # type: ignore[no-untyped-def]
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
         **kw,
     )
@@ -172,13 +169,9 @@ def test_clipping_in_full_precision_still_fuses() -> None:
 
 def test_resume_keeps_the_switch(tmp_path) -> None:
     def trainer(max_steps: int, cb: FusedOptimizer) -> pl.Trainer:
-        return pl.Trainer(
+        return quiet_trainer(
             accelerator="cpu",
             max_steps=max_steps,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             callbacks=[cb],
             plugins=[_amp()],
             default_root_dir=str(tmp_path),
@@ -205,15 +198,11 @@ def test_gpu_16_mixed_fit_runs_fused() -> None:
     x = torch.randn(32, 3, 16, 16)
     y = torch.randint(0, 4, (32,))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="gpu",
         devices=1,
         precision="16-mixed",
         max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[cb],
     )
     trainer.fit(ImageClassifier("small", num_classes=4, fused=False), loader)

@@ -12,6 +12,7 @@ from lightning_gpuopt.compute.precision import (
     fast_trainer_kwargs,
 )
 from lightning_gpuopt.models import ImageClassifier, SmallResNet
+from tests._lightning import quiet_trainer
 
 TRANSFORMER = nn.TransformerEncoderLayer(d_model=16, nhead=2)
 
@@ -146,14 +147,10 @@ def test_fast_trainer_kwargs_fit_on_cpu(monkeypatch, restore_backends):
     assert "benchmark" not in kwargs
     assert configure_backends(tf32=None, cudnn_benchmark=None) == before  # no side effect on CPU
     data = DataLoader(TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))), batch_size=4)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         **kwargs,
         accelerator="cpu",
         max_steps=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(model, data)
     cl = next(c for c in trainer.callbacks if isinstance(c, ChannelsLast))

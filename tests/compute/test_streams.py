@@ -10,6 +10,7 @@ import torch
 
 from lightning_gpuopt import StreamPriority
 from lightning_gpuopt.models import ImageClassifier
+from tests._lightning import quiet_trainer
 
 
 def _loader(n: int = 16, device: str = "cpu") -> torch.utils.data.DataLoader:
@@ -28,14 +29,10 @@ class _StreamProbe(pl.Callback):
 
 
 def _trainer(callbacks: list[pl.Callback], accelerator: str = "cpu", **kw) -> pl.Trainer:  # type: ignore[no-untyped-def]
-    return pl.Trainer(
+    return quiet_trainer(
         accelerator=accelerator,
         devices=1,
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
         **kw,
     )

@@ -20,6 +20,7 @@ from lightning_gpuopt.cli import main as cli_main  # noqa: E402
 from lightning_gpuopt.data.folder import load_uint8_image, scan_image_folder  # noqa: E402
 from lightning_gpuopt.data.hdf5 import FORMAT, HDF5ImageDataset, convert_folder_to_hdf5  # noqa: E402
 from tests._ddp import CloseProcessGroup  # noqa: E402
+from tests._lightning import quiet_trainer  # noqa: E402
 
 
 def _write_h5(path, images, labels, chunks=True, **kwargs):
@@ -315,16 +316,12 @@ def test_ddp_cpu_each_sample_once(tmp_path):
     datamodule = pytest.importorskip("lightning_gpuopt.data.datamodule")
     path, _ = _index_store(tmp_path / "ddp.h5", n=32, size=12)
     dm = datamodule.OptimizedDataModule(path, backend="hdf5", batch_size=4, num_workers=0, image_size=8)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",  # fork deadlocks in libgomp after earlier tests ran parallel convolutions
         max_epochs=1,
         callbacks=[CloseProcessGroup()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(_LabelRecorder(str(tmp_path)), datamodule=dm)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -4,6 +4,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lightning_gpuopt.data.loader import ContinuousDataLoader
+from tests._lightning import quiet_trainer
 
 
 def _epochs(loader, n):
@@ -71,13 +72,9 @@ class _Sum(pl.LightningModule):
 def test_lightning_fit_sees_each_sample_once_per_epoch():
     ds = TensorDataset(torch.arange(24))
     model = _Sum()
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_epochs=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     loader = ContinuousDataLoader(ds, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True)
     trainer.fit(model, train_dataloaders=loader)
@@ -128,13 +125,9 @@ def test_datamodule_teardown_closes_the_training_loader(jpeg_folder):
     from lightning_gpuopt import ImageClassifier, OptimizedDataModule
 
     dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers=1, image_size=16)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(ImageClassifier("small", num_classes=3), datamodule=dm)
     loader = trainer.train_dataloader

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpuopt.data.tuning import WorkerTuner, default_candidates, tune_num_workers
+from tests._lightning import quiet_trainer
 
 
 class _PacedLoader:
@@ -161,13 +162,9 @@ class _TinyModel(pl.LightningModule):
 def test_worker_tuner_sets_user_loader(tmp_path):
     loader = DataLoader(_CostlyDataset(n=32, cost_s=0.002), batch_size=8, num_workers=0)
     tuner = WorkerTuner(budget_s=2.0, candidates=[1, 2], cache_dir=tmp_path)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=[tuner],
     )
     trainer.fit(_TinyModel(), train_dataloaders=loader)

@@ -29,6 +29,7 @@ from lightning_gpuopt.observe.advisor import (
     conv_memory_formats,
     diagnose,
 )
+from tests._lightning import quiet_trainer
 
 H200 = {
     "device_type": "cuda",
@@ -571,18 +572,14 @@ def _amp_fit(tmp_path, fused, scaler_enabled=True, clip=None):
         nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01, fused=fused
     )
     scaler = torch.amp.GradScaler("cpu", enabled=scaler_enabled)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=1,
         max_steps=5,
         limit_val_batches=0,
-        logger=False,
         callbacks=[advisor],
         plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
         gradient_clip_val=clip,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model, _fast_loader())
@@ -613,17 +610,13 @@ def test_collect_config_reads_grad_scaler_and_optimizers(tmp_path):
 
 def test_collect_config_32_true_has_no_grad_scaler(tmp_path):
     advisor = BottleneckAdvisor(warmup_steps=1, window_steps=2, min_windows=1, verbose=False)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=1,
         max_steps=3,
         limit_val_batches=0,
-        logger=False,
         callbacks=[advisor],
         gradient_clip_val=0.5,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(_model(), _fast_loader())
@@ -786,18 +779,14 @@ def test_gpu_configuration_verdicts(tmp_path):
     advisor = BottleneckAdvisor(warmup_steps=2, window_steps=3, min_windows=1, verbose=False)
     data = SleepyImages()
     loader = DataLoader(TensorDataset(data.x, data.y), batch_size=32, pin_memory=False)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="gpu",
         devices=1,
         precision="32-true",
         benchmark=False,
         max_steps=11,
         limit_val_batches=0,
-        logger=False,
         callbacks=[advisor],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(_model(), loader)
@@ -817,17 +806,13 @@ def test_gpu_amp_host_sync(tmp_path, fused):
     model = ImageClassifier(
         nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)), lr=0.01, fused=fused
     )
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="gpu",
         devices=1,
         precision="16-mixed",
         max_steps=11,
         limit_val_batches=0,
-        logger=False,
         callbacks=[advisor],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model, DataLoader(TensorDataset(data.x, data.y), batch_size=32, pin_memory=True))

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from lightning_gpuopt.observe.nvtx import PHASE_COLORS, NVTXRanges, RangeStack, add_module_ranges
+from tests._lightning import quiet_trainer
 from tests.observe import nvtx_events as ne
 from tests.observe.nvtx_scenarios import Module, Net, loader
 
@@ -249,13 +250,9 @@ def test_add_module_ranges_depth_and_exception() -> None:
 
 
 def _trainer(cb: NVTXRanges, **kw: Any) -> pl.Trainer:
-    return pl.Trainer(
+    return quiet_trainer(
         accelerator="cpu",
         max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=[cb],
         **kw,
     )
