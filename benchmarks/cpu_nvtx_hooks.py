@@ -301,7 +301,7 @@ def measure(
 
 
 def main() -> int:
-    from lightning_gpuopt.benchmarking import command_line, format_table, write_results
+    from lightning_gpuopt.benchmarking import format_table, write_results
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/nvtx_hooks_cpu.json")
@@ -348,7 +348,6 @@ def main() -> int:
     path = write_results(
         args.out,
         rows,
-        command=command_line(),
         benchmark="nvtx_hooks_cpu",
         label=args.label,
         compare=args.compare,

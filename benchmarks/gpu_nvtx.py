@@ -234,7 +234,7 @@ def main() -> int:
     if args.record_child:
         return record_child(args.quick, args.record_backend)
     if args.record_only:
-        from lightning_gpuopt.benchmarking import command_line, write_results
+        from lightning_gpuopt.benchmarking import write_results
 
         if not args.recorder:
             p.error("--record-only needs --recorder")
@@ -259,7 +259,6 @@ def main() -> int:
         path = write_results(
             args.out,
             rows,
-            command=command_line(),
             benchmark="nvtx_recorder",
             quick=args.quick,
             recorders=recorders,
@@ -276,7 +275,7 @@ def main() -> int:
 
     import torch
 
-    from lightning_gpuopt.benchmarking import command_line, format_table, plain_loop_throughput, write_results
+    from lightning_gpuopt.benchmarking import format_table, plain_loop_throughput, write_results
     from lightning_gpuopt.observe.nvtx import NVTXRanges, make_backend
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -413,7 +412,6 @@ def main() -> int:
     path = write_results(
         args.out,
         rows,
-        command=command_line(),
         benchmark="nvtx_overhead",
         quick=args.quick,
         batch_size=args.batch_size,
