@@ -306,6 +306,15 @@ def focus_run(
     return 0
 
 
+def jpeg_data(data_root: str, gpu: bool) -> Path:
+    """The JPEG folder of the DALI benchmarks: 8,192 ImageNet-sized images on the GPU, 64 tiny ones else."""
+    if gpu:
+        return make_jpeg_folder(Path(data_root) / "imagenet_8192", num_images=8192, num_classes=100)
+    return make_jpeg_folder(
+        Path(data_root) / "quick_dali_64", num_images=64, num_classes=4, image_size=(64, 48), workers=1
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/gpu_dali.json")
@@ -323,19 +332,12 @@ def main() -> int:
 
     gpu = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    root = jpeg_data(args.data_root, gpu)
     if gpu:
         torch.backends.cudnn.benchmark = True  # same setting for the ceiling and the Lightning runs
-        root = make_jpeg_folder(Path(args.data_root) / "imagenet_8192", num_images=8192, num_classes=100)
         model_name, num_classes, batch, image_size, storage = "resnet50", 100, 256, 224, 256
         steps, dali_batches = 150, 100
     else:
-        root = make_jpeg_folder(
-            Path(args.data_root) / "quick_dali_64",
-            num_images=64,
-            num_classes=4,
-            image_size=(64, 48),
-            workers=1,
-        )
         model_name, num_classes, batch, image_size, storage = "small", 4, 8, 32, 36
         steps, dali_batches = 16, 8
     print(f"[{elapsed():.0f}s] data at {root}", flush=True)

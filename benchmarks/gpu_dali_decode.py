@@ -17,6 +17,7 @@ was dropped.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,8 +28,10 @@ import torch
 from lightning_gpuopt.benchmarking import format_table, plain_loop_throughput, write_results
 from lightning_gpuopt.data.dali import DALILoader
 from lightning_gpuopt.data.folder import scan_image_folder
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
 from lightning_gpuopt.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_dali.py beside this script, however it is run
+from gpu_dali import jpeg_data
 
 T0 = time.perf_counter()
 
@@ -91,19 +94,12 @@ def main() -> int:
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    root = jpeg_data(args.data_root, gpu)  # the same data as gpu_dali.py
     if gpu:
         torch.backends.cudnn.benchmark = True
-        root = make_jpeg_folder(Path(args.data_root) / "imagenet_8192", num_images=8192, num_classes=100)
         model_name, num_classes, batch, image_size = "resnet50", 100, 256, 224
         steps, warmup, alone_warmup, alone_batches = 80, 20, 20, 60
     else:
-        root = make_jpeg_folder(
-            Path(args.data_root) / "quick_dali_64",
-            num_images=64,
-            num_classes=4,
-            image_size=(64, 48),
-            workers=1,
-        )
         model_name, num_classes, batch, image_size = "small", 4, 8, 32
         steps, warmup, alone_warmup, alone_batches = 4, 2, 2, 4
     _, samples = scan_image_folder(root)
