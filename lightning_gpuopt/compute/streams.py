@@ -10,7 +10,10 @@ the gaps instead of slowing every layer a little.
 Measured on one H200 (``benchmarks/results/dali_h200.json``, ResNet-50 16-mixed + channels_last, batch 256,
 DALI decoding 500x375 JPEGs on the same GPU, ratios to the plain loop on a resident batch in the same run):
 the model beside a DALI pipeline whose batches are discarded 0.907 -> 0.940 with the model on a high-priority
-stream; Lightning fed by DALI 0.868 / 0.897 (two runs) -> 0.918.
+stream; Lightning fed by DALI 0.868 / 0.897 (two runs) -> 0.918. Where the SMs have little pipeline work to
+give back it did not help: DALI with every JPEG on the hardware decoder 0.911 -> 0.903
+(``session2/dali_focus_h200.json``), JPEGs decoded on the CPU (``decoder="cpu"``) 0.951 -> 0.924
+(``session3_run1/dali_focus_h200.json``).
 
 Lightning runs the whole fit on the thread's current stream; this callback makes a new stream of the
 requested priority current on the root device in ``setup`` (after waiting for the work already queued on
