@@ -1,0 +1,114 @@
+"""Facts the whole package shares, each defined once: CPU budget, ImageNet statistics, the evaluation
+resize rule, the cache folder, warn-once, a text table, and how a loader describes its feed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: torchvision's ImageNet normalization (``transforms.Normalize``), RGB order, on the 0..1 scale.
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+#: environment variable naming the folder where measured settings (worker counts, demo data) are cached.
+CACHE_ENV = "LIGHTNING_GPUOPT_CACHE_DIR"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (``os.sched_getaffinity``, which respects taskset and cgroup cpusets)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def eval_resize_size(image_size: int) -> int:
+    """The shorter side torchvision's evaluation recipe resizes to before ``CenterCrop(image_size)``
+    (``Resize(256) + CenterCrop(224)`` at 224)."""
+    return round(image_size * 256 / 224)
+
+
+def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """``override``, else ``$LIGHTNING_GPUOPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/lightning_gpuopt``
+    (``~/.cache/lightning_gpuopt``)."""
+    if override is not None:
+        return Path(override).expanduser()
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "lightning_gpuopt")
+
+
+def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn once per process and message, on rank zero only (Lightning's ``WarningCache``)."""
+    _warnings().warn(message, category=category)
+
+
+_WARNING_CACHE: Any = None
+
+
+def _warnings() -> Any:
+    global _WARNING_CACHE
+    if _WARNING_CACHE is None:
+        from lightning.pytorch.utilities.rank_zero import WarningCache
+
+        _WARNING_CACHE = WarningCache()
+    return _WARNING_CACHE
+
+
+def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A fixed-width text table of ``columns`` (floats to 3 decimals below 10, else with thousands
+    separators; ``None`` as ``-``)."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+@dataclass
+class FeedInfo:
+    """How a training loader feeds the GPU, as the ``BottleneckAdvisor`` reads it.
+
+    A loader (or its dataset) that sets a ``feed_info`` attribute to one of these is described by it; a
+    plain ``torch.utils.data.DataLoader`` is described from its public attributes instead.
+
+    Attributes:
+        backend: ``"folder"`` (JPEGs decoded by worker processes), ``"hdf5"`` (uint8 store), ``"dali"``,
+            or ``None`` when unknown.
+        num_workers: loader worker processes (``None`` where the loader has none, e.g. DALI).
+        pin_memory: whether host batches are pinned.
+        batch_size: samples a batch.
+        host_batches: whether batches arrive in host memory (and are copied to the GPU).
+        decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None`` for no decoding.
+        threads: decoding threads (DALI's CPU pool), or ``None``.
+    """
+
+    backend: str | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    batch_size: int | None = None
+    host_batches: bool | None = None
+    decoder: str | None = None
+    threads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Name of the attribute a loader sets to the cumulative seconds its consumer spent inside ``next()``
+#: (waiting for a batch): ``GPUStatsMonitor`` reads it to split the host-side wait into time inside the loader
+#: and time the host was blocked behind the GPU. ``ContinuousDataLoader`` and ``DALILoader`` keep it.
+FETCH_SECONDS_ATTR = "fetch_seconds"
