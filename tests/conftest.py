@@ -8,9 +8,10 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
 
 def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` when torch sees no CUDA device."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs CUDA (gpu marker); run on the lent H200")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
