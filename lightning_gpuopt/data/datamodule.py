@@ -1,7 +1,10 @@
-"""``OptimizedDataModule``: uint8 batches to the GPU, augmentation there, tuned and pinned loaders."""
+"""``OptimizedDataModule``: whole uint8 images to the GPU, crops and normalization there, tuned pinned loaders."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import shutil
 import tempfile
@@ -10,180 +13,129 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
-from lightning_gpuopt.data.folder import UInt8ImageFolder
-from lightning_gpuopt.data.loader import ContinuousDataLoader, StagedBatch
-from lightning_gpuopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, GPUAugment
+from lightning_gpuopt._common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    FeedInfo,
+    available_cpus,
+    eval_resize_size,
+    warn_once,
+)
+from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
+from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, StagedBatch, UInt8Collate
+from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
 from lightning_gpuopt.data.tuning import (
     MEASURE_BATCH_SIZE,
+    TuningConfig,
     _broadcast_best,
-    available_cpus,
+    dataset_fingerprint,
     endless_sampler,
     tune_num_workers,
 )
 
+__all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
+
 BACKENDS = ("auto", "folder", "hdf5", "dali")
 SPLITS = ("train", "val", "test", "predict")
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 _HDF5_SUFFIXES = (".h5", ".hdf5")
-
-
-class UInt8Collate:
-    """Collate ``[(uint8 HWC image, label), ...]`` into ``(uint8 NHWC tensor, int64 labels)``.
-
-    One ``np.stack``/``torch.stack`` straight into a preallocated tensor (in shared memory inside a
-    worker, so handing it to the main process costs no extra copy). Raises ``TypeError`` naming ``source``
-    (the dataset hook) when samples are not uint8 HWC.
-
-    Args:
-        source: where samples come from, for error messages (e.g. ``"train_dataset()"``).
-    """
-
-    def __init__(self, source: str = "dataset") -> None:
-        self.source = source
-
-    def _fail(self, what: str) -> TypeError:
-        return TypeError(
-            f"{self.source} must return (image, label) with image a uint8 HWC array/tensor (H, W, C), "
-            f"C in (1, 3, 4); {what}. Return e.g. `(np.asarray(pil_image), int(label))`; convert float "
-            "images with `(img * 255).round().clamp(0, 255).to(torch.uint8)` and CHW with "
-            "`img.permute(1, 2, 0)`. Normalization happens on the GPU."
-        )
-
-    def __call__(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        if not batch:
-            raise ValueError(f"{self.source}: empty batch")
-        first = batch[0]
-        if not isinstance(first, (tuple, list)) or len(first) != 2:
-            raise self._fail(f"got a sample of type {type(first).__name__}")
-        img = first[0]
-        if not isinstance(img, (np.ndarray, torch.Tensor)):
-            raise self._fail(f"got an image of type {type(img).__name__}")
-        if img.dtype not in (np.uint8, torch.uint8):
-            raise self._fail(f"got dtype {img.dtype}")
-        shape = tuple(img.shape)
-        if len(shape) != 3 or shape[-1] not in (1, 3, 4):
-            hint = " (this looks like CHW)" if len(shape) == 3 and shape[0] in (1, 3, 4) else ""
-            raise self._fail(f"got shape {shape}{hint}")
-        n = len(batch)
-        out = _empty_uint8((n, *shape))
-        images = [s[0] for s in batch]
-        try:
-            if isinstance(img, np.ndarray):
-                np.stack(images, out=out.numpy())
-            else:
-                torch.stack(images, out=out)
-        except (ValueError, RuntimeError, TypeError) as err:
-            raise TypeError(
-                f"{self.source}: images in one batch must all be uint8 of shape {shape} ({err}); resize to "
-                "a fixed size on the CPU (UInt8ImageFolder(size=...) does)"
-            ) from err
-        labels = torch.tensor([int(s[1]) for s in batch], dtype=torch.int64)
-        return out, labels
-
-
-def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
-    numel = int(np.prod(shape))
-    if get_worker_info() is not None:
-        # inside a worker: allocate in shared memory (as default_collate does) so the batch reaches the
-        # main process without being copied again
-        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-        if new_shared is not None:
-            storage = new_shared(numel)
-            return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    return torch.empty(shape, dtype=torch.uint8)
+#: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores
+#: and memory (and each holds a copy of the dataset's Python state).
+MAX_WORKERS_PER_CPU = 4
+#: ``num_workers="auto"`` measures a split only when it holds at least this many batches; a smaller split
+#: (a quick ``trainer.validate``, a toy dataset) gets one worker per batch up to the CPUs, none for one batch.
+MIN_TUNE_BATCHES = 8
+#: batches each worker prepares ahead.
+PREFETCH_FACTOR = 4
 
 
 def _resolve_backend(backend: str, paths: dict[str, str | None]) -> str:
-    given = {k: v for k, v in paths.items() if v is not None}
     if backend != "auto":
         return backend
     kinds = {
         k: ("hdf5" if Path(v).is_file() and Path(v).suffix.lower() in _HDF5_SUFFIXES else "folder")
-        for k, v in given.items()
+        for k, v in paths.items()
+        if v is not None
     }
-    if len(set(kinds.values())) > 1:
-        raise ValueError(
-            f"backend='auto' found both HDF5 files and folders ({kinds}); give all splits in one format "
-            "or pass backend= explicitly"
-        )
+    check_arg(
+        len(set(kinds.values())) <= 1,
+        "backend",
+        backend,
+        f"given explicitly when splits mix HDF5 files and folders ({kinds})",
+        "give all splits in one format or pass backend='hdf5'/'folder'",
+    )
     return next(iter(kinds.values()), "folder")
 
 
+def _dali_options(dali: Any) -> Any:
+    """``dali`` checked now: a ``DALIOptions`` or a dict of ``DALILoader`` arguments (checked key by key)."""
+    from lightning_gpuopt.data import (
+        dali as dali_module,
+    )  # DALI itself is imported only when a loader is built
+
+    options_type = getattr(dali_module, "DALIOptions", None)
+    if options_type is not None and isinstance(dali, options_type):
+        return dali
+    check_arg(isinstance(dali, dict), "dali", dali, "None or DALIOptions(...)", error=TypeError)
+    dali_module.check_dali_kwargs(dali)
+    return dict(dali)
+
+
 class OptimizedDataModule(pl.LightningDataModule):
-    """A DataModule that keeps the GPU fed: uint8 batches, augmentation on the GPU, tuned pinned loaders.
+    """A DataModule that keeps the GPU fed: whole uint8 images, crops on the GPU, tuned pinned loaders.
 
-    Host side, datasets return ``(uint8 HWC image, int label)`` (a quarter of float32's bytes) and are
-    batched by a fast collate into ``(uint8 NHWC, int64)``. Loaders pin memory when the Trainer runs on
-    CUDA, keep workers alive between epochs, prefetch, shuffle and drop the last partial batch for
-    training; Lightning injects its ``DistributedSampler`` under DDP as usual. ``num_workers="auto"`` is
-    measured in ``setup`` (``tune_num_workers``, cached). Device side, ``on_after_batch_transfer`` turns
-    the batch into normalized channels_last NCHW floats with a random resized crop + flip (training) or
-    a center crop (evaluation), batched (``GPUAugment``).
-
-    Use it with folders (``root/<class>/<image>``) or HDF5 files and no subclass::
-
-        dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")
-        trainer.fit(model, datamodule=dm)
-
-    or subclass it and return your own map-style datasets of ``(uint8 HWC, int)``::
-
-        class MyData(OptimizedDataModule):
-            def __init__(self, root: str, **kwargs):
-                super().__init__(**kwargs)
-                self.root = root
-
-            def train_dataset(self):
-                return MyUInt8Dataset(self.root, split="train")  # -> (np.uint8 array HxWx3, int)
-
-            def val_dataset(self):
-                return MyUInt8Dataset(self.root, split="val")
-
-        trainer.fit(model, datamodule=MyData("/data", batch_size=128, image_size=224))
+    Host side, each image is decoded once, resized so its shorter side is ``storage_size`` and kept whole on
+    a fixed uint8 canvas (``lightning_gpuopt.data.layout``), a quarter of float32's bytes. Batches are pinned
+    when the Trainer runs on CUDA; the training loader keeps its workers prefetching across epochs and stages
+    the next batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
+    ``DistributedSampler`` under DDP as usual. ``num_workers="auto"`` is measured in ``setup``
+    (``tune_num_workers``, cached). Device side, ``on_after_batch_transfer`` turns ``(images, labels, meta)``
+    into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
+    whole image for training, ``Resize + CenterCrop`` for evaluation (``GPUAugment``).
 
     Args:
-        train_dir: training folder or HDF5 file (None: ``train_dataset()`` must be overridden for fit).
+        train_dir: training folder (``root/<class>/<image>``) or HDF5 file (None: override ``train_dataset``).
         val_dir: validation folder or HDF5 file (None and no override: no validation).
         test_dir: test folder or HDF5 file.
         predict_dir: prediction folder or HDF5 file.
-        backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``, a folder -> ``"folder"``),
-            ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI
-            pipelines decode on the GPU, or on DALI's CPU threads with ``dali_kwargs={"decoder": "cpu"}``;
+        backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``, a folder -> ``"folder"``), ``"folder"``
+            (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI decodes JPEG folders;
             ``pip install 'lightning-gpuopt[dali]'``).
         batch_size: samples per batch per device.
-        num_workers: DataLoader worker processes per loader, or ``"auto"`` to measure (in ``setup``); with
-            ``backend="dali"`` DALI's CPU threads per rank (``"auto"``: ``default_num_threads``).
+        num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
+            dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
+            ``MAX_WORKERS_PER_CPU`` per CPU. With ``backend="dali"``: DALI's CPU threads (``"auto"``: DALI's
+            default).
         image_size: side of the square images the model receives.
-        storage_size: side of the uint8 squares decoded on the CPU (default ``round(image_size*256/224)``).
+        storage_size: shorter side of the images the folder backend decodes (default
+            ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A
+            store's own size is read from the store.
         mean: per-channel mean in [0, 1] units.
         std: per-channel std in [0, 1] units.
-        augment: random resized crop + flip for training (False: the evaluation center crop everywhere).
-        pin_memory: pin host batches (None: on when the Trainer's device is CUDA).
-        prefetch_factor: batches each worker prepares ahead.
-        persistent_workers: keep workers alive between epochs.
-        output_dtype: dtype of the batches the model receives (``torch.float32``/``float16``/``bfloat16``).
-        on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (skip unreadable images, count them and
-            warn at teardown; ``skipped_images`` lists them). Applies to the built-in folder backend.
-        tune_budget_s: seconds ``num_workers="auto"`` may spend measuring.
-        tune_target_samples_per_sec: your model's speed (samples/s); tuning stops once the loader, measured
-            alone, delivers twice that (``tune_num_workers``'s ``headroom``).
-        tune_cache_dir: folder of the tuning cache (default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or
-            ``~/.cache/lightning_gpuopt``); results are keyed by dataset, batch size and CPU count.
-        crop_scale: random-resized-crop area range.
-        crop_ratio: random-resized-crop aspect-ratio range.
-        flip_p: horizontal flip probability.
-        continuous_epochs: the training loader's workers keep prefetching across epoch boundaries
-            (``ContinuousDataLoader``), so an epoch does not start with the GPU waiting for a worker to build
-            a batch from scratch. Each epoch is still one pass over the (distributed) sampler.
-        prefetch_to_device: with ``continuous_epochs`` on a CUDA run, copy the next training batch to the GPU
-            and augment it on a side stream while the current step computes (nothing of it is left on the
-            critical path after fp16's per-step host sync).
-        dali_kwargs: extra keyword arguments for the DALI loader (``backend="dali"``), e.g.
-            ``{"decoder": "cpu"}`` (0.95-0.99 of the ceiling instead of nvJPEG's 0.90-0.91 on an H200 with
-            16 cores, docs/dali.md) or ``{"prefetch_queue_depth": 3}``; see ``DALILoader``.
+        augment: the training crop and flip (``AugmentConfig``); ``True``: torchvision's defaults,
+            ``False``: the evaluation view for training too.
+        pin_memory: pin host batches (None: when the Trainer's device is CUDA).
+        on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: unreadable images are
+            replaced by the next readable one, counted, listed in ``skipped_images`` and warned at teardown).
+        tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
+        dali: DALI loader options for ``backend="dali"`` (``DALIOptions``).
+
+    Example:
+        >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
+
+        Your own datasets: override the hooks and return ``(uint8 HWC image, label)`` of one fixed size, or
+        ``(canvas, label, meta)`` as ``lightning_gpuopt.data.layout`` defines them::
+
+            class MyData(OptimizedDataModule):
+                def train_dataset(self):
+                    return MyUInt8Dataset("/data", split="train", size=self.storage_size)
     """
 
     def __init__(
@@ -200,101 +152,118 @@ class OptimizedDataModule(pl.LightningDataModule):
         storage_size: int | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
-        augment: bool = True,
+        augment: AugmentConfig | bool = True,
         pin_memory: bool | None = None,
-        prefetch_factor: int = 4,
-        persistent_workers: bool = True,
-        output_dtype: torch.dtype = torch.float32,
         on_corrupt: str = "raise",
-        tune_budget_s: float = 30.0,
-        tune_target_samples_per_sec: float | None = None,
-        tune_cache_dir: str | os.PathLike[str] | None = None,
-        crop_scale: tuple[float, float] = (0.25, 1.0),
-        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        flip_p: float = 0.5,
-        continuous_epochs: bool = True,
-        prefetch_to_device: bool = True,
-        dali_kwargs: dict[str, Any] | None = None,
+        tuning: TuningConfig | None = None,
+        dali: Any = None,
     ) -> None:
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_arg(backend in BACKENDS, "backend", backend, f"one of {BACKENDS}")
         paths: dict[str, str | None] = {}
         for split, value in zip(SPLITS, (train_dir, val_dir, test_dir, predict_dir), strict=True):
-            if value is None:
-                paths[split] = None
-                continue
-            p = Path(value).expanduser()
-            if not p.exists():
-                raise FileNotFoundError(f"{split}_dir={os.fspath(value)!r} does not exist; check the path")
-            paths[split] = os.fspath(p)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if num_workers != "auto" and (
-            not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0
-        ):
-            raise ValueError(f"num_workers must be 'auto' or an int >= 0, got {num_workers!r}")
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_size must be a positive int (pixels), got {image_size!r}")
-        if storage_size is None:
-            storage_size = round(image_size * 256 / 224)
-        if not isinstance(storage_size, int) or storage_size < image_size:
-            raise ValueError(
-                f"storage_size ({storage_size!r}) must be an int >= image_size ({image_size}); the GPU crops "
-                "image_size squares out of storage_size squares"
-            )
-        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
-        if on_corrupt not in ("raise", "skip"):
-            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
-        if tune_budget_s <= 0:
-            raise ValueError(f"tune_budget_s must be > 0 seconds, got {tune_budget_s}")
+            if value is not None:
+                check_arg(
+                    isinstance(value, (str, os.PathLike)), f"{split}_dir", value, "a path", error=TypeError
+                )
+                p = Path(value).expanduser()
+                if not p.exists():
+                    raise FileNotFoundError(
+                        f"{split}_dir={os.fspath(value)!r} does not exist; check the path"
+                    )
+                value = os.fspath(p)
+            paths[split] = value
+        check_arg(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "a positive int")
+        cap = MAX_WORKERS_PER_CPU * available_cpus()
+        check_arg(
+            num_workers == "auto" or (is_int(num_workers) and num_workers >= 0),
+            "num_workers",
+            num_workers,
+            "'auto' or an int >= 0",
+        )
+        check_arg(
+            num_workers == "auto" or num_workers <= cap,  # type: ignore[operator]
+            "num_workers",
+            num_workers,
+            f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",
+            "pass num_workers='auto' to measure the best count",
+        )
+        check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "a positive int (pixels)")
+        storage_size = eval_resize_size(image_size) if storage_size is None else storage_size
+        check_arg(
+            is_int(storage_size) and storage_size >= image_size,
+            "storage_size",
+            storage_size,
+            f"an int >= image_size ({image_size})",
+            f"leave it None for eval_resize_size(image_size) = {eval_resize_size(image_size)}",
+        )
+        self.mean, self.std = check_mean_std(mean, std)
+        check_arg(
+            isinstance(augment, (AugmentConfig, bool)),
+            "augment",
+            augment,
+            "an AugmentConfig, True (torchvision's defaults) or False",
+            error=TypeError,
+        )
+        check_arg(
+            pin_memory is None or isinstance(pin_memory, bool), "pin_memory", pin_memory, "None or a bool"
+        )
+        check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
+        tuning = TuningConfig() if tuning is None else tuning
+        check_arg(
+            isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
+        )
         self.backend = _resolve_backend(backend, paths)
         if self.backend == "folder":
             for split, path in paths.items():
-                if path is not None and not Path(path).is_dir():
-                    raise ValueError(
-                        f"{split}_dir={path!r} is a file; the folder backend needs a folder laid out as "
-                        "<root>/<class>/<image> (use backend='hdf5' for HDF5 files)"
-                    )
-        if self.backend == "dali" and all(v is None for v in paths.values()):
-            raise ValueError("backend='dali' reads image folders itself: pass train_dir/val_dir")
+                check_arg(
+                    path is None or Path(path).is_dir(),
+                    f"{split}_dir",
+                    path,
+                    "a folder laid out as <root>/<class>/<image> for the folder backend",
+                    "pass backend='hdf5' for HDF5 files",
+                )
+        if self.backend == "dali":
+            check_arg(
+                any(v is not None for v in paths.values()),
+                "train_dir",
+                None,
+                "a JPEG folder with backend='dali' (DALI reads image folders itself)",
+            )
+            check_arg(
+                on_corrupt == "raise",
+                "on_corrupt",
+                on_corrupt,
+                "'raise' with backend='dali' (DALI cannot skip unreadable files)",
+                "use backend='folder' to skip them, or remove them",
+            )
+        check_arg(dali is None or self.backend == "dali", "dali", dali, "None unless backend='dali'")
+        self.dali = _dali_options(dali) if dali is not None else None
+        #: the ``dali`` options as ``DALILoader`` keyword arguments (``build_dali_loader`` reads them)
+        self.dali_kwargs: dict[str, Any] = (
+            {}
+            if self.dali is None
+            else dict(self.dali)
+            if isinstance(self.dali, dict)
+            else dict(vars(self.dali))
+        )
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
         self.batch_size = batch_size
         self.num_workers: int | str = num_workers
         self.image_size = image_size
         self.storage_size = storage_size
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.augment = bool(augment)
-        self.pin_memory = pin_memory
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = persistent_workers
-        self.output_dtype = output_dtype
-        self.on_corrupt = on_corrupt
-        self.tune_budget_s = float(tune_budget_s)
-        self.tune_target_samples_per_sec = tune_target_samples_per_sec
-        self.tune_cache_dir = tune_cache_dir
-        # validates mean/std/crop arguments now, before any training starts
-        self.gpu_augment = GPUAugment(
-            image_size=image_size,
-            mean=self.mean,
-            std=self.std,
-            scale=crop_scale,
-            ratio=crop_ratio,
-            flip_p=flip_p,
-            eval_crop_fraction=image_size / storage_size,
-            output_dtype=output_dtype,
+        self.augment: AugmentConfig | None = (
+            augment if isinstance(augment, AugmentConfig) else (AugmentConfig() if augment else None)
         )
-        self.continuous_epochs = bool(continuous_epochs)
-        self.prefetch_to_device = bool(prefetch_to_device)
-        self.dali_kwargs: dict[str, Any] = dict(dali_kwargs or {})
-        if self.dali_kwargs:  # checked before any Trainer; dali.py imports DALI only when a loader is built
-            from lightning_gpuopt.data.dali import check_dali_kwargs
-
-            check_dali_kwargs(self.dali_kwargs)
+        self.pin_memory = pin_memory
+        self.on_corrupt = on_corrupt
+        self.tuning = tuning
+        self.gpu_augment = GPUAugment(image_size, self.augment, self.mean, self.std)
         self.tuning_result: Any = None
+        self._auto_workers = num_workers == "auto"
+        self._split_workers: dict[str, int] = {}
+        self._measured: dict[str, int] = {}
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
         self._skipped_reported: list[str] = []
@@ -310,30 +279,14 @@ class OptimizedDataModule(pl.LightningDataModule):
         if path is None:
             return None
         if self.backend == "hdf5":
-            try:
-                from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
-            except ImportError as err:
-                raise ModuleNotFoundError(
-                    f"backend='hdf5' needs lightning_gpuopt.data.hdf5 and h5py ({err}); "
-                    "`pip install 'lightning-gpuopt[hdf5]'`"
-                ) from err
-            dataset = HDF5ImageDataset(path)
-            stored = int(dataset.image_shape[0])
-            if stored < self.image_size:
-                raise ValueError(
-                    f"{path!r} stores {stored}px images but image_size={self.image_size}; convert with "
-                    f"`lightning-gpuopt convert SRC OUT.h5 --size {self.storage_size}` or lower image_size"
-                )
-            if stored != self.storage_size:
-                # the GPU crops image_size out of whatever is stored; the eval crop follows the file's size
-                self.storage_size = stored
-                self.gpu_augment.eval_crop_fraction = self.image_size / stored
-            return dataset
+            from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+            return HDF5ImageDataset(path)
         skip_log = os.path.join(self._skip_dir, split) if self._skip_dir is not None else None
         return UInt8ImageFolder(path, size=self.storage_size, on_corrupt=self.on_corrupt, skip_log=skip_log)
 
     def train_dataset(self) -> Dataset | None:
-        """The training dataset of ``(uint8 HWC, int)``; default: built from ``train_dir``."""
+        """The training dataset; default: built from ``train_dir``."""
         return self._default_dataset("train")
 
     def val_dataset(self) -> Dataset | None:
@@ -348,113 +301,156 @@ class OptimizedDataModule(pl.LightningDataModule):
         """The prediction dataset; default: built from ``predict_dir``."""
         return self._default_dataset("predict")
 
+    def _dataset(self, split: str) -> Dataset | None:
+        if split not in self._datasets:
+            dataset = getattr(self, f"{split}_dataset")()
+            if dataset is not None:
+                self._check_storage(split, dataset)
+            self._datasets[split] = dataset
+        return self._datasets[split]
+
+    def _check_storage(self, split: str, dataset: Any) -> None:
+        """A store kept at another size than ``image_size`` needs: refuse upsampling, say what else happens."""
+        stored = getattr(dataset, "storage_size", None)
+        if stored is None and self.backend == "hdf5" and hasattr(dataset, "image_shape"):
+            stored = int(dataset.image_shape[0])  # a store without the attribute: its canvas height
+        if stored is None or isinstance(dataset, UInt8ImageFolder):
+            return  # a user dataset's images are what they are; the folder decodes at storage_size
+        resize = eval_resize_size(self.image_size)
+        fix = f"convert the source with `lightning-gpuopt convert SRC OUT.h5 --size {resize}`"
+        check_arg(
+            stored >= self.image_size,
+            f"{split} data's storage size",
+            stored,
+            f">= image_size ({self.image_size}), or every crop is upsampled",
+            f"{fix} or lower image_size",
+        )
+        if stored != resize:
+            warn_once(
+                f"OptimizedDataModule: the {split} data is stored with its shorter side at {stored} px, not at "
+                f"eval_resize_size({self.image_size}) = {resize}. Crops are the same boxes of the whole image "
+                f"(evaluation: Resize({resize}) + CenterCrop({self.image_size})), resampled from {stored} px "
+                f"bilinearly instead of being exact pixel copies; {fix} for torchvision's exact pixels."
+            )
+
     # ----------------------------------------------------------------- Lightning hooks
+    @override
     def setup(self, stage: str) -> None:
         """Build the datasets the stage needs (errors surface here, before training) and resolve workers."""
-        if self.on_corrupt == "skip" and self._skip_dir is None:
-            self._skip_dir = tempfile.mkdtemp(prefix="lightning_gpuopt_skipped_")
-        splits = {
-            "fit": ("train", "val"),
-            "validate": ("val",),
-            "test": ("test",),
-            "predict": ("predict",),
-        }.get(stage, SPLITS)
-        if self.backend != "dali":
+        if self.backend == "dali":
+            return  # DALI lists and decodes the folders itself when its loaders are built
+        try:
+            if self.on_corrupt == "skip" and self._skip_dir is None:
+                self._skip_dir = tempfile.mkdtemp(prefix="lightning_gpuopt_skipped_")
+            splits = STAGE_SPLITS.get(stage, SPLITS)
             for split in splits:
-                if split not in self._datasets:
-                    self._datasets[split] = getattr(self, f"{split}_dataset")()
+                self._dataset(split)
             if stage == "fit":
                 train = self._datasets.get("train")
                 if train is None:
                     raise ValueError(
                         "OptimizedDataModule has no training data: pass train_dir= or override train_dataset()"
                     )
-                if len(train) < self.batch_size:  # type: ignore[arg-type]
-                    raise ValueError(
-                        f"the training set has {len(train)} samples, fewer than batch_size={self.batch_size}, "  # type: ignore[arg-type]
-                        "and the last partial batch is dropped; lower batch_size"
-                    )
-        if self.num_workers == "auto":
-            self.num_workers = self._resolve_auto_workers(splits)
+                check_arg(
+                    len(train) >= self.batch_size,  # type: ignore[arg-type]
+                    "batch_size",
+                    self.batch_size,
+                    f"at most the {len(train)} training samples (the last partial batch is dropped)",  # type: ignore[arg-type]
+                    "lower batch_size",
+                )
+            for split in splits:
+                if self._datasets.get(split) is not None:
+                    self._workers(split)
+        except BaseException:
+            self._remove_skip_dir()
+            raise
 
     def _local_world_size(self) -> int:
         return max(1, self.trainer.num_devices) if self.trainer is not None else 1
 
-    def _resolve_auto_workers(self, splits: Sequence[str]) -> int:
-        cpus = max(1, available_cpus() // self._local_world_size())
-        if self.backend == "dali":
-            return cpus  # DALI's CPU threads; nothing to measure with a torch DataLoader
-        dataset = next((self._datasets[s] for s in splits if self._datasets.get(s) is not None), None)
+    def _workers(self, split: str) -> int:
+        """Worker processes for ``split``'s loader; ``"auto"`` is resolved once per split and dataset."""
+        if not self._auto_workers:
+            return int(self.num_workers)
+        if split in self._split_workers:
+            return self._split_workers[split]
+        dataset = self._dataset(split)
         if dataset is None:
             return 0
+        cpus = max(1, available_cpus() // self._local_world_size())
+        try:
+            batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
+        except TypeError:
+            batches = MIN_TUNE_BATCHES
+        trained = self._split_workers.get("train")
+        if split != "train" and trained is not None:
+            workers = min(trained, batches if batches > 1 else 0)
+        elif batches < MIN_TUNE_BATCHES:
+            # measuring would cost more than the whole split; a worker per batch, none for a single batch
+            workers = min(cpus, batches) if batches > 1 else 0
+        else:
+            workers = self._measure(dataset, split, cpus)
+        self._split_workers[split] = workers
+        if split == "train":
+            self.num_workers = workers
+        return workers
+
+    def _measure(self, dataset: Dataset, split: str, cpus: int) -> int:
+        key = json.dumps(dataset_fingerprint(dataset), sort_keys=True, default=str)
+        if key in self._measured:  # the same data under another split or stage
+            return self._measured[key]
         measure_bs = min(self.batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
-        result = tune_num_workers(
-            lambda n: self._loader(
+        pin = self._pin()
+
+        def make(n: int) -> DataLoader:
+            return DataLoader(
                 dataset,
-                n,
-                train=False,
-                persistent=False,
-                sampler=endless_sampler(dataset, measure_bs),
                 batch_size=measure_bs,
-            ),
-            budget_s=self.tune_budget_s,
-            target_samples_per_sec=self.tune_target_samples_per_sec,
+                sampler=endless_sampler(dataset, measure_bs),
+                num_workers=n,
+                pin_memory=pin,
+                prefetch_factor=PREFETCH_FACTOR if n > 0 else None,
+                collate_fn=UInt8Collate(f"{split}_dataset()"),
+            )
+
+        result = tune_num_workers(
+            make,
+            budget_s=self.tuning.budget_s,
+            target_samples_per_sec=self.tuning.target_samples_per_sec,
             max_workers=cpus,
-            cache_dir=self.tune_cache_dir,
+            cache_dir=self.tuning.cache_dir,
             cache_key={
                 "local_world_size": self._local_world_size(),
-                "pin_memory": self._pin(),
+                "pin_memory": pin,
                 "train_batch_size": self.batch_size,
             },
         )
-        best = _broadcast_best(self.trainer, result.best)
-        result.best = best
+        result.best = _broadcast_best(self.trainer, result.best)
         self.tuning_result = result
-        rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {best}\n{result.format_table()}")
-        return best
+        rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
+        self._measured[key] = result.best
+        return result.best
 
     def _pin(self) -> bool:
         if self.pin_memory is not None:
-            return bool(self.pin_memory)
+            return self.pin_memory
         if self.trainer is not None:
             return self.trainer.strategy.root_device.type == "cuda"
         return torch.cuda.is_available()
 
-    def _workers(self) -> int:
-        if self.num_workers == "auto":
-            raise RuntimeError(
-                "num_workers='auto' is resolved in setup(); call setup(stage) before the loaders"
-            )
-        return int(self.num_workers)
-
-    def _loader(
-        self,
-        dataset: Dataset,
-        workers: int,
-        train: bool,
-        persistent: bool,
-        source: str = "",
-        sampler: Sampler | None = None,
-        batch_size: int | None = None,
-    ) -> DataLoader:
-        # the training loader keeps its workers busy across epoch boundaries (see ContinuousDataLoader)
-        extra: dict[str, Any] = {}
-        cls: type[DataLoader] = DataLoader
-        if train and self.continuous_epochs and sampler is None:
-            cls = ContinuousDataLoader
-            extra["device_transform"] = self._stage_train_batch if self.prefetch_to_device else None
-        return cls(
-            dataset,
-            batch_size=batch_size or self.batch_size,
-            shuffle=train,
-            sampler=sampler,
-            drop_last=train,
+    def _feed(self, dataset: Any, workers: int, pin: bool) -> FeedInfo:
+        backend, decoder = None, None
+        if isinstance(dataset, UInt8ImageFolder):
+            backend, decoder = "folder", "cpu"
+        elif self.backend == "hdf5" and type(dataset).__name__ == "HDF5ImageDataset":
+            backend = "hdf5"
+        return FeedInfo(
+            backend=backend,
             num_workers=workers,
-            pin_memory=self._pin(),
-            persistent_workers=persistent and workers > 0,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            collate_fn=UInt8Collate(source or "the dataset"),
-            **extra,
+            pin_memory=pin,
+            batch_size=self.batch_size,
+            host_batches=True,
+            decoder=decoder,
         )
 
     def _split_loader(self, split: str) -> Any:
@@ -462,77 +458,108 @@ class OptimizedDataModule(pl.LightningDataModule):
             from lightning_gpuopt.data.dali import build_dali_loader
 
             return build_dali_loader(self, split)
-        if split not in self._datasets:
-            self._datasets[split] = getattr(self, f"{split}_dataset")()
-        dataset = self._datasets[split]
+        dataset = self._dataset(split)
         if dataset is None:
             if split == "train":
                 raise ValueError("no training data: pass train_dir= or override train_dataset()")
             return []  # Lightning skips a stage whose loader list is empty
-        return self._loader(
-            dataset,
-            self._workers(),
-            train=split == "train",
-            persistent=self.persistent_workers,
-            source=f"{split}_dataset()",
-        )
+        workers, pin, train = self._workers(split), self._pin(), split == "train"
+        kwargs: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "shuffle": train,
+            "drop_last": train,
+            "num_workers": workers,
+            "pin_memory": pin,
+            "persistent_workers": workers > 0,
+            "prefetch_factor": PREFETCH_FACTOR if workers > 0 else None,
+            "collate_fn": UInt8Collate(f"{split}_dataset()"),
+            "feed_info": self._feed(dataset, workers, pin),
+        }
+        if train:
+            return ContinuousDataLoader(dataset, device_transform=self._stage_train_batch, **kwargs)
+        return HostDataLoader(dataset, **kwargs)
 
+    @override
     def train_dataloader(self) -> Any:
         return self._split_loader("train")
 
+    @override
     def val_dataloader(self) -> Any:
         return self._split_loader("val")
 
+    @override
     def test_dataloader(self) -> Any:
         return self._split_loader("test")
 
+    @override
     def predict_dataloader(self) -> Any:
         return self._split_loader("predict")
 
+    @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """On the device: uint8 NHWC -> normalized channels_last NCHW (+ crop/flip when training)."""
-        if self.backend == "dali":
-            return batch  # DALI batches arrive normalized and channels_last already
-        if not isinstance(batch, (tuple, list)) or not batch:
+        """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``."""
+        if self.backend == "dali" or isinstance(batch, StagedBatch):
+            return batch  # normalized already: by DALI, or by the training loader on a side stream
+        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError(
-                f"OptimizedDataModule.on_after_batch_transfer expects (images, labels, ...), got "
+                f"OptimizedDataModule.on_after_batch_transfer expects (images, labels[, meta]), got "
                 f"{type(batch).__name__}; return (uint8 HWC, label) samples from the dataset hooks"
             )
-        if isinstance(batch, StagedBatch):
-            return batch  # staged by the training loader: already augmented on a side stream
-        training = self.trainer is not None and self.trainer.training
-        images = self.gpu_augment(batch[0], train=training and self.augment)
-        return (images, *batch[1:])
+        training = self.trainer is not None and self.trainer.training and self.augment is not None
+        meta = batch[2] if len(batch) == 3 else None
+        return (self.gpu_augment(batch[0], meta, train=training), batch[1])
 
     def _stage_train_batch(self, batch: Any) -> Any:
         """The training transform, applied by ``ContinuousDataLoader`` ahead of time on a side stream."""
-        return (self.gpu_augment(batch[0], train=self.augment), *batch[1:])
+        images, labels, meta = batch
+        return (self.gpu_augment(images, meta, train=self.augment is not None), labels)
 
+    @override
     def teardown(self, stage: str) -> None:
-        """Stop the training loader's workers; report images skipped as unreadable (``on_corrupt="skip"``)."""
+        """Stop the training loader's workers, close the datasets' files, report skipped images."""
+        self._release(stage if stage == "fit" else None)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Release the same resources as ``teardown`` when a Trainer run raised (Lightning skips teardown)."""
+        self._release("fit")
+
+    def _release(self, stage: str | None) -> None:
         loader = self.trainer.train_dataloader if self.trainer is not None and stage == "fit" else None
         if isinstance(loader, ContinuousDataLoader):
-            loader.close()  # its workers run ahead into the next epoch: do not leave them running after fit
+            loader.close()  # its workers run ahead into the next epoch: do not leave them running
+        for split, dataset in list(self._datasets.items()):
+            close = getattr(dataset, "close", None)
+            if callable(close):
+                close()  # e.g. an HDF5 file the main process opened (num_workers=0)
+                del self._datasets[split]  # built afresh by the next setup
         if self._skip_dir is None:
             return
         new = self._current_skips()
         if new:
             shown = ", ".join(repr(p) for p in sorted(set(new))[:5])
             rank_zero_warn(
-                f"OptimizedDataModule skipped {len(new)} unreadable image(s) during {stage} "
+                f"OptimizedDataModule skipped {len(new)} unreadable image(s) during {stage or 'the run'} "
                 f"({len(set(new))} distinct), e.g. {shown}; each was replaced by the next readable image"
             )
         self._skipped_reported.extend(new)
-        shutil.rmtree(self._skip_dir, ignore_errors=True)
-        self._skip_dir = None
-        self._datasets = {}  # they log into the removed folder; setup() builds them afresh
+        self._remove_skip_dir()
+
+    def _remove_skip_dir(self) -> None:
+        if self._skip_dir is not None:
+            shutil.rmtree(self._skip_dir, ignore_errors=True)
+            self._skip_dir = None
+            # the folder datasets log into the removed folder: setup() builds them afresh
+            for split in [s for s, d in self._datasets.items() if isinstance(d, UInt8ImageFolder)]:
+                del self._datasets[split]
 
     def _current_skips(self) -> list[str]:
         paths: list[str] = []
         for ds in self._datasets.values():
             skipped = getattr(ds, "skipped", None)
             if callable(skipped):
-                paths.extend(skipped())
+                with contextlib.suppress(OSError):
+                    paths.extend(skipped())
         return paths
 
     @property

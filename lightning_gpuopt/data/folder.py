@@ -1,10 +1,11 @@
-"""Class-per-subfolder image folders decoded to fixed-size uint8 arrays on the CPU.
+"""Class-per-subfolder image folders decoded to whole uint8 images on a fixed canvas, on the CPU.
 
-Images stay uint8 HWC on the host: four times less memory and host-to-device copy than float32. All
+Images stay uint8 HWC on the host: four times less memory and host-to-device copy than float32. Each is
+kept whole (``lightning_gpuopt.data.layout``), so the GPU's random crops can reach every part of it; all
 float work (crop, flip, normalize) happens on the GPU afterwards (``lightning_gpuopt.data.transforms``).
 
-``load_uint8_image`` is the one decode + resize routine of the package; the HDF5 converter reuses it, so a
-folder and its HDF5 copy give the same pixels.
+``load_canvas`` is the decode + resize routine; a store converted with it gives the same pixels as the
+folder.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
+
+from lightning_gpuopt.data._checks import check_arg, is_int
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -96,8 +99,57 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
     return classes, samples
 
 
+def load_canvas(
+    path: str | os.PathLike[str], storage_size: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a whole image onto a uint8 canvas: the one decode routine of the package.
+
+    The image is decoded to 8-bit RGB (``layout.to_rgb8``: 16-bit and float images are scaled, not
+    clipped), resized like torchvision's ``Resize(storage_size)`` (``layout.resized_size``, PIL bilinear,
+    which is antialiased when shrinking) and placed on the canvas (``layout.place_on_canvas``; portrait images
+    are stored transposed). Nothing is cut off. A JPEG at least twice the target size is decoded at a reduced
+    DCT scale first (``Image.draft``, still at least the target size), and the resize reads exactly the
+    region of the original image, so only speed changes.
+
+    Args:
+        path: image file.
+        storage_size: shorter side of the stored image (``layout.canvas_shape(storage_size)`` is the canvas).
+        out: canvas-shaped uint8 array to fill in place.
+
+    Returns:
+        ``(canvas, meta)``: uint8 ``(H, W, 3)`` canvas and int32 ``(h, w, transposed)``.
+
+    Raises:
+        ValueError: the file cannot be read or decoded (the path is named).
+    """
+    from PIL import Image
+
+    from lightning_gpuopt.data import layout
+
+    layout.canvas_shape(storage_size)  # checks storage_size
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            target = layout.resized_size(width, height, storage_size)
+            box = None
+            if img.format == "JPEG" and width >= 2 * target[0] and height >= 2 * target[1]:
+                drafted = img.draft("RGB", target)
+                box = drafted[1] if drafted is not None else None
+            rgb = layout.to_rgb8(img)
+            resized = rgb.resize(target, Image.Resampling.BILINEAR, box=box)  # type: ignore[attr-defined]
+            return layout.place_on_canvas(np.asarray(resized, dtype=np.uint8), storage_size, out)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(
+            f"cannot decode image {os.fspath(path)!r} ({type(err).__name__}: {err}); remove or replace the "
+            "file, or pass on_corrupt='skip' to skip unreadable images"
+        ) from err
+
+
 def load_uint8_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
-    """Decode an image to RGB, resize its short side to ``size`` and center-crop ``size x size``.
+    """Decode an image to RGB, resize its short side to ``size`` and keep the central ``size x size`` square.
+
+    The square drops the sides of every non-square image, so training crops cannot reach them; the folder
+    backend decodes with ``load_canvas`` (the whole image) instead.
 
     The crop and resize are one PIL call on the central square (bilinear, antialiased when shrinking), so
     only the pixels kept are resampled. JPEGs at least twice as large as needed are decoded at a reduced
@@ -141,16 +193,22 @@ def load_uint8_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
         ) from err
 
 
-class UInt8ImageFolder(Dataset):
-    """Map-style dataset over a class-per-subfolder image folder returning ``(uint8 HWC array, label)``.
+def _item(path: str, size: int, label: int) -> tuple[np.ndarray, int, np.ndarray]:
+    canvas, meta = load_canvas(path, size)
+    return canvas, label, meta
 
-    Every image is decoded and resized to ``size x size`` (short side resize + center crop, see
-    ``load_uint8_image``); random crops and flips happen later on the GPU. The object holds only paths
-    and plain values, so it pickles cheaply for ``spawn`` workers and DDP.
+
+class UInt8ImageFolder(Dataset):
+    """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
+
+    Every image is decoded whole, resized so its shorter side is ``size`` and placed on a
+    ``layout.canvas_shape(size)`` uint8 canvas (``load_canvas``); ``meta`` is int32 ``(h, w, transposed)``.
+    Random crops and flips happen later on the GPU, from the whole image. The object holds only paths and
+    plain values, so it pickles cheaply for ``spawn`` workers and DDP.
 
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
-        size: side of the stored square in pixels (256 for 224 crops).
+        size: shorter side of the stored images in pixels (256 for 224 crops: ``eval_resize_size``).
         on_corrupt: ``"raise"`` (default) raises ``ValueError`` naming an unreadable file; ``"skip"``
             returns the next readable image in its place (so batches keep their size) and records the path.
         skip_log: folder where skipped paths are appended (one file per process), so skips made inside
@@ -158,7 +216,7 @@ class UInt8ImageFolder(Dataset):
 
     Example:
         >>> ds = UInt8ImageFolder("train/", size=256)  # doctest: +SKIP
-        >>> image, label = ds[0]  # (256, 256, 3) uint8, int
+        >>> canvas, label, meta = ds[0]  # (256, 384, 3) uint8, int, int32 (h, w, transposed)
     """
 
     def __init__(
@@ -168,10 +226,8 @@ class UInt8ImageFolder(Dataset):
         on_corrupt: str = "raise",
         skip_log: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int (pixels), got {size!r}")
-        if on_corrupt not in ON_CORRUPT:
-            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        check_arg(is_int(size) and size >= 1, "size", size, "a positive int (pixels)")
+        check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
         self.root = os.fspath(Path(root).expanduser())
         self.size = size
         self.on_corrupt = on_corrupt
@@ -179,19 +235,24 @@ class UInt8ImageFolder(Dataset):
         self.classes, self.samples = scan_image_folder(self.root)
         self._skipped_here: list[str] = []
 
+    @property
+    def storage_size(self) -> int:
+        """Shorter side of the stored images (the canvas height), as the DataModule reads it from any store."""
+        return self.size
+
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
         if self.on_corrupt == "raise":
             path, label = self.samples[index]
-            return load_uint8_image(path, self.size), label
+            return _item(path, self.size, label)
         n = len(self.samples)
         # try the following images in turn; give up if a long run is unreadable (a broken folder)
         for offset in range(min(n, 64)):
             path, label = self.samples[(index + offset) % n]
             try:
-                return load_uint8_image(path, self.size), label
+                return _item(path, self.size, label)
             except ValueError:
                 self._record_skip(path)
         raise ValueError(
@@ -232,6 +293,7 @@ class UInt8ImageFolder(Dataset):
             "root": os.path.abspath(self.root),
             "len": len(self),
             "size": self.size,
+            "layout": "canvas",
             "mtime": mtime,
         }
 

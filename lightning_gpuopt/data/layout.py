@@ -77,7 +77,9 @@ def to_rgb8(img: object) -> object:
     return img.convert("RGB")
 
 
-def place_on_canvas(rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def place_on_canvas(
+    rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Put an already resized ``(h, w, 3)`` uint8 image on a canvas; return ``(canvas, meta)``.
 
     A portrait image (``h > w``) is transposed first. ``out`` (canvas-shaped, uint8) is filled in place

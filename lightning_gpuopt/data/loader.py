@@ -1,31 +1,173 @@
-"""``ContinuousDataLoader``: DataLoader workers that keep prefetching across epoch boundaries.
+"""Host loaders for uint8 batches: the collate, a DataLoader that times its consumer, and one that keeps
+its workers prefetching across epoch boundaries.
 
-A plain DataLoader stops handing out work at the end of an epoch and restarts at the next ``iter()``: the
-first batch of every epoch waits for one worker to build a whole batch from scratch while the GPU idles.
-On ImageNet that is one stall in thousands of steps; on a small dataset fed to a fast GPU (8,192 images
-are 32 steps of 256 on an H200, 1.4 s) it costs a large share of the run. This loader iterates its batch
-sampler endlessly behind one long-lived iterator and yields exactly ``len(self)`` batches per ``iter()``,
-so workers are already building the next epoch's first batches while this epoch's last ones train
-(the idea of timm's ``MultiEpochsDataLoader``).
+``UInt8Collate`` stacks ``(image, label[, meta])`` samples into ``(uint8 NHWC, int64 labels, int32 meta)``.
+``HostDataLoader`` is a ``DataLoader`` that carries a ``feed_info`` (``_common.FeedInfo``) and counts
+``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch.
 
-It is a ``DataLoader`` subclass that takes DataLoader's arguments (Lightning re-creates it from them with a
-``DistributedSampler`` under DDP). Each pass over the sampler sets the sampler's epoch itself
-(``set_epoch``), because the next pass starts before Lightning calls ``set_epoch`` for that epoch.
+``ContinuousDataLoader``: a plain DataLoader stops handing out work at the end of an epoch and restarts at
+the next ``iter()``, so the first batch of every epoch waits for one worker to build a whole batch from
+scratch while the GPU idles; on a small dataset fed to a fast GPU that stall is a large share of the run.
+This loader iterates its batch sampler endlessly behind one long-lived iterator and yields exactly
+``len(self)`` batches per ``iter()``, so workers are already building the next epoch's first batches while
+this epoch's last ones train (the idea of timm's ``MultiEpochsDataLoader``). It takes DataLoader's arguments
+(Lightning re-creates it from them with a ``DistributedSampler`` under DDP). Each pass over the sampler sets
+the sampler's epoch itself (``set_epoch``), because the next pass starts before Lightning calls
+``set_epoch`` for that epoch.
 
-With ``device_transform`` on a CUDA run, it also stages the next batch on the GPU ahead of time: the
-pinned host batch is copied on a side CUDA stream and transformed there (GPU crop/flip/normalize) while
-the current step computes, so neither the copy nor the augmentation waits behind the step (apex's
-``data_prefetcher`` idea). fp16 training syncs the host every step (GradScaler's inf check); whatever
-the host must still do after that sync leaves the GPU idle, so doing it one step early matters.
+With ``device_transform`` on a CUDA run, it also stages the next batch on the GPU ahead of time: the pinned
+host batch is copied on a side CUDA stream and transformed there (GPU crop/flip/normalize) while the
+current step computes, so neither the copy nor the augmentation waits behind the step (apex's
+``data_prefetcher`` idea). Training that syncs the host every step (GradScaler's inf check with an unfused
+optimizer) leaves the GPU idle for whatever the host still does after that sync, so doing it one step
+early matters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
+
+from lightning_gpuopt import _compat
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+
+
+class UInt8Collate:
+    """Collate ``[(uint8 HWC image, label[, meta]), ...]`` into ``(uint8 NHWC, int64 labels, int32 meta)``.
+
+    Samples are either ``(image, label)`` (a fixed-size image that is valid as a whole: its meta is
+    ``(H, W, 0)``) or ``(canvas, label, meta)`` with ``meta = (h, w, transposed)`` as
+    ``lightning_gpuopt.data.layout`` defines it. Images are stacked straight into one preallocated tensor (in
+    shared memory inside a worker, so handing it to the main process costs no extra copy). Raises
+    ``TypeError`` naming ``source`` (the dataset hook) when samples do not have that form.
+
+    Args:
+        source: where samples come from, for error messages (e.g. ``"train_dataset()"``).
+
+    Example:
+        >>> collate = UInt8Collate("my_dataset")
+        >>> images, labels, meta = collate([(np.zeros((4, 6, 3), np.uint8), 1)] * 2)
+        >>> images.shape, meta.tolist()
+        (torch.Size([2, 4, 6, 3]), [[4, 6, 0], [4, 6, 0]])
+    """
+
+    def __init__(self, source: str = "dataset") -> None:
+        self.source = source
+
+    def _fail(self, what: str) -> TypeError:
+        return TypeError(
+            f"{self.source} must return (image, label) or (canvas, label, meta) with image a uint8 HWC "
+            f"array/tensor (H, W, C), C in (1, 3, 4); {what}. Return e.g. `(np.asarray(pil_image), int(label))`; "
+            "convert float images with `(img * 255).round().clamp(0, 255).to(torch.uint8)` and CHW with "
+            "`img.permute(1, 2, 0)`. Normalization happens on the GPU."
+        )
+
+    def __call__(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not batch:
+            raise ValueError(f"{self.source}: empty batch")
+        first = batch[0]
+        if not isinstance(first, (tuple, list)) or len(first) not in (2, 3):
+            raise self._fail(f"got a sample of type {type(first).__name__}")
+        img = first[0]
+        if not isinstance(img, (np.ndarray, torch.Tensor)):
+            raise self._fail(f"got an image of type {type(img).__name__}")
+        if img.dtype not in (np.uint8, torch.uint8):
+            raise self._fail(f"got dtype {img.dtype}")
+        shape = tuple(img.shape)
+        if len(shape) != 3 or shape[-1] not in (1, 3, 4):
+            hint = " (this looks like CHW)" if len(shape) == 3 and shape[0] in (1, 3, 4) else ""
+            raise self._fail(f"got shape {shape}{hint}")
+        if any(len(s) != len(first) for s in batch):
+            raise self._fail("samples mix 2-tuples and 3-tuples")
+        n = len(batch)
+        out = _empty_uint8((n, *shape))
+        try:
+            if isinstance(img, np.ndarray):
+                np.stack([s[0] for s in batch], out=out.numpy())
+            else:
+                torch.stack([s[0] for s in batch], out=out)
+        except (ValueError, RuntimeError, TypeError) as err:
+            raise TypeError(
+                f"{self.source}: images in one batch must all be uint8 of shape {shape} ({err}); resize to "
+                "a fixed size on the CPU, or keep the whole image on a canvas (lightning_gpuopt.data.layout)"
+            ) from err
+        labels = torch.tensor([int(s[1]) for s in batch], dtype=torch.int64)
+        return out, labels, self._meta(batch, shape)
+
+    def _meta(self, batch: Sequence[Any], shape: tuple[int, ...]) -> torch.Tensor:
+        n = len(batch)
+        if len(batch[0]) == 2:
+            return torch.tensor([shape[0], shape[1], 0], dtype=torch.int32).repeat(n, 1)
+        try:
+            meta = np.stack([np.asarray(s[2]) for s in batch]).astype(np.int32, casting="same_kind")
+        except (ValueError, TypeError) as err:
+            raise self._fail(f"meta must be int (h, w, transposed) per sample ({err})") from err
+        h, w, t = (meta[:, i] for i in range(3)) if meta.shape == (n, 3) else (None, None, None)
+        if h is None or (h < 1).any() or (h > shape[0]).any() or (w < 1).any() or (w > shape[1]).any():
+            raise self._fail(
+                f"meta must be (h, w, transposed) with 1 <= h <= {shape[0]} and 1 <= w <= {shape[1]} "
+                f"(the valid region of the canvas), got {meta.tolist()[:2]}..."
+            )
+        if not np.isin(t, (0, 1)).all():
+            raise self._fail(f"meta's transposed flag must be 0 or 1, got {sorted(set(t.tolist()))}")
+        return torch.from_numpy(meta)
+
+
+def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
+    numel = int(np.prod(shape))
+    if get_worker_info() is not None:
+        # inside a worker: allocate in shared memory (as default_collate does) so the batch reaches the
+        # main process without being copied again
+        return _compat.shared_uint8(numel).view(shape)
+    return torch.empty(shape, dtype=torch.uint8)
+
+
+class HostDataLoader(DataLoader):
+    """A ``DataLoader`` that describes its feed and times its consumer.
+
+    Takes DataLoader's arguments plus ``feed_info``; keeps ``fetch_seconds``
+    (``_common.FETCH_SECONDS_ATTR``): the cumulative seconds spent inside ``next()`` on its iterators, i.e.
+    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch).
+
+    Args:
+        *args: ``DataLoader``'s arguments.
+        feed_info: how this loader feeds the GPU (read by ``BottleneckAdvisor`` and ``GPUStatsMonitor``).
+        **kwargs: ``DataLoader``'s keyword arguments.
+
+    Example:
+        >>> loader = HostDataLoader(dataset, batch_size=64, num_workers=4, feed_info=FeedInfo(backend="folder"))  # doctest: +SKIP
+        >>> for batch in loader: ...  # doctest: +SKIP
+        >>> loader.fetch_seconds  # doctest: +SKIP
+        0.42
+    """
+
+    def __init__(self, *args: Any, feed_info: FeedInfo | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feed_info = feed_info
+        setattr(self, FETCH_SECONDS_ATTR, 0.0)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._timed(DataLoader.__iter__(self), None)
+
+    def _timed(self, source: Iterator[Any], n: int | None) -> Iterator[Any]:
+        count = 0
+        while n is None or count < n:
+            start = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                return
+            finally:
+                setattr(
+                    self, FETCH_SECONDS_ATTR, getattr(self, FETCH_SECONDS_ATTR) + time.perf_counter() - start
+                )
+            count += 1
+            yield batch
 
 
 class StagedBatch(tuple):
@@ -34,6 +176,9 @@ class StagedBatch(tuple):
     The type is the marker: Lightning's collection helpers rebuild a tuple subclass with its own type, so
     the mark survives ``batch_to_device`` and a precision plugin's ``convert_input`` (``"16-true"``), which
     replace the tensors themselves.
+
+    Example:
+        >>> StagedBatch((images, labels))  # doctest: +SKIP
     """
 
     __slots__ = ()
@@ -59,31 +204,43 @@ class _RepeatSampler:
             epoch += 1
 
 
-class ContinuousDataLoader(DataLoader):
+class ContinuousDataLoader(HostDataLoader):
     """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries.
 
     Use it exactly like ``DataLoader`` (same arguments); it needs automatic batching (``batch_size`` or
     ``batch_sampler``). Every ``iter()`` yields ``len(self)`` batches, one pass over the sampler, so each
-    sample is still seen once per epoch. Batches an unfinished run had prefetched are dropped at shutdown.
+    sample is still seen once per epoch. Batches an unfinished run had prefetched are dropped at ``close()``.
+
+    Args:
+        *args: ``DataLoader``'s arguments.
+        device_transform: on a CUDA run with ``pin_memory=True``, applied to each batch on the GPU one step
+            ahead, on a side stream; its batches arrive as ``StagedBatch``.
+        feed_info: see ``HostDataLoader``.
+        **kwargs: ``DataLoader``'s keyword arguments.
 
     Note:
         An epoch cut short (``limit_train_batches``, an exception) leaves its remaining batches in the pipe;
         the next epoch starts with them, so epochs then no longer line up with passes over the sampler.
+
+    Example:
+        >>> loader = ContinuousDataLoader(ds, batch_size=256, shuffle=True, drop_last=True,
+        ...                               num_workers=8, pin_memory=True, persistent_workers=True)  # doctest: +SKIP
     """
 
     def __init__(
-        self, *args: Any, device_transform: Callable[[Any], Any] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        device_transform: Callable[[Any], Any] | None = None,
+        feed_info: FeedInfo | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, feed_info=feed_info, **kwargs)
         self.device_transform = device_transform
         self._continuous_iter: Iterator[Any] | None = None
 
     @property
     def _index_sampler(self) -> Any:  # read by DataLoader's iterators and __len__
-        sampler = super()._index_sampler
-        if self._auto_collation and sampler is self.batch_sampler:
-            return _RepeatSampler(sampler)
-        return sampler
+        return _compat.repeat_index_sampler(self, _RepeatSampler)
 
     def __len__(self) -> int:
         if self.batch_sampler is None:
@@ -95,14 +252,14 @@ class ContinuousDataLoader(DataLoader):
             raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
         source = self._continuous_iter
         if source is None:
-            source = super().__iter__()
+            source = DataLoader.__iter__(self)
             if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():
                 # under DDP Lightning has set each rank's current device before the first iter()
                 source = _staged(
                     source, torch.device("cuda", torch.cuda.current_device()), self.device_transform
                 )
             self._continuous_iter = source
-        return _take(source, len(self))
+        return self._timed(source, len(self))
 
     def close(self) -> None:
         """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh."""
@@ -111,15 +268,10 @@ class ContinuousDataLoader(DataLoader):
         if callable(close):
             close()  # a staging generator: releases the DataLoader iterator it wraps
         # DataLoader keeps its persistent iterator too; dropping the last reference shuts the workers down
-        self._iterator = None  # type: ignore[assignment]
+        _compat.drop_persistent_iterator(self)
 
     def __del__(self) -> None:
         self._continuous_iter = None
-
-
-def _take(source: Iterator[Any], n: int) -> Iterator[Any]:
-    for _ in range(n):
-        yield next(source)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -1,27 +1,63 @@
-"""GPU batch transforms: uint8 NHWC -> normalized float NCHW (channels_last), with batched crops and flips.
+"""GPU batch transforms: uint8 canvases -> normalized float NCHW (channels_last), cropped from the whole image.
 
-The host ships uint8 HWC images (a quarter of float32's bytes); everything else happens here on the
-device, for the whole batch at once:
+The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.data.layout``) with a per-sample
+``meta = (h, w, transposed)``; everything else happens here on the device, for the whole batch at once:
 
-- train: random resized crop + horizontal flip as ONE ``F.grid_sample`` with a per-sample affine ``theta``
-  (flip = negative x scale), then normalize;
-- eval: center crop + resize (``F.interpolate``, antialiased), then normalize.
+- train: torchvision's ``RandomResizedCrop`` sampling (area fraction uniform in ``scale``, log aspect ratio
+  uniform in ``ratio``, 10 tries, then the whole image clamped to the ratio range) drawn per sample in the
+  image's own coordinates, plus a horizontal flip;
+- eval: ``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)`` of the whole image, as a box.
 
-No per-sample Python loops, no host synchronisation, random numbers drawn on the batch's device. The
-functions are plain PyTorch and know nothing about Lightning; ``GPUAugment`` bundles them as a module.
+The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one
+``F.affine_grid`` + ``F.grid_sample`` (bilinear, ``align_corners=False``, edges replicated at the image's
+border) resamples the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
+normalized into channels_last NCHW. No per-sample Python loop, no host synchronisation; random numbers are
+drawn on the batch's device.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
+from lightning_gpuopt.data._checks import check_arg, check_pair, is_int, is_number
+
+#: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
+CROP_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Training augmentation: torchvision's ``RandomResizedCrop`` + ``RandomHorizontalFlip``.
+
+    Args:
+        scale: range of the crop's area as a fraction of the whole image (torchvision's default).
+        ratio: range of the crop's aspect ratio, width / height (log-uniform).
+        flip_p: probability of a horizontal flip.
+
+    Example:
+        >>> AugmentConfig(scale=(0.25, 1.0))  # a milder crop than ImageNet's recipe
+        AugmentConfig(scale=(0.25, 1.0), ratio=(0.75, 1.3333333333333333), flip_p=0.5)
+    """
+
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", check_pair(self.scale, "augment.scale", 0.0, 1.0, "area fraction"))
+        object.__setattr__(
+            self, "ratio", check_pair(self.ratio, "augment.ratio", 0.0, None, "width / height")
+        )
+        check_arg(is_number(self.flip_p), "augment.flip_p", self.flip_p, "a number", error=TypeError)
+        check_arg(0.0 <= self.flip_p <= 1.0, "augment.flip_p", self.flip_p, "a probability in [0, 1]")
+        object.__setattr__(self, "flip_p", float(self.flip_p))
 
 
 def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
@@ -48,114 +84,144 @@ def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
     return images
 
 
-def nhwc_to_nchw(images: torch.Tensor) -> torch.Tensor:
-    """View a contiguous ``(N, H, W, C)`` tensor as ``(N, C, H, W)``: a channels_last view, no copy."""
-    return images.permute(0, 3, 1, 2)
+def full_image_meta(images: torch.Tensor) -> torch.Tensor:
+    """``meta`` for a batch whose arrays are wholly valid, upright images: ``(H, W, 0)`` per sample."""
+    n, h, w = images.shape[:3]
+    return torch.tensor([h, w, 0], dtype=torch.int32, device=images.device).expand(n, 3)
+
+
+def image_sizes(meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(heights, widths)`` (float32) of the images as they are seen, from stored ``meta`` (transposed back)."""
+    m = meta.to(torch.float32)
+    t = meta[:, 2] != 0
+    return torch.where(t, m[:, 1], m[:, 0]), torch.where(t, m[:, 0], m[:, 1])
 
 
 def random_resized_crop_boxes(
-    n: int,
-    height: int,
-    width: int,
-    scale: tuple[float, float] = (0.25, 1.0),
+    heights: torch.Tensor,
+    widths: torch.Tensor,
+    scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
-    attempts: int = 10,
 ) -> torch.Tensor:
-    """Sample random-resized-crop boxes for ``n`` images, torchvision's rule, vectorized.
+    """Sample one random-resized-crop box per image, torchvision's ``get_params`` rule, vectorized.
 
-    Each box covers a fraction of the image area drawn uniformly from ``scale`` with an aspect ratio
-    (w/h) drawn log-uniformly from ``ratio``. Like torchvision, ``attempts`` draws are made and the first
-    one that fits is kept; if none fits, the whole image (clamped to ``ratio``) is used, centered.
-    Coordinates are continuous pixels (grid_sample interpolates), not rounded.
+    Each try draws an area fraction uniformly from ``scale`` and an aspect ratio (w/h) log-uniformly from
+    ``ratio``; the first of ``CROP_ATTEMPTS`` tries that fits inside the image is kept and placed uniformly
+    at random. When none fits, the whole image clamped to the ratio range is used, centered. Coordinates
+    are continuous pixels (the resampling interpolates), not rounded.
+
+    Args:
+        heights: float ``(N,)`` image heights in pixels.
+        widths: float ``(N,)`` image widths in pixels.
+        scale: area fraction range.
+        ratio: aspect ratio range.
+        generator: random generator on the tensors' device.
 
     Returns:
-        float32 tensor ``(n, 4)`` of ``(x0, y0, w, h)`` in pixels, on ``device``.
+        float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` in the image's pixels, on the tensors' device.
     """
-    lo, hi = float(scale[0]), float(scale[1])
+    n, a = heights.shape[0], CROP_ATTEMPTS
+    height, width = heights.view(n, 1).float(), widths.view(n, 1).float()
+    u = torch.rand(n, 2 * a + 2, device=heights.device, generator=generator)
     log_r0, log_r1 = math.log(ratio[0]), math.log(ratio[1])
-    u = torch.rand(n, 2 * attempts + 2, device=device, generator=generator)
-    area = float(height * width)
-    s = lo + (hi - lo) * u[:, :attempts]
-    r = torch.exp(log_r0 + (log_r1 - log_r0) * u[:, attempts : 2 * attempts])
-    w = torch.sqrt(area * s * r)
-    h = torch.sqrt(area * s / r)
+    frac = scale[0] + (scale[1] - scale[0]) * u[:, :a]
+    r = torch.exp(log_r0 + (log_r1 - log_r0) * u[:, a : 2 * a])
+    area = height * width
+    w = torch.sqrt(area * frac * r)
+    h = torch.sqrt(area * frac / r)
     fits = (w <= width) & (h <= height)
-    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first fitting attempt (0 if none fits)
-    any_fit = fits.any(dim=1)
-    w = w.gather(1, first).squeeze(1)
-    h = h.gather(1, first).squeeze(1)
-    # fallback: the whole image, clamped to the ratio range (torchvision's central crop)
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        fw, fh = float(width), width / ratio[0]
-    elif in_ratio > ratio[1]:
-        fw, fh = height * ratio[1], float(height)
-    else:
-        fw, fh = float(width), float(height)
-    w = torch.where(any_fit, w, torch.full_like(w, fw))
-    h = torch.where(any_fit, h, torch.full_like(h, fh))
-    x0 = u[:, -2] * (width - w)
-    y0 = u[:, -1] * (height - h)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first try that fits (0 if none)
+    w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
+    height, width = height.squeeze(1), width.squeeze(1)
+    # torchvision's fallback: the whole image, clamped to the ratio range, centered
+    aspect = width / height
+    fw = torch.where(aspect > ratio[1], height * ratio[1], width)
+    fh = torch.where(aspect < ratio[0], width / ratio[0], height)
+    found = fits.any(dim=1)
+    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
+    x0 = torch.where(found, u[:, -2] * (width - w), (width - w) / 2)
+    y0 = torch.where(found, u[:, -1] * (height - h), (height - h) / 2)
     return torch.stack([x0, y0, w, h], dim=1)
 
 
-def crop_resize_flip(
-    images: torch.Tensor,
-    boxes: torch.Tensor,
-    size: int | tuple[int, int],
-    flip: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Crop each image to its box, resize it to ``size`` and optionally mirror it, in one ``grid_sample``.
+def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: int) -> torch.Tensor:
+    """The evaluation view as boxes: torchvision's ``Resize(eval_resize_size(image_size))`` then
+    ``CenterCrop(image_size)`` of each whole image, mapped back to the image's pixels.
 
-    Args:
-        images: float ``(N, C, H, W)`` (any memory format).
-        boxes: ``(N, 4)`` ``(x0, y0, w, h)`` in pixels (see ``random_resized_crop_boxes``).
-        size: output side (or ``(height, width)``).
-        flip: optional bool ``(N,)``; True mirrors that sample horizontally.
+    The resized sides follow torchvision (shorter side to the resize size, the longer one truncated) and the
+    crop offset rounds half to even as ``round`` does, so where the image is stored at the resize size the
+    box is a whole-pixel window and the result an exact copy of those pixels.
 
     Returns:
-        ``(N, C, size, size)`` in the dtype of ``images`` (bilinear, border padding).
+        float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``.
     """
-    n, c, height, width = images.shape
-    out_h, out_w = (size, size) if isinstance(size, int) else size
-    boxes = boxes.to(device=images.device, dtype=torch.float32)
-    x0, y0, w, h = boxes.unbind(1)
-    sx = w / width
-    if flip is not None:
-        sx = torch.where(flip.to(images.device), -sx, sx)
-    theta = torch.zeros(n, 2, 3, device=images.device, dtype=torch.float32)
-    # align_corners=False: normalized -1..1 spans pixel edges, so box [x0, x0+w] maps to
-    # center (2*x0 + w)/W - 1 and half-extent w/W
-    theta[:, 0, 0] = sx
-    theta[:, 0, 2] = (2 * x0 + w) / width - 1
-    theta[:, 1, 1] = h / height
-    theta[:, 1, 2] = (2 * y0 + h) / height - 1
-    grid = F.affine_grid(theta.to(images.dtype), [n, c, out_h, out_w], align_corners=False)
-    return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    resize = eval_resize_size(image_size)
+    h = heights.round().to(torch.int64)
+    w = widths.round().to(torch.int64)
+    portrait = w <= h  # torchvision: short, long = (w, h) if w <= h else (h, w)
+    long_side = torch.div(resize * torch.maximum(h, w), torch.minimum(h, w), rounding_mode="floor")
+    rh = torch.where(portrait, long_side, torch.full_like(h, resize))
+    rw = torch.where(portrait, torch.full_like(w, resize), long_side)
+    top = ((rh - image_size).float() / 2).round()
+    left = ((rw - image_size).float() / 2).round()
+    sy, sx = h.float() / rh.float(), w.float() / rw.float()
+    return torch.stack([left * sx, top * sy, image_size * sx, image_size * sy], dim=1)
 
 
-def center_crop_resize(images: torch.Tensor, size: int, crop_fraction: float = 0.875) -> torch.Tensor:
-    """Evaluation view: the central square of side ``crop_fraction`` x short side, resized to ``size``.
+def crop_theta(
+    meta: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor | None, canvas: tuple[int, int]
+) -> torch.Tensor:
+    """Per-sample ``affine_grid`` matrices that read ``boxes`` (image coordinates) out of stored canvases.
 
-    Equivalent to "resize the short side to ``size / crop_fraction``, then center-crop ``size``" (the
-    ImageNet 256 -> 224 recipe) but resamples only the pixels kept. When the square already has side
-    ``size`` this is a pure slice (no interpolation).
+    Output column ``u`` and row ``v`` (both in ``[-1, 1]``) map to the image point
+    ``(x0 + w (1 + s u) / 2, y0 + h (1 + v) / 2)`` with ``s = -1`` for a flipped sample; a transposed sample
+    stores the image's x along the canvas rows, so its matrix swaps the axes.
 
     Args:
-        images: float ``(N, C, H, W)``.
-        size: output side.
-        crop_fraction: fraction of the short side kept (0.875 = 224/256).
+        meta: int ``(N, 3)`` ``(h, w, transposed)`` as stored.
+        boxes: float ``(N, 4)`` ``(x0, y0, w, h)`` in image coordinates.
+        flip: bool ``(N,)`` or ``None``.
+        canvas: ``(height, width)`` of the stored arrays.
+
+    Returns:
+        float32 ``(N, 2, 3)``.
     """
-    _, _, height, width = images.shape
-    side = max(1, min(height, width, round(min(height, width) * crop_fraction)))
-    top, left = (height - side) // 2, (width - side) // 2
-    crop = images[:, :, top : top + side, left : left + side]
-    if side == size:
-        return crop
-    # antialias matters when shrinking; it is ignored when enlarging
-    return F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=side > size)
+    ch, cw = float(canvas[0]), float(canvas[1])
+    x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
+    t = meta[:, 2].to(boxes.device) != 0
+    s = torch.ones_like(bw) if flip is None else 1.0 - 2.0 * flip.to(bw.dtype)
+    zero = torch.zeros_like(bw)
+    rows = (
+        torch.where(t, zero, s * bw / cw),
+        torch.where(t, bh / cw, zero),
+        torch.where(t, (2 * y0 + bh) / cw, (2 * x0 + bw) / cw) - 1,
+        torch.where(t, s * bw / ch, zero),
+        torch.where(t, zero, bh / ch),
+        torch.where(t, (2 * x0 + bw) / ch, (2 * y0 + bh) / ch) - 1,
+    )
+    return torch.stack(rows, dim=1).view(-1, 2, 3)
+
+
+def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size: int) -> torch.Tensor:
+    """One bilinear ``grid_sample`` of ``theta``'s boxes into ``size x size``, edges replicated at each
+    image's stored border (``meta``), rounded to integers.
+
+    Args:
+        images: float ``(N, C, H, W)`` canvases (any memory format), values 0..255.
+        meta: int ``(N, 3)`` ``(h, w, transposed)``.
+        theta: ``(N, 2, 3)`` from ``crop_theta``.
+        size: output side.
+    """
+    n, c, ch, cw = images.shape
+    grid = F.affine_grid(theta.to(images.dtype), [n, c, size, size], align_corners=False)
+    m = meta.to(device=images.device, dtype=images.dtype)
+    # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
+    lo = torch.tensor([1.0 / cw - 1.0, 1.0 / ch - 1.0], dtype=images.dtype, device=images.device)
+    hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
+    grid = torch.minimum(torch.maximum(grid, lo), hi)
+    out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.round_()
 
 
 def normalize(
@@ -198,29 +264,57 @@ def _scale_shift(
     return out
 
 
-class GPUAugment(nn.Module):
-    """uint8 NHWC batch on the device -> normalized, augmented, channels_last NCHW float batch.
+def check_mean_std(mean: object, std: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``mean`` and ``std`` as float tuples in [0, 1] units, one value per channel, or a one-line error."""
+    for name, value in (("mean", mean), ("std", std)):
+        check_arg(
+            isinstance(value, (tuple, list)) and all(is_number(v) for v in value),
+            name,
+            value,
+            "a sequence of numbers, one per channel",
+            f"e.g. {name}={IMAGENET_MEAN if name == 'mean' else IMAGENET_STD} (ImageNet, the default)",
+            error=TypeError,
+        )
+    m = tuple(float(v) for v in mean)  # type: ignore[union-attr]
+    s = tuple(float(v) for v in std)  # type: ignore[union-attr]
+    check_arg(
+        len(m) == len(s) and len(m) in (1, 3, 4), "mean/std", (m, s), "one value per channel (1, 3 or 4)"
+    )
+    check_arg(all(v > 0 for v in s), "std", s, "> 0 in every channel")
+    check_arg(
+        all(v <= 1.5 for v in m + s),
+        "mean/std",
+        (m, s),
+        "in [0, 1] units",
+        f"divide by 255, e.g. mean={IMAGENET_MEAN}, std={IMAGENET_STD}",
+    )
+    return m, s
 
-    Train: random resized crop (``scale``, ``ratio``) + horizontal flip (probability ``flip_p``), one
-    ``grid_sample`` for the whole batch. Eval: center crop (``eval_crop_fraction`` of the short side) +
-    antialiased resize. Both end with per-channel normalization and write channels_last NCHW in
-    ``output_dtype``.
+
+class GPUAugment(nn.Module):
+    """uint8 canvases on the device -> normalized, cropped, channels_last NCHW float batch.
+
+    Train: a random resized crop (``augment.scale``, ``augment.ratio``) drawn in each image's own
+    coordinates plus a horizontal flip (``augment.flip_p``). Eval: ``Resize(eval_resize_size(image_size))``
+    + ``CenterCrop(image_size)`` of the whole image. Both are one ``grid_sample`` for the whole batch (see
+    the module docstring), then per-channel normalization written channels_last in ``output_dtype``.
+    Resampling is bilinear without antialiasing: crops shrunk by more than about 1.5x alias where
+    torchvision's PIL resize would not.
 
     Args:
         image_size: output side in pixels.
+        augment: the training crop and flip.
         mean: per-channel mean in [0, 1] units.
         std: per-channel std in [0, 1] units.
-        scale: random-resized-crop area range (fraction of the image).
-        ratio: random-resized-crop aspect-ratio range (w/h).
-        flip_p: probability of a horizontal flip (train).
-        eval_crop_fraction: fraction of the short side kept in evaluation (224/256).
-        output_dtype: dtype of the output (``torch.float32``, ``torch.float16``, ``torch.bfloat16``).
-            With a half dtype on CUDA the resampling also runs in half.
+        output_dtype: dtype of the output (resampling always runs in float32).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
 
     Example:
+        >>> from lightning_gpuopt.data import layout
         >>> aug = GPUAugment(image_size=224)
-        >>> x = aug(torch.zeros(8, 256, 256, 3, dtype=torch.uint8), train=True)
+        >>> canvas = torch.zeros(8, *layout.canvas_shape(256), 3, dtype=torch.uint8)
+        >>> meta = torch.tensor([[256, 341, 0]] * 8, dtype=torch.int32)  # 341x256 landscape images
+        >>> x = aug(canvas, meta, train=True)
         >>> x.shape, x.is_contiguous(memory_format=torch.channels_last)
         (torch.Size([8, 3, 224, 224]), True)
     """
@@ -228,92 +322,82 @@ class GPUAugment(nn.Module):
     def __init__(
         self,
         image_size: int = 224,
+        augment: AugmentConfig | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
-        scale: tuple[float, float] = (0.25, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        flip_p: float = 0.5,
-        eval_crop_fraction: float = 0.875,
         output_dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_size must be a positive int, got {image_size!r}")
-        if len(mean) != len(std) or len(mean) not in (1, 3, 4):
-            raise ValueError(f"mean and std need one value per channel (1, 3 or 4), got {mean!r} and {std!r}")
-        if any(s <= 0 for s in std):
-            raise ValueError(f"std values must be > 0, got {std!r}")
-        if any(m > 1.5 for m in mean) or any(s > 1.5 for s in std):
-            raise ValueError(
-                f"mean/std look like 0..255 units ({mean!r}, {std!r}); give them in [0, 1] units, "
-                "e.g. mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)"
-            )
-        if not (0 < scale[0] <= scale[1] <= 1):
-            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale!r}")
-        if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio!r}")
-        if not (0.0 <= flip_p <= 1.0):
-            raise ValueError(f"flip_p must be in [0, 1], got {flip_p!r}")
-        if not (0 < eval_crop_fraction <= 1):
-            raise ValueError(f"eval_crop_fraction must be in (0, 1], got {eval_crop_fraction!r}")
-        if not output_dtype.is_floating_point:
-            raise ValueError(f"output_dtype must be a floating dtype, got {output_dtype}")
+        check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "a positive int (pixels)")
+        augment = AugmentConfig() if augment is None else augment
+        check_arg(isinstance(augment, AugmentConfig), "augment", augment, "an AugmentConfig", error=TypeError)
+        check_arg(
+            isinstance(output_dtype, torch.dtype) and output_dtype.is_floating_point,
+            "output_dtype",
+            output_dtype,
+            "a floating torch dtype (torch.float32, torch.float16, torch.bfloat16)",
+        )
         self.image_size = image_size
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.flip_p = float(flip_p)
-        self.eval_crop_fraction = float(eval_crop_fraction)
+        self.augment = augment
+        self.mean, self.std = check_mean_std(mean, std)
         self.output_dtype = output_dtype
         self.generator = generator
-        # per (device, dtype) normalization constants: built once, so no host->device copy per step
-        self._constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        # per-device normalization constants: built once, so no host->device copy per step
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _compute_dtype(self, device: torch.device) -> torch.dtype:
-        # grid_sample/interpolate in half are fine on CUDA; on CPU they are slow or missing, so use fp32
-        if device.type == "cuda" and self.output_dtype in (torch.float16, torch.bfloat16):
-            return self.output_dtype
-        return torch.float32
-
-    def _norm_constants(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (device, dtype)
-        if key not in self._constants:
+    def _norm_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._constants:
             c = len(self.mean)
-            scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], dtype=dtype).view(1, c, 1, 1)
-            bias = torch.tensor([-m / s for m, s in zip(self.mean, self.std, strict=True)], dtype=dtype)
-            self._constants[key] = (scale.to(device), bias.view(1, c, 1, 1).to(device))
-        return self._constants[key]
+            scale = torch.tensor([1.0 / (255.0 * s) for s in self.std]).view(1, c, 1, 1)
+            bias = torch.tensor([-m / s for m, s in zip(self.mean, self.std, strict=True)]).view(1, c, 1, 1)
+            self._constants[device] = (scale.to(device), bias.to(device))
+        return self._constants[device]
 
-    def forward(self, images: torch.Tensor, train: bool | None = None) -> torch.Tensor:
-        """Transform a uint8 ``(N, H, W, C)`` batch; ``train=None`` follows ``self.training``."""
+    def sample_boxes(self, meta: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Training crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32."""
+        heights, widths = image_sizes(meta)
+        return random_resized_crop_boxes(heights, widths, self.augment.scale, self.augment.ratio, generator)
+
+    def eval_boxes(self, meta: torch.Tensor) -> torch.Tensor:
+        """Evaluation boxes ``(x0, y0, w, h)`` in each image's own pixels, ``(N, 4)`` float32."""
+        heights, widths = image_sizes(meta)
+        return center_crop_boxes(heights, widths, self.image_size)
+
+    def forward(
+        self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
+    ) -> torch.Tensor:
+        """Transform a uint8 ``(N, H, W, C)`` batch.
+
+        Args:
+            images: uint8 canvases (or fixed-size images that are wholly valid).
+            meta: int ``(N, 3)`` ``(h, w, transposed)``; ``None``: every array is a whole upright image.
+            train: random crop + flip (True) or the evaluation view (False); ``None`` follows ``self.training``.
+        """
         check_uint8_nhwc(images, f"{type(self).__name__}.forward")
         if images.shape[-1] != len(self.mean):
             raise ValueError(
                 f"images have {images.shape[-1]} channels but mean/std have {len(self.mean)} values; "
                 "pass one mean/std value per channel"
             )
-        train = self.training if train is None else train
         device = images.device
-        dtype = self._compute_dtype(device)
-        x = nhwc_to_nchw(images).to(dtype)  # keeps the channels_last strides: one read, one write
-        n, _, height, width = x.shape
-        if train:
-            boxes = random_resized_crop_boxes(
-                n, height, width, self.scale, self.ratio, device=device, generator=self.generator
+        meta = full_image_meta(images) if meta is None else meta.to(device)
+        if meta.dim() != 2 or meta.shape != (images.shape[0], 3):
+            raise ValueError(
+                f"{type(self).__name__}.forward: meta must be (N, 3) = (h, w, transposed) per sample, got shape "
+                f"{tuple(meta.shape)} for {images.shape[0]} images (lightning_gpuopt.data.layout)"
             )
-            flip = None
-            if self.flip_p > 0:
-                flip = torch.rand(n, device=device, generator=self.generator) < self.flip_p
-            x = crop_resize_flip(x, boxes, self.image_size, flip)
+        train = self.training if train is None else train
+        if train:
+            boxes = self.sample_boxes(meta, self.generator)
+            flip = torch.rand(images.shape[0], device=device, generator=self.generator) < self.augment.flip_p
         else:
-            x = center_crop_resize(x, self.image_size, self.eval_crop_fraction)
-        scale, bias = self._norm_constants(device, dtype)
+            boxes, flip = self.eval_boxes(meta), None
+        x = images.permute(0, 3, 1, 2).float()  # keeps the channels_last strides: one read, one write
+        theta = crop_theta(meta, boxes, flip, (images.shape[1], images.shape[2]))
+        x = resample(x, meta, theta, self.image_size)
+        scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
     def extra_repr(self) -> str:
-        return (
-            f"image_size={self.image_size}, scale={self.scale}, ratio={self.ratio}, flip_p={self.flip_p}, "
-            f"eval_crop_fraction={self.eval_crop_fraction}, output_dtype={self.output_dtype}"
-        )
+        return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"

@@ -8,7 +8,8 @@ drops (on an H200 machine an HDF5 loader fed ResNet-50 faster with 4 workers tha
 ``tolerance`` of the best: fewer processes, less memory, same speed.
 
 ``tune_num_workers`` is a plain function (no Lightning). ``WorkerTuner`` applies it to loaders that
-``OptimizedDataModule`` did not build; ``OptimizedDataModule(num_workers="auto")`` calls it in ``setup``.
+``OptimizedDataModule`` did not build; ``OptimizedDataModule(num_workers="auto")`` calls it in ``setup``
+with the settings of a ``TuningConfig``.
 """
 
 from __future__ import annotations
@@ -27,27 +28,80 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
+from typing_extensions import override
+
+from lightning_gpuopt import _compat
+from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
+from lightning_gpuopt._common import cache_dir as _cache_folder
+from lightning_gpuopt.data._checks import check_arg, is_number
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
 # smaller batches each worker delivers several batches a second, so the rate settles within a short budget
 # (at 256 ImageNet JPEGs a batch, 16 workers deliver in bursts about a second apart).
 MEASURE_BATCH_SIZE = 64
-CACHE_ENV = "LIGHTNING_GPUOPT_CACHE_DIR"
 CACHE_FILE = "workers.json"
 # bump when what is measured changes, so old cache entries are not reused
-_CACHE_VERSION = 2  # 2: the target is multiplied by headroom
+_CACHE_VERSION = 3
 
 #: ``tune_num_workers`` stops at ``headroom * target``: a loader measured alone must be this much faster than
 #: the model consumes to keep up once it shares the CPUs with training (see ``headroom``).
 TARGET_HEADROOM = 2.0
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (``os.sched_getaffinity``, which respects taskset/cgroups cpusets)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
+__all__ = [
+    "CACHE_ENV",
+    "MEASURE_BATCH_SIZE",
+    "TARGET_HEADROOM",
+    "TuningConfig",
+    "TuningResult",
+    "WorkerTuner",
+    "available_cpus",
+    "dataset_fingerprint",
+    "default_cache_path",
+    "default_candidates",
+    "endless_sampler",
+    "tune_num_workers",
+]
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """How ``OptimizedDataModule(num_workers="auto")`` measures its loaders (``tune_num_workers``).
+
+    Args:
+        budget_s: seconds the measurement may take (worker start-up and shutdown included).
+        target_samples_per_sec: what your model consumes (samples/s); measuring stops once the loader,
+            measured alone, delivers ``TARGET_HEADROOM`` times that. ``None``: find the loader's own plateau.
+        cache_dir: folder of the result cache (``workers.json``); default ``_common.cache_dir()``
+            (``$LIGHTNING_GPUOPT_CACHE_DIR`` or ``~/.cache/lightning_gpuopt``).
+
+    Example:
+        >>> TuningConfig(budget_s=10.0, target_samples_per_sec=3000.0)
+        TuningConfig(budget_s=10.0, target_samples_per_sec=3000.0, cache_dir=None)
+    """
+
+    budget_s: float = 30.0
+    target_samples_per_sec: float | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        check_arg(
+            is_number(self.budget_s) and self.budget_s > 0, "tuning.budget_s", self.budget_s, "> 0 seconds"
+        )
+        target = self.target_samples_per_sec
+        check_arg(
+            target is None or (is_number(target) and target > 0),
+            "tuning.target_samples_per_sec",
+            target,
+            "None or > 0 (your model's samples/s)",
+        )
+        check_arg(
+            self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)),
+            "tuning.cache_dir",
+            self.cache_dir,
+            "None or a folder path",
+            error=TypeError,
+        )
 
 
 def default_candidates(max_workers: int) -> list[int]:
@@ -64,12 +118,9 @@ def default_candidates(max_workers: int) -> list[int]:
 
 
 def default_cache_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``<cache_dir>/workers.json``; default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or ``~/.cache/lightning_gpuopt``."""
-    if cache_dir is None:
-        cache_dir = os.environ.get(CACHE_ENV) or Path(
-            os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "lightning_gpuopt"
-        )
-    return Path(cache_dir).expanduser() / CACHE_FILE
+    """``<cache_dir>/workers.json``; default folder ``_common.cache_dir()`` (``$LIGHTNING_GPUOPT_CACHE_DIR``,
+    else ``~/.cache/lightning_gpuopt``)."""
+    return _cache_folder(cache_dir) / CACHE_FILE
 
 
 def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
@@ -106,6 +157,10 @@ class TuningResult:
         stop_reason: why measuring stopped (``"all candidates"``, ``"no improvement"``, ``"target reached"``,
             ``"budget"``).
         key: the cache key.
+
+    Example:
+        >>> result = tune_num_workers(lambda n: make_loader(n), budget_s=10.0)  # doctest: +SKIP
+        >>> print(result.format_table())  # doctest: +SKIP
     """
 
     best: int
@@ -117,8 +172,6 @@ class TuningResult:
 
     def format_table(self) -> str:
         """The table as fixed-width text with the choice marked."""
-        from lightning_gpuopt.benchmarking import format_table
-
         rows = [{**r, "chosen": "<-" if r["num_workers"] == self.best else ""} for r in self.table]
         head = format_table(rows, ["num_workers", "samples_per_sec", "startup_s", "batches", "chosen"])
         src = "cached" if self.cached else f"measured in {self.seconds:.1f} s, stopped: {self.stop_reason}"
@@ -175,9 +228,7 @@ def _measure(loader: Iterable[Any], warmup_batches: int, deadline: float) -> tup
         end = time.perf_counter()
     finally:
         # shuts worker processes down now rather than at garbage collection (counted in the slot)
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
+        _compat.shutdown_workers(it)
         del it
     if measured and t_measure is not None and end > t_measure:
         return samples / (end - t_measure), startup or 0.0, measured
@@ -259,21 +310,20 @@ def tune_num_workers(
     Returns:
         ``TuningResult`` (``best``, ``table``, ...).
     """
-    if budget_s <= 0:
-        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
-    if not (0 <= tolerance < 1):
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-    if target_samples_per_sec is not None and target_samples_per_sec <= 0:
-        raise ValueError(f"target_samples_per_sec must be > 0 or None, got {target_samples_per_sec}")
-    if headroom < 1:
-        raise ValueError(f"headroom must be >= 1 (a multiple of the target), got {headroom}")
+    _check_budget_tolerance(budget_s, tolerance)
+    check_arg(
+        target_samples_per_sec is None or (is_number(target_samples_per_sec) and target_samples_per_sec > 0),
+        "target_samples_per_sec",
+        target_samples_per_sec,
+        "None or > 0 (your model's samples/s)",
+    )
+    check_arg(is_number(headroom) and headroom >= 1, "headroom", headroom, ">= 1 (a multiple of the target)")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
     if candidates is None:
         candidates = default_candidates(max_workers if max_workers is not None else cpus)
     cands = sorted({int(c) for c in candidates})
-    if not cands or cands[0] < 0:
-        raise ValueError(f"candidates must be non-negative worker counts, got {list(candidates)}")
+    check_arg(bool(cands) and cands[0] >= 0, "candidates", list(candidates), "non-negative worker counts")
 
     if isinstance(loader, Dataset) or not callable(loader):
         dataset = loader
@@ -369,6 +419,11 @@ def tune_num_workers(
     return result
 
 
+def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
+    check_arg(is_number(budget_s) and budget_s > 0, "budget_s", budget_s, "> 0 seconds")
+    check_arg(is_number(tolerance) and 0 <= tolerance < 1, "tolerance", tolerance, "in [0, 1) (0.05 = 5%)")
+
+
 def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Callable[[int], DataLoader]:
     """A factory rebuilding ``loader`` with another worker count (same dataset, batch size, collate...)."""
     dataset = loader.dataset
@@ -426,6 +481,10 @@ class WorkerTuner(pl.Callback):
 
     Logged: ``tuning/num_workers`` (count) and ``tuning/samples_per_sec`` (samples/s of the loader at the
     chosen count) once, at step 0, through ``trainer.loggers``. The table goes to the console (rank 0).
+
+    Example:
+        >>> trainer = pl.Trainer(callbacks=[WorkerTuner(budget_s=20.0)])  # doctest: +SKIP
+        >>> trainer.fit(model, train_dataloaders=DataLoader(ds, batch_size=256, num_workers=2))  # doctest: +SKIP
     """
 
     def __init__(
@@ -438,12 +497,13 @@ class WorkerTuner(pl.Callback):
         cache: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if budget_s <= 0:
-            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
-        if not (0 <= tolerance < 1):
-            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-        if candidates is not None and (not candidates or min(candidates) < 0):
-            raise ValueError(f"candidates must be non-empty non-negative worker counts, got {candidates}")
+        _check_budget_tolerance(budget_s, tolerance)
+        check_arg(
+            candidates is None or (bool(candidates) and min(candidates) >= 0),
+            "candidates",
+            candidates,
+            "None or non-empty non-negative worker counts",
+        )
         self.budget_s = budget_s
         self.candidates = list(candidates) if candidates is not None else None
         self.target_samples_per_sec = target_samples_per_sec
@@ -454,6 +514,7 @@ class WorkerTuner(pl.Callback):
         self.results: list[TuningResult] = []
         self.num_workers: int | None = None
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loaders = trainer.train_dataloader
         if isinstance(loaders, DataLoader):
@@ -505,8 +566,10 @@ class WorkerTuner(pl.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"num_workers": self.num_workers}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.num_workers = state_dict.get("num_workers")
