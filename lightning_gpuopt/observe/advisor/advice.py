@@ -1,0 +1,285 @@
+"""The advice text of each verdict: what the figures mean and the change to make, in this package's terms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_gpuopt.compute.optimizer import FUSED_OPTIMIZERS
+from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
+
+__all__ = [
+    "amp_host_sync",
+    "comm_bound",
+    "cpu_sentence",
+    "cudnn_benchmark_off",
+    "fp32_on_tensor_cores",
+    "gpu_metrics_missing",
+    "host_bound",
+    "input_bound",
+    "launch_bound",
+    "memory_headroom",
+    "nchw_convolutions",
+    "pageable_copies",
+    "straggler",
+]
+
+_HDF5 = "Store decoded uint8 images once with `lightning-gpuopt convert` and read them with "
+_HDF5 += 'OptimizedDataModule(backend="hdf5"), or decode on the GPU with backend="dali".'
+
+_HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
+
+
+def cpu_sentence(ev: Evidence, full_frac: float) -> str:
+    """One sentence on whether the cores are full, from the monitor's host figures; empty when unmeasured."""
+    if ev.cpu_busy_frac is None:
+        return ""
+    cores = f" of {ev.cpu_cores:.0f}" if ev.cpu_cores else ""
+    workers = f"; the loader's workers use {ev.cpu_workers_pct / 100:.1f} cores" if ev.cpu_workers_pct else ""
+    state = "full" if ev.cpu_busy_frac >= full_frac else "not full"
+    return f"The CPU cores are {state} ({ev.cpu_busy_frac:.0%}{cores} busy{workers}). "
+
+
+def input_bound(
+    cause: str,
+    ev: Evidence,
+    cfg: RunConfig,
+    cores_per_process: int | None,
+    cores_full: bool | None,
+    head: str,
+) -> str:
+    """Advice of an ``input-bound`` verdict of ``cause``; ``head`` states what was measured."""
+    w = cfg.num_workers
+    suggest = max(1, (cores_per_process or 2) - 1)
+    if cause == "too-many-workers":
+        text = (
+            f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "
+            f'the training loop compete. Use OptimizedDataModule(num_workers="auto") (it measures) or at most '
+            f"num_workers={suggest}."
+        )
+    elif cause == "too-few-workers":
+        text = (
+            f"num_workers={w} uses few of the {cores_per_process} cores this process has. Use "
+            f'OptimizedDataModule(num_workers="auto") (it measures the loader and picks the count) or '
+            f"DataLoader(num_workers={suggest}, persistent_workers=True)."
+        )
+        if cfg.backend == "folder":
+            text += (
+                ' JPEG decoding is what the workers spend their time on: backend="hdf5" (after '
+                '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
+            )
+    elif cause == "dali-bound":
+        threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
+        if cfg.decoder == "cpu":
+            text = (
+                f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
+                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), run on a host with more cores '
+                'per GPU, or store decoded uint8 once (backend="hdf5").'
+            )
+        else:
+            text = (
+                "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
+                'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
+                '(backend="hdf5").'
+            )
+    elif cause == "decode-bound":
+        n = w if w is not None else "The"
+        if cores_full is False:
+            text = (
+                f"{n} workers cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more workers "
+                f'can use them (OptimizedDataModule(num_workers="auto") measures the count). {_HDF5}'
+            )
+        else:
+            on = f"on {cores_per_process} cores " if cores_per_process else ""
+            text = f"{n} workers {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
+    else:
+        text = (
+            "The loader does not keep up. Profile the dataset's __getitem__; move augmentation to the GPU "
+            '(GPUAugment); try OptimizedDataModule(num_workers="auto") and a decoded store (backend="hdf5") or '
+            'GPU decoding (backend="dali").'
+        )
+    text = head + text
+    if cfg.device_type == "cuda" and cfg.pin_memory is False and cfg.host_batches is not False:
+        text += " Part of this wait can be the pageable host-to-GPU copy waiting for the GPU (see pageable-copies)."
+    return text
+
+
+def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, small_batch: bool) -> str:
+    """Advice of a ``host-bound`` verdict: the GPU idles between steps although the loader is quick."""
+    waited = f", and the loader accounts for only {wait:.0%}" if wait is not None else ""
+    text = (
+        f"The GPU sits idle {idle:.0%} of the time between steps{waited}: the host is late with the next step, "
+        f"not the data. Lightning's hooks and callbacks, per-step host syncs ({_HOST_SYNCS}) and launching "
+        "many small kernels all run on the training process's one Python thread."
+    )
+    if ev.cpu_main_pct is not None and ev.cpu_main_pct >= 90:
+        text += f" That thread keeps a core busy ({ev.cpu_main_pct:.0f}%): Python overhead is the limit."
+    if cfg.grad_scaler and cfg.unfused_optimizers:
+        text += " The GradScaler's found_inf check is one such sync (see amp-host-sync)."
+    text += " Remove per-step syncs; log less often (log_every_n_steps);"
+    if small_batch and cfg.batch_size:
+        text += f" grow the batch (batch_size={cfg.batch_size}) so each launch does more work;"
+    return (
+        text
+        + ' torch.compile(model) fuses kernels and mode="reduce-overhead" replays the step as CUDA graphs. '
+        "NVTXRanges with Nsight Systems shows where the host's time goes."
+    )
+
+
+def straggler(rank: int, cause: str, waits: str, late_ms: float, frac: float) -> str:
+    """Advice of a ``straggler`` verdict naming global rank ``rank``."""
+    text = (
+        f"Rank {rank} is late: the other ranks wait {late_ms:.1f} ms a step ({frac:.0%} of the step) in the "
+        f"gradient all-reduce for it (all-reduce wait per rank: {waits} ms), so every GPU trains at its pace. "
+    )
+    if cause == "loader":
+        return text + (
+            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
+            "(samples of varying size or cost), too few workers for its share of the cores "
+            "(cores / processes per node), or a slower disk or network path for that rank."
+        )
+    return text + (
+        "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process on "
+        "it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: batch "
+        "them by length)."
+    )
+
+
+def comm_bound(least_ms: float, frac: float, world_size: int) -> str:
+    """Advice of a ``comm-bound`` verdict: every rank waits for the gradient all-reduce."""
+    return (
+        f"Every one of the {world_size} ranks waits at least {least_ms:.1f} ms a step ({frac:.0%} of the step) "
+        "for the gradient all-reduce after its backward: communication is not hidden behind compute. Grow the "
+        "batch per GPU or accumulate gradients (Trainer(accumulate_grad_batches=k)) so the all-reduce runs "
+        "less often per sample; compress gradients (DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook "
+        "or fp16_compress_hook)); try DDPStrategy(static_graph=True, gradient_as_bucket_view=True) and a "
+        "different bucket_cap_mb; check the interconnect (nvidia-smi topo -m: NVLink or PCIe)."
+    )
+
+
+def pageable_copies() -> str:
+    return (
+        "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the "
+        "GPU's queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
+        "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
+    )
+
+
+def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
+    why = (
+        f"GPU-Util {util:.0f}%"
+        + (f", SM activity {ev.sm_active:.0f}%" if ev.sm_active is not None else "")
+        + (f" at {ev.step_ms:.1f} ms a step" if ev.step_ms is not None else "")
+        + " without waiting for data: the GPU runs short kernels and idles while Python launches the next ones "
+        "(or while the host synchronizes)."
+    )
+    grow = f"Grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "Grow the batch"
+    return (
+        f"{why} {grow} so each kernel does more work; remove per-step host syncs ({_HOST_SYNCS}); "
+        'torch.compile(model) fuses kernels and mode="reduce-overhead" replays them as CUDA graphs.'
+    )
+
+
+def amp_host_sync(
+    names: Sequence[str], precision: str | None, clip: float | None, cap: tuple[int, int] | None
+) -> str:
+    """Advice of an ``amp-host-sync`` verdict for the unfused optimizers ``names``."""
+    listed = ", ".join(names)
+    head = (
+        f"The optimizer{'s' if len(names) > 1 else ''} {listed} cannot skip an inf/NaN step on the device, so "
+        f"under {precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host "
+        "waits for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches "
+        "leave the GPU idle."
+    )
+    if clip is not None:
+        if cap is not None and cap >= (8, 0):
+            bf16 = (
+                f'Use Trainer(precision="bf16-mixed") instead: compute capability {cap[0]}.{cap[1]} has '
+                "bf16 tensor cores, bf16 needs no GradScaler (no sync) and clipping keeps working"
+            )
+        elif cap is not None:
+            bf16 = (
+                f"bf16 is not fast on compute capability {cap[0]}.{cap[1]} (bf16-mixed needs >= 8.0), so "
+                "choose between clipping and the sync"
+            )
+        else:
+            bf16 = (
+                'On compute capability >= 8.0 use Trainer(precision="bf16-mixed") instead: no GradScaler, '
+                "no sync, and clipping keeps working"
+            )
+        return (
+            f"{head} The fused optimizers that avoid it are not an option as configured: with "
+            f"gradient_clip_val={clip:g}, Lightning refuses gradient clipping under 16-mixed for optimizers "
+            f"that unscale inside their step (it raises RuntimeError). {bf16}; or drop gradient_clip_val and "
+            "construct the optimizer with fused=True; or accept the sync."
+        )
+    fusable = [n for n in names if n in FUSED_OPTIMIZERS]
+    others = [n for n in names if n not in FUSED_OPTIMIZERS]
+    example = fusable[0] if fusable else "SGD"
+    momentum = ", momentum=0.9" if example == "SGD" else ""
+    line = f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)`"
+    how = (
+        "in configure_optimizers: the GradScaler then hands it grad_scale and found_inf and the inf/NaN step "
+        "is skipped on the device."
+    )
+    if fusable:
+        text = (
+            f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), "
+            f"e.g. {line} {how} Where you do not construct it yourself, add FusedOptimizer() to the Trainer's "
+            "callbacks (fast_trainer_kwargs adds it under 16-mixed): it switches them in place."
+        )
+        if others:
+            text += f" {', '.join(others)} has no fused step: switch it to one of those too."
+        return text
+    return (
+        f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
+        f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
+        "(no GradScaler)."
+    )
+
+
+def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> str:
+    bf16 = cap >= (8, 0)
+    alt = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if bf16 else ""
+    text = (
+        f'Full-precision math leaves this GPU\'s tensor cores idle or slow. Train in Trainer(precision="16-mixed")'
+        f"{alt}; `Trainer(**fast_trainer_kwargs())` sets it with the rest, or pick it with choose_precision()."
+    )
+    if bf16 and matmul_precision == "highest":
+        text += ' To stay in fp32, at least allow TF32: torch.set_float32_matmul_precision("high").'
+    return text
+
+
+def nchw_convolutions(nchw: int, total: int) -> str:
+    return (
+        f"{nchw} of {total} convolutions keep NCHW weights, so cuDNN transposes around its tensor-core (NHWC) "
+        "kernels. Add ChannelsLast() to the Trainer's callbacks (or call apply_channels_last(model)); "
+        "OptimizedDataModule and GPUAugment already deliver channels_last batches."
+    )
+
+
+def cudnn_benchmark_off() -> str:
+    return (
+        "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
+        "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
+    )
+
+
+def memory_headroom(mem_frac: float, total_gb: float, batch_size: int | None, factor: int) -> str:
+    bs = f"batch_size={batch_size} could grow about {factor}x" if batch_size else "the batch could grow"
+    return (
+        f"Peak memory is {mem_frac:.0%} of {total_gb:.0f} GiB while the GPU is not saturated: {bs} (scale the "
+        "learning rate with it); Lightning's Tuner(trainer).scale_batch_size finds the largest batch that fits."
+    )
+
+
+def gpu_metrics_missing(monitor: bool) -> str:
+    if not monitor:
+        return (
+            "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing "
+            "only and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's "
+            "callbacks (GPU-Util needs nvidia-ml-py)."
+        )
+    return (
+        "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
+        "device, or a fixed window_steps shorter than the monitor's window)."
+    )

@@ -1,0 +1,408 @@
+"""``BottleneckAdvisor``: the Lightning callback that feeds ``diagnose`` one window at a time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt.observe.advisor.config import (
+    collect_config,
+    describe_feed,
+    distinct_memory_format,
+    image_tensor,
+    train_loader,
+)
+from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig, finite
+from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
+from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
+from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
+from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
+
+__all__ = ["BottleneckAdvisor"]
+
+_DEFAULT_WINDOW = 20
+_MIN_WINDOW = 2  # a shorter window is one batch's noise
+_HISTORY = 1000
+
+
+class BottleneckAdvisor(Callback):
+    """Tell which part of the pipeline starves or slows the GPU, and what to change.
+
+    After warm-up it judges the run one window at a time: its own host timing (step time, data wait, time
+    inside the loader), the GPU side from a ``GPUStatsMonitor`` among the callbacks (GPU idle share between
+    steps, GPU-Util, SM activity, memory, CPU load), under DDP every rank's wait in the gradient all-reduce,
+    and the run's configuration read at that moment (so callbacks that change it, such as ``FusedOptimizer``,
+    have run). A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared after
+    ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects.
+
+    ======================== ============ ===========================================================
+    kind                     severity     raised when (default thresholds, ``AdvisorThresholds``)
+    ======================== ============ ===========================================================
+    ``input-bound``          warning      GPU idle between steps >= 10% and the loader wait accounts for
+                                          >= half of it; without ``gpu/idle_frac``: loader (else data)
+                                          wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
+                                          too-many-workers, too-few-workers, decode-bound, dali-bound,
+                                          slow-loader
+    ``host-bound``           warning      GPU idle between steps >= 10% but the loader wait accounts for
+                                          less than half of it: hooks, syncs, launches
+    ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and
+                                          >= 2 ms); names the rank nobody waits for
+    ``comm-bound``           warning      DDP: every rank waits >= 10% of the step in the all-reduce
+    ``pageable-copies``      warning      CUDA, ``pin_memory=False``, batches start in host memory
+    ``launch-bound``         warning      CUDA, not starving between steps, GPU-Util < 70% or SM
+                                          activity < 25% or batch <= 16 with GPU-Util < 90%
+    ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer
+    ``fp32-on-tensor-cores`` warning      CUDA >= 7.0 training in fp32/fp64
+    ``nchw-convolutions``    warning      < 50% of convolutions channels_last under tensor-core math
+    ``cudnn-benchmark-off``  info         convolutions with ``cudnn.benchmark`` off
+    ``memory-headroom``      info         peak memory < 30% while the GPU is not saturated
+    ``gpu-metrics-missing``  info         CUDA without any GPU-side figure
+    ======================== ============ ===========================================================
+
+    Windows: with ``window_steps=None`` and a monitor, the monitor's logging windows (so both sides cover
+    the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
+    window shrinks to half an epoch (at least 2 batches) and warm-up to at most half an epoch.
+
+    Logged (straight to every logger, at each window, rank zero):
+
+    ========================== ====== ======================================================
+    key                        unit   meaning
+    ========================== ====== ======================================================
+    ``advisor/<kind>``         0/1    1 while verdict ``<kind>`` (one of ``KINDS``) is raised
+    ``advisor/num_warnings``   count  raised verdicts of severity ``warning``
+    ``advisor/summary``        text   markdown table, TensorBoardLogger only (on change and at the end)
+    ========================== ====== ======================================================
+
+    At the end of fit, rank zero prints a summary (``rank_zero_info``; ``verbose=False`` silences it). Without
+    a logger it says so once at setup; the verdicts are then only printed and kept in ``verdicts``.
+
+    Example:
+        >>> from lightning_gpuopt import GPUStatsMonitor
+        >>> advisor = BottleneckAdvisor(warmup_steps=20)
+        >>> trainer = pl.Trainer(callbacks=[GPUStatsMonitor(), advisor])  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> [v.label for v in advisor.verdicts]  # doctest: +SKIP
+        ['input-bound (decode-bound)']
+
+    Args:
+        warmup_steps: training batches ignored first (worker start-up, cuDNN autotuning, allocator growth).
+            Following a monitor, warm-up ends with the first monitor window that closes at or after it.
+        window_steps: training batches a window spans; ``None`` follows the ``GPUStatsMonitor``'s windows
+            (20 batches when there is no monitor).
+        min_windows: consecutive windows a verdict must hold before it is raised.
+        clear_windows: consecutive windows without it before a raised verdict is cleared.
+        thresholds: numbers the rules use (:class:`AdvisorThresholds`).
+        verbose: print the summary at the end of fit.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int = 20,
+        window_steps: int | None = None,
+        min_windows: int = 2,
+        clear_windows: int = 2,
+        thresholds: AdvisorThresholds | None = None,
+        verbose: bool = True,
+    ) -> None:
+        for name, value, low in (
+            ("warmup_steps", warmup_steps, 0),
+            ("window_steps", _DEFAULT_WINDOW if window_steps is None else window_steps, 1),
+            ("min_windows", min_windows, 1),
+            ("clear_windows", clear_windows, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if thresholds is not None and not isinstance(thresholds, AdvisorThresholds):
+            raise TypeError(
+                "thresholds must be an AdvisorThresholds instance, e.g. AdvisorThresholds(gpu_idle_frac=0.05)"
+            )
+        if not isinstance(verbose, bool):
+            raise TypeError(f"verbose must be True or False, got {verbose!r}")
+        self.warmup_steps = warmup_steps
+        self.window_steps = window_steps
+        self.min_windows = min_windows
+        self.clear_windows = clear_windows
+        self.thresholds = thresholds or AdvisorThresholds()
+        self.verbose = verbose
+        self._filter = Hysteresis(min_windows, clear_windows)
+        self.history: list[dict[str, Any]] = []
+        self.config: RunConfig | None = None
+        self._said_no_logger = False
+        self._reduce: AllReduceWaitTimer | None = None
+        self._reset_run()
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def _reset_run(self) -> None:
+        self._timer: StepTimer | None = None
+        self._monitor: GPUStatsMonitor | None = None
+        self._batches = 0
+        self._follow = False  # windows are the monitor's
+        self._warm = False  # warm-up is over
+        self._warmup = self.warmup_steps  # warm-up of this fit (shortened for short epochs)
+        self._window = self.window_steps or _DEFAULT_WINDOW  # fixed window of this fit
+        self._seen = 0  # monitor history entries already accounted for
+        self._warm_seen = 0  # monitor history length when warm-up ended
+        self._window_len = self._window  # batches in the latest window (for the summary)
+        self._last_eval_batch = 0
+        self._probe_input = True
+        self._input_channels_last: bool | None = None
+        self._feed: tuple[int, FeedInfo] | None = None  # (id of the loader, its description)
+        self._fetch_s: float | None = None  # the loader's fetch_seconds at the window's start
+        if self._reduce is not None:
+            self._reduce.detach()
+        self._reduce = None
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """Raised verdicts, warnings first; empty when nothing to fix was found (or not enough evidence yet)."""
+        return self._filter.verdicts
+
+    @property
+    def windows(self) -> int:
+        """Windows evaluated so far."""
+        return self._filter.windows
+
+    def summary(self) -> str:
+        """The concise text printed at the end of fit."""
+        return format_summary(self.verdicts, self.windows, self._window_len, self._warmup)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"filter": self._filter.state_dict(), "history": list(self.history[-100:])}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._filter.load_state_dict(state_dict.get("filter", {}))
+        self.history = list(state_dict.get("history", []))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reduce"] = None  # hooks and CUDA events do not pickle; a copy starts without them
+        return state
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # a new fit is a new run; a checkpoint restore (load_state_dict) comes after this and wins
+        self._filter = Hysteresis(self.min_windows, self.clear_windows)
+        self.history = []
+        self.config = None
+        if not trainer.loggers and not self._said_no_logger:
+            self._said_no_logger = True
+            where = "printed at the end of fit and kept" if self.verbose else "kept"
+            rank_zero_warn(
+                f"BottleneckAdvisor: the Trainer has no logger, so its verdicts are not logged; they are {where} "
+                "in `advisor.verdicts`. Pass a logger to the Trainer to see advisor/<kind> flags."
+            )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset_run()
+        self._timer = StepTimer()
+        self._monitor = next((cb for cb in trainer.callbacks if isinstance(cb, GPUStatsMonitor)), None)  # type: ignore[attr-defined]
+        self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
+        self._follow = self.window_steps is None and self._monitor is not None
+        per_epoch = trainer.num_training_batches
+        if finite(per_epoch) and per_epoch > 0:
+            half = int(per_epoch) // 2
+            self._window = max(_MIN_WINDOW, min(self._window, half))
+            self._warmup = min(self._warmup, half)
+        self._window_len = self._window
+        self._warm = self._warmup == 0
+        if trainer.world_size > 1:
+            self._reduce = AllReduceWaitTimer(trainer.strategy.root_device)
+            if not self._reduce.attach(pl_module):
+                self._reduce = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._timer is not None:
+            # the first batch's wait is the loader starting up: counted from here, as the monitor does
+            self._timer.mark(time.perf_counter())
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._timer is not None:
+            # validation inside fit is not time spent waiting for training data
+            self._timer.mark(time.perf_counter())
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._timer is None:
+            return
+        self._timer.batch_start(time.perf_counter())
+        if self._probe_input and self._batches >= self._warmup:
+            # memory format of the batch is stride metadata: no GPU work
+            x = image_tensor(batch)
+            if x is not None:
+                self._input_channels_last = distinct_memory_format(x)
+            self._probe_input = False
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._reduce is not None:
+            self._reduce.backward_end()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._timer is None:
+            return
+        self._timer.batch_end(time.perf_counter(), batch_size_of(batch))
+        self._batches += 1
+        if self._follow:
+            history = self._monitor_history()
+            if len(history) < self._seen:  # the monitor's history was reset
+                self._seen = 0
+            if len(history) == self._seen:
+                return
+            new, self._seen = history[self._seen :], len(history)
+            if self._warm:
+                self._evaluate(trainer, pl_module, Evidence.mean_of(new))
+            elif self._batches >= self._warmup:
+                self._end_warmup(trainer)
+            return
+        if not self._warm and self._batches >= self._warmup:
+            self._end_warmup(trainer)
+            self._seen = self._warm_seen = len(self._monitor_history())
+        elif self._warm and (self._batches - self._warmup) % self._window == 0:
+            self._evaluate(trainer, pl_module, self._gpu_evidence())
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._timer is None:
+            return
+        if trainer.is_global_zero:
+            self._log_text(trainer)
+            if self.verbose:
+                rank_zero_info(self.summary())
+        self._release()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._release()
+
+    # -- work ------------------------------------------------------------------------------------------------
+    def _release(self) -> None:
+        self._timer = None
+        self._monitor = None
+        if self._reduce is not None:
+            self._reduce.detach()
+            self._reduce = None
+
+    def _end_warmup(self, trainer: pl.Trainer) -> None:
+        self._warm = True
+        if self._timer is not None:
+            self._timer.window()  # discard warm-up; the next window is the first one judged
+        if self._reduce is not None:
+            self._reduce.window()
+        self._last_eval_batch = self._batches
+        self._fetch_s = self._fetch_seconds(trainer)
+
+    def _monitor_history(self) -> list[Mapping[str, Any]]:
+        history = self._monitor.history if self._monitor is not None else []
+        return [h for h in history if isinstance(h, Mapping)]
+
+    def _gpu_evidence(self) -> Evidence:
+        """Monitor windows logged since the last evaluation (fixed ``window_steps`` mode)."""
+        history = self._monitor_history()
+        if len(history) < self._seen:
+            self._seen = self._warm_seen = 0
+        fresh, self._seen = history[self._seen :], len(history)
+        if not fresh and len(history) > self._warm_seen:
+            # the monitor logs less often than the advisor evaluates: its latest post-warm-up window stands
+            fresh = [history[-1]]
+        return Evidence.mean_of(fresh)
+
+    def _fetch_seconds(self, trainer: pl.Trainer) -> float | None:
+        value = getattr(train_loader(trainer), FETCH_SECONDS_ATTR, None)
+        return float(value) if finite(value) else None
+
+    def _host_evidence(self, trainer: pl.Trainer) -> Evidence:
+        """This window's host timing from the advisor's own timer, plus the share spent inside the loader."""
+        if self._timer is None:
+            return Evidence()
+        steps = self._timer.steps
+        metrics: dict[str, Any] = dict(self._timer.window())
+        fetch, start = self._fetch_seconds(trainer), self._fetch_s
+        self._fetch_s = fetch
+        step_ms = metrics.get("time/step_ms")
+        if fetch is not None and start is not None and step_ms and steps:
+            metrics["time/loader_wait_frac"] = max(0.0, fetch - start) / (steps * step_ms / 1000.0)
+        return Evidence.from_metrics(metrics)
+
+    def _config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunConfig:
+        """The configuration as it is now (the loader's description computed once per loader)."""
+        loader = train_loader(trainer)
+        if self._feed is None or self._feed[0] != id(loader):
+            self._feed = (id(loader), describe_feed(loader) if loader is not None else FeedInfo())
+        cfg = collect_config(trainer, pl_module, self._monitor is not None, feed=self._feed[1])
+        cfg.input_channels_last = self._input_channels_last
+        return cfg
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, gpu: Evidence) -> None:
+        step = trainer.global_step
+        self._window_len, self._last_eval_batch = self._batches - self._last_eval_batch, self._batches
+        # host figures from our own timer cover exactly this window; the monitor adds the GPU side (and the
+        # host side only where ours is empty)
+        evidence = self._host_evidence(trainer).merged_with(gpu)
+        if trainer.world_size > 1:
+            wait = self._reduce.window() if self._reduce is not None else None
+            evidence.ranks = gather_ranks(trainer, evidence.step_ms, evidence.data_wait_ms, wait)
+        self.config = self._config(trainer, pl_module)
+        found = diagnose(evidence, self.config, self.thresholds)
+        changed = self._filter.update(found)
+        self.history.append(
+            {
+                "window": self.windows,
+                "step": step,
+                "evidence": evidence.to_dict(),
+                "diagnosed": [v.kind for v in found],
+                "raised": [v.kind for v in self.verdicts],
+            }
+        )
+        if len(self.history) > _HISTORY:
+            del self.history[: len(self.history) - _HISTORY]
+        if trainer.is_global_zero:
+            self._log_flags(trainer, step)
+            if changed:
+                self._log_text(trainer)
+
+    def _log_flags(self, trainer: pl.Trainer, step: int) -> None:
+        raised = {v.kind for v in self.verdicts}
+        flags: dict[str, float] = {f"advisor/{k}": float(k in raised) for k in KINDS}
+        flags["advisor/num_warnings"] = float(sum(v.severity == "warning" for v in self.verdicts))
+        for logger in trainer.loggers:
+            logger.log_metrics(flags, step=step)
+
+    def _log_text(self, trainer: pl.Trainer) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        if self.windows == 0:
+            return
+        text = markdown(self.verdicts, self.windows, trainer.global_step)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text("advisor/summary", text, global_step=trainer.global_step)

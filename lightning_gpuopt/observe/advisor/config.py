@@ -1,0 +1,241 @@
+"""Read a run's configuration (``RunConfig``) through public Lightning and torch API: no GPU work, no sync.
+
+The training loader is described by its ``feed_info`` (a ``_common.FeedInfo``), or its dataset's, where one
+is set; a plain ``DataLoader`` is described from its public attributes. The optimizers are read as they are
+when this runs, so call it after the callbacks that change them (``FusedOptimizer``) have run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_gpuopt._common import FeedInfo, available_cpus
+from lightning_gpuopt._compat import supports_amp_scaling
+from lightning_gpuopt.observe.advisor.evidence import RunConfig, finite
+
+__all__ = [
+    "amp_facts",
+    "collect_config",
+    "conv_memory_formats",
+    "describe_feed",
+    "distinct_memory_format",
+    "image_tensor",
+    "train_loader",
+]
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+def train_loader(trainer: Any) -> Any | None:
+    """The (first) training loader of ``trainer``, or ``None`` before it exists."""
+    loader = getattr(trainer, "train_dataloader", None)
+    if isinstance(loader, Mapping):
+        loader = next(iter(loader.values()), None)
+    elif isinstance(loader, (list, tuple)):
+        loader = loader[0] if loader else None
+    return loader
+
+
+def _unwrap_dataset(ds: Any) -> Any:
+    # torch Subset and similar wrappers keep the real dataset in .dataset
+    for _ in range(5):
+        inner = getattr(ds, "dataset", None)
+        if inner is None or inner is ds:
+            break
+        ds = inner
+    return ds
+
+
+def _feed_info_of(obj: Any) -> FeedInfo | None:
+    info = getattr(obj, "feed_info", None)
+    return info if isinstance(info, FeedInfo) else None
+
+
+def _any_tensor(obj: Any, depth: int = 0) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if depth > 3:
+        return None
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            t = _any_tensor(item, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def _dataset_on_host(ds: Any) -> bool | None:
+    """Whether a map-style dataset's items live in host memory (looks at one item; None if it cannot tell)."""
+    inner = _unwrap_dataset(ds)
+    tensors = getattr(inner, "tensors", None)  # TensorDataset: no item fetch needed
+    if isinstance(tensors, (list, tuple)) and tensors and isinstance(tensors[0], torch.Tensor):
+        return tensors[0].device.type == "cpu"
+    if isinstance(ds, IterableDataset) or not hasattr(ds, "__getitem__"):
+        return None
+    try:
+        item = ds[0]
+    except Exception:  # an unusual dataset: the rule that needs this stays silent
+        return None
+    t = _any_tensor(item)
+    if t is None:
+        return True  # numpy arrays and PIL images are host memory
+    return t.device.type == "cpu"
+
+
+def _image_files(ds: Any) -> bool:
+    """Whether a dataset lists image files in ``samples``/``imgs`` (torchvision's ImageFolder does)."""
+    samples = getattr(ds, "samples", None) or getattr(ds, "imgs", None)
+    if not isinstance(samples, Sequence) or not samples:
+        return False
+    first = samples[0]
+    path = first[0] if isinstance(first, (tuple, list)) and first else first
+    return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(_IMAGE_SUFFIXES)
+
+
+def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
+    """How ``loader`` feeds the GPU.
+
+    The loader's ``feed_info`` wins, its dataset's fills what it leaves ``None``, and a ``DataLoader``'s public
+    attributes (``num_workers``, ``pin_memory``, ``batch_size``) fill the rest. A dataset listing image files
+    (``samples``, as torchvision's ``ImageFolder``) is a ``"folder"`` feed decoded on the CPU. With
+    ``probe_dataset``, a map-style dataset read without workers is asked for one item to see whether batches
+    are already on the device.
+    """
+    layers = [_feed_info_of(loader)]
+    dataset = getattr(loader, "dataset", None) if isinstance(loader, DataLoader) else None
+    if dataset is not None:
+        layers += [_feed_info_of(dataset), _feed_info_of(_unwrap_dataset(dataset))]
+    facts: dict[str, Any] = {}
+    for info in layers:
+        if info is not None:
+            for key, value in info.to_dict().items():
+                if facts.get(key) is None:
+                    facts[key] = value
+    if isinstance(loader, DataLoader):
+        facts.setdefault("num_workers", None)
+        if facts["num_workers"] is None:
+            facts["num_workers"] = int(loader.num_workers)
+        if facts.get("pin_memory") is None:
+            facts["pin_memory"] = bool(loader.pin_memory)
+        if facts.get("batch_size") is None:
+            bs = loader.batch_size
+            if bs is None and loader.batch_sampler is not None:
+                bs = getattr(loader.batch_sampler, "batch_size", None)
+            facts["batch_size"] = int(bs) if isinstance(bs, int) else None
+        if facts.get("backend") is None and dataset is not None and _image_files(_unwrap_dataset(dataset)):
+            facts["backend"], facts["decoder"] = "folder", facts.get("decoder") or "cpu"
+        if facts.get("host_batches") is None:
+            if loader.num_workers > 0:
+                facts["host_batches"] = True  # CUDA tensors cannot come out of worker processes
+            elif probe_dataset and dataset is not None:
+                facts["host_batches"] = _dataset_on_host(dataset)
+    return FeedInfo(**{k: facts.get(k) for k in FeedInfo().to_dict()})
+
+
+def amp_facts(trainer: Any) -> dict[str, Any]:
+    """``grad_scaler``, ``unfused_optimizers`` and ``gradient_clip_val`` of a run; host attributes only, no sync.
+
+    Reads ``trainer.precision_plugin.scaler`` (Lightning's ``MixedPrecision`` and ``FSDPPrecision`` keep their
+    ``GradScaler`` there; other plugins have none), ``trainer.optimizers`` as they are now, and
+    ``trainer.gradient_clip_val``. An optimizer counts as unfused when ``GradScaler.step`` would read its
+    ``found_inf`` on the host (``_compat.supports_amp_scaling``).
+    """
+    facts: dict[str, Any] = {}
+    plugin = getattr(trainer, "precision_plugin", None)
+    if plugin is not None:
+        scaler = getattr(plugin, "scaler", None)
+        is_enabled = getattr(scaler, "is_enabled", None)
+        facts["grad_scaler"] = bool(is_enabled()) if callable(is_enabled) else scaler is not None
+    optimizers = getattr(trainer, "optimizers", None)
+    if isinstance(optimizers, (list, tuple)):
+        facts["unfused_optimizers"] = tuple(
+            type(getattr(opt, "optimizer", opt)).__name__
+            for opt in optimizers
+            if not supports_amp_scaling(opt)
+        )
+    clip: Any = getattr(trainer, "gradient_clip_val", None)
+    facts["gradient_clip_val"] = float(clip) if finite(clip) and clip > 0 else None
+    return facts
+
+
+def distinct_memory_format(t: torch.Tensor) -> bool | None:
+    """True if channels_last, False if NCHW, None if the strides cannot tell (e.g. 1x1 kernels, C == 1)."""
+    cl = t.is_contiguous(memory_format=torch.channels_last)
+    nchw = t.is_contiguous()
+    if cl == nchw:
+        return None
+    return cl
+
+
+def conv_memory_formats(model: nn.Module) -> tuple[int, int]:
+    """``(decidable 4-D conv weights, of which channels_last)`` of ``model``; metadata only, no GPU work."""
+    total = cl = 0
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d) and m.weight.dim() == 4:
+            fmt = distinct_memory_format(m.weight)
+            if fmt is None:
+                continue
+            total += 1
+            cl += int(fmt)
+    return total, cl
+
+
+def image_tensor(batch: Any) -> torch.Tensor | None:
+    """The floating 4-D tensor of a batch (a uint8 batch still to be normalized on the device says nothing)."""
+    items = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if isinstance(items, torch.Tensor):
+        items = [items]
+    if isinstance(items, (list, tuple)):
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
+                return item
+    return None
+
+
+def collect_config(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monitor: bool, feed: FeedInfo | None = None
+) -> RunConfig:
+    """Read the run's configuration as it is now.
+
+    Args:
+        trainer: the running Trainer.
+        pl_module: its LightningModule.
+        gpu_monitor: whether a ``GPUStatsMonitor`` is among the callbacks.
+        feed: the training loader's description; ``None`` describes ``trainer.train_dataloader`` now.
+    """
+    device = trainer.strategy.root_device
+    cfg = RunConfig(device_type=device.type, gpu_monitor=gpu_monitor)
+    cfg.precision = str(trainer.precision)
+    cfg.cpus = available_cpus()
+    cfg.processes_per_node = max(1, int(trainer.num_devices))
+    cfg.world_size = max(1, int(trainer.world_size))
+    if feed is None:
+        loader = train_loader(trainer)
+        feed = describe_feed(loader) if loader is not None else FeedInfo()
+    cfg.backend, cfg.num_workers, cfg.pin_memory = feed.backend, feed.num_workers, feed.pin_memory
+    cfg.batch_size, cfg.host_batches = feed.batch_size, feed.host_batches
+    cfg.decoder, cfg.decode_threads = feed.decoder, feed.threads
+    for key, value in amp_facts(trainer).items():
+        setattr(cfg, key, value)
+    cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(pl_module)
+    cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+    cfg.cudnn_deterministic = bool(torch.backends.cudnn.deterministic)
+    cfg.cudnn_allow_tf32 = bool(torch.backends.cudnn.allow_tf32)
+    cfg.float32_matmul_precision = torch.get_float32_matmul_precision()
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        cfg.gpu_name = props.name
+        cfg.capability = (props.major, props.minor)
+        cfg.mem_total_gb = props.total_memory / 2**30
+        # allocator bookkeeping on the host: no sync
+        cfg.mem_peak_gb = torch.cuda.max_memory_reserved(device) / 2**30
+    return cfg

@@ -1,0 +1,114 @@
+"""Per-rank timing under DDP: how long each rank waits in the gradient all-reduce, gathered once a window.
+
+A rank's all-reduce wait is the time from its last gradient being ready (a post-accumulate-grad hook on the
+first parameter in module order that requires grad: in a feed-forward network the last to receive its
+gradient) to the end of its backward (``on_after_backward``, after DDP waited for the reduced gradients). A
+rank that is late makes every other rank's wait long and its own short; a slow interconnect makes every
+rank's wait long. On CUDA both ends are CUDA events on the stream doing the work, read without a sync once
+they completed; on the CPU they are host clock readings (gloo's all-reduce blocks the host).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from lightning_gpuopt.observe.advisor.evidence import RankEvidence
+
+__all__ = ["AllReduceWaitTimer", "gather_ranks"]
+
+_MAX_PENDING = 256  # event pairs kept waiting for completion; more means the GPU is far behind
+
+
+class AllReduceWaitTimer:
+    """Measures each step's wait in the gradient all-reduce; ``window()`` gives the mean since the last call.
+
+    Example:
+        >>> timer = AllReduceWaitTimer(torch.device("cpu"))
+        >>> attached = timer.attach(nn.Linear(2, 2))
+        >>> timer.window() is None  # no backward yet
+        True
+        >>> timer.detach()
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._handle: Any = None
+        self._ready_s: float | None = None
+        self._ready_event: Any = None
+        self._pending: deque[tuple[Any, Any]] = deque()
+        self._free: list[Any] = []
+        self._total_ms = 0.0
+        self._count = 0
+
+    def attach(self, module: nn.Module) -> bool:
+        """Hook the first parameter that requires grad; ``False`` when there is none."""
+        param = next((p for p in module.parameters() if p.requires_grad), None)
+        if param is None:
+            return False
+        self._handle = param.register_post_accumulate_grad_hook(self._grad_ready)
+        return True
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._pending.clear()
+        self._ready_event = self._ready_s = None
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        if self.cuda:
+            event = self._event()
+            event.record()  # on the stream the backward of this parameter runs on
+            self._ready_event = event
+        else:
+            self._ready_s = time.perf_counter()
+
+    def backward_end(self) -> None:
+        """The step's backward (with DDP's wait for the reduced gradients) has returned."""
+        if self.cuda:
+            if self._ready_event is None:
+                return
+            done = self._event()
+            done.record()
+            self._pending.append((self._ready_event, done))
+            self._ready_event = None
+            if len(self._pending) > _MAX_PENDING:
+                self._free.extend(self._pending.popleft())
+        elif self._ready_s is not None:
+            self._total_ms += 1000.0 * (time.perf_counter() - self._ready_s)
+            self._count += 1
+            self._ready_s = None
+
+    def window(self) -> float | None:
+        """Mean wait (ms) of the steps completed since the last call; ``None`` if none completed."""
+        while self._pending and self._pending[0][1].query():
+            ready, done = self._pending.popleft()
+            self._total_ms += ready.elapsed_time(done)
+            self._count += 1
+            self._free += [ready, done]
+        mean = self._total_ms / self._count if self._count else None
+        self._total_ms, self._count = 0.0, 0
+        return mean
+
+
+def gather_ranks(
+    trainer: pl.Trainer, step_ms: float | None, data_wait_ms: float | None, wait_ms: float | None
+) -> RankEvidence:
+    """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather`` of three floats.
+
+    Every rank must call it at the same point (the advisor does at the end of each window).
+    """
+    row = [math.nan if v is None else float(v) for v in (step_ms, data_wait_ms, wait_ms)]
+    local = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
+    gathered = trainer.strategy.all_gather(local)
+    return RankEvidence.from_rows(gathered.reshape(-1, len(row)).cpu().tolist())

@@ -1,0 +1,448 @@
+"""The rules: one function a verdict kind, each reading one window's ``Evidence`` and the ``RunConfig``.
+
+``diagnose`` runs them all. Starvation is judged first and once (``Context.starved``): where the GPU-side
+``gpu_idle_frac`` is measured it decides whether the GPU starves, and the loader's share of the host time
+decides whether the loader (``input-bound``) or the host itself (``host-bound``) is to blame; without it, the
+host-side loader wait (else the whole data wait) decides, unless GPU-Util shows the GPU busy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_gpuopt.observe.advisor import advice
+from lightning_gpuopt.observe.advisor.evidence import Evidence, RankEvidence, RunConfig
+from lightning_gpuopt.observe.advisor.verdict import EvidenceValue, Verdict, sort_verdicts
+
+__all__ = ["RULES", "AdvisorThresholds", "Context", "diagnose"]
+
+
+@dataclass(frozen=True)
+class AdvisorThresholds:
+    """The numbers the rules compare against (tabulated in ``docs/advisor.md``).
+
+    Example:
+        >>> strict = AdvisorThresholds(gpu_idle_frac=0.05, input_wait_frac=0.05)
+
+    Attributes:
+        gpu_idle_frac: share of the GPU's time idle between steps from which the GPU starves.
+        loader_share: share of that idle time the loader's wait must account for to blame the loader
+            (``input-bound``); below it the host is late (``host-bound``).
+        input_wait_frac: without a GPU-side measure: loader (else data) wait fraction of the step from which
+            the run is input-bound.
+        input_wait_min_ms: and the data wait must be at least this long (ms), so loop overhead of tiny steps
+            is not mistaken for a slow loader.
+        gpu_busy_util: GPU-Util (%) at or above which the GPU counts as busy when its idle share is not
+            measured: a host wait then overlaps GPU work and is not a bottleneck.
+        few_workers_frac: fewer workers than this fraction of the process's cores is "too few".
+        cores_full_frac: share of the cores busy from which the CPU counts as full.
+        launch_util: GPU-Util (%) below which a run that does not starve between steps is launch-bound.
+        launch_sm_active: SM activity (%) below which kernels are too small to fill the GPU.
+        small_batch: batch size up to which GPU-Util under ``gpu_busy_util`` counts as launch-bound.
+        headroom_mem_frac: peak memory fraction below which the batch could grow.
+        tensor_core_capability: compute capability from which fp16 tensor cores exist.
+        channels_last_frac: fraction of convolutions that must be channels_last.
+        host_sync_wait_frac: GPU idle (else data wait) fraction from which a per-step host sync
+            (``amp-host-sync``) counts as costly.
+        host_sync_busy_util: without a GPU idle share: GPU-Util (%) below which a per-step host sync counts
+            as costly.
+        rank_wait_frac: under DDP, all-reduce wait as a share of the step: the spread between ranks from
+            which one straggles, and the least wait of every rank from which the run is communication-bound.
+        rank_wait_min_ms: and that wait must be at least this long (ms).
+    """
+
+    gpu_idle_frac: float = 0.10
+    loader_share: float = 0.5
+    input_wait_frac: float = 0.10
+    input_wait_min_ms: float = 2.0
+    gpu_busy_util: float = 90.0
+    few_workers_frac: float = 0.5
+    cores_full_frac: float = 0.9
+    launch_util: float = 70.0
+    launch_sm_active: float = 25.0
+    small_batch: int = 16
+    headroom_mem_frac: float = 0.30
+    tensor_core_capability: tuple[int, int] = (7, 0)
+    channels_last_frac: float = 0.5
+    host_sync_wait_frac: float = 0.02
+    host_sync_busy_util: float = 97.0
+    rank_wait_frac: float = 0.10
+    rank_wait_min_ms: float = 2.0
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return round(float(x), nd)
+
+
+def _precision_family(precision: str | None) -> str | None:
+    """``"fp32"``, ``"fp64"``, ``"half"`` (fp16/bf16, mixed or true) or ``None``."""
+    if precision is None:
+        return None
+    p = str(precision).lower()
+    if p.startswith(("32", "fp32")):
+        return "fp32"
+    if p.startswith(("64", "fp64")):
+        return "fp64"
+    if p.startswith(("16", "bf16", "fp16", "half", "transformer-engine")):
+        return "half"
+    return None
+
+
+@dataclass
+class Context:
+    """One window's evidence and configuration, with the facts several rules share worked out once."""
+
+    ev: Evidence
+    cfg: RunConfig
+    t: AdvisorThresholds
+
+    def __post_init__(self) -> None:
+        ev, t = self.ev, self.t
+        self.cuda = self.cfg.device_type == "cuda"
+        self.gpu_known = ev.gpu_util is not None
+        self.gpu_busy = ev.gpu_util is not None and ev.gpu_util >= t.gpu_busy_util
+        procs = max(1, self.cfg.processes_per_node)
+        self.cores_per_process = max(1, self.cfg.cpus // procs) if self.cfg.cpus else None
+        self.cores_full = None if ev.cpu_busy_frac is None else ev.cpu_busy_frac >= t.cores_full_frac
+        self.family = _precision_family(self.cfg.precision)
+        # the host's wait for data: inside the loader where it says so, else the whole gap between batches
+        self.wait = ev.loader_wait_frac if ev.loader_wait_frac is not None else ev.data_wait_frac
+        self.starved = self._starved()
+
+    def _starved(self) -> str | None:
+        """``"input"`` (the loader starves the GPU), ``"host"`` (the host does) or ``None``."""
+        ev, t, wait = self.ev, self.t, self.wait
+        if ev.gpu_idle_frac is not None:
+            if ev.gpu_idle_frac < t.gpu_idle_frac or wait is None:
+                return None
+            return "input" if wait >= t.loader_share * ev.gpu_idle_frac else "host"
+        long_enough = ev.data_wait_ms is None or ev.data_wait_ms >= t.input_wait_min_ms
+        if wait is not None and wait >= t.input_wait_frac and long_enough and not self.gpu_busy:
+            return "input"
+        return None
+
+    @property
+    def compute_severity(self) -> str:
+        """Compute verdicts are an opportunity, not the bottleneck, while the loader starves the GPU."""
+        return "info" if self.starved == "input" else "warning"
+
+    def figures(self, *names: str, nd: int = 3) -> dict[str, EvidenceValue]:
+        """The measured ``names`` of the evidence, rounded; unmeasured ones left out."""
+        out: dict[str, EvidenceValue] = {}
+        for name in names:
+            value = getattr(self.ev, name)
+            if value is not None:
+                out[name] = _r(value, nd)
+        return out
+
+    def settings(self, *names: str) -> dict[str, EvidenceValue]:
+        """The known ``names`` of the configuration."""
+        out: dict[str, EvidenceValue] = {}
+        for name in names:
+            value = getattr(self.cfg, name)
+            if value is not None:
+                out[name] = value if isinstance(value, (int, float, str)) else str(value)
+        return out
+
+
+_CPU_FIGURES = ("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores")
+
+
+def _input_cause(c: Context) -> str:
+    w, cpp, cfg = c.cfg.num_workers, c.cores_per_process, c.cfg
+    if w is not None and cpp is not None and w > cpp:
+        return "too-many-workers"
+    if w is not None and cpp is not None and (w == 0 or w < cpp * c.t.few_workers_frac):
+        return "too-few-workers"
+    if cfg.backend == "dali":
+        return "dali-bound"
+    if cfg.backend == "folder":
+        return "decode-bound"
+    return "slow-loader"
+
+
+def input_bound(c: Context) -> Verdict | None:
+    """The loader does not deliver batches as fast as the GPU trains."""
+    if c.starved != "input" or c.wait is None:
+        return None
+    ev = c.ev
+    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac")
+    figs.update(c.figures("data_wait_ms", "step_ms", "samples_per_sec", nd=2))
+    figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
+    figs.update(c.figures(*_CPU_FIGURES, nd=2))
+    figs.update(c.settings("num_workers", "cpus"))
+    if c.cfg.cpus is not None:
+        figs["processes_per_node"] = c.cfg.processes_per_node
+    figs.update(c.settings("backend", "batch_size"))
+    cause = _input_cause(c)
+    if cause == "dali-bound":
+        figs.update(c.settings("decoder", "decode_threads"))
+    if ev.gpu_idle_frac is not None:
+        head = f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop waits for data {c.wait:.0%}. "
+    else:
+        head = f"The loop waits for data {c.wait:.0%} of each step"
+        head += (
+            f" while the GPU is busy {ev.gpu_util:.0f}% of the time. " if ev.gpu_util is not None else ". "
+        )
+    head += advice.cpu_sentence(ev, c.t.cores_full_frac)
+    text = advice.input_bound(cause, ev, c.cfg, c.cores_per_process, c.cores_full, head)
+    return Verdict("input-bound", figs, text, "warning", cause)
+
+
+def host_bound(c: Context) -> Verdict | None:
+    """The GPU idles between steps while the loader is quick: the host itself is late."""
+    if c.starved != "host" or c.ev.gpu_idle_frac is None:
+        return None
+    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac")
+    figs.update(c.figures("step_ms", nd=2))
+    figs.update(c.figures("gpu_util", "sm_active", "cpu_main_pct", nd=1))
+    figs.update(c.settings("batch_size"))
+    small = (c.cfg.batch_size is not None and c.cfg.batch_size <= c.t.small_batch) or (
+        c.ev.sm_active is not None and c.ev.sm_active < c.t.launch_sm_active
+    )
+    return Verdict("host-bound", figs, advice.host_bound(c.ev, c.cfg, c.ev.gpu_idle_frac, c.wait, small))
+
+
+def _rank_waits(ranks: RankEvidence | None) -> tuple[list[float], float] | None:
+    """Every rank's all-reduce wait and the mean step time, when every rank measured both."""
+    if ranks is None or ranks.world_size < 2:
+        return None
+    waits, steps = ranks.allreduce_wait_ms, ranks.step_ms
+    if any(w is None for w in waits) or any(s is None or s <= 0 for s in steps):
+        return None
+    return [float(w) for w in waits], sum(float(s) for s in steps) / len(steps)  # type: ignore[arg-type]
+
+
+def _rank_figures(ranks: RankEvidence) -> dict[str, EvidenceValue]:
+    def joined(values: tuple[float | None, ...]) -> str:
+        return ",".join("-" if v is None else f"{v:.1f}" for v in values)
+
+    return {
+        "world_size": ranks.world_size,
+        "step_ms_per_rank": joined(ranks.step_ms),
+        "allreduce_wait_ms_per_rank": joined(ranks.allreduce_wait_ms),
+        "data_wait_ms_per_rank": joined(ranks.data_wait_ms),
+    }
+
+
+def straggler(c: Context) -> Verdict | None:
+    """Under DDP, one rank is late and the others wait for it in the gradient all-reduce."""
+    measured = _rank_waits(c.ev.ranks)
+    if measured is None or c.ev.ranks is None:
+        return None
+    waits, step = measured
+    spread = max(waits) - min(waits)
+    if spread < c.t.rank_wait_frac * step or spread < c.t.rank_wait_min_ms:
+        return None
+    late = waits.index(min(waits))  # the rank nobody waits for is the one everybody waits for
+    others = [w for r, w in enumerate(waits) if r != late]
+    late_ms = sum(others) / len(others) - waits[late]
+    data = c.ev.ranks.data_wait_ms
+    cause = "compute"
+    if data[late] is not None and all(d is not None for d in data):
+        rest = [float(d) for r, d in enumerate(data) if r != late]  # type: ignore[arg-type]
+        if float(data[late]) - sum(rest) / len(rest) >= 0.5 * late_ms:  # type: ignore[arg-type]
+            cause = "loader"
+    figs: dict[str, EvidenceValue] = {"straggler_rank": late, "late_ms": _r(late_ms, 2)}
+    figs.update(_rank_figures(c.ev.ranks))
+    waits_text = ", ".join(f"{w:.1f}" for w in waits)
+    text = advice.straggler(late, cause, waits_text, late_ms, late_ms / step)
+    return Verdict("straggler", figs, text, "warning", cause)
+
+
+def comm_bound(c: Context) -> Verdict | None:
+    """Under DDP, every rank waits for the gradient all-reduce: communication is exposed."""
+    measured = _rank_waits(c.ev.ranks)
+    if measured is None or c.ev.ranks is None:
+        return None
+    waits, step = measured
+    least = min(waits)
+    if least < c.t.rank_wait_frac * step or least < c.t.rank_wait_min_ms:
+        return None
+    figs: dict[str, EvidenceValue] = {"least_allreduce_wait_ms": _r(least, 2), "wait_frac": _r(least / step)}
+    figs.update(_rank_figures(c.ev.ranks))
+    return Verdict("comm-bound", figs, advice.comm_bound(least, least / step, c.ev.ranks.world_size))
+
+
+def pageable_copies(c: Context) -> Verdict | None:
+    """Host batches copied from pageable memory: the copy waits for the GPU."""
+    cfg = c.cfg
+    host = cfg.host_batches if cfg.host_batches is not None else (cfg.num_workers or 0) > 0 or None
+    if not (c.cuda and cfg.pin_memory is False and host and cfg.backend != "dali"):
+        return None
+    figs: dict[str, EvidenceValue] = {"pin_memory": "False"}
+    figs.update(c.figures("data_wait_frac", "gpu_blocked_frac"))
+    figs.update(c.settings("num_workers", "batch_size"))
+    return Verdict("pageable-copies", figs, advice.pageable_copies())
+
+
+def launch_bound(c: Context) -> Verdict | None:
+    """Low GPU-Util or SM activity without starving between steps: kernels too small or launched too slowly."""
+    if not c.cuda or c.ev.gpu_util is None or c.starved is not None:
+        return None
+    util, ev, t = float(c.ev.gpu_util), c.ev, c.t
+    small_kernels = ev.sm_active is not None and ev.sm_active < t.launch_sm_active
+    small_batch = (
+        c.cfg.batch_size is not None and c.cfg.batch_size <= t.small_batch and util < t.gpu_busy_util
+    )
+    if not (util < t.launch_util or small_kernels or small_batch):
+        return None
+    figs = c.figures("gpu_util", "sm_active", "tensor_active", "gpu_util_min", nd=1)
+    figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac", "samples_per_sec"))
+    figs.update(c.settings("batch_size"))
+    return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util))
+
+
+def amp_host_sync(c: Context) -> Verdict | None:
+    """An unfused optimizer under a GradScaler: ``found_inf`` read on the host every step."""
+    cfg, ev, t = c.cfg, c.ev, c.t
+    if not (c.cuda and cfg.grad_scaler and cfg.unfused_optimizers):
+        return None
+    clip = cfg.gradient_clip_val if cfg.gradient_clip_val and cfg.gradient_clip_val > 0 else None
+    figs: dict[str, EvidenceValue] = {
+        "precision": str(cfg.precision),
+        "optimizers": ",".join(cfg.unfused_optimizers),
+    }
+    if clip is not None:
+        figs["gradient_clip_val"] = float(clip)
+    figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac"))
+    figs.update(c.figures("gpu_util", "sm_active", nd=1))
+    # the sync costs what the host does between steps: GPU idle, or host work (the batch fetch) to expose
+    if ev.gpu_idle_frac is not None:
+        costly = ev.gpu_idle_frac >= t.host_sync_wait_frac
+    else:
+        costly = (ev.gpu_util is not None and ev.gpu_util < t.host_sync_busy_util) or (
+            ev.data_wait_frac is not None and ev.data_wait_frac >= t.host_sync_wait_frac
+        )
+    text = advice.amp_host_sync(cfg.unfused_optimizers, cfg.precision, clip, cfg.capability)
+    return Verdict("amp-host-sync", figs, text, "warning" if costly else "info")
+
+
+def fp32_on_tensor_cores(c: Context) -> Verdict | None:
+    """Full precision on a GPU with tensor cores."""
+    cap = c.cfg.capability
+    if not (
+        c.cuda and c.family in ("fp32", "fp64") and cap is not None and cap >= c.t.tensor_core_capability
+    ):
+        return None
+    figs: dict[str, EvidenceValue] = {"precision": str(c.cfg.precision), "capability": f"{cap[0]}.{cap[1]}"}
+    if c.cfg.gpu_name:
+        figs["gpu"] = c.cfg.gpu_name
+    figs.update(c.settings("float32_matmul_precision"))
+    figs.update(c.figures("tensor_active", nd=1))
+    text = advice.fp32_on_tensor_cores(cap, c.cfg.float32_matmul_precision)
+    return Verdict("fp32-on-tensor-cores", figs, text, c.compute_severity)
+
+
+def nchw_convolutions(c: Context) -> Verdict | None:
+    """Convolutions in NCHW under tensor-core math: cuDNN transposes around its NHWC kernels."""
+    cfg, cap = c.cfg, c.cfg.capability
+    tensor_core_math = c.family == "half" or (
+        c.family == "fp32" and cap is not None and cap >= (8, 0) and cfg.cudnn_allow_tf32 is not False
+    )
+    if not (c.cuda and cfg.conv_layers > 0 and tensor_core_math):
+        return None
+    if cap is not None and cap < c.t.tensor_core_capability:
+        return None
+    frac = cfg.conv_channels_last / cfg.conv_layers
+    if frac >= c.t.channels_last_frac:
+        return None
+    figs: dict[str, EvidenceValue] = {
+        "conv_layers": cfg.conv_layers,
+        "conv_channels_last_frac": _r(frac),
+        "precision": str(cfg.precision),
+    }
+    if cfg.input_channels_last is not None:
+        figs["input_channels_last"] = str(cfg.input_channels_last)
+    text = advice.nchw_convolutions(cfg.conv_layers - cfg.conv_channels_last, cfg.conv_layers)
+    return Verdict("nchw-convolutions", figs, text, c.compute_severity)
+
+
+def cudnn_benchmark_off(c: Context) -> Verdict | None:
+    """cuDNN picks convolution algorithms by heuristics."""
+    cfg = c.cfg
+    if not (c.cuda and cfg.conv_layers > 0 and cfg.cudnn_benchmark is False and not cfg.cudnn_deterministic):
+        return None
+    figs: dict[str, EvidenceValue] = {"cudnn_benchmark": "False", "conv_layers": cfg.conv_layers}
+    return Verdict("cudnn-benchmark-off", figs, advice.cudnn_benchmark_off(), "info")
+
+
+def memory_headroom(c: Context) -> Verdict | None:
+    """Little device memory used while the GPU is not saturated: the batch could grow."""
+    ev, cfg, t = c.ev, c.cfg, c.t
+    used, total = cfg.mem_peak_gb, cfg.mem_total_gb
+    if used is None or total is None:
+        used, total = ev.mem_used_gb, ev.mem_total_gb
+    saturated = c.gpu_busy and (ev.sm_active is None or ev.sm_active >= t.launch_sm_active)
+    if not (c.cuda and c.gpu_known and c.starved != "input" and not saturated and used is not None and total):
+        return None
+    mem_frac = used / total
+    if mem_frac >= t.headroom_mem_frac:
+        return None
+    factor = 2 ** max(1, math.floor(math.log2(0.8 / max(mem_frac, 1e-3))))
+    figs: dict[str, EvidenceValue] = {
+        "mem_used_gb": _r(used, 2),
+        "mem_total_gb": _r(total, 2),
+        "mem_frac": _r(mem_frac),
+    }
+    figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
+    figs.update(c.settings("batch_size"))
+    return Verdict(
+        "memory-headroom", figs, advice.memory_headroom(mem_frac, total, cfg.batch_size, factor), "info"
+    )
+
+
+def gpu_metrics_missing(c: Context) -> Verdict | None:
+    """A CUDA run without any GPU-side figure: the GPU rules are blind."""
+    if not c.cuda or c.ev.gpu_util is not None or c.ev.gpu_idle_frac is not None:
+        return None
+    figs: dict[str, EvidenceValue] = {"gpu_monitor": str(c.cfg.gpu_monitor)}
+    return Verdict("gpu-metrics-missing", figs, advice.gpu_metrics_missing(c.cfg.gpu_monitor), "info")
+
+
+#: every rule, one a verdict kind, in :data:`~lightning_gpuopt.observe.advisor.verdict.KINDS` order
+RULES: tuple[Callable[[Context], Verdict | None], ...] = (
+    input_bound,
+    host_bound,
+    straggler,
+    comm_bound,
+    pageable_copies,
+    launch_bound,
+    amp_host_sync,
+    fp32_on_tensor_cores,
+    nchw_convolutions,
+    cudnn_benchmark_off,
+    memory_headroom,
+    gpu_metrics_missing,
+)
+
+
+def diagnose(
+    evidence: Evidence | Mapping[str, Any],
+    config: RunConfig | Mapping[str, Any],
+    thresholds: AdvisorThresholds | None = None,
+) -> list[Verdict]:
+    """Classify one window of a run.
+
+    Args:
+        evidence: :class:`Evidence`, or a dict of logged keys (``"gpu/idle_frac"``, ``"time/data_wait_frac"``,
+            ``"gpu/util"``...) or field names.
+        config: :class:`RunConfig` or a dict of its fields.
+        thresholds: the rules' numbers; defaults to :class:`AdvisorThresholds`.
+
+    Returns:
+        Verdicts, warnings first, then in ``KINDS`` order. An empty list means nothing to fix was found.
+
+    Example:
+        >>> window = {"gpu/idle_frac": 0.4, "time/loader_wait_frac": 0.35, "gpu/util": 55.0}
+        >>> [v.label for v in diagnose(window,
+        ...                            {"device_type": "cuda", "cpus": 16, "num_workers": 2})]
+        ['input-bound (too-few-workers)']
+    """
+    ev = evidence if isinstance(evidence, Evidence) else Evidence.from_metrics(evidence)
+    cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+    context = Context(ev, cfg, thresholds or AdvisorThresholds())
+    return sort_verdicts([v for rule in RULES if (v := rule(context)) is not None])

@@ -1,0 +1,101 @@
+"""Verdicts that do not flap (``Hysteresis``) and the text a run ends with (``format_summary``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from lightning_gpuopt.observe.advisor.verdict import Verdict, sort_verdicts
+
+__all__ = ["Hysteresis", "format_summary", "markdown"]
+
+
+class Hysteresis:
+    """Keeps a verdict list that does not flap.
+
+    A kind is raised after it was diagnosed in ``raise_after`` consecutive windows and cleared after it was
+    absent from ``clear_after`` consecutive windows. A raised verdict's evidence and advice follow the
+    latest window that diagnosed it.
+
+    Example:
+        >>> h = Hysteresis(raise_after=2, clear_after=2)
+        >>> v = Verdict("input-bound", {}, "advice")
+        >>> h.update([v]), h.update([v]), [x.kind for x in h.verdicts]
+        (False, True, ['input-bound'])
+    """
+
+    def __init__(self, raise_after: int = 2, clear_after: int = 2) -> None:
+        if raise_after < 1 or clear_after < 1:
+            raise ValueError("raise_after and clear_after must be >= 1")
+        self.raise_after = raise_after
+        self.clear_after = clear_after
+        self.on: dict[str, int] = {}
+        self.off: dict[str, int] = {}
+        self.active: dict[str, Verdict] = {}
+        self.windows = 0
+
+    def update(self, verdicts: Iterable[Verdict]) -> bool:
+        """Feed one window's verdicts; returns whether the set of raised kinds changed."""
+        self.windows += 1
+        seen = {v.kind: v for v in verdicts}
+        before = set(self.active)
+        for kind in set(self.on) | set(self.off) | set(seen) | set(self.active):
+            if kind in seen:
+                self.on[kind] = self.on.get(kind, 0) + 1
+                self.off[kind] = 0
+                if kind in self.active or self.on[kind] >= self.raise_after:
+                    self.active[kind] = seen[kind]
+            else:
+                self.off[kind] = self.off.get(kind, 0) + 1
+                self.on[kind] = 0
+                if kind in self.active and self.off[kind] >= self.clear_after:
+                    del self.active[kind]
+        return set(self.active) != before
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """Raised verdicts, warnings first, then in ``KINDS`` order."""
+        return sort_verdicts(list(self.active.values()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "on": dict(self.on),
+            "off": dict(self.off),
+            "active": [v.to_dict() for v in self.active.values()],
+            "windows": self.windows,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.on = {str(k): int(v) for k, v in state.get("on", {}).items()}
+        self.off = {str(k): int(v) for k, v in state.get("off", {}).items()}
+        self.active = {d["kind"]: Verdict.from_dict(d) for d in state.get("active", [])}
+        self.windows = int(state.get("windows", 0))
+
+
+def format_summary(verdicts: Sequence[Verdict], windows: int, window_steps: int, warmup_steps: int) -> str:
+    """Concise multi-line text: one line a verdict with its evidence, then the advice."""
+    if windows == 0:
+        return (
+            f"BottleneckAdvisor: no verdict - the run ended before the first window after {warmup_steps} "
+            "warm-up steps was over."
+        )
+    head = f"BottleneckAdvisor after {windows} window(s) of {window_steps} steps:"
+    if not verdicts:
+        return f"{head} no bottleneck found."
+    lines = [head]
+    for v in verdicts:
+        figs = ", ".join(f"{k}={val}" for k, val in v.evidence.items())
+        lines.append(f"  [{v.severity}] {v.label}: {figs}")
+        lines.append(f"      -> {v.advice}")
+    return "\n".join(lines)
+
+
+def markdown(verdicts: Sequence[Verdict], windows: int, step: int) -> str:
+    """A markdown table of ``verdicts`` (the TensorBoard text summary)."""
+    if not verdicts:
+        return f"**No bottleneck found** (window {windows}, step {step})."
+    rows = ["| severity | verdict | evidence | advice |", "|---|---|---|---|"]
+    for v in verdicts:
+        figs = "<br>".join(f"{k}={val}" for k, val in v.evidence.items())
+        rows.append(f"| {v.severity} | {v.label} | {figs} | {v.advice.replace('|', '/')} |")
+    return f"Window {windows}, step {step}:\n\n" + "\n".join(rows)

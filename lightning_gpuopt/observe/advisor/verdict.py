@@ -1,0 +1,92 @@
+"""A finding of the advisor: ``Verdict``, and the stable names of every kind it can raise."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["INPUT_CAUSES", "KINDS", "RANK_CAUSES", "EvidenceValue", "Verdict", "sort_verdicts"]
+
+#: Every verdict kind the advisor can raise, in report order. Stable names: they are logged as
+#: ``advisor/<kind>`` flags and may be matched on by users.
+KINDS: tuple[str, ...] = (
+    "input-bound",
+    "host-bound",
+    "straggler",
+    "comm-bound",
+    "pageable-copies",
+    "launch-bound",
+    "amp-host-sync",
+    "fp32-on-tensor-cores",
+    "nchw-convolutions",
+    "cudnn-benchmark-off",
+    "memory-headroom",
+    "gpu-metrics-missing",
+)
+
+#: Causes of an ``input-bound`` verdict (``Verdict.cause``).
+INPUT_CAUSES: tuple[str, ...] = (
+    "too-many-workers",
+    "too-few-workers",
+    "decode-bound",
+    "dali-bound",
+    "slow-loader",
+)
+
+#: Causes of a ``straggler`` verdict: what makes the slow rank late.
+RANK_CAUSES: tuple[str, ...] = ("loader", "compute")
+
+EvidenceValue = float | int | str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding: what starves or slows the GPU, the figures it rests on, and the change that removes it.
+
+    Example:
+        >>> v = Verdict("input-bound", {"gpu_idle_frac": 0.4}, "Use more workers.", cause="too-few-workers")
+        >>> v.label
+        'input-bound (too-few-workers)'
+
+    Attributes:
+        kind: stable short name, one of :data:`KINDS`.
+        evidence: the measured figures and configuration values the finding rests on.
+        advice: the concrete change, in this package's terms.
+        severity: ``"warning"`` (costs throughput now) or ``"info"`` (an opportunity or a blind spot).
+        cause: refinement of the kind (``input-bound``: one of :data:`INPUT_CAUSES`; ``straggler``: one of
+            :data:`RANK_CAUSES`), else ``None``.
+    """
+
+    kind: str
+    evidence: dict[str, EvidenceValue]
+    advice: str
+    severity: str = "warning"
+    cause: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``kind`` or ``kind (cause)``."""
+        return f"{self.kind} ({self.cause})" if self.cause else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            kind=str(d["kind"]),
+            evidence=dict(d.get("evidence", {})),
+            advice=str(d.get("advice", "")),
+            severity=str(d.get("severity", "warning")),
+            cause=d.get("cause"),
+        )
+
+
+def sort_verdicts(verdicts: list[Verdict]) -> list[Verdict]:
+    """Warnings first, then in :data:`KINDS` order."""
+    order = {k: i for i, k in enumerate(KINDS)}
+    return sorted(verdicts, key=lambda v: (v.severity != "warning", order.get(v.kind, len(order))))
