@@ -4,9 +4,8 @@ Under ``precision="16-mixed"`` Lightning steps every optimizer through a GradSca
 optimizer the scaler reads the inf/NaN flag on the host (``found_inf.item()``) before ``optimizer.step()``:
 the host waits for the GPU at every step, and whatever it does before the next step's first kernel leaves
 the GPU idle. A fused optimizer (``fused=True``: ``SGD``, ``Adam``, ``AdamW``, ``Adagrad``) takes the scale
-and the flag as device tensors and skips a bad step on the GPU, so the host runs ahead. Measured on one H200
-(ResNet-50 16-mixed + channels_last fed from HDF5 through Lightning, ``benchmarks/results/pipeline_diag_h200.json``):
-0.762 of the ceiling unfused, 0.973 fused.
+and the flag as device tensors and skips a bad step on the GPU, so the host runs ahead. The host work of
+a fed pipeline then overlaps the GPU's step instead of following it (``docs/compute.md`` has the figures).
 
 ``fused=True`` in your ``configure_optimizers`` is the direct fix. This callback does it for optimizers you
 do not construct yourself (a library's module, a LightningCLI ``optimizer:`` entry): at ``on_train_start``
@@ -27,7 +26,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from lightning_gpuopt._common import warn_once
+from lightning_gpuopt._compat import supports_amp_scaling
 
 __all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "is_fused"]
 
@@ -37,8 +39,13 @@ FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 def is_fused(optimizer: Any) -> bool:
     """Whether GradScaler steps ``optimizer`` without a host sync (the optimizer unscales and skips on device)."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch optimizer
-    return bool(getattr(inner, "_step_supports_amp_scaling", False))
+    return supports_amp_scaling(optimizer)
+
+
+def _set_amp_scaling(optimizer: torch.optim.Optimizer, value: bool) -> None:
+    # The flag GradScaler and Lightning read (``supports_amp_scaling``); ``__init__`` sets it for fused=True,
+    # so an optimizer switched afterwards needs it set here.
+    optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
 
 
 def fuse_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
@@ -71,8 +78,7 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
         group["foreach"] = None  # fused and foreach are exclusive
     inner.defaults["fused"] = True
     inner.defaults["foreach"] = None
-    # the flag GradScaler and Lightning read to hand the scale and inf flag to the step (set by __init__)
-    inner._step_supports_amp_scaling = bool(getattr(probe, "_step_supports_amp_scaling", True))  # type: ignore[attr-defined]
+    _set_amp_scaling(inner, supports_amp_scaling(probe))
     return None
 
 
@@ -81,13 +87,19 @@ class FusedOptimizer(pl.Callback):
 
     Add it to ``Trainer(callbacks=[...])`` (``fast_trainer_kwargs`` adds it when it picks ``"16-mixed"``).
     After fitting, ``fused`` lists the optimizers switched (class names) and ``skipped`` those left alone
-    with the reason. On a run whose optimizers are already fused it does nothing.
+    with the reason (also named in one warning). On a run whose optimizers are already fused it does nothing.
+
+    Example::
+
+        trainer = Trainer(precision="16-mixed", callbacks=[FusedOptimizer()])
+        trainer.fit(model)   # configure_optimizers returned SGD(...); it steps with fused=True
     """
 
     def __init__(self) -> None:
         self.fused: list[str] = []
         self.skipped: list[tuple[str, str]] = []
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fused, self.skipped = [], []
         optimizers = list(trainer.optimizers)
@@ -96,7 +108,7 @@ class FusedOptimizer(pl.Callback):
             pending = [type(getattr(o, "optimizer", o)).__name__ for o in optimizers if not is_fused(o)]
             if pending:
                 self.skipped = [(name, "gradient clipping under mixed precision") for name in pending]
-                rank_zero_warn(
+                warn_once(
                     f"FusedOptimizer: left {', '.join(pending)} unfused: Lightning refuses gradient clipping "
                     f"(gradient_clip_val={clip}) with optimizers that unscale inside their step under mixed "
                     'precision. Drop clipping to fuse, or use precision="bf16-mixed" (no GradScaler, no sync).'
@@ -112,15 +124,17 @@ class FusedOptimizer(pl.Callback):
             else:
                 self.skipped.append((name, why))
         if self.skipped:
-            rank_zero_warn(
+            warn_once(
                 "FusedOptimizer: left unfused (GradScaler syncs the host every step for these under 16-mixed): "
                 + "; ".join(f"{n}: {why}" for n, why in self.skipped)
             )
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """What was switched and skipped in the last fit (the switch itself is made again on resume)."""
         return {"fused": list(self.fused), "skipped": [list(s) for s in self.skipped]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.fused = list(state_dict.get("fused", []))
         self.skipped = [(str(a), str(b)) for a, b in state_dict.get("skipped", [])]

@@ -9,7 +9,6 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gpuopt.compute import channels_last as cl_mod
 from lightning_gpuopt.compute.channels_last import (
     ChannelsLast,
     apply_channels_last,
@@ -30,13 +29,6 @@ def _strides_cl(t: torch.Tensor) -> bool:
 
 def _conv_weights(module: nn.Module) -> list[torch.Tensor]:
     return [p for p in module.parameters() if p.dim() == 4]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    cl_mod._warning_cache.clear()
-    yield
-    cl_mod._warning_cache.clear()
 
 
 def _loader(n: int = 16, size: int = 16, batch_size: int = 8, channels_last: bool = False) -> DataLoader:

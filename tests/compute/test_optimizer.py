@@ -223,10 +223,7 @@ def test_compute_callbacks_from_lightning_cli_yaml(tmp_path) -> None:
     pytest.importorskip("jsonargparse")
     from lightning.pytorch.cli import LightningCLI
 
-    from lightning_gpuopt import StreamPriority
-    from lightning_gpuopt.compute import streams
-
-    streams._warning_cache.clear()  # its CPU warning is once per process
+    from lightning_gpuopt.compute.compile import CompileModel
 
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -241,14 +238,14 @@ trainer:
   default_root_dir: {tmp_path}
   callbacks:
     - class_path: lightning_gpuopt.FusedOptimizer
-    - class_path: lightning_gpuopt.StreamPriority
+    - class_path: lightning_gpuopt.compute.compile.CompileModel
       init_args:
-        priority: -1
+        when: auto
 """
     )
-    with pytest.warns(UserWarning, match="StreamPriority"):
+    with pytest.warns(UserWarning, match=r"CompileModel\(when='auto'\)"):
         cli = LightningCLI(CLIModule, args=["fit", "--config", str(config)], save_config_callback=None)
     fused = next(c for c in cli.trainer.callbacks if isinstance(c, FusedOptimizer))
-    prio = next(c for c in cli.trainer.callbacks if isinstance(c, StreamPriority))
+    comp = next(c for c in cli.trainer.callbacks if isinstance(c, CompileModel))
     assert fused.fused == ["SGD"] and is_fused(cli.trainer.optimizers[0])
-    assert prio.priority == -1 and not prio.active  # CPU: warned and stepped aside
+    assert comp.when == "auto" and not comp.compiled and comp.decision is None  # CPU: warned, stepped aside

@@ -5,6 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gpuopt.compute.channels_last import ChannelsLast
+from lightning_gpuopt.compute.compile import CompileModel
 from lightning_gpuopt.compute.optimizer import FusedOptimizer
 from lightning_gpuopt.compute.precision import (
     choose_precision,
@@ -110,9 +111,10 @@ def test_fast_trainer_kwargs_on_gpu(fake_gpu, restore_backends):
     assert kwargs["benchmark"] is True
     assert kwargs["max_epochs"] == 3
     assert kwargs["callbacks"][0] is mine
-    assert [type(c) for c in kwargs["callbacks"]] == [pl.Callback, ChannelsLast, FusedOptimizer]
+    assert [type(c) for c in kwargs["callbacks"]] == [pl.Callback, ChannelsLast, FusedOptimizer, CompileModel]
+    assert kwargs["callbacks"][-1].when == "auto"  # the rule decides once the run's length is known
     assert torch.get_float32_matmul_precision() == "high"  # the documented side effect
-    plain = fast_trainer_kwargs(SmallResNet(), fused_optimizer=False)
+    plain = fast_trainer_kwargs(SmallResNet(), fused_optimizer=False, compile=False)
     assert [type(c) for c in plain["callbacks"]] == [ChannelsLast]
     assert torch.backends.cudnn.allow_tf32 is True
 
@@ -122,7 +124,7 @@ def test_fast_trainer_kwargs_user_choices_win(fake_gpu, restore_backends):
     configure_backends(tf32=False)
     own = ChannelsLast(convert_inputs=False)
     kwargs = fast_trainer_kwargs(
-        SmallResNet(), tf32=False, precision="32-true", deterministic=True, callbacks=own
+        SmallResNet(), tf32=False, precision="32-true", deterministic=True, callbacks=own, compile=False
     )
     assert kwargs["precision"] == "32-true"
     assert "benchmark" not in kwargs  # deterministic asked for: no cuDNN autotuning
@@ -134,7 +136,7 @@ def test_fast_trainer_kwargs_without_conv(fake_gpu, restore_backends):
     fake_gpu((8, 0))
     kwargs = fast_trainer_kwargs(TRANSFORMER)
     assert kwargs["precision"] == "bf16-mixed"
-    assert kwargs["callbacks"] == []
+    assert kwargs["callbacks"] == []  # no convolution: no channels_last, and the compile rule does not apply
 
 
 def test_fast_trainer_kwargs_fit_on_cpu(monkeypatch, restore_backends):

@@ -1,0 +1,405 @@
+"""``torch.compile`` for a Lightning fit, when it pays: the ``CompileModel`` callback and the rule behind it.
+
+A compiled convolutional network runs its training steps faster (inductor fuses the elementwise work
+around the convolutions), but compiling costs tens of seconds before the first fast step. ``should_compile``
+is the rule that weighs the two, a pure function; ``CompileModel`` applies it to a fit.
+
+How the module is compiled: ``CompileModel`` replaces the ``LightningModule``'s ``forward`` with
+``torch.compile(forward, dynamic=False)`` on the instance, the way Lightning's own compiled-module route
+(``trainer.fit(torch.compile(model))``) does, and puts the class's ``forward`` back at ``teardown``. The
+module keeps its identity and its ``state_dict`` keys (no ``_orig_mod.`` prefix), so checkpoints load into
+an uncompiled module; forward hooks (``ChannelsLast``'s input conversion) stay outside the compiled code.
+Under DDP, ``forward`` runs inside ``DistributedDataParallel``'s forward, where dynamo splits the graph at
+the gradient buckets so the all-reduce still overlaps the backward pass.
+
+Input shapes: each mode (training, evaluation) is compiled for the first input shape it sees. A batch of
+another shape (a last partial batch, a validation set's remainder, a variable image size) runs eagerly
+instead of recompiling for it; for training batches a warning says so once and names the fix
+(``drop_last=True``, fixed image sizes). ``OptimizedDataModule`` drops the last partial training batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Timer
+from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
+
+from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.compute.precision import is_convnet
+
+__all__ = [
+    "BREAK_EVEN_SECONDS",
+    "COMPILE_SECONDS",
+    "COMPILE_STEP_SAVING",
+    "MIN_CAPABILITY",
+    "CompileDecision",
+    "CompileModel",
+    "should_compile",
+]
+
+#: Share of an eager training step's time that compiling a convolutional network saves.
+COMPILE_STEP_SAVING = 0.15
+#: Seconds ``torch.compile`` (inductor, default mode) spends before the first compiled training step.
+COMPILE_SECONDS = 45.0
+#: Eager training time after which compiling has paid for itself: ``COMPILE_SECONDS / COMPILE_STEP_SAVING``.
+BREAK_EVEN_SECONDS = COMPILE_SECONDS / COMPILE_STEP_SAVING
+#: Lowest CUDA compute capability inductor generates GPU kernels for (Triton).
+MIN_CAPABILITY = (7, 0)
+
+When = Literal["always", "auto"]
+_WHEN = ("always", "auto")
+# auto mode times batches [_WARMUP_BATCHES, _WARMUP_BATCHES + _TIMED_BATCHES): the first ones autotune
+# cuDNN and fill the allocator's cache
+_WARMUP_BATCHES = 5
+_TIMED_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class CompileDecision:
+    """What ``should_compile`` decided, and why.
+
+    Attributes:
+        compile: ``True`` compile, ``False`` stay eager, ``None`` undecided: time a few eager steps and ask
+            again with ``step_seconds``.
+        reason: one sentence naming the deciding fact.
+        eager_seconds: the estimated eager training time left, where it was estimated.
+    """
+
+    compile: bool | None
+    reason: str
+    eager_seconds: float | None = None
+
+
+def should_compile(
+    *,
+    has_conv: bool,
+    device: torch.device | str,
+    capability: tuple[int, int] | None = None,
+    steps_left: float | None = None,
+    step_seconds: float | None = None,
+    time_left: float | None = None,
+) -> CompileDecision:
+    """Whether compiling the model will shorten the run: the rule ``CompileModel(when="auto")`` applies.
+
+    Compile when all hold:
+
+    1. the model has a convolution (the gain measured for compiled convolutional networks; other models
+       are not judged),
+    2. the device is CUDA with compute capability >= ``MIN_CAPABILITY`` (7.0),
+    3. the eager training time left exceeds ``BREAK_EVEN_SECONDS``: compiled steps save
+       ``COMPILE_STEP_SAVING`` (15%) of an eager step, compiling costs ``COMPILE_SECONDS`` (45 s) once, so it
+       pays after 45 / 0.15 = 300 s of eager training. That time is ``steps_left * step_seconds`` when the
+       run has a known length, capped by ``time_left`` (``Trainer(max_time=...)``); a run with neither
+       (``max_epochs=-1``, an endless loader) is taken as long and compiled.
+
+    Args:
+        has_conv: the model has a ``Conv*d`` layer.
+        device: the training device.
+        capability: the CUDA device's compute capability; ``None`` reads it from ``device``.
+        steps_left: training batches left (``float("inf")`` or ``None``: unknown).
+        step_seconds: seconds an eager training batch takes; needed when ``steps_left`` is finite.
+        time_left: seconds left under ``max_time``, or ``None``.
+
+    Returns:
+        A ``CompileDecision``; its ``compile`` is ``None`` when ``step_seconds`` is needed to decide.
+
+    Example::
+
+        should_compile(has_conv=True, device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
+        # CompileDecision(compile=True, reason='... 2000 s of eager training ...', eager_seconds=2000.0)
+    """
+    dev = torch.device(device)
+    if not has_conv:
+        return CompileDecision(
+            False, "the model has no convolution layer: the rule judges convolutional networks"
+        )
+    if dev.type != "cuda":
+        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
+    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
+    if tuple(major_minor) < MIN_CAPABILITY:
+        return CompileDecision(
+            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
+        )
+    estimates: list[float] = []
+    if steps_left is not None and steps_left != float("inf"):
+        if step_seconds is None:
+            if time_left is not None and time_left <= BREAK_EVEN_SECONDS:
+                return _by_time(time_left)
+            return CompileDecision(None, "the run's length depends on the eager step time: time a few steps")
+        estimates.append(max(0.0, steps_left) * step_seconds)
+    if time_left is not None:
+        estimates.append(max(0.0, time_left))
+    if not estimates:
+        return CompileDecision(
+            True, "the run has no set length (max_steps, max_epochs, max_time): taken as long"
+        )
+    eager = min(estimates)
+    if eager > BREAK_EVEN_SECONDS:
+        return CompileDecision(
+            True,
+            f"{eager:.0f} s of eager training left exceeds the {BREAK_EVEN_SECONDS:.0f} s break-even",
+            eager,
+        )
+    return CompileDecision(
+        False,
+        f"{eager:.0f} s of eager training left is below the {BREAK_EVEN_SECONDS:.0f} s break-even",
+        eager,
+    )
+
+
+def _by_time(time_left: float) -> CompileDecision:
+    return CompileDecision(
+        False,
+        f"max_time leaves {time_left:.0f} s, below the {BREAK_EVEN_SECONDS:.0f} s break-even",
+        max(0.0, time_left),
+    )
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    # what dynamo specializes a static graph on: each tensor's shape, strides, dtype and device
+    found: list[Any] = []
+
+    def record(t: torch.Tensor) -> torch.Tensor:
+        found.append((tuple(t.shape), t.stride(), t.dtype, t.device))
+        return t
+
+    apply_to_collection((args, kwargs), torch.Tensor, record)
+    return tuple(found)
+
+
+class CompileModel(pl.Callback):
+    """Compile the ``LightningModule``'s ``forward`` with ``torch.compile`` for the fit.
+
+    With ``when="always"`` the forward is compiled at the start of training (and at the start of a
+    ``validate``/``test``/``predict`` run), on any device inductor supports, the CPU included. With
+    ``when="auto"`` ``should_compile`` decides: at the start of training when the run's length is set by
+    ``max_time`` or unknown, else after timing training batches 5 to 15 eagerly (two device syncs), from the
+    training batches left; the first 15 batches then run eagerly. Under DDP rank zero's decision is broadcast
+    once. On a device other than CUDA ``"auto"`` warns once and steps aside.
+
+    Write ``training_step`` to call ``self(x)``: only ``forward`` is compiled. If training finishes its first
+    15 batches without calling it, a warning says so. Each mode is compiled for the first input shape it sees;
+    batches of other shapes run eagerly (see the module's documentation). ``forward`` is restored at
+    ``teardown``, so the module can be saved, copied and pickled as usual afterwards.
+
+    Args:
+        when: ``"always"`` compile; ``"auto"`` compile where ``should_compile`` says it pays.
+        backend: ``torch.compile``'s backend; ``"inductor"`` generates the faster kernels, ``"aot_eager"``
+            and ``"eager"`` help to tell a compile problem from a kernel problem.
+
+    Attributes:
+        decision: the ``CompileDecision`` of the last run (``None`` before one, or while timing).
+        compiled: whether ``forward`` is compiled now.
+        step_seconds: the eager batch time ``"auto"`` measured, or ``None``.
+        compiled_calls: ``forward`` calls that ran compiled.
+        eager_calls: ``forward`` calls of another input shape that ran eagerly.
+
+    Logs nothing.
+
+    Example::
+
+        trainer = Trainer(precision="16-mixed", callbacks=[ChannelsLast(), CompileModel(when="auto")])
+        trainer.fit(model)   # convert to channels_last first, then compile (CompileModel starts later)
+
+        # LightningCLI:
+        # trainer:
+        #   callbacks:
+        #     - class_path: lightning_gpuopt.compute.compile.CompileModel
+        #       init_args: {when: auto}
+    """
+
+    def __init__(self, when: When = "always", backend: str = "inductor") -> None:
+        super().__init__()
+        if when not in _WHEN:
+            raise ValueError(f"when={when!r} is not supported; use 'always' or 'auto'.")
+        if not isinstance(backend, str) or not backend:
+            raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
+        self.when: When = when
+        self.backend = backend
+        self.decision: CompileDecision | None = None
+        self.compiled = False
+        self.step_seconds: float | None = None
+        self.compiled_calls = 0
+        self.eager_calls = 0
+        self._timing = False
+        self._batches = 0
+        self._t0: float | None = None
+        self._aside = False
+        self._module: pl.LightningModule | None = None
+        self._wrapper: Callable[..., Any] | None = None
+        self._shapes: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
+        self._warned_shape = False
+
+    # --- hooks -------------------------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._timing = False
+        self._batches = 0
+        self._aside = False
+        device = trainer.strategy.root_device
+        if self.when == "auto" and device.type != "cuda":
+            self._aside = True
+            warn_once(
+                f"CompileModel(when='auto'): the rule compiles on CUDA devices only; on {device.type!r} the "
+                "callback does nothing. Use CompileModel() to compile anyway."
+            )
+            return
+        if stage != "fit" and self.when == "always":
+            self._install(pl_module, CompileDecision(True, "when='always'"))
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._aside or self.compiled:
+            return
+        if self.when == "always":
+            self._install(pl_module, CompileDecision(True, "when='always'"))
+            return
+        decision = should_compile(
+            has_conv=is_convnet(pl_module),
+            device=trainer.strategy.root_device,
+            steps_left=self._batches_left(trainer),
+            time_left=self._time_left(trainer),
+        )
+        if decision.compile is None:
+            self._timing = True
+            self.decision = None
+        else:
+            self._decide(pl_module, decision)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batches += 1
+        calls = self.compiled_calls + self.eager_calls
+        if self._batches == _WARMUP_BATCHES + _TIMED_BATCHES + 1 and self.compiled and calls == 0:
+            warn_once(
+                f"CompileModel: {type(pl_module).__name__}.training_step did not call forward (self(x)) in "
+                f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
+            )
+        if not self._timing:
+            return
+        index = self._batches - 1
+        if index == _WARMUP_BATCHES:
+            self._sync(pl_module)
+            self._t0 = time.perf_counter()
+        elif index == _WARMUP_BATCHES + _TIMED_BATCHES and self._t0 is not None:
+            self._sync(pl_module)
+            self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
+            self._timing = False
+            decision = should_compile(
+                has_conv=True,  # checked at on_train_start, which asked for timing
+                device=trainer.strategy.root_device,
+                steps_left=self._batches_left(trainer),
+                step_seconds=self.step_seconds,
+                time_left=self._time_left(trainer),
+            )
+            # every rank must run the same code: rank zero's timing decides
+            self._decide(pl_module, trainer.strategy.broadcast(decision, src=0))
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._uninstall()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._uninstall()
+
+    # --- compiling ---------------------------------------------------------------------------------------
+    def _decide(self, pl_module: pl.LightningModule, decision: CompileDecision) -> None:
+        self.decision = decision
+        if decision.compile:
+            self._install(pl_module, decision)
+
+    def _install(self, pl_module: pl.LightningModule, decision: CompileDecision) -> None:
+        self.decision = decision
+        if self.compiled:
+            return
+        if "forward" in vars(pl_module):
+            warn_once(
+                f"CompileModel: {type(pl_module).__name__}.forward was already replaced on the instance (a "
+                "compiled module passed to Trainer.fit, or another wrapper); the callback leaves it alone."
+            )
+            return
+        original = pl_module.forward
+        compiled = torch.compile(original, dynamic=False, backend=self.backend)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            # dynamo guards on these: one compiled graph each (training, validation under inference mode)
+            mode = (pl_module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            signature = _signature(args, kwargs)
+            first = self._shapes.setdefault(mode, signature)
+            if signature == first:
+                self.compiled_calls += 1
+                return compiled(*args, **kwargs)
+            self.eager_calls += 1
+            if pl_module.training and not self._warned_shape:
+                self._warned_shape = True
+                warn_once(
+                    f"CompileModel: a training batch with input shapes {[s[0] for s in signature]} differs "
+                    f"from the compiled {[s[0] for s in first]}; such batches run eagerly rather than "
+                    "recompile. Use drop_last=True in the training DataLoader and a fixed image size."
+                )
+            return original(*args, **kwargs)
+
+        pl_module.forward = forward  # type: ignore[method-assign]
+        self._module, self._wrapper = pl_module, forward
+        self._shapes = {}
+        self.compiled = True
+
+    def _uninstall(self) -> None:
+        module, wrapper = self._module, self._wrapper
+        if module is not None and vars(module).get("forward") is wrapper:
+            del module.forward  # the class's forward again
+        self._module = self._wrapper = None
+        self._shapes = {}
+        self._timing = False
+        self.compiled = False
+
+    # --- run length ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _batches_left(trainer: pl.Trainer) -> float:
+        total = float(trainer.estimated_stepping_batches)  # optimizer steps of the whole fit; inf if unknown
+        return max(0.0, total - trainer.global_step) * trainer.accumulate_grad_batches
+
+    @staticmethod
+    def _time_left(trainer: pl.Trainer) -> float | None:
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(cb, Timer):
+                return cb.time_remaining("train")
+        return None
+
+    @staticmethod
+    def _sync(pl_module: pl.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    # --- state and pickling -------------------------------------------------------------------------------
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The last decision, for the record; every fit decides again (fewer steps are left on resume)."""
+        decision = self.decision
+        return {
+            "when": self.when,
+            "compile": None if decision is None else decision.compile,
+            "reason": None if decision is None else decision.reason,
+            "step_seconds": self.step_seconds,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # the compiled function and the module belong to this process's fit
+        state.update(_module=None, _wrapper=None, _shapes={}, compiled=False)
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(when={self.when!r}, backend={self.backend!r})"
