@@ -1,4 +1,4 @@
-"""``GPUStatsMonitor``: log GPU-Util (NVML), SM activity (GPM), data-wait and samples/s to every logger."""
+"""``GPUStatsMonitor``: whether the GPU works or waits, and for what, logged once a window to every logger."""
 
 from __future__ import annotations
 
@@ -9,14 +9,31 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
+from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
+from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
-from lightning_gpuopt.observe.timing import HOST_KEYS, StepTimer, batch_size_of
+from lightning_gpuopt.observe.timing import (
+    HOST_KEYS,
+    LOADER_KEY,
+    StepTimer,
+    batch_size_of,
+    loader_fetch_seconds,
+)
 
 __all__ = ["METRIC_KEYS", "GPUStatsMonitor"]
 
-METRIC_KEYS: tuple[str, ...] = GPU_KEYS + HOST_KEYS
+#: Every key the monitor can log, in a fixed order (the ``all_ranks`` gather relies on it).
+METRIC_KEYS: tuple[str, ...] = (
+    *GPU_KEYS,
+    "gpu/idle_frac",
+    *HOST_KEYS,
+    LOADER_KEY,
+    "time/gpu_blocked_frac",
+    *CPU_KEYS,
+)
 
 
 def _trainer_interval(trainer: pl.Trainer) -> int:
@@ -24,25 +41,44 @@ def _trainer_interval(trainer: pl.Trainer) -> int:
     return int(getattr(trainer, "log_every_n_steps", 50))
 
 
-class GPUStatsMonitor(Callback):
-    """Log what the GPU does and whether it waits for data, once every logging window.
+def _steps_per_epoch(trainer: pl.Trainer) -> int | None:
+    batches = trainer.num_training_batches
+    if not isinstance(batches, int) or batches <= 0:
+        return None  # an iterable loader without a length, or not known yet
+    return math.ceil(batches / max(int(trainer.accumulate_grad_batches), 1))
 
-    Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()])``. Every ``log_every_n_steps`` optimizer
-    steps it sends one row of metrics to every logger the Trainer has (TensorBoard, CSV, W&B, MLflow, ...).
-    GPU metrics come from NVML, sampled on a background thread; host metrics come from ``time.perf_counter``
-    around each training batch. Nothing synchronises the GPU or talks across ranks per step.
+
+class GPUStatsMonitor(Callback):
+    """Log whether the GPU works or waits, and why, once every logging window.
+
+    Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``. Every
+    window it sends one row of metrics to every logger the Trainer has (TensorBoard, CSV, W&B, MLflow, ...)
+    and appends it to ``history``. Four sources, none of which synchronises the GPU or talks across ranks
+    per step:
+
+    - NVML, sampled on a background thread: GPU-Util, memory, power, clocks, and on Hopper the SM and
+      tensor-core activity behind GPU-Util (``gpu/``).
+    - CUDA events at each training batch's start and end, read a window later once complete: how long the
+      training stream sat idle between steps (``gpu/idle_frac``: the starvation metric).
+    - ``time.perf_counter`` around each batch: step time, the host's wait for the next batch, and how that
+      wait splits into time inside the loader and time spent while the GPU was still busy (``time/``).
+    - Linux ``/proc`` at window ends: CPU use of the training thread, of workers and other threads, and of
+      the cores the process may use (``host/``).
 
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
-        log_every_n_steps: logging window in optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
-        gpu: sample the GPU through NVML; ``False`` logs host metrics only (and never warns).
+        log_every_n_steps: window length in optimizer steps. ``None`` uses the Trainer's
+            ``log_every_n_steps``, shortened to the steps of one epoch when epochs are shorter.
+        gpu: measure the GPU (NVML and CUDA events); ``False`` measures the host only and never warns.
         gpm: also read GPM metrics (SM activity/occupancy, tensor activity) where the GPU has them (Hopper+).
         all_ranks: under DDP, also gather every rank's window (one small ``all_gather`` per window) and log
-            each under a ``/rank{r}`` suffix. Without it, the logged values are global rank 0's own device.
+            each under a ``/rank{r}`` suffix. Without it the logged values are global rank zero's own.
         nvml_index: NVML device to sample instead of the one mapped from the Trainer's device (rarely
             needed: the mapping already follows ``CUDA_VISIBLE_DEVICES`` and device UUIDs).
 
-    Logged keys (one value per window; a GPU key is absent where the GPU or driver does not report it):
+    Logged keys (one value per window; a key is absent where its source does not report it: ``gpu/`` on a
+    CPU run, ``gpu/sm_*`` before Hopper, ``time/loader_wait_frac`` for a loader without ``fetch_seconds``,
+    ``host/`` off Linux):
 
     ========================== ====== ==================================================================
     key                        unit   meaning
@@ -58,17 +94,35 @@ class GPUStatsMonitor(Callback):
     gpu/sm_active              %      GPM: share of SMs busy, time-weighted mean (Hopper+)
     gpu/sm_occupancy           %      GPM: resident warps vs the maximum, mean (Hopper+)
     gpu/tensor_active          %      GPM: share of time tensor cores were busy, mean (Hopper+)
+    gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
     time/step_ms               ms     host wall time a training step, data wait included, mean
     time/data_wait_ms          ms     end of one training batch to the start of the next, mean
-    time/data_wait_frac        0..1   data wait / step time over the window
+    time/data_wait_frac        0..1   data wait / step time
     throughput/samples_per_sec 1/s    samples (leading batch dimension) / step time
+    time/loader_wait_frac      0..1   time inside the loader's ``next()`` / step time
+    time/gpu_blocked_frac      0..1   data wait while the GPU still ran earlier work / step time
+    host/cpu_main_pct          %      CPU of the training thread (100 = one core)
+    host/cpu_workers_pct       %      CPU of other threads and child processes (100 = one core)
+    host/cpu_busy_frac         0..1   busy share of the cores this process may run on (all processes)
+    host/cpu_cores             count  cores this process may run on
     ========================== ====== ==================================================================
 
     With ``all_ranks=True`` each key is also logged as ``<key>/rank{r}`` for every global rank ``r``.
 
+    Windows end when ``global_step`` is a multiple of the window length, and when training ends. The first
+    window of a fit holds the warm-up (cuDNN autotuning, workers starting, the loader's prefetch filling)
+    and ``summary()`` leaves it out. Without a logger the monitor says so once and keeps ``history`` only.
+
     Attributes:
-        history: every window, keys as logged plus ``"step"`` (the logger step), oldest first.
+        history: this fit's windows, keys as logged plus ``"step"`` (the logger step), oldest first.
         last_window: the latest entry of ``history`` (empty before the first window).
+
+    Example:
+        >>> from lightning.pytorch.loggers import TensorBoardLogger
+        >>> monitor = GPUStatsMonitor(log_every_n_steps=20)
+        >>> trainer = pl.Trainer(callbacks=[monitor], logger=TensorBoardLogger("logs"))  # doctest: +SKIP
+        >>> trainer.fit(model)  # doctest: +SKIP
+        >>> monitor.summary()["gpu/idle_frac"]  # doctest: +SKIP
     """
 
     def __init__(
@@ -81,7 +135,11 @@ class GPUStatsMonitor(Callback):
         nvml_index: int | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(sample_period_s, (int, float)) or not sample_period_s > 0:
+        if (
+            isinstance(sample_period_s, bool)
+            or not isinstance(sample_period_s, (int, float))
+            or not sample_period_s > 0
+        ):
             raise ValueError(f"sample_period_s must be a number of seconds > 0, got {sample_period_s!r}")
         if log_every_n_steps is not None and (
             not isinstance(log_every_n_steps, int)
@@ -91,7 +149,9 @@ class GPUStatsMonitor(Callback):
             raise ValueError(
                 f"log_every_n_steps must be an int >= 1 or None (use the Trainer's), got {log_every_n_steps!r}"
             )
-        if nvml_index is not None and (not isinstance(nvml_index, int) or nvml_index < 0):
+        if nvml_index is not None and (
+            not isinstance(nvml_index, int) or isinstance(nvml_index, bool) or nvml_index < 0
+        ):
             raise ValueError(f"nvml_index must be an NVML device index >= 0 or None, got {nvml_index!r}")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
             if not isinstance(value, bool):
@@ -105,11 +165,15 @@ class GPUStatsMonitor(Callback):
         self.history: list[dict[str, float]] = []
         self.last_window: dict[str, float] = {}
         self._sampler: NVMLSampler | None = None
+        self._idle: StreamIdleMeter | None = None
+        self._cpu: HostCPUReader | None = None
         self._timer = StepTimer()
+        self._fetch: tuple[int, float] | None = None  # (id of the loader object, its fetch_seconds)
+        self._steps_per_epoch: int | None = None
         self._last_logged_step = 0
-        self._warned = False
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(log_every_n_steps=self.log_every_n_steps, all_ranks=self.all_ranks)
 
@@ -118,102 +182,170 @@ class GPUStatsMonitor(Callback):
         """The running NVML sampler, or None (CPU run, no NVML, ``gpu=False`` or not set up)."""
         return self._sampler
 
+    @property
+    def idle_meter(self) -> StreamIdleMeter | None:
+        """The CUDA-event timeline behind ``gpu/idle_frac``, or None (CPU run, ``gpu=False`` or not set up)."""
+        return self._idle
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_sampler"] = None  # a thread does not pickle; a copy starts without one
+        # a thread, CUDA events and a reader bound to this process do not pickle; a copy starts without them
+        state.update(_sampler=None, _idle=None, _cpu=None)
         return state
 
     # ------------------------------------------------------------------------------------------ resources
-    def _warn_once(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
-            rank_zero_warn(f"GPUStatsMonitor: {message} Logging host-side metrics only (time/, throughput/).")
-
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.history = []  # a reused monitor reports each fit on its own
+        self.last_window = {}
         self._timer = StepTimer()
+        self._fetch = None
         self._last_logged_step = 0  # a new fit counts from its own first step (a resume restores it later)
-        if not self.gpu or self._sampler is not None:
+        if not trainer.loggers:
+            warn_once(
+                "GPUStatsMonitor: the Trainer has no logger, so the metrics are kept in `GPUStatsMonitor.history` "
+                "and not logged; add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`) to see them."
+            )
+        reader = HostCPUReader()
+        self._cpu = reader if reader.available else None
+        if not self.gpu:
             return
         device = trainer.strategy.root_device
+        if device.type == "cuda":
+            self._idle = StreamIdleMeter(device)
+        if self._sampler is None:
+            self._start_sampler(device)
+
+    def _start_sampler(self, device: torch.device) -> None:
         if device.type != "cuda" and self.nvml_index is None:
-            self._warn_once(
-                f"the training device is {device.type!r}, not CUDA, so there is no GPU to sample (pass gpu=False "
-                "to silence this)."
+            warn_once(
+                f"GPUStatsMonitor: the training device is {device.type!r}, not CUDA, so there is no GPU to "
+                "measure; logging host metrics only (pass gpu=False to silence this)."
             )
             return
+        why = ""
         try:
             index = self.nvml_index if self.nvml_index is not None else nvml_device_index(device)
             self._sampler = NVMLSampler(index, self.sample_period_s, gpm=self.gpm).start()
         except ModuleNotFoundError:
-            self._warn_once(
-                "NVML bindings are not installed: `pip install 'lightning-gpuopt[nvml]'` (package nvidia-ml-py)."
-            )
+            why = "NVML bindings are not installed: `pip install 'lightning-gpuopt[nvml]'` (package nvidia-ml-py)."
         except ValueError as err:  # MIG or an unmatched CUDA_VISIBLE_DEVICES entry
-            self._warn_once(f"cannot map {device} to an NVML device: {err}.")
+            why = f"cannot map {device} to an NVML device: {err}."
         except Exception as err:
             # pynvml.NVMLError (e.g. NVMLError_LibraryNotFound: no libnvidia-ml.so.1 in this container)
-            self._warn_once(
-                f"NVML could not be used ({type(err).__name__}: {err}); is the NVIDIA driver visible to this process?"
-            )
+            why = f"NVML could not be used ({type(err).__name__}: {err}); is the NVIDIA driver visible to this process?"
+        if why:
+            warn_once(f"GPUStatsMonitor: {why} Logging without the NVML metrics (gpu/util, power, ...).")
 
-    def _stop_sampler(self) -> None:
+    def _release(self) -> None:
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.stop()
+        self._idle = None
+        self._cpu = None
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._stop_sampler()
+        self._release()
 
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._stop_sampler()
+        self._release()
 
     # ------------------------------------------------------------------------------------------ timing
+    def _mark(self) -> None:
+        t = time.perf_counter()
+        self._timer.mark(t)
+        if self._idle is not None:
+            self._idle.mark(t)
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._sampler is not None:
             self._sampler.window()  # drop setup/sanity-check time from the first window
+        if self._cpu is not None:
+            self._cpu.read()
+        self._read_loader_wait(trainer)  # the baseline: earlier use of the loader is not this fit's
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._steps_per_epoch = _steps_per_epoch(trainer)
         # the first batch's wait is the DataLoader starting up and fetching: count it from here
-        self._timer.mark(time.perf_counter())
+        self._mark()
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # validation inside fit is not time spent waiting for training data
-        self._timer.mark(time.perf_counter())
+        self._mark()
 
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._timer.batch_start(time.perf_counter())
+        t = time.perf_counter()
+        self._timer.batch_start(t)
+        if self._idle is not None:
+            self._idle.step_start(t)
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._timer.batch_end(time.perf_counter(), batch_size_of(batch))
+        t = time.perf_counter()
+        if self._idle is not None:
+            self._idle.step_end(t)
+        self._timer.batch_end(t, batch_size_of(batch))
         step = trainer.global_step
         if step > self._last_logged_step and step % self._interval(trainer) == 0:
             self._log_window(trainer, pl_module)
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the last, possibly shorter window; global_step is the same on every rank, so a gather stays matched
         if trainer.global_step > self._last_logged_step:
-            self._log_window(trainer, pl_module)
+            self._log_window(trainer, pl_module, last=True)
 
     # ------------------------------------------------------------------------------------------ logging
     def _interval(self, trainer: pl.Trainer) -> int:
         if self.log_every_n_steps is not None:
             return self.log_every_n_steps
         # log_every_n_steps=0 turns Trainer logging off; windows still reach `history` every 50 steps
-        return _trainer_interval(trainer) or 50
+        interval = _trainer_interval(trainer) or 50
+        # epochs shorter than the interval would otherwise give one window for several epochs
+        return min(interval, self._steps_per_epoch or interval)
 
-    def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _read_loader_wait(self, trainer: pl.Trainer) -> float | None:
+        """Seconds spent inside the training loader's ``next()`` since the previous call; None if unknown."""
+        loaders = trainer.train_dataloader
+        total = loader_fetch_seconds(loaders) if loaders is not None else None
+        if total is None:
+            self._fetch = None
+            return None
+        previous, self._fetch = self._fetch, (id(loaders), total)
+        if previous is None:
+            return None
+        if previous[0] != id(loaders) or total < previous[1]:
+            return total  # a reloaded loader counts from its start
+        return total - previous[1]
+
+    def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule, last: bool = False) -> None:
         self._last_logged_step = trainer.global_step
+        loader_s = self._read_loader_wait(trainer)
+        if loader_s is not None:
+            self._timer.add_loader_wait(loader_s)
         metrics = self._timer.window()
+        if self._idle is not None:
+            # the last window waits for the GPU to finish: one wait per fit, after the last step
+            metrics.update(self._idle.window(wait=last))
+        if self._cpu is not None:
+            metrics.update(self._cpu.window())
         if self._sampler is not None:
-            metrics = {**self._sampler.window(), **metrics}
+            metrics.update(self._sampler.window())
+        metrics = {k: metrics[k] for k in METRIC_KEYS if k in metrics}
         if self.all_ranks and trainer.world_size > 1:
             metrics = self._gather(pl_module, metrics)
         if not metrics:
@@ -241,16 +373,16 @@ class GPUStatsMonitor(Callback):
         return out
 
     def summary(self) -> dict[str, float]:
-        """Mean of each key over ``history``, skipping the first (warm-up) window when there are several."""
-        windows = self.history[1:] if len(self.history) > 1 else self.history
+        """Mean of each key over this fit's windows after the first (warm-up) one; empty with one window."""
         out: dict[str, float] = {}
         for key in METRIC_KEYS:
-            values = [w[key] for w in windows if key in w]
+            values = [w[key] for w in self.history[1:] if key in w]
             if values:
                 out[key] = sum(values) / len(values)
         return out
 
     # ------------------------------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "sample_period_s": self.sample_period_s,
@@ -259,6 +391,7 @@ class GPUStatsMonitor(Callback):
             "last_logged_step": self._last_logged_step,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # configuration comes from __init__; only the position of the logging window is resumed
         self._last_logged_step = int(state_dict.get("last_logged_step", 0))

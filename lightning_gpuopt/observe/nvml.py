@@ -19,7 +19,7 @@ import torch
 
 from lightning_gpuopt._imports import require
 
-__all__ = ["GPU_KEYS", "NVMLSampler", "nvml_device_index", "parse_cuda_visible_devices"]
+__all__ = ["GPU_KEYS", "NVMLSampler", "normalize_uuid", "nvml_device_index", "parse_cuda_visible_devices"]
 
 # Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
 GPU_KEYS: tuple[str, ...] = (
@@ -63,6 +63,25 @@ def parse_cuda_visible_devices(value: str | None) -> list[str] | None:
     return entries
 
 
+def normalize_uuid(uuid: Any) -> str:
+    """A GPU UUID in one spelling, so torch's and NVML's can be compared.
+
+    torch reports a device's UUID as bare hex (``a1b2c3d4-...``), NVML and ``CUDA_VISIBLE_DEVICES`` with a
+    ``GPU-`` prefix (``GPU-a1b2c3d4-...``). This returns the bare, lower-case form for both (bytes are
+    decoded); a MIG identifier keeps its ``MIG-`` prefix, since it names an instance, not a GPU.
+
+    Example:
+        >>> normalize_uuid("GPU-A1B2C3D4-0000") == normalize_uuid("a1b2c3d4-0000")
+        True
+    """
+    text = (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).strip()
+    if text[:4].upper() == "GPU-":
+        text = text[4:]
+    elif text[:4].upper() == "MIG-":
+        return "MIG-" + text[4:].lower()
+    return text.lower()
+
+
 def _torch_cuda_index(device: torch.device | int | str | None) -> int:
     if device is None:
         return torch.cuda.current_device()
@@ -75,21 +94,14 @@ def _torch_cuda_index(device: torch.device | int | str | None) -> int:
 
 
 def _torch_device_uuid(index: int) -> str | None:
-    """NVML-style UUID (``GPU-...``) of torch's CUDA device ``index``, or None when torch cannot tell."""
+    """UUID of torch's CUDA device ``index`` as torch spells it, or None when torch cannot tell."""
     if not torch.cuda.is_available():
         return None
     try:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     except (RuntimeError, AssertionError):
         return None
-    if uuid is None:
-        return None
-    text = str(uuid)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-
-
-def _as_str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return None if uuid is None else str(uuid)
 
 
 def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: ModuleType) -> int:
@@ -111,10 +123,11 @@ def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: Mod
             "support MIG (NVML reports utilisation per physical GPU only)"
         )
     # GPU-<uuid>, possibly a prefix: match NVML's full UUIDs
+    prefix = normalize_uuid(entry)
     matches = []
     for i in range(pynvml.nvmlDeviceGetCount()):
-        uuid = _as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-        if uuid.startswith(entry):
+        uuid = normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+        if uuid.startswith(prefix):
             matches.append(i)
     if len(matches) != 1:
         raise ValueError(
@@ -127,7 +140,8 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     """Return the NVML index of torch's CUDA ``device`` (default: the current device).
 
     torch numbers the devices left visible by ``CUDA_VISIBLE_DEVICES`` from 0, NVML numbers all devices in PCI
-    bus order. The device's UUID (from torch) is matched against NVML's first; where torch cannot tell, the
+    bus order. The device's UUID (from torch, compared in ``normalize_uuid`` form: torch omits NVML's ``GPU-``
+    prefix) is matched against NVML's first; where torch cannot tell, the
     ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-`` UUIDs or unique UUID prefixes) are used. Never use the
     process's local rank for this: under ``CUDA_VISIBLE_DEVICES`` it names the wrong GPU.
 
@@ -139,11 +153,15 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     pynvml.nvmlInit()  # reference counted by NVML: safe when a sampler already holds it
     try:
         uuid = _torch_device_uuid(torch_index)
-        if uuid is not None and uuid.startswith("GPU-"):
+        if uuid is not None and not normalize_uuid(uuid).startswith("MIG-"):
+            wanted = normalize_uuid(uuid)
             try:
-                return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+                return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{wanted}")))
             except pynvml.NVMLError:
-                pass  # fall through to CUDA_VISIBLE_DEVICES parsing
+                pass  # NVML may spell it otherwise (case): compare every device's, then CUDA_VISIBLE_DEVICES
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                if normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == wanted:
+                    return i
         visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
         return _index_from_visible(torch_index, visible, pynvml)
     finally:
@@ -207,6 +225,15 @@ class NVMLSampler:
     (mean W), ``gpu/temp_c`` (mean °C), ``gpu/sm_clock_mhz`` (mean MHz), ``gpu/sm_active``,
     ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM). A window in which no new sample
     arrived repeats the latest sample.
+
+    Attributes:
+        uuid: the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``), to check it is the GPU
+            torch trains on: ``normalize_uuid(torch.cuda.get_device_properties(i).uuid) == sampler.uuid``.
+
+    Example:
+        >>> with NVMLSampler(nvml_device_index("cuda:0"), period_s=0.1) as sampler:  # doctest: +SKIP
+        ...     train_for_a_while()
+        ...     print(sampler.window()["gpu/util"])
     """
 
     def __init__(
@@ -223,6 +250,7 @@ class NVMLSampler:
         self.gpm_active = False
         self.uses_sample_buffer = False
         self.error: BaseException | None = None  # an unexpected error that stopped the thread
+        self.uuid: str | None = None
         self.ticks = 0
         self._pynvml: ModuleType | None = None
         self._handle: Any = None
@@ -257,6 +285,8 @@ class NVMLSampler:
         try:
             self._pynvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            with contextlib.suppress(pynvml.NVMLError):  # informative only
+                self.uuid = normalize_uuid(pynvml.nvmlDeviceGetUUID(self._handle))
             self._mem_total_gb = pynvml.nvmlDeviceGetMemoryInfo(self._handle).total / _GB
             self.uses_sample_buffer = self._probe_sample_buffer()
             if self.gpm:

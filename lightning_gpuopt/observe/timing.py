@@ -1,16 +1,20 @@
 """Host-side step timing: step time, time waiting for data, and samples/s, from ``time.perf_counter`` only.
 
 Nothing here touches the GPU, so the timer costs a few hundred nanoseconds a step and never synchronises.
+``loader_fetch_seconds`` reads how long a loader's consumer spent inside ``next()``, where the loader says.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["HOST_KEYS", "StepTimer", "batch_size_of"]
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR
+
+__all__ = ["HOST_KEYS", "LOADER_KEY", "StepTimer", "batch_size_of", "loader_fetch_seconds"]
 
 HOST_KEYS: tuple[str, ...] = (
     "time/step_ms",
@@ -18,6 +22,30 @@ HOST_KEYS: tuple[str, ...] = (
     "time/data_wait_frac",
     "throughput/samples_per_sec",
 )
+
+#: Key ``StepTimer.window()`` adds when loader wait was reported (``add_loader_wait``).
+LOADER_KEY = "time/loader_wait_frac"
+
+
+def loader_fetch_seconds(loaders: Any) -> float | None:
+    """Cumulative seconds spent inside the ``next()`` of ``loaders`` (a loader, or a list/dict of them).
+
+    Read from each loader's ``fetch_seconds`` attribute (``_common.FETCH_SECONDS_ATTR``), which
+    ``ContinuousDataLoader`` and ``DALILoader`` keep. ``None`` when any loader does not keep it: a part
+    that cannot be measured is not guessed.
+    """
+    items = list(loaders.values()) if isinstance(loaders, Mapping) else loaders
+    if not isinstance(items, (list, tuple)):
+        items = [items]
+    if not items:
+        return None
+    total = 0.0
+    for loader in items:
+        value = getattr(loader, FETCH_SECONDS_ATTR, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        total += float(value)
+    return total
 
 
 def batch_size_of(batch: Any) -> int:
@@ -47,7 +75,15 @@ class StepTimer:
 
     ``window()`` returns, over the steps since the previous call: ``time/step_ms`` (mean ms a step),
     ``time/data_wait_ms`` (mean ms a step), ``time/data_wait_frac`` (total wait / total step time, 0..1) and
-    ``throughput/samples_per_sec``; an empty dict when no step completed.
+    ``throughput/samples_per_sec``; an empty dict when no step completed. When ``add_loader_wait`` was
+    called in the window it adds ``time/loader_wait_frac``: time inside the loader's ``next()`` / total
+    step time (a part of the data wait).
+
+    Example:
+        >>> timer = StepTimer()
+        >>> timer.mark(0.0); timer.batch_start(0.1); timer.batch_end(0.4, n_samples=8)
+        >>> round(timer.window()["time/data_wait_frac"], 2)
+        0.25
     """
 
     def __init__(self) -> None:
@@ -62,6 +98,11 @@ class StepTimer:
         self.samples = 0
         self.wait_s = 0.0
         self.compute_s = 0.0
+        self.loader_s: float | None = None
+
+    def add_loader_wait(self, seconds: float) -> None:
+        """Add ``seconds`` spent inside the loader's ``next()`` to this window."""
+        self.loader_s = (self.loader_s or 0.0) + max(seconds, 0.0)
 
     def mark(self, t: float) -> None:
         """Count the next batch's data wait from ``t`` (use it where the loop resumes after non-training work)."""
@@ -95,5 +136,7 @@ class StepTimer:
             "time/data_wait_frac": self.wait_s / total if total > 0 else 0.0,
             "throughput/samples_per_sec": self.samples / total if total > 0 else 0.0,
         }
+        if self.loader_s is not None and total > 0:
+            out[LOADER_KEY] = self.loader_s / total
         self.reset_window()
         return out

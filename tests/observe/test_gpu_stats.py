@@ -15,11 +15,26 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_gpuopt import GPUStatsMonitor
+from lightning_gpuopt._common import _warnings
+from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
 from lightning_gpuopt.observe.gpu_stats import METRIC_KEYS
+from lightning_gpuopt.observe.host_cpu import CPU_KEYS
 from lightning_gpuopt.observe.nvml import GPU_KEYS
-from lightning_gpuopt.observe.timing import HOST_KEYS
+from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY
 from tests._ddp import CloseProcessGroup
+from tests.observe.fake_cuda_events import host_clock_event
 from tests.observe.fake_pynvml import install
+
+# host/ keys come from Linux /proc; elsewhere they are absent
+HOST_ONLY = {*HOST_KEYS, *CPU_KEYS} if Path("/proc/self/stat").exists() else set(HOST_KEYS)
+CUDA_ONLY = {"gpu/idle_frac", "time/gpu_blocked_frac"}
+NO_LOGGER = "GPUStatsMonitor: the Trainer has no logger"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    """Warn-once is per process; each test starts as a fresh process would."""
+    _warnings().clear()
 
 
 class TinyModule(pl.LightningModule):
@@ -90,12 +105,12 @@ def test_cpu_fit_logs_host_keys_to_every_logger_at_the_interval(tmp_path):
     tb_logger = TensorBoardLogger(tmp_path, name="tb")
     with pytest.warns(UserWarning, match="not CUDA") as record:
         _trainer(tmp_path, monitor, [csv_logger, tb_logger]).fit(TinyModule())
-    assert sum("GPUStatsMonitor" in str(w.message) for w in record) == 1
+    assert sum("GPUStatsMonitor" in str(w.message) for w in record) == 1  # not CUDA; there are loggers
     # windows end at optimizer steps 3, 6, 9; Lightning puts step k's row at logger step k-1
     assert [w["step"] for w in monitor.history] == [2.0, 5.0, 8.0]
     assert monitor.last_window is monitor.history[-1]
     for w in monitor.history:
-        assert set(w) == {*HOST_KEYS, "step"}
+        assert set(w) == {*HOST_ONLY, "step"}  # a plain DataLoader keeps no fetch_seconds: no loader wait
         assert w["time/step_ms"] > 0 and 0.0 <= w["time/data_wait_frac"] <= 1.0
         assert w["throughput/samples_per_sec"] > 0
     rows = [r for r in _csv_rows(csv_logger) if r.get("time/step_ms")]
@@ -111,7 +126,7 @@ def test_trainer_interval_is_the_default_and_last_window_is_flushed(tmp_path):
     monitor = GPUStatsMonitor(gpu=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # gpu=False never warns about the GPU
-        warnings.filterwarnings("ignore", message=".*(num_workers|bottleneck|log_every_n_steps).*")
+        warnings.filterwarnings("ignore", message=".*(num_workers|bottleneck|log_every_n_steps|no logger).*")
         _trainer(tmp_path, monitor, log_every_n_steps=4, max_steps=10).fit(TinyModule())
     # windows at steps 4 and 8, then the 2-step tail when training ends
     assert [w["step"] for w in monitor.history] == [3.0, 7.0, 9.0]
@@ -133,28 +148,61 @@ def test_fake_nvml_fit_logs_every_documented_key(tmp_path, monkeypatch):
     assert monitor.sampler is None and not _sampler_threads()
     assert fake.refcount == 0 and fake.gpm_allocated == 0
     assert len(monitor.history) == 2
+    expected = set(METRIC_KEYS) - CUDA_ONLY - {LOADER_KEY} - (set(CPU_KEYS) - HOST_ONLY)
     for w in monitor.history:
-        assert set(w) == {*METRIC_KEYS, "step"}
+        assert set(w) == {*expected, "step"}
         assert w["gpu/util"] == pytest.approx(87.0)
         assert w["gpu/power_w"] == pytest.approx(250.0)
         assert w["gpu/sm_active"] == pytest.approx(71.0)
     rows = [r for r in _csv_rows(csv_logger) if r.get("gpu/util")]
     assert [int(r["step"]) for r in rows] == [3, 7]
-    assert set(METRIC_KEYS) <= set(rows[0])
+    assert expected <= set(rows[0])
     tb = _tb_scalars(tb_logger.log_dir)
-    for key in METRIC_KEYS:
+    for key in expected:
         assert tb[key] == [3, 7], key
 
 
+class SlowData(Dataset):
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.seconds = seconds
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)  # 4 items a batch: 80 ms of "decoding" per step on the main process
+        return torch.randn(8), i % 2
+
+
+class TimedLoader(DataLoader):
+    """A DataLoader that keeps ``fetch_seconds``, as ContinuousDataLoader and DALILoader do."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fetch_seconds = 0.0
+
+    def __iter__(self):
+        it = super().__iter__()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.fetch_seconds += time.perf_counter() - t0
+            yield batch
+
+
+class FakeEventMonitor(GPUStatsMonitor):
+    """The monitor on a CPU run, its CUDA events replaced by ones that execute the moment they are recorded."""
+
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        self._idle = StreamIdleMeter(event_factory=host_clock_event)
+
+
 def test_data_wait_shows_a_starving_loop(tmp_path):
-    class SlowData(Dataset):
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            time.sleep(0.02)  # 4 items a batch: 80 ms of "decoding" per step on the main process
-            return torch.randn(8), i % 2
-
     class Starved(TinyModule):
         def train_dataloader(self):
             return DataLoader(SlowData(), batch_size=4)
@@ -176,9 +224,9 @@ def test_missing_nvml_bindings_warn_once_and_host_metrics_go_on(tmp_path, monkey
     with pytest.warns(UserWarning, match=r"lightning-gpuopt\[nvml\]") as record:
         _trainer(tmp_path, monitor).fit(TinyModule())
         _trainer(tmp_path, monitor).fit(TinyModule())  # a second fit does not warn again
-    assert sum("GPUStatsMonitor" in str(w.message) for w in record) == 1
+    assert sum("nvidia-ml-py" in str(w.message) for w in record) == 1
     assert monitor.sampler is None
-    assert len(monitor.history) == 6 and all(
+    assert len(monitor.history) == 3 and all(
         "time/step_ms" in w and "gpu/util" not in w for w in monitor.history
     )
 
@@ -189,6 +237,78 @@ def test_missing_nvml_library_warns_and_does_not_crash(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="NVMLError_LibraryNotFound"):
         _trainer(tmp_path, monitor).fit(TinyModule())
     assert len(monitor.history) == 3
+
+
+def test_no_logger_is_said_once_at_setup(tmp_path):
+    with pytest.warns(UserWarning, match=NO_LOGGER) as record:
+        with pytest.raises(RuntimeError, match="boom"):  # said at setup, before any step ran
+            _trainer(tmp_path, GPUStatsMonitor(gpu=False)).fit(TinyModule(fail_at=0))
+        monitor = GPUStatsMonitor(gpu=False, log_every_n_steps=3)
+        _trainer(tmp_path, monitor).fit(TinyModule())
+    assert sum(NO_LOGGER in str(w.message) for w in record) == 1
+    assert "history" in str(record[0].message)
+    assert len(monitor.history) == 3  # kept, only not logged
+    _warnings().clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, GPUStatsMonitor(gpu=False), CSVLogger(tmp_path)).fit(TinyModule())
+    assert not any(NO_LOGGER in str(w.message) for w in seen)
+
+
+def test_a_reused_monitor_reports_each_fit_on_its_own(tmp_path):
+    monitor = GPUStatsMonitor(gpu=False, log_every_n_steps=3)
+    _trainer(tmp_path, monitor).fit(TinyModule())
+    first = list(monitor.history)
+    _trainer(tmp_path, monitor, max_steps=6).fit(TinyModule())
+    assert [w["step"] for w in first] == [2.0, 5.0, 8.0]
+    assert [w["step"] for w in monitor.history] == [2.0, 5.0]
+    assert all(w is not f for w in monitor.history for f in first)
+
+
+def test_windows_follow_short_epochs_and_summary_leaves_the_warm_up_out(tmp_path):
+    class ShortEpochs(TinyModule):
+        def train_dataloader(self):  # 36 samples of batch 4: 9-step epochs, Trainer default interval 50
+            return DataLoader(TensorDataset(torch.randn(36, 8), torch.randint(0, 2, (36,))), batch_size=4)
+
+    monitor = GPUStatsMonitor(gpu=False)
+    _trainer(tmp_path, monitor, max_steps=-1, max_epochs=3).fit(ShortEpochs())
+    assert [w["step"] for w in monitor.history] == [8.0, 17.0, 26.0]
+    later = [w["time/step_ms"] for w in monitor.history[1:]]
+    assert monitor.summary()["time/step_ms"] == pytest.approx(sum(later) / 2)
+    accumulated = GPUStatsMonitor(gpu=False)  # 9 batches, 3 a step: 3 optimizer steps an epoch
+    _trainer(tmp_path, accumulated, max_steps=-1, max_epochs=2, accumulate_grad_batches=3).fit(ShortEpochs())
+    assert [w["step"] for w in accumulated.history] == [2.0, 5.0]
+    one = GPUStatsMonitor(gpu=False, log_every_n_steps=50)
+    _trainer(tmp_path, one, max_steps=5).fit(TinyModule())
+    assert len(one.history) == 1 and one.summary() == {}  # the warm-up window alone
+
+
+def test_loader_wait_is_the_part_of_the_data_wait_inside_the_loader(tmp_path):
+    class Fed(TinyModule):
+        def train_dataloader(self):
+            return TimedLoader(SlowData(0.01), batch_size=4)
+
+    monitor = GPUStatsMonitor(gpu=False, log_every_n_steps=4)
+    _trainer(tmp_path, monitor, max_steps=8).fit(Fed())
+    assert len(monitor.history) == 2
+    for w in monitor.history:
+        assert 0.5 * w["time/data_wait_frac"] < w[LOADER_KEY] <= w["time/data_wait_frac"] + 0.02, w
+        assert "time/gpu_blocked_frac" not in w  # needs CUDA events
+
+
+def test_idle_frac_equals_the_data_wait_when_the_gpu_is_never_behind(tmp_path):
+    class Starved(TinyModule):
+        def train_dataloader(self):
+            return DataLoader(SlowData(0.01), batch_size=4)
+
+    monitor = FakeEventMonitor(gpu=False, log_every_n_steps=4)
+    _trainer(tmp_path, monitor, max_steps=8).fit(Starved())
+    assert len(monitor.history) == 2
+    for w in monitor.history:
+        assert w["gpu/idle_frac"] == pytest.approx(w["time/data_wait_frac"], abs=0.02)
+        assert w["gpu/idle_frac"] > 0.3
+        assert w["time/gpu_blocked_frac"] == pytest.approx(0.0, abs=0.02)  # no wait was hidden
+    assert monitor.idle_meter is None  # released at teardown
 
 
 def test_thread_is_joined_when_training_raises(tmp_path, monkeypatch):
@@ -346,7 +466,7 @@ def test_gpu_fit_tensorboard_event_file_holds_the_keys(tmp_path):
     )
     trainer.fit(GPUModule())
     assert monitor.sampler is None and not _sampler_threads()
-    expected = set(GPU_KEYS[:8]) | set(HOST_KEYS)
+    expected = set(GPU_KEYS[:8]) | HOST_ONLY | CUDA_ONLY
     if torch.cuda.get_device_capability(0) >= (9, 0):  # Hopper and newer answer GPM
         expected |= set(GPU_KEYS[8:])
     tb = _tb_scalars(logger.log_dir)
@@ -354,3 +474,53 @@ def test_gpu_fit_tensorboard_event_file_holds_the_keys(tmp_path):
     missing = expected - set(tb)
     assert not missing, missing
     assert tb["gpu/util"] == [9, 19, 29, 39, 49, 59]
+
+
+@pytest.mark.gpu
+def test_gpu_idle_frac_tells_a_starved_fit_from_a_fed_one(tmp_path):
+    device = torch.device("cuda", 0)
+
+    class Heavy(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8192, 8192), nn.ReLU(), nn.Linear(8192, 10))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    x = torch.randn(4096, 8192, device=device)
+    y = torch.randint(0, 10, (4096,), device=device)
+
+    class Resident(torch.utils.data.IterableDataset):
+        def __init__(self, delay_s):
+            self.delay_s = delay_s
+
+        def __iter__(self):
+            for _ in range(24):
+                time.sleep(self.delay_s)  # stands in for decoding on the host
+                yield x, y
+
+    results = {}
+    for name, delay in (("fed", 0.0), ("starved", 0.15)):
+        monitor = GPUStatsMonitor(log_every_n_steps=8)
+        pl.Trainer(
+            accelerator="gpu",
+            devices=1,
+            max_steps=24,
+            logger=False,
+            callbacks=[monitor],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            default_root_dir=tmp_path,
+        ).fit(Heavy(), train_dataloaders=DataLoader(Resident(delay), batch_size=None))
+        results[name] = monitor.summary()
+        assert monitor.idle_meter is None
+    print(f"\nfed: {results['fed']}\nstarved: {results['starved']}")
+    assert results["fed"]["gpu/idle_frac"] < 0.15
+    assert results["starved"]["gpu/idle_frac"] > 0.5
+    assert results["starved"]["gpu/idle_frac"] > results["fed"]["gpu/idle_frac"] + 0.4

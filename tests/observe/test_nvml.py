@@ -5,7 +5,13 @@ import warnings
 import pytest
 
 from lightning_gpuopt.observe import nvml
-from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index, parse_cuda_visible_devices
+from lightning_gpuopt.observe.nvml import (
+    GPU_KEYS,
+    NVMLSampler,
+    normalize_uuid,
+    nvml_device_index,
+    parse_cuda_visible_devices,
+)
 from tests.observe.fake_pynvml import UUIDS, install
 
 
@@ -186,3 +192,21 @@ def test_window_shorter_than_the_driver_sample_period_still_reports_util(monkeyp
     finally:
         sampler.stop()
     assert window["gpu/util"] == pytest.approx(55.0) and window["gpu/util_min"] == pytest.approx(55.0)
+
+
+def test_normalize_uuid_makes_torch_and_nvml_spellings_equal():
+    bare = UUIDS[1].removeprefix("GPU-")
+    assert normalize_uuid(UUIDS[1]) == normalize_uuid(bare) == bare
+    assert normalize_uuid(UUIDS[1].upper().encode()) == bare  # bytes (older pynvml) and case
+    assert normalize_uuid("MIG-ABC-1") == "MIG-abc-1"
+    assert normalize_uuid("MIG-abc-1") != normalize_uuid("abc-1")
+
+
+def test_torch_uuid_without_the_gpu_prefix_still_maps(monkeypatch):
+    # torch spells the UUID bare; NVML with "GPU-": the monitor must still find its own GPU
+    install(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: UUIDS[3].removeprefix("GPU-").upper())
+    assert nvml_device_index(0) == 3
+    with NVMLSampler(3, period_s=100.0, gpm=False) as sampler:
+        assert sampler.uuid == normalize_uuid(UUIDS[3].removeprefix("GPU-"))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gpuopt.observe.timing import HOST_KEYS, StepTimer, batch_size_of
+from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of, loader_fetch_seconds
 
 
 def test_window_splits_wait_and_compute():
@@ -57,3 +57,31 @@ def test_batch_size_of():
     assert batch_size_of([[torch.zeros(3)]]) == 3
     assert batch_size_of(torch.tensor(1.0)) == 1
     assert batch_size_of(["a", "b"]) == 0
+
+
+def test_loader_wait_is_reported_only_when_added():
+    t = StepTimer()
+    t.mark(0.0)
+    t.batch_start(0.3)
+    t.batch_end(1.0, 4)
+    t.add_loader_wait(0.2)
+    w = t.window()
+    assert w[LOADER_KEY] == pytest.approx(0.2)  # 0.2 s inside next() of a 1.0 s step
+    t.batch_start(1.1)
+    t.batch_end(2.0, 4)
+    assert LOADER_KEY not in t.window()  # nothing added: unknown, not zero
+
+
+class _Loader:
+    def __init__(self, seconds):
+        self.fetch_seconds = seconds
+
+
+def test_loader_fetch_seconds_sums_loaders_and_refuses_to_guess():
+    assert loader_fetch_seconds(_Loader(1.5)) == 1.5
+    assert loader_fetch_seconds([_Loader(1.0), _Loader(2.0)]) == 3.0
+    assert loader_fetch_seconds({"a": _Loader(1.0), "b": _Loader(0.5)}) == 1.5
+    assert loader_fetch_seconds(object()) is None
+    assert loader_fetch_seconds([_Loader(1.0), object()]) is None  # one loader unmeasured: no total
+    assert loader_fetch_seconds(_Loader(True)) is None
+    assert loader_fetch_seconds([]) is None
