@@ -70,7 +70,7 @@ class BottleneckAdvisor(Callback):
 
     Windows: with ``window_steps=None`` and a monitor, the monitor's logging windows (so both sides cover
     the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
-    window shrinks to half an epoch (at least 2 batches) and warm-up to at most half an epoch.
+    window shrinks to half an epoch (but not below 2 batches) and warm-up to at most half an epoch.
 
     Logged (straight to every logger, at each window, rank zero):
 
@@ -218,7 +218,7 @@ class BottleneckAdvisor(Callback):
         per_epoch = trainer.num_training_batches
         if finite(per_epoch) and per_epoch > 0:
             half = int(per_epoch) // 2
-            self._window = max(_MIN_WINDOW, min(self._window, half))
+            self._window = min(self._window, max(_MIN_WINDOW, half))
             self._warmup = min(self._warmup, half)
         self._window_len = self._window
         self._warm = self._warmup == 0
@@ -288,6 +288,8 @@ class BottleneckAdvisor(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._timer is None:
             return
+        if self.config is None:  # a run too short for a window still shows what it was configured to do
+            self.config = self._config(trainer, pl_module)
         if trainer.is_global_zero:
             self._log_text(trainer)
             if self.verbose:

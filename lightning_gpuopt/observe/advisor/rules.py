@@ -115,7 +115,7 @@ class Context:
     def _starved(self) -> str | None:
         """``"input"`` (the loader starves the GPU), ``"host"`` (the host does) or ``None``."""
         ev, t, wait = self.ev, self.t, self.wait
-        if ev.gpu_idle_frac is not None:
+        if self.cuda and ev.gpu_idle_frac is not None:
             if ev.gpu_idle_frac < t.gpu_idle_frac or wait is None:
                 return None
             return "input" if wait >= t.loader_share * ev.gpu_idle_frac else "host"
