@@ -12,18 +12,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="image folder laid out as SRC/<class>/<image>")
     parser.add_argument("out", help="HDF5 file to write (e.g. train_256.h5); written atomically")
     parser.add_argument(
-        "--size", type=int, default=256, help="stored side in pixels: short side resize + center crop (256)"
+        "--size",
+        type=int,
+        default=256,
+        help="storage size: the shorter side of each stored whole image, in pixels (256 for 224 crops)",
     )
-    parser.add_argument(
-        "--chunk-images", type=int, default=1, help="images per HDF5 chunk (1: best for random reads)"
-    )
-    parser.add_argument(
-        "--compression",
-        choices=("none", "gzip", "lzf"),
-        default="none",
-        help="chunk compression; a random read then decompresses its whole chunk (none)",
-    )
-    parser.add_argument("--compression-level", type=int, default=4, help="gzip level 0-9 (4)")
     parser.add_argument("--workers", type=int, default=None, help="decode processes (default: all CPUs)")
     parser.add_argument(
         "--on-corrupt",
@@ -35,24 +28,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+def _fail(message: str) -> None:
+    print(f"lightning-gpuopt convert: error: {message}", file=sys.stderr)
 
-    result = convert_folder_to_hdf5(
-        args.src,
-        args.out,
-        size=args.size,
-        chunk_images=args.chunk_images,
-        compression=None if args.compression == "none" else args.compression,
-        compression_level=args.compression_level,
-        workers=args.workers,
-        progress=not args.no_progress,
-        on_corrupt=args.on_corrupt,
-        overwrite=args.overwrite,
-    )
+
+def run(args: argparse.Namespace) -> int:
+    from lightning_gpuopt.data.convert import CorruptImageError, convert_folder_to_hdf5
+
+    try:
+        result = convert_folder_to_hdf5(
+            args.src,
+            args.out,
+            args.size,
+            workers=args.workers,
+            progress=not args.no_progress,
+            on_corrupt=args.on_corrupt,
+            overwrite=args.overwrite,
+        )
+    except CorruptImageError as err:
+        _fail(
+            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, or pass --on-corrupt skip"
+        )
+        return 2
+    except OSError as err:  # read-only or full destination, failed write: the message names the path
+        if isinstance(err, FileNotFoundError):
+            raise
+        _fail(err.strerror if err.filename is None and err.strerror else str(err))
+        return 1
+    except KeyboardInterrupt:
+        _fail(f"interrupted; {args.out} was not written")
+        return 130
     rate = result.num_images / result.seconds if result.seconds > 0 else float("nan")
     print(
-        f"wrote {result.path}: {result.num_images} images of {args.size}x{args.size}, "
+        f"wrote {result.path}: {result.num_images} images, stored at {result.storage_size} px, "
         f"{len(result.classes)} classes, {result.seconds:.1f} s ({rate:,.0f} img/s)"
     )
     if result.skipped:

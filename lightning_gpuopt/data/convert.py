@@ -1,0 +1,591 @@
+"""Convert a class-per-subfolder image folder into the uint8 HDF5 store ``HDF5ImageDataset`` reads.
+
+Every image is kept whole (``lightning_gpuopt.data.layout``) by ``folder.load_canvas``: decoded to 8-bit
+RGB, resized like torchvision's ``Resize(storage_size)`` and placed on a fixed landscape canvas, with its
+``meta`` ``(h, w, transposed)``. Decoding runs in worker processes; the file is written as ``OUT.tmp-<pid>`` beside
+``OUT`` and renamed over it only when complete, so ``OUT`` is never partial. The store's layout is
+described in ``lightning_gpuopt.data.hdf5``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt._imports import require
+from lightning_gpuopt.data import layout
+
+FORMAT = "lightning-gpuopt/uint8-images"
+#: 1: a central square per image (no longer read); 2: whole images on a canvas with ``meta``.
+FORMAT_VERSION = 2
+#: version of ``lightning_gpuopt.data.layout``'s canvas rule the store was written with.
+LAYOUT_VERSION = 1
+RESIZE_DOC = (
+    "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), shrunk further "
+    "to fit a storage_size x ceil(1.5 storage_size) canvas, portrait images transposed; meta = (h, w, transposed)"
+)
+_BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
+_PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+class CorruptImageError(ValueError):
+    """An image file that cannot be decoded: ``path`` names it, ``reason`` says what the decoder said."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"cannot decode image {path!r} ({reason}); remove or replace the file, or pass on_corrupt='skip' "
+            "to leave unreadable images out"
+        )
+        self.path = path
+        self.reason = reason
+
+
+@dataclass
+class ConversionResult:
+    """What ``convert_folder_to_hdf5`` wrote.
+
+    Attributes:
+        path: the HDF5 file (the path given, also when it is a symbolic link).
+        num_images: images stored.
+        classes: class names (index = label).
+        skipped: source files left out as unreadable (``on_corrupt="skip"``), relative to the source.
+        seconds: wall time of the conversion.
+        storage_size: shorter side of the stored images in pixels.
+    """
+
+    path: Path
+    num_images: int
+    classes: list[str]
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    storage_size: int = 0
+
+
+_Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]
+_parent_pid: int | None = None
+
+
+def _init_worker(parent_pid: int | None) -> None:
+    """Decode workers die with their parent: SIGKILL when it dies (Linux), default SIGTERM, no SIGINT.
+
+    ``parent_pid`` is the converter's pid when the worker was forked from it (else ``None``: the parent
+    is a fork server or the spawning process, read here).
+    """
+    global _parent_pid
+    expected = os.getppid() if parent_pid is None else parent_pid
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() must end a worker at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the converter, which stops the workers
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != expected:  # the parent died before prctl took effect
+        os._exit(1)
+    _parent_pid = expected
+
+
+def _decode_block(job: tuple[list[str], int, bool]) -> _Block:
+    """Decode a block of images onto canvases (in a worker); failures come back as (position, path, reason)."""
+    from lightning_gpuopt.data.folder import load_canvas
+
+    paths, storage_size, keep_going = job
+    if _parent_pid is not None and os.getppid() != _parent_pid:
+        os._exit(1)  # orphaned: nobody will read the result
+    canvases = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
+    metas = np.zeros((len(paths), 3), dtype=np.int32)
+    errors: list[tuple[int, str, str]] = []
+    for j, path in enumerate(paths):
+        try:
+            _, metas[j] = load_canvas(path, storage_size, out=canvases[j])
+        except ValueError as err:  # load_canvas reports every unreadable file as ValueError
+            cause = err.__cause__ or err
+            errors.append((j, path, f"{type(cause).__name__}: {cause}"))
+            if not keep_going:
+                break
+    return canvases, metas, errors
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temps(dest: Path) -> None:
+    """Remove ``DEST.tmp-<pid>`` left by conversions that were killed (their process no longer exists)."""
+    for tmp in dest.parent.glob(dest.name + ".tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
+    """A decode worker: take ``(index, job)`` from ``tasks`` until ``None``, put ``(index, block)``."""
+    _init_worker(parent_pid)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        index, job = task
+        results.put((index, _decode_block(job)))
+
+
+class _Decoder:
+    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight (bounded memory).
+
+    A worker that dies (killed, or crashed inside an image library) is noticed within half a second and
+    raises instead of leaving the conversion waiting; ``close(abort=True)`` terminates the workers at once
+    (an error, Ctrl-C or SIGTERM in the converter).
+    """
+
+    def __init__(self, jobs: list[tuple[list[str], int, bool]], workers: int) -> None:
+        self.jobs = jobs
+        self.window = 2 * workers
+        self.procs: list[Any] = []
+        if workers > 1:
+            ctx = multiprocessing.get_context()
+            parent = os.getpid() if ctx.get_start_method() == "fork" else None
+            self.tasks, self.results = ctx.Queue(), ctx.Queue()
+            for _ in range(workers):
+                proc = ctx.Process(target=_worker_loop, args=(self.tasks, self.results, parent), daemon=True)
+                proc.start()
+                self.procs.append(proc)
+
+    def blocks(self) -> Iterator[_Block]:
+        if not self.procs:
+            for job in self.jobs:
+                yield _decode_block(job)
+            return
+        submitted = 0
+        arrived: dict[int, _Block] = {}
+        for index in range(len(self.jobs)):
+            while submitted < min(len(self.jobs), index + self.window):
+                self.tasks.put((submitted, self.jobs[submitted]))
+                submitted += 1
+            while index not in arrived:
+                try:
+                    got, block = self.results.get(timeout=0.5)
+                except queue.Empty:
+                    got = None
+                if got is None:
+                    self._check_workers()
+                    continue
+                arrived[got] = block
+            yield arrived.pop(index)
+
+    def _check_workers(self) -> None:
+        for proc in self.procs:
+            if proc.exitcode is not None:
+                raise RuntimeError(
+                    f"a decode worker (pid {proc.pid}) died with exit code {proc.exitcode} (killed, out of "
+                    "memory, or crashed in an image library); convert again with workers=1 to find the image"
+                )
+
+    def close(self, abort: bool) -> None:
+        if not self.procs:
+            return
+        if not abort:
+            for _ in self.procs:
+                self.tasks.put(None)
+        for proc in self.procs:
+            if abort:
+                proc.terminate()
+            proc.join(timeout=None if not abort else 5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for q in (self.tasks, self.results):
+            q.close()
+            q.cancel_join_thread()  # an aborted conversion does not wait for queued blocks to flush
+        self.procs = []
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during a conversion (raised in the main thread so the temporary file is removed)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """Turn SIGTERM into ``_Terminated`` while converting, when SIGTERM would otherwise kill us uncleanly.
+
+    Only from the main thread and only where SIGTERM has its default action (an application's own handler
+    is left alone). After the cleanup the signal is delivered again with its default action, so the
+    process still ends as killed by SIGTERM.
+    """
+    install = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    )
+    if not install:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _check_names(names: Sequence[str], what: str, root: Path) -> None:
+    """Refuse names the store cannot keep as UTF-8 text (file names that are not UTF-8 bytes)."""
+    for name in names:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(name)
+            raise ValueError(
+                f"{what} {raw!r} under {str(root)!r} is not valid UTF-8 and cannot be stored; rename it "
+                "(e.g. `convmv -f latin1 -t utf8 --notest -r SRC`) and convert again"
+            ) from None
+
+
+def _destination(out: str | os.PathLike[str], overwrite: bool) -> tuple[Path, Path]:
+    """``(out, the file to write)``: a symbolic link's target is replaced in its own folder, the link kept."""
+    out_path = Path(out).expanduser()
+    dest = Path(os.path.realpath(out_path)) if out_path.is_symlink() else out_path
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(
+            f"output folder {str(dest.parent)!r} does not exist; create it first (mkdir -p)"
+        )
+    if dest.is_dir():
+        raise ValueError(f"output {str(out_path)!r} is a folder; give a file name such as train.h5")
+    if dest.exists() and not overwrite:
+        raise ValueError(
+            f"output {str(out_path)!r} already exists; pass overwrite=True (--overwrite) or another name"
+        )
+    return out_path, dest
+
+
+def _check_free_space(dest: Path, needed: int) -> None:
+    """Refuse before decoding when the store cannot fit: free space, and the file size limit (ulimit -f)."""
+    free = shutil.disk_usage(dest.parent).free
+    if free < needed:
+        raise OSError(
+            f"not enough free space for {str(dest)!r}: the store needs about {needed:,} bytes, "
+            f"{free:,} are free on its filesystem; free some space or write it elsewhere"
+        )
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):  # not on this platform
+        return
+    if limit != resource.RLIM_INFINITY and limit < needed:
+        raise OSError(
+            f"{str(dest)!r} would be about {needed:,} bytes but this process may write files of at most "
+            f"{limit:,} bytes (ulimit -f); raise the limit"
+        )
+
+
+def _create_temp(tmp: Path, dest: Path) -> None:
+    """Create the temporary file now, so a read-only or full destination fails before any decoding."""
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as err:
+        raise type(err)(
+            err.errno,
+            f"cannot create files in {str(dest.parent)!r} ({err.strerror}); choose an output in a writable folder",
+        ) from None
+    os.close(fd)
+
+
+def _store_bytes(num_images: int, storage_size: int, names: Sequence[str] = ()) -> int:
+    """Bytes a store of ``num_images`` images at ``storage_size`` takes on disk (an upper estimate)."""
+    ch, cw = layout.canvas_shape(storage_size)
+    names_bytes = sum(len(n.encode("utf-8", "surrogateescape")) + 16 for n in names)
+    return num_images * (ch * cw * 3 + _PER_IMAGE_OVERHEAD) + names_bytes + (1 << 20)
+
+
+def convert_folder_to_hdf5(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    storage_size: int = 256,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    on_corrupt: str = "raise",
+    overwrite: bool = False,
+) -> ConversionResult:
+    """Convert a class-per-subfolder image folder into a uint8 HDF5 store of whole images.
+
+    Each image is decoded, resized like torchvision's ``Resize(storage_size)`` and kept whole on a
+    ``storage_size x ceil(1.5 * storage_size)`` canvas (``folder.load_canvas``, ``data.layout``);
+    at 256 that is 294,912 bytes an image. Images are decoded in worker processes and written in order
+    as they arrive (at most ``2 * workers`` blocks of 32 in memory).
+
+    Before any decoding the folder is scanned, every file name is checked to be storable (UTF-8), the
+    destination is checked to be writable and to have room for the whole store. The file is written as
+    ``OUT.tmp-<pid>`` beside ``OUT`` (beside a symbolic link's target, which is replaced and the link
+    kept) and renamed over it only when complete. On an error, Ctrl-C or SIGTERM the decode workers are
+    stopped and the temporary file removed; decode workers also die with a killed converter (Linux), and
+    temporary files of killed conversions are removed by the next conversion to the same ``OUT``.
+
+    Args:
+        src: folder laid out as ``src/<class>/<image>``.
+        out: the ``.h5`` file to write; its folder must exist.
+        storage_size: shorter side of the stored images in pixels (256 for 224 training crops).
+        workers: decode processes (default: the CPUs this process may use; 0 or 1 decodes in this process).
+        progress: show a progress bar on stderr.
+        on_corrupt: ``"raise"`` (default) raises ``CorruptImageError`` (a ``ValueError``) naming the first
+            unreadable image; ``"skip"`` leaves unreadable images out and lists them in the store and
+            the result.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``ConversionResult`` (path, number of images, classes, skipped files, seconds, storage size).
+
+    Raises:
+        FileNotFoundError: ``src`` or the folder of ``out`` does not exist.
+        ValueError: bad arguments, ``out`` exists without ``overwrite``, an empty or invalid ``src``, a
+            file name that is not UTF-8, or an unreadable image with ``on_corrupt="raise"``.
+        OSError: the destination is read-only or lacks the space (before decoding), or writing failed.
+        KeyboardInterrupt: re-raised after the workers are stopped and the temporary file removed.
+
+    Example:
+        >>> convert_folder_to_hdf5("data/train", "train_256.h5", storage_size=256)  # doctest: +SKIP
+    """
+    from lightning_gpuopt.data.folder import ON_CORRUPT, scan_image_folder
+
+    h5py = require("h5py")
+    t_start = time.perf_counter()
+    layout.canvas_shape(storage_size)  # validates storage_size
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
+    src_path = Path(src).expanduser()
+    out_path, dest = _destination(out, overwrite)
+    classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder
+    paths = [p for p, _ in samples]
+    rel = [os.path.relpath(p, src_path).replace(os.sep, "/") for p in paths]
+    _check_names(classes, "class folder", src_path)
+    _check_names(rel, "image file", src_path)
+    n = len(samples)
+    labels = np.fromiter((lbl for _, lbl in samples), dtype=np.int64, count=n)
+    keep_going = on_corrupt == "skip"
+    jobs = [(paths[i : i + _BLOCK_IMAGES], storage_size, keep_going) for i in range(0, n, _BLOCK_IMAGES)]
+    workers = available_cpus() if workers is None else workers
+    workers = max(1, min(workers, len(jobs)))
+
+    _remove_stale_temps(dest)
+    _check_free_space(dest, _store_bytes(n, storage_size, rel))
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    decoder: _Decoder | None = None
+    writer: _StoreWriter | None = None
+    bar = None
+    with _sigterm_cleans_up():
+        try:
+            _create_temp(tmp, dest)
+            # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
+            decoder = _Decoder(jobs, workers)
+            writer = _StoreWriter(h5py, tmp, classes, rel, labels, storage_size, os.path.abspath(src_path))
+            from tqdm.auto import tqdm
+
+            bar = tqdm(
+                total=n, unit="img", desc=f"convert {src_path.name}", disable=not progress, file=sys.stderr
+            )
+            keep, skipped = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
+            if writer.written == 0:
+                raise ValueError(f"no readable images in {str(src_path)!r} ({len(skipped)} skipped)")
+            decoder.close(abort=False)
+            writer.finish(keep, skipped)
+            os.replace(tmp, dest)
+        except BaseException:
+            if decoder is not None:
+                decoder.close(abort=True)
+            if writer is not None:
+                writer.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    elapsed = time.perf_counter() - t_start
+    return ConversionResult(out_path, writer.written, list(classes), skipped, elapsed, storage_size)
+
+
+class _StoreWriter:
+    """Writes a store into ``tmp``.
+
+    HDF5 lays the file out first, with every image chunk and ``meta`` allocated (not filled); pixels and
+    ``meta`` are then written with plain ``pwrite`` at their byte offsets, so HDF5 itself writes nothing
+    once decoding has started. A write that fails (full disk, I/O error) is then an ``OSError`` naming the
+    file, never a half-flushed HDF5 file the library cannot close (it crashes at interpreter exit). Only
+    when images were skipped does a last, small HDF5 pass shorten the datasets.
+    """
+
+    def __init__(
+        self,
+        h5py: Any,
+        tmp: Path,
+        classes: list[str],
+        rel: list[str],
+        labels: np.ndarray,
+        storage_size: int,
+        source: str,
+    ) -> None:
+        self.h5py, self.tmp, self.rel, self.labels = h5py, tmp, rel, labels
+        n = len(rel)
+        ch, cw = layout.canvas_shape(storage_size)
+        self.image_bytes = ch * cw * 3
+        self.meta = np.zeros((n, 3), dtype=np.int32)
+        self.written = 0
+        str_dt = h5py.string_dtype("utf-8")
+        with h5py.File(tmp, "w") as f:
+            images = f.create_dataset(
+                "images",
+                shape=(n, ch, cw, 3),
+                maxshape=(None, ch, cw, 3),
+                dtype=np.uint8,
+                chunks=(1, ch, cw, 3),
+                dcpl=self._allocated(),
+            )
+            meta = f.create_dataset("meta", shape=(n, 3), dtype=np.int32, dcpl=self._allocated())
+            self.offsets = chunk_offsets(images)
+            self.meta_offset = int(meta.id.get_offset())
+            f.create_dataset("labels", data=labels)
+            f.create_dataset("classes", data=np.array(classes, dtype=object), dtype=str_dt)
+            f.create_dataset("files", data=np.array(rel, dtype=object), dtype=str_dt)
+            f.create_dataset("skipped_files", shape=(0,), dtype=str_dt)
+            f.create_dataset("chunk_offsets", data=self.offsets)
+            f.attrs.update(
+                {
+                    "format": FORMAT,
+                    "format_version": FORMAT_VERSION,
+                    "layout_version": LAYOUT_VERSION,
+                    "storage_size": storage_size,
+                    "max_aspect": layout.MAX_ASPECT,
+                    "resize": RESIZE_DOC,
+                    "uuid": uuid.uuid4().hex,
+                    "num_skipped": 0,
+                    "source": source,
+                }
+            )
+        if int(self.offsets.min()) < 0:
+            raise RuntimeError(f"HDF5 did not allocate every image chunk of {str(tmp)!r}; please report this")
+        self.fd: int | None = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def _allocated(self) -> Any:
+        """Dataset creation properties: space allocated when created, never filled (written by us)."""
+        dcpl = self.h5py.h5p.create(self.h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(self.h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(self.h5py.h5d.FILL_TIME_NEVER)
+        return dcpl
+
+    def _pwrite(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        try:
+            while view:
+                done = os.pwrite(self.fd, view, offset)  # type: ignore[arg-type]
+                view, offset = view[done:], offset + done
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"writing {str(self.tmp)!r} failed ({err.strerror}); the output was not written "
+                "(check free space and quotas)",
+            ) from err
+
+    def add(self, canvases: np.ndarray, metas: np.ndarray) -> None:
+        """Append decoded images (in order)."""
+        for canvas, meta in zip(canvases, metas, strict=True):
+            self._pwrite(np.ascontiguousarray(canvas), int(self.offsets[self.written]))
+            self.meta[self.written] = meta
+            self.written += 1
+
+    def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
+        """Write ``meta`` (and shorten the store when images were skipped), then make the file durable."""
+        w = self.written
+        if not skipped:
+            self._pwrite(self.meta, self.meta_offset)
+        self.close()
+        if skipped:
+            str_dt = self.h5py.string_dtype("utf-8")
+            kept_names = np.array([r for r, k in zip(self.rel, keep, strict=True) if k], dtype=object)
+            with self.h5py.File(self.tmp, "r+") as f:
+                f["images"].resize(w, axis=0)
+                for name, data, dtype in (
+                    ("meta", self.meta[:w], None),
+                    ("labels", self.labels[keep], None),
+                    ("files", kept_names, str_dt),
+                    ("skipped_files", np.array(skipped, dtype=object), str_dt),
+                    ("chunk_offsets", self.offsets[:w], None),
+                ):
+                    del f[name]
+                    f.create_dataset(name, data=data, dtype=dtype)
+                f.attrs["num_skipped"] = len(skipped)
+        with open(self.tmp, "rb") as fh:  # durable before it becomes visible under its final name
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _write_blocks(
+    writer: _StoreWriter, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
+) -> tuple[np.ndarray, list[str]]:
+    """Write decoded blocks in order; returns ``(kept mask, skipped files)``."""
+    keep = np.ones(len(writer.rel), dtype=bool)
+    skipped: list[str] = []
+    for b, (canvases, metas, errors) in enumerate(blocks):
+        start = b * _BLOCK_IMAGES
+        bad = set()
+        for j, path, reason in errors:
+            if not keep_going:
+                raise CorruptImageError(path, reason)
+            bad.add(j)
+            keep[start + j] = False
+            skipped.append(writer.rel[start + j])
+        good = [j for j in range(len(canvases)) if j not in bad]
+        writer.add(canvases[good], metas[good])
+        advance(len(canvases))
+    return keep, skipped
+
+
+def chunk_offsets(dset: Any) -> np.ndarray:
+    """Byte offset in the file of every chunk of ``dset`` (one image a chunk: index = image)."""
+    offsets = np.full(dset.shape[0], -1, dtype=np.int64)
+    dsid = dset.id
+    if hasattr(dsid, "chunk_iter"):  # HDF5 >= 1.14 (h5py >= 3.8): one pass over the chunk index
+
+        def visit(info: Any) -> None:
+            offsets[info.chunk_offset[0]] = info.byte_offset
+
+        dsid.chunk_iter(visit)
+    else:
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            offsets[info.chunk_offset[0]] = info.byte_offset
+    return offsets

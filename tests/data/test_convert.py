@@ -1,0 +1,382 @@
+"""convert_folder_to_hdf5 / `lightning-gpuopt convert`: whole images on the canvas, and its failure modes."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+h5py = pytest.importorskip("h5py")
+
+from lightning_gpuopt.cli import main as cli_main  # noqa: E402
+from lightning_gpuopt.data import folder as folder_mod  # noqa: E402
+from lightning_gpuopt.data import layout  # noqa: E402
+from lightning_gpuopt.data.convert import CorruptImageError, convert_folder_to_hdf5  # noqa: E402
+from lightning_gpuopt.data.folder import load_canvas, scan_image_folder  # noqa: E402
+from lightning_gpuopt.data.hdf5 import FORMAT, HDF5ImageDataset  # noqa: E402
+from tests.data._images import grey16_as_rgb8, mad, save, save_grey16, smooth_rgb, tv_resize  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _region(canvas: np.ndarray, meta: np.ndarray) -> np.ndarray:
+    """The stored image in its own orientation."""
+    h, w, transposed = meta.tolist()
+    region = canvas[:h, :w]
+    return region.transpose(1, 0, 2) if transposed else region
+
+
+def test_store_holds_torchvision_resize_of_whole_images(tmp_path):
+    src = tmp_path / "src"
+    files = {
+        "a/landscape.png": smooth_rgb(60, 80, 0),
+        "a/portrait.png": smooth_rgb(90, 61, 1),
+        "a/square.png": smooth_rgb(50, 50, 2),
+        "b/panorama.png": smooth_rgb(30, 100, 3),  # longer than the canvas: shrunk until it fits
+        "b/large.jpg": smooth_rgb(600, 800, 4),  # decoded at a reduced DCT scale first
+        "b/tiny.png": smooth_rgb(12, 16, 5),  # upscaled, as torchvision does
+    }
+    for rel, arr in files.items():
+        save(arr, src / rel, **({"quality": 95} if rel.endswith(".jpg") else {}))
+    save_grey16(40, 64, src / "b" / "grey16.png")
+    out = tmp_path / "s.h5"
+    res = convert_folder_to_hdf5(src, out, 32, workers=2, progress=False)
+    assert res.num_images == 7 and res.classes == ["a", "b"] and res.storage_size == 32
+    ds = HDF5ImageDataset(out)
+    assert ds.image_shape == (32, 48, 3) and ds.storage_size == 32
+    _, samples = scan_image_folder(src)
+    assert ds.files() == [os.path.relpath(p, src) for p, _ in samples]
+    attrs = ds.attrs()
+    assert attrs["format"] == FORMAT and attrs["format_version"] == 2 and attrs["storage_size"] == 32
+    checked = 0
+    for i, rel in enumerate(ds.files()):
+        canvas, label, meta = ds[i]
+        assert label == (0 if rel.startswith("a/") else 1)
+        original = grey16_as_rgb8(src / rel) if "grey16" in rel else Image.open(src / rel).convert("RGB")
+        w, h = original.size
+        if max(w, h) / min(w, h) <= layout.MAX_ASPECT:
+            ref = np.asarray(tv_resize(original, 32))
+        else:  # the canvas rule: long side = canvas width, short side in proportion
+            long_side = layout.canvas_shape(32)[1]
+            short_side = int(long_side * min(w, h) / max(w, h))
+            size = (long_side, short_side) if w > h else (short_side, long_side)
+            ref = np.asarray(original.resize(size, Image.Resampling.BILINEAR))
+        region = _region(canvas, meta)
+        assert region.shape == ref.shape, rel
+        assert mad(region, ref) <= 2.0, rel
+        assert meta[2] == (h > w)  # portraits are stored transposed
+        outside = canvas.copy()
+        outside[: meta[0], : meta[1]] = 0
+        assert not outside.any()  # nothing outside the image's region
+        checked += 1
+    assert checked == 7
+
+
+def _copy_with_corrupt(tmp_path, jpeg_folder):
+    root = tmp_path / "src"
+    shutil.copytree(jpeg_folder, root)
+    (root / "class_01" / "img_000010.jpg").write_bytes(b"this is not a jpeg")
+    return root
+
+
+def test_corrupt_image_named_and_no_output(jpeg_folder, tmp_path):
+    root = _copy_with_corrupt(tmp_path, jpeg_folder)
+    out = tmp_path / "o.h5"
+    with pytest.raises(CorruptImageError, match=r"img_000010\.jpg.*on_corrupt='skip'"):
+        convert_folder_to_hdf5(root, out, 8, workers=2, progress=False)
+    assert not out.exists() and not list(tmp_path.glob("o.h5.tmp-*"))
+
+
+def test_corrupt_image_skipped_and_listed(jpeg_folder, tmp_path):
+    root = _copy_with_corrupt(tmp_path, jpeg_folder)
+    res = convert_folder_to_hdf5(root, tmp_path / "o.h5", 8, workers=2, on_corrupt="skip", progress=False)
+    assert res.skipped == ["class_01/img_000010.jpg"] and res.num_images == 47
+    ds = HDF5ImageDataset(tmp_path / "o.h5")
+    assert len(ds) == 47 and ds.attrs()["num_skipped"] == 1
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        assert [s.decode() for s in f["skipped_files"][()]] == res.skipped
+    _, samples = scan_image_folder(root)
+    by_rel = {os.path.relpath(p, root): (p, lbl) for p, lbl in samples}
+    for i, rel in enumerate(ds.files()):  # labels and meta still line up with their files after the gap
+        path, label = by_rel[rel]
+        canvas, got, meta = ds[i]
+        assert got == label
+        expected, expected_meta = load_canvas(path, 8)
+        np.testing.assert_array_equal(canvas, expected)
+        np.testing.assert_array_equal(meta, expected_meta)
+
+
+def test_converter_validates_inputs(jpeg_folder, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        convert_folder_to_hdf5(tmp_path / "nope", tmp_path / "o.h5", progress=False)
+    with pytest.raises(FileNotFoundError, match=r"output folder .*nodir.* does not exist"):
+        convert_folder_to_hdf5(jpeg_folder, tmp_path / "nodir" / "o.h5", progress=False)
+    for bad in (0, 12.5, "256"):
+        with pytest.raises(ValueError, match="storage_size"):
+            convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", bad, progress=False)
+    (tmp_path / "o.h5").write_bytes(b"keep me")
+    with pytest.raises(ValueError, match=r"already exists.*overwrite"):
+        convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", 8, progress=False)
+    assert (tmp_path / "o.h5").read_bytes() == b"keep me"
+    convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", 8, overwrite=True, workers=1, progress=False)
+    assert len(HDF5ImageDataset(tmp_path / "o.h5")) == 48
+
+
+def _no_decoding(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("decoding started before the check")
+
+    monkeypatch.setattr(folder_mod, "load_canvas", refuse)
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_before_decoding(jpeg_folder, tmp_path, monkeypatch):
+    root = tmp_path / "src"
+    shutil.copytree(jpeg_folder, root)
+    raw = os.path.join(os.fsencode(root / "class_02"), b"caf\xe9.jpg")
+    shutil.copyfile(os.fsencode(root / "class_02" / "img_000002.jpg"), raw)
+    _no_decoding(monkeypatch)
+    with pytest.raises(ValueError, match=r"caf\\xe9\.jpg.* not valid UTF-8.*rename"):
+        convert_folder_to_hdf5(root, tmp_path / "o.h5", 8, workers=1, progress=False)
+    assert not list(tmp_path.glob("o.h5*"))
+
+
+def test_free_space_is_checked_before_decoding(jpeg_folder, tmp_path, monkeypatch):
+    _no_decoding(monkeypatch)
+    real = shutil.disk_usage
+
+    def nearly_full(path):
+        return real(path)._replace(free=100_000)
+
+    monkeypatch.setattr(shutil, "disk_usage", nearly_full)
+    with pytest.raises(OSError, match=r"o\.h5.* needs about ([\d,]+) bytes, 100,000 are free") as info:
+        convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", 64, workers=1, progress=False)
+    needed = int(re.search(r"about ([\d,]+) bytes", str(info.value)).group(1).replace(",", ""))
+    assert 48 * 64 * 96 * 3 < needed < 48 * 64 * 96 * 3 + (2 << 20)  # the canvases and a little more
+    assert not list(tmp_path.glob("o.h5*"))
+
+
+_LIMITED = """
+import errno, os, resource, signal, sys
+from lightning_gpuopt.data import convert
+from lightning_gpuopt.data import folder
+folder.load_canvas = lambda *a, _real=folder.load_canvas, **k: print("DECODED") or _real(*a, **k)
+if sys.argv[3] == "ulimit":
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+else:  # the disk fills up after the first images were written
+    real, calls = os.pwrite, []
+    def pwrite(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, offset)
+    os.pwrite = pwrite
+try:
+    convert.convert_folder_to_hdf5(sys.argv[1], sys.argv[2], 32, workers=1, progress=False)
+except OSError as err:
+    print(f"OSError: {err}")
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("failure", ["ulimit", "disk full midway"])
+def test_write_failures_are_clean_errors(jpeg_folder, tmp_path, failure):
+    out = tmp_path / "o.h5"
+    res = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(jpeg_folder), str(out), failure.split()[0]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert res.returncode == 3, res.stdout + res.stderr  # an exception, not a crash at exit
+    if failure == "ulimit":  # known before decoding
+        assert "ulimit -f" in res.stdout and "o.h5" in res.stdout and "DECODED" not in res.stdout
+    else:
+        assert "writing" in res.stdout and "o.h5.tmp-" in res.stdout and "No space left" in res.stdout
+        assert "DECODED" in res.stdout
+    assert not list(tmp_path.glob("o.h5*"))
+
+
+def test_convert_onto_a_symlink_replaces_its_target(jpeg_folder, tmp_path):
+    real_dir = tmp_path / "stores"
+    real_dir.mkdir()
+    target = real_dir / "train_v1.h5"
+    convert_folder_to_hdf5(jpeg_folder, target, 8, workers=1, progress=False)
+    link = tmp_path / "train.h5"
+    link.symlink_to(target)
+    first = HDF5ImageDataset(link).uuid
+    convert_folder_to_hdf5(jpeg_folder, link, 12, workers=1, progress=False, overwrite=True)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert HDF5ImageDataset(target).storage_size == 12 and HDF5ImageDataset(target).uuid != first
+    assert not list(tmp_path.glob("*.tmp-*")) and not list(real_dir.glob("*.tmp-*"))
+
+
+def test_a_read_only_destination_fails_before_decoding(jpeg_folder, tmp_path, monkeypatch):
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    if os.geteuid() == 0:  # root ignores permission bits, not the immutable attribute
+        if subprocess.run(["chattr", "+i", str(readonly)], capture_output=True).returncode != 0:
+            pytest.skip("running as root and chattr +i is unavailable here")
+    else:
+        readonly.chmod(0o555)
+    _no_decoding(monkeypatch)
+    try:
+        with pytest.raises(PermissionError, match=r"cannot create files in .*readonly.*writable folder"):
+            convert_folder_to_hdf5(jpeg_folder, readonly / "o.h5", 8, workers=2, progress=False)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(readonly)], check=True)
+        readonly.chmod(0o755)
+    assert not list(readonly.iterdir())
+
+
+def test_cli_convert(jpeg_folder, tmp_path, capsys):
+    out = tmp_path / "cli.h5"
+    argv = ["convert", str(jpeg_folder), str(out), "--size", "12", "--workers", "1", "--no-progress"]
+    assert cli_main(argv) == 0
+    assert "48 images, stored at 12 px" in capsys.readouterr().out
+    assert HDF5ImageDataset(out).image_shape == (12, 18, 3)
+    assert cli_main(argv) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli_main([*argv, "--overwrite"]) == 0
+
+
+def test_cli_decode_error_suggests_the_flag(jpeg_folder, tmp_path, capsys):
+    root = _copy_with_corrupt(tmp_path, jpeg_folder)
+    assert cli_main(["convert", str(root), str(tmp_path / "o.h5"), "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "img_000010.jpg" in err and "--on-corrupt skip" in err and "on_corrupt=" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+# -- signals: a conversion held mid-way by a FIFO among the images (its decode blocks until written) --
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def _wait_until(check, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class _HeldConversion:
+    """``convert`` in a subprocess with two decode workers, one of them blocked on a FIFO."""
+
+    def __init__(self, tmp_path: Path, jpeg_folder: Path, cli: bool = False) -> None:
+        self.src = Path(shutil.copytree(jpeg_folder, tmp_path / "src"))
+        os.mkfifo(self.src / "class_00" / "aaa_blocks.jpg")
+        self.out = tmp_path / "o.h5"
+        if cli:
+            cmd = [sys.executable, "-m", "lightning_gpuopt", "convert", str(self.src), str(self.out)]
+            cmd += ["--size", "16", "--workers", "2", "--no-progress"]
+        else:
+            script = (
+                "import sys\nfrom lightning_gpuopt.data.convert import convert_folder_to_hdf5\n"
+                "convert_folder_to_hdf5(sys.argv[1], sys.argv[2], 16, workers=2, progress=False)\n"
+            )
+            cmd = [sys.executable, "-c", script, str(self.src), str(self.out)]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        self.workers: list[int] = []
+        started = _wait_until(
+            lambda: bool(list(tmp_path.glob("o.h5.tmp-*"))) and len(_children(self.proc.pid)) >= 2
+        )
+        self.workers = _children(self.proc.pid)
+        assert started and self.proc.poll() is None, "the conversion did not start"
+        time.sleep(0.3)  # the other worker decodes the rest; the converter waits for the blocked block
+
+    def finish(self) -> tuple[int, str]:
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        for pid in self.workers:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_leaves_no_worker_and_the_next_run_removes_the_temp(jpeg_folder, tmp_path):
+    held = _HeldConversion(tmp_path, jpeg_folder)
+    try:
+        (tmp,) = tmp_path.glob("o.h5.tmp-*")
+        held.proc.send_signal(signal.SIGKILL)
+        held.finish()
+        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10), (
+            "a decode worker survived"
+        )
+        assert tmp.exists() and not held.out.exists()  # SIGKILL allows no cleanup ...
+    finally:
+        held.cleanup()
+    (held.src / "class_00" / "aaa_blocks.jpg").unlink()
+    convert_folder_to_hdf5(held.src, held.out, 8, workers=1, progress=False)
+    assert not tmp.exists() and len(HDF5ImageDataset(held.out)) == 48  # ... the next run removes it
+
+
+def test_sigterm_stops_the_workers_and_removes_the_temp(jpeg_folder, tmp_path):
+    held = _HeldConversion(tmp_path, jpeg_folder)
+    try:
+        held.proc.send_signal(signal.SIGTERM)
+        code, _ = held.finish()
+        assert code == -signal.SIGTERM  # still ends as killed by SIGTERM, after cleaning up
+        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10)
+        assert not list(tmp_path.glob("o.h5*"))
+    finally:
+        held.cleanup()
+
+
+def test_ctrl_c_in_the_cli_stops_the_workers_and_prints_one_line(jpeg_folder, tmp_path):
+    held = _HeldConversion(tmp_path, jpeg_folder, cli=True)
+    try:
+        held.proc.send_signal(signal.SIGINT)
+        code, err = held.finish()
+        assert code == 130 and "interrupted" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10)
+        assert not list(tmp_path.glob("o.h5*"))
+    finally:
+        held.cleanup()
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(jpeg_folder, tmp_path):
+    held = _HeldConversion(tmp_path, jpeg_folder)
+    try:
+        for pid in held.workers:
+            os.kill(pid, signal.SIGKILL)
+        code, err = held.finish()
+        assert code == 1 and "decode worker" in err and "died" in err
+        assert not list(tmp_path.glob("o.h5*"))
+    finally:
+        held.cleanup()
