@@ -176,13 +176,13 @@ class OptimizedDataModule(pl.LightningDataModule):
         check_arg(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "a positive int")
         cap = MAX_WORKERS_PER_CPU * available_cpus()
         check_arg(
-            num_workers == "auto" or (is_int(num_workers) and num_workers >= 0),
+            num_workers == "auto" or (is_int(num_workers) and int(num_workers) >= 0),
             "num_workers",
             num_workers,
             "'auto' or an int >= 0",
         )
         check_arg(
-            num_workers == "auto" or num_workers <= cap,  # type: ignore[operator]
+            not is_int(num_workers) or int(num_workers) <= cap,
             "num_workers",
             num_workers,
             f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",

@@ -107,14 +107,18 @@ class UInt8Collate:
             meta = np.stack([np.asarray(s[2]) for s in batch]).astype(np.int32, casting="same_kind")
         except (ValueError, TypeError) as err:
             raise self._fail(f"meta must be int (h, w, transposed) per sample ({err})") from err
-        h, w, t = (meta[:, i] for i in range(3)) if meta.shape == (n, 3) else (None, None, None)
-        if h is None or (h < 1).any() or (h > shape[0]).any() or (w < 1).any() or (w > shape[1]).any():
+        valid = meta.shape == (n, 3)
+        if valid:
+            h, w = meta[:, 0], meta[:, 1]
+            valid = bool(((h >= 1) & (h <= shape[0]) & (w >= 1) & (w <= shape[1])).all())
+        if not valid:
             raise self._fail(
                 f"meta must be (h, w, transposed) with 1 <= h <= {shape[0]} and 1 <= w <= {shape[1]} "
                 f"(the valid region of the canvas), got {meta.tolist()[:2]}..."
             )
-        if not np.isin(t, (0, 1)).all():
-            raise self._fail(f"meta's transposed flag must be 0 or 1, got {sorted(set(t.tolist()))}")
+        flags = meta[:, 2]
+        if not np.isin(flags, (0, 1)).all():
+            raise self._fail(f"meta's transposed flag must be 0 or 1, got {sorted(set(flags.tolist()))}")
         return torch.from_numpy(meta)
 
 

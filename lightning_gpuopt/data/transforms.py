@@ -275,8 +275,8 @@ def check_mean_std(mean: object, std: object) -> tuple[tuple[float, ...], tuple[
             f"e.g. {name}={IMAGENET_MEAN if name == 'mean' else IMAGENET_STD} (ImageNet, the default)",
             error=TypeError,
         )
-    m = tuple(float(v) for v in mean)  # type: ignore[union-attr]
-    s = tuple(float(v) for v in std)  # type: ignore[union-attr]
+    m = tuple(float(v) for v in mean)  # type: ignore[attr-defined]
+    s = tuple(float(v) for v in std)  # type: ignore[attr-defined]
     check_arg(
         len(m) == len(s) and len(m) in (1, 3, 4), "mean/std", (m, s), "one value per channel (1, 3 or 4)"
     )

@@ -1,5 +1,7 @@
 import json
+import os
 import pickle
+import time
 
 import lightning.pytorch as pl
 import numpy as np
@@ -8,20 +10,18 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
-from lightning_gpuopt.data.datamodule import OptimizedDataModule, UInt8Collate
+from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.data import datamodule as datamodule_module
+from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
+from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate
+from lightning_gpuopt.data.transforms import AugmentConfig
+from lightning_gpuopt.data.tuning import TuningConfig
 from tests._ddp import CloseProcessGroup
+from tests._lightning import quiet_trainer
 
 
 def _trainer(**kw):
-    args = dict(
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-    args.update(kw)
-    return pl.Trainer(**args)
+    return quiet_trainer(**{"accelerator": "cpu", **kw})
 
 
 class IndexDataset(Dataset):
@@ -29,6 +29,7 @@ class IndexDataset(Dataset):
 
     def __init__(self, n=32, size=12, channels_first=False, dtype=np.uint8):
         self.n, self.size, self.channels_first, self.dtype = n, size, channels_first, dtype
+        self.closed = 0
 
     def __len__(self):
         return self.n
@@ -38,6 +39,9 @@ class IndexDataset(Dataset):
         if self.channels_first:
             img = img.transpose(2, 0, 1)
         return img, i
+
+    def close(self):
+        self.closed += 1
 
 
 class IndexData(OptimizedDataModule):
@@ -55,14 +59,17 @@ class IndexData(OptimizedDataModule):
 class Recorder(pl.LightningModule):
     """Records the labels and the batch layout it receives; writes them to ``out`` per rank."""
 
-    def __init__(self, out=None):
+    def __init__(self, out=None, fail_at_step=None):
         super().__init__()
         self.layer = torch.nn.Conv2d(3, 2, 1)
-        self.out = out
-        self.train_labels, self.val_labels, self.layouts = [], [], []
+        self.out, self.fail_at_step = out, fail_at_step
+        self.train_labels, self.val_labels, self.layouts, self.skip_dirs = [], [], [], []
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        self.skip_dirs.append(self.trainer.datamodule._skip_dir)
+        if batch_idx == self.fail_at_step:
+            raise RuntimeError("boom")
         self.layouts.append((tuple(x.shape), x.dtype, x.is_contiguous(memory_format=torch.channels_last)))
         self.train_labels += y.tolist()
         return self.layer(x).mean()
@@ -70,14 +77,26 @@ class Recorder(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         self.val_labels += batch[1].tolist()
 
+    def test_step(self, batch, batch_idx):
+        self.val_labels += batch[1].tolist()
+
     def on_fit_end(self):
         if self.out is not None:
+            info = self.trainer.train_dataloader.feed_info
             path = f"{self.out}/rank{self.global_rank}.json"
             with open(path, "w") as fh:
-                json.dump({"train": self.train_labels, "val": self.val_labels}, fh)
+                json.dump({"train": self.train_labels, "val": self.val_labels, "feed": info.to_dict()}, fh)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _folder(root, n, size=(10, 10)):
+    for i in range(n):
+        path = root / ("a" if i % 2 else "b") / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((size[1], size[0], 3), i % 256, np.uint8)).save(path)
+    return root
 
 
 def test_argument_errors(tmp_path, jpeg_folder):
@@ -85,22 +104,69 @@ def test_argument_errors(tmp_path, jpeg_folder):
         OptimizedDataModule(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="val_dir"):
         OptimizedDataModule(jpeg_folder, tmp_path / "missing")
-    with pytest.raises(ValueError, match="num_workers"):
+    with pytest.raises(ValueError, match=r"^num_workers must be 'auto' or an int >= 0, got -1"):
         OptimizedDataModule(jpeg_folder, num_workers=-1)
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ValueError, match=r"^backend must be one of"):
         OptimizedDataModule(jpeg_folder, backend="lmdb")
-    with pytest.raises(ValueError, match="storage_size"):
+    with pytest.raises(ValueError, match=r"^storage_size must be an int >= image_size"):
         OptimizedDataModule(jpeg_folder, image_size=64, storage_size=32)
     with pytest.raises(ValueError, match=r"\[0, 1\] units"):
         OptimizedDataModule(jpeg_folder, mean=(124, 116, 104), std=(58, 57, 57))
+    with pytest.raises(TypeError, match=r"^augment must be an AugmentConfig"):
+        OptimizedDataModule(jpeg_folder, augment={"scale": (0.1, 1.0)})
+    with pytest.raises(TypeError, match=r"^tuning must be None or TuningConfig"):
+        OptimizedDataModule(jpeg_folder, tuning={"budget_s": 3})
+    with pytest.raises(ValueError, match=r"^dali must be None unless backend='dali'"):
+        OptimizedDataModule(jpeg_folder, dali={"decoder": "cpu"})
     h5 = tmp_path / "train.h5"
     h5.write_bytes(b"")
     assert OptimizedDataModule(h5).backend == "hdf5"
     assert OptimizedDataModule(jpeg_folder).backend == "folder"
-    with pytest.raises(ValueError, match="both HDF5 files and folders"):
+    with pytest.raises(ValueError, match="mix HDF5 files and folders"):
         OptimizedDataModule(h5, jpeg_folder)
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match=r"^train_dir must be a folder"):
         OptimizedDataModule(h5, backend="folder")
+    dm = OptimizedDataModule(jpeg_folder, augment=False, tuning=TuningConfig(budget_s=3.0))
+    assert dm.augment is None and dm.tuning.budget_s == 3.0
+    assert OptimizedDataModule(jpeg_folder).augment == AugmentConfig()  # torchvision's defaults
+
+
+def test_too_many_workers_are_refused_with_the_fix(jpeg_folder):
+    cap = MAX_WORKERS_PER_CPU * available_cpus()
+    with pytest.raises(
+        ValueError, match=rf"^num_workers must be at most {MAX_WORKERS_PER_CPU} per CPU \({cap} .*'auto'"
+    ):
+        OptimizedDataModule(jpeg_folder, num_workers=10_000)
+    assert OptimizedDataModule(jpeg_folder, num_workers=cap).num_workers == cap
+
+
+def test_mean_given_by_name_is_a_type_error(jpeg_folder):
+    with pytest.raises(TypeError, match=r"^mean must be a sequence of numbers.*mean=\(0\.485"):
+        OptimizedDataModule(jpeg_folder, mean="imagenet")
+    with pytest.raises(TypeError, match=r"^std must be a sequence of numbers"):
+        OptimizedDataModule(jpeg_folder, std=0.5)
+
+
+def test_dali_cannot_skip_corrupt_images(jpeg_folder):
+    with pytest.raises(
+        ValueError, match=r"^on_corrupt must be 'raise' with backend='dali'.*backend='folder'"
+    ):
+        OptimizedDataModule(jpeg_folder, backend="dali", on_corrupt="skip")
+
+
+def test_dali_options_are_checked_when_the_datamodule_is_made(jpeg_folder):
+    # no DALI import needed: the keys and values are refused before any pipeline (or Trainer) exists
+    def make(kw):
+        return OptimizedDataModule(train_dir=jpeg_folder, backend="dali", dali=kw)
+
+    with pytest.raises(TypeError, match=r"unknown dali_kwargs key\(s\) \['decodr'\]"):
+        make({"decodr": "cpu"})
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        make({"decoder": "nvjpeg"})
+    with pytest.raises(TypeError, match=r"^dali must be None or DALIOptions"):
+        make("cpu")
+    dm = make({"decoder": "cpu", "num_threads": 4, "worker_nice": 5})
+    assert dm.dali_kwargs["decoder"] == "cpu"
 
 
 def test_folder_errors_surface_in_setup(tmp_path):
@@ -114,7 +180,9 @@ def test_folder_errors_surface_in_setup(tmp_path):
     with pytest.raises(ValueError, match=r"labels\.txt"):
         OptimizedDataModule(tmp_path / "data", num_workers=0).setup("fit")
     (cls / "labels.txt").unlink()
-    with pytest.raises(ValueError, match="fewer than batch_size"):
+    with pytest.raises(
+        ValueError, match=r"^batch_size must be at most the 1 training samples.*lower batch_size"
+    ):
         OptimizedDataModule(tmp_path / "data", batch_size=4, num_workers=0).setup("fit")
 
 
@@ -123,67 +191,54 @@ def test_no_train_data_errors():
         OptimizedDataModule(num_workers=0).setup("fit")
 
 
-def test_loaders_per_stage(jpeg_folder):
+def test_loaders_per_stage_describe_their_feed(jpeg_folder):
     dm = OptimizedDataModule(
-        jpeg_folder,
-        jpeg_folder,
-        jpeg_folder,
-        jpeg_folder,
-        batch_size=8,
-        num_workers=2,
-        image_size=16,
-        prefetch_factor=3,
+        jpeg_folder, jpeg_folder, jpeg_folder, jpeg_folder, batch_size=8, num_workers=2, image_size=16
     )
     dm.trainer = _trainer()
-    dm.setup("fit")
-    dm.setup("test")
-    dm.setup("predict")
+    for stage in ("fit", "test", "predict"):
+        dm.setup(stage)
     train = dm.train_dataloader()
-    assert isinstance(train.sampler, RandomSampler) and train.drop_last
-    for loader in (train, dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
-        assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 3
+    assert (
+        isinstance(train, ContinuousDataLoader)
+        and isinstance(train.sampler, RandomSampler)
+        and train.drop_last
+    )
+    evaluation = (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader())
+    for loader in (train, *evaluation):
+        assert isinstance(loader, HostDataLoader)
+        assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 4
         assert loader.pin_memory is False  # CPU trainer
         assert loader.batch_size == 8
         assert isinstance(loader.collate_fn, UInt8Collate)
-    for loader in (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
+        info = loader.feed_info
+        assert (info.backend, info.num_workers, info.pin_memory, info.batch_size) == ("folder", 2, False, 8)
+        assert info.host_batches is True and info.decoder == "cpu"
+        assert loader.fetch_seconds == 0.0
+    for loader in evaluation:
+        assert not isinstance(loader, ContinuousDataLoader)
         assert isinstance(loader.sampler, SequentialSampler) and not loader.drop_last
-    x, y = next(iter(dm.val_dataloader()))
-    assert (
-        x.shape == (8, 18, 18, 3) and x.dtype == torch.uint8 and y.dtype == torch.int64
-    )  # storage 16*256/224
+    x, y, meta = next(iter(dm.val_dataloader()))
+    # storage size eval_resize_size(16) = 18: the 64x48 JPEGs are kept whole as 24x18 on an 18x27 canvas
+    assert x.shape == (8, 18, 27, 3) and x.dtype == torch.uint8 and y.dtype == torch.int64
+    assert meta.tolist() == [[18, 24, 0]] * 8
 
     forced = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers=0, pin_memory=True)
     forced.setup("fit")
     loader = forced.train_dataloader()
-    assert loader.pin_memory is True
+    assert loader.pin_memory is True and loader.feed_info.pin_memory is True
     assert loader.persistent_workers is False and loader.prefetch_factor is None
     assert forced.val_dataloader() == []  # no validation data: Lightning skips validation
 
 
-def test_collate_fast_path_and_errors():
-    collate = UInt8Collate("train_dataset()")
-    batch = [(np.full((4, 5, 3), i, np.uint8), i) for i in range(3)]
-    x, y = collate(batch)
-    assert x.shape == (3, 4, 5, 3) and x.dtype == torch.uint8 and (x[2] == 2).all()
-    assert y.tolist() == [0, 1, 2] and y.dtype == torch.int64
-    xt, _ = collate([(torch.from_numpy(a), torch.tensor(lab)) for a, lab in batch])
-    assert torch.equal(xt, x)
-    with pytest.raises(TypeError, match=r"train_dataset\(\).*float32"):
-        collate([(np.zeros((4, 4, 3), np.float32), 0)])
-    with pytest.raises(TypeError, match="looks like CHW"):
-        collate([(np.zeros((3, 8, 8), np.uint8), 0)])
-    with pytest.raises(TypeError, match="fixed size"):
-        collate([(np.zeros((4, 4, 3), np.uint8), 0), (np.zeros((5, 4, 3), np.uint8), 1)])
-
-
-def test_fit_delivers_normalized_channels_last(jpeg_folder):
+def test_fit_delivers_normalized_channels_last_pairs(jpeg_folder):
     dm = OptimizedDataModule(jpeg_folder, jpeg_folder, batch_size=8, num_workers=0, image_size=16)
     model = Recorder()
-    _trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, num_sanity_val_steps=0).fit(
-        model, datamodule=dm
-    )
+    trainer = _trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
     assert model.layouts[0] == ((8, 3, 16, 16), torch.float32, True)
     assert len(model.train_labels) == 24 and len(model.val_labels) == 16
+    assert trainer.train_dataloader.fetch_seconds > 0
 
 
 def test_subclass_float_dataset_fails_naming_hook():
@@ -211,11 +266,15 @@ def test_ddp_two_processes_see_each_sample_once(tmp_path):
     assert sorted(train) == list(range(32))  # each sample exactly once per epoch across both ranks
     assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == 16
     assert sorted(ranks[0]["val"] + ranks[1]["val"]) == list(range(32))
+    # the loader Lightning rebuilt with its DistributedSampler still describes its feed
+    assert ranks[0]["feed"]["batch_size"] == 4 and ranks[0]["feed"]["host_batches"] is True
 
 
 def test_auto_workers_tuned_and_cached(jpeg_folder, tmp_path):
-    kw = dict(batch_size=8, num_workers="auto", image_size=16, tune_budget_s=2.0, tune_cache_dir=tmp_path)
-    dm = OptimizedDataModule(jpeg_folder, **kw)
+    kw = dict(
+        batch_size=4, num_workers="auto", image_size=16, tuning=TuningConfig(budget_s=2.0, cache_dir=tmp_path)
+    )
+    dm = OptimizedDataModule(jpeg_folder, **kw)  # 48 images = 12 batches: measured
     dm.setup("fit")
     assert dm.num_workers in (1, 2)
     assert dm.tuning_result.table and not dm.tuning_result.cached
@@ -226,58 +285,141 @@ def test_auto_workers_tuned_and_cached(jpeg_folder, tmp_path):
     assert dm2.train_dataloader().num_workers == dm.num_workers
 
 
+def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
+    root = _folder(tmp_path / "val", 75)
+    dm = OptimizedDataModule(val_dir=root, batch_size=256, num_workers="auto", image_size=8)
+    start = time.perf_counter()
+    _trainer().validate(Recorder(), datamodule=dm)
+    assert time.perf_counter() - start < 10  # measuring would take the whole 30 s budget
+    assert dm.tuning_result is None
+    assert dm.val_dataloader().num_workers == 0  # one batch: a worker would only add its start-up
+    assert dm.num_workers == "auto"  # a later fit still measures its training data
+
+    small = OptimizedDataModule(
+        _folder(tmp_path / "small", 24), batch_size=4, num_workers="auto", image_size=8
+    )
+    small.setup("fit")  # 6 batches < MIN_TUNE_BATCHES
+    assert small.tuning_result is None and small.num_workers == min(available_cpus(), 6)
+
+
+def test_auto_workers_measured_once_per_dataset(jpeg_folder, tmp_path, monkeypatch):
+    calls = []
+    real = datamodule_module.tune_num_workers
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("budget_s"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datamodule_module, "tune_num_workers", counting)
+    tuning = TuningConfig(budget_s=1.0, cache_dir=tmp_path)
+    dm = OptimizedDataModule(
+        jpeg_folder, jpeg_folder, jpeg_folder, batch_size=4, num_workers="auto", image_size=8, tuning=tuning
+    )
+    trainer = _trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
+    trainer.fit(Recorder(), datamodule=dm)
+    trainer.validate(Recorder(), datamodule=dm)
+    trainer.test(Recorder(), datamodule=dm)
+    assert calls == [1.0]  # fit measured the training data; validation and test reuse its answer
+    assert dm.test_dataloader().num_workers == dm.num_workers
+
+
+class _Store(Dataset):
+    """A store kept at ``storage_size`` (as HDF5ImageDataset exposes it), returning canvases."""
+
+    def __init__(self, storage_size, n=8):
+        self.storage_size, self.n = storage_size, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        canvas = np.zeros((self.storage_size, self.storage_size * 3 // 2, 3), np.uint8)
+        return canvas, i, np.array([self.storage_size, self.storage_size, 0], np.int32)
+
+
+def test_store_at_another_size_warns_or_refuses():
+    class StoreData(OptimizedDataModule):
+        def __init__(self, size, **kw):
+            super().__init__(**kw)
+            self.size = size
+
+        def train_dataset(self):
+            return _Store(self.size)
+
+    dm = StoreData(64, batch_size=4, num_workers=0, image_size=48)  # eval_resize_size(48) = 55
+    with pytest.warns(
+        UserWarning, match=r"stored with its shorter side at 64 px.*Resize\(55\) \+ CenterCrop\(48\)"
+    ):
+        dm.setup("fit")
+    images, _ = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert images.shape == (4, 3, 48, 48)
+    with pytest.raises(ValueError, match=r"storage size must be >= image_size \(48\).*--size 55"):
+        StoreData(32, batch_size=4, num_workers=0, image_size=48).setup("fit")
+
+
 def test_corrupt_images_raise_or_skip(tmp_path):
-    root = tmp_path / "data"
-    for c in ("a", "b"):
-        for i in range(8):
-            (root / c).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(np.full((10, 10, 3), 20 * i, np.uint8)).save(root / c / f"{i}.png")
-    (root / "b" / "5.png").write_bytes(b"not an image")
-    with pytest.raises(ValueError, match=r"5\.png"):
+    root = _folder(tmp_path / "data", 16)
+    (root / "b" / "4.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"4\.png"):
         _trainer(max_epochs=1).fit(
             Recorder(), datamodule=OptimizedDataModule(root, batch_size=4, num_workers=0, image_size=8)
         )
 
-    dm = OptimizedDataModule(
-        root,
-        batch_size=4,
-        num_workers=1,
-        image_size=8,
-        on_corrupt="skip",
-        persistent_workers=False,
-        continuous_epochs=False,  # exact count: no batches prefetched into a third epoch
-    )
+    dm = OptimizedDataModule(root, batch_size=4, num_workers=0, image_size=8, on_corrupt="skip")
     model = Recorder()
-    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\).*5\.png"):
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\).*4\.png"):
         _trainer(max_epochs=2).fit(model, datamodule=dm)
     assert len(model.train_labels) == 32  # batches kept their size
-    assert dm.num_skipped == 2 and all(p.endswith("5.png") for p in dm.skipped_images)
+    assert dm.num_skipped == 2 and all(p.endswith("4.png") for p in dm.skipped_images)
+    assert model.skip_dirs[0] is not None and not os.path.exists(model.skip_dirs[0])  # removed at teardown
+
+
+def test_skip_folder_removed_when_fit_raises(tmp_path):
+    root = _folder(tmp_path / "data", 16)
+    dm = OptimizedDataModule(root, batch_size=4, num_workers=0, image_size=8, on_corrupt="skip")
+    model = Recorder(fail_at_step=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        _trainer(max_epochs=1).fit(model, datamodule=dm)
+    assert model.skip_dirs[0] is not None and not os.path.exists(model.skip_dirs[0])
+    assert dm._skip_dir is None
+
+    few = OptimizedDataModule(root, batch_size=64, num_workers=0, image_size=8, on_corrupt="skip")
+    before = set(os.listdir(os.path.dirname(model.skip_dirs[0])))
+    with pytest.raises(ValueError, match="batch_size"):
+        few.setup("fit")  # fails after the skip folder was made
+    assert few._skip_dir is None
+    assert (
+        not {
+            n
+            for n in os.listdir(os.path.dirname(model.skip_dirs[0]))
+            if n.startswith("lightning_gpuopt_skipped_")
+        }
+        - before
+    )
+
+
+def test_teardown_closes_datasets_with_a_close_method():
+    dm = IndexData(n=16, batch_size=4, num_workers=0, image_size=8, storage_size=12)
+    trainer = _trainer(max_epochs=1, limit_val_batches=1, num_sanity_val_steps=0)
+    datasets = []
+    original = dm.train_dataset
+
+    def recording():
+        datasets.append(original())
+        return datasets[-1]
+
+    dm.train_dataset = recording
+    trainer.fit(Recorder(), datamodule=dm)
+    assert datasets and datasets[0].closed == 1  # e.g. the .h5 file the main process opened
+    dm.setup("fit")  # a closed dataset is built afresh
+    assert len(datasets) == 2
 
 
 @pytest.mark.gpu
-def test_cuda_fit_pins_and_transforms_on_device(jpeg_folder):
-    dm = OptimizedDataModule(
-        jpeg_folder, batch_size=8, num_workers=2, image_size=16, output_dtype=torch.float16
-    )
+def test_cuda_fit_pins_stages_and_transforms_on_device(jpeg_folder):
+    dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers=2, image_size=16)
     model = Recorder()
     trainer = _trainer(accelerator="cuda", devices=1, max_steps=3, precision="16-mixed")
     trainer.fit(model, datamodule=dm)
     assert trainer.train_dataloader.pin_memory is True
-    assert model.layouts[0] == ((8, 3, 16, 16), torch.float16, True)
-
-
-def test_dali_kwargs_are_checked_when_the_datamodule_is_made(jpeg_folder):
-    # no DALI import needed: the keys and values are refused before any pipeline (or Trainer) exists
-    def make(kw):
-        return OptimizedDataModule(train_dir=jpeg_folder, backend="dali", dali_kwargs=kw)
-
-    with pytest.raises(TypeError, match=r"unknown dali_kwargs key\(s\) \['decodr'\]"):
-        make({"decodr": "cpu"})
-    with pytest.raises(ValueError, match="dali_kwargs: decoder must be one of"):
-        make({"decoder": "nvjpeg"})
-    with pytest.raises(ValueError, match="dali_kwargs: hw_decoder_load"):
-        make({"hw_decoder_load": 2})
-    with pytest.raises(ValueError, match="dali_kwargs: worker_nice"):
-        make({"worker_nice": -3})
-    dm = make({"decoder": "cpu", "num_threads": 4, "worker_nice": 5, "last_batch_policy": "fill"})
-    assert dm.dali_kwargs["decoder"] == "cpu"
+    assert model.layouts[0] == ((8, 3, 16, 16), torch.float32, True)

@@ -4,10 +4,14 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader
 
-from lightning_gpuopt.data.folder import UInt8ImageFolder, load_uint8_image, scan_image_folder
+from lightning_gpuopt._common import eval_resize_size
+from lightning_gpuopt.data import layout
+from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.folder import UInt8ImageFolder, load_canvas, scan_image_folder
+from lightning_gpuopt.data.loader import UInt8Collate
 
 
 def _write(path, arr):
@@ -46,57 +50,135 @@ def test_scan_errors(tmp_path):
         scan_image_folder(empty)
 
 
-def test_load_resizes_short_side_and_center_crops(tmp_path):
-    # 40x20 image: left quarter red, middle half green, right quarter blue -> the center square is green
-    arr = np.zeros((20, 40, 3), np.uint8)
+def _natural(width, height, seed):
+    """A natural-looking test image: smooth multi-scale texture with a few hard-edged shapes."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((height, width, 3), np.float64)
+    for cells, weight in ((3, 0.5), (12, 0.3), (48, 0.2)):
+        small = Image.fromarray(rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8))
+        out += weight * np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float64)
+    image = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(6):
+        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
+        box = (x0, y0, x0 + int(rng.integers(8, width // 3)), y0 + int(rng.integers(8, height // 3)))
+        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return image
+
+
+def _torchvision_eval(path, image_size):
+    """torchvision's evaluation transform on a PIL image: Resize(eval_resize_size) + CenterCrop, as uint8."""
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+    width, height = rgb.size
+    size = eval_resize_size(image_size)
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(size * long / short)
+    rw, rh = (size, new_long) if width <= height else (new_long, size)
+    resized = np.asarray(rgb.resize((rw, rh), Image.Resampling.BILINEAR))
+    top, left = round((rh - image_size) / 2.0), round((rw - image_size) / 2.0)
+    return resized[top : top + image_size, left : left + image_size]
+
+
+def test_validation_pixels_match_torchvision_end_to_end(tmp_path):
+    # 4:3, 3:4, 3:2 and a large 4:3 JPEG (decoded at a reduced DCT scale first)
+    sizes = [(320, 240), (240, 320), (360, 240), (1280, 960)]
+    paths = []
+    for i, (w, h) in enumerate(sizes):
+        path = tmp_path / "data" / "a" / f"{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _natural(w, h, seed=i).save(path, quality=92)
+        paths.append(path)
+    image_size = 112
+    dm = OptimizedDataModule(
+        val_dir=tmp_path / "data", batch_size=len(sizes), num_workers=0, image_size=image_size
+    )
+    dm.setup("validate")
+    batch = next(iter(dm.val_dataloader()))
+    images, labels = dm.on_after_batch_transfer(batch, 0)  # no trainer: the evaluation transform
+    assert images.shape == (len(sizes), 3, image_size, image_size) and labels.tolist() == [0] * len(sizes)
+    mean, std = torch.tensor(dm.mean).view(1, 3, 1, 1), torch.tensor(dm.std).view(1, 3, 1, 1)
+    pixels = (images * std + mean) * 255
+    for i, path in enumerate(paths):
+        expected = torch.from_numpy(_torchvision_eval(path, image_size).copy()).permute(2, 0, 1).float()
+        mad = (pixels[i] - expected).abs().mean().item()
+        assert mad <= 2.0, (sizes[i], mad)  # 2/255 on the 0..1 scale
+        if max(sizes[i]) < 1000:  # decoded at full scale: the same PIL resize, so the same pixels
+            assert mad < 0.01, (sizes[i], mad)
+
+
+def test_load_canvas_keeps_the_whole_image(tmp_path):
+    # 40x30 landscape: left quarter red, middle half green, right quarter blue; nothing may be cut off
+    arr = np.zeros((30, 40, 3), np.uint8)
     arr[:, :10, 0] = 255
     arr[:, 10:30, 1] = 255
     arr[:, 30:, 2] = 255
     _write(tmp_path / "a.png", arr)
-    out = load_uint8_image(tmp_path / "a.png", 10)
-    assert out.shape == (10, 10, 3) and out.dtype == np.uint8 and out.flags.writeable
-    inner = out[
-        :, 1:-1
-    ]  # the bilinear filter blends the outer columns with their neighbours, as a full resize would
-    assert inner[..., 1].min() == 255 and inner[..., 0].max() == 0 and inner[..., 2].max() == 0
-    assert out[..., 1].min() > 200
+    canvas, meta = load_canvas(tmp_path / "a.png", 12)
+    assert canvas.shape == (*layout.canvas_shape(12), 3) and canvas.dtype == np.uint8
+    assert meta.tolist() == [12, 16, 0] and meta.dtype == np.int32
+    image = canvas[:12, :16]
+    assert image[:, :2, 0].min() > 200 and image[:, -2:, 2].min() > 200  # both outer quarters are kept
+    assert (canvas[:, 16:] == 0).all() and (canvas[12:] == 0).all()
+    # a portrait image is stored transposed, with the same pixels
+    _write(tmp_path / "p.png", np.ascontiguousarray(arr.transpose(1, 0, 2)))
+    pcanvas, pmeta = load_canvas(tmp_path / "p.png", 12)
+    assert pmeta.tolist() == [12, 16, 1]
+    np.testing.assert_array_equal(pcanvas, canvas)
 
 
-def test_load_grayscale_and_large_jpeg(tmp_path):
+def test_load_canvas_16_bit_png_is_scaled_not_clipped(tmp_path):
+    gradient = np.linspace(0, 65535, 24).round().astype(np.uint16)
+    arr = np.tile(gradient, (16, 1))  # 24 x 16: stored as it is at storage size 16
+    Image.fromarray(arr).save(tmp_path / "g16.png")
+    with Image.open(tmp_path / "g16.png") as img:
+        assert img.mode.startswith("I")  # 16-bit grey
+    canvas, meta = load_canvas(tmp_path / "g16.png", 16)
+    assert meta.tolist() == [16, 24, 0]
+    expected = (arr / 257).round().astype(np.uint8)
+    for c in range(3):
+        np.testing.assert_array_equal(canvas[:16, :24, c], expected)
+
+
+def test_load_canvas_grayscale_and_large_jpeg(tmp_path):
     _write(tmp_path / "g.png", np.full((30, 30), 77, np.uint8))
-    g = load_uint8_image(tmp_path / "g.png", 8)
-    assert g.shape == (8, 8, 3) and (g == 77).all()
-    # a JPEG 4x larger than needed goes through the reduced-scale (draft) decode; result must still be right
-    big = np.zeros((256, 256, 3), np.uint8)
-    big[:, 128:] = 200
+    g, meta = load_canvas(tmp_path / "g.png", 8)
+    assert meta.tolist() == [8, 8, 0] and (g[:8, :8] == 77).all()
+    # a JPEG 4x larger than needed goes through the reduced-scale (draft) decode; geometry must still be right
+    big = np.zeros((256, 384, 3), np.uint8)
+    big[:, 192:] = 200
     Image.fromarray(big).save(tmp_path / "big.jpg", quality=95)
-    small = load_uint8_image(tmp_path / "big.jpg", 32)
-    assert small.shape == (32, 32, 3)
-    assert small[:, :12].mean() < 20 and small[:, 20:].mean() > 180
+    small, meta = load_canvas(tmp_path / "big.jpg", 32)
+    assert meta.tolist() == [32, 48, 0]
+    assert small[:32, :22].mean() < 20 and small[:32, 26:48].mean() > 180
 
 
 def test_corrupt_image_names_file(tmp_path):
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     with pytest.raises(ValueError, match=r"broken\.jpg.*on_corrupt='skip'"):
-        load_uint8_image(bad, 8)
+        load_canvas(bad, 8)
 
 
 def test_dataset_items_and_pickle(jpeg_folder):
     ds = UInt8ImageFolder(jpeg_folder, size=16)
     assert len(ds) == 48 and ds.classes == ["class_00", "class_01", "class_02"]
-    img, label = ds[5]
-    assert img.shape == (16, 16, 3) and img.dtype == np.uint8 and isinstance(label, int)
+    assert ds.storage_size == 16
+    img, label, meta = ds[5]
+    assert img.shape == (16, 24, 3) and img.dtype == np.uint8 and isinstance(label, int)
+    assert meta.tolist() == [16, 21, 0]  # the 64x48 JPEGs, shorter side 16
     clone = pickle.loads(pickle.dumps(ds))
     assert np.array_equal(clone[5][0], img)
     with pytest.raises(ValueError, match="on_corrupt"):
         UInt8ImageFolder(jpeg_folder, on_corrupt="ignore")
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        UInt8ImageFolder(jpeg_folder, size=0)
 
 
 def test_spawn_workers(jpeg_folder):
     ds = UInt8ImageFolder(jpeg_folder, size=16)
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context=mp.get_context("spawn"))
-    labels = torch.cat([y for _, y in loader])
+    labels = torch.cat([b[1] for b in loader])
     assert sorted(labels.tolist()) == sorted(label for _, label in ds.samples)
 
 
@@ -108,9 +190,9 @@ def test_skip_corrupt_counts_in_workers(tmp_path):
     with pytest.raises(ValueError, match=r"3\.png"):
         ds[3]
     ds = UInt8ImageFolder(tmp_path / "data", size=8, on_corrupt="skip", skip_log=tmp_path / "log")
-    img, _ = ds[3]
-    assert (img == 40).all()  # replaced by the next readable image
-    loader = DataLoader(ds, batch_size=3, num_workers=2)
-    assert sum(len(y) for _, y in loader) == 6  # batches keep their size
+    img, _, _ = ds[3]
+    assert (img[:8, :8] == 40).all()  # replaced by the next readable image
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=UInt8Collate())
+    assert sum(len(b[1]) for b in loader) == 6  # batches keep their size
     skipped = ds.skipped()
     assert len(skipped) == 2 and all(p.endswith("3.png") for p in skipped)  # main process + one worker

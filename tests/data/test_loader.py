@@ -1,9 +1,13 @@
+import time
+
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from lightning_gpuopt.data.loader import ContinuousDataLoader
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate
 from tests._lightning import quiet_trainer
 
 
@@ -161,3 +165,51 @@ def test_datamodule_passes_staged_batches_through(jpeg_folder):
     )  # float images: would fail GPUAugment's uint8 check
     with pytest.raises(TypeError, match="uint8"):
         dm.on_after_batch_transfer((images, torch.arange(4)), 0)
+
+
+def test_collate_fast_path_meta_and_errors():
+    collate = UInt8Collate("train_dataset()")
+    batch = [(np.full((4, 5, 3), i, np.uint8), i) for i in range(3)]
+    x, y, meta = collate(batch)
+    assert x.shape == (3, 4, 5, 3) and x.dtype == torch.uint8 and (x[2] == 2).all()
+    assert y.tolist() == [0, 1, 2] and y.dtype == torch.int64
+    assert meta.dtype == torch.int32 and meta.tolist() == [[4, 5, 0]] * 3  # fixed-size images: all valid
+    xt, _, _ = collate([(torch.from_numpy(a), torch.tensor(lab)) for a, lab in batch])
+    assert torch.equal(xt, x)
+    canvases = [(np.zeros((4, 6, 3), np.uint8), i, np.array([4, 5 - i, i % 2], np.int32)) for i in range(3)]
+    assert collate(canvases)[2].tolist() == [[4, 5, 0], [4, 4, 1], [4, 3, 0]]
+    with pytest.raises(TypeError, match=r"train_dataset\(\).*float32"):
+        collate([(np.zeros((4, 4, 3), np.float32), 0)])
+    with pytest.raises(TypeError, match="looks like CHW"):
+        collate([(np.zeros((3, 8, 8), np.uint8), 0)])
+    with pytest.raises(TypeError, match="fixed size"):
+        collate([(np.zeros((4, 4, 3), np.uint8), 0), (np.zeros((5, 4, 3), np.uint8), 1)])
+    with pytest.raises(TypeError, match="valid region"):
+        collate([(np.zeros((4, 6, 3), np.uint8), 0, np.array([5, 6, 0]))])  # h beyond the canvas
+    with pytest.raises(TypeError, match="transposed flag"):
+        collate([(np.zeros((4, 6, 3), np.uint8), 0, np.array([4, 6, 2]))])
+    with pytest.raises(TypeError, match="mix 2-tuples and 3-tuples"):
+        collate([canvases[0], (np.zeros((4, 6, 3), np.uint8), 1)])
+
+
+class _SlowDataset(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("cls", [HostDataLoader, ContinuousDataLoader])
+def test_loaders_count_the_seconds_their_consumer_waits(cls):
+    info = FeedInfo(backend="folder", num_workers=0, pin_memory=False, batch_size=4, host_batches=True)
+    loader = cls(_SlowDataset(), batch_size=4, feed_info=info)
+    assert loader.feed_info is info and getattr(loader, FETCH_SECONDS_ATTR) == 0.0
+    for _ in range(2):
+        assert len(list(loader)) == 4
+    # 2 epochs x 16 samples x 10 ms are spent inside next(), in the consumer's thread (no workers)
+    assert 0.3 <= getattr(loader, FETCH_SECONDS_ATTR) < 2.0
+    start = getattr(loader, FETCH_SECONDS_ATTR)
+    next(iter(loader))
+    assert getattr(loader, FETCH_SECONDS_ATTR) - start >= 0.035

@@ -1,14 +1,18 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from lightning_gpuopt._common import eval_resize_size
+from lightning_gpuopt.data import layout
 from lightning_gpuopt.data.transforms import (
+    AugmentConfig,
     GPUAugment,
-    center_crop_resize,
-    crop_resize_flip,
+    center_crop_boxes,
+    crop_theta,
     normalize,
-    random_resized_crop_boxes,
+    resample,
 )
 
 MEAN = (0.485, 0.456, 0.406)
@@ -18,6 +22,144 @@ STD = (0.229, 0.224, 0.225)
 def _images(n=4, h=40, w=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, generator=g)
+
+
+def _pixels(out):
+    """Normalized output back to 0..255 pixel values."""
+    return out.float() * torch.tensor(STD).view(1, 3, 1, 1) * 255 + torch.tensor(MEAN).view(1, 3, 1, 1) * 255
+
+
+def _stored(image, storage_size):
+    canvas, meta = layout.place_on_canvas(image, storage_size)
+    return torch.from_numpy(canvas)[None], torch.from_numpy(meta)[None]
+
+
+# ---------------------------------------------------------------- torchvision references (no torchvision here)
+def tv_random_resized_crop(height, width, scale, ratio, rng):
+    """torchvision's ``RandomResizedCrop.get_params``: ``(top, left, h, w)`` in integer pixels."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        h, w = height, round(height * max(ratio))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def tv_eval_box(height, width, image_size):
+    """torchvision's ``Resize(eval_resize_size) + CenterCrop(image_size)`` as a box of the original image."""
+    size = eval_resize_size(image_size)
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = size, int(size * long / short)
+    rw, rh = (new_short, new_long) if width <= height else (new_long, new_short)
+    top, left = round((rh - image_size) / 2.0), round((rw - image_size) / 2.0)
+    sx, sy = width / rw, height / rh
+    return left * sx, top * sy, image_size * sx, image_size * sy
+
+
+def _ks(a, b, shift):
+    """Kolmogorov-Smirnov distance of two samples allowing values to move by ``shift`` (Levy's form):
+    torchvision rounds boxes to whole pixels, which moves its point masses (the fallback crop) slightly."""
+    a, b = np.sort(a), np.sort(b)
+    x = np.concatenate([a, b])
+
+    def cdf(v, at):
+        return np.searchsorted(v, at, "right") / v.size
+
+    return max((cdf(a, x - shift) - cdf(b, x)).max(), (cdf(b, x) - cdf(a, x + shift)).max())
+
+
+def _coverage(boxes_xywh, width, height, cells=16):
+    """Fraction of boxes covering each cell centre of a cells x cells grid over the image."""
+    centres = (np.arange(cells) + 0.5) / cells
+    x0, y0 = boxes_xywh[:, 0:1] / width, boxes_xywh[:, 1:2] / height
+    x1, y1 = x0 + boxes_xywh[:, 2:3] / width, y0 + boxes_xywh[:, 3:4] / height
+    in_x = (x0 <= centres) & (centres < x1)  # (n, cells)
+    in_y = (y0 <= centres) & (centres < y1)
+    return (in_y[:, :, None] & in_x[:, None, :]).mean(axis=0)
+
+
+# original image sizes (width, height): landscape 4:3, portrait 3:4, square, very elongated (5:1)
+SIZES = [(500, 375), (375, 500), (256, 256), (1000, 200)]
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_crop_boxes_match_torchvision_distribution_and_coverage(width, height):
+    n, config = 10_000, AugmentConfig()
+    rng = np.random.default_rng(0)
+    ref = np.array([tv_random_resized_crop(height, width, config.scale, config.ratio, rng) for _ in range(n)])
+    ref_xywh = np.stack([ref[:, 1], ref[:, 0], ref[:, 3], ref[:, 2]], axis=1).astype(np.float64)
+    # what the canvas stores for this image: resized to 256 on the shorter side, portrait transposed
+    sw, sh = layout.resized_size(width, height, 256)
+    meta = torch.tensor([[min(sw, sh), max(sw, sh), int(sh > sw)]] * n, dtype=torch.int32)
+    boxes = GPUAugment(224).sample_boxes(meta, torch.Generator().manual_seed(0)).double().numpy()
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= sw + 1e-3).all()
+    assert (boxes[:, 1] + boxes[:, 3] <= sh + 1e-3).all()  # image coordinates: the upright image
+
+    area = boxes[:, 2] * boxes[:, 3] / (sw * sh)
+    ref_area = ref_xywh[:, 2] * ref_xywh[:, 3] / (width * height)
+    assert _ks(area, ref_area, shift=0.005) < 0.03
+    log_ratio = np.log(boxes[:, 2] / boxes[:, 3])
+    assert _ks(log_ratio, np.log(ref_xywh[:, 2] / ref_xywh[:, 3]), shift=0.01) < 0.03
+    ours, theirs = _coverage(boxes, sw, sh), _coverage(ref_xywh, width, height)
+    assert np.abs(ours - theirs).max() < 0.04
+    # the borders of the image are reached as often as torchvision reaches them
+    border = np.r_[ours[0], ours[-1], ours[:, 0], ours[:, -1]]
+    assert border.min() > 0.5 * np.r_[theirs[0], theirs[-1], theirs[:, 0], theirs[:, -1]].min() > 0
+
+
+@pytest.mark.parametrize("width,height", [*SIZES, (341, 256), (257, 300), (299, 301)])
+@pytest.mark.parametrize("image_size", [224, 112, 63])
+def test_eval_boxes_are_torchvision_resize_center_crop(width, height, image_size):
+    got = center_crop_boxes(torch.tensor([float(height)]), torch.tensor([float(width)]), image_size)[0]
+    assert got.tolist() == pytest.approx(tv_eval_box(height, width, image_size), abs=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(256, 341), (341, 256), (256, 256), (256, 300)])
+def test_eval_at_the_resize_size_is_an_exact_pixel_copy(shape):
+    image = np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    canvas, meta = _stored(image, 256)
+    out = GPUAugment(224)(canvas, meta, train=False)
+    top, left = round((shape[0] - 224) / 2), round((shape[1] - 224) / 2)
+    expected = torch.from_numpy(image[top : top + 224, left : left + 224]).permute(2, 0, 1).float()
+    assert (_pixels(out)[0] - expected).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("flip", [False, True])
+def test_theta_reads_the_box_of_the_upright_image(transposed, flip):
+    image = np.random.default_rng(2).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    if transposed:
+        image = np.ascontiguousarray(image.transpose(1, 0, 2))  # a portrait 40 x 30 image
+    canvas, meta = _stored(image, 30)
+    assert bool(meta[0, 2]) == transposed
+    box = torch.tensor([[5.0, 7.0, 20.0, 20.0]])  # (x0, y0, w, h): a 1:1 window of the upright image
+    theta = crop_theta(meta, box, torch.tensor([flip]), canvas.shape[1:3])
+    out = resample(canvas.permute(0, 3, 1, 2).float(), meta, theta, 20)[0]
+    expected = torch.from_numpy(image[7:27, 5:25]).permute(2, 0, 1).float()
+    if flip:
+        expected = expected.flip(-1)
+    assert torch.equal(out, expected)
+
+
+def test_crops_never_blend_in_the_canvas_padding():
+    white = np.full((20, 27, 3), 255, np.uint8)  # stored on a wider canvas whose padding is zero
+    canvas, meta = _stored(white, 20)
+    assert canvas.shape[2] > 27
+    aug = GPUAugment(16, AugmentConfig(scale=(0.9, 1.0)), generator=torch.Generator().manual_seed(0))
+    out = aug(canvas.expand(64, -1, -1, -1), meta.expand(64, 3), train=True)
+    assert (_pixels(out) > 254.99).all()
+    assert (_pixels(aug(canvas, meta, train=False)) > 254.99).all()
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -43,53 +185,12 @@ def test_value_range_matches_normalization(train):
     assert x.min() >= lo - 1e-4 and x.max() <= hi + 1e-4
 
 
-def test_eval_is_exact_center_crop_and_deterministic():
-    aug = GPUAugment(image_size=28, eval_crop_fraction=28 / 32)
-    x = _images(h=32, w=32)
-    a, b = aug(x, train=False), aug(x, train=False)
-    assert torch.equal(a, b)
-    expected = normalize(x.permute(0, 3, 1, 2)[:, :, 2:30, 2:30].float(), MEAN, STD, input_scale=1 / 255)
-    assert torch.allclose(a, expected, atol=1e-5)
-
-
-def test_eval_resizes_when_needed():
-    x = torch.rand(2, 3, 50, 70)
-    out = center_crop_resize(x, 20, crop_fraction=0.8)  # central 40x40 -> 20x20, antialiased
-    assert out.shape == (2, 3, 20, 20)
-    const = center_crop_resize(torch.full((1, 3, 50, 70), 0.3), 20, 0.8)
-    assert torch.allclose(const, torch.tensor(0.3), atol=1e-6)
-
-
-def test_crop_box_statistics():
-    boxes = random_resized_crop_boxes(20000, 60, 80, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3))
-    x0, y0, w, h = boxes.unbind(1)
-    assert (x0 >= 0).all() and (y0 >= 0).all()
-    assert (x0 + w <= 80 + 1e-3).all() and (y0 + h <= 60 + 1e-3).all()
-    area = w * h / (60 * 80)
-    ratio = w / h
-    assert area.min() >= 0.25 - 1e-4 and area.max() <= 1 + 1e-4
-    assert ratio.min() >= 3 / 4 - 1e-4 and ratio.max() <= 4 / 3 + 1e-4
-    # areas are uniform on [0.25, 1] before rejection of boxes that do not fit: mean well inside
-    assert 0.45 < area.mean() < 0.65
-    # positions spread over the free range (mean offset fraction ~0.5)
-    frac = x0 / (80 - w).clamp_min(1e-6)
-    assert abs(frac[(80 - w) > 1].mean().item() - 0.5) < 0.03
-    # log-ratio roughly symmetric around 0
-    assert abs(torch.log(ratio).mean().item()) < 0.05
-
-
-def test_crop_fallback_when_nothing_fits():
-    # a very wide image with a narrow ratio range: whole-height crops clamped to the ratio, centered
-    boxes = random_resized_crop_boxes(100, 10, 100, scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    assert torch.allclose(boxes[:, 2], torch.tensor(10.0)) and torch.allclose(boxes[:, 3], torch.tensor(10.0))
-
-
-def test_crop_resize_flip_samples_the_box_exactly():
-    ramp = torch.arange(8, dtype=torch.float32).view(1, 1, 1, 8).expand(2, 1, 8, 8).contiguous()
-    boxes = torch.tensor([[2.0, 0.0, 4.0, 8.0], [2.0, 0.0, 4.0, 8.0]])
-    out = crop_resize_flip(ramp, boxes, (8, 4), flip=torch.tensor([False, True]))
-    assert torch.allclose(out[0, 0, 3], torch.tensor([2.0, 3.0, 4.0, 5.0]), atol=1e-5)
-    assert torch.allclose(out[1, 0, 3], torch.tensor([5.0, 4.0, 3.0, 2.0]), atol=1e-5)
+def test_normalize_function():
+    x = torch.full((1, 3, 2, 2), 255.0)
+    out = normalize(x, MEAN, STD, input_scale=1 / 255)
+    assert torch.allclose(
+        out[0, :, 0, 0], torch.tensor([(1 - m) / s for m, s in zip(MEAN, STD, strict=True)])
+    )
 
 
 def test_flip_frequency_half():
@@ -97,7 +198,7 @@ def test_flip_frequency_half():
     x = torch.zeros(4000, 8, 8, 3, dtype=torch.uint8)
     x[:, :, 4:] = 255
     aug = GPUAugment(
-        image_size=8, scale=(1.0, 1.0), ratio=(1.0, 1.0), generator=torch.Generator().manual_seed(0)
+        8, AugmentConfig(scale=(1.0, 1.0), ratio=(1.0, 1.0)), generator=torch.Generator().manual_seed(0)
     )
     out = aug(x, train=True)
     flipped = out[:, 0, :, 0] > out[:, 0, :, -1]  # bright left edge means mirrored
@@ -127,25 +228,36 @@ def test_bad_inputs_and_arguments():
         aug(torch.rand(2, 16, 16, 3))
     with pytest.raises(TypeError, match="CHW"):
         aug(torch.zeros(2, 3, 16, 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="meta must be"):
+        aug(_images(), torch.zeros(4, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"\[0, 1\] units"):
         GPUAugment(16, mean=(123.0, 116.0, 103.0), std=(58.0, 57.0, 57.0))
-    with pytest.raises(ValueError, match="scale"):
-        GPUAugment(16, scale=(0.5, 0.2))
+    with pytest.raises(TypeError, match=r"^mean must be a sequence of numbers"):
+        GPUAugment(16, mean="imagenet")
+    with pytest.raises(ValueError, match=r"augment\.scale"):
+        AugmentConfig(scale=(0.5, 0.2))
+    with pytest.raises(ValueError, match=r"augment\.flip_p"):
+        AugmentConfig(flip_p=2)
+    with pytest.raises(TypeError, match=r"augment\.ratio"):
+        AugmentConfig(ratio=0.75)
     with pytest.raises(ValueError, match="output_dtype"):
         GPUAugment(16, output_dtype=torch.int8)
+    assert AugmentConfig() == AugmentConfig(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip_p=0.5)
 
 
 @pytest.mark.gpu
 def test_cuda_matches_cpu_and_no_sync():
-    x = _images(n=16, h=36, w=36)
-    aug = GPUAugment(32, output_dtype=torch.float16)
-    ref = GPUAugment(32)(x, train=False)
-    xc = x.cuda()
-    aug(xc, train=True)  # builds cached constants
+    image = np.random.default_rng(3).integers(0, 256, (256, 341, 3), dtype=np.uint8)
+    canvas, meta = _stored(image, 256)
+    canvas, meta = canvas.expand(16, -1, -1, -1).contiguous(), meta.expand(16, 3).contiguous()
+    aug = GPUAugment(224, output_dtype=torch.float16)
+    ref = GPUAugment(224)(canvas, meta, train=False)
+    xc, mc = canvas.cuda(), meta.cuda()
+    aug(xc, mc, train=True)  # builds cached constants
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out_train = aug(xc, train=True)
-        out_eval = aug(xc, train=False)
+        out_train = aug(xc, mc, train=True)
+        out_eval = aug(xc, mc, train=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out_train.is_cuda and out_train.dtype == torch.float16

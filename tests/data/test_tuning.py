@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpuopt.data.tuning import WorkerTuner, default_candidates, tune_num_workers
+from lightning_gpuopt.data.tuning import (
+    TuningConfig,
+    WorkerTuner,
+    default_cache_path,
+    default_candidates,
+    tune_num_workers,
+)
 from tests._lightning import quiet_trainer
 
 
@@ -142,8 +148,26 @@ def test_argument_errors():
         tune_num_workers(_CostlyDataset(), tolerance=1.5)
     with pytest.raises(ValueError, match="candidates"):
         tune_num_workers(_CostlyDataset(), candidates=[-1])
-    with pytest.raises(ValueError, match="budget_s"):
+    with pytest.raises(ValueError, match=r"^budget_s must be > 0 seconds, got -1"):
         WorkerTuner(budget_s=-1)
+
+
+def test_tuning_config_checks_its_fields():
+    assert TuningConfig() == TuningConfig(budget_s=30.0, target_samples_per_sec=None, cache_dir=None)
+    with pytest.raises(ValueError, match=r"^tuning\.budget_s must be > 0 seconds"):
+        TuningConfig(budget_s=0)
+    with pytest.raises(ValueError, match=r"^tuning\.target_samples_per_sec must be None or > 0"):
+        TuningConfig(target_samples_per_sec=-5)
+    with pytest.raises(TypeError, match=r"^tuning\.cache_dir must be None or a folder path"):
+        TuningConfig(cache_dir=3)
+    with pytest.raises(AttributeError):
+        TuningConfig().budget_s = 1.0  # frozen: one object can be shared by several DataModules
+
+
+def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "env"))
+    assert default_cache_path() == tmp_path / "env" / "workers.json"
+    assert default_cache_path(tmp_path / "given") == tmp_path / "given" / "workers.json"
 
 
 class _TinyModel(pl.LightningModule):
