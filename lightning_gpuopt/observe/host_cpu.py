@@ -151,7 +151,8 @@ class HostCPUReader:
                 text = self._text(entry.name, "stat")
                 if text is not None:
                     parent[int(entry.name)] = parse_stat(text)[0]
-        out, frontier = [], {self.pid}
+        out: list[int] = []
+        frontier = {self.pid}
         while frontier:
             frontier = {p for p, pp in parent.items() if pp in frontier}
             out.extend(frontier)

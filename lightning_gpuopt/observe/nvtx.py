@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
-from lightning_gpuopt._imports import require
+from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.observe.nvtx_backends import DEFAULT_DOMAIN, BackendName, make_backend
 
 __all__ = ["PHASE_COLORS", "NVTXRanges", "RangeStack", "add_module_ranges", "make_backend"]
-
-DEFAULT_DOMAIN = "lightning_gpuopt"
 
 # ARGB colors per phase, so the phases are told apart at a glance in the Nsight Systems timeline.
 PHASE_COLORS: dict[str, int] = {
@@ -49,155 +48,6 @@ PHASE_COLORS: dict[str, int] = {
 
 _MODULE_COLOR = PHASE_COLORS["module"]
 
-BackendName = Literal["auto", "nvtx", "torch"]
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        rank_zero_warn(message)
-
-
-# --------------------------------------------------------------------------------------------- backends
-def _noop(*args: Any) -> None:
-    pass
-
-
-class _NullBackend:
-    """NVTX unavailable: every call does nothing."""
-
-    name = "none"
-    enabled = False  # nothing is recorded, so callers may skip their bookkeeping
-
-    def prepare(self, message: str, color: int) -> Any:
-        return None
-
-    push_prepared = staticmethod(_noop)
-
-    def push(self, message: str, color: int, cache: bool = True) -> None:
-        pass
-
-    def pop(self) -> None:
-        pass
-
-    def mark(self, message: str, color: int) -> None:
-        pass
-
-
-class _NvtxPackageBackend:
-    """The ``nvtx`` package: own domain, ARGB colors, registered strings for the fixed names."""
-
-    name = "nvtx"
-
-    def __init__(self, domain: str) -> None:
-        nvtx = require("nvtx")
-        self._domain = nvtx.get_domain(domain)
-        # Without an attached tool nvtx hands out a DummyDomain whose calls do nothing; skip building
-        # attributes for it so an unprofiled run pays almost nothing.
-        self._live = isinstance(self._domain, nvtx.Domain)
-        # Fixed for the process: a tool is attached (NVTX_INJECTION64_PATH) before the first NVTX call or never.
-        self.enabled = self._live
-        self._attrs: dict[str, Any] = {}
-        self._uncached: dict[int, Any] = {}  # color -> reused attributes for numbered names
-        # Bound once: one attribute lookup less per call on the hot path.
-        self.push_prepared = self._domain.push_range if self._live else _noop
-        if self._live:
-            self.pop = self._domain.pop_range  # type: ignore[method-assign]
-        # Domain.get_registered_string is an unbounded lru_cache; numbered names ("step 123") go through
-        # the uncached function so a long run does not grow a cache entry per step.
-        method = type(self._domain).get_registered_string
-        self._register_uncached = getattr(method, "__wrapped__", method)
-
-    def _attributes(self, message: str, color: int, cache: bool) -> Any:
-        if cache:
-            attrs = self._attrs.get(message)
-            if attrs is None:
-                attrs = self._attrs[message] = self._domain.get_event_attributes(message=message, color=color)
-            return attrs
-        # One attributes object per color is reused: NVTX reads it during the push/mark call only.
-        attrs = self._uncached.get(color)
-        if attrs is None:
-            attrs = self._uncached[color] = self._domain.get_event_attributes(color=color)
-        attrs.message = self._register_uncached(self._domain, message)
-        return attrs
-
-    def prepare(self, message: str, color: int) -> Any:
-        """The registered string and color of a fixed name, resolved once, for ``push_prepared``."""
-        return self._attributes(message, color, True) if self._live else None
-
-    def push(self, message: str, color: int, cache: bool = True) -> None:
-        if self._live:
-            self._domain.push_range(self._attributes(message, color, cache))
-
-    def pop(self) -> None:
-        if self._live:
-            self._domain.pop_range()
-
-    def mark(self, message: str, color: int) -> None:
-        if self._live:
-            self._domain.mark(self._attributes(message, color, cache=False))
-
-
-class _TorchBackend:
-    """``torch.cuda.nvtx``: default domain, no colors (CUDA builds of torch only)."""
-
-    name = "torch"
-    enabled = True  # whether a tool listens is not visible from here
-
-    def __init__(self) -> None:
-        self._nvtx = torch.cuda.nvtx
-        self.push_prepared = self._nvtx.range_push
-        self.pop = self._nvtx.range_pop  # type: ignore[method-assign]
-
-    def prepare(self, message: str, color: int) -> Any:
-        return message
-
-    def push(self, message: str, color: int, cache: bool = True) -> None:
-        self._nvtx.range_push(message)
-
-    def pop(self) -> None:
-        self._nvtx.range_pop()
-
-    def mark(self, message: str, color: int) -> None:
-        self._nvtx.mark(message)
-
-
-def _torch_has_nvtx() -> bool:
-    # CUDA (and ROCm) builds compile torch._C._nvtx; CPU builds only carry a stub that raises.
-    return hasattr(torch._C, "_nvtx")
-
-
-def make_backend(backend: BackendName = "auto", domain: str = DEFAULT_DOMAIN) -> Any:
-    """Return the object that emits NVTX calls: ``push(message, color, cache)``, ``pop()``, ``mark()``.
-
-    Backends also have ``prepare(message, color) -> token`` and ``push_prepared(token)`` (a fixed name
-    resolved once) and ``enabled``: False when nothing can be recorded (no tool attached to the ``nvtx``
-    package, or no backend at all), so ``NVTXRanges`` skips its per-step work.
-
-    Args:
-        backend: ``"auto"`` (the ``nvtx`` package if installed, else ``torch.cuda.nvtx`` on a CUDA build of
-            torch, else a no-op after one warning), ``"nvtx"`` (raises ``ModuleNotFoundError`` naming the
-            extra when missing) or ``"torch"`` (warns once and does nothing on a CPU build of torch).
-        domain: NVTX domain of the ``nvtx`` backend (``torch.cuda.nvtx`` has only the default domain).
-    """
-    if backend == "nvtx":
-        return _NvtxPackageBackend(domain)
-    if backend == "auto":
-        try:
-            return _NvtxPackageBackend(domain)
-        except ModuleNotFoundError:
-            pass
-    if _torch_has_nvtx():
-        return _TorchBackend()
-    _warn_once(
-        "no-nvtx",
-        "NVTXRanges: no NVTX backend, so no ranges are emitted. Install the `nvtx` package "
-        "(`pip install 'lightning-gpuopt[nvtx]'`) or use a CUDA build of torch.",
-    )
-    return _NullBackend()
-
 
 # ------------------------------------------------------------------------------------------ range stack
 class RangeStack:
@@ -210,6 +60,12 @@ class RangeStack:
 
     Args:
         backend: an object from ``make_backend``.
+
+    Example:
+        >>> ranges = RangeStack(make_backend("auto"))  # doctest: +SKIP
+        >>> ranges.push("step 0", "step"); ranges.push("forward", "phase")  # doctest: +SKIP
+        >>> ranges.close("step")  # pops "forward" and "step"  # doctest: +SKIP
+        True
     """
 
     def __init__(self, backend: Any) -> None:
@@ -408,6 +264,10 @@ class NVTXRanges(pl.Callback):
 
     No metrics are logged. Without NVTX (CPU build of torch and no ``nvtx`` package) it warns once and does
     nothing; the capture window needs CUDA and is marked but not started on CPU runs.
+
+    Example:
+        >>> ranges = NVTXRanges(module_depth=1, module_root="model", start_step=100, stop_step=110)
+        >>> trainer = pl.Trainer(callbacks=[ranges])  # doctest: +SKIP
     """
 
     def __init__(
@@ -464,6 +324,7 @@ class NVTXRanges(pl.Callback):
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
@@ -504,9 +365,11 @@ class NVTXRanges(pl.Callback):
         self._emit = False
         self._tokens = {}
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._release()
 
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
@@ -525,8 +388,7 @@ class NVTXRanges(pl.Callback):
         if self._cuda_capture:
             torch.cuda.profiler.start()
         else:
-            _warn_once(
-                "capture-cpu",
+            warn_once(
                 "NVTXRanges: start_step/stop_step call cudaProfilerStart/Stop, which needs a CUDA device; "
                 "on this run the window is only marked in the NVTX timeline.",
             )
@@ -567,13 +429,16 @@ class NVTXRanges(pl.Callback):
             self._ranges.close("data wait")
 
     # ---- training hooks
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
 
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -593,23 +458,28 @@ class NVTXRanges(pl.Callback):
         if self.phases:
             ranges.push_prepared(self._token("forward"), "phase", "forward")
 
+    @override
     def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self._phase("zero_grad")
 
+    @override
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
         self._phase("backward")
 
+    @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._emit and self._ranges is not None:
             self._ranges.close("phase")
 
+    @override
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
         self._phase("optimizer step")
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -626,22 +496,26 @@ class NVTXRanges(pl.Callback):
         if self._emit and self.data_wait and not ranges.is_open("data wait"):
             ranges.push_prepared(self._token("data wait"), "data wait")
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._ranges is not None:
             # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
             self._ranges.close("step")
             self._close_data_wait()
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close_everything()
 
     # ---- validation hooks
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
         self._close_data_wait()
         if self._emit and self._ranges is not None and self.validation:
             self._ranges.push("validation", "validation")
 
+    @override
     def on_validation_batch_start(
         self,
         trainer: pl.Trainer,
@@ -654,6 +528,7 @@ class NVTXRanges(pl.Callback):
             self._ranges.close("validation step")
             self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: pl.Trainer,
@@ -666,6 +541,7 @@ class NVTXRanges(pl.Callback):
         if self._emit and self._ranges is not None:
             self._ranges.close("validation step")
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._ranges is None:
             return
@@ -673,17 +549,21 @@ class NVTXRanges(pl.Callback):
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self._open_data_wait()
 
+    @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
+    @override
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
     # ---- state
+    @override
     def state_dict(self) -> dict[str, Any]:
         # Nothing to resume: the capture window is defined by global_step, which the trainer restores.
         return {}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
 
