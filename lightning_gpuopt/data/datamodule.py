@@ -312,8 +312,6 @@ class OptimizedDataModule(pl.LightningDataModule):
     def _check_storage(self, split: str, dataset: Any) -> None:
         """A store kept at another size than ``image_size`` needs: refuse upsampling, say what else happens."""
         stored = getattr(dataset, "storage_size", None)
-        if stored is None and self.backend == "hdf5" and hasattr(dataset, "image_shape"):
-            stored = int(dataset.image_shape[0])  # a store without the attribute: its canvas height
         if stored is None or isinstance(dataset, UInt8ImageFolder):
             return  # a user dataset's images are what they are; the folder decodes at storage_size
         resize = eval_resize_size(self.image_size)

@@ -87,7 +87,9 @@ def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
 def full_image_meta(images: torch.Tensor) -> torch.Tensor:
     """``meta`` for a batch whose arrays are wholly valid, upright images: ``(H, W, 0)`` per sample."""
     n, h, w = images.shape[:3]
-    return torch.tensor([h, w, 0], dtype=torch.int32, device=images.device).expand(n, 3)
+    meta = torch.zeros(n, 3, dtype=torch.int32, device=images.device)  # built on the device: no copy, no sync
+    meta[:, 0], meta[:, 1] = h, w
+    return meta
 
 
 def image_sizes(meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,9 +219,10 @@ def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size
     grid = F.affine_grid(theta.to(images.dtype), [n, c, size, size], align_corners=False)
     m = meta.to(device=images.device, dtype=images.dtype)
     # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
-    lo = torch.tensor([1.0 / cw - 1.0, 1.0 / ch - 1.0], dtype=images.dtype, device=images.device)
+    grid[..., 0].clamp_(min=1.0 / cw - 1.0)
+    grid[..., 1].clamp_(min=1.0 / ch - 1.0)
     hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
-    grid = torch.minimum(torch.maximum(grid, lo), hi)
+    grid = torch.minimum(grid, hi)
     out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
     return out.round_()
 
