@@ -1,0 +1,363 @@
+"""The DALI pipeline behind ``DALILoader``, and the checks and diagnostics around it.
+
+``build_dali_pipeline`` defines one rank's pipeline: ``fn.readers.file`` sharded by rank, decoding with
+nvJPEG (``device="mixed"``) or libjpeg-turbo on DALI's CPU threads, then torchvision's recipes on the
+whole image. Training: ``RandomResizedCrop(image_size)`` with the ``AugmentConfig``'s area and aspect
+ranges (torchvision's ``(0.08, 1)`` and ``(3/4, 4/3)`` by default; ten attempts, decoding only the crop)
++ horizontal flip. Evaluation: ``Resize(eval_resize_size(image_size))``
+(shorter side, longer side truncated as torchvision computes it) + ``CenterCrop(image_size)`` (offsets
+rounded as torchvision rounds them). Resizing uses the antialiased linear filter (PIL's bilinear). Output:
+normalized fp16/fp32 NHWC. EXIF orientation is ignored, as PIL does, so every backend sees the same pixels.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size
+from lightning_gpuopt._imports import require_dali
+
+if TYPE_CHECKING:
+    from lightning_gpuopt.data.dali import DALIOptions
+    from lightning_gpuopt.data.transforms import AugmentConfig
+
+READER_NAME = "Reader"
+#: attempts at a crop inside the image before the fallback, as torchvision's ``RandomResizedCrop``
+CROP_ATTEMPTS = 10
+#: batches DALI prepares ahead
+PREFETCH_QUEUE_DEPTH = 2
+#: the training shuffle's seed: the same on every rank, so shards stay disjoint
+SHUFFLE_SEED = 42
+#: DALI's own default share for the hardware JPEG decoder (tuned for A100)
+DALI_HW_DECODER_LOAD = 0.65
+
+# Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
+# empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
+_SIGNATURES: tuple[bytes, ...] = (
+    b"\xff\xd8",  # JPEG
+    b"\x89PNG",
+    b"BM",  # BMP
+    b"II*\x00",  # TIFF little endian
+    b"MM\x00*",  # TIFF big endian
+    b"RIFF",  # WebP
+    b"\x00\x00\x00\x0cjP  ",  # JPEG 2000
+    b"\xff\x4f\xff\x51",  # JPEG 2000 code stream
+    *(f"P{k}".encode() for k in range(1, 7)),  # PNM
+)
+_SEARCH_BUDGET_S = 60.0
+
+
+def dali_modules() -> tuple[Any, Any, Any]:
+    """``(nvidia.dali, fn, types)``, or ``ModuleNotFoundError`` naming the extras to install."""
+    dali = require_dali()
+    from nvidia.dali import fn, types
+
+    return dali, fn, types
+
+
+def default_hw_decoder_load(device_id: int | None) -> float:
+    """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper and newer), else 0.65.
+
+    Whatever the hardware decoder does not take is decoded by CUDA kernels on the SMs the model trains on;
+    on Hopper the hardware decoder keeps up alone. ``device_id=None`` (CPU pipeline): unused, 0.65.
+    """
+    if device_id is None:
+        return DALI_HW_DECODER_LOAD
+    import torch
+
+    try:
+        major, _ = torch.cuda.get_device_capability(device_id)
+    except (RuntimeError, AssertionError, AttributeError):  # no CUDA here: the pipeline will say so itself
+        return DALI_HW_DECODER_LOAD
+    return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
+
+
+def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
+    """DALI CPU threads per rank.
+
+    ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks, 1..8; the other half
+    is for the training loop, the CUDA driver and DALI's own executor threads. ``decoder="cpu"``: the
+    threads decode every JPEG, so each rank takes its share of the CPUs less two (the training loop and
+    DALI's executor), at least 1. See docs/benchmarks.md for the measurements behind both.
+    """
+    share = available_cpus() // max(1, local_world_size)
+    if decoder == "cpu":
+        return max(1, share - 2)
+    return max(1, min(8, share // 2))
+
+
+def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any, Any]:
+    """``(width, height)`` torchvision's ``Resize(size)`` gives an image of ``shape`` (H, W, C): the shorter
+    side becomes ``size``, the longer ``int(size * long / short)`` (integer arithmetic, exact)."""
+    h, w = shape[0], shape[1]
+    portrait = fn.cast(w <= h, dtype=types.INT64)
+    new_w = portrait * size + (1 - portrait) * ((size * w) // h)
+    new_h = (1 - portrait) * size + portrait * ((size * h) // w)
+    return fn.cast(new_w, dtype=types.FLOAT), fn.cast(new_h, dtype=types.FLOAT)
+
+
+def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
+    """``crop_pos`` placing a ``size`` crop at torchvision's ``CenterCrop`` offset ``round((length - size) / 2)``
+    (Python rounds halves to even; DALI's own centring rounds them up)."""
+    d = length - size
+    k = d // 2
+    offset = k + (d - 2 * k) * (k - 2 * (k // 2))
+    return fn.cast(offset, dtype=types.FLOAT) / fn.cast(d + (d == 0), dtype=types.FLOAT)
+
+
+def build_dali_pipeline(
+    files: Sequence[str],
+    labels: Sequence[int],
+    *,
+    batch_size: int,
+    image_size: int,
+    train: bool,
+    device_id: int | None,
+    augment: AugmentConfig | None = None,
+    options: DALIOptions | None = None,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    half: bool = False,
+    seed: int = 0,
+    checkpointing: bool = False,
+    checkpoint: bytes | str | None = None,
+) -> Any:
+    """Define (not build) the DALI pipeline for one rank.
+
+    Args:
+        files: image paths (the whole data set: the reader picks this rank's shard).
+        labels: class index of each file.
+        batch_size: samples per batch on this rank.
+        image_size: output height and width.
+        train: reshuffle the file list every epoch (else read it in order, each rank its own shard).
+        device_id: CUDA device for decoding and the GPU operators, or ``None`` for a CPU-only pipeline.
+        augment: the training crop and flip (``AugmentConfig``); ``None``: resize + center crop.
+        options: decoder and threads (``DALIOptions``; default ``DALIOptions()``).
+        shard_id: this rank's shard (global rank).
+        num_shards: number of shards (world size).
+        mean: per-channel mean in [0, 1] units.
+        std: per-channel standard deviation in [0, 1] units.
+        half: fp16 output instead of fp32.
+        seed: seed of the random crops and flips.
+        checkpointing: let the iterator save the reader and random state.
+        checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
+
+    Example:
+        >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
+        ...                            device_id=0, augment=AugmentConfig())  # doctest: +SKIP
+    """
+    from lightning_gpuopt.data.dali import DALIOptions
+
+    options = options or DALIOptions()
+    dali, fn, types = dali_modules()
+    gpu = device_id is not None
+    threads = options.threads or default_num_threads(1, options.decoder)
+    mean255 = [float(m) * 255.0 for m in mean]
+    std255 = [float(s) * 255.0 for s in std]
+    resize_kw = {"interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
+    decode_kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False}
+    if gpu and options.decoder == "gpu":
+        # paddings from DALI's ImageNet example: avoid reallocations for the largest images
+        decode_kw.update(
+            device="mixed",
+            hw_decoder_load=default_hw_decoder_load(device_id),
+            device_memory_padding=211025920,
+            host_memory_padding=140544512,
+        )
+    else:
+        decode_kw["device"] = "cpu"
+    op_device = "gpu" if gpu else "cpu"
+
+    @dali.pipeline_def(
+        batch_size=batch_size,
+        num_threads=threads,
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
+        enable_checkpointing=checkpointing,
+        checkpoint=checkpoint,
+    )
+    def pipeline() -> Any:
+        jpegs, label = fn.readers.file(
+            files=list(files),
+            labels=[int(v) for v in labels],
+            shard_id=shard_id,
+            num_shards=num_shards,
+            # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so
+            # shards stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
+            shuffle_after_epoch=train,
+            shuffle_after_epoch_seed=SHUFFLE_SEED,
+            # every shard the same size, a multiple of the batch; an epoch never reads into the next shard
+            pad_last_batch=True,
+            stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
+            name=READER_NAME,
+        )
+        if augment is not None:
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                random_area=list(augment.scale),
+                random_aspect_ratio=list(augment.ratio),
+                num_attempts=CROP_ATTEMPTS,
+                **decode_kw,
+            )
+            if gpu and decode_kw["device"] == "cpu":
+                images = images.gpu()  # the decoded crop goes to the GPU to be resized there
+            images = fn.resize(
+                images, device=op_device, resize_x=image_size, resize_y=image_size, **resize_kw
+            )
+            crop: dict[str, Any] = {}
+            mirror = fn.random.coin_flip(probability=augment.flip_p)
+        else:
+            shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
+            # libjpeg's fancy upsampling, as PIL decodes
+            images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
+            if gpu and decode_kw["device"] == "cpu":
+                images = images.gpu()
+            new_w, new_h = _torchvision_resize(fn, types, shape, eval_resize_size(image_size))
+            images = fn.resize(images, device=op_device, resize_x=new_w, resize_y=new_h, **resize_kw)
+            crop = {
+                "crop": (image_size, image_size),
+                "crop_pos_x": _center_crop_pos(fn, types, fn.cast(new_w, dtype=types.INT64), image_size),
+                "crop_pos_y": _center_crop_pos(fn, types, fn.cast(new_h, dtype=types.INT64), image_size),
+            }
+            mirror = 0
+        images = fn.crop_mirror_normalize(
+            images,
+            device=op_device,
+            dtype=types.FLOAT16 if half else types.FLOAT,
+            output_layout="HWC",  # NHWC batch == channels_last NCHW view, no copy
+            mean=mean255,
+            std=std255,
+            mirror=mirror,
+            **crop,
+        )
+        label = fn.cast(label, dtype=types.INT64)
+        if gpu:
+            label = label.gpu()
+        return images, label
+
+    return pipeline()
+
+
+# -- files: checked up front, named when DALI fails --------------------------------------------------
+
+
+def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
+    """Check that every file exists, is non-empty and starts with a known image signature.
+
+    A cheap read of the first bytes of each file (threaded); full decodability is only known when DALI
+    decodes the file, and ``DALILoader`` then names the file in its error.
+
+    Raises:
+        ValueError: naming the first bad file and the fix.
+    """
+
+    def check(path: str) -> str | None:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(12)
+        except OSError as err:
+            return f"{path!r} cannot be read ({err.strerror})"
+        if not head:
+            return f"{path!r} is empty"
+        if not head.startswith(_SIGNATURES):
+            return f"{path!r} is not a JPEG/PNG/BMP/TIFF/WebP/JPEG 2000/PNM image (unknown leading bytes)"
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
+        for problem in pool.map(check, files, chunksize=256):
+            if problem is not None:
+                raise ValueError(
+                    f"corrupt or unreadable image: {problem}; remove or replace it (DALI cannot decode it)"
+                )
+
+
+def _file_in_message(message: str, files: Sequence[str]) -> str | None:
+    match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
+    if match:
+        return match.group(1)
+    for path in files:  # failure path only: a linear scan is fine
+        if path in message:
+            return path
+    return None
+
+
+def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
+    """The first file PIL cannot fully decode, searching for at most ``budget_s`` seconds (failure path)."""
+    from PIL import Image
+
+    def bad(path: str) -> bool:
+        try:
+            with Image.open(path) as img:
+                img.load()
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            return True
+        return False
+
+    deadline = time.monotonic() + budget_s
+    chunk = 256
+    with ThreadPoolExecutor(max_workers=min(16, available_cpus())) as pool:
+        for start in range(0, len(files), chunk):
+            part = files[start : start + chunk]
+            for path, is_bad in zip(part, pool.map(bad, part), strict=True):
+                if is_bad:
+                    return path
+            if time.monotonic() > deadline:
+                return None
+    return None
+
+
+def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
+    """DALI's decoding error re-worded to name the file (``ValueError``); other errors come back unchanged."""
+    message = str(err)
+    if "decod" not in message and "nvImageCodec" not in message:
+        return err
+    path = _file_in_message(message, files)
+    if path is None:
+        # some codec errors ("nvImageCodec failure: '#3'") do not name the file: look for it with PIL
+        path = _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
+    if path is not None:
+        return ValueError(
+            f"DALI could not decode image {path!r}; remove or replace the file. DALI said: {err}"
+        )
+    return RuntimeError(
+        f"{message}\nlightning-gpuopt: an image failed to decode and no file could be identified within "
+        f"{_SEARCH_BUDGET_S:.0f} s; check the data set with PIL (Image.open(path).load())"
+    )
+
+
+# -- thread priority ---------------------------------------------------------------------------------
+
+
+def thread_ids() -> set[int]:
+    """Ids of this process's threads (Linux; empty elsewhere)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def renice_dali_workers(existing: set[int], nice: int) -> list[int]:
+    """Lower the priority of DALI pool threads started since ``existing`` (thread ids) by ``nice``.
+
+    DALI names its pool threads ``[DALI][TP<n>]...``; its executor and prefetch threads, the CUDA driver's
+    and the training loop's are left alone. Linux only (per-thread nice values); returns the threads changed.
+    """
+    changed = []
+    for tid in sorted(thread_ids() - existing):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+            if name.startswith("[DALI][TP"):
+                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+                changed.append(tid)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return changed
