@@ -8,9 +8,9 @@ The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.dat
   image's own coordinates, plus a horizontal flip;
 - eval: ``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)`` of the whole image, as a box.
 
-The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one
-``F.affine_grid`` + ``F.grid_sample`` (bilinear, ``align_corners=False``, edges replicated at the image's
-border) resamples the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
+The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one affine
+grid (``F.affine_grid``'s, built from broadcast sums) and one ``F.grid_sample`` (bilinear,
+``align_corners=False``, edges replicated at the image's border) resample the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
 normalized into channels_last NCHW. No per-sample Python loop, no host synchronisation; random numbers are
 drawn on the batch's device.
 """
@@ -205,6 +205,29 @@ def crop_theta(
     return torch.stack(rows, dim=1).view(-1, 2, 3)
 
 
+def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """``F.affine_grid(theta, (N, C, size, size), align_corners=False)``, computed as two broadcast sums.
+
+    Each grid coordinate is ``t0 * u + t1 * v + t2`` with ``u`` and ``v`` the output pixel centres in
+    ``[-1, 1]``, so it is the sum of a per-column and a per-row term: two kernels over the grid instead of
+    ``affine_grid``'s batched matrix product, which costs several times more on a GPU.
+
+    Returns:
+        ``(N, size, size, 2)`` in ``theta``'s dtype.
+    """
+    n = theta.shape[0]
+    centres = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1
+    grid = torch.empty(n, size, size, 2, device=theta.device, dtype=theta.dtype)
+    for axis in range(2):
+        row = theta[:, axis].view(n, 3, 1, 1)
+        torch.add(
+            row[:, 0] * centres.view(1, 1, size) + row[:, 2],
+            row[:, 1] * centres.view(1, size, 1),
+            out=grid[..., axis],
+        )
+    return grid
+
+
 def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size: int) -> torch.Tensor:
     """One bilinear ``grid_sample`` of ``theta``'s boxes into ``size x size``, edges replicated at each
     image's stored border (``meta``), rounded to integers.
@@ -215,14 +238,14 @@ def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size
         theta: ``(N, 2, 3)`` from ``crop_theta``.
         size: output side.
     """
-    n, c, ch, cw = images.shape
-    grid = F.affine_grid(theta.to(images.dtype), [n, c, size, size], align_corners=False)
+    n, _, ch, cw = images.shape
+    grid = affine_grid(theta.to(images.dtype), size)
     m = meta.to(device=images.device, dtype=images.dtype)
     # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
-    grid[..., 0].clamp_(min=1.0 / cw - 1.0)
-    grid[..., 1].clamp_(min=1.0 / ch - 1.0)
     hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
-    grid = torch.minimum(grid, hi)
+    lo = torch.empty_like(hi)
+    lo[..., 0], lo[..., 1] = 1.0 / cw - 1.0, 1.0 / ch - 1.0  # filled on the device: no host copy
+    torch.clamp(grid, lo, hi, out=grid)
     out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
     return out.round_()
 

@@ -9,6 +9,7 @@ from lightning_gpuopt.data import layout
 from lightning_gpuopt.data.transforms import (
     AugmentConfig,
     GPUAugment,
+    affine_grid,
     center_crop_boxes,
     crop_theta,
     normalize,
@@ -264,3 +265,9 @@ def test_cuda_matches_cpu_and_no_sync():
     assert out_train.is_contiguous(memory_format=torch.channels_last)
     assert torch.allclose(out_eval.float().cpu(), ref, atol=2e-2)
     assert math.isfinite(out_train.float().sum().item())
+
+
+def test_affine_grid_equals_torchs():
+    theta = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.affine_grid(theta, [5, 3, 17, 17], align_corners=False)
+    assert torch.allclose(affine_grid(theta, 17), expected, atol=1e-6)
