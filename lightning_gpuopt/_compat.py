@@ -123,5 +123,94 @@ def supports_amp_scaling(optimizer: Any) -> bool:
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); ``False`` where torch cannot tell."""
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    probes = [
+        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
     return any(bool(p()) for p in probes if callable(p))
+
+
+_INTERNALS[
+    ("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_broadcast_sigterm_tensor")
+] = "under DDP the SIGTERM check runs every step without blocking the host"
+
+_SIGTERM_SLOTS = 4
+
+
+def nonblocking_sigterm_check(trainer: Any) -> bool:
+    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host.
+
+    Under DDP, Lightning's training loop broadcasts rank zero's SIGTERM flag at the start of every step and
+    reads it back with ``.item()``: a host-device synchronisation each step, so the host cannot queue the next
+    step while the GPU runs the current one, and every rank waits for the slowest at that point. This
+    replacement still broadcasts the flag every step (every rank issues the same collectives in the same
+    order), into one of a few reused device/pinned-host buffers, and reads each result once its copy has
+    completed, without waiting: a SIGTERM stops all ranks a step or two later than before. Only this trainer's
+    loop is changed.
+
+    Returns:
+        Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if loop is None or not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
+        _fallback("Lightning's _TrainingEpochLoop._broadcast_sigterm_tensor (DDP keeps a host sync per step)")
+        return False
+    loop._broadcast_sigterm_tensor = _NonBlockingSigterm(trainer)
+    return True
+
+
+def _sigterm_slots(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]]:
+    cuda = device.type == "cuda"
+    slots = []
+    for _ in range(_SIGTERM_SLOTS):
+        host_in = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        host_out = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        dev = torch.zeros(1, dtype=torch.int32, device=device)
+        slots.append((host_in, dev, host_out, torch.cuda.Event() if cuda else None))
+    return slots
+
+
+class _NonBlockingSigterm:
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]] | None = None
+        self.step = 0
+        self.pending: list[int] = []
+
+    def __call__(self) -> None:
+        import contextlib
+
+        import torch.distributed as dist
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if self.slots is None:
+            self.slots = _sigterm_slots(self.trainer.strategy.root_device)
+        # read every finished broadcast, oldest first, without waiting
+        stop = False
+        while self.pending:
+            host_in, dev, host_out, event = self.slots[self.pending[0]]
+            if event is not None and not event.query():
+                break
+            self.pending.pop(0)
+            stop = stop or int(host_out[0]) == 1
+        if stop:
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            raise SIGTERMException()
+        index = self.step % _SIGTERM_SLOTS
+        self.step += 1
+        host_in, dev, host_out, event = self.slots[index]
+        if index in self.pending:  # the GPU is a whole ring behind: wait for this slot only
+            if event is not None:
+                event.synchronize()
+            self.pending.remove(index)
+            if int(host_out[0]) == 1:
+                with contextlib.suppress(Exception):
+                    dist.barrier()
+                raise SIGTERMException()
+        host_in[0] = 1 if getattr(self.trainer, "received_sigterm", False) else 0
+        dev.copy_(host_in, non_blocking=True)
+        dist.broadcast(dev, src=0)
+        host_out.copy_(dev, non_blocking=True)
+        if event is not None:
+            event.record()
+        self.pending.append(index)
