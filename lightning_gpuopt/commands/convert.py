@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except CorruptImageError as err:
         _fail(
-            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, or pass --on-corrupt skip"
+            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, "
+            "or pass --on-corrupt skip"
         )
         return 2
     except OSError as err:  # read-only or full destination, failed write: the message names the path

@@ -2,9 +2,9 @@
 
 Every image is kept whole (``lightning_gpuopt.data.layout``) by ``folder.load_canvas``: decoded to 8-bit
 RGB, resized like torchvision's ``Resize(storage_size)`` and placed on a fixed landscape canvas, with its
-``meta`` ``(h, w, transposed)``. Decoding runs in worker processes; the file is written as ``OUT.tmp-<pid>`` beside
-``OUT`` and renamed over it only when complete, so ``OUT`` is never partial. The store's layout is
-described in ``lightning_gpuopt.data.hdf5``.
+``meta`` ``(h, w, transposed)``. Decoding runs in worker processes; the file is written as
+``OUT.tmp-<pid>`` beside ``OUT`` and renamed over it only when complete, so ``OUT`` is never partial. The
+store's layout is described in ``lightning_gpuopt.data.hdf5``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ FORMAT_VERSION = 2
 LAYOUT_VERSION = 1
 RESIZE_DOC = (
     "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), shrunk further "
-    "to fit a storage_size x ceil(1.5 storage_size) canvas, portrait images transposed; meta = (h, w, transposed)"
+    "to fit a storage_size x ceil(1.5 storage_size) canvas, portrait images transposed; "
+    "meta = (h, w, transposed)"
 )
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
 _PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name
@@ -102,7 +103,7 @@ def _init_worker(parent_pid: int | None) -> None:
 
 
 def _decode_block(job: tuple[list[str], int, bool]) -> _Block:
-    """Decode a block of images onto canvases (in a worker); failures come back as (position, path, reason)."""
+    """Decode a block of images onto canvases (in a worker); failures come back as (index, path, reason)."""
     from lightning_gpuopt.data.folder import load_canvas
 
     paths, storage_size, keep_going = job
@@ -314,7 +315,8 @@ def _create_temp(tmp: Path, dest: Path) -> None:
     except OSError as err:
         raise type(err)(
             err.errno,
-            f"cannot create files in {str(dest.parent)!r} ({err.strerror}); choose an output in a writable folder",
+            f"cannot create files in {str(dest.parent)!r} ({err.strerror}); "
+            "choose an output in a writable folder",
         ) from None
     os.close(fd)
 

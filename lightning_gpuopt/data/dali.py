@@ -1,4 +1,4 @@
-"""NVIDIA DALI backend: images decoded (nvJPEG or CPU threads) and augmented by DALI, behind a Lightning loader.
+"""NVIDIA DALI backend: images decoded (nvJPEG or CPU threads) and augmented by DALI, in a Lightning loader.
 
 ``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads); the pipeline itself
 (``lightning_gpuopt.data.dali_pipeline``) follows torchvision's recipes on the whole image.
@@ -301,7 +301,8 @@ class DALILoader:
         self._checkpoint = None
         if len(self._iterator) != len(self):
             raise RuntimeError(
-                f"DALI reports {len(self._iterator)} batches per epoch, lightning-gpuopt computed {len(self)}; "
+                f"DALI reports {len(self._iterator)} batches per epoch, lightning-gpuopt computed "
+                f"{len(self)}; "
                 "please report this with your DALI version"
             )
 
@@ -392,7 +393,7 @@ class DALILoader:
         return {"checkpoint": checkpoint, "yielded": self._yielded, "num_shards": self.num_shards}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from ``state_dict``; the pipeline is rebuilt from the checkpoint on the next ``__iter__``."""
+        """Restore ``state_dict``; the pipeline is rebuilt from its checkpoint on the next ``__iter__``."""
         if state_dict.get("num_shards", self.num_shards) != self.num_shards:
             raise ValueError(
                 f"the DALI state was saved with {state_dict['num_shards']} shards (ranks) but this run has "
@@ -442,9 +443,10 @@ def build_dali_loader(
 
     Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labelled as ``scan_image_folder`` does, so as
     the folder backend; or a list of ``(path, label)``), ``batch_size``, ``image_size``, ``mean``,
-    ``std``, ``augment`` (an ``AugmentConfig`` or ``None``), ``output_dtype``, ``num_workers`` (DALI threads when an int and the options
-    leave ``threads`` unset) and ``dali`` (``DALIOptions``; a ``dali_kwargs`` dict is read too). The shard
-    is the Trainer's global rank of its world size; the device is its root device.
+    ``std``, ``augment`` (an ``AugmentConfig`` or ``None``), ``output_dtype``, ``num_workers`` (DALI
+    threads when an int and the options leave ``threads`` unset) and ``dali`` (``DALIOptions``; a
+    ``dali_kwargs`` dict is read too). The shard is the Trainer's global rank of its world size; the
+    device is its root device.
 
     Args:
         dm: the DataModule (attached to a Trainer, or standalone: rank 0 of 1 on the current device).

@@ -61,7 +61,7 @@ def dali_modules() -> tuple[Any, Any, Any]:
 
 
 def default_hw_decoder_load(device_id: int | None) -> float:
-    """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper and newer), else 0.65.
+    """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper on), else 0.65.
 
     Whatever the hardware decoder does not take is decoded by CUDA kernels on the SMs the model trains on;
     on Hopper the hardware decoder keeps up alone. ``device_id=None`` (CPU pipeline): unused, 0.65.
@@ -102,8 +102,8 @@ def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any
 
 
 def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
-    """``crop_pos`` placing a ``size`` crop at torchvision's ``CenterCrop`` offset ``round((length - size) / 2)``
-    (Python rounds halves to even; DALI's own centring rounds them up)."""
+    """``crop_pos`` placing a ``size`` crop at torchvision's ``CenterCrop`` offset
+    ``round((length - size) / 2)`` (Python rounds halves to even; DALI's own centring rounds them up)."""
     d = length - size
     k = d // 2
     offset = k + (d - 2 * k) * (k - 2 * (k // 2))

@@ -91,7 +91,8 @@ class HDF5ImageDataset(Dataset):
         self._identity = (st.st_size, st.st_mtime_ns, self.uuid)
         if self._raw_end() > st.st_size:
             raise ValueError(
-                f"HDF5 file {self.path!r} is truncated (its images end past the file); {_convert_fix(self.path)}"
+                f"HDF5 file {self.path!r} is truncated (its images end past the file); "
+                f"{_convert_fix(self.path)}"
             )
         self.feed_info = FeedInfo(backend="hdf5")
         self._win: np.ndarray | None = None  # (file bytes - image bytes + 1, S, W, 3) window on the map
@@ -101,7 +102,7 @@ class HDF5ImageDataset(Dataset):
     # -- checks -------------------------------------------------------------------------------------
 
     def _open_h5(self, fileobj: Any = None) -> Any:
-        """The store opened with h5py; a damaged or foreign file raises ``ValueError`` naming it and the fix."""
+        """The store opened with h5py; a damaged or foreign file raises ``ValueError`` naming it and a fix."""
         h5py = require("h5py")
         fix = _convert_fix(self.path)
         if fileobj is None and (not os.path.isfile(self.path) or not h5py.is_hdf5(self.path)):
@@ -125,13 +126,15 @@ class HDF5ImageDataset(Dataset):
         version = int(attrs.get("format_version", 0))
         if version == 1:
             raise ValueError(
-                f"{self.path!r} holds the old layout (a central square per image, format version 1); training "
+                f"{self.path!r} holds the old layout (a central square per image, format version 1); "
+                "training "
                 f"now crops from whole images: {fix}"
             )
         if version != FORMAT_VERSION or int(attrs.get("layout_version", 0)) != LAYOUT_VERSION:
             raise ValueError(
-                f"{self.path!r} has format version {version}, layout version {attrs.get('layout_version')!r}; "
-                f"this lightning-gpuopt reads {FORMAT_VERSION}/{LAYOUT_VERSION}: {fix} (or upgrade lightning-gpuopt)"
+                f"{self.path!r} has format version {version}, layout version "
+                f"{attrs.get('layout_version')!r}; this lightning-gpuopt reads "
+                f"{FORMAT_VERSION}/{LAYOUT_VERSION}: {fix} (or upgrade lightning-gpuopt)"
             )
         for name in ("images", "meta", "labels", "chunk_offsets"):
             if not isinstance(f.get(name), h5py.Dataset):
@@ -155,7 +158,8 @@ class HDF5ImageDataset(Dataset):
         )
         if not consistent:
             raise ValueError(
-                f"HDF5 file {self.path!r} is inconsistent (shapes, chunks or filters differ from the format); {fix}"
+                f"HDF5 file {self.path!r} is inconsistent (shapes, chunks or filters differ from the "
+                f"format); {fix}"
             )
         self.image_shape: tuple[int, int, int] = canvas
         self._image_bytes = int(np.prod(canvas))
@@ -177,7 +181,8 @@ class HDF5ImageDataset(Dataset):
 
     def _changed(self) -> RuntimeError:
         return RuntimeError(
-            f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was converted again or "
+            f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was converted "
+            "again or "
             "replaced: its uuid, size or modification time differ); create the dataset (or DataModule) again"
         )
 
@@ -316,6 +321,7 @@ class HDF5ImageDataset(Dataset):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(path={self.path!r}, images={len(self)}, storage_size={self.storage_size}, "
+            f"{type(self).__name__}(path={self.path!r}, images={len(self)}, "
+            f"storage_size={self.storage_size}, "
             f"canvas={self.image_shape}, classes={len(self.classes)})"
         )

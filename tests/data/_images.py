@@ -42,6 +42,21 @@ def save(array: np.ndarray, path: str | os.PathLike[str], **kwargs: object) -> s
     return os.fspath(path)
 
 
+def image_folder(
+    root: str | os.PathLike[str], num_images: int, num_classes: int, size: tuple[int, int]
+) -> Path:
+    """A class-per-subfolder folder of smooth JPEGs, ``size = (width, height)``, round-robin over classes."""
+    root = Path(root)
+    width, height = size
+    for i in range(num_images):
+        save(
+            smooth_rgb(height, width, i),
+            root / f"class_{i % num_classes:02d}" / f"img_{i:06d}.jpg",
+            quality=90,
+        )
+    return root
+
+
 def save_grey16(height: int, width: int, path: str | os.PathLike[str]) -> str:
     """A 16-bit greyscale PNG with a ramp over the whole 0..65535 range."""
     ramp = np.linspace(0, 65535, height * width).reshape(height, width)
@@ -59,7 +74,7 @@ def grey16_as_rgb8(path: str | os.PathLike[str]) -> Image.Image:
 
 
 def tv_resize(img: Image.Image, size: int) -> Image.Image:
-    """torchvision ``Resize(size)`` on a PIL image: shorter side to ``size``, longer ``int(size*long/short)``."""
+    """torchvision ``Resize(size)`` of a PIL image: shorter side to ``size``, longer ``int(size*long/short)``."""
     w, h = img.size
     short, long = min(w, h), max(w, h)
     new_short, new_long = size, int(size * long / short)

@@ -1,4 +1,4 @@
-"""DALI backend on the CPU (``device_id=None``): outputs, epochs and ranks, resume, options, errors, Lightning.
+"""DALI on the CPU (``device_id=None``): outputs, epochs and ranks, resume, options, errors, Lightning.
 
 Pixels and crop distributions against torchvision's recipes: ``test_dali_pixels.py``.
 """
@@ -421,8 +421,8 @@ def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
 
 
 def test_optimized_datamodule_dali_backend_fits(jpeg_folder, tmp_path):
+    from lightning_gpuopt.bench.models import ImageClassifier
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
-    from lightning_gpuopt.models import ImageClassifier
 
     dm = OptimizedDataModule(
         jpeg_folder,

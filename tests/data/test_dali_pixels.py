@@ -38,7 +38,7 @@ ZERO, ONE = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # no normalization: outputs are pi
 
 
 def _boxes(images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``(top, left, height, width)`` of each output's crop in the original image, and whether it was flipped."""
+    """``(top, left, height, width)`` of each output's crop in the original image, and whether it is flipped."""
     pixels = images.float().numpy() * 255.0  # (N, 3, OUT, OUT)
     j = np.arange(OUT, dtype=np.float64)
     inner = slice(2, OUT - 2)  # border pixels see the image edge through the resampling filter

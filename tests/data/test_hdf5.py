@@ -15,15 +15,14 @@ from lightning_gpuopt._common import FeedInfo  # noqa: E402
 from lightning_gpuopt.data import hdf5 as hdf5_mod  # noqa: E402
 from lightning_gpuopt.data.convert import convert_folder_to_hdf5  # noqa: E402
 from lightning_gpuopt.data.hdf5 import FORMAT, HDF5ImageDataset  # noqa: E402
+from tests.data._images import image_folder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A converted store of the 48-image JPEG folder at storage_size 16, and its canvases read with h5py."""
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
-
     root = tmp_path_factory.mktemp("store")
-    src = make_jpeg_folder(root / "src", num_images=48, num_classes=3, image_size=(64, 48), workers=1)
+    src = image_folder(root / "src", num_images=48, num_classes=3, size=(64, 48))
     path = root / "s.h5"
     convert_folder_to_hdf5(src, path, 16, workers=1, progress=False)
     with h5py.File(path, "r") as f:
@@ -115,9 +114,7 @@ def test_a_replaced_store_is_refused_in_every_process(store, tmp_path):
     live = tmp_path / "live.h5"
     shutil.copy(path, live)
     ds = HDF5ImageDataset(live)
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
-
-    other = make_jpeg_folder(tmp_path / "other", num_images=20, num_classes=2, image_size=(40, 40), workers=1)
+    other = image_folder(tmp_path / "other", num_images=20, num_classes=2, size=(40, 40))
     convert_folder_to_hdf5(other, live, 24, workers=1, progress=False, overwrite=True)
     loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match=r"live\.h5.* changed since this HDF5ImageDataset was made"):
