@@ -9,6 +9,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_gpuopt.bench.models import ImageClassifier, SmallResNet
 from lightning_gpuopt.compute.channels_last import (
     ChannelsLast,
     apply_channels_last,
@@ -16,7 +17,6 @@ from lightning_gpuopt.compute.channels_last import (
     is_channels_last,
     to_channels_last,
 )
-from lightning_gpuopt.models import ImageClassifier, SmallResNet
 from tests._lightning import quiet_trainer
 
 CL = torch.channels_last

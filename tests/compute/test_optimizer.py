@@ -192,7 +192,7 @@ def test_resume_keeps_the_switch(tmp_path) -> None:
 
 @pytest.mark.gpu
 def test_gpu_16_mixed_fit_runs_fused() -> None:
-    from lightning_gpuopt.models import ImageClassifier
+    from lightning_gpuopt.bench.models import ImageClassifier
 
     cb = FusedOptimizer()
     x = torch.randn(32, 3, 16, 16)

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_gpuopt.bench.models import ImageClassifier, SmallResNet
 from lightning_gpuopt.compute.channels_last import ChannelsLast
 from lightning_gpuopt.compute.compile import CompileModel
 from lightning_gpuopt.compute.optimizer import FusedOptimizer
@@ -12,7 +13,6 @@ from lightning_gpuopt.compute.precision import (
     configure_backends,
     fast_trainer_kwargs,
 )
-from lightning_gpuopt.models import ImageClassifier, SmallResNet
 from tests._lightning import quiet_trainer
 
 TRANSFORMER = nn.TransformerEncoderLayer(d_model=16, nhead=2)

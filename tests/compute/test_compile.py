@@ -1,0 +1,416 @@
+"""CompileModel / should_compile: torch.compile of forward for a fit, and the rule deciding when it pays."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.compute import compile as compile_mod
+from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
+from lightning_gpuopt.compute.compile import (
+    BREAK_EVEN_SECONDS,
+    COMPILE_SECONDS,
+    COMPILE_STEP_SAVING,
+    CompileDecision,
+    CompileModel,
+    should_compile,
+)
+from lightning_gpuopt.compute.precision import PRESET_DDP_KWARGS, configure_backends, fast_trainer_kwargs
+from tests._ddp import CloseProcessGroup
+from tests._lightning import quiet_trainer
+
+H200 = {"device": "cuda", "capability": (9, 0)}
+
+
+# --- the rule ------------------------------------------------------------------------------------------
+def test_break_even_follows_from_the_constants():
+    assert pytest.approx(COMPILE_SECONDS / COMPILE_STEP_SAVING) == BREAK_EVEN_SECONDS
+    assert 290 <= BREAK_EVEN_SECONDS <= 310  # 45 s of compiling against 15% faster steps
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected", "reason"),
+    [
+        ({"has_conv": False, **H200}, False, "no convolution"),
+        ({"has_conv": True, "device": "cpu"}, False, "CUDA devices only"),
+        ({"has_conv": True, "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
+        # steps known: eager time = steps * step time against the 300 s break-even
+        ({"has_conv": True, **H200, "steps_left": 50_000, "step_seconds": 0.04}, True, "2000 s"),
+        ({"has_conv": True, **H200, "steps_left": 5_000, "step_seconds": 0.04}, False, "200 s"),
+        (
+            {
+                "has_conv": True,
+                "device": "cuda",
+                "capability": (7, 0),
+                "steps_left": 8_000,
+                "step_seconds": 0.04,
+            },
+            True,
+            "320 s",
+        ),
+        # steps known, step time not yet: time some steps first, unless max_time already rules it out
+        ({"has_conv": True, **H200, "steps_left": 5_000}, None, "time a few steps"),
+        ({"has_conv": True, **H200, "steps_left": 5_000, "time_left": 120.0}, False, "max_time"),
+        # max_time caps a long step budget
+        (
+            {"has_conv": True, **H200, "steps_left": 1e6, "step_seconds": 0.04, "time_left": 250.0},
+            False,
+            "250 s",
+        ),
+        # no set length: max_time decides, else the run is taken as long
+        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 3600.0}, True, "3600 s"),
+        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 200.0}, False, "200 s"),
+        ({"has_conv": True, **H200, "steps_left": float("inf")}, True, "no set length"),
+        ({"has_conv": True, **H200}, True, "no set length"),
+    ],
+)
+def test_should_compile(kwargs, expected, reason):
+    decision = should_compile(**kwargs)
+    assert isinstance(decision, CompileDecision)
+    assert decision.compile is expected
+    assert reason in decision.reason
+
+
+def test_should_compile_reads_the_capability_of_the_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    assert should_compile(has_conv=True, device="cuda:0").compile is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert should_compile(has_conv=True, device="cuda:0").compile is True
+
+
+# --- the preset ------------------------------------------------------------------------------------------
+def _convnet(num_classes: int = 4) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, num_classes),
+    )
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
+
+
+def _compile_callbacks(kwargs: dict) -> list[CompileModel]:
+    return [c for c in kwargs["callbacks"] if isinstance(c, CompileModel)]
+
+
+def test_preset_compile_choices_on_cpu():
+    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu")) == []  # the rule: CUDA only
+    (forced,) = _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True))
+    assert forced.when == "always"
+    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=False)) == []
+    mine = CompileModel(backend="eager")
+    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True, callbacks=[mine])) == [
+        mine
+    ]
+    with pytest.raises(TypeError, match="compile must be"):
+        fast_trainer_kwargs(_convnet(), "cpu", compile="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("capability", "model", "expected"),
+    [
+        ((9, 0), _convnet(), ["auto"]),
+        ((6, 1), _convnet(), []),
+        ((9, 0), _mlp(), []),
+        ((8, 0), None, ["auto"]),
+    ],
+)
+def test_preset_compile_rule_on_cuda(monkeypatch, capability, model, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    before = configure_backends(tf32=None, cudnn_benchmark=None)  # the preset enables TF32 on CUDA
+    try:
+        kwargs = fast_trainer_kwargs(model)
+    finally:
+        before.restore()
+    assert [c.when for c in _compile_callbacks(kwargs)] == expected
+
+
+def test_preset_configures_ddp():
+    kwargs = fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp")
+    strategy = kwargs["strategy"]
+    assert isinstance(strategy, DDPStrategy)
+    assert PRESET_DDP_KWARGS["gradient_as_bucket_view"] is True
+    assert strategy._ddp_kwargs == PRESET_DDP_KWARGS  # what DDPStrategy hands DistributedDataParallel
+    mine = DDPStrategy(static_graph=True)
+    assert fast_trainer_kwargs(_convnet(), "cpu", strategy=mine)["strategy"] is mine
+    assert fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp_spawn")["strategy"] == "ddp_spawn"
+
+
+# --- the callback on a real fit -----------------------------------------------------------------------------
+def _data(n: int, batch_size: int, seed: int = 0, drop_last: bool = False) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    ds = TensorDataset(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 4, (n,), generator=g))
+    return DataLoader(ds, batch_size=batch_size, drop_last=drop_last)
+
+
+def _fit(model: pl.LightningModule, callbacks: list, train: DataLoader, val: DataLoader | None = None, **kw):
+    trainer = quiet_trainer(accelerator="cpu", devices=1, callbacks=callbacks, num_sanity_val_steps=0, **kw)
+    trainer.fit(model, train, val)
+    return trainer
+
+
+class _ForwardProbe(pl.Callback):
+    """Records, at each training batch, whether forward is compiled."""
+
+    def __init__(self) -> None:
+        self.compiled: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.compiled.append("forward" in vars(pl_module))
+
+
+def test_compiled_fit_matches_eager_and_restores_forward():
+    torch.manual_seed(0)
+    base = ImageClassifier(_convnet(), lr=0.05)
+    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
+    _fit(eager, [], _data(24, 8), max_epochs=1)
+    cb, probe = CompileModel(backend="aot_eager"), _ForwardProbe()
+    _fit(compiled, [cb, probe], _data(24, 8), max_epochs=1)
+    assert probe.compiled == [True, True, True]
+    assert cb.compiled_calls == 3 and cb.eager_calls == 0
+    assert cb.decision is not None and cb.decision.compile is True
+    assert not cb.compiled and "forward" not in vars(compiled)  # the class's forward again
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_other_shapes_run_eagerly_with_one_warning():
+    cb = CompileModel(backend="eager")
+    model = ImageClassifier(_convnet())
+    with pytest.warns(UserWarning, match=r"drop_last=True") as record:
+        # 20 = 2 x 8 + 4: each epoch ends with a partial batch; validation has its own shape
+        _fit(model, [cb], _data(20, 8), _data(10, 6), max_epochs=2)
+    assert sum("CompileModel" in str(w.message) for w in record) == 1
+    # training: 2 x 2 compiled + 2 eager; validation: 2 x 1 compiled (6) + 2 eager (4)
+    assert (cb.compiled_calls, cb.eager_calls) == (6, 4)
+
+
+def test_training_step_without_forward_is_named():
+    class Direct(ImageClassifier):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.model(x), y)  # bypasses forward
+
+    cb = CompileModel(backend="eager")
+    with pytest.warns(UserWarning, match=r"did not call forward"):
+        _fit(Direct(_convnet()), [cb], _data(8, 1), max_steps=17)
+    assert cb.compiled_calls == 0
+
+
+def test_forward_replaced_already_is_left_alone():
+    model = ImageClassifier(_convnet())
+    own = model.forward
+    model.forward = own  # type: ignore[method-assign]
+    cb = CompileModel(backend="eager")
+    with pytest.warns(UserWarning, match="already replaced"):
+        _fit(model, [cb], _data(8, 4), max_steps=1)
+    assert vars(model)["forward"] is own and cb.compiled_calls == 0
+
+
+def test_auto_on_cpu_steps_aside_once():
+    cb = CompileModel(when="auto")
+    with pytest.warns(UserWarning, match=r"CUDA devices only"):
+        _fit(ImageClassifier(_convnet()), [cb], _data(8, 4), max_steps=1)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _fit(ImageClassifier(_convnet()), [cb], _data(8, 4), max_steps=1)
+    assert not [w for w in record if "CompileModel" in str(w.message)]
+    assert not cb.compiled and cb.decision is None and cb.compiled_calls == 0
+
+
+def test_validate_only_run_compiles_with_always():
+    cb = CompileModel(backend="eager")
+    trainer = quiet_trainer(accelerator="cpu", devices=1, callbacks=[cb])
+    model = ImageClassifier(_convnet())
+    trainer.validate(model, _data(8, 4))
+    assert cb.compiled_calls == 2 and "forward" not in vars(model)
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="when="):
+        CompileModel(when="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="backend"):
+        CompileModel(backend="")
+
+
+def test_second_fit_state_dict_and_pickle():
+    cb = CompileModel(backend="eager")
+    model = ImageClassifier(_convnet())
+    _fit(model, [cb], _data(8, 4), max_steps=2)
+    _fit(model, [cb], _data(8, 4), max_steps=2)
+    assert cb.compiled_calls == 4 and not cb.compiled
+    state = cb.state_dict()
+    assert state == {"when": "always", "compile": True, "reason": "when='always'", "step_seconds": None}
+    fresh = CompileModel()
+    fresh.load_state_dict(state)
+    clone = pickle.loads(pickle.dumps(cb))
+    assert clone.when == "always" and clone.backend == "eager" and clone._wrapper is None
+    assert repr(clone) == "CompileModel(when='always', backend='eager')"
+
+
+def test_pickle_while_compiled():
+    cb = CompileModel(backend="eager")
+    model = ImageClassifier(_convnet())
+    cb._install(model, CompileDecision(True, "test"))
+    try:
+        clone = pickle.loads(pickle.dumps(cb))
+        assert clone._module is None and not clone.compiled
+    finally:
+        cb._uninstall()
+    assert "forward" not in vars(model)
+
+
+# --- "auto": timing eager batches, then deciding ------------------------------------------------------------
+class _Clock:
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step  # every read advances one batch's time
+        return self.now
+
+
+def _fake_trainer(total_steps: float, broadcasts: list) -> SimpleNamespace:
+    def broadcast(obj, src=0):
+        broadcasts.append((obj, src))
+        return obj
+
+    strategy = SimpleNamespace(root_device=torch.device("cuda", 0), broadcast=broadcast)
+    return SimpleNamespace(
+        strategy=strategy,
+        estimated_stepping_batches=total_steps,
+        global_step=0,
+        accumulate_grad_batches=1,
+        callbacks=[],
+    )
+
+
+@pytest.mark.parametrize(
+    ("total_steps", "batch_seconds", "compiles"), [(100_000, 0.01, True), (2_000, 0.01, False)]
+)
+def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_seconds, compiles):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    # the clock is read twice (start and end of the timed window): each read advances 10 batches' time
+    monkeypatch.setattr(
+        compile_mod, "time", SimpleNamespace(perf_counter=_Clock(10 * batch_seconds).perf_counter)
+    )
+    broadcasts: list = []
+    trainer = _fake_trainer(total_steps, broadcasts)
+    cb = CompileModel(when="auto", backend="eager")
+    model = ImageClassifier(_convnet())
+    cb.setup(trainer, model, "fit")
+    cb.on_train_start(trainer, model)
+    assert cb._timing and cb.decision is None
+    try:
+        for i in range(compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES + 1):
+            trainer.global_step = i
+            cb.on_train_batch_start(trainer, model, None, i)
+            if i < compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES:
+                assert not cb.compiled  # eager while timing
+        assert cb.step_seconds == pytest.approx(batch_seconds)
+        assert cb.decision is not None and cb.decision.compile is compiles
+        assert cb.compiled is compiles
+        assert len(broadcasts) == 1 and broadcasts[0][1] == 0  # rank zero's decision, once
+        left = total_steps - (compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES)
+        assert cb.decision.eager_seconds == pytest.approx(left * batch_seconds)
+    finally:
+        cb.teardown(trainer, model, "fit")
+    assert "forward" not in vars(model)
+
+
+def test_auto_decides_at_train_start_without_a_set_length(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    trainer = _fake_trainer(float("inf"), [])
+    cb = CompileModel(when="auto", backend="eager")
+    model = ImageClassifier(_convnet())
+    cb.setup(trainer, model, "fit")
+    cb.on_train_start(trainer, model)
+    try:
+        assert cb.compiled and not cb._timing and "no set length" in cb.decision.reason
+    finally:
+        cb.teardown(trainer, model, "fit")
+    mlp_module = ImageClassifier(_mlp())
+    cb.setup(trainer, mlp_module, "fit")
+    cb.on_train_start(trainer, mlp_module)
+    assert not cb.compiled and "no convolution" in cb.decision.reason
+
+
+# --- inductor on the CPU: a real compiled fit, a checkpoint loaded into an uncompiled module ---------------
+@pytest.mark.slow
+def test_inductor_fit_with_channels_last_checkpoint_loads_uncompiled(tmp_path):
+    torch.manual_seed(0)
+    cb = CompileModel()  # inductor: C++ kernels on the CPU
+    model = ImageClassifier(_convnet(), lr=0.05)
+    trainer = _fit(
+        model,
+        [ChannelsLast(), cb],
+        _data(32, 8, drop_last=True),
+        _data(16, 8, seed=1),
+        max_epochs=1,
+        default_root_dir=tmp_path,
+    )
+    assert cb.compiled_calls == 4 + 2 and cb.eager_calls == 0  # 4 training, 2 validation batches
+    assert is_channels_last(model)
+    ckpt = tmp_path / "compiled.ckpt"
+    trainer.save_checkpoint(ckpt)
+    state = torch.load(ckpt, weights_only=False)["state_dict"]
+    assert list(state) == list(model.state_dict())
+    assert not any("_orig_mod" in k for k in state)
+
+    plain = ImageClassifier.load_from_checkpoint(ckpt, model=_convnet())
+    plain.eval()
+    model.eval()
+    x = torch.randn(8, 3, 8, 8)
+    with torch.inference_mode():  # as in validation: the graph compiled there serves this call
+        reference = plain(x)
+        cb._install(model, CompileDecision(True, "compare"))
+        try:
+            out = model(x.contiguous(memory_format=torch.channels_last))
+        finally:
+            cb._uninstall()
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+
+
+# --- DDP ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_compiled_forward_under_ddp_trains_like_eager():
+    """Two gloo ranks with the preset's DDP settings: forward compiled inside DDP's forward trains the same
+    weights as the eager run."""
+    torch.manual_seed(0)
+    initial = ImageClassifier(_convnet(), lr=0.05, fused=False)
+
+    def run(callbacks: list) -> ImageClassifier:
+        model = copy.deepcopy(initial)
+        trainer = quiet_trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=DDPStrategy(start_method="spawn", **PRESET_DDP_KWARGS),
+            max_steps=3,
+            num_sanity_val_steps=0,
+            callbacks=[ChannelsLast(), *callbacks, CloseProcessGroup()],
+        )
+        trainer.fit(model, _data(48, 8))
+        return model
+
+    eager = run([])
+    compiled = run([CompileModel(backend="aot_eager")])
+    assert (eager.model[0].weight - initial.model[0].weight).abs().max() > 1e-4  # it trained
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
