@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of, loader_fetch_seconds
+from lightning_gpuopt.observe.timing import (
+    HOST_KEYS,
+    LOADER_KEY,
+    StepTimer,
+    batch_size_of,
+    loader_fetch_seconds,
+)
 
 
 def test_window_splits_wait_and_compute():
