@@ -345,10 +345,13 @@ class OptimizedDataModule(pl.LightningDataModule):
                 self._dataset(split)
             if stage == "fit":
                 train = self._datasets.get("train")
-                if train is None:
-                    raise ValueError(
-                        "OptimizedDataModule has no training data: pass train_dir= or override train_dataset()"
-                    )
+                check_arg(
+                    train is not None,
+                    "train_dir",
+                    None,
+                    "a folder or HDF5 file to fit (or train_dataset() overridden)",
+                    "pass train_dir= or override train_dataset()",
+                )
                 check_arg(
                     len(train) >= self.batch_size,  # type: ignore[arg-type]
                     "batch_size",
@@ -458,8 +461,13 @@ class OptimizedDataModule(pl.LightningDataModule):
             return build_dali_loader(self, split)
         dataset = self._dataset(split)
         if dataset is None:
-            if split == "train":
-                raise ValueError("no training data: pass train_dir= or override train_dataset()")
+            check_arg(
+                split != "train",
+                "train_dir",
+                None,
+                "a folder or HDF5 file to fit (or train_dataset() overridden)",
+                "pass train_dir= or override train_dataset()",
+            )
             return []  # Lightning skips a stage whose loader list is empty
         workers, pin, train = self._workers(split), self._pin(), split == "train"
         kwargs: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 More workers is not always faster: past the point where decoding stops being the limit, extra workers
 compete for cores, memory bandwidth and the main process's collation/pinning, and throughput flattens or
-drops (on an H200 machine an HDF5 loader fed ResNet-50 faster with 4 workers than with 16). So
+drops. So
 ``tune_num_workers`` measures candidate counts in ascending order, stops when throughput stops improving
 (or once the loader outruns what the model consumes), and returns the *smallest* count within
 ``tolerance`` of the best: fewer processes, less memory, same speed.
@@ -304,8 +304,8 @@ def tune_num_workers(
         patience: counts in a row without improvement before stopping.
         headroom: how much faster than ``target_samples_per_sec`` the loader must be when measured alone. In
             training the same workers share the CPUs with the process driving the GPU (and its pin-memory
-            thread), so they deliver less than alone: on the H200 two HDF5 workers measured above 1.1x the
-            model's rate alone yet fed it at 0.85 of the ceiling, while four (about 2x) fed it at 0.955.
+            thread), so they deliver less than alone; a loader just faster than the model alone leaves it
+            waiting in training (docs/worker_tuning.md).
 
     Returns:
         ``TuningResult`` (``best``, ``table``, ...).
