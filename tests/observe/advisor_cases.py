@@ -104,25 +104,23 @@ def fast_loader(n: int = 64) -> DataLoader:
 class TinyClassifier(pl.LightningModule):
     """Conv -> ReLU -> pool -> Linear, trained with SGD + momentum (``fused`` as torch.optim.SGD takes it).
 
-    ``sleep_rank``/``sleep_s``: that global rank sleeps in every training step (a straggler under DDP).
+    ``sleep_s``: seconds each global rank sleeps in every training step (work that is not CPU time, as a GPU
+    step's is; a longer sleep on one rank makes it a straggler under DDP).
     """
 
-    def __init__(
-        self, fused: bool | None = None, sleep_rank: int | None = None, sleep_s: float = 0.0
-    ) -> None:
+    def __init__(self, fused: bool | None = None, sleep_s: dict[int, float] | None = None) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3)
         self.head = nn.Linear(8 * 4 * 4, 4)
         self.fused = fused
-        self.sleep_rank = sleep_rank
-        self.sleep_s = sleep_s
+        self.sleep_s = dict(sleep_s or {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 4), 1))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        if self.sleep_rank is not None and self.global_rank == self.sleep_rank:
-            time.sleep(self.sleep_s)
+        if self.sleep_s.get(self.global_rank):
+            time.sleep(self.sleep_s[self.global_rank])
         x, y = batch
         return F.cross_entropy(self(x), y)
 

@@ -489,6 +489,8 @@ def test_every_rank_waiting_is_comm_bound():
     assert kinds(out) == ["comm-bound"]
     assert out[0].evidence["least_allreduce_wait_ms"] == 12.0 and out[0].evidence["wait_frac"] == 0.2
     assert "fp16_compress_hook" in out[0].advice and "accumulate_grad_batches" in out[0].advice
+    # with a straggler the straggler is the finding, even where its own wait is long too
+    assert kinds(diagnose(_ranks((60.0, 12.0), step=(90.0, 90.0)), cfg())) == ["straggler"]
 
 
 def test_balanced_ranks_and_unmeasured_waits_stay_silent():

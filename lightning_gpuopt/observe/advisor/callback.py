@@ -56,7 +56,8 @@ class BottleneckAdvisor(Callback):
                                           less than half of it: hooks, syncs, launches
     ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and
                                           >= 2 ms); names the rank nobody waits for
-    ``comm-bound``           warning      DDP: every rank waits >= 10% of the step in the all-reduce
+    ``comm-bound``           warning      DDP: every rank waits >= 10% of the step in the all-reduce,
+                                          and none straggles
     ``pageable-copies``      warning      CUDA, ``pin_memory=False``, batches start in host memory
     ``launch-bound``         warning      CUDA, not starving between steps, GPU-Util < 70% or SM
                                           activity < 25% or batch <= 16 with GPU-Util < 90%

@@ -50,9 +50,9 @@ class RankEvidence:
     Attributes:
         step_ms: mean host time a training batch took, data wait included (ms).
         data_wait_ms: mean time the rank's loop waited for its next batch (ms).
-        allreduce_wait_ms: mean time from the rank's last gradient being ready to the end of its backward: the
-            gradient all-reduce it waited for, on the GPU clock on CUDA, on the host clock on the CPU (ms).
-            ``None`` where not measured.
+        allreduce_wait_ms: time from the rank's last gradient being ready to the end of its backward, median
+            over the window's steps: the gradient all-reduce it waited for, on the GPU clock on CUDA, on the
+            host clock on the CPU (ms). ``None`` where not measured.
     """
 
     step_ms: tuple[float | None, ...]

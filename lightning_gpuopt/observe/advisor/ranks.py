@@ -5,12 +5,15 @@ first parameter in module order that requires grad: in a feed-forward network th
 gradient) to the end of its backward (``on_after_backward``, after DDP waited for the reduced gradients). A
 rank that is late makes every other rank's wait long and its own short; a slow interconnect makes every
 rank's wait long. On CUDA both ends are CUDA events on the stream doing the work, read without a sync once
-they completed; on the CPU they are host clock readings (gloo's all-reduce blocks the host).
+they completed; on the CPU they are host clock readings (gloo's all-reduce blocks the host). A window reports
+the median step, so one step held up by something else (a preempted process, a garbage collection) does not
+make a rank look late.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from typing import Any
@@ -27,7 +30,7 @@ _MAX_PENDING = 256  # event pairs kept waiting for completion; more means the GP
 
 
 class AllReduceWaitTimer:
-    """Measures each step's wait in the gradient all-reduce; ``window()`` gives the mean since the last call.
+    """Measures each step's wait in the gradient all-reduce; ``window()`` gives the median since the last call.
 
     Example:
         >>> timer = AllReduceWaitTimer(torch.device("cpu"))
@@ -44,8 +47,7 @@ class AllReduceWaitTimer:
         self._ready_event: Any = None
         self._pending: deque[tuple[Any, Any]] = deque()
         self._free: list[Any] = []
-        self._total_ms = 0.0
-        self._count = 0
+        self._waits_ms: list[float] = []
 
     def attach(self, module: nn.Module) -> bool:
         """Hook the first parameter that requires grad; ``False`` when there is none."""
@@ -60,6 +62,7 @@ class AllReduceWaitTimer:
             self._handle.remove()
             self._handle = None
         self._pending.clear()
+        self._waits_ms.clear()
         self._ready_event = self._ready_s = None
 
     def _event(self) -> Any:
@@ -85,20 +88,18 @@ class AllReduceWaitTimer:
             if len(self._pending) > _MAX_PENDING:
                 self._free.extend(self._pending.popleft())
         elif self._ready_s is not None:
-            self._total_ms += 1000.0 * (time.perf_counter() - self._ready_s)
-            self._count += 1
+            self._waits_ms.append(1000.0 * (time.perf_counter() - self._ready_s))
             self._ready_s = None
 
     def window(self) -> float | None:
-        """Mean wait (ms) of the steps completed since the last call; ``None`` if none completed."""
+        """Median wait (ms) of the steps completed since the last call; ``None`` if none completed."""
         while self._pending and self._pending[0][1].query():
             ready, done = self._pending.popleft()
-            self._total_ms += ready.elapsed_time(done)
-            self._count += 1
+            self._waits_ms.append(ready.elapsed_time(done))
             self._free += [ready, done]
-        mean = self._total_ms / self._count if self._count else None
-        self._total_ms, self._count = 0.0, 0
-        return mean
+        median = statistics.median(self._waits_ms) if self._waits_ms else None
+        self._waits_ms.clear()
+        return median
 
 
 def gather_ranks(

@@ -228,14 +228,17 @@ def _rank_figures(ranks: RankEvidence) -> dict[str, EvidenceValue]:
     }
 
 
+def _long_wait(ms: float, step: float, t: AdvisorThresholds) -> bool:
+    return ms >= t.rank_wait_frac * step and ms >= t.rank_wait_min_ms
+
+
 def straggler(c: Context) -> Verdict | None:
     """Under DDP, one rank is late and the others wait for it in the gradient all-reduce."""
     measured = _rank_waits(c.ev.ranks)
     if measured is None or c.ev.ranks is None:
         return None
     waits, step = measured
-    spread = max(waits) - min(waits)
-    if spread < c.t.rank_wait_frac * step or spread < c.t.rank_wait_min_ms:
+    if not _long_wait(max(waits) - min(waits), step, c.t):
         return None
     late = waits.index(min(waits))  # the rank nobody waits for is the one everybody waits for
     others = [w for r, w in enumerate(waits) if r != late]
@@ -254,13 +257,14 @@ def straggler(c: Context) -> Verdict | None:
 
 
 def comm_bound(c: Context) -> Verdict | None:
-    """Under DDP, every rank waits for the gradient all-reduce: communication is exposed."""
+    """Under DDP, every rank waits for the gradient all-reduce, none much longer: communication is exposed."""
     measured = _rank_waits(c.ev.ranks)
     if measured is None or c.ev.ranks is None:
         return None
     waits, step = measured
     least = min(waits)
-    if least < c.t.rank_wait_frac * step or least < c.t.rank_wait_min_ms:
+    # a straggler comes first: the waits left once it is fixed tell whether the network is slow
+    if not _long_wait(least, step, c.t) or _long_wait(max(waits) - least, step, c.t):
         return None
     figs: dict[str, EvidenceValue] = {"least_allreduce_wait_ms": _r(least, 2), "wait_frac": _r(least / step)}
     figs.update(_rank_figures(c.ev.ranks))

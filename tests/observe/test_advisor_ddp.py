@@ -1,0 +1,63 @@
+"""BottleneckAdvisor under Lightning DDP on the CPU (gloo, two spawned processes): a slowed rank is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lightning_gpuopt.observe.advisor import BottleneckAdvisor
+from tests._ddp import CloseProcessGroup
+from tests.observe.advisor_cases import TinyClassifier, cpu_trainer, fast_loader
+
+
+class _WriteVerdicts(pl.Callback):
+    """Each rank writes its advisor's verdicts and history to ``<folder>/rank<r>.json`` at the end of fit."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_end(self, trainer, pl_module):
+        advisor = next(cb for cb in trainer.callbacks if isinstance(cb, BottleneckAdvisor))
+        out = {"verdicts": [v.to_dict() for v in advisor.verdicts], "history": advisor.history}
+        Path(self.folder, f"rank{trainer.global_rank}.json").write_text(json.dumps(out, default=str))
+
+
+def _ddp_fit(tmp_path, model):
+    advisor = BottleneckAdvisor(warmup_steps=3, window_steps=4, min_windows=2, verbose=False)
+    trainer = cpu_trainer(
+        tmp_path,
+        [advisor, _WriteVerdicts(str(tmp_path)), CloseProcessGroup()],
+        steps=15,
+        devices=2,
+        strategy="ddp_spawn",
+    )
+    trainer.fit(model, fast_loader(n=64))
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_a_slowed_rank_is_named_as_the_straggler(tmp_path):
+    ranks = _ddp_fit(tmp_path, TinyClassifier(sleep_s={0: 0.4, 1: 0.55}))
+    for rank in ranks:  # every rank gathers the same per-rank figures and reaches the same verdict
+        straggler = [v for v in rank["verdicts"] if v["kind"] == "straggler"]
+        assert len(straggler) == 1, rank["verdicts"]
+        v = straggler[0]
+        assert v["evidence"]["straggler_rank"] == 1 and v["cause"] == "compute"
+        assert v["evidence"]["late_ms"] >= 0.5 * 150.0
+        assert v["advice"].startswith("Rank 1 is late")
+        waits = [float(w) for w in v["evidence"]["allreduce_wait_ms_per_rank"].split(",")]
+        assert waits[0] > waits[1] + 75.0
+        assert "comm-bound" not in [x["kind"] for x in rank["verdicts"]]
+
+
+@pytest.mark.slow
+def test_a_healthy_two_rank_run_stays_silent(tmp_path):
+    # each step takes 400 ms on every rank, as a GPU step would: the host's scheduling noise is small against it
+    ranks = _ddp_fit(tmp_path, TinyClassifier(sleep_s={0: 0.4, 1: 0.4}))
+    for rank in ranks:
+        assert len(rank["history"]) == 3
+        assert all(h["evidence"]["ranks"]["allreduce_wait_ms"][0] is not None for h in rank["history"])
+        assert not {"straggler", "comm-bound"} & {v["kind"] for v in rank["verdicts"]}, rank["verdicts"]
