@@ -37,9 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_gpuopt.benchmarking import format_table, write_results
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
 
 class _PerItem:

@@ -301,7 +301,8 @@ def measure(
 
 
 def main() -> int:
-    from lightning_gpuopt.benchmarking import format_table, write_results
+    from lightning_gpuopt._common import format_table
+    from lightning_gpuopt.bench.measure import write_results
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/nvtx_hooks_cpu.json")

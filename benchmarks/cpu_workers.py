@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_workers import main
 
-from lightning_gpuopt.data.tuning import available_cpus
+from lightning_gpuopt._common import available_cpus
 
 CPU_DEFAULTS = dict(
     data="/tmp/gpuopt_data/cpu_2048_64x48",

@@ -51,8 +51,9 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
-from lightning_gpuopt.models import ImageClassifier, build_model
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import ImageClassifier, build_model
 from lightning_gpuopt.observe.advisor import BottleneckAdvisor
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
@@ -317,7 +318,7 @@ def main() -> int:
             )
         specs = [s for s in specs if s.name in keep]
 
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     jpeg_roots: dict[str, Path] = {}
     folder_specs = JPEG_FOLDERS if cuda else JPEG_FOLDERS_QUICK

@@ -29,10 +29,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import build_model
 from lightning_gpuopt.compute.channels_last import ChannelsLast
 from lightning_gpuopt.compute.precision import configure_backends, fast_trainer_kwargs
-from lightning_gpuopt.models import build_model
 
 
 class _SameBatch(Dataset):

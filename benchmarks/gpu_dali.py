@@ -23,14 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_gpuopt.benchmarking import (
-    ThroughputMeter,
-    format_table,
-    plain_loop_throughput,
-    write_results,
-)
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.folder import load_uint8_image, scan_image_folder
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
 T0 = time.perf_counter()
 
@@ -132,9 +128,9 @@ def plain_fed(
     the pipeline decodes and augments the same number of batches on the same GPU, so the drop against the
     ceiling is what DALI's own GPU work (nvJPEG's CUDA stages, resize, normalize) takes from the model.
     """
+    from lightning_gpuopt.bench.models import build_model
     from lightning_gpuopt.data.dali import build_dali_loader
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
-    from lightning_gpuopt.models import build_model
 
     loader = build_dali_loader(OptimizedDataModule(**dm_kwargs), "train", device=device, **overrides)
 
@@ -176,10 +172,10 @@ def lightning_dali(
 ) -> dict[str, Any]:
     """Train through Lightning fed by OptimizedDataModule(backend='dali'); samples/s after warm-up."""
     import lightning.pytorch as pl
-
     from lightning_gpuopt.compute.streams import StreamPriority
+
+    from lightning_gpuopt.bench.models import ImageClassifier
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
-    from lightning_gpuopt.models import ImageClassifier
 
     dm = OptimizedDataModule(**dm_kwargs)
     if overrides:
@@ -349,7 +345,7 @@ def main() -> int:
         pixels = pixel_check(files[:: max(1, len(files) // 16)][:16], device, image_size, storage)
     print(f"[{elapsed():.0f}s] pixel check {pixels}", flush=True)
 
-    from lightning_gpuopt.models import build_model
+    from lightning_gpuopt.bench.models import build_model
 
     ceiling = plain_loop_throughput(
         build_model(model_name, num_classes),

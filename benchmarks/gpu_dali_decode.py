@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt.benchmarking import format_table, plain_loop_throughput, write_results
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import build_model
 from lightning_gpuopt.data.dali import DALILoader
 from lightning_gpuopt.data.folder import scan_image_folder
-from lightning_gpuopt.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_dali.py beside this script, however it is run
 from gpu_dali import jpeg_data

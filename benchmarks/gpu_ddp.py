@@ -52,11 +52,11 @@ def _child(args: argparse.Namespace) -> None:
         BottleneckAdvisor,
         ChannelsLast,
         GPUStatsMonitor,
-        ImageClassifier,
         NVTXRanges,
         OptimizedDataModule,
     )
-    from lightning_gpuopt.benchmarking import ThroughputMeter
+    from lightning_gpuopt.bench.measure import ThroughputMeter
+    from lightning_gpuopt.bench.models import ImageClassifier
 
     out = Path(args.workdir) / args.scenario
     out.mkdir(parents=True, exist_ok=True)
@@ -286,7 +286,8 @@ def _device_checks(ranks: list[dict[str, Any]], expect_rank0_nvml: int | None) -
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    from lightning_gpuopt import convert_folder_to_hdf5, make_jpeg_folder
+    from lightning_gpuopt import convert_folder_to_hdf5
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     base = Path(args.data_dir)
     size = (64, 48) if args.quick else (160, 120)
@@ -307,8 +308,9 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _parent(args: argparse.Namespace) -> int:
+    from lightning_gpuopt._common import format_table
     from lightning_gpuopt._imports import _DALI_AVAILABLE
-    from lightning_gpuopt.benchmarking import format_table, write_results
+    from lightning_gpuopt.bench.measure import write_results
 
     if args.quick:
         args.accelerator = "cpu"

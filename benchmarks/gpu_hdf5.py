@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
 T0 = time.perf_counter()
 
@@ -72,8 +73,8 @@ def lightning_run(
 ) -> dict[str, Any]:
     import lightning.pytorch as pl
 
+    from lightning_gpuopt.bench.models import ImageClassifier
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
-    from lightning_gpuopt.models import ImageClassifier
 
     class PerItemData(OptimizedDataModule):
         def train_dataset(self) -> Any:
@@ -200,7 +201,7 @@ def main() -> int:
     ds = HDF5ImageDataset(h5)
     ds.__getitems__(list(range(len(ds))))  # page cache warm, as in any epoch after the first
 
-    from lightning_gpuopt.models import build_model
+    from lightning_gpuopt.bench.models import build_model
 
     device = "cuda" if gpu else "cpu"
     ceiling = plain_loop_throughput(

@@ -50,9 +50,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, format_table
 from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
-from lightning_gpuopt.benchmarking import write_results
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
-from lightning_gpuopt.models import ImageClassifier, build_model
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.models import ImageClassifier, build_model
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
 STEP_PREFIX = "gpu_idle_step_"

@@ -5,18 +5,21 @@ Run on the GPU machine (package not installed, no network):
     PYTHONPATH=. python3 benchmarks/gpu_ladder.py --out $OUT/ladder_h200.json
 
 Writes the JSON (``write_results`` shape, with the targets checked), ``ladder_h200.png`` and a Markdown
-table ``ladder_h200.md`` beside it, TensorBoard runs under ``tb_ladder/`` beside it, and prints the table last. The whole run stays inside
-``--budget-s`` (default 280 s): rows shrink their measuring time to fit, and are skipped once it is spent.
-``--quick`` runs a tiny CPU-sized ladder (small model, 32 px images) to prove the script works.
+table ``ladder_h200.md`` beside it, TensorBoard runs under ``tb_ladder/`` beside it, and prints the table
+last. Each row is measured in three windows (median and range). The whole run stays inside ``--budget-s``
+(default 280 s): rows shrink their measuring time to fit, and are skipped once it is spent. ``--quick`` runs
+a tiny CPU-sized ladder (small model, 32 px images) to prove the script works.
 
-Targets (issue 8): full stack >= 0.95 of the plain-loop ceiling, >= 20x the naive row, mean GPU-Util
->= 97% in the optimized rows (``+uint8_gpu_aug`` and below).
+Targets: full stack >= 0.95 of the plain-loop ceiling, >= 20x the naive row, mean GPU-Util >= 97% in the
+optimized rows (``+uint8_gpu_aug`` and below).
+
+The JSON this writes is what ``lightning_gpuopt/bench/ladder_h200.json`` ships (``demo`` prints it beside a
+CPU run): copy a new recording there to update it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -76,9 +79,10 @@ def main() -> int:
 
     import torch
 
-    from lightning_gpuopt import ladder
-    from lightning_gpuopt.benchmarking import command_line
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+    from lightning_gpuopt.bench import report, rows
+    from lightning_gpuopt.bench.measure import command_line, quiet_lightning
+    from lightning_gpuopt.bench.runner import run_ladder
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     default_out = (
         "/tmp/gpuopt_quick/ladder_quick.json" if args.quick else "benchmarks/results/ladder_h200.json"
@@ -102,14 +106,13 @@ def main() -> int:
     make_jpeg_folder(data, **size)  # type: ignore[arg-type]
     say("dataset ready")
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     reserve = 8.0  # writing the JSON, PNG and table
-    config = ladder.LadderConfig(
+    config = rows.LadderConfig(
         data=data,
         model=model,
         batch_size=batch,
         image_size=image_size,
-        rows=ladder.parse_rows(args.rows) if args.rows else ladder.ROW_NAMES,
+        rows=rows.parse_rows(args.rows) if args.rows else rows.ROW_NAMES,
         seconds=seconds,
         warmup=warmup,
         tune_seconds=args.tune_seconds,
@@ -117,12 +120,13 @@ def main() -> int:
         tb_dir=out.parent / "tb_ladder",
         time_budget_s=max(10.0, args.budget_s - (time.perf_counter() - T0) - reserve),
     )
-    rows = ladder.run_ladder(config, progress=say)
-    targets = check_targets(rows)
+    with quiet_lightning():
+        results = run_ladder(config, progress=say)
+    targets = check_targets(results)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     title = f"{model}, batch {batch}, {image_size}px, {size['num_images']} JPEGs on {gpu}"
-    js, png, note = ladder.write_outputs(
-        rows,
+    js, png, note = report.write_outputs(
+        results,
         config,
         out,
         out.with_suffix(".png"),
@@ -132,7 +136,7 @@ def main() -> int:
         quick=args.quick,
     )
     md = out.with_suffix(".md")
-    md.write_text(f"{title}\n\n{ladder.format_ladder_markdown(rows)}\n")
+    md.write_text(f"{title}\n\n{report.format_ladder_markdown(results)}\n")
     if note:
         say(note)
     say(f"wrote {js}" + (f" and {png}" if png else "") + f"; TensorBoard runs in {config.tb_dir}")
@@ -140,7 +144,7 @@ def main() -> int:
         m = t["measured"]
         verdict = "n/a" if t["passed"] is None else ("PASS" if t["passed"] else "MISS")
         print(f"target {k}: {'-' if m is None else f'{m:.3f}'} (>= {t['target']}) {verdict}")
-    print(ladder.format_ladder_table(rows))
+    print(report.format_ladder_table(results))
     return 0
 
 

@@ -29,8 +29,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
-from lightning_gpuopt.models import ImageClassifier, build_model
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import ImageClassifier, build_model
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
 T_START = time.perf_counter()

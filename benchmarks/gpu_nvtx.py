@@ -82,7 +82,7 @@ def median_ci(values: list[float], level: float = CI_LEVEL) -> tuple[float, floa
 def make_setup(quick: bool, batch_size: int) -> dict[str, Any]:
     import torch
 
-    from lightning_gpuopt.models import build_model
+    from lightning_gpuopt.bench.models import build_model
 
     cuda = torch.cuda.is_available() and not quick
     device = torch.device("cuda" if cuda else "cpu")
@@ -107,8 +107,8 @@ def lightning_fit(
 ) -> float | None:
     import lightning.pytorch as pl
 
-    from lightning_gpuopt.benchmarking import ThroughputMeter
-    from lightning_gpuopt.models import ImageClassifier
+    from lightning_gpuopt.bench.measure import ThroughputMeter
+    from lightning_gpuopt.bench.models import ImageClassifier
 
     meter = ThroughputMeter(warmup=warmup)
     trainer = pl.Trainer(
@@ -234,7 +234,7 @@ def main() -> int:
     if args.record_child:
         return record_child(args.quick, args.record_backend)
     if args.record_only:
-        from lightning_gpuopt.benchmarking import write_results
+        from lightning_gpuopt.bench.measure import write_results
 
         if not args.recorder:
             p.error("--record-only needs --recorder")
@@ -264,7 +264,7 @@ def main() -> int:
             recorders=recorders,
         )
         say(f"wrote {path}")
-        from lightning_gpuopt.benchmarking import format_table
+        from lightning_gpuopt._common import format_table
 
         print(format_table(rows, ["name", "returncode", "backend_seen", "events", "scenarios", "problems"]))
         bad = [r for r in rows if r["returncode"] != 0 or r["problems"]]
@@ -275,7 +275,8 @@ def main() -> int:
 
     import torch
 
-    from lightning_gpuopt.benchmarking import format_table, plain_loop_throughput, write_results
+    from lightning_gpuopt._common import format_table
+    from lightning_gpuopt.bench.measure import plain_loop_throughput, write_results
     from lightning_gpuopt.observe.nvtx import NVTXRanges, make_backend
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -21,10 +21,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_gpuopt import ChannelsLast, ImageClassifier, OptimizedDataModule
-from lightning_gpuopt.benchmarking import format_table, plain_loop_throughput, write_results
+from lightning_gpuopt import ChannelsLast, OptimizedDataModule
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
 
 
 class StepWaits(pl.Callback):
@@ -127,7 +129,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     ceiling = None
     if torch.cuda.is_available():
-        from lightning_gpuopt.models import build_model
+        from lightning_gpuopt.bench.models import build_model
 
         ceiling = plain_loop_throughput(build_model(args.model, 100), args.batch_size, args.image_size, 100)
         rows.append(

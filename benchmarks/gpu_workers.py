@@ -24,11 +24,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_gpuopt.benchmarking import ThroughputMeter, format_table, plain_loop_throughput, write_results
+from lightning_gpuopt._common import available_cpus, format_table
+from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+from lightning_gpuopt.bench.models import ImageClassifier, build_model
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
-from lightning_gpuopt.data.tuning import available_cpus
-from lightning_gpuopt.models import ImageClassifier, build_model
 
 GPU_DEFAULTS: dict[str, Any] = dict(
     data="/tmp/gpuopt_data/imagenet_8192",

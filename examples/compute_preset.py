@@ -14,7 +14,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gpuopt import ImageClassifier, choose_precision, fast_trainer_kwargs
+from lightning_gpuopt import choose_precision, fast_trainer_kwargs
+from lightning_gpuopt.bench.models import ImageClassifier
 
 
 def main() -> None:

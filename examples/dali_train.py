@@ -10,9 +10,9 @@ import argparse
 import lightning.pytorch as pl
 import torch
 
+from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
-from lightning_gpuopt.models import ImageClassifier
 
 
 def main() -> None:

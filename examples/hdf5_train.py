@@ -13,8 +13,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lightning_gpuopt import HDF5ImageDataset, ImageClassifier, OptimizedDataModule, convert_folder_to_hdf5
-from lightning_gpuopt.data.synthetic import make_jpeg_folder
+from lightning_gpuopt import HDF5ImageDataset, OptimizedDataModule, convert_folder_to_hdf5
+from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 
 def main() -> None:

@@ -18,7 +18,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gpuopt import ImageClassifier, NVTXRanges
+from lightning_gpuopt import NVTXRanges
+from lightning_gpuopt.bench.models import ImageClassifier
 
 
 def main() -> None:

@@ -19,7 +19,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_gpuopt import ImageClassifier, OptimizedDataModule, make_jpeg_folder
+from lightning_gpuopt import OptimizedDataModule
+from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 
 class CsvImageDataset(Dataset):

@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def jpeg_folder(tmp_path_factory):
     """A small class-per-subfolder JPEG folder (48 images, 3 classes, 64x48)."""
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     root = tmp_path_factory.mktemp("jpegs")
     return make_jpeg_folder(root, num_images=48, num_classes=3, image_size=(64, 48), workers=1)

@@ -1,3 +1,6 @@
+"""``lightning-gpuopt demo`` on the CPU: where it writes, what it prints, and that two runs stay apart."""
+
+import json
 from pathlib import Path
 
 import pytest
@@ -10,39 +13,62 @@ TINY = [
 ]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def test_demo_runs_and_says_where_the_logs_are(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["demo", "--out", str(out), "--workers", "0", *TINY]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "samples/s" in text and "data-wait fraction" in text
-    log_dir = out / "tensorboard" / "version_0"
+    run = out / "version_0"
+    log_dir = run / "tensorboard" / "fit"
+    assert f"this run writes to {run}" in text
     assert f"logs: {log_dir}" in text
-    assert f"tensorboard --logdir {log_dir.parent}" in text
+    assert f"tensorboard --logdir {run / 'tensorboard'}" in text
+    # Lightning's banners stay out of the demo's output
+    for banner in ("GPU available", "TPU available", "Tip:", "LeafSpec"):
+        assert banner not in captured.out + captured.err
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"time/step_ms", "time/data_wait_frac", "throughput/samples_per_sec", "train/loss"} <= tags
-    # the generated images are cached: a second run reuses them
-    assert sorted(p.name for p in (out / "data").iterdir()) == ["jpeg_24_16"]
+    # the generated images are cached outside the run folder; a second run reuses them in its own folder
+    assert sorted(p.name for p in (tmp_path / "cache" / "demo").iterdir()) == ["jpeg_24_10c_20x16"]
     assert main(["demo", "--out", str(out), "--workers", "0", *TINY]) == 0
-    assert (out / "tensorboard" / "version_1").is_dir()
+    assert "using cached generated images" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["version_0", "version_1"]
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # the first run's events were not added to
 
 
-def test_demo_runs_the_short_ladder(tmp_path, capsys):
-    import json
-
+def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["demo", "--out", str(out), "--workers", "1", *TINY[:-2], "--ladder-seconds", "1"]
+    argv = ["demo", "--out", str(out), "--workers", "1", *TINY[:-2], "--ladder-seconds", "0.6"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    doc = json.loads((out / "ladder.json").read_text())
+    run = out / "version_0"
+    doc = json.loads((run / "ladder.json").read_text())
     rows = {r["name"]: r for r in doc["rows"]}
-    assert rows["naive"]["samples_per_sec"] > 0 and rows["ceiling_plain"]["samples_per_sec"] > 0
+    naive = rows["naive"]
+    assert naive["samples_per_sec"] > 0 and len(naive["windows"]) == 3
+    assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
+    assert rows["ceiling_plain"]["samples_per_sec"] > 0
     assert rows["+16-mixed"]["samples_per_sec"] is None and "CUDA" in rows["+16-mixed"]["reason"]
-    assert "naive" in text and "ladder results:" in text
-    assert (out / "ladder.png").is_file()
+    # the table: this machine's median [range] left of "|", the recorded H200 ladder right of it
+    table = text[text.index("row  ") :]
+    naive_line = next(line for line in table.splitlines() if line.startswith("naive "))
+    here, recorded = naive_line.split("|")
+    assert f"{naive['samples_per_sec']:,.0f} [" in here and recorded.split()[0] == "251"
+    assert "NVIDIA H200 recorded: resnet50, batch 256, 224 px" in text
+    assert "a CPU cannot show: the GPU rows (+pinned, +dali, +16-mixed)" in text and "GPU-Util" in text
+    assert f"ladder results: {run / 'ladder.json'}" in text
+    assert (run / "ladder.png").is_file()
+    assert sorted(p.name for p in (run / "tensorboard").iterdir())[:2] == ["00_naive", "01_workers"]
 
 
 def test_demo_rejects_bad_arguments(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""``lightning-gpuopt bench`` and ``lightning_gpuopt.ladder`` on the CPU: a tiny ladder end to end, bad args."""
+"""``lightning-gpuopt bench`` and ``lightning_gpuopt.bench`` on the CPU: a tiny ladder end to end, bad args."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from lightning_gpuopt import ladder
+from lightning_gpuopt.bench import meter, report, rows
+from lightning_gpuopt.bench.runner import run_ladder
 from lightning_gpuopt.cli import main
 from tests._lightning import quiet_trainer
 
@@ -38,7 +39,9 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    doc = json.loads((out / "ladder.json").read_text())
+    run = out / "version_0"
+    assert f"this run writes to {run}" in captured.err
+    doc = json.loads((run / "ladder.json").read_text())
     rows = {r["name"]: r for r in doc["rows"]}
     # selected rows in ladder order, the plain ceiling always measured (it is the ratios' ceiling)
     assert [r["name"] for r in doc["rows"]] == [
@@ -48,7 +51,7 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
         "ceiling_lightning",
         "ceiling_plain",
     ]
-    assert set(ladder.TABLE_COLUMNS) - {"status"} <= set(doc["rows"][0])
+    assert set(report.TABLE_COLUMNS) - {"status", "range"} <= set(doc["rows"][0])
     assert doc["machine"]["torch"] == torch.__version__
     assert doc["ceiling_samples_per_sec"] == rows["ceiling_plain"]["samples_per_sec"] > 0
     naive = rows["naive"]
@@ -59,6 +62,10 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
         naive["samples_per_sec"] / doc["ceiling_samples_per_sec"]
     )
     assert naive["steps_measured"] >= 1 and naive["gpu_util_mean"] is None  # no GPU on a CPU run
+    # three windows: the median is reported with their range
+    assert len(naive["windows"]) == 3
+    assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
+    assert naive["samples_per_sec"] == sorted(naive["windows"])[1]
     assert rows["ceiling_plain"]["ratio_to_ceiling"] == pytest.approx(1.0)
     # a prefetching loader is measured over whole epochs (48 images / batch 8 = 6 steps an epoch)
     workers = rows["+workers"]
@@ -68,14 +75,14 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert rows["ceiling_lightning"]["status"] == "ok"
     dali = rows["+dali"]
     assert dali["status"] == "cannot run" and "CUDA" in dali["reason"] and dali["samples_per_sec"] is None
-    # PNG chart and one TensorBoard run per Lightning row
-    assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    runs = sorted(p.name for p in (out / "tensorboard").iterdir())
+    # PNG chart and one TensorBoard run per Lightning row, inside this run's folder
+    assert (run / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = sorted(p.name for p in (run / "tensorboard").iterdir())
     assert runs == ["00_naive", "01_workers", "08_ceiling_lightning"]
-    assert any((out / "tensorboard" / "00_naive").glob("events.out.tfevents.*"))
+    assert any((run / "tensorboard" / "00_naive").glob("events.out.tfevents.*"))
     # the table comes last on stdout and says why a row did not run
     table = captured.out.strip().splitlines()
-    assert table[0].split()[:3] == ["name", "samples_per_sec", "ratio_to_ceiling"]
+    assert table[0].split()[:4] == ["name", "samples_per_sec", "range", "ratio_to_ceiling"]
     assert any(line.startswith("+dali") and "cannot run: DALI" in line for line in table)
     assert "[bench] [" in captured.err  # progress lines for each row
 
@@ -107,12 +114,16 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
     assert "generating 16 40x30 JPEGs" in err
     folder = tmp_path / "cache" / "jpeg_16_2c_40x30"
     assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["class_00", "class_01"]
-    doc = json.loads((tmp_path / "out" / "ladder.json").read_text())
-    assert doc["rows"][0]["steps_measured"] == 2
-    assert not (tmp_path / "out" / "tensorboard").exists()
+    doc = json.loads((tmp_path / "out" / "version_0" / "ladder.json").read_text())
+    # two measured steps split into two windows of one step
+    assert doc["rows"][0]["steps_measured"] == 2 and len(doc["rows"][0]["windows"]) == 2
+    assert not (tmp_path / "out" / "version_0" / "tensorboard").exists()
     args[args.index("naive")] = "ceiling_plain"  # the cheapest row: only the data lookup matters here
     assert main(args) == 0
-    assert "using cached generated folder" in capsys.readouterr().err
+    assert "using cached generated images" in capsys.readouterr().err
+    # the second run has its own folder; the first run's results are untouched
+    assert (tmp_path / "out" / "version_1" / "ladder.json").is_file()
+    assert json.loads((tmp_path / "out" / "version_0" / "ladder.json").read_text()) == doc
 
 
 @pytest.mark.parametrize(
@@ -165,22 +176,22 @@ def test_bad_source_size_is_an_argparse_error(capsys):
 
 
 def test_parse_rows_returns_ladder_order():
-    assert ladder.parse_rows("ceiling_plain, +hdf5,naive") == ["naive", "+hdf5", "ceiling_plain"]
-    assert ladder.ROW_NAMES[-1] == "ceiling_plain" and ladder.ROW_NAMES[7] == "+channels_last"
+    assert rows.parse_rows("ceiling_plain, +hdf5,naive") == ["naive", "+hdf5", "ceiling_plain"]
+    assert rows.ROW_NAMES[-1] == "ceiling_plain" and rows.ROW_NAMES[7] == "+channels_last"
     # each ladder row adds one thing: the last data row before the compute rows is the full stack's input
-    full = ladder.ROW_SPECS[ladder.ROW_NAMES.index("+channels_last")]
+    full = rows.ROW_SPECS[rows.ROW_NAMES.index("+channels_last")]
     assert full.mixed and full.channels_last and full.loader == "best"
 
 
 def test_naive_dataset_is_float_chw_normalized(jpeg_folder):
-    ds = ladder.NaiveImageFolder(jpeg_folder, size=24)
+    ds = rows.NaiveImageFolder(jpeg_folder, size=24)
     x, y = ds[0]
     assert x.dtype == torch.float32 and x.shape == (3, 24, 24) and isinstance(y, int)
     assert len(ds) == 48 and ds.classes == ["class_00", "class_01", "class_02"]
     # normalized: roughly centred, not in [0, 1] pixel units
     assert x.min() < 0 < x.max()
     with pytest.raises(ValueError, match="size must be a positive int"):
-        ladder.NaiveImageFolder(jpeg_folder, size=0)
+        rows.NaiveImageFolder(jpeg_folder, size=0)
 
 
 def test_window_means_skip_warmup_windows():
@@ -189,14 +200,14 @@ def test_window_means_skip_warmup_windows():
         {"step": 10, "gpu/util": 98.0, "time/data_wait_frac": 0.1},
         {"step": 15, "gpu/util": 96.0, "time/data_wait_frac": 0.3},
     ]
-    assert ladder._window_means(history, start_step=5) == (pytest.approx(97.0), pytest.approx(0.2))
-    assert ladder._window_means([], start_step=3) == (None, None)
+    assert meter.window_means(history, start_step=5) == (pytest.approx(97.0), pytest.approx(0.2))
+    assert meter.window_means([], start_step=3) == (None, None)
 
 
 def _tiny_fit(meter, batches_per_epoch=6):
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_gpuopt.models import ImageClassifier
+    from lightning_gpuopt.bench.models import ImageClassifier
 
     data = TensorDataset(
         torch.randn(4 * batches_per_epoch, 3, 8, 8), torch.randint(0, 2, (4 * batches_per_epoch,))
@@ -211,25 +222,99 @@ def _tiny_fit(meter, batches_per_epoch=6):
 
 
 def test_row_meter_measures_whole_epochs_when_aligned():
-    meter = ladder._RowMeter(warmup=2, warmup_seconds=60.0, seconds=0.001, max_steps=None, align_epochs=True)
-    trainer = _tiny_fit(meter)
-    # warm-up runs to the end of epoch 0; the window is exactly epoch 1
-    assert meter.start_step == 6 and meter.measured_steps == 6 and meter.aligned is True
-    assert trainer.global_step == 12 and meter.samples_per_sec > 0
+    m = meter.RowMeter(
+        warmup=2, warmup_seconds=60.0, seconds=0.003, max_steps=None, windows=3, align_epochs=True
+    )
+    trainer = _tiny_fit(m)
+    # warm-up runs to the end of epoch 0; two one-step windows, then the last runs to the end of epoch 1
+    assert m.start_step == 6 and m.measured_steps == 6 and m.aligned is True
+    assert trainer.global_step == 12 and len(m.result.rates) == 3 and m.samples_per_sec > 0
 
 
 def test_row_meter_without_alignment_and_step_cap():
-    meter = ladder._RowMeter(warmup=2, warmup_seconds=60.0, seconds=0, max_steps=3, align_epochs=False)
-    _tiny_fit(meter)
-    assert meter.start_step == 2 and meter.measured_steps == 3 and meter.aligned is False
+    m = meter.RowMeter(warmup=2, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3, align_epochs=False)
+    _tiny_fit(m)
+    assert m.start_step == 2 and m.measured_steps == 3 and m.aligned is False
+    assert len(m.result.rates) == 3
+
+
+def test_row_meter_keeps_windows_when_the_fit_ends_early():
+    m = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=600.0, max_steps=None, windows=3)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_gpuopt.bench.models import ImageClassifier
+
+    data = TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,)))
+    quiet_trainer(accelerator="cpu", max_steps=4, callbacks=[m]).fit(
+        ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4)
+    )
+    assert m.measured_steps == 3 and len(m.result.rates) == 1 and m.aligned is False
+
+
+def test_windows_median_range_and_noise():
+    w = meter.Windows((90.0, 100.0, 130.0))
+    assert (w.median, w.low, w.high) == (100.0, 90.0, 130.0)
+    assert w.spread == pytest.approx(0.4) and w.noisy
+    assert not meter.Windows((99.0, 100.0, 101.0)).noisy
+    assert meter.Windows((5.0,)).spread is None and meter.Windows(()).median is None
+    fields = w.row_fields()
+    assert fields["samples_per_sec"] == 100.0 and fields["windows"] == [90.0, 100.0, 130.0]
+
+
+def _row(name, rates):
+    return {"name": name, "status": "ok", **meter.Windows(tuple(rates)).row_fields()}
+
+
+def test_compare_calls_overlapping_ranges_noise():
+    slow, fast, close = _row("a", [10, 11, 12]), _row("b", [30, 31, 33]), _row("c", [11.5, 12.5, 13])
+    assert meter.compare(fast, slow) == pytest.approx(31 / 11)
+    assert meter.compare(close, slow) is None  # ranges overlap: within the noise
+    assert meter.compare(fast, {"name": "x", "samples_per_sec": None}) is None
+
+
+def test_comparison_table_marks_noise_and_prints_the_recorded_run():
+    results = [
+        _row("naive", [10, 11, 12]),
+        _row("+workers", [30, 31, 33]),
+        {"name": "+pinned", "status": "cannot run", "samples_per_sec": None},
+        _row("+uint8_gpu_aug", [28, 32, 40]),
+        _row("ceiling_plain", [50, 51, 52]),
+    ]
+    ref = report.load_reference()
+    text = report.format_comparison(results, ref)
+    lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    assert "11 [10-12]" in lines["naive"] and "1.0x" in lines["naive"]
+    assert "2.8x" in lines["+workers"] and "~" not in lines["+workers"]
+    # compared with the nearest row above that ran (+workers): the ranges overlap
+    assert "~1.0x" in lines["+uint8_gpu_aug"]
+    assert "cannot run" in lines["+pinned"]
+    recorded = {r["name"]: r for r in ref["rows"]}
+    assert f"{recorded['+pinned']['samples_per_sec']:,.0f}" in lines["+pinned"]
+    notes = report.noise_notes(results)
+    assert any("+uint8_gpu_aug" in n and "noise-level" in n for n in notes)
+    assert any(n.startswith("~ marks") for n in notes)
+    assert report.noise_notes(results[:2]) == []
+
+
+def test_png_labels_are_not_clipped(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    long = {"name": "+16-mixed", "status": "cannot run", "reason": "x" * 40 + " " + "y" * 40 + " end)"}
+    short = _row("naive", [10, 11, 12])
+    narrow = report.plot_ladder([short], tmp_path / "a.png")
+    wide = report.plot_ladder([short, long], tmp_path / "b.png", reference=report.load_reference())
+    # the image grows to hold the long label (and the recorded panel) instead of cutting it off
+    assert Image.open(wide).size[0] > Image.open(narrow).size[0]
+    assert Image.open(wide).size[1] > 2 * Image.open(narrow).size[1]
 
 
 @pytest.mark.gpu
 def test_gpu_ladder_runs_cuda_rows(tmp_path):
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     data = make_jpeg_folder(tmp_path / "jpegs", num_images=512, num_classes=4, image_size=(96, 72))
-    config = ladder.LadderConfig(
+    config = rows.LadderConfig(
         data=data,
         model="small",
         batch_size=64,
@@ -240,11 +325,11 @@ def test_gpu_ladder_runs_cuda_rows(tmp_path):
         num_workers=4,
         cache_dir=tmp_path / "cache",
     )
-    rows = {r["name"]: r for r in ladder.run_ladder(config)}
+    by = {r["name"]: r for r in run_ladder(config)}
     for name in ("naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last", "ceiling_plain"):
-        assert rows[name]["status"] == "ok", rows[name]
-        assert rows[name]["samples_per_sec"] > 0
-    assert rows["+pinned"]["pin_memory"] is True and rows["+pinned"]["num_workers"] == 4
-    assert rows["+16-mixed"]["precision"] == "16-mixed" and rows["naive"]["precision"] == "32-true"
-    assert rows["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
-    assert rows["ceiling_plain"]["precision"] == "fp16 autocast"
+        assert by[name]["status"] == "ok", by[name]
+        assert by[name]["samples_per_sec"] > 0 and len(by[name]["windows"]) == 3
+    assert by["+pinned"]["pin_memory"] is True and by["+pinned"]["num_workers"] == 4
+    assert by["+16-mixed"]["precision"] == "16-mixed" and by["naive"]["precision"] == "32-true"
+    assert by["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
+    assert by["ceiling_plain"]["precision"] == "fp16 autocast"

@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_gpuopt.models import ImageClassifier
+from lightning_gpuopt.bench.models import ImageClassifier
 from tests._lightning import quiet_trainer
 
 

@@ -1,17 +1,15 @@
 """``lightning-gpuopt bench``: the ladder from a naive input pipeline to the full stack, on this machine.
 
-Writes ``<out>/ladder.json`` (``write_results`` shape), ``<out>/ladder.png`` (extra ``plot``) and TensorBoard
-runs under ``<out>/tensorboard/`` (one run a row), and prints the table last. Progress goes to stderr.
+Each run writes into a new ``<out>/version_<n>`` folder: ``ladder.json`` (``write_results`` shape),
+``ladder.png`` (extra ``plot``) and TensorBoard runs under ``tensorboard/`` (one run a row), and prints the
+table last. Progress goes to stderr. The work is ``lightning_gpuopt.bench``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-import time
-from pathlib import Path
 
 HELP = "benchmark a ladder of settings from naive to fully optimized"
 
@@ -31,7 +29,7 @@ def _src_size(text: str) -> tuple[int, int]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from lightning_gpuopt.ladder import ROW_NAMES
+    from lightning_gpuopt.bench.rows import ROW_NAMES
 
     parser.add_argument(
         "--data",
@@ -95,12 +93,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="whole-run seconds; rows shrink to fit (default: none)",
     )
     parser.add_argument(
-        "--out", default="lightning_gpuopt_bench", help="output folder (default ./lightning_gpuopt_bench)"
+        "--out",
+        default="lightning_gpuopt_bench",
+        help="output folder; each run writes into a new version_<n> folder inside it (default ./lightning_gpuopt_bench)",
     )
     parser.add_argument(
         "--cache-dir",
         default=None,
-        help="where generated data and HDF5 copies are cached (default ~/.cache/lightning_gpuopt)",
+        help="where generated data, HDF5 copies and worker counts are cached "
+        "(default $LIGHTNING_GPUOPT_CACHE_DIR or ~/.cache/lightning_gpuopt)",
     )
     parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto", help="default auto")
     parser.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard runs")
@@ -119,88 +120,63 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
 
 
-def resolve_data(args: argparse.Namespace, cache_dir: Path) -> Path:
-    """``--data`` as given, or the generated folder (made once under ``cache_dir``)."""
-    if args.data:
-        data = Path(args.data).expanduser()
-        if not data.exists():
-            raise FileNotFoundError(
-                f"--data {str(data)!r} does not exist; give an image folder or an HDF5 file"
-            )
-        return data
-    from lightning_gpuopt.data.synthetic import make_jpeg_folder
-
-    w, h = args.image_size_src
-    classes = min(args.classes, args.images)
-    root = cache_dir / f"jpeg_{args.images}_{classes}c_{w}x{h}"
-    if not (root / "lightning_gpuopt_synthetic.json").is_file():
-        _progress(
-            f"generating {args.images} {w}x{h} JPEGs in {classes} classes under {root} (once, cached)..."
-        )
-        t0 = time.perf_counter()
-        make_jpeg_folder(root, num_images=args.images, num_classes=classes, image_size=(w, h))
-        _progress(f"  -> generated in {time.perf_counter() - t0:.1f} s")
-    else:
-        _progress(f"using cached generated folder {root}")
-    return root
-
-
 def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt import ladder
+    from lightning_gpuopt._common import cache_dir
+    from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
+    from lightning_gpuopt.bench import report, rows, runs
+    from lightning_gpuopt.bench.measure import quiet_lightning
+    from lightning_gpuopt.bench.runner import run_ladder
+    from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
     _check_numbers(args)
-    rows = ladder.parse_rows(args.rows)
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else ladder.default_cache_dir()
-    out = Path(args.out).expanduser()
-    tb_dir: Path | None = None
-    if not args.no_tensorboard:
-        from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
-
-        if _TENSORBOARD_AVAILABLE:
-            tb_dir = out / "tensorboard"
-        else:
-            _progress(
-                "TensorBoard logs skipped: tensorboard is not installed (pip install 'lightning-gpuopt[tensorboard]')"
-            )
-    config = ladder.LadderConfig(
-        data=args.data or os.fspath(cache_dir),  # validated again once the folder exists
-        model=args.model or ladder.default_model(),
+    cache = cache_dir(args.cache_dir)
+    config = rows.LadderConfig(
+        data=args.data or os.fspath(cache),  # the generated folder replaces it once it exists
+        model=args.model or rows.default_model(),
         batch_size=args.batch_size,
         image_size=args.image_size,
-        rows=rows,
+        rows=rows.parse_rows(args.rows),
         seconds=args.seconds,
         steps=args.steps,
         warmup=args.warmup,
         accelerator=args.accelerator,
         num_workers=args.workers,
         tune_seconds=args.tune_seconds,
-        cache_dir=cache_dir,
-        tb_dir=tb_dir,
+        cache_dir=cache,
         time_budget_s=args.time_budget,
     )
-    if args.data:
-        config.validate()  # bad arguments fail before any dataset work
-    config.data = resolve_data(args, cache_dir)
-    lightning_log = logging.getLogger("lightning.pytorch")
-    old_level = lightning_log.level
-    lightning_log.setLevel(
-        logging.WARNING
-    )  # the per-row "GPU available" banners would drown the progress lines
-    try:
-        results = ladder.run_ladder(config, progress=_progress)
-    finally:
-        lightning_log.setLevel(old_level)
+    config.validate(check_data=bool(args.data))  # bad arguments fail before any dataset work
+    runs.check_output_folder(args.out)
+    if not args.data:
+        config.data = cached_jpeg_folder(
+            cache, args.images, args.classes, args.image_size_src, progress=_progress
+        )
+    run = runs.new_run_dir(args.out)
+    if args.no_tensorboard:
+        pass
+    elif _TENSORBOARD_AVAILABLE:
+        config.tb_dir = run / "tensorboard"
+    else:
+        _progress(
+            "TensorBoard logs skipped: tensorboard is not installed (pip install 'lightning-gpuopt[tensorboard]')"
+        )
+    _progress(f"this run writes to {run}")
+    with quiet_lightning():
+        results = run_ladder(config, progress=_progress)
     import torch
 
-    device = (
-        torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.accelerator != "cpu" else "CPU"
-    )
+    cuda = torch.cuda.is_available() and args.accelerator != "cpu"
+    device = torch.cuda.get_device_name(0) if cuda else "CPU"
     title = f"{config.model}, batch {config.batch_size}, {config.image_size}px on {device}"
-    js, png, note = ladder.write_outputs(results, config, out / "ladder.json", out / "ladder.png", title)
+    js, png, note = report.write_outputs(results, config, run / "ladder.json", run / "ladder.png", title)
     if note:
         _progress(note)
     _progress(
-        f"wrote {js}" + (f", {png}" if png else "") + (f", TensorBoard runs in {tb_dir}" if tb_dir else "")
+        f"wrote {js}"
+        + (f", {png}" if png else "")
+        + (f", TensorBoard runs in {config.tb_dir}" if config.tb_dir else "")
     )
-    print(ladder.format_ladder_table(results))
-    return 1 if any(r["status"] == ladder.FAILED for r in results) else 0
+    print(report.format_ladder_table(results))
+    for line in report.noise_notes(results, marks=False):
+        print(line)
+    return 1 if any(r["status"] == rows.FAILED for r in results) else 0

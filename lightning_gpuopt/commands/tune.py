@@ -34,25 +34,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tolerance", type=float, default=0.05, help="pick the smallest count within this of the best"
     )
+    parser.add_argument(
+        "--on-corrupt",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at an unreadable image (raise) or measure without it (skip); image folders only",
+    )
     parser.add_argument("--no-cache", action="store_true", help="measure even if a cached result exists")
-    parser.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    parser.add_argument(
+        "--json", default=None, help="also write the result as JSON to this file (checked before measuring)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt.data.datamodule import UInt8Collate
+    from lightning_gpuopt.bench.runs import check_writable_file
     from lightning_gpuopt.data.folder import UInt8ImageFolder
+    from lightning_gpuopt.data.loader import UInt8Collate
     from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
     dataset: Any
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
+    # a result that cannot be saved is found out now, not after the measurement
+    json_path = check_writable_file(args.json, "--json") if args.json else None
     if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
         from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
         dataset = HDF5ImageDataset(str(path))
     else:
-        dataset = UInt8ImageFolder(path, size=args.size)
+        dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
     candidates = None
     if args.candidates:
         try:
@@ -73,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": 4},
         cache=not args.no_cache,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     print(result.format_table())
     print(
         f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"

@@ -126,7 +126,8 @@ def test_close_stops_the_workers():
 
 
 def test_datamodule_teardown_closes_the_training_loader(jpeg_folder):
-    from lightning_gpuopt import ImageClassifier, OptimizedDataModule
+    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.bench.models import ImageClassifier
 
     dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers=1, image_size=16)
     trainer = quiet_trainer(

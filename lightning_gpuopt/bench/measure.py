@@ -1,31 +1,89 @@
-"""Shared pieces of the benchmark scripts and ``lightning-gpuopt bench``.
+"""What the benchmark scripts, ``lightning-gpuopt bench`` and ``lightning-gpuopt demo`` share.
 
-Every benchmark writes one JSON file shaped the same way (see ``write_results``) so any reader can compare
-them, and measures variants as ratios *in one run* against a ceiling measured in that same run.
+Every benchmark writes one JSON file shaped the same way (``write_results``) so any reader can compare them,
+and measures variants as ratios *in one run* against a ceiling measured in that same run
+(``plain_loop_throughput``). ``fit`` and ``quiet_lightning`` keep a command's output to its own lines: no
+Lightning banners, and Ctrl-C reaches the caller as ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import platform
 import shlex
+import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from typing_extensions import override
+
+from lightning_gpuopt._common import available_cpus
 
 ROW_KEYS = ("name", "samples_per_sec", "ratio_to_ceiling", "gpu_util_mean", "data_wait_frac")
 
+# Lightning's and torch's notices that say nothing about the run being measured: which accelerators exist,
+# optional packages to install, a small demo dataset, and a torch-internal deprecation inside Lightning
+_NOISE = (
+    ".*does not have many workers.*",
+    ".*Consider setting `persistent_workers=True`.*",
+    ".*no `val_dataloader`.*",
+    ".*smaller than the logging interval.*",
+    ".*log_every_n_steps.*",
+    ".*Total length of .* across ranks is zero.*",
+    ".*LeafSpec.* is deprecated.*",
+)
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's banners ("GPU available", tips, model summary notes) and notices that do not
+    concern the measurement, for the duration of the block; the logger level and warning filters are
+    restored afterwards. Warnings about the run itself still show."""
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for pattern in _NOISE:
+                warnings.filterwarnings("ignore", message=pattern)
+            yield
+    finally:
+        log.setLevel(level)
+
+
+def fit(trainer: pl.Trainer, model: pl.LightningModule, **kwargs: Any) -> None:
+    """``trainer.fit(model, **kwargs)``, with Ctrl-C raised to the caller as ``KeyboardInterrupt``.
+
+    Lightning turns a Ctrl-C inside ``fit`` into ``sys.exit(1)`` after its graceful shutdown and leaves SIGINT
+    ignored; a command then could neither tell an interruption from a failure nor be interrupted again. This
+    restores the SIGINT handler and re-raises the interruption as what it is.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(model, **kwargs)
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) != handler:
+            with contextlib.suppress(ValueError):  # not the main thread: nothing was changed there
+                signal.signal(signal.SIGINT, handler)
+
 
 def machine_info() -> dict[str, Any]:
-    """GPU name, driver, torch/lightning/CUDA versions and CPU count of this machine."""
+    """GPU name, driver, torch/lightning/CUDA versions and the CPUs this process may use."""
     import lightning
 
     info: dict[str, Any] = {
@@ -36,7 +94,7 @@ def machine_info() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "lightning": lightning.__version__,
         "python": platform.python_version(),
-        "cpus": os.cpu_count(),
+        "cpus": available_cpus(),
         "platform": platform.platform(),
     }
     if torch.cuda.is_available():
@@ -74,24 +132,6 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
     return path
 
 
-def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A fixed-width text table of ``columns`` (floats to 3 significant places, None as '-')."""
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
-        return str(v)
-
-    body = [[cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
-    return "\n".join(lines)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -111,6 +151,7 @@ def plain_loop_throughput(
     fused: bool | None = None,
     feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
     use_feed: bool = True,
+    label_sets: int = 1,
 ) -> float:
     """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
 
@@ -123,20 +164,27 @@ def plain_loop_throughput(
         feed: a callable returning the next ``(images, labels)`` batch on the device (a hand-written fed
             loop); each step calls it. With ``use_feed=False`` the batch is fetched and discarded while the
             step trains on the resident batch: what the pipeline's own GPU work costs the model.
+        label_sets: the resident batch's labels cycle through this many random label tensors, so the loss
+            does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
+            work a real step does).
     """
     device = torch.device(device)
     model = model.to(device)
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=mf)  # type: ignore[call-overload]
     x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=mf)
-    y = torch.randint(0, num_classes, (batch_size,), device=device)
+    ys = [torch.randint(0, num_classes, (batch_size,), device=device) for _ in range(max(1, label_sets))]
     fused = device.type == "cuda" if fused is None else fused
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     loss_fn = nn.CrossEntropyLoss()
 
+    count = 0
+
     def step() -> None:
-        xb, yb = x, y
+        nonlocal count
+        xb, yb = x, ys[count % len(ys)]
+        count += 1
         if feed is not None:
             fx, fy = feed()
             if use_feed:
@@ -164,6 +212,11 @@ class ThroughputMeter(pl.Callback):
 
     Only two device syncs in the whole run (start of the timed window and end of training), so the
     figure is what the user's run achieves.
+
+    Example:
+        >>> meter = ThroughputMeter(warmup=10)
+        >>> trainer = pl.Trainer(max_steps=100, callbacks=[meter])  # doctest: +SKIP
+        >>> trainer.fit(model, loader); meter.samples_per_sec  # doctest: +SKIP
     """
 
     def __init__(self, warmup: int = 10) -> None:
@@ -173,6 +226,7 @@ class ThroughputMeter(pl.Callback):
         self.samples_per_sec: float | None = None
         self.seconds: float | None = None
 
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -180,6 +234,7 @@ class ThroughputMeter(pl.Callback):
             _sync(pl_module.device)
             self._t0 = time.perf_counter()
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -187,6 +242,7 @@ class ThroughputMeter(pl.Callback):
             x = batch[0] if isinstance(batch, (list, tuple)) else batch
             self._samples += int(x.shape[0]) if hasattr(x, "shape") else 0
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._t0 is None:
             return

@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from lightning_gpuopt._imports import require
 
@@ -35,7 +36,12 @@ class _BasicBlock(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    """A four-stage ResNet (one basic block a stage) for small images and CPU demos."""
+    """A four-stage ResNet (one basic block a stage) for small images and CPU demos.
+
+    Example:
+        >>> SmallResNet(num_classes=10)(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
 
     def __init__(self, num_classes: int = 10, width: int = 16) -> None:
         super().__init__()
@@ -84,6 +90,11 @@ class ImageClassifier(pl.LightningModule):
             With ``precision="16-mixed"`` a fused optimizer lets the GradScaler skip an inf/NaN step on the
             device; an unfused one makes the host wait for the GPU at every step (see
             ``lightning_gpuopt.compute.optimizer``).
+
+    Example:
+        >>> model = ImageClassifier("small", num_classes=10)
+        >>> trainer = pl.Trainer(max_steps=100)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=OptimizedDataModule("data/train"))  # doctest: +SKIP
     """
 
     def __init__(
@@ -99,9 +110,11 @@ class ImageClassifier(pl.LightningModule):
         self.lr = lr
         self.fused = fused
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
@@ -109,12 +122,14 @@ class ImageClassifier(pl.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=False)
         return loss
 
+    @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
         self.log("val/acc", (logits.argmax(1) == y).float().mean(), sync_dist=True)
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = list(self.parameters())
         fused = self.fused

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import shutil
+import signal
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from lightning_gpuopt._common import available_cpus
 
 _MANIFEST = "lightning_gpuopt_synthetic.json"
 
@@ -85,7 +90,7 @@ def make_jpeg_folder(
         quality: JPEG quality.
         texture: standard deviation of per-pixel noise; 28 gives about 110 kB per 500x375 image.
         seed: base seed; image ``i`` uses ``seed + i``.
-        workers: processes used to encode (default: all CPUs).
+        workers: processes used to encode (default: the CPUs this process may use).
         image_format: ``"JPEG"`` or ``"PNG"``.
     """
     if num_images < 1 or num_classes < 1:
@@ -114,31 +119,87 @@ def make_jpeg_folder(
         )
     if root.exists() and any(root.iterdir()):
         raise ValueError(f"{root} exists and is not empty; pick an empty or new folder")
-    width, height = int(image_size[0]), int(image_size[1])
+    # written beside root and renamed into place when complete: an interrupted run leaves no half folder
+    tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
+    try:
+        sizes = _write_all(tmp, spec, num_images, num_classes, workers)
+        manifest_tmp = tmp / _MANIFEST
+        manifest_tmp.write_text(json.dumps({"spec": spec, "mean_bytes": float(np.mean(sizes))}, indent=1))
+        if root.exists():
+            root.rmdir()
+        tmp.rename(root)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if manifest.is_file() and json.loads(manifest.read_text()).get("spec") == spec:
+            return root  # another process made the same folder at the same time
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
+
+
+def _write_all(
+    folder: Path, spec: dict[str, Any], num_images: int, num_classes: int, workers: int | None
+) -> list[int]:
+    width, height = spec["image_size"]
+    image_format = spec["format"]
     ext = ".jpg" if image_format == "JPEG" else ".png"
     jobs = []
     for i in range(num_images):
         label = i % num_classes
-        folder = root / f"class_{label:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
+        sub = folder / f"class_{label:02d}"
+        sub.mkdir(parents=True, exist_ok=True)
         jobs.append(
             (
-                str(folder / f"img_{i:06d}{ext}"),
-                seed + i,
+                str(sub / f"img_{i:06d}{ext}"),
+                spec["seed"] + i,
                 label,
                 num_classes,
-                width,
-                height,
-                texture,
-                quality,
+                int(width),
+                int(height),
+                spec["texture"],
+                spec["quality"],
                 image_format,
             )
         )
-    workers = workers or os.cpu_count() or 1
+    workers = workers or available_cpus()
     if workers > 1 and num_images >= 64:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            sizes = list(pool.map(_write_one, jobs, chunksize=16))
-    else:
-        sizes = [_write_one(job) for job in jobs]
-    manifest.write_text(json.dumps({"spec": spec, "mean_bytes": float(np.mean(sizes))}, indent=1))
+        # Ctrl-C reaches the whole process group: the parent reports it, the encoders stop quietly
+        with ProcessPoolExecutor(
+            max_workers=workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+        ) as pool:
+            return list(pool.map(_write_one, jobs, chunksize=16))
+    return [_write_one(job) for job in jobs]
+
+
+def cached_jpeg_folder(
+    parent: str | os.PathLike[str],
+    num_images: int,
+    num_classes: int,
+    image_size: Sequence[int],
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """The generated folder for these settings under ``parent`` (``jpeg_<N>_<C>c_<W>x<H>``), made on first use.
+
+    Args:
+        parent: cache folder (``_common.cache_dir()`` in the commands).
+        num_images: images in total.
+        num_classes: classes (at most ``num_images``).
+        image_size: ``(width, height)`` in pixels.
+        progress: called with one line when the folder is generated or reused.
+    """
+    import time
+
+    say = progress or (lambda _msg: None)
+    w, h = int(image_size[0]), int(image_size[1])
+    classes = min(num_classes, num_images)
+    root = Path(parent).expanduser() / f"jpeg_{num_images}_{classes}c_{w}x{h}"
+    if (root / _MANIFEST).is_file():
+        say(f"using cached generated images {root}")
+        return make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=(w, h))
+    say(f"generating {num_images} {w}x{h} JPEGs in {classes} classes under {root} (once, cached)...")
+    t0 = time.perf_counter()
+    make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=(w, h))
+    say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root

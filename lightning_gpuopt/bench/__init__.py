@@ -1,0 +1,82 @@
+"""The before/after ladder, its ceilings, and the demo models and data (``lightning-gpuopt bench`` and ``demo``).
+
+This package measures the product; the product (``data/``, ``compute/``, ``observe/``) never imports it.
+
+=================  ==========================================================================================
+module             what it holds
+=================  ==========================================================================================
+``rows``           the ladder's rows (``ROW_SPECS``), ``LadderConfig``, the naive PIL dataset
+``meter``          ``RowMeter``: warm-up, then windows reported as median and range; noise comparison
+``runner``         ``run_ladder``: each row a short Lightning fit
+``report``         tables, results JSON, PNG chart, the recorded GPU ladder shipped with the package
+``measure``        ``plain_loop_throughput`` (the ceiling), ``ThroughputMeter``, ``write_results``
+``models``         ``ImageClassifier`` and the built-in ``SmallResNet``
+``synthetic``      ``make_jpeg_folder``: ImageNet-shaped generated JPEGs
+``demo``           ``run_demo``
+``runs``           versioned run folders and output paths checked before work
+=================  ==========================================================================================
+
+Example:
+    >>> from lightning_gpuopt.bench import LadderConfig, run_ladder
+    >>> rows = run_ladder(LadderConfig("data/train", model="resnet50"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "LadderConfig": "lightning_gpuopt.bench.rows",
+    "ROW_NAMES": "lightning_gpuopt.bench.rows",
+    "parse_rows": "lightning_gpuopt.bench.rows",
+    "run_ladder": "lightning_gpuopt.bench.runner",
+    "RowMeter": "lightning_gpuopt.bench.meter",
+    "plain_loop_throughput": "lightning_gpuopt.bench.measure",
+    "ThroughputMeter": "lightning_gpuopt.bench.measure",
+    "write_results": "lightning_gpuopt.bench.measure",
+    "ImageClassifier": "lightning_gpuopt.bench.models",
+    "build_model": "lightning_gpuopt.bench.models",
+    "make_jpeg_folder": "lightning_gpuopt.bench.synthetic",
+    "DemoOptions": "lightning_gpuopt.bench.demo",
+    "run_demo": "lightning_gpuopt.bench.demo",
+}
+
+__all__ = [
+    "ROW_NAMES",
+    "DemoOptions",
+    "ImageClassifier",
+    "LadderConfig",
+    "RowMeter",
+    "ThroughputMeter",
+    "build_model",
+    "make_jpeg_folder",
+    "parse_rows",
+    "plain_loop_throughput",
+    "run_demo",
+    "run_ladder",
+    "write_results",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_gpuopt.bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from lightning_gpuopt.bench.demo import DemoOptions, run_demo
+    from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+    from lightning_gpuopt.bench.meter import RowMeter
+    from lightning_gpuopt.bench.models import ImageClassifier, build_model
+    from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows
+    from lightning_gpuopt.bench.runner import run_ladder
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder

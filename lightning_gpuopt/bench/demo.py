@@ -1,0 +1,248 @@
+"""``lightning-gpuopt demo``: a short monitored Lightning fit, then the ladder on this machine beside the
+recorded GPU ladder shipped with the package.
+
+On generated JPEGs (cached under ``_common.cache_dir()``), it first trains a small ResNet for a few steps with
+``GPUStatsMonitor`` on and logs to TensorBoard, then runs every ladder row that can run here (rows that need a
+CUDA GPU say so), each measured in several windows and shown as median [min-max]. The recorded run is
+printed beside it, with one line on what a CPU cannot show, and where the windows of a row or two rows
+overlap the numbers are called noise-level. Each run writes into a new ``<out>/version_<n>`` folder.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_gpuopt._common import available_cpus, cache_dir
+from lightning_gpuopt.bench.runs import check_output_folder, new_run_dir
+
+Say = Callable[[str], None]
+
+NUM_CLASSES = 10
+
+
+@dataclass
+class DemoOptions:
+    """Settings of ``lightning-gpuopt demo`` (each field is the flag of the same name).
+
+    Example:
+        >>> opts = DemoOptions(out="runs/demo", ladder_seconds=2.0)
+        >>> run_demo(opts)  # doctest: +SKIP
+    """
+
+    out: str | os.PathLike[str] = "./gpuopt_runs/demo"
+    steps: int = 40
+    images: int = 256
+    image_size: int = 32
+    batch_size: int = 32
+    workers: int | None = None
+    ladder_seconds: float = 3.0
+    accelerator: str = "auto"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the flag for a bad value."""
+        for name in ("steps", "images", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.image_size < 16:
+            raise ValueError(f"--image-size must be >= 16 pixels, got {self.image_size}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"--workers must be >= 0, got {self.workers}")
+        if self.ladder_seconds < 0:
+            raise ValueError(f"--ladder-seconds must be >= 0 (0 skips the ladder), got {self.ladder_seconds}")
+        if self.batch_size > self.images:
+            raise ValueError(
+                f"--batch-size {self.batch_size} is larger than --images {self.images}; lower it or add images"
+            )
+        if self.accelerator not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"--accelerator must be auto, cpu or gpu, got {self.accelerator!r}")
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _machine(use_gpu: bool) -> str:
+    import torch
+
+    if use_gpu:
+        return f"{torch.cuda.get_device_name(0)}, {available_cpus()} CPUs"
+    return f"{available_cpus()} CPUs, no CUDA GPU in use"
+
+
+def _busy_note() -> str | None:
+    """A line when other processes already kept this machine's CPUs busy before the demo started."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on Windows
+        return None
+    cpus = available_cpus()
+    if load < 0.5 * cpus:
+        return None
+    return (
+        f"note: this machine was already busy (load {load:.1f} on {cpus} CPUs): other processes share its "
+        "cores, so expect noisy numbers"
+    )
+
+
+def _fit(opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say) -> Path:
+    """The monitored fit; returns its log folder."""
+    import lightning.pytorch as pl
+
+    from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
+    from lightning_gpuopt.bench.measure import fit
+    from lightning_gpuopt.bench.models import ImageClassifier
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+    from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
+    logger: Any
+    if _TENSORBOARD_AVAILABLE:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(save_dir=os.fspath(run), name="tensorboard", version="fit")
+    else:
+        from lightning.pytorch.loggers import CSVLogger
+
+        say(
+            "note: tensorboard is not installed, writing CSV logs (pip install 'lightning-gpuopt[tensorboard]')"
+        )
+        logger = CSVLogger(save_dir=os.fspath(run), name="csv", version="fit")
+    interval = max(1, min(10, opts.steps // 8))
+    monitor = GPUStatsMonitor(log_every_n_steps=interval, gpu=use_gpu)
+    trainer = pl.Trainer(
+        accelerator="gpu" if use_gpu else "cpu",
+        devices=1,
+        max_steps=opts.steps,
+        precision="16-mixed" if use_gpu else "32-true",
+        logger=logger,
+        callbacks=[monitor],
+        log_every_n_steps=interval,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+    )
+    datamodule = OptimizedDataModule(
+        train_dir=data, batch_size=opts.batch_size, num_workers=workers, image_size=opts.image_size
+    )
+    t0 = time.perf_counter()
+    fit(trainer, ImageClassifier("small", num_classes=NUM_CLASSES), datamodule=datamodule)
+    seconds = time.perf_counter() - t0
+    s = monitor.summary()
+    gpu = f"{s['gpu/util']:.0f} %" if "gpu/util" in s else "- (no GPU sampled)"
+    say(f"fit: {trainer.global_step} steps of batch {opts.batch_size} in {seconds:.1f} s, GPUStatsMonitor on")
+    say(
+        f"  samples/s {_fmt(s.get('throughput/samples_per_sec'), ',.0f')}   "
+        f"step time {_fmt(s.get('time/step_ms'), '.1f', ' ms')}   "
+        f"data-wait fraction {_fmt(s.get('time/data_wait_frac'), '.2f')} (0 = never waits for data)   "
+        f"GPU-Util {gpu}"
+    )
+    return Path(logger.log_dir)
+
+
+def _cpu_cannot_show(rows: list[dict[str, Any]]) -> str:
+    from lightning_gpuopt.bench.rows import CANNOT_RUN, SPEC_BY_NAME
+
+    gpu_rows = [
+        r["name"]
+        for r in rows
+        if r["status"] == CANNOT_RUN and SPEC_BY_NAME[r["name"]].needs_cuda is not None
+    ]
+    return (
+        f"a CPU cannot show: the GPU rows ({', '.join(gpu_rows)}), what 16-mixed and channels_last buy on "
+        "tensor cores, or GPU-Util; and the 'GPU' augmentation runs here on the same CPU cores that train"
+    )
+
+
+def _ladder(
+    opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say
+) -> tuple[list[dict[str, Any]], Any]:
+    from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
+    from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig
+    from lightning_gpuopt.bench.runner import run_ladder
+
+    config = LadderConfig(
+        data=data,
+        model="small",
+        batch_size=opts.batch_size,
+        image_size=opts.image_size,
+        rows=ROW_NAMES,
+        seconds=opts.ladder_seconds,
+        warmup=2,
+        windows=3,
+        accelerator="gpu" if use_gpu else "cpu",
+        num_workers=workers if workers > 0 else None,
+        tune_seconds=min(5.0, 2 * opts.ladder_seconds),
+        cache_dir=cache_dir(),
+        tb_dir=run / "tensorboard" if _TENSORBOARD_AVAILABLE else None,
+        time_budget_s=30 * opts.ladder_seconds,
+    )
+    say("")
+    say(
+        f"ladder: each row adds one thing to the row above, on the same images; {config.windows} windows of "
+        f"~{opts.ladder_seconds / config.windows:.1f} s a row, shown as median [min-max]"
+    )
+    return run_ladder(config, progress=lambda line: say(f"  {line}")), config
+
+
+def run_demo(opts: DemoOptions, say: Say = print) -> Path:
+    """Run the demo and return its run folder (``<out>/version_<n>``).
+
+    Raises:
+        ValueError: a bad option or an ``--out`` that cannot be written, before any work.
+    """
+    opts.validate()
+    check_output_folder(opts.out)
+    busy = _busy_note()
+    import torch
+
+    from lightning_gpuopt.bench.measure import quiet_lightning
+    from lightning_gpuopt.bench.report import (
+        format_comparison,
+        load_reference,
+        noise_notes,
+        reference_label,
+        write_outputs,
+    )
+    from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
+
+    use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
+    if use_gpu and not torch.cuda.is_available():
+        raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
+    run = new_run_dir(opts.out)
+    say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
+    if busy:
+        say(busy)
+    size = (round(opts.image_size * 1.25), opts.image_size)
+    data = cached_jpeg_folder(cache_dir() / "demo", opts.images, NUM_CLASSES, size, progress=say)
+    workers = opts.workers if opts.workers is not None else min(4, available_cpus() - 1)
+    with quiet_lightning():
+        log_dir = _fit(opts, data, run, use_gpu, workers, say)
+        rows: list[dict[str, Any]] = []
+        if opts.ladder_seconds > 0:
+            rows, config = _ladder(opts, data, run, use_gpu, workers, say)
+    if rows:
+        reference = load_reference()
+        device = torch.cuda.get_device_name(0) if use_gpu else f"{available_cpus()} CPUs"
+        title = f"this run: small ResNet, batch {opts.batch_size}, {opts.image_size} px on {device}"
+        _, png, note = write_outputs(
+            rows, config, run / "ladder.json", run / "ladder.png", title, reference=reference
+        )
+        say("")
+        say(format_comparison(rows, reference))
+        say(f"left: {title} (32-true on a CPU). right of |: {reference_label(reference)}")
+        if not use_gpu:
+            say(_cpu_cannot_show(rows))
+        for line in noise_notes(rows):
+            say(line)
+        say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))
+    say(f"logs: {log_dir}")
+    if (run / "tensorboard").is_dir():
+        say(f"open them with: tensorboard --logdir {run / 'tensorboard'}")
+    else:
+        say(f"metrics table: {log_dir / 'metrics.csv'}")
+    return run

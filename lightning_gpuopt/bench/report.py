@@ -1,0 +1,296 @@
+"""What a ladder run leaves behind: the text and Markdown tables, the results JSON and the PNG chart, plus the
+recorded GPU ladder shipped with the package (``load_reference``) that ``demo`` prints beside a CPU run.
+
+Numbers carry their noise: a row shows the median of its windows with their range, and a comparison between
+two rows whose ranges overlap is marked ``~`` (within what one row already varies by).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Sequence
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.meter import NOISE_SPREAD, compare
+from lightning_gpuopt.bench.rows import OK, LadderConfig
+
+#: the recorded ladder shipped with the package (``benchmarks/gpu_ladder.py`` on an H200)
+REFERENCE_FILE = "ladder_h200.json"
+
+TABLE_COLUMNS = (
+    "name",
+    "samples_per_sec",
+    "range",
+    "ratio_to_ceiling",
+    "speedup_vs_naive",
+    "gpu_util_mean",
+    "data_wait_frac",
+    "backend",
+    "num_workers",
+    "precision",
+    "status",
+)
+
+
+def _num(value: float | None, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _range(row: dict[str, Any]) -> str | None:
+    lo, hi = row.get("samples_per_sec_min"), row.get("samples_per_sec_max")
+    if lo is None or hi is None or len(row.get("windows") or []) < 2:
+        return None
+    return f"{_num(lo)}-{_num(hi)}"
+
+
+def format_ladder_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The ladder as a text table (median samples/s and the windows' range); rows that did not run show
+    ``status: reason``."""
+    shown = []
+    for r in rows:
+        s = dict(r, range=_range(r))
+        if r.get("status") != OK:
+            s["status"] = f"{r.get('status')}: {r.get('reason')}"
+        shown.append(s)
+    return format_table(shown, TABLE_COLUMNS)
+
+
+def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The ladder as a Markdown table (for README/docs), rows that did not run say why."""
+    lines = [
+        "| row | adds | samples/s | range | of ceiling | x naive | GPU-Util % | data-wait | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        status = "ok" if r.get("status") == OK else f"{r.get('status')}: {r.get('reason')}"
+        lines.append(
+            f"| `{r['name']}` | {r.get('adds', '')} | {_num(r.get('samples_per_sec'))} | {_range(r) or '-'} | "
+            f"{_num(r.get('ratio_to_ceiling'), '.3f')} | {_num(r.get('speedup_vs_naive'), '.1f')} | "
+            f"{_num(r.get('gpu_util_mean'), '.1f')} | {_num(r.get('data_wait_frac'), '.3f')} | {status} |"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- this run vs recorded
+def load_reference() -> dict[str, Any]:
+    """The recorded GPU ladder shipped with the package: ``{"machine", "date", "config", "rows", ...}``."""
+    text = resources.files("lightning_gpuopt.bench").joinpath(REFERENCE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def reference_label(reference: dict[str, Any]) -> str:
+    """One line saying what the recorded run was: GPU, model, batch, image size and date."""
+    cfg = reference.get("config", {})
+    gpu = reference.get("machine", {}).get("gpu") or "GPU"
+    date = str(reference.get("date", ""))[:10]
+    return (
+        f"{gpu} recorded: {cfg.get('model')}, batch {cfg.get('batch_size')}, {cfg.get('image_size')} px"
+        + (f", {date}" if date else "")
+    )
+
+
+def _ran(row: dict[str, Any] | None) -> bool:
+    return bool(row) and row.get("status") == OK and row.get("samples_per_sec") is not None  # type: ignore[union-attr]
+
+
+def _ratio_cell(value: float | None, within_noise: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{'~' if within_noise else ''}{value:.1f}x"
+
+
+def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per row: ``x_naive`` and ``vs_above`` (the nearest row above that ran; ceilings are not compared),
+    each ``(ratio, within_noise)`` or ``None``."""
+    out = []
+    naive = next((r for r in rows if r["name"] == "naive"), None)
+    above: dict[str, Any] | None = None
+    for r in rows:
+        item: dict[str, Any] = {"name": r["name"], "x_naive": None, "vs_above": None}
+        if _ran(r):
+            if r is naive:
+                item["x_naive"] = (1.0, False)
+            elif _ran(naive):
+                sig = compare(r, naive)  # type: ignore[arg-type]
+                item["x_naive"] = (r["samples_per_sec"] / naive["samples_per_sec"], sig is None)  # type: ignore[index]
+            if not r["name"].startswith("ceiling") and _ran(above) and r["name"] != "naive":
+                sig = compare(r, above)  # type: ignore[arg-type]
+                item["vs_above"] = (r["samples_per_sec"] / above["samples_per_sec"], sig is None)  # type: ignore[index]
+            if not r["name"].startswith("ceiling"):
+                above = r
+        out.append(item)
+    return out
+
+
+def _render(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip() for b in body]
+    return "\n".join(lines)
+
+
+def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] | None) -> str:
+    """This run's rows (median samples/s [windows' range], x naive, vs the row above) and, right of the
+    ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
+    ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
+    headers = ["row", "samples/s [range]", "x naive", "vs above"]
+    if reference is not None:
+        headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]
+    body = []
+    for r, cmp in zip(rows, compare_rows(rows), strict=True):
+        if _ran(r):
+            rng = _range(r)
+            here = _num(r["samples_per_sec"]) + (f" [{rng}]" if rng else "")
+        else:
+            here = str(r.get("status") or "-")
+        cells = [
+            r["name"],
+            here,
+            _ratio_cell(*cmp["x_naive"]) if cmp["x_naive"] else "-",
+            _ratio_cell(*cmp["vs_above"]) if cmp["vs_above"] else "-",
+        ]
+        if reference is not None:
+            ref = ref_rows.get(r["name"], {})
+            cells += [
+                "|",
+                _num(ref.get("samples_per_sec")),
+                _num(ref.get("ratio_to_ceiling"), ".2f"),
+                _num(ref.get("speedup_vs_naive"), ".1f") + ("x" if ref.get("speedup_vs_naive") else ""),
+                _num(ref.get("gpu_util_mean")),
+            ]
+        body.append(cells)
+    return _render(headers, body)
+
+
+def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]:
+    """Lines saying which rows are noisy and (``marks``) what ``~`` in ``format_comparison`` means; empty
+    when every row held steady."""
+    noisy = [r["name"] for r in rows if _ran(r) and (r.get("spread") or 0.0) > NOISE_SPREAD]
+    marked = marks and any(
+        (c["x_naive"] and c["x_naive"][1]) or (c["vs_above"] and c["vs_above"][1]) for c in compare_rows(rows)
+    )
+    notes = []
+    if noisy:
+        notes.append(
+            f"noise: {', '.join(noisy)} varied by more than {NOISE_SPREAD:.0%} between windows; "
+            "their numbers are noise-level on this machine, so a second run can differ as much"
+        )
+    if marked:
+        notes.append("~ marks a ratio within the noise: the two rows' window ranges overlap")
+    return notes
+
+
+# ------------------------------------------------------------------------------------------------- files
+def write_ladder_json(
+    path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], config: LadderConfig, **extra: Any
+) -> Path:
+    """``write_results`` with the ladder's config and the ceiling it measured."""
+    ceiling = next((r["samples_per_sec"] for r in rows if r["name"] == "ceiling_plain"), None)
+    cfg = asdict(config)
+    cfg = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in cfg.items()}
+    cfg["rows"] = list(config.rows)
+    return write_results(path, rows, benchmark="ladder", config=cfg, ceiling_samples_per_sec=ceiling, **extra)
+
+
+def _bar_label(r: dict[str, Any], value: float) -> str:
+    if r.get("status") != OK:
+        return textwrap.fill(f"{r.get('status')}: {r.get('reason')}", 60)
+    parts = [f"{value:,.0f}/s"]
+    rng = _range(r)
+    if rng:
+        parts[0] += f" [{rng}]"
+    if r.get("ratio_to_ceiling") is not None:
+        parts.append(f"{r['ratio_to_ceiling']:.2f} of ceiling")
+    if r.get("speedup_vs_naive") is not None and r["name"] != "naive":
+        parts.append(f"{r['speedup_vs_naive']:.1f}x naive")
+    if r.get("gpu_util_mean") is not None:
+        parts.append(f"GPU {r['gpu_util_mean']:.0f}%")
+    return ", ".join(parts)
+
+
+def _draw(ax: Any, rows: Sequence[dict[str, Any]], title: str) -> None:
+    import numpy as np
+
+    names = [r["name"] for r in rows]
+    values = [r.get("samples_per_sec") or 0.0 for r in rows]
+    lows = [v - (r.get("samples_per_sec_min") or v) for r, v in zip(rows, values, strict=True)]
+    highs = [(r.get("samples_per_sec_max") or v) - v for r, v in zip(rows, values, strict=True)]
+    colors = ["#9e9e9e" if n.startswith("ceiling") else "#1f77b4" for n in names]
+    y = np.arange(len(rows))[::-1]
+    ax.barh(y, values, color=colors, xerr=[lows, highs], error_kw={"elinewidth": 1, "capsize": 3})
+    top = max([*(v + h for v, h in zip(values, highs, strict=True)), 1.0])
+    for yi, r, v, h in zip(y, rows, values, highs, strict=True):
+        ax.text(v + h + top * 0.01, yi, _bar_label(r, v), va="center", fontsize=8)
+    ceiling = next((r.get("samples_per_sec") for r in rows if r["name"] == "ceiling_plain"), None)
+    if ceiling:
+        ax.axvline(ceiling, color="#d62728", linestyle="--", linewidth=1)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names)
+    ax.set_xlim(0, top * 1.05)
+    ax.set_xlabel("training samples/s (higher is better)")
+    ax.set_title(title, fontsize=10, loc="left")
+
+
+def plot_ladder(
+    rows: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    title: str = "",
+    reference: dict[str, Any] | None = None,
+) -> Path:
+    """Horizontal bars of samples/s per row, the windows' range as error bars, the recorded run below when
+    ``reference`` is given. Labels sit right of the bars and the image grows to hold them (nothing clipped).
+
+    Raises:
+        ModuleNotFoundError: matplotlib is missing (extra ``plot``).
+    """
+    from lightning_gpuopt._imports import require
+
+    require("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    panels = [(rows, title or "lightning-gpuopt ladder")]
+    if reference is not None:
+        panels.append((reference["rows"], reference_label(reference)))
+    height = sum(0.42 * len(p[0]) + 1.2 for p in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, height), squeeze=False)
+    for ax, (panel_rows, panel_title) in zip(axes[:, 0], panels, strict=True):
+        _draw(ax, panel_rows, panel_title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # "tight" grows the saved image to every label, however long, instead of cutting it at the axes
+    fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.2)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(
+    rows: Sequence[dict[str, Any]],
+    config: LadderConfig,
+    json_path: str | os.PathLike[str],
+    png_path: str | os.PathLike[str] | None,
+    title: str = "",
+    reference: dict[str, Any] | None = None,
+    **extra: Any,
+) -> tuple[Path, Path | None, str | None]:
+    """Write the JSON and (when matplotlib is installed) the PNG; returns ``(json, png or None, note)``."""
+    png: Path | None = None
+    note: str | None = None
+    if png_path is not None:
+        try:
+            png = plot_ladder(rows, png_path, title, reference)
+        except ModuleNotFoundError as err:
+            note = f"PNG chart skipped: {err}"
+    js = write_ladder_json(json_path, rows, config, png=os.fspath(png) if png else None, **extra)
+    return js, png, note

@@ -1,0 +1,350 @@
+"""The rows of the before/after ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
+
+The same model is trained through Lightning's ``Trainer`` under a ladder of settings, each row adding one
+thing to the row above it, from a naive input pipeline to the full stack, plus two ceiling rows that feed
+the model synthetic batches already on the device:
+
+=====================  ==================================================================================
+row                    what it adds
+=====================  ==================================================================================
+``naive``              plain ``DataLoader`` over PIL decode + random-resized-crop + float CHW normalize on
+                       the CPU; 0 workers, fp32 (``32-true``), NCHW, pageable memory
+``+workers``           the worker count ``tune_num_workers`` measures for that dataset
+``+pinned``            ``pin_memory=True`` (needs a CUDA device)
+``+uint8_gpu_aug``     ``OptimizedDataModule`` folder backend: uint8 batches, crop/flip/normalize on the GPU
+``+hdf5``              the same images as a uint8 HDF5 file (converted once, cached)
+``+dali``              ``OptimizedDataModule(backend="dali")``: decode on the GPU (needs DALI and CUDA)
+``+16-mixed``          ``precision="16-mixed"`` on the best data backend measured above (needs CUDA)
+``+channels_last``     ``ChannelsLast`` callback: the full stack
+``ceiling_lightning``  synthetic batches already on the device, through Lightning (16-mixed, channels_last)
+``ceiling_plain``      ``plain_loop_throughput``: the same model in a plain PyTorch loop; the ratios' ceiling
+=====================  ==================================================================================
+
+A row that cannot run on this machine (no GPU, no DALI, an HDF5 file given to a folder row) or whose
+component is missing stays in the results with ``status`` and ``reason`` saying why; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
+from lightning_gpuopt._common import cache_dir as default_cache_dir
+
+# status values of a row
+OK = "ok"
+CANNOT_RUN = "cannot run"
+SKIPPED = "skipped"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """What one ladder row runs.
+
+    Attributes:
+        name: row name (as given to ``--rows``).
+        adds: one line: what this row adds to the row above.
+        loader: ``"naive"`` (``NaiveImageFolder`` + ``DataLoader``), ``"folder"``, ``"hdf5"``, ``"dali"``
+            (``OptimizedDataModule`` backends), ``"best"`` (the fastest data backend measured in this run),
+            ``"device"`` (synthetic batches on the device, through Lightning) or ``"plain"`` (plain loop).
+        tuned_workers: use the tuned worker count (else 0; only for ``loader="naive"``).
+        pin_memory: pin host batches (only for ``loader="naive"``; the data module pins on CUDA itself).
+        mixed: ``16-mixed`` precision (fp32 ``32-true`` otherwise).
+        channels_last: ``ChannelsLast`` on the model.
+        needs_cuda: why the row means nothing without a CUDA GPU (``None``: it runs on a CPU too).
+
+    Example:
+        >>> SPEC_BY_NAME["+hdf5"].loader
+        'hdf5'
+    """
+
+    name: str
+    adds: str
+    loader: str
+    tuned_workers: bool = False
+    pin_memory: bool = False
+    mixed: bool = False
+    channels_last: bool = False
+    needs_cuda: str | None = None
+
+
+ROW_SPECS: tuple[RowSpec, ...] = (
+    RowSpec("naive", "DataLoader, PIL decode + float normalize on CPU, 0 workers, fp32, NCHW", "naive"),
+    RowSpec("+workers", "tuned DataLoader workers", "naive", tuned_workers=True),
+    RowSpec(
+        "+pinned",
+        "pin_memory=True",
+        "naive",
+        tuned_workers=True,
+        pin_memory=True,
+        needs_cuda="pinned memory only speeds up copies to a CUDA GPU; none in this run",
+    ),
+    RowSpec("+uint8_gpu_aug", "OptimizedDataModule: uint8 batches, crop/flip/normalize on GPU", "folder"),
+    RowSpec("+hdf5", "uint8 HDF5 file instead of JPEG decode", "hdf5"),
+    RowSpec(
+        "+dali",
+        "DALI: JPEG decode on the GPU (instead of HDF5)",
+        "dali",
+        needs_cuda="DALI decodes on a CUDA GPU; none in this run",
+    ),
+    RowSpec(
+        "+16-mixed",
+        "precision='16-mixed' (best data backend)",
+        "best",
+        mixed=True,
+        needs_cuda="16-mixed needs a CUDA GPU (on a CPU Lightning falls back to bf16, slower there)",
+    ),
+    RowSpec("+channels_last", "ChannelsLast model: the full stack", "best", mixed=True, channels_last=True),
+    RowSpec(
+        "ceiling_lightning",
+        "synthetic batches on the device, Lightning",
+        "device",
+        mixed=True,
+        channels_last=True,
+    ),
+    RowSpec(
+        "ceiling_plain",
+        "synthetic batches on the device, plain loop",
+        "plain",
+        mixed=True,
+        channels_last=True,
+    ),
+)
+ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
+SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
+# rows that read the image folder itself (an HDF5 file cannot feed them)
+FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
+    s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
+)
+
+
+def parse_rows(text: str | Sequence[str]) -> list[str]:
+    """Validate row names (comma-separated string or list) and return them in ladder order.
+
+    Raises:
+        ValueError: an unknown or empty name; the message lists the valid ones.
+    """
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
+    if not names or any(not n for n in names):
+        raise ValueError(f"--rows needs comma-separated row names; valid rows: {', '.join(ROW_NAMES)}")
+    unknown = [n for n in names if n not in SPEC_BY_NAME]
+    if unknown:
+        raise ValueError(
+            f"unknown row name(s) {', '.join(repr(n) for n in unknown)} in --rows; valid rows: {', '.join(ROW_NAMES)}"
+        )
+    return [n for n in ROW_NAMES if n in names]
+
+
+# --------------------------------------------------------------------------------------------- naive data
+class NaiveImageFolder(Dataset):
+    """The input pipeline most tutorials start with, all on the CPU in the loader process.
+
+    Per image: PIL decode of the full JPEG, random-resized-crop (scale 0.08-1, ratio 3/4-4/3) resampled to
+    ``size x size``, random horizontal flip, then float32 CHW in [0, 1] normalized by ``mean``/``std``
+    (what ``ToTensor`` + ``Normalize`` do). It returns ``(float32 CHW tensor, label)``.
+
+    Args:
+        root: class-per-subfolder image folder.
+        size: output side in pixels.
+        mean: per-channel mean in [0, 1] units.
+        std: per-channel std in [0, 1] units.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        size: int = 224,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        from lightning_gpuopt.data.folder import scan_image_folder
+
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int (pixels), got {size!r}")
+        self.root = os.fspath(root)
+        self.size = size
+        self.classes, self.samples = scan_image_folder(self.root)
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset for the worker-tuning cache."""
+        return {
+            "class": type(self).__name__,
+            "root": os.path.abspath(self.root),
+            "len": len(self),
+            "size": self.size,
+        }
+
+    def _crop_box(self, w: int, h: int) -> tuple[float, float, float, float]:
+        area = w * h
+        for _ in range(10):
+            target = area * random.uniform(0.08, 1.0)
+            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = math.sqrt(target * ratio), math.sqrt(target / ratio)
+            if cw <= w and ch <= h:
+                left, top = random.uniform(0, w - cw), random.uniform(0, h - ch)
+                return left, top, left + cw, top + ch
+        short = min(w, h)  # fall back to the central square
+        left, top = (w - short) / 2, (h - short) / 2
+        return left, top, left + short, top + short
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        path, label = self.samples[index]
+        with Image.open(path) as img:
+            rgb = img.convert("RGB")
+        out = rgb.resize((self.size, self.size), Image.Resampling.BILINEAR, box=self._crop_box(*rgb.size))
+        if random.random() < 0.5:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        chw = np.asarray(out, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        return torch.from_numpy((chw - self.mean) / self.std), label
+
+
+class DeviceBatches:
+    """One batch of images already on the device, ``length`` times (the Lightning ceiling's loader).
+
+    Labels cycle through ``labels`` (one tensor or several), as in ``plain_loop_throughput``.
+
+    Example:
+        >>> batches = DeviceBatches(torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.long), length=3)
+        >>> len(list(batches))
+        3
+    """
+
+    def __init__(self, x: torch.Tensor, labels: torch.Tensor | Sequence[torch.Tensor], length: int) -> None:
+        self.x, self.length = x, length
+        self.labels = [labels] if isinstance(labels, torch.Tensor) else list(labels)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.length):
+            yield self.x, self.labels[i % len(self.labels)]
+
+    def __len__(self) -> int:
+        return self.length
+
+
+# ------------------------------------------------------------------------------------------------ config
+@dataclass
+class LadderConfig:
+    """Settings of one ladder run (see ``lightning-gpuopt bench --help``).
+
+    Attributes:
+        data: class-per-subfolder image folder, or a ``.h5``/``.hdf5`` file (then only rows that can read
+            HDF5 run; folder rows say why not).
+        model: ``"small"``, ``"resnet18"`` or ``"resnet50"``.
+        batch_size: samples a step.
+        image_size: training crop side in pixels.
+        rows: row names in ladder order (``parse_rows``); ``ceiling_plain`` is always measured (ratios).
+        seconds: measured seconds a row (``0``: no time box, ``steps`` must be set), split into ``windows``.
+        steps: measured steps a row at most (``None``: only ``seconds``).
+        warmup: warm-up steps before measuring (cut short after half the row's seconds).
+        windows: consecutive measuring windows a row; the row reports their median and their range, so a
+            reader can tell a difference between rows from noise.
+        accelerator: ``"auto"``, ``"cpu"`` or ``"gpu"``.
+        num_workers: DataLoader workers for tuned rows; ``None`` measures them (``tune_num_workers``).
+        tune_seconds: time budget for each worker tuning.
+        cache_dir: where HDF5 conversions are cached.
+        tb_dir: TensorBoard ``save_dir`` (one run a row, ``name=<NN>_<row>``); ``None``: no TensorBoard.
+        time_budget_s: whole-run budget; rows shrink their seconds to fit and are skipped when it is spent.
+        lr: SGD learning rate.
+
+    Example:
+        >>> config = LadderConfig("data/train", model="resnet50", rows=parse_rows("naive,+hdf5"))
+        >>> rows = run_ladder(config)  # doctest: +SKIP
+    """
+
+    data: str | os.PathLike[str]
+    model: str = "small"
+    batch_size: int = 256
+    image_size: int = 224
+    rows: Sequence[str] = ROW_NAMES
+    seconds: float = 10.0
+    steps: int | None = None
+    warmup: int = 5
+    windows: int = 3
+    accelerator: str = "auto"
+    num_workers: int | None = None
+    tune_seconds: float = 10.0
+    cache_dir: str | os.PathLike[str] = field(default_factory=default_cache_dir)
+    tb_dir: str | os.PathLike[str] | None = None
+    time_budget_s: float | None = None
+    lr: float = 0.05
+
+    def validate(self, check_data: bool = True) -> None:
+        """Raise ``ValueError`` naming the argument for a bad setting (``check_data=False``: all but ``data``,
+        for a folder that is generated afterwards)."""
+        from lightning_gpuopt.bench.models import MODEL_NAMES
+
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"--model {self.model!r} is unknown; choose one of {', '.join(MODEL_NAMES)}")
+        for name, value, low in (("--batch-size", self.batch_size, 1), ("--image-size", self.image_size, 8)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0 steps, got {self.warmup}")
+        if not isinstance(self.windows, int) or self.windows < 1:
+            raise ValueError(f"windows must be an int >= 1, got {self.windows!r}")
+        if self.seconds < 0:
+            raise ValueError(f"--seconds must be >= 0, got {self.seconds}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.seconds == 0 and self.steps is None:
+            raise ValueError("--seconds 0 turns the time box off, so give --steps N to bound each row")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ValueError(f"--workers must be >= 0, got {self.num_workers}")
+        if self.tune_seconds <= 0:
+            raise ValueError(f"--tune-seconds must be > 0, got {self.tune_seconds}")
+        if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
+            raise ValueError(f"--accelerator must be auto, cpu or gpu, got {self.accelerator!r}")
+        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ValueError(
+                "--accelerator gpu was asked for but no CUDA GPU is visible; use --accelerator auto"
+            )
+        self.rows = parse_rows(list(self.rows))
+        if not check_data:
+            return
+        data = Path(self.data).expanduser()
+        if not data.exists():
+            raise FileNotFoundError(
+                f"--data {str(data)!r} does not exist; give an image folder or an HDF5 file"
+            )
+        if data.is_file() and data.suffix.lower() not in (".h5", ".hdf5"):
+            raise ValueError(
+                f"--data {str(data)!r} is a file but not .h5/.hdf5; give an image folder or an HDF5 file"
+            )
+        if is_hdf5_path(data) and list(self.rows) != list(ROW_NAMES):
+            folder_rows = [n for n in self.rows if n in FOLDER_ONLY_ROWS]
+            if folder_rows:
+                raise ValueError(
+                    f"row(s) {', '.join(folder_rows)} read an image folder but --data is an HDF5 file; drop them "
+                    f"from --rows or give an image folder (rows that read HDF5: "
+                    f"{', '.join(n for n in ROW_NAMES if n not in FOLDER_ONLY_ROWS)})"
+                )
+
+
+def is_hdf5_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an existing ``.h5``/``.hdf5`` file."""
+    return Path(path).suffix.lower() in (".h5", ".hdf5") and Path(path).is_file()
+
+
+def default_model() -> str:
+    """``"resnet50"`` when torchvision is importable, else the built-in ``"small"``."""
+    from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
+
+    return "resnet50" if _TORCHVISION_AVAILABLE else "small"

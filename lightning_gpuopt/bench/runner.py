@@ -1,0 +1,496 @@
+"""Runs the ladder (``lightning_gpuopt.bench.rows``): each row a short Lightning fit, timed by ``RowMeter``.
+
+Every row is time-boxed: after a warm-up (``warmup`` steps or half the row's seconds, whichever comes first)
+it is measured for ``seconds`` (or ``steps`` measured steps, whichever comes first), in ``windows``
+consecutive windows. The plain-loop ceiling runs first, so the worker tuner knows what the model consumes.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gpuopt._common import available_cpus, eval_resize_size
+from lightning_gpuopt.bench.measure import fit, plain_loop_throughput
+from lightning_gpuopt.bench.meter import RowMeter, Windows, window_means
+from lightning_gpuopt.bench.rows import (
+    CANNOT_RUN,
+    FAILED,
+    FOLDER_ONLY_ROWS,
+    OK,
+    ROW_NAMES,
+    SKIPPED,
+    SPEC_BY_NAME,
+    DeviceBatches,
+    LadderConfig,
+    NaiveImageFolder,
+    RowSpec,
+    is_hdf5_path,
+)
+
+Progress = Callable[[str], None]
+
+# when data rows tie within this fraction, prefer DALI, then HDF5: they leave the host CPU more idle
+_BEST_TIE_FRAC = 0.03
+_BACKEND_PREFERENCE = ("dali", "hdf5", "folder")
+_ROW_OF_BACKEND = {"folder": "+uint8_gpu_aug", "hdf5": "+hdf5", "dali": "+dali"}
+# label sets the synthetic batch cycles through: one batch with fixed labels would be fitted exactly, and its
+# vanishing gradients are not the work a real step does
+_LABEL_SETS = 8
+
+
+def _no_h5py() -> str | None:
+    """Why HDF5 rows cannot run here, or ``None`` when h5py is installed."""
+    from lightning_gpuopt._imports import _H5PY_AVAILABLE
+
+    return None if _H5PY_AVAILABLE else "h5py is not installed (pip install 'lightning-gpuopt[hdf5]')"
+
+
+def _slug(index: int, name: str) -> str:
+    return f"{index:02d}_{name.lstrip('+').replace('/', '_')}"
+
+
+class LadderRunner:
+    """Runs the rows of a ``LadderConfig``; use ``run_ladder``."""
+
+    def __init__(self, config: LadderConfig, progress: Progress | None = None) -> None:
+        config.validate()
+        self.cfg = config
+        self.say: Progress = progress or (lambda _msg: None)
+        self.data = Path(config.data).expanduser()
+        self.data_is_h5 = is_hdf5_path(self.data)
+        if config.accelerator == "auto":
+            self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        else:
+            self.device = torch.device("cpu") if config.accelerator == "cpu" else torch.device("cuda", 0)
+        self.cuda = self.device.type == "cuda"
+        self.num_classes = self._count_classes()
+        self.storage_size = eval_resize_size(config.image_size)
+        self._naive_workers: int | None = config.num_workers
+        self._dm_workers: dict[str, int] = {}
+        self._h5_path: Path | None = self.data if self.data_is_h5 else None
+        self._t_start = time.perf_counter()
+        self._ceiling: float | None = None
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _count_classes(self) -> int:
+        if self.data_is_h5:
+            if _no_h5py() is not None:
+                return 1000  # only the ceilings can run; their logits count does not change the speed much
+            from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+            return max(len(HDF5ImageDataset(os.fspath(self.data)).classes), 2)
+        from lightning_gpuopt.data.folder import scan_image_folder
+
+        classes, samples = scan_image_folder(self.data)
+        if len(samples) < self.cfg.batch_size:
+            raise ValueError(
+                f"--data {str(self.data)!r} holds {len(samples)} images, fewer than one batch "
+                f"(--batch-size {self.cfg.batch_size}); lower --batch-size or use more images"
+            )
+        return max(len(classes), 2)
+
+    def _trainer(
+        self, row_index: int, spec: RowSpec, callbacks: list[pl.Callback], max_seconds: float | None
+    ) -> pl.Trainer:
+        logger: Any = False
+        if self.cfg.tb_dir is not None:
+            from lightning.pytorch.loggers import TensorBoardLogger
+
+            logger = TensorBoardLogger(
+                os.fspath(self.cfg.tb_dir), name=_slug(row_index, spec.name), version=""
+            )
+        return pl.Trainer(
+            accelerator="gpu" if self.cuda else "cpu",
+            devices=1,
+            precision=cast(Any, self._precision(spec)),
+            max_epochs=-1,
+            max_steps=-1,
+            # a safety net only: the row's meter stops the fit long before
+            max_time=None if max_seconds is None else timedelta(seconds=max_seconds),
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=logger,
+            log_every_n_steps=5,
+            callbacks=callbacks,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+
+    def _precision(self, spec: RowSpec) -> str:
+        return "16-mixed" if spec.mixed and self.cuda else "32-true"
+
+    def _monitor(self, spec: RowSpec) -> pl.Callback:
+        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
+        # the naive row makes about one step a second: short windows still give several after the warm-up
+        window = 2 if spec.loader == "naive" and not spec.tuned_workers else 10
+        return GPUStatsMonitor(log_every_n_steps=window, gpu=self.cuda)
+
+    def _model(self) -> pl.LightningModule:
+        from lightning_gpuopt.bench.models import ImageClassifier
+
+        return ImageClassifier(self.cfg.model, num_classes=self.num_classes, lr=self.cfg.lr)
+
+    def _tuned_naive_workers(self, dataset: Dataset) -> int:
+        if self._naive_workers is not None:
+            return self._naive_workers
+        from lightning_gpuopt.data.tuning import tune_num_workers
+
+        self.say(f"tuning DataLoader workers for the naive dataset ({self.cfg.tune_seconds:.0f} s budget)...")
+        # PIL decode scales with cores; a coarse set of counts fits a short budget at large batch sizes
+        cpus = available_cpus()
+        candidates = sorted({max(1, cpus * k // 4) for k in (1, 2, 3, 4)})
+        result = tune_num_workers(
+            dataset,
+            candidates=candidates,
+            budget_s=self.cfg.tune_seconds,
+            target_samples_per_sec=self._tune_target(),
+            batch_size=self.cfg.batch_size,
+            loader_kwargs={"drop_last": True},
+            cache_dir=self.cfg.cache_dir,
+        )
+        n = int(result.best)
+        src = "cached" if result.cached else f"measured in {result.seconds:.1f} s"
+        self.say(f"  -> {n} workers ({src})")
+        self._naive_workers = n
+        return n
+
+    def _tune_target(self) -> float | None:
+        """What the fastest compute can consume (the plain-loop ceiling): the tuner stops once the loader,
+        measured alone, delivers its headroom over that."""
+        return self._ceiling if self._ceiling else None
+
+    def _hdf5_file(self) -> tuple[Path | None, str | None]:
+        if self._h5_path is not None:
+            return self._h5_path, None
+        why = _no_h5py()
+        if why is not None:
+            return None, why
+        from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+
+        src = self.data.resolve()
+        digest = hashlib.sha1(f"{src}:{os.path.getmtime(src)}".encode()).hexdigest()[:10]
+        out = Path(self.cfg.cache_dir).expanduser() / "hdf5" / f"{src.name}-{digest}-{self.storage_size}px.h5"
+        if out.is_file():
+            self.say(f"using cached HDF5 copy {out}")
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.say(f"converting {src} to uint8 HDF5 ({self.storage_size}px) at {out} (once, cached)...")
+            t0 = time.perf_counter()
+            # the converter writes a temporary file and renames it when complete, so an interrupted
+            # conversion never looks cached
+            convert_folder_to_hdf5(os.fspath(src), os.fspath(out), self.storage_size, progress=False)
+            self.say(
+                f"  -> converted in {time.perf_counter() - t0:.1f} s ({out.stat().st_size / 2**20:.0f} MiB)"
+            )
+        self._h5_path = out
+        return out, None
+
+    def _best_backend(self, done: dict[str, dict[str, Any]]) -> str:
+        measured = {
+            b: done[r]["samples_per_sec"]
+            for b, r in _ROW_OF_BACKEND.items()
+            if r in done and done[r]["status"] == OK and done[r]["samples_per_sec"]
+        }
+        if measured:
+            top = max(measured.values())
+            for b in _BACKEND_PREFERENCE:
+                if b in measured and measured[b] >= top * (1 - _BEST_TIE_FRAC):
+                    return b
+        # nothing measured in this run: HDF5 when it can be had, else the folder
+        if self.data_is_h5:
+            return "hdf5"
+        return "hdf5" if _no_h5py() is None else "folder"
+
+    # -- rows -----------------------------------------------------------------------------------------
+    def cannot_run_reason(self, spec: RowSpec) -> tuple[str, str] | None:
+        """``(status, reason)`` when ``spec`` cannot run here, else ``None``."""
+        if self.data_is_h5 and spec.name in FOLDER_ONLY_ROWS:
+            return CANNOT_RUN, "needs an image folder; --data is an HDF5 file"
+        if spec.needs_cuda is not None and not self.cuda:
+            return CANNOT_RUN, spec.needs_cuda
+        if spec.loader == "dali":
+            from lightning_gpuopt._imports import _DALI_AVAILABLE
+
+            if not _DALI_AVAILABLE:
+                return CANNOT_RUN, "NVIDIA DALI is not installed (pip install 'lightning-gpuopt[dali]')"
+        return None
+
+    def _base_row(self, spec: RowSpec) -> dict[str, Any]:
+        return {
+            "name": spec.name,
+            "adds": spec.adds,
+            "status": OK,
+            "reason": None,
+            "samples_per_sec": None,
+            "samples_per_sec_min": None,
+            "samples_per_sec_max": None,
+            "spread": None,
+            "windows": [],
+            "ratio_to_ceiling": None,
+            "speedup_vs_naive": None,
+            "gpu_util_mean": None,
+            "data_wait_frac": None,
+            "backend": None,
+            "num_workers": None,
+            "pin_memory": None,
+            "precision": self._precision(spec) if spec.loader != "plain" else None,
+            "channels_last": spec.channels_last,
+            "batch_size": self.cfg.batch_size,
+            "steps_measured": None,
+            "seconds_measured": None,
+            "whole_epochs": None,
+        }
+
+    def _row_seconds(self, rows_left: int) -> float | None:
+        """This row's measured seconds within the whole-run budget, or ``None`` when it is spent."""
+        if self.cfg.time_budget_s is None:
+            return self.cfg.seconds
+        left = self.cfg.time_budget_s - (time.perf_counter() - self._t_start)
+        if left < 5.0:
+            return None
+        # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a row
+        share = 0.45 * left / max(rows_left, 1)
+        return max(1.0, min(self.cfg.seconds, share)) if self.cfg.seconds > 0 else share
+
+    def _labels(self) -> list[torch.Tensor]:
+        return [
+            torch.randint(0, self.num_classes, (self.cfg.batch_size,), device=self.device)
+            for _ in range(_LABEL_SETS)
+        ]
+
+    def run_plain(self, row: dict[str, Any], seconds: float) -> None:
+        from lightning_gpuopt.bench.models import build_model
+
+        cfg = self.cfg
+        model = build_model(cfg.model, self.num_classes)
+        dtype = torch.float16 if self.cuda else None
+        kwargs: dict[str, Any] = dict(
+            batch_size=cfg.batch_size,
+            image_size=cfg.image_size,
+            num_classes=self.num_classes,
+            dtype=dtype,
+            channels_last=True,
+            device=self.device,
+            lr=cfg.lr,
+            label_sets=_LABEL_SETS,
+        )
+        # calibrate how many steps fit in a window, then measure the windows one after another
+        t0 = time.perf_counter()
+        plain_loop_throughput(model, steps=2, warmup=max(1, min(cfg.warmup, 3)), **kwargs)
+        rate = plain_loop_throughput(model, steps=3, warmup=0, **kwargs)
+        self.say(f"  calibrated in {time.perf_counter() - t0:.1f} s")
+        windows = cfg.windows if cfg.steps is None else max(1, min(cfg.windows, cfg.steps))
+        steps = max(2, int(rate * seconds / windows / cfg.batch_size)) if seconds > 0 else 2
+        if cfg.steps is not None:
+            per_window = max(1, cfg.steps // windows)
+            steps = min(steps, per_window) if seconds > 0 else per_window
+        t0 = time.perf_counter()
+        rates = [plain_loop_throughput(model, steps=steps, warmup=0, **kwargs) for _ in range(windows)]
+        row.update(Windows(tuple(rates)).row_fields())
+        row["seconds_measured"] = time.perf_counter() - t0
+        row["steps_measured"] = steps * windows
+        row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
+        row["backend"] = "synthetic (device)"
+        del model
+
+    def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
+        """The row's DataLoader or data module; ``None`` with ``row`` marked skipped when a dependency is
+        missing."""
+        cfg = self.cfg
+        if spec.loader == "naive":
+            dataset = NaiveImageFolder(self.data, size=cfg.image_size)
+            workers = self._tuned_naive_workers(dataset) if spec.tuned_workers else 0
+            row.update(backend="PIL float (CPU)", num_workers=workers, pin_memory=spec.pin_memory)
+            return DataLoader(
+                dataset,
+                batch_size=cfg.batch_size,
+                shuffle=True,
+                num_workers=workers,
+                pin_memory=spec.pin_memory,
+                drop_last=True,
+                persistent_workers=workers > 0,
+                prefetch_factor=4 if workers > 0 else None,
+            )
+        if spec.loader == "device":
+            mf = torch.channels_last if spec.channels_last else torch.contiguous_format
+            x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=self.device)
+            row.update(backend="synthetic (device)", num_workers=0)
+            return DeviceBatches(x.contiguous(memory_format=mf), self._labels(), 1_000_000)
+        from lightning_gpuopt.data.datamodule import OptimizedDataModule
+        from lightning_gpuopt.data.tuning import TuningConfig
+
+        backend = spec.loader if spec.loader != "best" else self._best_backend(done)
+        source = self.data
+        if backend == "hdf5":
+            h5, why = self._hdf5_file()
+            if h5 is None:
+                row.update(status=SKIPPED, reason=why)
+                return None
+            source = h5
+        dm_workers: int | str = self._dm_workers.get(
+            backend, cfg.num_workers if cfg.num_workers is not None else "auto"
+        )
+        dm = OptimizedDataModule(
+            train_dir=os.fspath(source),
+            backend=backend,
+            batch_size=cfg.batch_size,
+            image_size=cfg.image_size,
+            num_workers=dm_workers,
+            tuning=TuningConfig(
+                budget_s=cfg.tune_seconds,
+                target_samples_per_sec=self._tune_target(),
+                cache_dir=cfg.cache_dir,
+            ),
+        )
+        row.update(backend=backend, num_workers=dm_workers if isinstance(dm_workers, int) else None)
+        return dm
+
+    def run_fit(
+        self, index: int, spec: RowSpec, row: dict[str, Any], seconds: float, done: dict[str, dict[str, Any]]
+    ) -> None:
+        loader = self._loader_for(spec, row, done)
+        if loader is None:
+            return
+        callbacks: list[pl.Callback] = []
+        model = self._model()
+        if spec.channels_last and spec.loader == "device":
+            # the ceiling needs no package component: the model is simply made channels_last
+            model = model.to(memory_format=torch.channels_last)
+        elif spec.channels_last:
+            from lightning_gpuopt.compute.channels_last import ChannelsLast
+
+            callbacks.append(ChannelsLast())
+        # a prefetching loader must be measured over whole epochs (see RowMeter); the others need no
+        # long warm-up, which keeps the naive row (about a step a second on ImageNet JPEGs) short
+        buffered = spec.loader not in ("naive", "device") or bool(row["num_workers"])
+        warmup_cap = max(seconds, 1.0) if buffered else max(seconds / 2, 1.0)
+        cfg = self.cfg
+        meter = RowMeter(
+            cfg.warmup, warmup_cap, seconds, cfg.steps, windows=cfg.windows, align_epochs=buffered
+        )
+        monitor = self._monitor(spec)
+        callbacks += [meter, monitor]
+        safety = 3 * (warmup_cap + seconds) + 120 if seconds > 0 else None
+        trainer = self._trainer(index, spec, callbacks, safety)
+        with warnings.catch_warnings():
+            # rows without TensorBoard keep the monitor's windows in its history on purpose
+            warnings.filterwarnings("ignore", message=".*has no logger.*")
+            if isinstance(loader, pl.LightningDataModule):
+                fit(trainer, model, datamodule=loader)
+                resolved = getattr(loader, "num_workers", None)
+                if isinstance(resolved, int) and row["backend"]:
+                    self._dm_workers[row["backend"]] = resolved
+                    row["num_workers"] = resolved
+                pinned = getattr(loader, "pin_memory", None)
+                row["pin_memory"] = pinned if isinstance(pinned, bool) else None
+            else:
+                fit(trainer, model, train_dataloaders=loader)
+        row.update(meter.result.row_fields())
+        row["seconds_measured"] = meter.seconds
+        row["steps_measured"] = meter.measured_steps
+        row["whole_epochs"] = meter.aligned if buffered else None
+        if meter.samples_per_sec is None:
+            row.update(status=FAILED, reason="the fit ended before the warm-up did (too few batches?)")
+        gpu, wait = window_means(getattr(monitor, "history", []), meter.start_step)
+        row["gpu_util_mean"] = gpu if self.cuda else None
+        row["data_wait_frac"] = wait
+        for lg in trainer.loggers:
+            lg.log_metrics(
+                {
+                    f"bench/{k}": float(row[k])
+                    for k in ("samples_per_sec", "gpu_util_mean", "data_wait_frac")
+                    if row[k] is not None
+                },
+                step=trainer.global_step,
+            )
+            lg.finalize("success")
+        del trainer, model, loader
+
+    def run(self) -> list[dict[str, Any]]:
+        """Run the selected rows (ceilings first) and return them in ladder order, ratios filled in."""
+        cfg = self.cfg
+        selected = list(cfg.rows)
+        order: list[str] = [
+            n for n in ("ceiling_plain", "ceiling_lightning") if n in selected or n == "ceiling_plain"
+        ]
+        order += [n for n in ROW_NAMES if n in selected and n not in order]
+        if self.cuda:
+            # every row and the ceiling alike pick their fastest cuDNN kernels (Trainer(benchmark=None)
+            # keeps this session value)
+            torch.backends.cudnn.benchmark = True
+        done: dict[str, dict[str, Any]] = {}
+        for i, name in enumerate(order):
+            spec = SPEC_BY_NAME[name]
+            index = ROW_NAMES.index(name)
+            row = self._base_row(spec)
+            done[name] = row
+            blocked = self.cannot_run_reason(spec)
+            if blocked is not None:
+                row.update(status=blocked[0], reason=blocked[1])
+                self.say(f"[{i + 1}/{len(order)}] {name}: {blocked[0]}: {blocked[1]}")
+                continue
+            seconds = self._row_seconds(len(order) - i)
+            if seconds is None:
+                row.update(status=SKIPPED, reason="time budget spent")
+                self.say(f"[{i + 1}/{len(order)}] {name}: skipped: time budget spent")
+                continue
+            self.say(f"[{i + 1}/{len(order)}] {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
+            try:
+                if spec.loader == "plain":
+                    self.run_plain(row, seconds)
+                else:
+                    self.run_fit(index, spec, row, seconds, done)
+            except ModuleNotFoundError as err:
+                row.update(status=CANNOT_RUN, reason=str(err).splitlines()[0])
+            except (torch.cuda.OutOfMemoryError, RuntimeError, OSError, ValueError) as err:
+                # one broken row must not hide the others; its reason is in the table and JSON
+                row.update(status=FAILED, reason=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                self.say("".join(traceback.format_exception(err)).rstrip())
+            finally:
+                gc.collect()
+                if self.cuda:
+                    torch.cuda.empty_cache()
+            if name == "ceiling_plain":
+                self._ceiling = row["samples_per_sec"]
+            if row["status"] == OK:
+                self.say(
+                    f"  -> {row['samples_per_sec']:,.1f} samples/s "
+                    f"[{row['samples_per_sec_min']:,.1f}-{row['samples_per_sec_max']:,.1f}] "
+                    f"({row['steps_measured']} steps, {len(row['windows'])} windows)"
+                )
+            else:
+                self.say(f"  -> {row['status']}: {row['reason']}")
+        rows = [done[n] for n in ROW_NAMES if n in done]
+        ceiling = done["ceiling_plain"]["samples_per_sec"]
+        naive = done.get("naive", {}).get("samples_per_sec")
+        for row in rows:
+            sps = row["samples_per_sec"]
+            if sps is not None:
+                row["ratio_to_ceiling"] = sps / ceiling if ceiling else None
+                row["speedup_vs_naive"] = sps / naive if naive else None
+        return rows
+
+
+def run_ladder(config: LadderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Run the ladder and return its rows (dicts with the ``write_results`` row keys and more).
+
+    Args:
+        config: what to run.
+        progress: called with one line per phase (dataset work, each row); ``None`` is silent.
+    """
+    return LadderRunner(config, progress).run()
