@@ -61,3 +61,33 @@ def test_a_healthy_two_rank_run_stays_silent(tmp_path):
         assert len(rank["history"]) == 3
         assert all(h["evidence"]["ranks"]["allreduce_wait_ms"][0] is not None for h in rank["history"])
         assert not {"straggler", "comm-bound"} & {v["kind"] for v in rank["verdicts"]}, rank["verdicts"]
+
+
+def _two_gpus() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="needs two CUDA GPUs")
+@pytest.mark.parametrize(("sleep_s", "straggler"), [({0: 0.05, 1: 0.15}, 1), ({0: 0.05, 1: 0.05}, None)])
+def test_two_gpus_name_the_straggler_from_cuda_events(tmp_path, sleep_s, straggler):
+    advisor = BottleneckAdvisor(warmup_steps=3, window_steps=4, min_windows=2, verbose=False)
+    trainer = cpu_trainer(
+        tmp_path,
+        [advisor, _WriteVerdicts(str(tmp_path)), CloseProcessGroup()],
+        steps=15,
+        accelerator="gpu",
+        devices=2,
+        strategy="ddp_spawn",
+    )
+    trainer.fit(TinyClassifier(sleep_s=sleep_s), fast_loader(n=64))
+    for r in range(2):
+        rank = json.loads((tmp_path / f"rank{r}.json").read_text())
+        print(f"rank {r}: {[h['evidence']['ranks'] for h in rank['history']]}")
+        found = {v["kind"]: v for v in rank["verdicts"]}
+        if straggler is None:
+            assert not {"straggler", "comm-bound"} & set(found), rank["verdicts"]
+        else:
+            assert found["straggler"]["evidence"]["straggler_rank"] == straggler
