@@ -340,7 +340,7 @@ class BottleneckAdvisor(Callback):
         return Evidence.mean_of(fresh)
 
     def _fetch_seconds(self, trainer: pl.Trainer) -> float | None:
-        value = getattr(train_loader(trainer), FETCH_SECONDS_ATTR, None)
+        value: Any = getattr(train_loader(trainer), FETCH_SECONDS_ATTR, None)
         return float(value) if finite(value) else None
 
     def _host_evidence(self, trainer: pl.Trainer) -> Evidence:

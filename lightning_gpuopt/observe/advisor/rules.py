@@ -210,10 +210,11 @@ def _rank_waits(ranks: RankEvidence | None) -> tuple[list[float], float] | None:
     """Every rank's all-reduce wait and the mean step time, when every rank measured both."""
     if ranks is None or ranks.world_size < 2:
         return None
-    waits, steps = ranks.allreduce_wait_ms, ranks.step_ms
-    if any(w is None for w in waits) or any(s is None or s <= 0 for s in steps):
+    waits = [w for w in ranks.allreduce_wait_ms if w is not None]
+    steps = [s for s in ranks.step_ms if s is not None and s > 0]
+    if len(waits) < ranks.world_size or len(steps) < ranks.world_size:
         return None
-    return [float(w) for w in waits], sum(float(s) for s in steps) / len(steps)  # type: ignore[arg-type]
+    return waits, sum(steps) / len(steps)
 
 
 def _rank_figures(ranks: RankEvidence) -> dict[str, EvidenceValue]:
