@@ -414,3 +414,32 @@ def test_compiled_forward_under_ddp_trains_like_eager():
     assert (eager.model[0].weight - initial.model[0].weight).abs().max() > 1e-4  # it trained
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_preset_compiles_with_fp16_channels_last_and_fused_sgd(tmp_path):
+    from lightning_gpuopt.compute.optimizer import FusedOptimizer
+
+    model = ImageClassifier(_convnet(), fused=False)
+    kwargs = fast_trainer_kwargs(model, compile=True, max_steps=4, default_root_dir=tmp_path)
+    trainer = quiet_trainer(**kwargs, accelerator="gpu", devices=1)
+    trainer.fit(model, _data(64, 16, drop_last=True))
+    cb = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
+    fused = next(c for c in trainer.callbacks if isinstance(c, FusedOptimizer))
+    assert trainer.precision == "16-mixed" and fused.fused == ["SGD"]
+    assert cb.compiled_calls == 4 and cb.eager_calls == 0
+    trainer.save_checkpoint(tmp_path / "gpu.ckpt")
+    state = torch.load(tmp_path / "gpu.ckpt", weights_only=False)["state_dict"]
+    assert list(state) == list(ImageClassifier(_convnet()).state_dict())
+
+
+@pytest.mark.gpu
+def test_gpu_auto_times_a_short_run_and_stays_eager():
+    cb = CompileModel(when="auto")
+    model = ImageClassifier(_convnet())
+    trainer = quiet_trainer(accelerator="gpu", devices=1, max_steps=20, callbacks=[cb])
+    trainer.fit(model, _data(64, 8))
+    assert cb.step_seconds is not None and cb.step_seconds > 0
+    assert cb.decision is not None and cb.decision.compile is False and "below" in cb.decision.reason
+    assert cb.compiled_calls == 0
