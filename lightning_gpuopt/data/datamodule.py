@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -38,6 +38,9 @@ from lightning_gpuopt.data.tuning import (
     endless_sampler,
     tune_num_workers,
 )
+
+if TYPE_CHECKING:
+    from lightning_gpuopt.data.dali import DALIOptions
 
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
@@ -73,18 +76,17 @@ def _resolve_backend(backend: str, paths: dict[str, str | None]) -> str:
     return next(iter(kinds.values()), "folder")
 
 
-def _dali_options(dali: Any) -> Any:
-    """``dali`` checked now: a ``DALIOptions`` or a dict of ``DALILoader`` arguments (checked key by key)."""
-    from lightning_gpuopt.data import (
-        dali as dali_module,
-    )  # DALI itself is imported only when a loader is built
+def _check_dali(dali: Any) -> None:
+    from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only when a loader is built
 
-    options_type = getattr(dali_module, "DALIOptions", None)
-    if options_type is not None and isinstance(dali, options_type):
-        return dali
-    check_arg(isinstance(dali, dict), "dali", dali, "None or DALIOptions(...)", error=TypeError)
-    dali_module.check_dali_kwargs(dali)
-    return dict(dali)
+    check_arg(
+        isinstance(dali, DALIOptions),
+        "dali",
+        dali,
+        "None or a DALIOptions",
+        "e.g. dali=DALIOptions(decoder='cpu')",
+        error=TypeError,
+    )
 
 
 class OptimizedDataModule(pl.LightningDataModule):
@@ -124,7 +126,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: unreadable images are
             replaced by the next readable one, counted, listed in ``skipped_images`` and warned at teardown).
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
-        dali: DALI loader options for ``backend="dali"`` (``DALIOptions``).
+        dali: DALI options for ``backend="dali"`` (``DALIOptions``: decoder, threads); ``build_dali_loader``
+            reads them from ``dm.dali``.
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
@@ -156,7 +159,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         pin_memory: bool | None = None,
         on_corrupt: str = "raise",
         tuning: TuningConfig | None = None,
-        dali: Any = None,
+        dali: DALIOptions | None = None,
     ) -> None:
         super().__init__()
         check_arg(backend in BACKENDS, "backend", backend, f"one of {BACKENDS}")
@@ -238,15 +241,9 @@ class OptimizedDataModule(pl.LightningDataModule):
                 "use backend='folder' to skip them, or remove them",
             )
         check_arg(dali is None or self.backend == "dali", "dali", dali, "None unless backend='dali'")
-        self.dali = _dali_options(dali) if dali is not None else None
-        #: the ``dali`` options as ``DALILoader`` keyword arguments (``build_dali_loader`` reads them)
-        self.dali_kwargs: dict[str, Any] = (
-            {}
-            if self.dali is None
-            else dict(self.dali)
-            if isinstance(self.dali, dict)
-            else dict(vars(self.dali))
-        )
+        if dali is not None:
+            _check_dali(dali)
+        self.dali: DALIOptions | None = dali
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
         self.batch_size = batch_size
