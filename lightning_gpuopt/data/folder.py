@@ -145,54 +145,6 @@ def load_canvas(
         ) from err
 
 
-def load_uint8_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
-    """Decode an image to RGB, resize its short side to ``size`` and keep the central ``size x size`` square.
-
-    The square drops the sides of every non-square image, so training crops cannot reach them; the folder
-    backend decodes with ``load_canvas`` (the whole image) instead.
-
-    The crop and resize are one PIL call on the central square (bilinear, antialiased when shrinking), so
-    only the pixels kept are resampled. JPEGs at least twice as large as needed are decoded at a reduced
-    DCT scale first (``Image.draft``), which is much faster and still at least ``size`` on the short side.
-
-    Args:
-        path: image file.
-        size: output side in pixels.
-
-    Returns:
-        ``np.ndarray`` of shape ``(size, size, 3)``, dtype uint8, writable.
-
-    Raises:
-        ValueError: the file cannot be read or decoded (the path is named).
-    """
-    from PIL import Image
-
-    if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
-    try:
-        with Image.open(path) as img:
-            w, h = img.size
-            short = min(w, h)
-            if img.format == "JPEG" and short >= 2 * size:
-                # draft keeps both sides >= the request, so the short side stays >= size
-                img.draft(
-                    "RGB", (max(1, (w * size + short - 1) // short), max(1, (h * size + short - 1) // short))
-                )
-                w, h = img.size
-                short = min(w, h)
-            rgb = img.convert("RGB")
-            left, top = (w - short) / 2.0, (h - short) / 2.0
-            out = rgb.resize(
-                (size, size), Image.Resampling.BILINEAR, box=(left, top, left + short, top + short)
-            )
-            return np.array(out, dtype=np.uint8)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise ValueError(
-            f"cannot decode image {os.fspath(path)!r} ({type(err).__name__}: {err}); remove or replace the "
-            "file, or pass on_corrupt='skip' to skip unreadable images"
-        ) from err
-
-
 def _item(path: str, size: int, label: int) -> tuple[np.ndarray, int, np.ndarray]:
     canvas, meta = load_canvas(path, size)
     return canvas, label, meta
