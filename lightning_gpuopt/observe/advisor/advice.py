@@ -29,14 +29,24 @@ _HDF5 += 'OptimizedDataModule(backend="hdf5"), or decode on the GPU with backend
 _HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
 
 
-def cpu_sentence(ev: Evidence, full_frac: float) -> str:
-    """One sentence on whether the cores are full, from the monitor's host figures; empty when unmeasured."""
+def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
+    """One sentence on the CPU load from the monitor's host figures; empty when unmeasured."""
     if ev.cpu_busy_frac is None:
         return ""
     cores = f" of {ev.cpu_cores:.0f}" if ev.cpu_cores else ""
-    workers = f"; the loader's workers use {ev.cpu_workers_pct / 100:.1f} cores" if ev.cpu_workers_pct else ""
+    busy = f"{ev.cpu_busy_frac:.0%}{cores} cores busy"
+    if cfg.num_workers == 0:
+        main = (
+            f" (its main thread at {ev.cpu_main_pct:.0f}% of a core)" if ev.cpu_main_pct is not None else ""
+        )
+        return f"The training process builds every batch itself{main}; {busy}. "
+    others = (
+        f"; worker processes and other threads use {ev.cpu_workers_pct / 100:.1f} cores"
+        if ev.cpu_workers_pct
+        else ""
+    )
     state = "full" if ev.cpu_busy_frac >= full_frac else "not full"
-    return f"The CPU cores are {state} ({ev.cpu_busy_frac:.0%}{cores} busy{workers}). "
+    return f"The CPU cores are {state} ({busy}{others}). "
 
 
 def input_bound(

@@ -45,10 +45,9 @@ class AdvisorThresholds:
         headroom_mem_frac: peak memory fraction below which the batch could grow.
         tensor_core_capability: compute capability from which fp16 tensor cores exist.
         channels_last_frac: fraction of convolutions that must be channels_last.
-        host_sync_wait_frac: GPU idle (else data wait) fraction from which a per-step host sync
+        host_sync_wait_frac: GPU idle or data wait fraction from which a per-step host sync
             (``amp-host-sync``) counts as costly.
-        host_sync_busy_util: without a GPU idle share: GPU-Util (%) below which a per-step host sync counts
-            as costly.
+        host_sync_busy_util: GPU-Util (%) below which a per-step host sync counts as costly.
         rank_wait_frac: under DDP, all-reduce wait as a share of the step: the spread between ranks from
             which one straggles, and the least wait of every rank from which the run is communication-bound.
         rank_wait_min_ms: and that wait must be at least this long (ms).
@@ -187,7 +186,7 @@ def input_bound(c: Context) -> Verdict | None:
         head += (
             f" while the GPU is busy {ev.gpu_util:.0f}% of the time. " if ev.gpu_util is not None else ". "
         )
-    head += advice.cpu_sentence(ev, c.t.cores_full_frac)
+    head += advice.cpu_sentence(ev, c.cfg, c.t.cores_full_frac)
     text = advice.input_bound(cause, ev, c.cfg, c.cores_per_process, c.cores_full, head)
     return Verdict("input-bound", figs, text, "warning", cause)
 
@@ -315,13 +314,13 @@ def amp_host_sync(c: Context) -> Verdict | None:
         figs["gradient_clip_val"] = float(clip)
     figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac"))
     figs.update(c.figures("gpu_util", "sm_active", nd=1))
-    # the sync costs what the host does between steps: GPU idle, or host work (the batch fetch) to expose
-    if ev.gpu_idle_frac is not None:
-        costly = ev.gpu_idle_frac >= t.host_sync_wait_frac
-    else:
-        costly = (ev.gpu_util is not None and ev.gpu_util < t.host_sync_busy_util) or (
-            ev.data_wait_frac is not None and ev.data_wait_frac >= t.host_sync_wait_frac
-        )
+    # the sync idles the GPU inside the step (after the optimizer's sync) as well as between steps, so any
+    # of GPU idle, a GPU-Util short of saturation, or host work to expose makes it costly
+    costly = (
+        (ev.gpu_idle_frac is not None and ev.gpu_idle_frac >= t.host_sync_wait_frac)
+        or (ev.gpu_util is not None and ev.gpu_util < t.host_sync_busy_util)
+        or (ev.data_wait_frac is not None and ev.data_wait_frac >= t.host_sync_wait_frac)
+    )
     text = advice.amp_host_sync(cfg.unfused_optimizers, cfg.precision, clip, cfg.capability)
     return Verdict("amp-host-sync", figs, text, "warning" if costly else "info")
 
