@@ -47,12 +47,12 @@ class BottleneckAdvisor(Callback):
     ======================== ============ ===========================================================
     kind                     severity     raised when (default thresholds, ``AdvisorThresholds``)
     ======================== ============ ===========================================================
-    ``input-bound``          warning      GPU idle between steps >= 10% and the loader wait accounts for
+    ``input-bound``          warning      ``gpu/idle_frac`` >= 10% and the loader's wait accounts for
                                           >= half of it; without ``gpu/idle_frac``: loader (else data)
                                           wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
                                           too-many-workers, too-few-workers, decode-bound, dali-bound,
                                           slow-loader
-    ``host-bound``           warning      GPU idle between steps >= 10% but the loader wait accounts for
+    ``host-bound``           warning      ``gpu/idle_frac`` >= 10% but the loader's wait accounts for
                                           less than half of it: hooks, syncs, launches
     ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and
                                           >= 2 ms); names the rank nobody waits for
@@ -61,7 +61,8 @@ class BottleneckAdvisor(Callback):
     ``pageable-copies``      warning      CUDA, ``pin_memory=False``, batches start in host memory
     ``launch-bound``         warning      CUDA, not starving between steps, GPU-Util < 70% or SM
                                           activity < 25% or batch <= 16 with GPU-Util < 90%
-    ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer
+    ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer; a warning
+                                          when GPU idle >= 2%, GPU-Util < 97% or data wait >= 2%
     ``fp32-on-tensor-cores`` warning      CUDA >= 7.0 training in fp32/fp64
     ``nchw-convolutions``    warning      < 50% of convolutions channels_last under tensor-core math
     ``cudnn-benchmark-off``  info         convolutions with ``cudnn.benchmark`` off
