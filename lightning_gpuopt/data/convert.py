@@ -16,6 +16,7 @@ import os
 import queue
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -223,6 +224,50 @@ class _Decoder:
         self.procs = []
 
 
+# Reads stdin until the converter writes "d" (done) or dies (end of file: nobody holds the pipe any more);
+# unless done, removes the temporary file. Ignores the terminal's and a process group's signals so that it
+# outlives the converter by the moment it takes.
+_JANITOR = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.stdin.buffer.read(1) != b"d":
+    try:
+        os.unlink(sys.argv[1])
+    except OSError:
+        pass
+"""
+
+
+class _Janitor:
+    """A tiny process that removes the temporary file when the converter dies before finishing.
+
+    SIGKILL leaves the converter no chance to clean up; the janitor notices its death as the end of a
+    pipe only the converter (and its decode workers, which die with it) hold.
+    """
+
+    def __init__(self, tmp: Path) -> None:
+        self.proc: Any = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _JANITOR, os.fspath(tmp)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # no Ctrl-C or terminal hang-up from the converter's terminal
+        )
+
+    def release(self, done: bool) -> None:
+        """Tell the janitor the conversion ended: ``done`` keeps the file, else it is removed."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if done:
+                self.proc.stdin.write(b"d")
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
 class _Terminated(BaseException):
     """SIGTERM arrived during a conversion (raised in the main thread so the temporary file is removed)."""
 
@@ -349,8 +394,9 @@ def convert_folder_to_hdf5(
     destination is checked to be writable and to have room for the whole store. The file is written as
     ``OUT.tmp-<pid>`` beside ``OUT`` (beside a symbolic link's target, which is replaced and the link
     kept) and renamed over it only when complete. On an error, Ctrl-C or SIGTERM the decode workers are
-    stopped and the temporary file removed; decode workers also die with a killed converter (Linux), and
-    temporary files of killed conversions are removed by the next conversion to the same ``OUT``.
+    stopped and the temporary file removed. After a SIGKILL the decode workers die with the converter
+    (Linux) and a janitor process removes the temporary file; one left when both were killed is removed by
+    the next conversion to the same ``OUT``.
 
     Args:
         src: folder laid out as ``src/<class>/<image>``.
@@ -404,9 +450,11 @@ def convert_folder_to_hdf5(
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     decoder: _Decoder | None = None
     writer: _StoreWriter | None = None
+    janitor: _Janitor | None = None
     bar = None
     with _sigterm_cleans_up():
         try:
+            janitor = _Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
             _create_temp(tmp, dest)
             # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
             decoder = _Decoder(jobs, workers)
@@ -422,6 +470,7 @@ def convert_folder_to_hdf5(
             decoder.close(abort=False)
             writer.finish(keep, skipped)
             os.replace(tmp, dest)
+            janitor.release(done=True)
         except BaseException:
             if decoder is not None:
                 decoder.close(abort=True)
@@ -429,6 +478,8 @@ def convert_folder_to_hdf5(
                 writer.close()
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            if janitor is not None:
+                janitor.release(done=False)
             raise
         finally:
             if bar is not None:

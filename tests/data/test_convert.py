@@ -290,8 +290,15 @@ def _wait_until(check, timeout: float = 60.0) -> bool:
     return False
 
 
+def _is_janitor(pid: int) -> bool:
+    try:
+        return b"os.unlink" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 class _HeldConversion:
-    """``convert`` in a subprocess with two decode workers, one of them blocked on a FIFO."""
+    """``convert`` in a subprocess with two decode workers, one of them blocked on a FIFO, and its janitor."""
 
     def __init__(self, tmp_path: Path, jpeg_folder: Path, cli: bool = False) -> None:
         self.src = Path(shutil.copytree(jpeg_folder, tmp_path / "src"))
@@ -308,11 +315,15 @@ class _HeldConversion:
             cmd = [sys.executable, "-c", script, str(self.src), str(self.out)]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
         self.workers: list[int] = []
-        started = _wait_until(
-            lambda: bool(list(tmp_path.glob("o.h5.tmp-*"))) and len(_children(self.proc.pid)) >= 2
-        )
-        self.workers = _children(self.proc.pid)
-        assert started and self.proc.poll() is None, "the conversion did not start"
+        self.janitor: list[int] = []
+
+        def started() -> bool:
+            kids = _children(self.proc.pid)
+            self.janitor = [p for p in kids if _is_janitor(p)]
+            self.workers = [p for p in kids if p not in self.janitor]
+            return bool(list(tmp_path.glob("o.h5.tmp-*"))) and len(self.workers) >= 2 and bool(self.janitor)
+
+        assert _wait_until(started) and self.proc.poll() is None, "the conversion did not start"
         time.sleep(0.3)  # the other worker decodes the rest; the converter waits for the blocked block
 
     def finish(self) -> tuple[int, str]:
@@ -323,26 +334,34 @@ class _HeldConversion:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
-        for pid in self.workers:
+        for pid in self.workers + self.janitor:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_sigkill_leaves_no_worker_and_the_next_run_removes_the_temp(jpeg_folder, tmp_path):
+def test_sigkill_leaves_no_worker_and_no_temp(jpeg_folder, tmp_path):
     held = _HeldConversion(tmp_path, jpeg_folder)
     try:
-        (tmp,) = tmp_path.glob("o.h5.tmp-*")
         held.proc.send_signal(signal.SIGKILL)
         held.finish()
-        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10), (
-            "a decode worker survived"
-        )
-        assert tmp.exists() and not held.out.exists()  # SIGKILL allows no cleanup ...
+        everyone = held.workers + held.janitor
+        assert _wait_until(lambda: all(_gone(p) for p in everyone), timeout=10), "a process survived"
+        assert not list(tmp_path.glob("o.h5*"))  # the janitor removed the temporary file
     finally:
         held.cleanup()
-    (held.src / "class_00" / "aaa_blocks.jpg").unlink()
-    convert_folder_to_hdf5(held.src, held.out, 8, workers=1, progress=False)
-    assert not tmp.exists() and len(HDF5ImageDataset(held.out)) == 48  # ... the next run removes it
+
+
+def test_temps_of_dead_conversions_are_removed_by_the_next_one(jpeg_folder, tmp_path):
+    # what a SIGKILL of the converter and its janitor together (a killed process group) leaves
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f"o.h5.tmp-{int(dead.stdout)}"
+    stale.write_bytes(b"half a store")
+    alive = tmp_path / f"o.h5.tmp-{os.getppid()}"  # a conversion still running (its process exists)
+    alive.write_bytes(b"in progress")
+    convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", 8, workers=1, progress=False)
+    assert not stale.exists() and alive.exists()
 
 
 def test_sigterm_stops_the_workers_and_removes_the_temp(jpeg_folder, tmp_path):
@@ -351,7 +370,7 @@ def test_sigterm_stops_the_workers_and_removes_the_temp(jpeg_folder, tmp_path):
         held.proc.send_signal(signal.SIGTERM)
         code, _ = held.finish()
         assert code == -signal.SIGTERM  # still ends as killed by SIGTERM, after cleaning up
-        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10)
+        assert _wait_until(lambda: all(_gone(p) for p in held.workers + held.janitor), timeout=10)
         assert not list(tmp_path.glob("o.h5*"))
     finally:
         held.cleanup()
@@ -364,7 +383,7 @@ def test_ctrl_c_in_the_cli_stops_the_workers_and_prints_one_line(jpeg_folder, tm
         code, err = held.finish()
         assert code == 130 and "interrupted" in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1
-        assert _wait_until(lambda: all(_gone(p) for p in held.workers), timeout=10)
+        assert _wait_until(lambda: all(_gone(p) for p in held.workers + held.janitor), timeout=10)
         assert not list(tmp_path.glob("o.h5*"))
     finally:
         held.cleanup()
@@ -373,7 +392,7 @@ def test_ctrl_c_in_the_cli_stops_the_workers_and_prints_one_line(jpeg_folder, tm
 def test_a_worker_that_dies_is_an_error_not_a_hang(jpeg_folder, tmp_path):
     held = _HeldConversion(tmp_path, jpeg_folder)
     try:
-        for pid in held.workers:
+        for pid in held.workers:  # the decode workers only
             os.kill(pid, signal.SIGKILL)
         code, err = held.finish()
         assert code == 1 and "decode worker" in err and "died" in err
