@@ -53,6 +53,7 @@ TWO_GPU_ROWS = (
     "plain_ddp",
     "plain_ddp_view_static",
     "lightning_preset",
+    "lightning_preset_blocking",
     "lightning_ddp_defaults",
     "lightning_view_static",
     "lightning_view_bucket100",
@@ -149,6 +150,7 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
     from lightning_gpuopt.bench.models import ImageClassifier, build_model
     from lightning_gpuopt.compute.channels_last import apply_channels_last
     from lightning_gpuopt.compute.compile import CompileModel
+    from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
     from lightning_gpuopt.compute.precision import PRESET_DDP_KWARGS, fast_trainer_kwargs
 
     class SameBatch(Dataset):
@@ -188,6 +190,7 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
     precision = "16-mixed" if device.type == "cuda" else "bf16-mixed"
     strategies = {
         "lightning_preset": "ddp",
+        "lightning_preset_blocking": "ddp",
         "lightning_ddp_defaults": DDPStrategy(),
         "lightning_view_static": DDPStrategy(gradient_as_bucket_view=True, static_graph=True),
         "lightning_view_bucket100": DDPStrategy(gradient_as_bucket_view=True, bucket_cap_mb=100),
@@ -204,6 +207,8 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
     else:
         strategy = strategies.get(row, "auto")
         kwargs = fast_trainer_kwargs(net, device, strategy=strategy, callbacks=[StepTimes()], **common)
+        if row == "lightning_preset_blocking":  # the preset without its fix of Lightning's per-step host sync
+            kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, NonBlockingStepChecks)]
         if device.type != "cuda":
             kwargs["precision"] = precision  # the CPU check runs the mixed-precision path too
     module = ImageClassifier(net, lr=0.01)  # fused SGD for CUDA parameters
@@ -236,7 +241,8 @@ def _worker(args: argparse.Namespace) -> None:
     dist.init_process_group("nccl" if cuda else "gloo")
     out = Path(args.workdir) / f"rank{rank}.jsonl"
     for rep in range(args.repeats):
-        order = TWO_GPU_ROWS if rep % 2 == 0 else TWO_GPU_ROWS[::-1]
+        rows = [r for r in TWO_GPU_ROWS if not args.rows or r in args.rows.split(",")]
+        order = rows if rep % 2 == 0 else rows[::-1]
         for row in order:
             dist.barrier()
             if row == "plain_1gpu":
@@ -291,6 +297,7 @@ def main() -> int:
     p.add_argument("--out", help="folder for ddp_scaling_<gpu>x2.json (or a .json path)")
     p.add_argument("--quick", action="store_true", help="CPU, gloo, tiny model")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", default="", help="comma-separated 2-GPU rows to run (default: all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -313,7 +320,7 @@ def main() -> int:
     cfg = _settings(args.quick)
     t_start = time.perf_counter()
 
-    runs = _one_gpu_lightning(args, cfg)
+    runs = _one_gpu_lightning(args, cfg) if not args.rows or "lightning_1gpu" in args.rows.split(",") else []
     workdir = Path(tempfile.mkdtemp(prefix="ddp_scaling_"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for key, value in NCCL_ENV.items():
@@ -324,6 +331,8 @@ def main() -> int:
     ]  # fmt: skip
     if args.quick:
         cmd.append("--quick")
+    if args.rows:
+        cmd += ["--rows", args.rows]
     launch = subprocess.run(cmd, env=env, check=False)
     for f in sorted(workdir.glob("rank*.jsonl")):
         runs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]

@@ -210,7 +210,8 @@ def fast_trainer_kwargs(
       compute capability >= 7.0, which compiles where ``should_compile`` finds that the run is long enough
       to win back the compile time (about 300 s of eager training); ``True`` adds ``CompileModel()``
       (compile on any device, the CPU included); ``False`` adds nothing,
-    - ``strategy="ddp"`` replaced by ``DDPStrategy(**PRESET_DDP_KWARGS)``,
+    - ``strategy="ddp"`` replaced by ``DDPStrategy(**PRESET_DDP_KWARGS)``, and a ``NonBlockingStepChecks()``
+      callback (under DDP, Lightning's per-step SIGTERM check no longer makes the host wait for the GPU),
     - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
 
     Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a callback
@@ -232,6 +233,7 @@ def fast_trainer_kwargs(
     """
     from lightning_gpuopt.compute.channels_last import ChannelsLast, has_conv
     from lightning_gpuopt.compute.compile import MIN_CAPABILITY, CompileModel
+    from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
     from lightning_gpuopt.compute.optimizer import FusedOptimizer
 
     if compile is not None and not isinstance(compile, bool):
@@ -261,6 +263,10 @@ def fast_trainer_kwargs(
 
     if (model is None or has_conv(model)) and dev.type in ("cuda", "cpu"):
         add(ChannelsLast, ChannelsLast)
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if isinstance(trainer_kwargs.get("strategy"), DDPStrategy):
+        add(NonBlockingStepChecks, NonBlockingStepChecks)
     kwargs["callbacks"] = callbacks
     kwargs.update(trainer_kwargs)
     if fused_optimizer and str(kwargs.get("precision")) in ("16-mixed", "16"):

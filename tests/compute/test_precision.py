@@ -168,3 +168,15 @@ def test_choose_precision_on_this_gpu(restore_backends):
     kwargs = fast_trainer_kwargs(SmallResNet())
     assert kwargs["benchmark"] is True
     assert torch.get_float32_matmul_precision() == "high"
+
+
+def test_ddp_preset_adds_nonblocking_step_checks():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
+
+    kwargs = fast_trainer_kwargs(nn.Linear(2, 2), device="cpu", strategy="ddp")
+    assert isinstance(kwargs["strategy"], DDPStrategy)
+    assert sum(isinstance(c, NonBlockingStepChecks) for c in kwargs["callbacks"]) == 1
+    single = fast_trainer_kwargs(nn.Linear(2, 2), device="cpu")
+    assert not any(isinstance(c, NonBlockingStepChecks) for c in single["callbacks"])
