@@ -374,7 +374,12 @@ class BottleneckAdvisor(Callback):
         evidence = self._host_evidence(trainer).merged_with(gpu)
         if trainer.world_size > 1:
             wait = self._reduce.window() if self._reduce is not None else None
-            evidence.ranks = gather_ranks(trainer, evidence.step_ms, evidence.data_wait_ms, wait)
+            # the loader's own wait where it is timed: a fast rank's host can block behind its GPU (waiting in
+            # the all-reduce) in the batch copy, which the whole data wait would count as waiting for data
+            data_ms = evidence.data_wait_ms
+            if evidence.loader_wait_frac is not None and evidence.step_ms is not None:
+                data_ms = evidence.loader_wait_frac * evidence.step_ms
+            evidence.ranks = gather_ranks(trainer, evidence.step_ms, data_ms, wait)
         self.config = self._config(trainer, pl_module)
         found = diagnose(evidence, self.config, self.thresholds)
         changed = self._filter.update(found)

@@ -49,7 +49,8 @@ class RankEvidence:
 
     Attributes:
         step_ms: mean host time a training batch took, data wait included (ms).
-        data_wait_ms: mean time the rank's loop waited for its next batch (ms).
+        data_wait_ms: mean time the rank's loop waited for its next batch (ms): inside the loader's ``next()``
+            where the loader keeps ``fetch_seconds``, else the whole gap between batches.
         allreduce_wait_ms: time from the rank's last gradient being ready to the end of its backward, median
             over the window's steps: the gradient all-reduce it waited for, on the GPU clock on CUDA, on the
             host clock on the CPU (ms). ``None`` where not measured.
