@@ -69,6 +69,9 @@ def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     assert f"ladder results: {run / 'ladder.json'}" in text
     assert (run / "ladder.png").is_file()
     assert sorted(p.name for p in (run / "tensorboard").iterdir())[:2] == ["00_naive", "01_workers"]
+    # each window is a fit of its own, the rows taking turns: one TensorBoard run a fit
+    assert sorted(p.name for p in (run / "tensorboard" / "00_naive").iterdir()) == ["fit_0", "fit_1", "fit_2"]
+    assert "[round 3/3," in text
 
 
 def test_demo_rejects_bad_arguments(tmp_path, capsys):

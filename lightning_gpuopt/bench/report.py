@@ -225,7 +225,9 @@ def _draw(ax: Any, rows: Sequence[dict[str, Any]], title: str) -> None:
     highs = [(r.get("samples_per_sec_max") or v) - v for r, v in zip(rows, values, strict=True)]
     colors = ["#9e9e9e" if n.startswith("ceiling") else "#1f77b4" for n in names]
     y = np.arange(len(rows))[::-1]
-    ax.barh(y, values, color=colors, xerr=[lows, highs], error_kw={"elinewidth": 1, "capsize": 3})
+    ranged = any(lows) or any(highs)
+    xerr = [lows, highs] if ranged else None
+    ax.barh(y, values, color=colors, xerr=xerr, error_kw={"elinewidth": 1, "capsize": 3})
     top = max([*(v + h for v, h in zip(values, highs, strict=True)), 1.0])
     for yi, r, v, h in zip(y, rows, values, highs, strict=True):
         ax.text(v + h + top * 0.01, yi, _bar_label(r, v), va="center", fontsize=8)

@@ -254,8 +254,12 @@ class LadderConfig:
         seconds: measured seconds a row (``0``: no time box, ``steps`` must be set), split into ``windows``.
         steps: measured steps a row at most (``None``: only ``seconds``).
         warmup: warm-up steps before measuring (cut short after half the row's seconds).
-        windows: consecutive measuring windows a row; the row reports their median and their range, so a
-            reader can tell a difference between rows from noise.
+        windows: measuring windows a row; the row reports their median and their range, so a reader can
+            tell a difference between rows from noise.
+        interleave: measure each window in a fit of its own, the rows taking turns (round robin), instead of
+            all of a row's windows in one fit. Slower (a fit's start-up and warm-up per window), but on a
+            shared or busy machine a slow spell then spreads over every row's range instead of lowering one
+            row, and the range covers what a second run would see.
         accelerator: ``"auto"``, ``"cpu"`` or ``"gpu"``.
         num_workers: DataLoader workers for tuned rows; ``None`` measures them (``tune_num_workers``).
         tune_seconds: time budget for each worker tuning.
@@ -278,6 +282,7 @@ class LadderConfig:
     steps: int | None = None
     warmup: int = 5
     windows: int = 3
+    interleave: bool = False
     accelerator: str = "auto"
     num_workers: int | None = None
     tune_seconds: float = 10.0

@@ -10,10 +10,11 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import statistics
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -103,14 +104,19 @@ class LadderRunner:
         return max(len(classes), 2)
 
     def _trainer(
-        self, row_index: int, spec: RowSpec, callbacks: list[pl.Callback], max_seconds: float | None
+        self,
+        row_index: int,
+        spec: RowSpec,
+        callbacks: list[pl.Callback],
+        max_seconds: float | None,
+        version: str,
     ) -> pl.Trainer:
         logger: Any = False
         if self.cfg.tb_dir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger
 
             logger = TensorBoardLogger(
-                os.fspath(self.cfg.tb_dir), name=_slug(row_index, spec.name), version=""
+                os.fspath(self.cfg.tb_dir), name=_slug(row_index, spec.name), version=version
             )
         return pl.Trainer(
             accelerator="gpu" if self.cuda else "cpu",
@@ -254,18 +260,24 @@ class LadderRunner:
             "steps_measured": None,
             "seconds_measured": None,
             "whole_epochs": None,
+            "_gpu": [],
+            "_wait": [],
         }
 
-    def _row_seconds(self, rows_left: int) -> float | None:
-        """This row's measured seconds within the whole-run budget, or ``None`` when it is spent."""
-        if self.cfg.time_budget_s is None:
-            return self.cfg.seconds
-        left = self.cfg.time_budget_s - (time.perf_counter() - self._t_start)
+    def _row_seconds(self, fits_left: int) -> float | None:
+        """The next fit's measured seconds within the whole-run budget, or ``None`` when it is spent."""
+        cfg = self.cfg
+        per_fit = cfg.seconds / (cfg.windows if cfg.interleave else 1)
+        if cfg.time_budget_s is None:
+            return per_fit
+        left = cfg.time_budget_s - (time.perf_counter() - self._t_start)
         if left < 5.0:
             return None
-        # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a row
-        share = 0.45 * left / max(rows_left, 1)
-        return max(1.0, min(self.cfg.seconds, share)) if self.cfg.seconds > 0 else share
+        # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a fit
+        share = 0.45 * left / max(fits_left, 1)
+        if per_fit == 0:
+            return share
+        return max(min(1.0, per_fit), min(per_fit, share))
 
     def _labels(self) -> list[torch.Tensor]:
         return [
@@ -294,16 +306,16 @@ class LadderRunner:
         plain_loop_throughput(model, steps=2, warmup=max(1, min(cfg.warmup, 3)), **kwargs)
         rate = plain_loop_throughput(model, steps=3, warmup=0, **kwargs)
         self.say(f"  calibrated in {time.perf_counter() - t0:.1f} s")
-        windows = cfg.windows if cfg.steps is None else max(1, min(cfg.windows, cfg.steps))
+        windows = self._fit_windows
+        if cfg.steps is not None:
+            windows = max(1, min(windows, cfg.steps))
         steps = max(2, int(rate * seconds / windows / cfg.batch_size)) if seconds > 0 else 2
         if cfg.steps is not None:
-            per_window = max(1, cfg.steps // windows)
+            per_window = max(1, cfg.steps // cfg.windows)
             steps = min(steps, per_window) if seconds > 0 else per_window
         t0 = time.perf_counter()
         rates = [plain_loop_throughput(model, steps=steps, warmup=0, **kwargs) for _ in range(windows)]
-        row.update(Windows(tuple(rates)).row_fields())
-        row["seconds_measured"] = time.perf_counter() - t0
-        row["steps_measured"] = steps * windows
+        self._add_windows(row, rates, time.perf_counter() - t0, steps * windows)
         row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
         row["backend"] = "synthetic (device)"
         del model
@@ -334,7 +346,8 @@ class LadderRunner:
         from lightning_gpuopt.data.datamodule import OptimizedDataModule
         from lightning_gpuopt.data.tuning import TuningConfig
 
-        backend = spec.loader if spec.loader != "best" else self._best_backend(done)
+        # the best backend is chosen once, in the row's first fit
+        backend = spec.loader if spec.loader != "best" else row["backend"] or self._best_backend(done)
         source = self.data
         if backend == "hdf5":
             h5, why = self._hdf5_file()
@@ -360,8 +373,21 @@ class LadderRunner:
         row.update(backend=backend, num_workers=dm_workers if isinstance(dm_workers, int) else None)
         return dm
 
+    @staticmethod
+    def _add_windows(row: dict[str, Any], rates: Sequence[float], seconds: float, steps: int) -> None:
+        """Add one fit's windows to the row and refresh its median and range."""
+        row.update(Windows((*row["windows"], *rates)).row_fields())
+        row["seconds_measured"] = (row["seconds_measured"] or 0.0) + seconds
+        row["steps_measured"] = (row["steps_measured"] or 0) + steps
+
     def run_fit(
-        self, index: int, spec: RowSpec, row: dict[str, Any], seconds: float, done: dict[str, dict[str, Any]]
+        self,
+        index: int,
+        spec: RowSpec,
+        row: dict[str, Any],
+        seconds: float,
+        done: dict[str, dict[str, Any]],
+        version: str = "",
     ) -> None:
         loader = self._loader_for(spec, row, done)
         if loader is None:
@@ -380,13 +406,14 @@ class LadderRunner:
         buffered = spec.loader not in ("naive", "device") or bool(row["num_workers"])
         warmup_cap = max(seconds, 1.0) if buffered else max(seconds / 2, 1.0)
         cfg = self.cfg
+        steps = cfg.steps if cfg.steps is None or not cfg.interleave else max(1, cfg.steps // cfg.windows)
         meter = RowMeter(
-            cfg.warmup, warmup_cap, seconds, cfg.steps, windows=cfg.windows, align_epochs=buffered
+            cfg.warmup, warmup_cap, seconds, steps, windows=self._fit_windows, align_epochs=buffered
         )
         monitor = self._monitor(spec)
         callbacks += [meter, monitor]
         safety = 3 * (warmup_cap + seconds) + 120 if seconds > 0 else None
-        trainer = self._trainer(index, spec, callbacks, safety)
+        trainer = self._trainer(index, spec, callbacks, safety, version)
         with warnings.catch_warnings():
             # rows without TensorBoard keep the monitor's windows in its history on purpose
             warnings.filterwarnings("ignore", message=".*has no logger.*")
@@ -400,15 +427,17 @@ class LadderRunner:
                 row["pin_memory"] = pinned if isinstance(pinned, bool) else None
             else:
                 fit(trainer, model, train_dataloaders=loader)
-        row.update(meter.result.row_fields())
-        row["seconds_measured"] = meter.seconds
-        row["steps_measured"] = meter.measured_steps
-        row["whole_epochs"] = meter.aligned if buffered else None
-        if meter.samples_per_sec is None:
-            row.update(status=FAILED, reason="the fit ended before the warm-up did (too few batches?)")
         gpu, wait = window_means(getattr(monitor, "history", []), meter.start_step)
-        row["gpu_util_mean"] = gpu if self.cuda else None
-        row["data_wait_frac"] = wait
+        self._add_windows(row, meter.result.rates, meter.seconds, meter.measured_steps)
+        row["whole_epochs"] = (meter.aligned and row["whole_epochs"] is not False) if buffered else None
+        if not meter.result.rates:
+            row.update(status=FAILED, reason="the fit ended before the warm-up did (too few batches?)")
+        if gpu is not None and self.cuda:
+            row["_gpu"].append(gpu)
+            row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
+        if wait is not None:
+            row["_wait"].append(wait)
+            row["data_wait_frac"] = statistics.fmean(row["_wait"])
         for lg in trainer.loggers:
             lg.log_metrics(
                 {
@@ -421,8 +450,58 @@ class LadderRunner:
             lg.finalize("success")
         del trainer, model, loader
 
+    @property
+    def _fit_windows(self) -> int:
+        """Windows measured inside one fit: all of them, or one a fit when rows take turns."""
+        return 1 if self.cfg.interleave else self.cfg.windows
+
+    def _run_one(
+        self,
+        name: str,
+        row: dict[str, Any],
+        label: str,
+        fits_left: int,
+        done: dict[str, dict[str, Any]],
+        rnd: int,
+    ) -> None:
+        spec = SPEC_BY_NAME[name]
+        seconds = self._row_seconds(fits_left)
+        if seconds is None:
+            return False
+        self.say(f"{label} {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
+        try:
+            if spec.loader == "plain":
+                self.run_plain(row, seconds)
+            else:
+                version = f"fit_{rnd}" if self.cfg.interleave else ""
+                self.run_fit(ROW_NAMES.index(name), spec, row, seconds, done, version)
+        except ModuleNotFoundError as err:
+            row.update(status=CANNOT_RUN, reason=str(err).splitlines()[0])
+        except (torch.cuda.OutOfMemoryError, RuntimeError, OSError, ValueError) as err:
+            # one broken row must not hide the others; its reason is in the table and JSON
+            row.update(status=FAILED, reason=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            self.say("".join(traceback.format_exception(err)).rstrip())
+        finally:
+            gc.collect()
+            if self.cuda:
+                torch.cuda.empty_cache()
+        if name == "ceiling_plain" and self._ceiling is None:
+            self._ceiling = row["samples_per_sec"]
+        if row["status"] == OK:
+            self.say(
+                f"  -> {row['samples_per_sec']:,.1f} samples/s "
+                f"[{row['samples_per_sec_min']:,.1f}-{row['samples_per_sec_max']:,.1f}] "
+                f"({row['steps_measured']} steps, {len(row['windows'])} windows)"
+            )
+        else:
+            self.say(f"  -> {row['status']}: {row['reason']}")
+        return True
+
     def run(self) -> list[dict[str, Any]]:
-        """Run the selected rows (ceilings first) and return them in ladder order, ratios filled in."""
+        """Run the selected rows (ceilings first) and return them in ladder order, ratios filled in.
+
+        With ``interleave``, the rows take turns: each round runs one fit of every row, one window each.
+        """
         cfg = self.cfg
         selected = list(cfg.rows)
         order: list[str] = [
@@ -434,51 +513,34 @@ class LadderRunner:
             # keeps this session value)
             torch.backends.cudnn.benchmark = True
         done: dict[str, dict[str, Any]] = {}
+        rounds = cfg.windows if cfg.interleave else 1
         for i, name in enumerate(order):
-            spec = SPEC_BY_NAME[name]
-            index = ROW_NAMES.index(name)
-            row = self._base_row(spec)
-            done[name] = row
-            blocked = self.cannot_run_reason(spec)
+            row = done[name] = self._base_row(SPEC_BY_NAME[name])
+            blocked = self.cannot_run_reason(SPEC_BY_NAME[name])
             if blocked is not None:
                 row.update(status=blocked[0], reason=blocked[1])
                 self.say(f"[{i + 1}/{len(order)}] {name}: {blocked[0]}: {blocked[1]}")
-                continue
-            seconds = self._row_seconds(len(order) - i)
-            if seconds is None:
-                row.update(status=SKIPPED, reason="time budget spent")
-                self.say(f"[{i + 1}/{len(order)}] {name}: skipped: time budget spent")
-                continue
-            self.say(f"[{i + 1}/{len(order)}] {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
-            try:
-                if spec.loader == "plain":
-                    self.run_plain(row, seconds)
-                else:
-                    self.run_fit(index, spec, row, seconds, done)
-            except ModuleNotFoundError as err:
-                row.update(status=CANNOT_RUN, reason=str(err).splitlines()[0])
-            except (torch.cuda.OutOfMemoryError, RuntimeError, OSError, ValueError) as err:
-                # one broken row must not hide the others; its reason is in the table and JSON
-                row.update(status=FAILED, reason=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
-                self.say("".join(traceback.format_exception(err)).rstrip())
-            finally:
-                gc.collect()
-                if self.cuda:
-                    torch.cuda.empty_cache()
-            if name == "ceiling_plain":
-                self._ceiling = row["samples_per_sec"]
-            if row["status"] == OK:
-                self.say(
-                    f"  -> {row['samples_per_sec']:,.1f} samples/s "
-                    f"[{row['samples_per_sec_min']:,.1f}-{row['samples_per_sec_max']:,.1f}] "
-                    f"({row['steps_measured']} steps, {len(row['windows'])} windows)"
-                )
-            else:
-                self.say(f"  -> {row['status']}: {row['reason']}")
+        runnable = [n for n in order if done[n]["status"] == OK]
+        spent = False
+        for rnd in range(rounds):
+            for i, name in enumerate(runnable):
+                row = done[name]
+                if row["status"] != OK or spent:
+                    continue
+                where = f"{i + 1}/{len(runnable)}"
+                label = f"[{where}]" if rounds == 1 else f"[round {rnd + 1}/{rounds}, {where}]"
+                fits_left = (rounds - rnd - 1) * len(runnable) + len(runnable) - i
+                spent = not self._run_one(name, row, label, fits_left, done, rnd)
+                if spent:
+                    self.say(f"{label} time budget spent: the fits left are skipped")
+        for name in runnable:
+            if done[name]["status"] == OK and not done[name]["windows"]:
+                done[name].update(status=SKIPPED, reason="time budget spent")
         rows = [done[n] for n in ROW_NAMES if n in done]
         ceiling = done["ceiling_plain"]["samples_per_sec"]
         naive = done.get("naive", {}).get("samples_per_sec")
         for row in rows:
+            del row["_gpu"], row["_wait"]
             sps = row["samples_per_sec"]
             if sps is not None:
                 row["ratio_to_ceiling"] = sps / ceiling if ceiling else None
