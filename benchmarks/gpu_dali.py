@@ -167,12 +167,10 @@ def lightning_dali(
     steps: int,
     gpu: bool,
     fused: bool | None = None,
-    high_priority: bool = False,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Train through Lightning fed by OptimizedDataModule(backend='dali'); samples/s after warm-up."""
     import lightning.pytorch as pl
-    from lightning_gpuopt.compute.streams import StreamPriority
 
     from lightning_gpuopt.bench.models import ImageClassifier
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
@@ -194,22 +192,14 @@ def lightning_dali(
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        callbacks=[meter, *([StreamPriority()] if high_priority else [])],
+        callbacks=[meter],
     )
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=dm)
     return {"samples_per_sec": meter.samples_per_sec, "fit_seconds": time.perf_counter() - t0, "steps": steps}
 
 
-# session 2's focus run (session2/dali_focus_h200.json) compared, with hw_decoder_load 0.65 then the default:
-# defaults 0.888, hw_decoder_load 1.0 0.911, StreamPriority() 0.912, both 0.903. Session 3:
-# session3_run1/: resize_filter linear 0.922, + StreamPriority() 0.911, every JPEG decoded on 14 CPU threads
-# (decoder="cpu") 0.951 (0.961, 0.940); session3_run2/: decoder="cpu" 0.917 (0.894, 0.940), a per-sample
-# CPU/nvJPEG split inside the pipeline (DALI conditionals) 0.85-0.91, dropped; dali_decode_h200.json
-# (hand-written loop): 14 CPU threads 0.966, 15 0.906, 16 0.898, nvJPEG 0.927. session3_run3/ (three runs
-# each): nvJPEG 0.914; decoder="cpu" 14 threads 0.988, + worker_nice 10 0.989, 16 threads + worker_nice 10
-# 0.988, 13 threads 0.979. Since then decoder="cpu" lowers its pool's priority by default (worker_nice 10).
-# This run: the library's defaults for each decoder, and all 16 cores decoding.
+# each decoder with the library's defaults, and all 16 cores decoding
 FOCUS_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("defaults (decoder gpu: nvJPEG)", {}),
     ('decoder="cpu" (14 threads, worker_nice 10)', {"decoder": "cpu"}),
@@ -399,14 +389,11 @@ def main() -> int:
 
     variants: list[tuple[str, dict[str, Any]]] = [("Lightning + DALI (defaults)", {})]
     if gpu:
-        # session 1 (unfused SGD): defaults 0.76, prefetch 3 0.73, 8 threads 0.82, hw load 0.9 0.82;
-        # session 2 (fused): 16 threads 0.896, 8 0.921, 4 0.919, 8 + hw load 1.0 0.911, 8 + prefetch 4 0.933
         variants += [
             ("Lightning + DALI 16 threads (one a core)", {"num_threads": 16}),
             ("Lightning + DALI 4 threads", {"num_threads": 4}),
             ("Lightning + DALI hw_decoder_load 1.0", {"hw_decoder_load": 1.0}),
             ("Lightning + DALI prefetch 4", {"prefetch_queue_depth": 4}),
-            ("Lightning + DALI, training on a high-priority stream", {"high_priority": True}),
             ("Lightning + DALI (defaults), again", {}),
         ]
     if gpu:  # the per-step host sync of an unfused optimizer under GradScaler, measured in the same run

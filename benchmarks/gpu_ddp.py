@@ -1,4 +1,4 @@
-"""Two GPUs under DDP: every part of lightning-gpuopt checked on one run (issue 10).
+"""Two GPUs under DDP: every part of lightning-gpuopt checked on one run.
 
 Run on a machine with two GPUs (the lent ``nvidia-h200-x2``)::
 

@@ -75,6 +75,7 @@ def lightning_run(
 
     from lightning_gpuopt.bench.models import ImageClassifier
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
+    from lightning_gpuopt.data.tuning import TuningConfig
 
     class PerItemData(OptimizedDataModule):
         def train_dataset(self) -> Any:
@@ -88,8 +89,7 @@ def lightning_run(
         num_workers=workers,
         image_size=cfg["image_size"],
         storage_size=cfg["storage"],
-        tune_budget_s=cfg["tune_budget_s"],
-        tune_cache_dir=tempfile.mkdtemp(prefix="gpuopt_tune_"),
+        tuning=TuningConfig(budget_s=cfg["tune_budget_s"], cache_dir=tempfile.mkdtemp(prefix="gpuopt_tune_")),
     )
     model = ImageClassifier(cfg["model"], num_classes=cfg["classes"], lr=0.01)
     model = model.to(memory_format=torch.channels_last)

@@ -11,7 +11,7 @@ the default ``NVTXRanges()``) and with per-module forward ranges at depth 1, 2 a
 drift hits both sides alike and no side always runs first. Each pair gives a ratio steps/off; the overhead
 is 1 - the median ratio, with a distribution-free confidence interval of that median from the order
 statistics of the pair ratios (``overhead_ci``; 87.5% for 7 pairs) and the run-to-run spread of ``off``
-itself. Target (issue 5): step ranges cost <= 1% of step time; ``targets...resolved`` says whether the
+itself. Target: step ranges cost <= 1% of step time; ``targets...resolved`` says whether the
 interval lies wholly on one side of 1% (else the measurement cannot tell, whatever the median says).
 The host cost alone, without GPU noise, is in ``benchmarks/cpu_nvtx_hooks.py``.
 

@@ -9,7 +9,7 @@
 set -u
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 RES=/tmp/gpu_suite/results; LOGS=/tmp/gpu_suite/logs; TB=/tmp/gpu_suite/tb
-# a lent machine can keep /tmp from an earlier session: start empty so the bundle holds this run only
+# the machine can keep /tmp from an earlier run: start empty so the bundle holds this run only
 rm -rf /tmp/gpu_suite
 mkdir -p "$RES" "$LOGS" "$TB"
 summary=()

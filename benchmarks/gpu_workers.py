@@ -29,6 +29,7 @@ from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughpu
 from lightning_gpuopt.bench.models import ImageClassifier, build_model
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.tuning import TuningConfig
 
 GPU_DEFAULTS: dict[str, Any] = dict(
     data="/tmp/gpuopt_data/imagenet_8192",
@@ -117,9 +118,7 @@ def fit_row(
         batch_size=args.batch_size,
         num_workers=num_workers,
         image_size=args.image_size,
-        output_dtype=torch.float16 if cuda else torch.float32,
-        tune_budget_s=args.tune_budget,
-        tune_cache_dir=args.cache_dir,
+        tuning=TuningConfig(budget_s=args.tune_budget, cache_dir=args.cache_dir),
     )
     module = ImageClassifier(build_model(args.model, args.classes), lr=0.01)
     module.model = module.model.to(memory_format=torch.channels_last)

@@ -30,7 +30,6 @@ def main() -> None:
         backend="dali",
         batch_size=128 if gpu else 16,
         image_size=224 if gpu else 64,
-        output_dtype=torch.float16 if gpu else torch.float32,
     )
     model = ImageClassifier("resnet18" if gpu else "small", num_classes=10).to(
         memory_format=torch.channels_last

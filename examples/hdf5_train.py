@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
 
-    work = Path(tempfile.gettempdir()) / "lightning_gpuopt_example"
+    work = Path(tempfile.mkdtemp(prefix="lightning_gpuopt_example_"))
     src = (
         Path(args.src)
         if args.src
@@ -35,7 +35,7 @@ def main() -> None:
     )
     out = Path(args.out) if args.out else work / f"train_{round(args.size * 256 / 224)}.h5"
     if not out.exists():
-        res = convert_folder_to_hdf5(src, out, size=round(args.size * 256 / 224))
+        res = convert_folder_to_hdf5(src, out, storage_size=round(args.size * 256 / 224))
         print(f"converted {res.num_images} images in {res.seconds:.1f} s -> {out}")
 
     ds = HDF5ImageDataset(out)

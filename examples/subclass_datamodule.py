@@ -15,11 +15,10 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
-import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_gpuopt import OptimizedDataModule
+from lightning_gpuopt import OptimizedDataModule, TuningConfig
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
@@ -81,8 +80,7 @@ def main() -> None:
         batch_size=32,
         image_size=48,  # the model sees 48x48 crops of 55x55 stored squares
         num_workers="auto",  # measured in setup(), cached for the next run
-        tune_budget_s=5.0,
-        output_dtype=torch.float16 if args.gpu else torch.float32,
+        tuning=TuningConfig(budget_s=5.0),
     )
     model = ImageClassifier("small", num_classes=4)
     trainer = pl.Trainer(

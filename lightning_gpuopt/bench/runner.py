@@ -463,7 +463,8 @@ class LadderRunner:
         fits_left: int,
         done: dict[str, dict[str, Any]],
         rnd: int,
-    ) -> None:
+    ) -> bool:
+        """One fit of row ``name``; ``False`` when the time budget is spent (nothing ran)."""
         spec = SPEC_BY_NAME[name]
         seconds = self._row_seconds(fits_left)
         if seconds is None:
@@ -510,7 +511,7 @@ class LadderRunner:
         order += [n for n in ROW_NAMES if n in selected and n not in order]
         if self.cuda:
             # every row and the ceiling alike pick their fastest cuDNN kernels (Trainer(benchmark=None)
-            # keeps this session value)
+            # keeps this process-wide value)
             torch.backends.cudnn.benchmark = True
         done: dict[str, dict[str, Any]] = {}
         rounds = cfg.windows if cfg.interleave else 1
