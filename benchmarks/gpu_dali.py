@@ -205,7 +205,7 @@ FOCUS_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ('decoder="cpu" (14 threads, worker_nice 10)', {"decoder": "cpu"}),
     ('decoder="cpu", 16 threads (worker_nice 10)', {"decoder": "cpu", "num_threads": 16}),
 ]
-#: pipeline-only and model-beside rows of the focus run: what each decoder delivers and what it costs the model
+#: pipeline-only and model-beside rows: what each decoder delivers and what it costs the model
 FOCUS_EXPLAIN: list[tuple[str, dict[str, Any]]] = [
     ("decoder gpu (nvJPEG)", {}),
     ('decoder="cpu" (14 threads, worker_nice 10)', {"decoder": "cpu"}),

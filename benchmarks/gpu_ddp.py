@@ -1,6 +1,6 @@
 """Two GPUs under DDP: every part of lightning-gpuopt checked on one run.
 
-Run on a machine with two GPUs (the lent ``nvidia-h200-x2``)::
+Run on a machine with two GPUs::
 
     PYTHONPATH=. python3 benchmarks/gpu_ddp.py --out $OUT/ddp_h200x2.json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run GPU benchmark scripts and GPU tests on the lent machine, one after another, and pack everything
+# Run GPU benchmark scripts and GPU tests on a GPU machine, one after another, and pack everything
 # (JSON results, logs, TensorBoard runs) into $OUT/bundle.tgz (the device tool brings back at most 8 files).
 #
 #   PYTHONPATH=/tmp/site:. bash benchmarks/gpu_suite.sh monitor compute nvtx ...
@@ -9,7 +9,7 @@
 set -u
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 RES=/tmp/gpu_suite/results; LOGS=/tmp/gpu_suite/logs; TB=/tmp/gpu_suite/tb
-# the machine can keep /tmp from an earlier run: start empty so the bundle holds this run only
+# /tmp may hold files of a previous run: start empty so the bundle holds this run only
 rm -rf /tmp/gpu_suite
 mkdir -p "$RES" "$LOGS" "$TB"
 summary=()
