@@ -1,1 +1,1 @@
-# subcommands of the lightning-gpuopt CLI, one module each (see cli.py)
+"""The `lightning-gpuopt` subcommands: each parses its arguments, calls one library function and prints."""
