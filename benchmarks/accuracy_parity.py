@@ -1,0 +1,519 @@
+"""Accuracy parity: does training through lightning-gpuopt's pipelines reach the accuracy of torchvision's?
+
+The same small network is trained from scratch on the same data, with the same recipe and seeds, fed by
+
+* ``reference``: an ImageFolder dataset with torchvision's ImageNet transforms (``RandomResizedCrop(size,
+  scale=(0.08, 1))`` + ``RandomHorizontalFlip`` for training, ``Resize(round(size * 256 / 224))`` +
+  ``CenterCrop(size)`` for validation; real torchvision when it imports, else the PIL reimplementation
+  in ``_parity_data.py``), a plain ``DataLoader`` and a plain ``Trainer`` (fp32): what a user runs without
+  this package;
+* ``folder``, ``hdf5``, ``dali``: ``OptimizedDataModule`` with its defaults for that backend (the HDF5 file
+  made by ``convert_folder_to_hdf5`` from the same folder) and ``Trainer(**fast_trainer_kwargs(model))``:
+  what a user runs with it. ``dali`` runs wherever ``nvidia.dali`` imports (a CPU pipeline on a CPU run).
+
+Each row reports the top-1 accuracy on the validation folder after the last epoch, over several seeds (mean,
+standard deviation, each seed's figure). A backend passes when its mean is within
+``max(2 x reference std, 1 point)`` of the reference's mean. Two data sets (``_parity_data.py``): ``photos``,
+patches of scikit-image's sample photographs, and ``border``, where the class evidence of the training images
+lies in the outer eighth of the image, outside its centre square.
+
+    python benchmarks/accuracy_parity.py --size cpu            # both data sets, CI-sized (2 CPU cores)
+    python benchmarks/accuracy_parity.py --size gpu            # one GPU, larger images and network
+    python benchmarks/accuracy_parity.py --size cpu --dataset border --rows reference,folder,hdf5 --seeds 3
+
+Writes ``benchmarks/results/accuracy_parity_<dataset>_<cpu|gpu name>.json`` per data set (``--out`` to change
+the folder) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _parity_data import (
+    DATASETS,
+    ReferenceImageFolder,
+    make_dataset,
+    reference_transform,
+    torchvision_available,
+)
+
+from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size, format_table
+
+ROWS = ("reference", "folder", "hdf5", "dali")
+#: a control on the border set: the reference's transforms on each training image's centre square only
+CONTROL = "centre-square"
+DEFAULT_ROWS = {"photos": list(ROWS), "border": [*ROWS, CONTROL]}
+CRITERION = "each backend within max(2 x reference std, 1 point) of reference"
+QUIET = {
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "enable_checkpointing": False,
+    "num_sanity_val_steps": 0,
+}
+
+
+@dataclass(frozen=True)
+class ParityConfig:
+    """One benchmark size: data, network and recipe.
+
+    Attributes:
+        image_size: side of the crops the network sees.
+        width: channels of the network's first stage (doubled at each of its two downsamplings).
+        blocks: residual blocks a stage (0: plain conv stages).
+        batch_size: samples a step.
+        epochs: passes over the training set.
+        lr: peak SGD learning rate (linear warm-up over the first epoch, cosine decay to 0).
+        workers: DataLoader workers (DALI threads) of every row.
+        seeds: training seeds (the data is the same for all).
+        train_per_class: training images a class.
+        val_per_class: validation images a class.
+        image_long_side: long side of the generated images (see ``make_dataset``).
+        accelerator: Lightning accelerator of every row.
+    """
+
+    image_size: int
+    width: int
+    blocks: int
+    batch_size: int
+    epochs: int
+    lr: float
+    workers: int
+    seeds: tuple[int, ...]
+    train_per_class: dict[str, int]
+    val_per_class: dict[str, int]
+    image_long_side: int
+    accelerator: str
+
+
+SIZES: dict[str, ParityConfig] = {
+    "cpu": ParityConfig(
+        image_size=32,
+        width=16,
+        blocks=0,
+        batch_size=32,
+        epochs=16,
+        lr=0.05,
+        workers=0,
+        seeds=(0, 1, 2),
+        train_per_class={"photos": 80, "border": 160},
+        val_per_class={"photos": 40, "border": 80},
+        image_long_side=64,
+        accelerator="cpu",
+    ),
+    "gpu": ParityConfig(
+        image_size=96,
+        width=32,
+        blocks=1,
+        batch_size=128,
+        epochs=30,
+        lr=0.2,
+        workers=8,
+        seeds=(0, 1, 2),
+        train_per_class={"photos": 600, "border": 1000},
+        val_per_class={"photos": 150, "border": 250},
+        image_long_side=160,
+        accelerator="gpu",
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------- model
+class _Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
+def _conv_bn(cin: int, cout: int, stride: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+
+class ParityNet(nn.Module):
+    """Three stages (``width``, ``2 width``, ``4 width`` channels), each a strided conv + ``blocks`` residual
+    blocks (a plain conv when ``blocks`` is 0), global average pooling and a linear classifier."""
+
+    def __init__(self, num_classes: int, width: int = 16, blocks: int = 0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for stage, c in enumerate((width, 2 * width, 4 * width)):
+            layers += _conv_bn(cin, c, 1 if stage == 0 else 2)
+            layers += [_Block(c) for _ in range(blocks)] if blocks else _conv_bn(c, c, 1)
+            cin = c
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class ParityClassifier(pl.LightningModule):
+    """``ParityNet`` trained with SGD (momentum 0.9, nesterov, weight decay 5e-4), one epoch of linear
+    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``)."""
+
+    def __init__(self, num_classes: int, cfg: ParityConfig) -> None:
+        super().__init__()
+        self.net = ParityNet(num_classes, cfg.width, cfg.blocks)
+        self.lr = cfg.lr
+        self.correct = 0
+        self.seen = 0
+        self.top1: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_validation_epoch_start(self) -> None:
+        self.correct, self.seen = 0, 0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.correct += int((self(x).argmax(1) == y).sum())
+        self.seen += int(y.numel())
+
+    def on_validation_epoch_end(self) -> None:
+        self.top1 = self.correct / max(1, self.seen)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        total = int(self.trainer.estimated_stepping_batches)
+        warm = max(1, total // max(1, self.trainer.max_epochs or 1))
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+# ------------------------------------------------------------------------------------------------ rows
+def dali_unavailable() -> str | None:
+    """Why the DALI row cannot run here, or ``None`` when it can."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except Exception as err:  # not installed, or a build that does not load here
+        return f"nvidia.dali does not import ({type(err).__name__}: {err})"
+    return None
+
+
+def _reference_loaders(
+    train_dir: Path, val_dir: Path, cfg: ParityConfig, centre_square: bool = False
+) -> tuple[Any, Any]:
+    from torch.utils.data import DataLoader
+
+    train_tf = reference_transform(cfg.image_size, True, centre_square=centre_square)
+    val_tf = reference_transform(cfg.image_size, False)
+    if torchvision_available():
+        from torchvision.datasets import ImageFolder
+
+        train: Any = ImageFolder(str(train_dir), transform=train_tf)
+        val: Any = ImageFolder(str(val_dir), transform=val_tf)
+    else:
+        train = ReferenceImageFolder(train_dir, train_tf)
+        val = ReferenceImageFolder(val_dir, val_tf)
+    common = {
+        "num_workers": cfg.workers,
+        "pin_memory": cfg.accelerator == "gpu",
+        "persistent_workers": cfg.workers > 0,
+    }
+    return (
+        DataLoader(train, batch_size=cfg.batch_size, shuffle=True, drop_last=True, **common),
+        DataLoader(val, batch_size=cfg.batch_size, shuffle=False, **common),
+    )
+
+
+def train_once(
+    row: str, seed: int, data: dict[str, Path], num_classes: int, cfg: ParityConfig
+) -> dict[str, Any]:
+    """Train one row with one seed; return its top-1, precision and fit seconds."""
+    from lightning_gpuopt import OptimizedDataModule, fast_trainer_kwargs
+
+    pl.seed_everything(seed, workers=True, verbose=False)
+    model = ParityClassifier(num_classes, cfg)
+    trainer_args = {
+        **QUIET,
+        "accelerator": cfg.accelerator,
+        "devices": 1,
+        "max_epochs": cfg.epochs,
+        "check_val_every_n_epoch": cfg.epochs,
+    }
+    device = "cuda" if cfg.accelerator == "gpu" else "cpu"
+    # every row trains under the same Trainer preset: the rows differ only in how data reaches the model
+    trainer = pl.Trainer(**fast_trainer_kwargs(model, device, **trainer_args))
+    if row in ("reference", CONTROL):
+        loaders = _reference_loaders(data["train"], data["val"], cfg, centre_square=row == CONTROL)
+        start = time.perf_counter()
+        trainer.fit(model, *loaders)
+    else:
+        h5 = row == "hdf5"
+        dm = OptimizedDataModule(
+            data["train_h5" if h5 else "train"],
+            data["val_h5" if h5 else "val"],
+            backend=row,
+            batch_size=cfg.batch_size,
+            num_workers=cfg.workers,
+            image_size=cfg.image_size,
+        )
+        start = time.perf_counter()
+        trainer.fit(model, datamodule=dm)
+    seconds = time.perf_counter() - start
+    if model.top1 is None:
+        raise RuntimeError(f"{row} (seed {seed}): no validation pass ran; check the validation data")
+    return {"top1": 100.0 * model.top1, "precision": str(trainer.precision), "fit_seconds": seconds}
+
+
+def prepare_data(
+    dataset: str, cfg: ParityConfig, size: str, data_dir: Path, rows: list[str]
+) -> dict[str, Path]:
+    """Make the data set (once) and, for the hdf5 row, its HDF5 copies at the DataModule's storage size."""
+    root = data_dir / f"{dataset}_{size}"
+    train, val = make_dataset(
+        dataset,
+        root,
+        train_per_class=cfg.train_per_class[dataset],
+        val_per_class=cfg.val_per_class[dataset],
+        image_long_side=cfg.image_long_side,
+    )
+    paths = {"train": train, "val": val}
+    if "hdf5" in rows:
+        from lightning_gpuopt import convert_folder_to_hdf5
+
+        storage = eval_resize_size(cfg.image_size)
+        for split, folder in (("train", train), ("val", val)):
+            out = root / f"{split}_{storage}.h5"
+            if not out.exists() or out.stat().st_mtime < (root / "manifest.json").stat().st_mtime:
+                convert_folder_to_hdf5(folder, out, storage, workers=0, progress=False, overwrite=True)
+            paths[f"{split}_h5"] = out
+    return paths
+
+
+def summarize(name: str, results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    top1 = [r["top1"] for r in results]
+    seconds = [r["fit_seconds"] for r in results]
+    return {
+        "name": name,
+        "top1_mean": statistics.fmean(top1),
+        "top1_std": statistics.stdev(top1) if len(top1) > 1 else 0.0,
+        "seeds": seeds,
+        "top1": top1,
+        "precision": results[0]["precision"],
+        "control": name == CONTROL,
+        "fit_seconds_mean": statistics.fmean(seconds),
+        "skipped": None,
+    }
+
+
+def within(rows: list[dict[str, Any]]) -> dict[str, bool | None]:
+    """Each backend row: within ``max(2 x reference std, 1 point)`` of the reference mean (None: not run)."""
+    ref = next((r for r in rows if r["name"] == "reference" and r["top1_mean"] is not None), None)
+    out: dict[str, bool | None] = {}
+    for r in rows:
+        if r["name"] in ("reference", CONTROL):
+            continue
+        if ref is None or r["top1_mean"] is None:
+            out[r["name"]] = None
+            continue
+        tolerance = max(2.0 * ref["top1_std"], 1.0)
+        out[r["name"]] = bool(abs(r["top1_mean"] - ref["top1_mean"]) <= tolerance)
+    return out
+
+
+def run_parity(
+    dataset: str,
+    cfg: ParityConfig,
+    size: str,
+    rows: list[str],
+    data_dir: Path,
+) -> dict[str, Any]:
+    """Train every row with every seed on ``dataset``; return ``{"rows", "within", ...}`` (no file written)."""
+    data = prepare_data(dataset, cfg, size, data_dir, rows)
+    num_classes = sum(1 for d in data["train"].iterdir() if d.is_dir())
+    out_rows = []
+    for row in rows:
+        reason = dali_unavailable() if row == "dali" else None
+        if reason is not None:
+            out_rows.append(
+                {"name": row, "top1_mean": None, "top1_std": None, "seeds": [], "top1": [], "skipped": reason}
+            )
+            continue
+        results = [train_once(row, seed, data, num_classes, cfg) for seed in cfg.seeds]
+        out_rows.append(summarize(row, results, list(cfg.seeds)))
+    ref = next((r for r in out_rows if r["name"] == "reference"), None)
+    for r in out_rows:
+        if ref is not None and r["top1_mean"] is not None and ref["top1_mean"] is not None:
+            r["delta_vs_reference"] = r["top1_mean"] - ref["top1_mean"]
+    return {
+        "rows": out_rows,
+        "dataset": dataset,
+        "criterion": CRITERION,
+        "within": within(out_rows),
+        "config": {**asdict(cfg), "size": size, "num_classes": num_classes},
+        "reference_transforms": "torchvision" if torchvision_available() else "PIL reimplementation",
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    """GPU, driver, library versions, CPUs, and the git commit of this checkout (``+dirty``: local edits)."""
+    import platform
+    import subprocess
+
+    import lightning
+
+    info: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "driver": None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "cpus": available_cpus(),
+        "platform": platform.platform(),
+        "commit": None,
+    }
+    if torch.cuda.is_available():
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:  # the driver version is informative only
+            pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "../lightning_gpuopt"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        info["commit"] = head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        pass
+    return info
+
+
+def write_results(path: Path, result: dict[str, Any], command: str) -> Path:
+    """Write ``{"machine", "command", "date", "rows", ...result}`` as JSON."""
+    import datetime as dt
+    import json
+
+    doc = {
+        "machine": machine_info(),
+        "command": command,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **result,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def _machine_tag(size: str) -> str:
+    if size == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
+    for tag in ("h200", "h100", "a100", "l40s", "l4"):
+        if tag in name:
+            return tag
+    return "gpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="cpu", help="cpu: 2 CPU cores; gpu: one GPU")
+    p.add_argument("--dataset", choices=[*DATASETS, "all"], default="all")
+    p.add_argument(
+        "--rows",
+        default=None,
+        help=f"comma-separated rows of {','.join([*ROWS, CONTROL])} (default: all, the control on border only)",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the size's 3)")
+    p.add_argument("--out", default="benchmarks/results", help="folder of the JSON results")
+    p.add_argument("--data-dir", default=None, help="where data sets are made (default: the package cache)")
+    args = p.parse_args(argv)
+    rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
+    if rows is not None:
+        bad = [r for r in rows if r not in (*ROWS, CONTROL)]
+        if bad or not rows:
+            p.error(f"--rows: unknown row(s) {bad}; choose from {','.join([*ROWS, CONTROL])}")
+    cfg = SIZES[args.size]
+    if cfg.accelerator == "gpu" and not torch.cuda.is_available():
+        p.error("--size gpu needs a CUDA GPU; use --size cpu on this machine")
+    if args.seeds is not None:
+        if args.seeds < 2:
+            p.error("--seeds must be >= 2 (the criterion needs the reference's standard deviation)")
+        cfg = replace(cfg, seeds=tuple(range(args.seeds)))
+    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    data_dir = Path(args.data_dir) if args.data_dir else cache_dir() / "accuracy_parity"
+    datasets = list(DATASETS) if args.dataset == "all" else [args.dataset]
+
+    tables = []
+    for dataset in datasets:
+        start = time.perf_counter()
+        result = run_parity(dataset, cfg, args.size, rows or DEFAULT_ROWS[dataset], data_dir)
+        result["seconds"] = time.perf_counter() - start
+        path = Path(args.out) / f"accuracy_parity_{dataset}_{_machine_tag(args.size)}.json"
+        write_results(path, result, command)
+        shown = [
+            {
+                **r,
+                "within": result["within"].get(r["name"]),
+                "note": r.get("skipped") or ("control: centre square only" if r.get("control") else None),
+            }
+            for r in _read_rows(path)
+        ]
+        columns = ["name", "top1_mean", "top1_std", "top1", "precision", "fit_seconds_mean", "within", "note"]
+        tables.append(
+            f"{dataset} ({args.size}, {result['seconds']:.0f} s) -> {path}\n{format_table(shown, columns)}"
+        )
+    print("\n\n".join(tables))
+    return 0
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    rows = json.loads(path.read_text())["rows"]
+    for r in rows:
+        r["top1"] = " ".join(f"{v:.1f}" for v in r["top1"]) or None
+    return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
