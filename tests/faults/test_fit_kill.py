@@ -2,8 +2,9 @@
 
 The fit (``_fit_child.py``) trains an ``OptimizedDataModule`` on a small image folder (``on_corrupt="skip"``,
 so the DataModule keeps a folder for skipped-image reports) or on the same images as an HDF5 store, and
-prints where it is. Points: right after ``setup``; at a seeded training step (of 16); at a seeded validation
-batch (of 8, in a seeded epoch). After each kill: no process of the fit is left (its workers included) and
+prints where it is. Points: right after ``setup`` (the folder, where the DataModule makes its skip folder);
+as soon as the first DataLoader worker process exists (before it has set itself up); at a seeded training
+step (of 16); at a seeded validation batch (of 8, in a seeded epoch). After each kill: no process of the fit is left (its workers included) and
 the temporary folder the child was given (``TMPDIR``) is empty (torch's compile cache is kept elsewhere).
 """
 
@@ -19,13 +20,15 @@ from tests.faults._helpers import child_env
 from tests.faults._watch import SIGNALS, Watch, kill_at
 
 CHILD = Path(__file__).with_name("_fit_child.py")
-POINTS = ("setup", "train", "val")
-CASES = [(backend, name, point) for backend in ("folder", "hdf5") for name in SIGNALS for point in POINTS]
+POINTS = {"folder": ("setup", "workers", "train", "val"), "hdf5": ("workers", "train", "val")}
+CASES = [(backend, name, point) for backend, points in POINTS.items() for name in SIGNALS for point in points]
 
 
-def _target(point: str, rng: random.Random) -> str:
+def _target(point: str, rng: random.Random) -> str | None:
     if point == "setup":
         return "@ setup"
+    if point == "workers":
+        return None  # the first DataLoader worker process is seen
     if point == "train":
         return f"@ train {rng.randrange(1, 16)}"
     return f"@ val {rng.randrange(2)} {rng.randrange(8)}"
@@ -45,6 +48,8 @@ def test_fit_killed(fit_data, case_dir, backend, signal_name, point):
     lines: list[str] = []
 
     def fire(watch: Watch):
+        if target is None:
+            return {"workers": True} if watch.children() else None
         return {"line": target} if target in lines else None
 
     killed = kill_at(
@@ -55,10 +60,10 @@ def test_fit_killed(fit_data, case_dir, backend, signal_name, point):
         cwd=case_dir,
         env=child_env(TMPDIR=str(tmpdir), TORCHINDUCTOR_CACHE_DIR=str(case_dir / "inductor")),
         on_line=lines.append,
-        poll_s=0.01,
+        poll_s=0.001 if target is None else 0.01,
     )
     detail = killed.describe() + f" last marks={lines[-3:]}"
-    assert killed.reached, f"the fit ended before {target!r}: {detail}"
+    assert killed.reached, f"the fit ended before {target or 'a worker started'!r}: {detail}"
     problems = []
     if killed.exited_after_s is None:
         problems.append("the fit did not exit after the signal")
