@@ -1,17 +1,14 @@
-"""Where DALI's JPEG decoding should run next to ResNet-50 on one H200: CPU threads, nvJPEG, or both.
+"""Where DALI's JPEG decoding should run next to ResNet-50 on one GPU: CPU threads, nvJPEG, or both.
 
-For each decoding set-up, in one run: the pipeline alone (no model; batches/s after a warm-up), and a plain
+For each decoding set-up, in one run: the pipeline alone (no model; samples/s after a warm-up), and a plain
 PyTorch ResNet-50 fp16 + channels_last loop fed by it (hand-written, no Lightning), against the ceiling (the
-same loop on a resident batch). Set-ups: every JPEG on nvJPEG (the default), every JPEG on N CPU threads
-(``decoder="cpu"``, N = 14, 15, 16), and two pipelines side by side (a CPU-decoding one and an
-nvJPEG one over disjoint halves of the file list) whose batches are concatenated each step.
+same loop on a resident batch, measured first and again last). Set-ups, as ``DALIOptions``: every JPEG on
+nvJPEG (``decoder="gpu"``, the default), every JPEG on N CPU threads (``decoder="cpu"``, N = the CPUs less
+two, less one, and all of them), and two pipelines side by side (a CPU-decoding one and an nvJPEG one over
+disjoint halves of the file list) whose batches are concatenated each step.
 
-    PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_dali_decode.py --out $OUT/dali_decode_h200.json
-    PYTHONPATH=. python3 benchmarks/gpu_dali_decode.py --quick --out /tmp/dali_decode_quick.json  # CPU
-
-dali_decode_h200.json also holds two rows of a per-sample CPU/nvJPEG split inside one pipeline (DALI
-conditional execution, ``cpu_decode_share`` 0.5 / 0.25 at commit 42ce74c): 0.824 / 0.889 fed; the option
-was dropped.
+    PYTHONPATH=. python3 benchmarks/gpu_dali_decode.py --out $OUT/dali_decode_h200.json
+    PYTHONPATH=. python3 benchmarks/gpu_dali_decode.py --quick      # CPU pipelines, tiny images and model
 """
 
 from __future__ import annotations
@@ -25,13 +22,14 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt._common import format_table
+from lightning_gpuopt._common import available_cpus, format_table
 from lightning_gpuopt.bench.measure import plain_loop_throughput, write_results
 from lightning_gpuopt.bench.models import build_model
-from lightning_gpuopt.data.dali import DALILoader
+from lightning_gpuopt.data.dali import DALILoader, DALIOptions
 from lightning_gpuopt.data.folder import scan_image_folder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_dali.py beside this script, however it is run
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one, however it is run
+from _shared import quick_out
 from gpu_dali import jpeg_data
 
 T0 = time.perf_counter()
@@ -45,19 +43,24 @@ def forever(loader: DALILoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 def make_feed(
     files: list[str], labels: list[int], batch: int, common: dict[str, Any], setup: dict[str, Any]
 ) -> tuple[Callable[[], tuple[torch.Tensor, torch.Tensor]], Callable[[], None]]:
-    """A ``next batch`` callable for one set-up, and its close function."""
+    """A ``next batch`` callable for one set-up, and its close function.
+
+    ``setup`` holds ``options`` (one pipeline) or ``parts``: ``(share of the batch, DALIOptions)`` pairs.
+    """
     parts = setup.get("parts")
     if not parts:
-        loader = DALILoader(files, labels, batch_size=batch, **common, **setup.get("kw", {}))
+        loader = DALILoader(files, labels, batch_size=batch, options=setup["options"], **common)
         it = forever(loader)
         return (lambda: next(it)), loader.close
     # two pipelines over disjoint slices of the list (file i goes to part i % len(parts)), each with its
     # share of the batch; every step concatenates one batch of each
     loaders = []
-    for j, (share_of_batch, kw) in enumerate(parts):
+    for j, (share_of_batch, options) in enumerate(parts):
         sub = slice(j, None, len(parts))
         loaders.append(
-            DALILoader(files[sub], labels[sub], batch_size=round(batch * share_of_batch), **common, **kw)
+            DALILoader(
+                files[sub], labels[sub], batch_size=round(batch * share_of_batch), options=options, **common
+            )
         )
     its = [forever(ld) for ld in loaders]
 
@@ -71,6 +74,17 @@ def make_feed(
             ld.close()
 
     return feed, close
+
+
+def _describe(setup: dict[str, Any]) -> dict[str, Any]:
+    """The set-up as plain values for the results file."""
+    if "parts" in setup:
+        return {
+            "parts": [
+                {"share": share, "decoder": o.decoder, "threads": o.threads} for share, o in setup["parts"]
+            ]
+        }
+    return {"decoder": setup["options"].decoder, "threads": setup["options"].threads}
 
 
 def alone(feed: Callable[[], Any], batch: int, warmup: int, batches: int, device: torch.device) -> float:
@@ -93,6 +107,7 @@ def main() -> int:
     parser.add_argument("--data-root", default="/tmp/gpuopt_data")
     parser.add_argument("--budget-s", type=float, default=240.0)
     args = parser.parse_args()
+    args.out = quick_out(args.out, parser.get_default("out"), args.quick)
     gpu = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     root = jpeg_data(args.data_root, gpu)  # the same data as gpu_dali.py
@@ -102,7 +117,7 @@ def main() -> int:
         steps, warmup, alone_warmup, alone_batches = 80, 20, 20, 60
     else:
         model_name, num_classes, batch, image_size = "small", 4, 8, 32
-        steps, warmup, alone_warmup, alone_batches = 4, 2, 2, 4
+        steps, warmup, alone_warmup, alone_batches = 2, 1, 1, 2
     _, samples = scan_image_folder(root)
     files, labels = [p for p, _ in samples], [y for _, y in samples]
     common = {
@@ -120,18 +135,32 @@ def main() -> int:
 
     ceil = ceiling()
     print(f"[{time.perf_counter() - T0:.0f}s] ceiling {ceil:.0f}/s", flush=True)
+    cores = available_cpus()
+    cpu_threads = sorted({max(1, cores - 2), max(1, cores - 1), cores}) if gpu else [2]
+    split_threads = max(1, cores - 4)
     setups: list[tuple[str, dict[str, Any]]] = [
-        ("nvJPEG (default), 8 threads", {"kw": {"num_threads": 8}}),
-        ("CPU decoding, 14 threads", {"kw": {"decoder": "cpu", "num_threads": 14}}),
-        ("CPU decoding, 15 threads", {"kw": {"decoder": "cpu", "num_threads": 15}}),
-        ("CPU decoding, 16 threads", {"kw": {"decoder": "cpu", "num_threads": 16}}),
+        ("nvJPEG (default), 8 threads", {"options": DALIOptions(threads=8)}),
+        *[
+            (f"CPU decoding, {n} threads", {"options": DALIOptions(decoder="cpu", threads=n)})
+            for n in cpu_threads
+        ],
         (
-            "two pipelines: CPU 3/4 (12 threads) + nvJPEG 1/4 (2 threads)",
-            {"parts": [(0.75, {"decoder": "cpu", "num_threads": 12}), (0.25, {"num_threads": 2})]},
+            f"two pipelines: CPU 3/4 ({split_threads} threads) + nvJPEG 1/4 (2 threads)",
+            {
+                "parts": [
+                    (0.75, DALIOptions(decoder="cpu", threads=split_threads)),
+                    (0.25, DALIOptions(threads=2)),
+                ]
+            },
         ),
         (
-            "two pipelines: CPU 1/2 (12 threads) + nvJPEG 1/2 (2 threads)",
-            {"parts": [(0.5, {"decoder": "cpu", "num_threads": 12}), (0.5, {"num_threads": 2})]},
+            f"two pipelines: CPU 1/2 ({split_threads} threads) + nvJPEG 1/2 (2 threads)",
+            {
+                "parts": [
+                    (0.5, DALIOptions(decoder="cpu", threads=split_threads)),
+                    (0.5, DALIOptions(threads=2)),
+                ]
+            },
         ),
     ]
     rows: list[dict[str, Any]] = [
@@ -154,7 +183,7 @@ def main() -> int:
             "alone_ratio": rate / ceil,
             "samples_per_sec": fed,
             "ratio_to_ceiling": fed / ceil,
-            "setup": setup,
+            "setup": _describe(setup),
         }
         rows.append(row)
         print(f"[{time.perf_counter() - T0:.0f}s] {name}: alone {rate:.0f}/s ({rate / ceil:.2f}x), "
