@@ -1,18 +1,15 @@
 """CPU benchmark: batched ``HDF5ImageDataset.__getitems__`` vs per-item HDF5 reads.
 
-For each stored image size, a JPEG folder is converted with ``convert_folder_to_hdf5`` (default layout:
-one uncompressed image per chunk) and random batches (a shuffled epoch, batch 256) are read these ways,
-interleaved in every round (median over rounds kept, so all ratios come from the same run):
+For each stored image size, a JPEG folder is converted with ``convert_folder_to_hdf5`` (whole images on a
+canvas, one uncompressed image a chunk) and random batches (a shuffled epoch, batch 256) are read these
+ways, interleaved in every round (median over rounds kept, so all ratios come from the same run):
 
 * ``h5py per-item``: what a hand-written loader does -- ``dset[i]`` per image on an h5py file opened with
-  the default chunk cache, plus the label.
-* ``dataset per-item``: ``HDF5ImageDataset.__getitem__`` per index -- the same dataset with batched reads
-  turned off (what the DataLoader's fetcher does for a dataset without ``__getitems__``).
-* ``dataset __getitems__``: one call per batch (what the DataLoader calls, torch >= 2.1): memory-mapped
-  gather into one batch array.
-* ``__getitems__ preadv``: the same with ``mmap_reads=False`` (the previous default: one ``preadv`` per
-  run of neighbouring images).
-* ``__getitems__ via h5py``: ``raw_reads=False`` (the compressed-store path).
+  the default chunk cache, plus the label and the image's meta.
+* ``dataset per-item``: ``HDF5ImageDataset.__getitem__`` per index (what the DataLoader's fetcher does for
+  a dataset without ``__getitems__``).
+* ``dataset __getitems__``: one call per batch (what the DataLoader calls): the store's one read path, a
+  gather out of the memory-mapped file into one batch array.
 
 and end to end through a ``DataLoader`` (``num_workers`` 0 and 2, persistent workers, the package's
 ``UInt8Collate``), per-item (``__getitems__`` hidden) vs batched. The file is in the page cache (read once
@@ -35,12 +32,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _shared.py beside this script
+from _shared import hdf5_store, quick_out
 
 from lightning_gpuopt._common import format_table
 from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
-from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+from lightning_gpuopt.data.loader import UInt8Collate
 
 
 class _PerItem:
@@ -52,19 +51,8 @@ class _PerItem:
     def __len__(self) -> int:
         return len(self.ds)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int, np.ndarray]:
         return self.ds[i]
-
-
-def _collate() -> Any:
-    try:
-        from lightning_gpuopt.data.datamodule import UInt8Collate
-
-        return UInt8Collate("benchmark")
-    except ImportError:  # datamodule not there: torch's default
-        from torch.utils.data import default_collate
-
-        return default_collate
 
 
 def _time_epochs(loader: Any, batches: int) -> float:
@@ -73,8 +61,8 @@ def _time_epochs(loader: Any, batches: int) -> float:
     t0 = time.perf_counter()
     got = 0
     for _ in range(batches):
-        x, _ = next(it)
-        got += len(x)
+        images = next(it)[0]  # (images, labels, meta)
+        got += len(images)
     sec = time.perf_counter() - t0
     del it
     return sec / got
@@ -87,28 +75,22 @@ def bench_size(
     from torch.utils.data import DataLoader
 
     ds = HDF5ImageDataset(path)
-    ds_pread = HDF5ImageDataset(path, mmap_reads=False)
-    ds_h5 = HDF5ImageDataset(path, raw_reads=False)
-    assert ds.mmap_reads, "the default store should be memory-mapped"
     n = len(ds)
     rng = np.random.default_rng(seed)
     f = h5py.File(path, "r")  # default chunk cache (1 MiB), as a hand-written loader would open it
-    dset, labels = f["images"], f["labels"][()]
-    for d in (ds, ds_pread):  # warm the page cache and this process's map
-        for i in range(0, n, batch_size):
-            d.__getitems__(list(range(i, min(n, i + batch_size))))
+    dset, labels, meta = f["images"], f["labels"][()], f["meta"][()]
+    for i in range(0, n, batch_size):  # warm the page cache and this process's map
+        ds.__getitems__(list(range(i, min(n, i + batch_size))))
 
     def naive(b: list[int]) -> Any:
-        return [(dset[i], int(labels[i])) for i in b]
+        return [(dset[i], int(labels[i]), meta[i]) for i in b]
 
     variants = {
         "h5py per-item": naive,
         "dataset per-item": lambda b: [ds[i] for i in b],
         "dataset __getitems__": ds.__getitems__,
-        "__getitems__ preadv": ds_pread.__getitems__,
-        "__getitems__ via h5py": ds_h5.__getitems__,
     }
-    collate = _collate()
+    collate = UInt8Collate("benchmark")
     loaders: dict[str, Any] = {}
     for w in workers:
         extra: dict[str, Any] = {"num_workers": w}
@@ -168,27 +150,25 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader num_workers")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "gpuopt_data"))
     parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes; writes next to --out as *_quick.json"
+        "--quick", action="store_true", help="tiny sizes; without --out it writes to the temp folder"
     )
     args = parser.parse_args()
+    args.out = quick_out(args.out, parser.get_default("out"), args.quick)
     if args.quick:
-        args.sizes, args.images, args.batch_size, args.rounds = [32, 64], 256, 64, 2
-        args.out = str(Path(args.out).with_name(Path(args.out).stem + "_quick.json"))
-        args.out = os.path.join(tempfile.gettempdir(), Path(args.out).name)
+        args.sizes, args.images, args.batch_size, args.rounds = [32], 128, 32, 2
     batches = args.images // args.batch_size
     src = make_jpeg_folder(
         Path(args.data) / f"hdf5_bench_{args.images}",
         num_images=args.images,
         num_classes=10,
         image_size=(320, 240),
+        workers=1 if args.quick else None,
     )
     rows: list[dict[str, Any]] = []
     conversions = {}
     for size in args.sizes:
         h5 = Path(args.data) / f"hdf5_bench_{args.images}_{size}.h5"
-        if not h5.exists():
-            res = convert_folder_to_hdf5(src, h5, size=size, progress=False)
-            conversions[size] = {"seconds": res.seconds, "images_per_sec": res.num_images / res.seconds}
+        conversions[size] = hdf5_store(src, h5, size)
         rows += bench_size(h5, args.batch_size, args.rounds, batches, seed=size, workers=args.workers)
     write_results(
         args.out,
