@@ -2,13 +2,13 @@
 
 In one run:
 (a) ``convert_folder_to_hdf5`` of 8,192 ImageNet-sized JPEGs (``make_jpeg_folder``, 100 classes) to a
-    256x256 uint8 store (timed; reused when it already exists).
+    uint8 store of whole images at 256 px (timed; reused when it already exists in the current format).
 (b) the ceiling: ResNet-50 fp16 autocast + channels_last on one batch already on the GPU, plain PyTorch
     loop (``plain_loop_throughput``, batch 256);
 (c) the same model through Lightning (``precision="16-mixed"``, channels_last) fed by
     ``OptimizedDataModule(backend="hdf5")`` (batched ``__getitems__`` reads, uint8 pinned batches, GPU
     crop/flip/normalize) for several ``num_workers``; target >= 0.95 of the ceiling;
-(d) for contrast, the same with ``__getitems__`` hidden (one h5py-free ``__getitem__`` per image).
+(d) for contrast, the same with ``__getitems__`` hidden (one ``__getitem__`` per image).
 
 Steps are few (the data is 32 batches an epoch; runs cross epoch boundaries) and rows are skipped, not
 run short, when the time budget is near.
@@ -20,7 +20,6 @@ run short, when the time budget is near.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -28,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _shared import hdf5_store, quick_out
 
 from lightning_gpuopt._common import format_table
 from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
-from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
 T0 = time.perf_counter()
 
@@ -153,28 +153,29 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=220.0)
     parser.add_argument("--quick", action="store_true", help="CPU, tiny images and model")
     args = parser.parse_args()
+    args.out = quick_out(args.out, parser.get_default("out"), args.quick)
     gpu = torch.cuda.is_available() and not args.quick
     if args.quick:
         root = make_jpeg_folder(
-            Path(tempfile.gettempdir()) / "gpuopt_quick_jpegs",
-            num_images=96,
+            Path(args.data_root) / "quick_hdf5_48",
+            num_images=48,
             num_classes=4,
             image_size=(64, 48),
+            workers=1,
         )
-        h5 = Path(tempfile.gettempdir()) / "gpuopt_quick_32.h5"
+        h5 = Path(args.data_root) / "quick_hdf5_48_32.h5"
         cfg = dict(
             model="small",
             classes=4,
-            batch=16,
+            batch=8,
             image_size=28,
             storage=32,
-            steps=4,
+            steps=3,
             warmup=2,
             tune_budget_s=3.0,
         )
-        workers = [0, 2]
-        if args.out == parser.get_default("out"):
-            args.out = os.path.join(tempfile.gettempdir(), "hdf5_quick.json")
+        workers = [0, 1]
+        args.repeats = 1
     else:
         if gpu:
             torch.backends.cudnn.benchmark = True  # same setting for the ceiling and the Lightning runs
@@ -193,10 +194,7 @@ def main() -> int:
         workers = [w if w == "auto" else int(w) for w in args.workers.split(",")]
     gen_s = elapsed()
 
-    conversion: dict[str, Any] = {"cached": h5.exists()}
-    if not h5.exists():
-        res = convert_folder_to_hdf5(root, h5, size=cfg["storage"], progress=False)
-        conversion.update(seconds=res.seconds, images_per_sec=res.num_images / res.seconds)
+    conversion = hdf5_store(root, h5, cfg["storage"])
     conversion.update(bytes=h5.stat().st_size, path=str(h5))
     ds = HDF5ImageDataset(h5)
     ds.__getitems__(list(range(len(ds))))  # page cache warm, as in any epoch after the first
@@ -220,7 +218,7 @@ def main() -> int:
     plan: list[tuple[int | str, bool]] = []
     for r in range(max(1, args.repeats)):  # alternate the order so drift hits every count alike
         plan += [(w, False) for w in (workers if r % 2 == 0 else workers[::-1])]
-    plan.append((8 if gpu else 2, True))
+    plan.append((8 if gpu else 1, True))
     per_run = None
     skipped = []
     runs: dict[str, list[dict[str, Any]]] = {}
