@@ -5,6 +5,7 @@ fp32, 32x32 crops of 64x48 JPEGs, batch 32, a sweep over 1..CPUs workers. On a C
 workers share the same cores, so more workers can only help as far as decoding, not compute, is the limit.
 
     PYTHONPATH=. python benchmarks/cpu_workers.py --out benchmarks/results/workers_cpu.json
+    PYTHONPATH=. python benchmarks/cpu_workers.py --quick      # tiny: proves the script works
 """
 
 from __future__ import annotations
@@ -35,7 +36,4 @@ CPU_DEFAULTS = dict(
 )
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--out" not in argv:
-        argv += ["--out", "benchmarks/results/workers_cpu.json"]
-    raise SystemExit(main(argv, defaults=CPU_DEFAULTS))
+    raise SystemExit(main(sys.argv[1:], defaults=CPU_DEFAULTS, out="benchmarks/results/workers_cpu.json"))

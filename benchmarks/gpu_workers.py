@@ -6,7 +6,7 @@ to the ceiling measured in the same run (``plain_loop_throughput``: the same mod
 the GPU). Pass: the tuned count's throughput is within 5% of the sweep's best and tuning took <= 30 s.
 
     PYTHONPATH=. python3 benchmarks/gpu_workers.py --out $OUT/workers_h200.json      # H200, ~110 s
-    PYTHONPATH=. python3 benchmarks/gpu_workers.py --quick --out /tmp/w.json          # CPU smoke test
+    PYTHONPATH=. python3 benchmarks/gpu_workers.py --quick                            # CPU smoke test
 
 ``benchmarks/cpu_workers.py`` runs the same with CPU-sized defaults.
 """
@@ -23,6 +23,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from _shared import quick_out
 
 from lightning_gpuopt._common import available_cpus, format_table
 from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
@@ -58,7 +59,7 @@ QUICK_DEFAULTS: dict[str, Any] = dict(
     warmup=2,
     zero_steps=3,
     sweep="1,2",
-    tune_budget=4.0,
+    tune_budget=2.0,
     budget=300.0,
 )
 
@@ -157,10 +158,15 @@ def fit_row(
     }
 
 
-def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    out: str = "benchmarks/results/workers_h200.json",
+) -> int:
+    """Run the benchmark; ``defaults`` and ``out`` are the machine's settings (``cpu_workers.py`` passes its own)."""
     cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/workers_h200.json")
+    parser.add_argument("--out", default=out)
     parser.add_argument("--quick", action="store_true", help="tiny CPU-sized run (smoke test)")
     parser.add_argument("--data", help="image folder (generated with make_jpeg_folder when absent)")
     parser.add_argument("--images", type=int)
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
         "--cache-dir", default=None, help="tuning cache (default: a fresh temp dir -> always tunes)"
     )
     args = parser.parse_args(argv)
+    args.out = quick_out(args.out, out, args.quick)
     base = dict(QUICK_DEFAULTS if args.quick else (defaults or GPU_DEFAULTS))
     for key, value in base.items():
         if getattr(args, key, None) is None:
