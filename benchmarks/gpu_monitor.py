@@ -11,7 +11,7 @@
    on the GPU, so GPU-Util and data-wait change visibly in the middle.
 
     PYTHONPATH=. python3 benchmarks/gpu_monitor.py --out benchmarks/results/gpu_monitor.json --tb-dir $OUT/tb
-    python benchmarks/gpu_monitor.py --quick --out /tmp/gpu_monitor_quick.json   # CPU, tiny sizes
+    PYTHONPATH=. python3 benchmarks/gpu_monitor.py --quick      # CPU, tiny sizes; writes to the temp folder
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _shared import quick_out
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, IterableDataset
@@ -221,6 +222,8 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="CPU, tiny sizes: proves the script end to end")
     args = parser.parse_args()
+    args.out = quick_out(args.out, parser.get_default("out"), args.quick)
+    args.tb_dir = quick_out(args.tb_dir, parser.get_default("tb_dir"), args.quick)
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
@@ -232,8 +235,8 @@ def main() -> None:
     else:
         cfg = dict(
             model="small", image_size=32, batch_size=16, num_classes=10, precision="32-true",
-            accelerator="cpu", steps=12, warmup=4, reps=2, overhead_budget_s=60.0, busy_s=0.5,
-            tb_steps=20, tb_every=2, tb_delay_s=0.02,
+            accelerator="cpu", steps=6, warmup=2, reps=1, overhead_budget_s=60.0, busy_s=0.5,
+            tb_steps=8, tb_every=2, tb_delay_s=0.02,
         )  # fmt: skip
     if cuda:
         torch.backends.cudnn.benchmark = True
