@@ -1,7 +1,7 @@
 """What NVTXRanges costs: ResNet-50 fp16-mixed + channels_last through Lightning on GPU-resident batches.
 
-Run on the GPU machine (package not installed, no network, no ``nvtx`` package: ``torch.cuda.nvtx`` is the
-backend there), with the injection recorder built on the CPU machine by ``tools/build_nvtx_recorder.sh``:
+Run on a GPU machine (where the ``nvtx`` package is missing, ``torch.cuda.nvtx`` is the backend), with the
+NVTX injection recorder built by ``tools/build_nvtx_recorder.sh``:
 
     PYTHONPATH=. python3 benchmarks/gpu_nvtx.py --recorder .nvtxrec/librecorder.so --out $OUT/nvtx_h200.json
 
@@ -20,7 +20,8 @@ scenarios (``tests/observe/nvtx_scenarios.py``) on this device, and a short ResN
 ranges and a capture window. The JSON keeps, per run, the range counts, nesting depth, the first lines of
 the range tree, capture marks and any imbalance found (``problems`` must be empty).
 
-``--quick`` runs a tiny CPU-sized version to prove the script works. The whole run stays in ``--budget-s``.
+``--quick`` runs a tiny CPU-sized version to prove the script works (written to the temp folder unless
+``--out`` is given). The whole run stays in ``--budget-s``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.observe.nvtx_events parses the recordings
     sys.path.insert(0, str(REPO))
+from _shared import quick_out  # noqa: E402
+
 OVERHEAD_TARGET = 0.01
 CI_LEVEL = 0.8  # asked-for coverage of the median's interval; the exact coverage is stored with it
 
@@ -231,6 +234,7 @@ def main() -> int:
         help="only the recorder runs, once per backend present (nvtx package, torch.cuda.nvtx); needs --recorder",
     )
     args = p.parse_args()
+    args.out = quick_out(args.out, p.get_default("out"), args.quick)
     if args.record_child:
         return record_child(args.quick, args.record_backend)
     if args.record_only:
@@ -282,7 +286,7 @@ def main() -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     if args.quick:
-        args.batch_size, args.steps, args.warmup, args.pairs = 8, 6, 2, 2
+        args.batch_size, args.steps, args.warmup, args.pairs = 4, 3, 1, 2
         args.budget_s = max(
             args.budget_s, 150.0
         )  # a loaded 2-core CPU is slow; this mode only proves it works
