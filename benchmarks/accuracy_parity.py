@@ -58,6 +58,8 @@ from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size
 ROWS = ("reference", "folder", "hdf5", "dali")
 #: a control on the border set: the reference's transforms on each training image's centre square only
 CONTROL = "centre-square"
+#: the package's code the rows run (relative to this folder), for the results' ``commit``
+CODE_RUN = ("../lightning_gpuopt/data", "../lightning_gpuopt/compute", "../lightning_gpuopt/_common.py")
 DEFAULT_ROWS = {"photos": list(ROWS), "border": [*ROWS, CONTROL]}
 CRITERION = "each backend within max(2 x reference std, 1 point) of reference"
 QUIET = {
@@ -122,13 +124,13 @@ SIZES: dict[str, ParityConfig] = {
         width=32,
         blocks=1,
         batch_size=128,
-        epochs=30,
-        lr=0.2,
+        epochs=20,
+        lr=0.1,
         workers=8,
         seeds=(0, 1, 2),
-        train_per_class={"photos": 600, "border": 1000},
-        val_per_class={"photos": 150, "border": 250},
-        image_long_side=160,
+        train_per_class={"photos": 500, "border": 800},
+        val_per_class={"photos": 100, "border": 200},
+        image_long_side=192,
         accelerator="gpu",
     ),
 }
@@ -384,7 +386,8 @@ def run_parity(
 
 
 def machine_info() -> dict[str, Any]:
-    """GPU, driver, library versions, CPUs, and the git commit of this checkout (``+dirty``: local edits)."""
+    """GPU, driver, library versions, CPUs, torch's threads, and the git commit of this checkout (``+dirty``:
+    the code the rows run, ``CODE_RUN``, differs from that commit)."""
     import platform
     import subprocess
 
@@ -398,6 +401,7 @@ def machine_info() -> dict[str, Any]:
         "lightning": lightning.__version__,
         "python": platform.python_version(),
         "cpus": available_cpus(),
+        "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "commit": None,
     }
@@ -416,7 +420,7 @@ def machine_info() -> dict[str, Any]:
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "../lightning_gpuopt"],
+            ["git", "status", "--porcelain", "--", *CODE_RUN],
             cwd=here,
             capture_output=True,
             text=True,
