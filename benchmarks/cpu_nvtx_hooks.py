@@ -18,20 +18,21 @@ Two ways to call the hooks:
 
 Two states of the ``nvtx`` package backend:
 
-* ``idle``: no tool attached, the package hands out a ``DummyDomain`` (an unprofiled run; the H200 rows).
+* ``idle``: no tool attached, the package hands out a ``DummyDomain`` (an unprofiled run).
 * ``live``: a real ``nvtx.Domain`` whose C calls reach NVTX's no-op stubs: the callback's Python cost when a
   profiler is attached, minus what the profiler itself spends per call.
 
 Each sample times ``--steps`` steps with ``time.perf_counter_ns``; configurations rotate inside every
 repeat and the overhead is the median over repeats of (configuration - baseline of the same repeat).
 
-    /work/venv/bin/python benchmarks/cpu_nvtx_hooks.py --out benchmarks/results/nvtx_hooks_cpu.json
+    PYTHONPATH=. python benchmarks/cpu_nvtx_hooks.py --out benchmarks/results/nvtx_hooks_cpu.json
+    PYTHONPATH=. python benchmarks/cpu_nvtx_hooks.py --quick      # few samples; writes to the temp folder
 
 ``--compare OLD.py`` also measures another version of the callback in the same repeats (rows
 ``compare:...``), which resolves a before/after difference on a loaded machine::
 
-    git show 71fa5e8:lightning_gpuopt/observe/nvtx.py > /tmp/nvtx_before.py
-    /work/venv/bin/python benchmarks/cpu_nvtx_hooks.py --compare /tmp/nvtx_before.py
+    git show HEAD~1:lightning_gpuopt/observe/nvtx.py > /tmp/nvtx_before.py
+    PYTHONPATH=. python benchmarks/cpu_nvtx_hooks.py --compare /tmp/nvtx_before.py
 """
 
 from __future__ import annotations
@@ -51,14 +52,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
+from _shared import quick_out  # noqa: E402
 from lightning.pytorch.trainer import call  # noqa: E402
 from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
 from torch import nn  # noqa: E402
 
-STEP_MS_H200 = 45.0  # ResNet-50 bs 256 fp16 step on the H200 (benchmarks/results/nvtx_h200.json)
+#: the step the overhead is expressed against: ResNet-50, batch 256, 16-mixed on one H200 (gpu_nvtx.py times it)
+STEP_MS_H200 = 45.0
 
 
 # ------------------------------------------------------------------------------- ResNet-50-shaped tree
@@ -126,7 +128,8 @@ def count_calls(module: nn.Module, x: Any) -> tuple[int, int]:
 def load_compare(path: str) -> Any:
     """Another version of nvtx.py (e.g. ``git show HEAD~1:lightning_gpuopt/observe/nvtx.py > old.py``)."""
     spec = importlib.util.spec_from_file_location("nvtx_compare", path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--compare {path!r} is not a Python file; give the path of another nvtx.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.NVTXRanges
@@ -268,8 +271,12 @@ def measure(
         driver = (Direct if mode == "direct" else ViaLightning)(cb, module)
         with backend_state(state):
             driver.start()
-        if cb is not None:
-            assert cb.ranges.backend.name == "nvtx" and cb.ranges.backend._live == (state == "live")
+        if cb is not None and (
+            cb.ranges.backend.name != "nvtx" or cb.ranges.backend._live != (state == "live")
+        ):
+            raise RuntimeError(
+                f"the callback's NVTX backend is not the {state} nvtx package one; is nvtx installed?"
+            )
         driver.begin()
         driver.run(steps, x, opt)  # warm-up: attribute caches, registered strings
         drivers[c] = driver
@@ -318,8 +325,9 @@ def main() -> int:
     )
     p.add_argument("--quick", action="store_true", help="few samples, to prove the script works")
     args = p.parse_args()
+    args.out = quick_out(args.out, p.get_default("out"), args.quick)
     if args.quick:
-        args.steps, args.repeats = 20, 5
+        args.steps, args.repeats = 10, 3
     import logging
     import warnings
 
