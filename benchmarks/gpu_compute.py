@@ -12,7 +12,8 @@ measured twice in this run (first and last) so the table also shows the run's no
 - ``plain fp16+channels_last``: the ceiling; ``lightning_overhead_ms`` is what Lightning adds per step.
 
 Run on the GPU machine:  ``PYTHONPATH=. python3 benchmarks/gpu_compute.py --out $OUT/gpu_compute.json``
-Quick CPU check:          ``python benchmarks/gpu_compute.py --quick``  (tiny model; fp16 becomes bf16)
+Quick CPU check:          ``PYTHONPATH=. python benchmarks/gpu_compute.py --quick``  (tiny model; fp16 becomes
+bf16; written to the temp folder unless ``--out`` is given)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from _shared import quick_out
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -145,13 +147,14 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--budget-s", type=float, default=110.0, help="skip the remaining rows past this")
     args = p.parse_args()
+    args.out = quick_out(args.out, p.get_default("out"), args.quick)
 
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     args.model = args.model or ("resnet50" if cuda else "small")
     args.batch_size = args.batch_size or (256 if cuda else 4)
     args.image_size = args.image_size or (224 if cuda else 16)
-    args.steps = args.steps or (40 if cuda else 3)
+    args.steps = args.steps or (40 if cuda else 2)
     if args.quick:
         args.budget_s = max(args.budget_s, 600.0)  # a slow CI CPU must still run every row once
     args.warmup = args.warmup or (10 if cuda else 1)
@@ -189,7 +192,7 @@ def main() -> int:
         return sps
 
     # (name, batch, steps, precision, tf32, channels_last, preset) in order of importance, so a run
-    # cut short by the budget still has the rows the issue judges.
+    # cut short by the budget still has the rows the preset is judged by.
     plan: list[tuple[str, tuple[torch.Tensor, torch.Tensor], int, str | None, bool, bool, bool]] = [
         ("16-mixed+channels_last", (x_cl, y), args.steps, half, True, True, False),
         ("preset", (x_cl, y), args.steps, None, True, True, True),
