@@ -3,13 +3,13 @@
 Two class-per-subfolder JPEG sets, written once per size and reused:
 
 * ``photos``: real photographs shipped inside scikit-image (``skimage.data``); a class is one source photo
-  and a sample is a random crop of it (2-20 % of its area, aspect ratio 1:2 to 2:1, so a third of them
-  portrait), jittered in brightness and contrast, rescaled and saved as JPEG. Telling which photo a small
+  and a sample is a random crop of it (2-20 % of its area, aspect ratio 1:2 to 2:1, landscape and portrait
+  alike), flipped at random, jittered in brightness and contrast, rescaled and saved as JPEG. Telling which photo a small
   patch comes from is a fair, non-trivial task that uses colour, texture and shape.
-* ``border``: 4:3 and 3:4 images of grey noise with one small coloured square whose colour is the class.
-  In the training images the square lies in the outer eighth of the long side (left/right, or top/bottom
-  for portrait images), a strip that a centre square of the image never contains; in the validation
-  images it lies where every evaluation centre crop sees it. A pipeline that trains on crops of the whole
+* ``border``: 4:3 and 3:4 images of grey noise with two small squares whose colour is the class. In the
+  training images one square lies in the outer eighth at each end of the long side (left/right, or
+  top/bottom for portrait images), strips that the image's centre square never contains; in the validation
+  images both lie where every evaluation centre crop sees them. A pipeline that trains on crops of the whole
   image learns the colours; one that trains on crops of the centre square never sees a square and scores
   chance (25 %).
 
@@ -323,6 +323,12 @@ class ToNormalizedTensor:
 
 
 class Compose:
+    """Apply transforms in order, as ``torchvision.transforms.Compose``.
+
+    Example:
+        >>> train = Compose([RandomResizedCrop(32), RandomHorizontalFlip(), ToNormalizedTensor()])
+    """
+
     def __init__(self, transforms: Sequence[Callable[[Any], Any]]):
         self.transforms = list(transforms)
 
@@ -389,6 +395,10 @@ class ReferenceImageFolder(Dataset):
     Args:
         root: ``root/<class>/<image>``.
         transform: applied to each PIL image.
+
+    Example:
+        >>> ds = ReferenceImageFolder("data/train", reference_transform(32, train=True))  # doctest: +SKIP
+        >>> image, label = ds[0]  # float (3, 32, 32), int  # doctest: +SKIP
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any]):

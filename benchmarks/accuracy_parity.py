@@ -1,15 +1,17 @@
 """Accuracy parity: does training through lightning-gpuopt's pipelines reach the accuracy of torchvision's?
 
-The same small network is trained from scratch on the same data, with the same recipe and seeds, fed by
+The same small network is trained from scratch on the same data, with the same recipe, seeds and
+``Trainer(**fast_trainer_kwargs(model, device))``, fed by
 
 * ``reference``: an ImageFolder dataset with torchvision's ImageNet transforms (``RandomResizedCrop(size,
   scale=(0.08, 1))`` + ``RandomHorizontalFlip`` for training, ``Resize(round(size * 256 / 224))`` +
   ``CenterCrop(size)`` for validation; real torchvision when it imports, else the PIL reimplementation
-  in ``_parity_data.py``), a plain ``DataLoader`` and a plain ``Trainer`` (fp32): what a user runs without
-  this package;
+  in ``_parity_data.py``) and a plain ``DataLoader``;
 * ``folder``, ``hdf5``, ``dali``: ``OptimizedDataModule`` with its defaults for that backend (the HDF5 file
-  made by ``convert_folder_to_hdf5`` from the same folder) and ``Trainer(**fast_trainer_kwargs(model))``:
-  what a user runs with it. ``dali`` runs wherever ``nvidia.dali`` imports (a CPU pipeline on a CPU run).
+  made by ``convert_folder_to_hdf5`` from the same folder). ``dali`` runs wherever ``nvidia.dali`` imports (a
+  CPU pipeline on a CPU run); elsewhere its row says why it did not;
+* ``centre-square`` (border set only): a control, the reference's transforms applied to each training image's
+  centre square, as a pipeline that stores square images would train.
 
 Each row reports the top-1 accuracy on the validation folder after the last epoch, over several seeds (mean,
 standard deviation, each seed's figure). A backend passes when its mean is within
@@ -88,6 +90,10 @@ class ParityConfig:
         val_per_class: validation images a class.
         image_long_side: long side of the generated images (see ``make_dataset``).
         accelerator: Lightning accelerator of every row.
+
+    Example:
+        >>> quick = replace(SIZES["cpu"], epochs=4, seeds=(0, 1))
+        >>> run_parity("border", quick, "cpu", ["reference", "folder"], Path("/tmp/parity"))  # doctest: +SKIP
     """
 
     image_size: int
@@ -177,7 +183,13 @@ class ParityNet(nn.Module):
 
 class ParityClassifier(pl.LightningModule):
     """``ParityNet`` trained with SGD (momentum 0.9, nesterov, weight decay 5e-4), one epoch of linear
-    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``)."""
+    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``).
+
+    Example:
+        >>> model = ParityClassifier(num_classes=4, cfg=SIZES["cpu"])
+        >>> pl.Trainer(max_epochs=16).fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> model.top1  # fraction correct in the last validation pass  # doctest: +SKIP
+    """
 
     def __init__(self, num_classes: int, cfg: ParityConfig) -> None:
         super().__init__()
