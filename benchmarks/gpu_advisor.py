@@ -16,24 +16,20 @@ expected verdict, the verdicts raised, whether they match, and the evidence the 
     7 unfused-fp16      as healthy, but ImageClassifier(fused=False): Lightning's GradScaler.step reads
                         found_inf with .item() every step (amp-host-sync); CUDA only, skipped by --quick
 
-Why the decode-bound scenario uses large JPEGs: ``load_uint8_image`` decodes at a reduced DCT scale
-(``Image.draft``) when the image is at least twice the stored size, so a 500x375 JPEG stored at 256 px
-costs about 3-5 ms a core and 16 workers keep up with an H200 (measured: 0.90 of the ceiling, data wait
-0.055). A 1020-px short side can only be drafted to 1/2 scale (1/4 would give 255 < 256) and its
-entropy-coded data (~1.2 MB) must be read in full: 19.4 ms against 4.8 ms for a 500x375 one (one core of
-a Xeon dev box), 4x the work. The H200 host's 16 workers delivered at least 5,160 img/s of 500x375, so
-expect about 1,300 img/s here (at most ~2,500 even with cores 3x faster than the dev box's) against a
-ceiling near 5,700 img/s. 1,536 of them (~300 core-ms each) take about 20 s to generate on 16 cores
-(once; reused from ``--data-root``). Warm-up and window are ``num_workers`` steps: every worker delivers a
-whole batch at about the same time, so the wait comes once every ``num_workers`` steps and windows of that
-length each hold one.
+Why the decode-bound scenario uses large JPEGs: an ImageNet-sized JPEG (500x375, ~110 kB) is cheap enough to
+decode that a GPU host's workers keep up with ResNet-50. A 1360x1020 one at quality 95 holds about ten times
+the entropy-coded bytes, all of which must be read, and ``load_canvas`` can only draft it at half scale
+(``Image.draft``; a quarter would fall below the 256 px stored side), so each image costs several times the
+decoding and the workers fall behind the GPU. The 1,536 images are generated once and reused from
+``--data-root``. Warm-up and window are ``num_workers`` steps: every worker delivers a whole batch at about
+the same time, so the wait comes once every ``num_workers`` steps and windows of that length each hold one.
 
 ``ratio_to_ceiling`` compares each scenario's samples/s with the plain PyTorch loop (fp16, channels_last,
 batch 256, GPU-resident data) measured in the same run.
 
     PYTHONPATH=. python3 benchmarks/gpu_advisor.py --out benchmarks/results/gpu_advisor.json
     PYTHONPATH=. python3 benchmarks/gpu_advisor.py --only decode-bound --out /tmp/advisor_decode.json
-    python benchmarks/gpu_advisor.py --quick --out /tmp/gpu_advisor_quick.json   # CPU, tiny sizes
+    PYTHONPATH=. python3 benchmarks/gpu_advisor.py --quick      # CPU, tiny sizes; writes to the temp folder
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _shared import quick_out
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, Dataset
 
@@ -299,6 +296,7 @@ def main() -> int:
     parser.add_argument("--data-root", default="/tmp/gpuopt_data")
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     args = parser.parse_args()
+    args.out = quick_out(args.out, parser.get_default("out"), args.quick)
     t_start = time.perf_counter()
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*validation_step.*")
