@@ -4,7 +4,11 @@ Starts ``tensorboard --logdir LOGDIR`` on a local port, waits until it serves th
 scalars dashboard filtered to the monitor's keys in headless Chromium and writes a PNG. Nothing leaves the
 machine: TensorBoard listens on 127.0.0.1 and Chromium runs with networking features off.
 
-    python tools/screenshot_tensorboard.py --logdir gpuopt_runs/demo/tensorboard \
+``--logdir`` may be the demo's output folder (``gpuopt_runs/demo``: its newest ``version_<n>`` run is
+shown), one run of it (``gpuopt_runs/demo/version_0``) or any TensorBoard folder; for a demo run the
+monitored fit (``version_<n>/tensorboard/fit``) is shown, not the ladder's rows beside it.
+
+    python tools/screenshot_tensorboard.py --logdir gpuopt_runs/demo \
         --out docs/images/tensorboard_demo_cpu.png
 
 Needs ``tensorboard`` (extra ``tensorboard``) and Chromium (Debian: ``apt-get install -y chromium``).
@@ -26,6 +30,34 @@ import urllib.request
 from pathlib import Path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+#: GPUStatsMonitor's key prefixes
+TAG_FILTER = "gpu/|time/|throughput/|host/"
+RUN_PREFIX = "version_"  # the demo's run folders (lightning_gpuopt.bench.runs)
+
+
+def _run_number(path: Path) -> int | None:
+    suffix = path.name[len(RUN_PREFIX) :]
+    return int(suffix) if path.name.startswith(RUN_PREFIX) and suffix.isdigit() else None
+
+
+def resolve_logdir(path: Path) -> Path:
+    """The TensorBoard folder to show for ``path``.
+
+    A demo output folder (holding ``version_<n>`` runs) gives its newest run's monitored fit,
+    ``version_<n>/tensorboard/fit``; a run folder ``version_<n>`` gives its ``tensorboard/fit``; any other
+    folder is used as it is. Raises ``FileNotFoundError`` naming the folder when it does not exist.
+    """
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--logdir {path} is not a folder; give the demo's --out folder or a log folder"
+        )
+    runs = sorted((n, p) for p in path.iterdir() if p.is_dir() and (n := _run_number(p)) is not None)
+    if runs and _run_number(path) is None:
+        path = runs[-1][1]
+    fit = path / "tensorboard" / "fit"
+    if _run_number(path) is not None and fit.is_dir():
+        return fit
+    return path
 
 
 def _free_port() -> int:
@@ -74,7 +106,7 @@ def _wait_for_scalars(base: str, pattern: str, timeout_s: float) -> dict[str, li
 def screenshot(
     logdir: Path,
     out: Path,
-    tag_filter: str = "gpu/|time/|throughput/",
+    tag_filter: str = TAG_FILTER,
     port: int | None = None,
     width: int = 1600,
     height: int = 1000,
@@ -83,8 +115,7 @@ def screenshot(
     browser: str | None = None,
 ) -> dict[str, list[str]]:
     """Write ``out`` (PNG) showing TensorBoard's scalars for ``logdir``; return the run -> tags it served."""
-    if not logdir.exists():
-        raise FileNotFoundError(f"--logdir {logdir} does not exist")
+    logdir = resolve_logdir(logdir)
     port = port or _free_port()
     base = f"http://127.0.0.1:{port}"
     chromium = _browser(browser)
@@ -136,9 +167,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--logdir", required=True, type=Path, help="TensorBoard log folder")
+    parser.add_argument(
+        "--logdir",
+        required=True,
+        type=Path,
+        help="the demo's --out folder, one of its version_<n> runs, or a log folder",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/images/tensorboard_gpu_stats.png"))
-    parser.add_argument("--filter", default="gpu/|time/|throughput/", help="TensorBoard tag filter (regex)")
+    parser.add_argument("--filter", default=TAG_FILTER, help="TensorBoard tag filter (regex)")
     parser.add_argument("--port", type=int, default=None, help="port for TensorBoard (default: a free one)")
     parser.add_argument("--width", type=int, default=1600)
     parser.add_argument("--height", type=int, default=1000)
