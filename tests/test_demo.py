@@ -57,7 +57,14 @@ def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     naive = rows["naive"]
     assert naive["samples_per_sec"] > 0 and len(naive["windows"]) == 3
     assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
-    assert rows["ceiling_plain"]["samples_per_sec"] > 0
+    assert rows["ceiling_eager"]["samples_per_sec"] > 0
+    # the compiled rows are left out of a CPU demo (a minute or more of compiling), saying how to run them
+    for name in ("+compile", "ceiling_compiled"):
+        assert rows[name]["status"] == "skipped" and rows[name]["samples_per_sec"] is None
+        assert "--rows ...,+compile" in rows[name]["reason"]
+    assert "skipped here: +compile, ceiling_compiled: torch.compile on a CPU" in text
+    assert doc["ceiling"] == "ceiling_eager" and doc["compile_seconds"] == {}
+    assert "compile time" not in text
     assert rows["+16-mixed"]["samples_per_sec"] is None and "CUDA" in rows["+16-mixed"]["reason"]
     # the table: this machine's median [range] left of "|", the recorded H200 ladder right of it
     table = text[text.index("row  ") :]

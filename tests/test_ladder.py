@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_gpuopt.bench import meter, report, rows
+from lightning_gpuopt.bench import ceilings, meter, report, rows
 from lightning_gpuopt.bench.runner import run_ladder
 from lightning_gpuopt.cli import main
 from tests._lightning import quiet_trainer
@@ -43,17 +45,22 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert f"this run writes to {run}" in captured.err
     doc = json.loads((run / "ladder.json").read_text())
     rows = {r["name"]: r for r in doc["rows"]}
-    # selected rows in ladder order, the plain ceiling always measured (it is the ratios' ceiling)
+    # selected rows in ladder order, the eager ceiling always measured; no compiled row asked on a CPU, so
+    # no compiled ceiling: the ratios are against the eager one
     assert [r["name"] for r in doc["rows"]] == [
         "naive",
         "+workers",
         "+dali",
         "ceiling_lightning",
-        "ceiling_plain",
+        "ceiling_eager",
     ]
     assert set(report.TABLE_COLUMNS) - {"status", "range"} <= set(doc["rows"][0])
+    assert {"compiled", "compile_seconds", "ratio_to_eager_ceiling"} <= set(doc["rows"][0])
     assert doc["machine"]["torch"] == torch.__version__
-    assert doc["ceiling_samples_per_sec"] == rows["ceiling_plain"]["samples_per_sec"] > 0
+    assert doc["ceiling"] == "ceiling_eager" and doc["ceiling_compiled_samples_per_sec"] is None
+    assert doc["ceiling_samples_per_sec"] == rows["ceiling_eager"]["samples_per_sec"] > 0
+    assert doc["ceiling_eager_samples_per_sec"] == doc["ceiling_samples_per_sec"]
+    assert doc["compile_seconds"] == {}
     naive = rows["naive"]
     assert naive["status"] == "ok" and naive["samples_per_sec"] > 0
     assert naive["num_workers"] == 0 and naive["pin_memory"] is False and naive["precision"] == "32-true"
@@ -61,12 +68,14 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert naive["ratio_to_ceiling"] == pytest.approx(
         naive["samples_per_sec"] / doc["ceiling_samples_per_sec"]
     )
+    assert naive["ratio_to_eager_ceiling"] == naive["ratio_to_ceiling"]
+    assert naive["compiled"] is False and naive["compile_seconds"] is None
     assert naive["steps_measured"] >= 1 and naive["gpu_util_mean"] is None  # no GPU on a CPU run
     # three windows: the median is reported with their range
     assert len(naive["windows"]) == 3
     assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
     assert naive["samples_per_sec"] == sorted(naive["windows"])[1]
-    assert rows["ceiling_plain"]["ratio_to_ceiling"] == pytest.approx(1.0)
+    assert rows["ceiling_eager"]["ratio_to_ceiling"] == pytest.approx(1.0)
     # a prefetching loader is measured over whole epochs (48 images / batch 8 = 6 steps an epoch)
     workers = rows["+workers"]
     assert workers["status"] == "ok" and workers["num_workers"] == 1
@@ -78,12 +87,16 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     # PNG chart and one TensorBoard run per Lightning row, inside this run's folder
     assert (run / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = sorted(p.name for p in (run / "tensorboard").iterdir())
-    assert runs == ["00_naive", "01_workers", "08_ceiling_lightning"]
+    assert runs == ["00_naive", "01_workers", "09_ceiling_lightning"]
     assert any((run / "tensorboard" / "00_naive").glob("events.out.tfevents.*"))
     # the table comes last on stdout and says why a row did not run
     table = captured.out.strip().splitlines()
     assert table[0].split()[:4] == ["name", "samples_per_sec", "range", "ratio_to_ceiling"]
     assert any(line.startswith("+dali") and "cannot run: DALI" in line for line in table)
+    # under the table: which ceiling the ratios use
+    note = next(line for line in table if line.startswith("ratio_to_ceiling"))
+    assert note.startswith("ratio_to_ceiling and ratio_to_eager_ceiling: against ceiling_eager (")
+    assert note.endswith("ceiling_compiled was not measured") and "compile time" not in captured.out
     assert "[bench] [" in captured.err  # progress lines for each row
 
 
@@ -118,7 +131,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
     # two measured steps split into two windows of one step
     assert doc["rows"][0]["steps_measured"] == 2 and len(doc["rows"][0]["windows"]) == 2
     assert not (tmp_path / "out" / "version_0" / "tensorboard").exists()
-    args[args.index("naive")] = "ceiling_plain"  # the cheapest row: only the data lookup matters here
+    # the cheapest row, by its older name: only the data lookup matters here
+    args[args.index("naive")] = "ceiling_plain"
     assert main(args) == 0
     assert "using cached generated images" in capsys.readouterr().err
     # the second run has its own folder; the first run's results are untouched
@@ -176,11 +190,133 @@ def test_bad_source_size_is_an_argparse_error(capsys):
 
 
 def test_parse_rows_returns_ladder_order():
-    assert rows.parse_rows("ceiling_plain, +hdf5,naive") == ["naive", "+hdf5", "ceiling_plain"]
-    assert rows.ROW_NAMES[-1] == "ceiling_plain" and rows.ROW_NAMES[7] == "+channels_last"
+    # ceiling_plain is the eager ceiling's older name
+    assert rows.parse_rows("ceiling_plain, +hdf5,naive") == ["naive", "+hdf5", "ceiling_eager"]
+    assert rows.parse_rows(["ceiling_eager", "ceiling_plain"]) == ["ceiling_eager"]
+    assert rows.ROW_NAMES == (
+        "naive",
+        "+workers",
+        "+pinned",
+        "+uint8_gpu_aug",
+        "+hdf5",
+        "+dali",
+        "+16-mixed",
+        "+channels_last",
+        "+compile",
+        "ceiling_lightning",
+        "ceiling_eager",
+        "ceiling_compiled",
+    )
     # each ladder row adds one thing: the last data row before the compute rows is the full stack's input
-    full = rows.ROW_SPECS[rows.ROW_NAMES.index("+channels_last")]
-    assert full.mixed and full.channels_last and full.loader == "best"
+    full = rows.SPEC_BY_NAME["+channels_last"]
+    assert full.mixed and full.channels_last and full.loader == "best" and not full.compiled
+    compiled = rows.SPEC_BY_NAME["+compile"]
+    assert (compiled.loader, compiled.mixed, compiled.channels_last, compiled.compiled) == (
+        "best",
+        True,
+        True,
+        True,
+    )
+    assert [s.name for s in rows.ROW_SPECS if s.compiled] == list(ceilings.COMPILED_ROWS)
+    eager, ceiling = rows.SPEC_BY_NAME["ceiling_eager"], rows.SPEC_BY_NAME["ceiling_compiled"]
+    assert eager.loader == ceiling.loader == "plain" and ceiling.compiled and not eager.compiled
+
+
+def test_compiled_rows_on_a_cpu_run_only_when_named():
+    # the whole ladder (the default) leaves them out on a CPU; a shorter list naming one asks for them
+    assert not rows.compile_asked(rows.ROW_NAMES)
+    assert not rows.compile_asked(["naive", "+channels_last", "ceiling_plain"])
+    assert rows.compile_asked(["naive", "+compile"]) and rows.compile_asked(["ceiling_compiled"])
+
+
+def test_cpu_runner_skips_compiled_rows_of_the_whole_ladder(jpeg_folder, tmp_path):
+    from lightning_gpuopt.bench.runner import LadderRunner
+
+    whole = LadderRunner(rows.LadderConfig(jpeg_folder, batch_size=8, accelerator="cpu", cache_dir=tmp_path))
+    for name in ceilings.COMPILED_ROWS:
+        status, reason = whole.cannot_run_reason(rows.SPEC_BY_NAME[name])
+        assert status == rows.SKIPPED and "name the row to run it (--rows ...,+compile)" in reason
+    asked = LadderRunner(
+        rows.LadderConfig(
+            jpeg_folder, batch_size=8, accelerator="cpu", cache_dir=tmp_path, rows=["naive", "+compile"]
+        )
+    )
+    assert asked.cannot_run_reason(rows.SPEC_BY_NAME["+compile"]) is None
+    assert asked.cannot_run_reason(rows.SPEC_BY_NAME["ceiling_compiled"]) is None
+
+
+def _ceiling_rows(eager=6176.0, compiled=7309.0, compiled_status="ok"):
+    return [
+        {"name": "naive", "status": "ok", "samples_per_sec": 250.0},
+        {"name": "+channels_last", "status": "ok", "samples_per_sec": 5518.0},
+        {"name": "+compile", "status": "ok", "samples_per_sec": 6900.0, "compile_seconds": 39.5},
+        {"name": "+dali", "status": "cannot run", "samples_per_sec": None},
+        {"name": "ceiling_eager", "status": "ok", "samples_per_sec": eager},
+        {
+            "name": "ceiling_compiled",
+            "status": compiled_status,
+            "samples_per_sec": compiled,
+            "compile_seconds": 41.0,
+        },
+    ]
+
+
+def test_ratios_are_against_the_compiled_ceiling_where_it_was_measured():
+    results = _ceiling_rows()
+    summary = ceilings.fill_ratios(results)
+    by = {r["name"]: r for r in results}
+    assert summary == {
+        "ceiling": "ceiling_compiled",
+        "ceiling_samples_per_sec": 7309.0,
+        "ceiling_eager_samples_per_sec": 6176.0,
+        "ceiling_compiled_samples_per_sec": 7309.0,
+        "compile_seconds": {"+compile": 39.5, "ceiling_compiled": 41.0},
+    }
+    assert by["+channels_last"]["ratio_to_ceiling"] == pytest.approx(5518 / 7309)
+    assert by["+channels_last"]["ratio_to_eager_ceiling"] == pytest.approx(5518 / 6176)
+    assert by["+compile"]["ratio_to_ceiling"] == pytest.approx(6900 / 7309)
+    assert by["ceiling_compiled"]["ratio_to_ceiling"] == pytest.approx(1.0)
+    assert by["ceiling_eager"]["ratio_to_ceiling"] == pytest.approx(6176 / 7309)
+    assert by["ceiling_eager"]["ratio_to_eager_ceiling"] == pytest.approx(1.0)
+    assert by["+compile"]["speedup_vs_naive"] == pytest.approx(6900 / 250)
+    dali = by["+dali"]
+    assert dali["ratio_to_ceiling"] is dali["ratio_to_eager_ceiling"] is dali["speedup_vs_naive"] is None
+    lines = report.ceiling_notes(results)
+    assert lines == [
+        "ratio_to_ceiling: against ceiling_compiled (7,309 samples/s); ratio_to_eager_ceiling: against "
+        "ceiling_eager (6,176 samples/s)",
+        "compile time (first compiled step to first fast step): +compile 39.5 s, ceiling_compiled 41.0 s",
+    ]
+
+
+@pytest.mark.parametrize("status", ["failed", "skipped"])
+def test_ratios_fall_back_to_the_eager_ceiling(status):
+    results = _ceiling_rows(compiled=None if status == "skipped" else 7309.0, compiled_status=status)
+    results[-1]["reason"] = "why"
+    summary = ceilings.fill_ratios(results)
+    by = {r["name"]: r for r in results}
+    assert summary["ceiling"] == "ceiling_eager" and summary["ceiling_compiled_samples_per_sec"] is None
+    assert (
+        by["+compile"]["ratio_to_ceiling"]
+        == by["+compile"]["ratio_to_eager_ceiling"]
+        == pytest.approx(6900 / 6176)
+    )
+    assert report.ceiling_notes(results)[0].endswith(f"; ceiling_compiled {status}: why")
+    # no ceiling at all: no ratios, no ceiling line
+    bare = [{"name": "naive", "status": "ok", "samples_per_sec": 10.0}]
+    assert ceilings.fill_ratios(bare)["ceiling"] is None and bare[0]["ratio_to_ceiling"] is None
+    assert bare[0]["speedup_vs_naive"] == 1.0 and report.ceiling_notes(bare) == []
+
+
+def test_first_fast_step_finds_the_end_of_the_compile():
+    assert meter.first_fast_step([40.0, 0.1, 0.1, 0.1]) == 1
+    assert meter.first_fast_step([0.1, 0.1, 0.1]) == 0  # nothing to compile
+    assert meter.first_fast_step([40.0, 2.0, 0.1, 0.12, 0.1]) == 2  # a recompile in the second step
+    assert meter.first_fast_step([40.0, 0.1, 0.1]) is None  # too few fast steps yet
+    assert meter.first_fast_step([40.0, 0.1, 0.1, 0.5]) is None  # not settled: 5x apart
+    # a jittery step after the compile counts as not yet fast
+    assert meter.first_fast_step([40.0, 0.1, 0.5, 0.1, 0.1, 0.1]) == 3
+    assert meter.first_fast_step([]) is None
 
 
 def test_naive_dataset_is_float_chw_normalized(jpeg_folder):
@@ -204,7 +340,7 @@ def test_window_means_skip_warmup_windows():
     assert meter.window_means([], start_step=3) == (None, None)
 
 
-def _tiny_fit(meter, batches_per_epoch=6):
+def _tiny_fit(meter, batches_per_epoch=6, extra=()):
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_gpuopt.bench.models import ImageClassifier
@@ -215,7 +351,7 @@ def _tiny_fit(meter, batches_per_epoch=6):
     trainer = quiet_trainer(
         accelerator="cpu",
         max_epochs=50,
-        callbacks=[meter],
+        callbacks=[*extra, meter],
     )
     trainer.fit(ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4))
     return trainer
@@ -236,6 +372,28 @@ def test_row_meter_without_alignment_and_step_cap():
     _tiny_fit(m)
     assert m.start_step == 2 and m.measured_steps == 3 and m.aligned is False
     assert len(m.result.rates) == 3
+
+
+class _SlowFirstSteps(pl.Callback):
+    """Makes the first ``steps`` training steps ``seconds`` longer, as a compile does."""
+
+    def __init__(self, steps, seconds):
+        self.steps, self.seconds = steps, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step <= self.steps:
+            time.sleep(self.seconds)
+
+
+def test_row_meter_settle_measures_after_the_slow_first_steps():
+    m = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3, settle=True)
+    _tiny_fit(m, extra=[_SlowFirstSteps(2, 0.3)])
+    # steps 0 and 1 are slow; three fast steps make the time settled, then the windows start
+    assert m.compile_seconds >= 0.6 and m.start_step >= 5
+    assert m.measured_steps == 3 and len(m.result.rates) == 3
+    plain = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3)
+    _tiny_fit(plain, extra=[_SlowFirstSteps(2, 0.3)])
+    assert plain.compile_seconds is None and plain.start_step == 1  # without settle: right after warm-up
 
 
 def test_row_meter_keeps_windows_when_the_fit_ends_early():
@@ -278,17 +436,22 @@ def test_comparison_table_marks_noise_and_prints_the_recorded_run():
         _row("+workers", [30, 31, 33]),
         {"name": "+pinned", "status": "cannot run", "samples_per_sec": None},
         _row("+uint8_gpu_aug", [28, 32, 40]),
-        _row("ceiling_plain", [50, 51, 52]),
+        _row("+compile", [40, 41, 42]),
+        _row("ceiling_eager", [50, 51, 52]),
     ]
     ref = report.load_reference()
     text = report.format_comparison(results, ref)
     lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    # the recorded ceiling_plain is shown beside this run's ceiling_eager; a row the recording lacks shows "-"
+    recorded = {r["name"]: r for r in ref["rows"]}
+    assert f"{recorded['ceiling_plain']['samples_per_sec']:,.0f}" in lines["ceiling_eager"].split("|")[1]
+    if "+compile" not in recorded:
+        assert lines["+compile"].split("|")[1].split()[0] == "-"
     assert "11 [10-12]" in lines["naive"] and "1.0x" in lines["naive"]
     assert "2.8x" in lines["+workers"] and "~" not in lines["+workers"]
     # compared with the nearest row above that ran (+workers): the ranges overlap
     assert "~1.0x" in lines["+uint8_gpu_aug"]
     assert "cannot run" in lines["+pinned"]
-    recorded = {r["name"]: r for r in ref["rows"]}
     assert f"{recorded['+pinned']['samples_per_sec']:,.0f}" in lines["+pinned"]
     notes = report.noise_notes(results)
     assert any("+uint8_gpu_aug" in n and "noise-level" in n for n in notes)
@@ -333,3 +496,59 @@ def test_gpu_ladder_runs_cuda_rows(tmp_path):
     assert by["+16-mixed"]["precision"] == "16-mixed" and by["naive"]["precision"] == "32-true"
     assert by["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
     assert by["ceiling_plain"]["precision"] == "fp16 autocast"
+
+
+@pytest.mark.slow
+def test_compiled_rows_run_on_a_cpu_when_named(jpeg_folder, tmp_path, capsys):
+    # inductor's C++ kernels for a tiny model: the warm-up covers the compile, which is timed on its own
+    out = tmp_path / "out"
+    argv = [
+        "bench",
+        "--data",
+        str(jpeg_folder),
+        "--model",
+        "small",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "16",
+    ]
+    argv += ["--warmup", "1", "--rows", "+compile", "--workers", "0", "--seconds", "0.5", "--out", str(out)]
+    argv += ["--cache-dir", str(tmp_path / "cache"), "--accelerator", "cpu", "--no-tensorboard"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    doc = json.loads((out / "version_0" / "ladder.json").read_text())
+    by = {r["name"]: r for r in doc["rows"]}
+    # +compile asks for the compiled ceiling too: the ratios' ceiling
+    assert list(by) == ["+compile", "ceiling_eager", "ceiling_compiled"]
+    for name in by:
+        assert by[name]["status"] == "ok" and by[name]["samples_per_sec"] > 0, by[name]
+    compiled, row = by["ceiling_compiled"], by["+compile"]
+    assert compiled["compiled"] and row["compiled"] and not by["ceiling_eager"]["compiled"]
+    # zero where inductor's on-disk caches make the first step about as fast as the others
+    assert compiled["compile_seconds"] >= 0 and row["compile_seconds"] >= 0
+    assert by["ceiling_eager"]["compile_seconds"] is None
+    assert doc["compile_seconds"] == {
+        "+compile": row["compile_seconds"],
+        "ceiling_compiled": compiled["compile_seconds"],
+    }
+    assert doc["ceiling"] == "ceiling_compiled"
+    assert (
+        doc["ceiling_samples_per_sec"]
+        == doc["ceiling_compiled_samples_per_sec"]
+        == compiled["samples_per_sec"]
+    )
+    assert row["ratio_to_ceiling"] == pytest.approx(row["samples_per_sec"] / compiled["samples_per_sec"])
+    eager = by["ceiling_eager"]["samples_per_sec"]
+    assert row["ratio_to_eager_ceiling"] == pytest.approx(row["samples_per_sec"] / eager)
+    # measured after the compile: a window ran at compiled speed, not the compile's seconds a step
+    assert row["seconds_measured"] < row["compile_seconds"] + 30
+    # under the table: the ratios' ceiling, then the compile time line
+    lines = captured.out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("ratio_to_ceiling"))
+    assert lines[at].startswith("ratio_to_ceiling: against ceiling_compiled (")
+    assert lines[at + 1] == (
+        f"compile time (first compiled step to first fast step): +compile {row['compile_seconds']:.1f} s, "
+        f"ceiling_compiled {compiled['compile_seconds']:.1f} s"
+    )
+    assert "compiled: " in captured.err and "from the first step to the first fast one" in captured.err

@@ -6,10 +6,12 @@ This package measures the product; the product (``data/``, ``compute/``, ``obser
 module             what it holds
 =================  ==========================================================================================
 ``rows``           the ladder's rows (``ROW_SPECS``), ``LadderConfig``, the naive PIL dataset
-``meter``          ``RowMeter``: warm-up, then windows reported as median and range; noise comparison
+``meter``          ``RowMeter``: warm-up (past a compile), then windows reported as median and range
 ``runner``         ``run_ladder``: each row a short Lightning fit
+``ceilings``       ``fill_ratios``: ratios against the compiled ceiling where measured, and the eager one
 ``report``         tables, results JSON, PNG chart, the recorded GPU ladder shipped with the package
-``measure``        ``plain_loop_throughput`` (the ceiling), ``ThroughputMeter``, ``write_results``
+``measure``        ``PlainLoop`` and ``plain_loop_throughput`` (the ceilings), ``ThroughputMeter``,
+                   ``write_results``
 ``models``         ``ImageClassifier`` and the built-in ``SmallResNet``
 ``synthetic``      ``make_jpeg_folder``: ImageNet-shaped generated JPEGs
 ``demo``           ``run_demo``
@@ -32,7 +34,9 @@ _EXPORTS: dict[str, str] = {
     "parse_rows": "lightning_gpuopt.bench.rows",
     "run_ladder": "lightning_gpuopt.bench.runner",
     "RowMeter": "lightning_gpuopt.bench.meter",
+    "PlainLoop": "lightning_gpuopt.bench.measure",
     "plain_loop_throughput": "lightning_gpuopt.bench.measure",
+    "fill_ratios": "lightning_gpuopt.bench.ceilings",
     "ThroughputMeter": "lightning_gpuopt.bench.measure",
     "write_results": "lightning_gpuopt.bench.measure",
     "ImageClassifier": "lightning_gpuopt.bench.models",
@@ -47,9 +51,11 @@ __all__ = [
     "DemoOptions",
     "ImageClassifier",
     "LadderConfig",
+    "PlainLoop",
     "RowMeter",
     "ThroughputMeter",
     "build_model",
+    "fill_ratios",
     "make_jpeg_folder",
     "parse_rows",
     "plain_loop_throughput",
@@ -73,8 +79,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from lightning_gpuopt.bench.ceilings import fill_ratios
     from lightning_gpuopt.bench.demo import DemoOptions, run_demo
-    from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
+    from lightning_gpuopt.bench.measure import (
+        PlainLoop,
+        ThroughputMeter,
+        plain_loop_throughput,
+        write_results,
+    )
     from lightning_gpuopt.bench.meter import RowMeter
     from lightning_gpuopt.bench.models import ImageClassifier, build_model
     from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows

@@ -158,6 +158,16 @@ def _cpu_cannot_show(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _skipped_compile(rows: list[dict[str, Any]]) -> str | None:
+    """One line naming the compiled rows this run skipped, and why (a CPU run leaves them out)."""
+    from lightning_gpuopt.bench.rows import SKIPPED, SPEC_BY_NAME
+
+    skipped = [r for r in rows if r["status"] == SKIPPED and SPEC_BY_NAME[r["name"]].compiled]
+    if not skipped:
+        return None
+    return f"skipped here: {', '.join(r['name'] for r in skipped)}: {skipped[0]['reason']}"
+
+
 def _ladder(
     opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say
 ) -> tuple[list[dict[str, Any]], Any]:
@@ -205,6 +215,7 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
 
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.report import (
+        compile_note,
         format_comparison,
         load_reference,
         noise_notes,
@@ -241,6 +252,12 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
         say(f"left: {title} ({precision}). right of |: {reference_label(reference)}")
         if not use_gpu:
             say(_cpu_cannot_show(rows))
+        skipped = _skipped_compile(rows)
+        if skipped:
+            say(skipped)
+        compiled = compile_note(rows)
+        if compiled:
+            say(compiled)
         for line in noise_notes(rows):
             say(line)
         say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))

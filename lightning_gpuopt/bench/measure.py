@@ -2,7 +2,7 @@
 
 Every benchmark writes one JSON file shaped the same way (``write_results``) so any reader can compare them,
 and measures variants as ratios *in one run* against a ceiling measured in that same run
-(``plain_loop_throughput``). ``fit`` and ``quiet_lightning`` keep a command's output to its own lines: no
+(``PlainLoop``, ``plain_loop_throughput``). ``fit`` and ``quiet_lightning`` keep a command's output to its own lines: no
 Lightning banners, and Ctrl-C reaches the caller as ``KeyboardInterrupt``.
 """
 
@@ -137,6 +137,107 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class PlainLoop:
+    """A plain PyTorch training loop on one batch already on the device, stepped by the caller: the ceilings.
+
+    ``plain_loop_throughput`` runs it warm-up then timed; the ladder times its warm-up steps one by one
+    (``timed_step``) to see when a compiled model's steps have become fast.
+
+    Args:
+        model: the model (moved to ``device``; trained in place).
+        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for full fp32/TF32.
+        channels_last: convert model and batch to channels_last.
+        fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
+            ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
+        feed: a callable returning the next ``(images, labels)`` batch on the device (a hand-written fed
+            loop); each step calls it. With ``use_feed=False`` the batch is fetched and discarded while the
+            step trains on the resident batch: what the pipeline's own GPU work costs the model.
+        label_sets: the resident batch's labels cycle through this many random label tensors, so the loss
+            does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
+            work a real step does).
+        compile: run the model through ``torch.compile(model, dynamic=False)`` (inductor); the first steps
+            compile it.
+
+    Example:
+        >>> from lightning_gpuopt.bench.models import build_model
+        >>> loop = PlainLoop(build_model("small"), batch_size=8, image_size=32, dtype=None, device="cpu")
+        >>> seconds = loop.timed_step()
+        >>> loop.throughput(steps=5) > 0
+        True
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        image_size: int = 224,
+        num_classes: int = 1000,
+        dtype: torch.dtype | None = torch.float16,
+        channels_last: bool = True,
+        device: str | torch.device = "cuda",
+        lr: float = 0.01,
+        fused: bool | None = None,
+        feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        use_feed: bool = True,
+        label_sets: int = 1,
+        compile: bool = False,
+    ) -> None:
+        self.device = device = torch.device(device)
+        self.batch_size = batch_size
+        self.dtype = dtype
+        mf = torch.channels_last if channels_last else torch.contiguous_format
+        model = model.to(device).to(memory_format=mf)  # type: ignore[call-overload]
+        model.train()
+        self.model: Callable[[torch.Tensor], torch.Tensor] = (
+            torch.compile(model, dynamic=False) if compile else model
+        )
+        self.x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(
+            memory_format=mf
+        )
+        self.ys = [
+            torch.randint(0, num_classes, (batch_size,), device=device) for _ in range(max(1, label_sets))
+        ]
+        fused = device.type == "cuda" if fused is None else fused
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.feed, self.use_feed = feed, use_feed
+        self._count = 0
+
+    def step(self) -> None:
+        """One training step (asynchronous on CUDA)."""
+        xb, yb = self.x, self.ys[self._count % len(self.ys)]
+        self._count += 1
+        if self.feed is not None:
+            fx, fy = self.feed()
+            if self.use_feed:
+                xb, yb = fx, fy
+        self.opt.zero_grad(set_to_none=True)
+        dtype = self.dtype
+        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = self.loss_fn(self.model(xb), yb)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+
+    def timed_step(self) -> float:
+        """Seconds of one step, the device synchronised before and after it."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self.step()
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def throughput(self, steps: int) -> float:
+        """Samples/s over ``steps`` steps, the device synchronised at both ends only."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        _sync(self.device)
+        return steps * self.batch_size / (time.perf_counter() - t0)
+
+
 def plain_loop_throughput(
     model: nn.Module,
     batch_size: int,
@@ -155,56 +256,25 @@ def plain_loop_throughput(
 ) -> float:
     """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
 
-    Args:
-        model: the model (moved to ``device``; trained in place).
-        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for full fp32/TF32.
-        channels_last: convert model and batch to channels_last.
-        fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
-            ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
-        feed: a callable returning the next ``(images, labels)`` batch on the device (a hand-written fed
-            loop); each step calls it. With ``use_feed=False`` the batch is fetched and discarded while the
-            step trains on the resident batch: what the pipeline's own GPU work costs the model.
-        label_sets: the resident batch's labels cycle through this many random label tensors, so the loss
-            does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
-            work a real step does).
+    ``warmup`` untimed steps, then ``steps`` timed ones; the arguments are ``PlainLoop``'s.
     """
-    device = torch.device(device)
-    model = model.to(device)
-    mf = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(memory_format=mf)  # type: ignore[call-overload]
-    x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=mf)
-    ys = [torch.randint(0, num_classes, (batch_size,), device=device) for _ in range(max(1, label_sets))]
-    fused = device.type == "cuda" if fused is None else fused
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    loss_fn = nn.CrossEntropyLoss()
-
-    count = 0
-
-    def step() -> None:
-        nonlocal count
-        xb, yb = x, ys[count % len(ys)]
-        count += 1
-        if feed is not None:
-            fx, fy = feed()
-            if use_feed:
-                xb, yb = fx, fy
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = loss_fn(model(xb), yb)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-
-    model.train()
+    loop = PlainLoop(
+        model,
+        batch_size,
+        image_size,
+        num_classes,
+        dtype=dtype,
+        channels_last=channels_last,
+        device=device,
+        lr=lr,
+        fused=fused,
+        feed=feed,
+        use_feed=use_feed,
+        label_sets=label_sets,
+    )
     for _ in range(warmup):
-        step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    return steps * batch_size / (time.perf_counter() - t0)
+        loop.step()
+    return loop.throughput(steps)
 
 
 class ThroughputMeter(pl.Callback):

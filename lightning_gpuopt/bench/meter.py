@@ -4,6 +4,9 @@ One window says how fast a row ran once; several say how much that figure moves 
 ``samples_per_sec`` is the median of its windows, ``samples_per_sec_min``/``_max`` their range, and
 ``spread`` the range over the median. ``compare`` tells a difference between two rows from noise: it is a
 difference only where their ranges do not overlap.
+
+A compiled row first spends its compile in the warm-up: ``first_fast_step`` says from which step on the step
+time has settled, and ``RowMeter(settle=True)`` measures only after it, recording the compile time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from typing_extensions import override
 
 #: a row whose windows range over more than this fraction of their median is called noisy
 NOISE_SPREAD = 0.25
+#: consecutive steps that must agree for the step time to count as settled
+FAST_RUN = 3
+#: those steps agree when the slowest takes at most this many times the fastest; a step slower than this many
+#: times the settled step time is still compiling (compiling takes hundreds of times a step)
+FAST_SPREAD = 2.0
+#: seconds a compiled row may spend before its step time settles; the row fails after that
+SETTLE_LIMIT_S = 600.0
 
 
 def _sync(device: torch.device) -> None:
@@ -75,6 +85,33 @@ class Windows:
         }
 
 
+def first_fast_step(
+    step_seconds: Sequence[float], run: int = FAST_RUN, spread: float = FAST_SPREAD
+) -> int | None:
+    """Index of the first fast step: the step from which on every step takes at most ``spread`` times the
+    settled step time, once the last ``run`` steps agree within ``spread`` (their median is the settled time).
+
+    ``None`` while the step time has not settled. The time of the steps before the first fast one is what a
+    compile (and cuDNN autotuning, and a recompile) cost.
+
+    Example:
+        >>> first_fast_step([41.0, 0.10, 0.11, 0.10])
+        1
+        >>> first_fast_step([41.0, 0.10, 3.0]) is None
+        True
+    """
+    if run < 1 or len(step_seconds) < run:
+        return None
+    tail = step_seconds[-run:]
+    if max(tail) > spread * min(tail):
+        return None
+    limit = spread * statistics.median(tail)
+    first = len(step_seconds) - run
+    while first > 0 and step_seconds[first - 1] <= limit:
+        first -= 1
+    return first
+
+
 def compare(row: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``row``'s median over ``other``'s, or ``None`` when either did not run or their window ranges overlap
     (the difference is within what the windows of one row already vary by)."""
@@ -102,6 +139,11 @@ class RowMeter(pl.Callback):
     start within ``warmup_seconds``, no epoch end within ``warmup_seconds`` after the last window's time)
     the boundary falls mid-epoch and ``aligned`` says so.
 
+    With ``settle`` (a compiled model) the warm-up first waits for the compile: each warm-up step is timed
+    (a device sync at each step start), and the warm-up's steps and seconds count from the first fast step
+    (``first_fast_step``). ``compile_seconds`` is the time from the first step's start to the first fast
+    step's start.
+
     Example:
         >>> meter = RowMeter(warmup=5, warmup_seconds=10.0, seconds=6.0, max_steps=None, windows=3)
         >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[meter])  # doctest: +SKIP
@@ -116,6 +158,7 @@ class RowMeter(pl.Callback):
         max_steps: int | None,
         windows: int = 3,
         align_epochs: bool = False,
+        settle: bool = False,
     ) -> None:
         if max_steps is not None:
             windows = max(1, min(windows, max_steps))
@@ -126,6 +169,8 @@ class RowMeter(pl.Callback):
         self.window_steps = None if max_steps is None else math.ceil(max_steps / windows)
         self.max_steps = max_steps
         self.align_epochs = align_epochs
+        self.settle = settle
+        self.compile_seconds: float | None = None
         self.aligned = False
         self.start_step: int | None = None
         self.measured_steps = 0
@@ -135,6 +180,8 @@ class RowMeter(pl.Callback):
         self._samples = 0
         self._steps = 0
         self._fit_t0 = 0.0
+        self._starts: list[float] = []  # synced warm-up step starts (settle only)
+        self._fast: int | None = None  # index of the first fast warm-up step (settle only)
 
     @property
     def result(self) -> Windows:
@@ -166,10 +213,31 @@ class RowMeter(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit_t0 = time.perf_counter()
 
+    def _warm_steps(self, step: int) -> bool:
+        """Whether the warm-up has run its steps (after the first fast step, with ``settle``)."""
+        if not self.settle:
+            return step >= max(self.warmup, 1)
+        return self._fast is not None and len(self._starts) - 1 - self._fast >= max(self.warmup, 1)
+
+    def _warm_since(self) -> float | None:
+        """When the warm-up's time cap starts counting: the fit's start, or the first fast step's start."""
+        if not self.settle:
+            return self._fit_t0
+        return None if self._fast is None else self._starts[self._fast]
+
+    def _time_step(self, pl_module: pl.LightningModule) -> None:
+        _sync(pl_module.device)
+        self._starts.append(time.perf_counter())
+        if self._fast is None and len(self._starts) > FAST_RUN:
+            fast = first_fast_step([b - a for a, b in zip(self._starts, self._starts[1:], strict=False)])
+            if fast is not None:
+                self._fast = fast
+                self.compile_seconds = self._starts[fast] - self._starts[0]
+
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # called before the epoch's iterator exists: nothing of this epoch is buffered yet
-        if self.align_epochs and self.start_step is None and trainer.global_step >= max(self.warmup, 1):
+        if self.align_epochs and self.start_step is None and self._warm_steps(trainer.global_step):
             self._start(trainer, pl_module, aligned=True)
 
     @override
@@ -178,10 +246,12 @@ class RowMeter(pl.Callback):
     ) -> None:
         if self.start_step is not None:
             return
+        if self.settle:
+            self._time_step(pl_module)
         step = trainer.global_step
-        warm_steps = step >= max(self.warmup, 1)
-        warm_time = step >= 1 and time.perf_counter() - self._fit_t0 >= self.warmup_seconds
-        if (warm_steps and not self.align_epochs) or warm_time:
+        since = self._warm_since()
+        warm_time = step >= 1 and since is not None and time.perf_counter() - since >= self.warmup_seconds
+        if (self._warm_steps(step) and not self.align_epochs) or warm_time:
             self._start(trainer, pl_module, aligned=False)
 
     @override

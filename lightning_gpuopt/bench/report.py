@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.ceilings import ceiling_summary
 from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.meter import NOISE_SPREAD, compare
-from lightning_gpuopt.bench.rows import OK, LadderConfig
+from lightning_gpuopt.bench.rows import OK, ROW_ALIASES, LadderConfig
 
 #: the recorded ladder shipped with the package (``benchmarks/gpu_ladder.py`` on an H200)
 REFERENCE_FILE = "ladder_h200.json"
@@ -29,6 +30,7 @@ TABLE_COLUMNS = (
     "samples_per_sec",
     "range",
     "ratio_to_ceiling",
+    "ratio_to_eager_ceiling",
     "speedup_vs_naive",
     "gpu_util_mean",
     "data_wait_frac",
@@ -50,32 +52,72 @@ def _range(row: dict[str, Any]) -> str | None:
     return f"{_num(lo)}-{_num(hi)}"
 
 
-def format_ladder_table(rows: Sequence[dict[str, Any]]) -> str:
+def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The lines printed under the ladder: which ceiling each ratio is taken against, and the compile time
+    (seconds from the first compiled step to the first fast step) of each compiled row that measured it."""
+    summary = ceiling_summary(rows)
+    eager = summary["ceiling_eager_samples_per_sec"]
+    lines = []
+    if summary["ceiling"] == "ceiling_compiled":
+        line = f"ratio_to_ceiling: against ceiling_compiled ({_num(summary['ceiling_samples_per_sec'])} samples/s)"
+        if eager:
+            line += f"; ratio_to_eager_ceiling: against ceiling_eager ({_num(eager)} samples/s)"
+        lines.append(line)
+    elif eager:
+        compiled = next((r for r in rows if r["name"] == "ceiling_compiled"), None)
+        why = (
+            "ceiling_compiled was not measured"
+            if compiled is None
+            else f"ceiling_compiled {compiled.get('status')}: {compiled.get('reason')}"
+        )
+        lines.append(
+            f"ratio_to_ceiling and ratio_to_eager_ceiling: against ceiling_eager ({_num(eager)} samples/s); {why}"
+        )
+    compile_line = compile_note(rows)
+    return [*lines, compile_line] if compile_line else lines
+
+
+def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The compile time line: seconds from the first compiled step to the first fast step, per compiled row
+    that measured it; ``None`` when none did."""
+    seconds = ceiling_summary(rows)["compile_seconds"]
+    if not seconds:
+        return None
+    times = ", ".join(f"{name} {sec:.1f} s" for name, sec in seconds.items())
+    return f"compile time (first compiled step to first fast step): {times}"
+
+
+def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> str:
     """The ladder as a text table (median samples/s and the windows' range); rows that did not run show
-    ``status: reason``."""
+    ``status: reason``. With ``notes``, ``ceiling_notes`` follow the table on lines of their own."""
     shown = []
     for r in rows:
         s = dict(r, range=_range(r))
         if r.get("status") != OK:
             s["status"] = f"{r.get('status')}: {r.get('reason')}"
         shown.append(s)
-    return format_table(shown, TABLE_COLUMNS)
+    table = format_table(shown, TABLE_COLUMNS)
+    return "\n".join([table, *ceiling_notes(rows)]) if notes else table
 
 
 def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """The ladder as a Markdown table (for README/docs), rows that did not run say why."""
+    """The ladder as a Markdown table (for README/docs), rows that did not run say why; ``ceiling_notes``
+    below it."""
     lines = [
-        "| row | adds | samples/s | range | of ceiling | x naive | GPU-Util % | data-wait | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| row | adds | samples/s | range | of ceiling | of eager ceiling | x naive | GPU-Util % | data-wait "
+        "| status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         status = "ok" if r.get("status") == OK else f"{r.get('status')}: {r.get('reason')}"
         lines.append(
             f"| `{r['name']}` | {r.get('adds', '')} | {_num(r.get('samples_per_sec'))} | {_range(r) or '-'} | "
-            f"{_num(r.get('ratio_to_ceiling'), '.3f')} | {_num(r.get('speedup_vs_naive'), '.1f')} | "
-            f"{_num(r.get('gpu_util_mean'), '.1f')} | {_num(r.get('data_wait_frac'), '.3f')} | {status} |"
+            f"{_num(r.get('ratio_to_ceiling'), '.3f')} | {_num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
+            f"{_num(r.get('speedup_vs_naive'), '.1f')} | {_num(r.get('gpu_util_mean'), '.1f')} | "
+            f"{_num(r.get('data_wait_frac'), '.3f')} | {status} |"
         )
-    return "\n".join(lines)
+    notes = ceiling_notes(rows)
+    return "\n".join([*lines, *(["", *notes] if notes else [])])
 
 
 # ----------------------------------------------------------------------------------- this run vs recorded
@@ -141,6 +183,9 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
     """This run's rows (median samples/s [windows' range], x naive, vs the row above) and, right of the
     ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
     ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
+    for old, new in ROW_ALIASES.items():  # a recording made before a row was renamed
+        if old in ref_rows and new not in ref_rows:
+            ref_rows[new] = ref_rows[old]
     headers = ["row", "samples/s [range]", "x naive", "vs above"]
     if reference is not None:
         headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]
@@ -192,12 +237,11 @@ def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]
 def write_ladder_json(
     path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], config: LadderConfig, **extra: Any
 ) -> Path:
-    """``write_results`` with the ladder's config and the ceiling it measured."""
-    ceiling = next((r["samples_per_sec"] for r in rows if r["name"] == "ceiling_plain"), None)
+    """``write_results`` with the ladder's config, its ceilings and compile times (``ceiling_summary``)."""
     cfg = asdict(config)
     cfg = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in cfg.items()}
     cfg["rows"] = list(config.rows)
-    return write_results(path, rows, benchmark="ladder", config=cfg, ceiling_samples_per_sec=ceiling, **extra)
+    return write_results(path, rows, benchmark="ladder", config=cfg, **ceiling_summary(rows), **extra)
 
 
 def _bar_label(r: dict[str, Any], value: float) -> str:
@@ -231,7 +275,7 @@ def _draw(ax: Any, rows: Sequence[dict[str, Any]], title: str) -> None:
     top = max([*(v + h for v, h in zip(values, highs, strict=True)), 1.0])
     for yi, r, v, h in zip(y, rows, values, highs, strict=True):
         ax.text(v + h + top * 0.01, yi, _bar_label(r, v), va="center", fontsize=8)
-    ceiling = next((r.get("samples_per_sec") for r in rows if r["name"] == "ceiling_plain"), None)
+    ceiling = ceiling_summary(rows)["ceiling_samples_per_sec"]
     if ceiling:
         ax.axvline(ceiling, color="#d62728", linestyle="--", linewidth=1)
     ax.set_yticks(y)

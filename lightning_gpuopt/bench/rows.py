@@ -1,8 +1,8 @@
 """The rows of the before/after ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
 
 The same model is trained through Lightning's ``Trainer`` under a ladder of settings, each row adding one
-thing to the row above it, from a naive input pipeline to the full stack, plus two ceiling rows that feed
-the model synthetic batches already on the device:
+thing to the row above it, from a naive input pipeline to the full stack and the full stack compiled, plus
+three ceiling rows that feed the model synthetic batches already on the device:
 
 =====================  ==================================================================================
 row                    what it adds
@@ -16,9 +16,15 @@ row                    what it adds
 ``+dali``              ``OptimizedDataModule(backend="dali")``: decode on the GPU (needs DALI and CUDA)
 ``+16-mixed``          ``precision="16-mixed"`` on the best data backend measured above (needs CUDA)
 ``+channels_last``     ``ChannelsLast`` callback: the full stack
+``+compile``           ``CompileModel()``: the full stack with the model's forward compiled
 ``ceiling_lightning``  synthetic batches already on the device, through Lightning (16-mixed, channels_last)
-``ceiling_plain``      ``plain_loop_throughput``: the same model in a plain PyTorch loop; the ratios' ceiling
+``ceiling_eager``      ``PlainLoop``: the same model in a plain PyTorch loop (``ceiling_plain`` names it too)
+``ceiling_compiled``   the same plain loop with ``torch.compile(model)``: the ratios' ceiling where measured
 =====================  ==================================================================================
+
+The compiled rows (``+compile``, ``ceiling_compiled``) measure after their compile, and record its seconds.
+On a CPU (inductor's C++ kernels take a minute or more to build) they run only when asked: named in a
+``rows`` list shorter than the whole ladder. The whole ladder on a CPU skips them and says how to ask.
 
 A row that cannot run on this machine (no GPU, no DALI, an HDF5 file given to a folder row) or whose
 component is missing stays in the results with ``status`` and ``reason`` saying why; nothing is faked.
@@ -62,6 +68,7 @@ class RowSpec:
         pin_memory: pin host batches (only for ``loader="naive"``; the data module pins on CUDA itself).
         mixed: ``16-mixed`` precision (fp32 ``32-true`` otherwise).
         channels_last: ``ChannelsLast`` on the model.
+        compiled: the model compiled (``CompileModel()`` in a fit, ``torch.compile`` in the plain loop).
         needs_cuda: why the row means nothing without a CUDA GPU (``None``: it runs on a CPU too).
 
     Example:
@@ -76,6 +83,7 @@ class RowSpec:
     pin_memory: bool = False
     mixed: bool = False
     channels_last: bool = False
+    compiled: bool = False
     needs_cuda: str | None = None
 
 
@@ -107,6 +115,14 @@ ROW_SPECS: tuple[RowSpec, ...] = (
     ),
     RowSpec("+channels_last", "ChannelsLast model: the full stack", "best", mixed=True, channels_last=True),
     RowSpec(
+        "+compile",
+        "CompileModel(): the full stack, forward compiled",
+        "best",
+        mixed=True,
+        channels_last=True,
+        compiled=True,
+    ),
+    RowSpec(
         "ceiling_lightning",
         "synthetic batches on the device, Lightning",
         "device",
@@ -114,15 +130,25 @@ ROW_SPECS: tuple[RowSpec, ...] = (
         channels_last=True,
     ),
     RowSpec(
-        "ceiling_plain",
+        "ceiling_eager",
         "synthetic batches on the device, plain loop",
         "plain",
         mixed=True,
         channels_last=True,
     ),
+    RowSpec(
+        "ceiling_compiled",
+        "synthetic batches on the device, plain loop, torch.compile",
+        "plain",
+        mixed=True,
+        channels_last=True,
+        compiled=True,
+    ),
 )
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
+#: other names ``parse_rows`` accepts for a row
+ROW_ALIASES = {"ceiling_plain": "ceiling_eager"}
 # rows that read the image folder itself (an HDF5 file cannot feed them)
 FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
     s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
@@ -130,7 +156,8 @@ FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
-    """Validate row names (comma-separated string or list) and return them in ladder order.
+    """Validate row names (comma-separated string or list) and return them in ladder order, aliases
+    (``ROW_ALIASES``) replaced by the row's name.
 
     Raises:
         ValueError: an unknown or empty name; the message lists the valid ones.
@@ -138,6 +165,7 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
     if not names or any(not n for n in names):
         raise ValueError(f"--rows needs comma-separated row names; valid rows: {', '.join(ROW_NAMES)}")
+    names = [ROW_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in SPEC_BY_NAME]
     if unknown:
         raise ValueError(
@@ -250,7 +278,9 @@ class LadderConfig:
         model: ``"small"``, ``"resnet18"`` or ``"resnet50"``.
         batch_size: samples a step.
         image_size: training crop side in pixels.
-        rows: row names in ladder order (``parse_rows``); ``ceiling_plain`` is always measured (ratios).
+        rows: row names in ladder order (``parse_rows``). ``ceiling_eager`` is always measured, and
+            ``ceiling_compiled`` (the ratios' ceiling) on CUDA or with a compiled row; on a CPU the compiled
+            rows run only when named in a list shorter than the whole ladder (``compile_asked``).
         seconds: measured seconds a row (``0``: no time box, ``steps`` must be set), split into ``windows``.
         steps: measured steps a row at most (``None``: only ``seconds``).
         warmup: warm-up steps before measuring (cut short after half the row's seconds).
@@ -341,6 +371,18 @@ class LadderConfig:
                     f"from --rows or give an image folder (rows that read HDF5: "
                     f"{', '.join(n for n in ROW_NAMES if n not in FOLDER_ONLY_ROWS)})"
                 )
+
+
+def compile_asked(rows: Sequence[str]) -> bool:
+    """Whether ``rows`` asks for a compiled row by name: named in a list shorter than the whole ladder (the
+    whole ladder, the default, on a CPU leaves the compiled rows out).
+
+    Example:
+        >>> compile_asked(["naive", "+compile"]), compile_asked(ROW_NAMES)
+        (True, False)
+    """
+    names = set(parse_rows(list(rows)))
+    return names != set(ROW_NAMES) and any(SPEC_BY_NAME[n].compiled for n in names)
 
 
 def is_hdf5_path(path: str | os.PathLike[str]) -> bool:

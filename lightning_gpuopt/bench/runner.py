@@ -2,13 +2,16 @@
 
 Every row is time-boxed: after a warm-up (``warmup`` steps or half the row's seconds, whichever comes first)
 it is measured for ``seconds`` (or ``steps`` measured steps, whichever comes first), in ``windows``
-consecutive windows. The plain-loop ceiling runs first, so the worker tuner knows what the model consumes.
+consecutive windows. The plain-loop ceilings run first, so the worker tuner knows what the model consumes.
+A compiled row's warm-up lasts until its step time has settled (``first_fast_step``): the compile is never
+measured, and its seconds are recorded as the row's ``compile_seconds``.
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import importlib.util
 import os
 import statistics
 import time
@@ -24,8 +27,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpuopt._common import available_cpus, eval_resize_size
-from lightning_gpuopt.bench.measure import fit, plain_loop_throughput
-from lightning_gpuopt.bench.meter import RowMeter, Windows, window_means
+from lightning_gpuopt.bench.ceilings import COMPILED, EAGER, fill_ratios
+from lightning_gpuopt.bench.measure import PlainLoop, fit
+from lightning_gpuopt.bench.meter import (
+    FAST_RUN,
+    SETTLE_LIMIT_S,
+    RowMeter,
+    Windows,
+    first_fast_step,
+    window_means,
+)
 from lightning_gpuopt.bench.rows import (
     CANNOT_RUN,
     FAILED,
@@ -38,6 +49,7 @@ from lightning_gpuopt.bench.rows import (
     LadderConfig,
     NaiveImageFolder,
     RowSpec,
+    compile_asked,
     is_hdf5_path,
 )
 
@@ -84,6 +96,7 @@ class LadderRunner:
         self._h5_path: Path | None = self.data if self.data_is_h5 else None
         self._t_start = time.perf_counter()
         self._ceiling: float | None = None
+        self._compile_asked = compile_asked(config.rows)
 
     # -- setup ----------------------------------------------------------------------------------------
     def _count_classes(self) -> int:
@@ -229,11 +242,34 @@ class LadderRunner:
             return CANNOT_RUN, "needs an image folder; --data is an HDF5 file"
         if spec.needs_cuda is not None and not self.cuda:
             return CANNOT_RUN, spec.needs_cuda
+        if spec.compiled:
+            return self._cannot_compile()
         if spec.loader == "dali":
             from lightning_gpuopt._imports import _DALI_AVAILABLE
 
             if not _DALI_AVAILABLE:
                 return CANNOT_RUN, "NVIDIA DALI is not installed (pip install 'lightning-gpuopt[dali]')"
+        return None
+
+    def _cannot_compile(self) -> tuple[str, str] | None:
+        """Why the compiled rows do not run here, or ``None``."""
+        if not self.cuda:
+            if self._compile_asked:
+                return None
+            return SKIPPED, (
+                "torch.compile on a CPU builds C++ kernels for a minute or more; name the row to run it "
+                "(--rows ...,+compile)"
+            )
+        from lightning_gpuopt.compute.compile import MIN_CAPABILITY
+
+        capability = torch.cuda.get_device_capability(self.device)
+        if capability < MIN_CAPABILITY:
+            return CANNOT_RUN, (
+                f"torch.compile's GPU kernels (Triton) need compute capability >= "
+                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, this GPU has {capability[0]}.{capability[1]}"
+            )
+        if importlib.util.find_spec("triton") is None:
+            return CANNOT_RUN, "torch.compile's GPU kernels need Triton, which is not installed"
         return None
 
     def _base_row(self, spec: RowSpec) -> dict[str, Any]:
@@ -248,6 +284,7 @@ class LadderRunner:
             "spread": None,
             "windows": [],
             "ratio_to_ceiling": None,
+            "ratio_to_eager_ceiling": None,
             "speedup_vs_naive": None,
             "gpu_util_mean": None,
             "data_wait_frac": None,
@@ -256,6 +293,8 @@ class LadderRunner:
             "pin_memory": None,
             "precision": self._precision(spec) if spec.loader != "plain" else None,
             "channels_last": spec.channels_last,
+            "compiled": spec.compiled,
+            "compile_seconds": None,
             "batch_size": self.cfg.batch_size,
             "steps_measured": None,
             "seconds_measured": None,
@@ -285,13 +324,16 @@ class LadderRunner:
             for _ in range(_LABEL_SETS)
         ]
 
-    def run_plain(self, row: dict[str, Any], seconds: float) -> None:
+    def run_plain(self, spec: RowSpec, row: dict[str, Any], seconds: float) -> None:
         from lightning_gpuopt.bench.models import build_model
 
         cfg = self.cfg
-        model = build_model(cfg.model, self.num_classes)
+        if spec.compiled:
+            # each compiled row compiles afresh in this process (the on-disk caches stay)
+            torch.compiler.reset()
         dtype = torch.float16 if self.cuda else None
-        kwargs: dict[str, Any] = dict(
+        loop = PlainLoop(
+            build_model(cfg.model, self.num_classes),
             batch_size=cfg.batch_size,
             image_size=cfg.image_size,
             num_classes=self.num_classes,
@@ -300,12 +342,26 @@ class LadderRunner:
             device=self.device,
             lr=cfg.lr,
             label_sets=_LABEL_SETS,
+            compile=spec.compiled,
         )
-        # calibrate how many steps fit in a window, then measure the windows one after another
+        # warm up step by step until the step time settles (after the compile, for a compiled model); the
+        # settled steps calibrate how many steps fit in a window
         t0 = time.perf_counter()
-        plain_loop_throughput(model, steps=2, warmup=max(1, min(cfg.warmup, 3)), **kwargs)
-        rate = plain_loop_throughput(model, steps=3, warmup=0, **kwargs)
-        self.say(f"  calibrated in {time.perf_counter() - t0:.1f} s")
+        times: list[float] = []
+        fast: int | None = None
+        while fast is None or len(times) - fast < max(FAST_RUN, min(cfg.warmup, 3)):
+            if time.perf_counter() - t0 > SETTLE_LIMIT_S:
+                row.update(
+                    status=FAILED, reason=f"the step time did not settle within {SETTLE_LIMIT_S:.0f} s"
+                )
+                return
+            times.append(loop.timed_step())
+            fast = first_fast_step(times)
+        if spec.compiled and row["compile_seconds"] is None:
+            row["compile_seconds"] = sum(times[:fast])
+            self.say(f"  compiled: {row['compile_seconds']:.1f} s from the first step to the first fast one")
+        rate = cfg.batch_size / statistics.median(times[fast:])
+        self.say(f"  warmed up in {time.perf_counter() - t0:.1f} s ({len(times)} steps)")
         windows = self._fit_windows
         if cfg.steps is not None:
             windows = max(1, min(windows, cfg.steps))
@@ -314,11 +370,11 @@ class LadderRunner:
             per_window = max(1, cfg.steps // cfg.windows)
             steps = min(steps, per_window) if seconds > 0 else per_window
         t0 = time.perf_counter()
-        rates = [plain_loop_throughput(model, steps=steps, warmup=0, **kwargs) for _ in range(windows)]
+        rates = [loop.throughput(steps) for _ in range(windows)]
         self._add_windows(row, rates, time.perf_counter() - t0, steps * windows)
         row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
         row["backend"] = "synthetic (device)"
-        del model
+        del loop
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
         """The row's DataLoader or data module; ``None`` with ``row`` marked skipped when a dependency is
@@ -401,6 +457,11 @@ class LadderRunner:
             from lightning_gpuopt.compute.channels_last import ChannelsLast
 
             callbacks.append(ChannelsLast())
+        if spec.compiled:
+            from lightning_gpuopt.compute.compile import CompileModel
+
+            torch.compiler.reset()  # each compiled fit compiles afresh in this process
+            callbacks.append(CompileModel())
         # a prefetching loader must be measured over whole epochs (see RowMeter); the others need no
         # long warm-up, which keeps the naive row (about a step a second on ImageNet JPEGs) short
         buffered = spec.loader not in ("naive", "device") or bool(row["num_workers"])
@@ -408,11 +469,19 @@ class LadderRunner:
         cfg = self.cfg
         steps = cfg.steps if cfg.steps is None or not cfg.interleave else max(1, cfg.steps // cfg.windows)
         meter = RowMeter(
-            cfg.warmup, warmup_cap, seconds, steps, windows=self._fit_windows, align_epochs=buffered
+            cfg.warmup,
+            warmup_cap,
+            seconds,
+            steps,
+            windows=self._fit_windows,
+            align_epochs=buffered,
+            settle=spec.compiled,
         )
         monitor = self._monitor(spec)
         callbacks += [meter, monitor]
         safety = 3 * (warmup_cap + seconds) + 120 if seconds > 0 else None
+        if safety is not None and spec.compiled:
+            safety += SETTLE_LIMIT_S
         trainer = self._trainer(index, spec, callbacks, safety, version)
         with warnings.catch_warnings():
             # rows without TensorBoard keep the monitor's windows in its history on purpose
@@ -430,8 +499,14 @@ class LadderRunner:
         gpu, wait = window_means(getattr(monitor, "history", []), meter.start_step)
         self._add_windows(row, meter.result.rates, meter.seconds, meter.measured_steps)
         row["whole_epochs"] = (meter.aligned and row["whole_epochs"] is not False) if buffered else None
+        if meter.compile_seconds is not None and row["compile_seconds"] is None:
+            row["compile_seconds"] = meter.compile_seconds
+            self.say(f"  compiled: {meter.compile_seconds:.1f} s from the first step to the first fast one")
         if not meter.result.rates:
-            row.update(status=FAILED, reason="the fit ended before the warm-up did (too few batches?)")
+            why = "the fit ended before the warm-up did (too few batches?)"
+            if spec.compiled and meter.compile_seconds is None:
+                why = "the fit ended before the step time settled after the compile"
+            row.update(status=FAILED, reason=why)
         if gpu is not None and self.cuda:
             row["_gpu"].append(gpu)
             row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
@@ -472,7 +547,7 @@ class LadderRunner:
         self.say(f"{label} {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
         try:
             if spec.loader == "plain":
-                self.run_plain(row, seconds)
+                self.run_plain(spec, row, seconds)
             else:
                 version = f"fit_{rnd}" if self.cfg.interleave else ""
                 self.run_fit(ROW_NAMES.index(name), spec, row, seconds, done, version)
@@ -486,8 +561,9 @@ class LadderRunner:
             gc.collect()
             if self.cuda:
                 torch.cuda.empty_cache()
-        if name == "ceiling_plain" and self._ceiling is None:
-            self._ceiling = row["samples_per_sec"]
+        if name in (EAGER, COMPILED) and row["samples_per_sec"]:
+            # the worker tuner's target: what the fastest model measured here consumes
+            self._ceiling = max(self._ceiling or 0.0, row["samples_per_sec"])
         if row["status"] == OK:
             self.say(
                 f"  -> {row['samples_per_sec']:,.1f} samples/s "
@@ -504,10 +580,11 @@ class LadderRunner:
         With ``interleave``, the rows take turns: each round runs one fit of every row, one window each.
         """
         cfg = self.cfg
-        selected = list(cfg.rows)
-        order: list[str] = [
-            n for n in ("ceiling_plain", "ceiling_lightning") if n in selected or n == "ceiling_plain"
-        ]
+        selected = set(cfg.rows) | {EAGER}
+        if self.cuda or "+compile" in selected:
+            # the ratios' ceiling wherever compiled rows can run (on a CPU, whenever +compile is asked for)
+            selected.add(COMPILED)
+        order = [n for n in (EAGER, COMPILED, "ceiling_lightning") if n in selected]
         order += [n for n in ROW_NAMES if n in selected and n not in order]
         if self.cuda:
             # every row and the ceiling alike pick their fastest cuDNN kernels (Trainer(benchmark=None)
@@ -538,14 +615,9 @@ class LadderRunner:
             if done[name]["status"] == OK and not done[name]["windows"]:
                 done[name].update(status=SKIPPED, reason="time budget spent")
         rows = [done[n] for n in ROW_NAMES if n in done]
-        ceiling = done["ceiling_plain"]["samples_per_sec"]
-        naive = done.get("naive", {}).get("samples_per_sec")
         for row in rows:
             del row["_gpu"], row["_wait"]
-            sps = row["samples_per_sec"]
-            if sps is not None:
-                row["ratio_to_ceiling"] = sps / ceiling if ceiling else None
-                row["speedup_vs_naive"] = sps / naive if naive else None
+        fill_ratios(rows)
         return rows
 
 
