@@ -1,4 +1,4 @@
-"""The H200 ladder: naive -> full stack for ResNet-50 on 8,192 ImageNet-sized JPEGs, one run.
+"""The H200 ladder: naive -> full stack -> compiled for ResNet-50 on 8,192 ImageNet-sized JPEGs, one run.
 
 Run on the GPU machine (package not installed, no network):
 
@@ -6,11 +6,17 @@ Run on the GPU machine (package not installed, no network):
 
 Writes the JSON (``write_results`` shape, with the targets checked), ``ladder_h200.png`` and a Markdown
 table ``ladder_h200.md`` beside it, TensorBoard runs under ``tb_ladder/`` beside it, and prints the table
-last. Each row is measured in three windows (median and range). The whole run stays inside ``--budget-s``
-(default 280 s): rows shrink their measuring time to fit, and are skipped once it is spent. ``--quick`` runs
-a tiny CPU-sized ladder (small model, 32 px images) to prove the script works.
+last, then which ceiling the ratios use and the compile time line (seconds from the first compiled step to
+the first fast step, for ``ceiling_compiled`` and ``+compile``). Each row is measured in three windows
+(median and range); a compiled row's warm-up covers its compile. Two ceilings are measured in the run:
+``ceiling_eager`` (the plain loop) and ``ceiling_compiled`` (the same loop, ``torch.compile``d), and
+``ratio_to_ceiling`` is against the compiled one. The whole run stays inside ``--budget-s`` (default 420 s,
+two compiles included): rows shrink their measuring time to fit, and are skipped once it is spent.
+``--quick`` runs a tiny CPU-sized ladder (small model, 32 px images) to prove the script works; on a CPU
+the compiled rows run only when named (``--quick --rows naive,+compile``).
 
-Targets: full stack >= 0.95 of the plain-loop ceiling, >= 20x the naive row, mean GPU-Util >= 97% in the
+Targets: the compiled full stack (``+compile``) >= 0.95 of the compiled ceiling, the eager full stack
+(``+channels_last``) >= 0.95 of the eager ceiling and >= 20x the naive row, mean GPU-Util >= 97% in the
 optimized rows (``+uint8_gpu_aug`` and below).
 
 The JSON this writes is what ``lightning_gpuopt/bench/ladder_h200.json`` ships (``demo`` prints it beside a
@@ -26,9 +32,10 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 
-OPTIMIZED_ROWS = ("+uint8_gpu_aug", "+hdf5", "+dali", "+16-mixed", "+channels_last")
+OPTIMIZED_ROWS = ("+uint8_gpu_aug", "+hdf5", "+dali", "+16-mixed", "+channels_last", "+compile")
 TARGETS = {
-    "full_stack_ratio_to_ceiling": 0.95,
+    "compiled_stack_ratio_to_ceiling": 0.95,
+    "full_stack_ratio_to_eager_ceiling": 0.95,
     "full_stack_speedup_vs_naive": 20.0,
     "optimized_gpu_util_mean": 97.0,
 }
@@ -41,12 +48,15 @@ def say(msg: str) -> None:
 def check_targets(rows: list[dict]) -> dict:
     """Each target with its measured value and pass/fail (``None`` when the row did not run)."""
     by = {r["name"]: r for r in rows}
-    full = by.get("+channels_last", {})
+    full, compiled = by.get("+channels_last", {}), by.get("+compile", {})
     utils = [
         by[n]["gpu_util_mean"] for n in OPTIMIZED_ROWS if n in by and by[n].get("gpu_util_mean") is not None
     ]
+    compiled_ceiling = by.get("ceiling_compiled", {}).get("status") == "ok"
     measured = {
-        "full_stack_ratio_to_ceiling": full.get("ratio_to_ceiling"),
+        # against the compiled ceiling only: a ratio to the eager one would flatter the compiled row
+        "compiled_stack_ratio_to_ceiling": compiled.get("ratio_to_ceiling") if compiled_ceiling else None,
+        "full_stack_ratio_to_eager_ceiling": full.get("ratio_to_eager_ceiling"),
         "full_stack_speedup_vs_naive": full.get("speedup_vs_naive"),
         "optimized_gpu_util_mean": sum(utils) / len(utils) if utils else None,
     }
@@ -73,7 +83,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--tune-seconds", type=float, default=10.0)
     p.add_argument("--rows", default=None, help="comma-separated rows (default all)")
-    p.add_argument("--budget-s", type=float, default=280.0, help="whole-script wall-clock budget")
+    p.add_argument(
+        "--budget-s", type=float, default=420.0, help="whole-script wall-clock budget (two compiles included)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny CPU-sized run to prove the script works")
     args = p.parse_args()
 
@@ -112,6 +124,7 @@ def main() -> int:
         model=model,
         batch_size=batch,
         image_size=image_size,
+        # the whole ladder by default; on a CPU it leaves the compiled rows out unless --rows names them
         rows=rows.parse_rows(args.rows) if args.rows else rows.ROW_NAMES,
         seconds=seconds,
         warmup=warmup,
@@ -136,7 +149,9 @@ def main() -> int:
         quick=args.quick,
     )
     md = out.with_suffix(".md")
-    md.write_text(f"{title}\n\n{report.format_ladder_markdown(results)}\n")
+    md.write_text(
+        f"{title}\n\n{report.format_ladder_markdown(results)}\n"
+    )  # the ceiling and compile lines too
     if note:
         say(note)
     say(f"wrote {js}" + (f" and {png}" if png else "") + f"; TensorBoard runs in {config.tb_dir}")
@@ -144,6 +159,7 @@ def main() -> int:
         m = t["measured"]
         verdict = "n/a" if t["passed"] is None else ("PASS" if t["passed"] else "MISS")
         print(f"target {k}: {'-' if m is None else f'{m:.3f}'} (>= {t['target']}) {verdict}")
+    # the table, then the ratios' ceiling and the compile time line
     print(report.format_ladder_table(results))
     return 0
 
