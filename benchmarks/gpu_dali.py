@@ -24,7 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from _shared import quick_out
 from lightning_gpuopt._common import available_cpus, eval_resize_size, format_table
 from lightning_gpuopt.bench.measure import ThroughputMeter, plain_loop_throughput, write_results
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
-from lightning_gpuopt.data.dali import DALIOptions
+from lightning_gpuopt.data.dali import DALILoader, DALIOptions
 from lightning_gpuopt.data.folder import scan_image_folder
 
 T0 = time.perf_counter()
@@ -53,7 +53,6 @@ def pixel_check(files: list[str], device: torch.device, image_size: int) -> dict
     from nvidia.dali import fn, pipeline_def, types
     from PIL import Image
 
-    from lightning_gpuopt.data.dali import DALILoader, DALIOptions
     from lightning_gpuopt.data.folder import load_canvas
     from lightning_gpuopt.data.transforms import GPUAugment
 
@@ -78,16 +77,16 @@ def pixel_check(files: list[str], device: torch.device, image_size: int) -> dict
         raw_diffs.append(np.abs(np.asarray(out.at(i), dtype=np.float32) - ref))
     raw_all = np.concatenate([d.ravel() for d in raw_diffs])
 
-    unit = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255,) * 3}  # outputs in uint8 levels
+    mean, std = (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)  # outputs in uint8 levels
     loader = DALILoader(
         files, [0] * n, batch_size=n, image_size=image_size, train=False, device=device,
-        options=DALIOptions(threads=4), **unit,
+        options=DALIOptions(threads=4), mean=mean, std=std,
     )  # fmt: skip
     images, _ = next(iter(loader))
     loader.close()
     dali = images.float().cpu()
     canvases, metas = zip(*(load_canvas(f, eval_resize_size(image_size)) for f in files), strict=True)
-    folder = GPUAugment(image_size, **unit)(
+    folder = GPUAugment(image_size, mean=mean, std=std)(
         torch.from_numpy(np.stack(canvases)).to(device),
         torch.from_numpy(np.stack(metas)).to(device),
         train=False,
@@ -104,14 +103,22 @@ def pixel_check(files: list[str], device: torch.device, image_size: int) -> dict
     }
 
 
+def _train_loader(dm_kwargs: dict[str, Any], device: torch.device, options: DALIOptions | None) -> DALILoader:
+    from lightning_gpuopt.data.dali import build_dali_loader
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+    # the training split always has a folder here, so the builder returns a loader (not the empty list)
+    return cast(
+        DALILoader,
+        build_dali_loader(OptimizedDataModule(**dm_kwargs), "train", device=device, options=options),
+    )
+
+
 def dali_only(
     dm_kwargs: dict[str, Any], device: torch.device, batches: int, options: DALIOptions | None = None
 ) -> float:
     """Samples/s of the training pipeline alone (no model), synchronised at both ends."""
-    from lightning_gpuopt.data.dali import build_dali_loader
-    from lightning_gpuopt.data.datamodule import OptimizedDataModule
-
-    loader = build_dali_loader(OptimizedDataModule(**dm_kwargs), "train", device=device, options=options)
+    loader = _train_loader(dm_kwargs, device, options)
     it = iter(loader)
     for _ in range(min(5, len(loader) - 1)):
         next(it)
@@ -148,10 +155,8 @@ def plain_fed(
     ceiling is what DALI's own GPU work (nvJPEG's CUDA stages, resize, normalize) takes from the model.
     """
     from lightning_gpuopt.bench.models import build_model
-    from lightning_gpuopt.data.dali import build_dali_loader
-    from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
-    loader = build_dali_loader(OptimizedDataModule(**dm_kwargs), "train", device=device, options=options)
+    loader = _train_loader(dm_kwargs, device, options)
 
     def batches() -> Any:
         while True:
