@@ -221,8 +221,8 @@ def _options_fields(options: DALIOptions | None) -> dict[str, Any]:
     return {"decoder": o.decoder, "threads": o.threads}
 
 
-#: the Lightning rows of ``--focus``: each decoder with its default threads, and the CPU decoder on every core
 def focus_configs() -> list[tuple[str, DALIOptions | None]]:
+    """The Lightning rows of ``--focus``: each decoder with its default threads, the CPU decoder on every core."""
     cores = available_cpus()
     return [
         ('decoder="gpu" (nvJPEG, default)', None),
