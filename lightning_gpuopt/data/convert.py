@@ -10,13 +10,12 @@ store's layout is described in ``lightning_gpuopt.data.hdf5``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import errno
 import multiprocessing
 import os
 import queue
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +30,8 @@ import numpy as np
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
+from lightning_gpuopt.data._hdf5_writes import HDF5Writes
+from lightning_gpuopt.data._lifetime import Janitor, die_with_parent
 
 FORMAT = "lightning-gpuopt/uint8-images"
 #: 1: a central square per image (no longer read); 2: whole images on a canvas with ``meta``.
@@ -44,7 +45,6 @@ RESIZE_DOC = (
 )
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
 _PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
 class CorruptImageError(ValueError):
@@ -94,12 +94,7 @@ def _init_worker(parent_pid: int | None) -> None:
     expected = os.getppid() if parent_pid is None else parent_pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() must end a worker at once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the converter, which stops the workers
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != expected:  # the parent died before prctl took effect
-        os._exit(1)
+    die_with_parent(expected)
     _parent_pid = expected
 
 
@@ -222,50 +217,6 @@ class _Decoder:
             q.close()
             q.cancel_join_thread()  # an aborted conversion does not wait for queued blocks to flush
         self.procs = []
-
-
-# Reads stdin until the converter writes "d" (done) or dies (end of file: nobody holds the pipe any more);
-# unless done, removes the temporary file. Ignores the terminal's and a process group's signals so that it
-# outlives the converter by the moment it takes.
-_JANITOR = """
-import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if sys.stdin.buffer.read(1) != b"d":
-    try:
-        os.unlink(sys.argv[1])
-    except OSError:
-        pass
-"""
-
-
-class _Janitor:
-    """A tiny process that removes the temporary file when the converter dies before finishing.
-
-    SIGKILL leaves the converter no chance to clean up; the janitor notices its death as the end of a
-    pipe only the converter (and its decode workers, which die with it) hold.
-    """
-
-    def __init__(self, tmp: Path) -> None:
-        self.proc: Any = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _JANITOR, os.fspath(tmp)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # no Ctrl-C or terminal hang-up from the converter's terminal
-        )
-
-    def release(self, done: bool) -> None:
-        """Tell the janitor the conversion ended: ``done`` keeps the file, else it is removed."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(OSError):
-            if done:
-                self.proc.stdin.write(b"d")
-            self.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        self.proc = None
 
 
 class _Terminated(BaseException):
@@ -450,11 +401,11 @@ def convert_folder_to_hdf5(
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     decoder: _Decoder | None = None
     writer: _StoreWriter | None = None
-    janitor: _Janitor | None = None
+    janitor: Janitor | None = None
     bar = None
     with _sigterm_cleans_up():
         try:
-            janitor = _Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
+            janitor = Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
             _create_temp(tmp, dest)
             # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
             decoder = _Decoder(jobs, workers)
@@ -493,9 +444,9 @@ class _StoreWriter:
 
     HDF5 lays the file out first, with every image chunk and ``meta`` allocated (not filled); pixels and
     ``meta`` are then written with plain ``pwrite`` at their byte offsets, so HDF5 itself writes nothing
-    once decoding has started. A write that fails (full disk, I/O error) is then an ``OSError`` naming the
-    file, never a half-flushed HDF5 file the library cannot close (it crashes at interpreter exit). Only
-    when images were skipped does a last, small HDF5 pass shorten the datasets.
+    once decoding has started. HDF5 writes through ``HDF5Writes``, and pixels with ``pwrite``: a write that
+    fails (full disk, I/O error) is an ``OSError`` naming the file, never a half-flushed HDF5 file the library
+    cannot close. Only when images were skipped does a last, small HDF5 pass shorten the datasets.
     """
 
     def __init__(
@@ -514,8 +465,10 @@ class _StoreWriter:
         self.image_bytes = ch * cw * 3
         self.meta = np.zeros((n, 3), dtype=np.int32)
         self.written = 0
+        self.fd: int | None = None
         str_dt = h5py.string_dtype("utf-8")
-        with h5py.File(tmp, "w") as f:
+
+        def lay_out(f: Any) -> None:
             images = f.create_dataset(
                 "images",
                 shape=(n, ch, cw, 3),
@@ -545,9 +498,32 @@ class _StoreWriter:
                     "source": source,
                 }
             )
+
+        self._hdf5("w", lay_out)
         if int(self.offsets.min()) < 0:
             raise RuntimeError(f"HDF5 did not allocate every image chunk of {str(tmp)!r}; please report this")
-        self.fd: int | None = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def _hdf5(self, mode: str, work: Callable[[Any], None]) -> None:
+        """Open ``tmp`` with HDF5 in ``mode``, run ``work(file)``, close; a failed write raises ``OSError``."""
+        fh = HDF5Writes(self.tmp)
+        try:
+            with self.h5py.File(fh, mode) as f:
+                work(f)
+        except RuntimeError as err:  # HDF5's own failure, e.g. a metadata write refused
+            failed = fh.error or OSError(errno.EIO, f"{type(err).__name__}: {err}")
+            raise self._failed(failed) from err
+        finally:
+            fh.close()
+        if fh.error is not None:
+            raise self._failed(fh.error)
+
+    def _failed(self, err: OSError) -> OSError:
+        return OSError(
+            err.errno,
+            f"writing {str(self.tmp)!r} failed ({err.strerror or err}); the output was not written "
+            "(check free space and quotas)",
+        )
 
     def _allocated(self) -> Any:
         """Dataset creation properties: space allocated when created, never filled (written by us)."""
@@ -563,11 +539,7 @@ class _StoreWriter:
                 done = os.pwrite(self.fd, view, offset)  # type: ignore[arg-type]
                 view, offset = view[done:], offset + done
         except OSError as err:
-            raise OSError(
-                err.errno,
-                f"writing {str(self.tmp)!r} failed ({err.strerror}); the output was not written "
-                "(check free space and quotas)",
-            ) from err
+            raise self._failed(err) from err
 
     def add(self, canvases: np.ndarray, metas: np.ndarray) -> None:
         """Append decoded images (in order)."""
@@ -585,7 +557,8 @@ class _StoreWriter:
         if skipped:
             str_dt = self.h5py.string_dtype("utf-8")
             kept_names = np.array([r for r, k in zip(self.rel, keep, strict=True) if k], dtype=object)
-            with self.h5py.File(self.tmp, "r+") as f:
+
+            def shorten(f: Any) -> None:
                 f["images"].resize(w, axis=0)
                 for name, data, dtype in (
                     ("meta", self.meta[:w], None),
@@ -597,6 +570,8 @@ class _StoreWriter:
                     del f[name]
                     f.create_dataset(name, data=data, dtype=dtype)
                 f.attrs["num_skipped"] = len(skipped)
+
+            self._hdf5("r+", shorten)
         with open(self.tmp, "rb") as fh:  # durable before it becomes visible under its final name
             os.fsync(fh.fileno())
 

@@ -166,15 +166,21 @@ _LIMITED = """
 import errno, os, resource, signal, sys
 from lightning_gpuopt.data import convert
 from lightning_gpuopt.data import folder
-folder.load_canvas = lambda *a, _real=folder.load_canvas, **k: print("DECODED") or _real(*a, **k)
-if sys.argv[3] == "ulimit":
+decoded = []
+def load_canvas(*a, _real=folder.load_canvas, **k):
+    print("DECODED")
+    decoded.append(1)
+    return _real(*a, **k)
+folder.load_canvas = load_canvas
+if sys.argv[3] in ("ulimit", "layout"):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+    if sys.argv[3] == "layout":  # past the check: HDF5's own writes fail while it lays the file out
+        convert._check_free_space = lambda dest, needed: None
 else:  # the disk fills up after the first images were written
-    real, calls = os.pwrite, []
+    real = os.pwrite
     def pwrite(fd, data, offset):
-        calls.append(offset)
-        if len(calls) > 5:
+        if len(decoded) > 5:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, data, offset)
     os.pwrite = pwrite
@@ -186,7 +192,7 @@ except OSError as err:
 """
 
 
-@pytest.mark.parametrize("failure", ["ulimit", "disk full midway"])
+@pytest.mark.parametrize("failure", ["ulimit", "layout", "disk full midway"])
 def test_write_failures_are_clean_errors(jpeg_folder, tmp_path, failure):
     out = tmp_path / "o.h5"
     res = subprocess.run(
@@ -199,6 +205,9 @@ def test_write_failures_are_clean_errors(jpeg_folder, tmp_path, failure):
     assert res.returncode == 3, res.stdout + res.stderr  # an exception, not a crash at exit
     if failure == "ulimit":  # known before decoding
         assert "ulimit -f" in res.stdout and "o.h5" in res.stdout and "DECODED" not in res.stdout
+    elif failure == "layout":  # HDF5 could not write the file: the same one-line error, no RuntimeError
+        assert "writing" in res.stdout and "o.h5.tmp-" in res.stdout and "too large" in res.stdout
+        assert "DECODED" not in res.stdout and "RuntimeError" not in res.stdout + res.stderr
     else:
         assert "writing" in res.stdout and "o.h5.tmp-" in res.stdout and "No space left" in res.stdout
         assert "DECODED" in res.stdout
