@@ -38,6 +38,22 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+def _unreadable(err: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder it cannot list stops the scan, naming the folder."""
+    raise _cannot_read(err.filename, err) from err
+
+
+def _cannot_read(path: Any, err: OSError) -> OSError:
+    fix = (
+        "give this user read and execute permission (chmod -R u+rX) or move it out of the dataset"
+        if isinstance(err, PermissionError)
+        else "check the folder and its disk"
+    )
+    failed = type(err)(f"cannot read folder {os.fspath(path)!r} ({err.strerror or err}); {fix}")
+    failed.errno = err.errno
+    return failed
+
+
 def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
     """List a class-per-subfolder image folder.
 
@@ -53,6 +69,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
+        PermissionError: ``root`` or a folder under it cannot be read (it is named).
         ValueError: ``root`` is not a folder, has no class subfolders, a class folder holds no images, or a
             class folder holds files that are not images (one is named).
     """
@@ -64,7 +81,10 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
             f"{str(root_path)!r} is a file, not a folder; pass a folder laid out as <root>/<class>/<image> "
             "(for an HDF5 file use backend='hdf5')"
         )
-    classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not _is_hidden(e.name))
+    try:
+        classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not _is_hidden(e.name))
+    except OSError as err:
+        raise _cannot_read(root_path, err) from err
     if not classes:
         raise ValueError(
             f"image folder {str(root_path)!r} has no class subfolders; lay it out as <root>/<class>/<image>"
@@ -74,7 +94,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
         class_dir = root_path / name
         files: list[str] = []
         non_images: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+        for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unreadable, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
             for fname in filenames:
                 if _is_hidden(fname):

@@ -196,3 +196,22 @@ def test_skip_corrupt_counts_in_workers(tmp_path):
     assert sum(len(b[1]) for b in loader) == 6  # batches keep their size
     skipped = ds.skipped()
     assert len(skipped) == 2 and all(p.endswith("3.png") for p in skipped)  # main process + one worker
+
+
+def test_an_unreadable_folder_is_named_as_unreadable(jpeg_folder, monkeypatch):
+    import os
+
+    real = os.scandir
+    refused = {str(jpeg_folder / "class_01")}
+
+    def scandir(path="."):
+        if os.fspath(path) in refused:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)  # os.walk lists folders through os.scandir
+    with pytest.raises(PermissionError, match=r"cannot read folder '.*class_01' \(Permission denied\); give"):
+        scan_image_folder(jpeg_folder)
+    refused.add(str(jpeg_folder))
+    with pytest.raises(PermissionError, match=r"cannot read folder '.*jpegs\d*' \(Permission denied\)"):
+        scan_image_folder(jpeg_folder)
