@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 HELP = "convert a class-per-subfolder image folder to uint8 HDF5"
 
@@ -32,9 +33,26 @@ def _fail(message: str) -> None:
     print(f"lightning-gpuopt convert: error: {message}", file=sys.stderr)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad arguments in the command line's own words (raises ``ValueError``, one line)."""
+    if args.size < 1:
+        raise ValueError(
+            f"--size must be a positive number of pixels (e.g. 256 for 224 crops), got {args.size}"
+        )
+    if args.workers is not None and args.workers < 0:
+        raise ValueError(
+            f"--workers must be 0 or more (0 or 1: decode in this process), got {args.workers}; "
+            "leave it out to use every CPU"
+        )
+    out = Path(args.out).expanduser()
+    if not args.overwrite and out.exists() and not out.is_dir():
+        raise ValueError(f"output {args.out!r} already exists; pass --overwrite or another name")
+
+
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.data.convert import CorruptImageError, convert_folder_to_hdf5
 
+    check_args(args)
     try:
         result = convert_folder_to_hdf5(
             args.src,

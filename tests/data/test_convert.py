@@ -258,6 +258,25 @@ def test_cli_convert(jpeg_folder, tmp_path, capsys):
     assert cli_main([*argv, "--overwrite"]) == 0
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--size", "0"], "--size must be a positive number of pixels"),
+        (["--workers", "-1"], "--workers must be 0 or more"),
+        ([], "already exists; pass --overwrite or another name"),
+    ],
+)
+def test_cli_errors_speak_of_flags(jpeg_folder, tmp_path, capsys, flags, expected):
+    out = tmp_path / "o.h5"
+    out.write_bytes(b"keep me")
+    assert cli_main(["convert", str(jpeg_folder), str(out), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lightning-gpuopt convert: error: ") and expected in err, err
+    assert len(err.splitlines()) == 1
+    assert not any(word in err for word in ("storage_size", "overwrite=", "workers must be None"))
+    assert out.read_bytes() == b"keep me"
+
+
 def test_cli_decode_error_suggests_the_flag(jpeg_folder, tmp_path, capsys):
     root = _copy_with_corrupt(tmp_path, jpeg_folder)
     assert cli_main(["convert", str(root), str(tmp_path / "o.h5"), "--workers", "1", "--no-progress"]) == 2
