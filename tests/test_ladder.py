@@ -243,6 +243,32 @@ def test_cpu_runner_skips_compiled_rows_of_the_whole_ladder(jpeg_folder, tmp_pat
     )
     assert asked.cannot_run_reason(rows.SPEC_BY_NAME["+compile"]) is None
     assert asked.cannot_run_reason(rows.SPEC_BY_NAME["ceiling_compiled"]) is None
+    assert asked._budget_short_of_compile(rows.SPEC_BY_NAME["+compile"], {"compile_seconds": None}) is None
+
+
+def test_time_budget_keeps_the_compile_time_for_compiled_rows(jpeg_folder, tmp_path):
+    from lightning_gpuopt.bench.runner import LadderRunner
+    from lightning_gpuopt.compute.compile import COMPILE_SECONDS
+
+    config = rows.LadderConfig(
+        jpeg_folder,
+        batch_size=8,
+        accelerator="cpu",
+        cache_dir=tmp_path,
+        rows=["+compile"],
+        seconds=60,
+        time_budget_s=120,
+    )
+    runner = LadderRunner(config)
+    # a fit's share of the budget leaves out the compile a compiled row still has to do
+    assert runner._row_seconds(fits_left=2, pending_compiles=1) < runner._row_seconds(fits_left=2)
+    spec = rows.SPEC_BY_NAME["+compile"]
+    assert runner._budget_short_of_compile(spec, {"compile_seconds": None}) is None  # 120 s left > 45 + 10
+    runner._compile_seen.append(3 * COMPILE_SECONDS)  # this run's compile took longer than expected
+    reason = runner._budget_short_of_compile(spec, {"compile_seconds": None})
+    assert reason.startswith("the time budget left (") and "short of a compile (~135 s)" in reason
+    # a row that compiled in an earlier fit needs no new room
+    assert runner._budget_short_of_compile(spec, {"compile_seconds": 2.0}) is None
 
 
 def _ceiling_rows(eager=6176.0, compiled=7309.0, compiled_status="ok"):
@@ -482,20 +508,27 @@ def test_gpu_ladder_runs_cuda_rows(tmp_path):
         model="small",
         batch_size=64,
         image_size=64,
-        rows=["naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last"],
+        rows=["naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last", "+compile"],
         seconds=2.0,
         warmup=2,
         num_workers=4,
         cache_dir=tmp_path / "cache",
     )
-    by = {r["name"]: r for r in run_ladder(config)}
-    for name in ("naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last", "ceiling_plain"):
+    results = run_ladder(config)
+    by = {r["name"]: r for r in results}
+    names = ("naive", "+pinned", "+uint8_gpu_aug", "+16-mixed", "+channels_last", "+compile")
+    for name in (*names, "ceiling_eager", "ceiling_compiled"):
         assert by[name]["status"] == "ok", by[name]
         assert by[name]["samples_per_sec"] > 0 and len(by[name]["windows"]) == 3
     assert by["+pinned"]["pin_memory"] is True and by["+pinned"]["num_workers"] == 4
     assert by["+16-mixed"]["precision"] == "16-mixed" and by["naive"]["precision"] == "32-true"
     assert by["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
-    assert by["ceiling_plain"]["precision"] == "fp16 autocast"
+    assert by["ceiling_eager"]["precision"] == by["ceiling_compiled"]["precision"] == "fp16 autocast"
+    # on CUDA the compiled ceiling is the ratios' ceiling; both compiled rows timed their compile
+    compiled = by["ceiling_compiled"]["samples_per_sec"]
+    assert ceilings.ceiling_summary(results)["ceiling"] == "ceiling_compiled"
+    assert by["+compile"]["ratio_to_ceiling"] == pytest.approx(by["+compile"]["samples_per_sec"] / compiled)
+    assert by["+compile"]["compile_seconds"] >= 0 and by["ceiling_compiled"]["compile_seconds"] >= 0
 
 
 @pytest.mark.slow

@@ -97,6 +97,7 @@ class LadderRunner:
         self._t_start = time.perf_counter()
         self._ceiling: float | None = None
         self._compile_asked = compile_asked(config.rows)
+        self._compile_seen: list[float] = []  # compile seconds measured so far in this run
 
     # -- setup ----------------------------------------------------------------------------------------
     def _count_classes(self) -> int:
@@ -303,8 +304,12 @@ class LadderRunner:
             "_wait": [],
         }
 
-    def _row_seconds(self, fits_left: int) -> float | None:
-        """The next fit's measured seconds within the whole-run budget, or ``None`` when it is spent."""
+    def _row_seconds(self, fits_left: int, pending_compiles: int = 0) -> float | None:
+        """The next fit's measured seconds within the whole-run budget, or ``None`` when it is spent.
+
+        ``pending_compiles`` compiled rows other than this one have yet to compile: their compile time is
+        kept out of the share of the budget this fit gets.
+        """
         cfg = self.cfg
         per_fit = cfg.seconds / (cfg.windows if cfg.interleave else 1)
         if cfg.time_budget_s is None:
@@ -313,10 +318,29 @@ class LadderRunner:
         if left < 5.0:
             return None
         # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a fit
-        share = 0.45 * left / max(fits_left, 1)
+        share = 0.45 * max(0.0, left - pending_compiles * self._expected_compile()) / max(fits_left, 1)
         if per_fit == 0:
             return share
         return max(min(1.0, per_fit), min(per_fit, share))
+
+    def _expected_compile(self) -> float:
+        """Seconds a compile is expected to take: the longest measured in this run, else ``COMPILE_SECONDS``."""
+        from lightning_gpuopt.compute.compile import COMPILE_SECONDS
+
+        return max(self._compile_seen, default=COMPILE_SECONDS)
+
+    def _budget_short_of_compile(self, spec: RowSpec, row: dict[str, Any]) -> str | None:
+        """Why a compiled row's first fit does not fit in the time budget left, or ``None``: a compile
+        started late would overrun the budget by its own length."""
+        if not spec.compiled or row["compile_seconds"] is not None or self.cfg.time_budget_s is None:
+            return None
+        expected = self._expected_compile()
+        left = self.cfg.time_budget_s - (time.perf_counter() - self._t_start)
+        if left >= expected + 10.0:
+            return None
+        return (
+            f"the time budget left ({left:.0f} s) is short of a compile (~{expected:.0f} s) and its measuring"
+        )
 
     def _labels(self) -> list[torch.Tensor]:
         return [
@@ -358,8 +382,10 @@ class LadderRunner:
             times.append(loop.timed_step())
             fast = first_fast_step(times)
         if spec.compiled and row["compile_seconds"] is None:
-            row["compile_seconds"] = sum(times[:fast])
-            self.say(f"  compiled: {row['compile_seconds']:.1f} s from the first step to the first fast one")
+            compiled_in = sum(times[:fast])
+            row["compile_seconds"] = compiled_in
+            self._compile_seen.append(compiled_in)
+            self.say(f"  compiled: {compiled_in:.1f} s from the first step to the first fast one")
         rate = cfg.batch_size / statistics.median(times[fast:])
         self.say(f"  warmed up in {time.perf_counter() - t0:.1f} s ({len(times)} steps)")
         windows = self._fit_windows
@@ -501,6 +527,7 @@ class LadderRunner:
         row["whole_epochs"] = (meter.aligned and row["whole_epochs"] is not False) if buffered else None
         if meter.compile_seconds is not None and row["compile_seconds"] is None:
             row["compile_seconds"] = meter.compile_seconds
+            self._compile_seen.append(meter.compile_seconds)
             self.say(f"  compiled: {meter.compile_seconds:.1f} s from the first step to the first fast one")
         if not meter.result.rates:
             why = "the fit ended before the warm-up did (too few batches?)"
@@ -541,9 +568,19 @@ class LadderRunner:
     ) -> bool:
         """One fit of row ``name``; ``False`` when the time budget is spent (nothing ran)."""
         spec = SPEC_BY_NAME[name]
-        seconds = self._row_seconds(fits_left)
+        pending = sum(
+            1
+            for n, r in done.items()
+            if n != name and SPEC_BY_NAME[n].compiled and r["status"] == OK and r["compile_seconds"] is None
+        )
+        seconds = self._row_seconds(fits_left, pending)
         if seconds is None:
             return False
+        short = self._budget_short_of_compile(spec, row)
+        if short is not None:
+            row.update(status=SKIPPED, reason=short)
+            self.say(f"{label} {name}: skipped: {short}")
+            return True
         self.say(f"{label} {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
         try:
             if spec.loader == "plain":
