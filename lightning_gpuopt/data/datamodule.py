@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,15 @@ from lightning_gpuopt._common import (
     warn_once,
 )
 from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
-from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, StagedBatch, UInt8Collate
+from lightning_gpuopt.data.loader import (
+    ContinuousDataLoader,
+    HostDataLoader,
+    StagedBatch,
+    UInt8Collate,
+    close_workers,
+)
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
 from lightning_gpuopt.data.tuning import (
     MEASURE_BATCH_SIZE,
@@ -263,7 +271,13 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._measured: dict[str, int] = {}
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
+        self._skip_janitor: Janitor | None = None
         self._skipped_reported: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_skip_janitor"] = None  # a process handle; the original keeps removing the folder
+        return state
 
     # ----------------------------------------------------------------- dataset hooks (override these)
     def _default_dataset(self, split: str) -> Dataset | None:
@@ -336,7 +350,7 @@ class OptimizedDataModule(pl.LightningDataModule):
             return  # DALI lists and decodes the folders itself when its loaders are built
         try:
             if self.on_corrupt == "skip" and self._skip_dir is None:
-                self._skip_dir = tempfile.mkdtemp(prefix="lightning_gpuopt_skipped_")
+                self._make_skip_dir()
             splits = STAGE_SPLITS.get(stage, SPLITS)
             for split in splits:
                 self._dataset(split)
@@ -519,7 +533,7 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     @override
     def teardown(self, stage: str) -> None:
-        """Stop the training loader's workers, close the datasets' files, report skipped images."""
+        """Stop the loaders' persistent workers, close the datasets' files, report skipped images."""
         self._release(stage if stage == "fit" else None)
 
     @override
@@ -528,9 +542,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._release("fit")
 
     def _release(self, stage: str | None) -> None:
-        loader = self.trainer.train_dataloader if self.trainer is not None and stage == "fit" else None
-        if isinstance(loader, ContinuousDataLoader):
-            loader.close()  # its workers run ahead into the next epoch: do not leave them running
+        if self.trainer is not None:
+            # persistent workers left running at interpreter exit are terminated and leave their pymp-* folders
+            for name in ("train_dataloader", "val_dataloaders", "test_dataloaders", "predict_dataloaders"):
+                close_workers(getattr(self.trainer, name, None))
         for split, dataset in list(self._datasets.items()):
             close = getattr(dataset, "close", None)
             if callable(close):
@@ -548,10 +563,25 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._skipped_reported.extend(new)
         self._remove_skip_dir()
 
+    def _make_skip_dir(self) -> None:
+        """The folder workers report skipped images in, with a ``Janitor`` that removes it after a SIGKILL."""
+        path = os.path.join(tempfile.gettempdir(), f"lightning_gpuopt_skipped_{uuid.uuid4().hex[:12]}")
+        self._skip_janitor = Janitor(path)  # before the folder exists: no moment in which a kill strands it
+        try:
+            os.mkdir(path, 0o700)
+        except BaseException:
+            self._skip_janitor.release(done=False)
+            self._skip_janitor = None
+            raise
+        self._skip_dir = path
+
     def _remove_skip_dir(self) -> None:
         if self._skip_dir is not None:
             shutil.rmtree(self._skip_dir, ignore_errors=True)
             self._skip_dir = None
+            if self._skip_janitor is not None:
+                self._skip_janitor.release(done=True)
+                self._skip_janitor = None
             # the folder datasets log into the removed folder: setup() builds them afresh
             for split in [s for s, d in self._datasets.items() if isinstance(d, UInt8ImageFolder)]:
                 del self._datasets[split]

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt.data._lifetime import WorkerInit
 
 
 class UInt8Collate:
@@ -132,11 +133,14 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class HostDataLoader(DataLoader):
-    """A ``DataLoader`` that describes its feed and times its consumer.
+    """A ``DataLoader`` that describes its feed, times its consumer, and whose workers die with their parent.
 
     Takes DataLoader's arguments plus ``feed_info``; keeps ``fetch_seconds``
     (``_common.FETCH_SECONDS_ATTR``): the cumulative seconds spent inside ``next()`` on its iterators, i.e.
-    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch).
+    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch). Its
+    ``worker_init_fn`` is wrapped in ``WorkerInit``: a worker gets SIGKILL when the process iterating the
+    loader dies (Linux), also one started in the instant its parent died, which PyTorch's own parent check
+    misses; the ``worker_init_fn`` passed is called afterwards.
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -152,6 +156,9 @@ class HostDataLoader(DataLoader):
     """
 
     def __init__(self, *args: Any, feed_info: FeedInfo | None = None, **kwargs: Any) -> None:
+        init = kwargs.get("worker_init_fn")
+        if not isinstance(init, WorkerInit):  # Lightning re-creates the loader with the one it already has
+            kwargs["worker_init_fn"] = WorkerInit(init)
         super().__init__(*args, **kwargs)
         self.feed_info = feed_info
         setattr(self, FETCH_SECONDS_ATTR, 0.0)
@@ -275,11 +282,34 @@ class ContinuousDataLoader(HostDataLoader):
         close = getattr(source, "close", None)
         if callable(close):
             close()  # a staging generator: releases the DataLoader iterator it wraps
-        # DataLoader keeps its persistent iterator too; dropping the last reference shuts the workers down
-        _compat.drop_persistent_iterator(self)
+        close_workers(self)
 
     def __del__(self) -> None:
         self._continuous_iter = None
+
+
+def close_workers(loader: Any) -> None:
+    """Stop the persistent workers of ``loader`` now and drop its iterator (the next ``iter()`` starts afresh).
+
+    Workers otherwise run until the loader is garbage collected; left running when the interpreter exits,
+    ``multiprocessing`` terminates them and each leaves its ``pymp-*`` folder in the temporary folder. Loaders
+    without persistent workers are left as they are.
+
+    Example:
+        >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
+    """
+    if isinstance(loader, (list, tuple)):
+        for item in loader:
+            close_workers(item)
+    elif isinstance(loader, dict):
+        for item in loader.values():
+            close_workers(item)
+    elif isinstance(loader, ContinuousDataLoader) and loader._continuous_iter is not None:
+        loader.close()
+    elif isinstance(loader, DataLoader):
+        iterator = getattr(loader, "_iterator", None)  # DataLoader's persistent iterator (see _compat)
+        _compat.drop_persistent_iterator(loader)
+        _compat.shutdown_workers(iterator)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

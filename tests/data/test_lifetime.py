@@ -1,0 +1,170 @@
+"""What a killed or stopped run leaves behind: DataLoader workers, the skip folder, persistent workers."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_gpuopt.data._lifetime import WorkerInit, die_with_parent
+from lightning_gpuopt.data.loader import HostDataLoader, close_workers
+from tests._lightning import quiet_trainer
+
+REPO = Path(__file__).resolve().parents[2]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _child(script: str, *args: str, tmpdir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+    )
+
+
+def _lines_until(proc: subprocess.Popen, prefix: str) -> str:
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+    raise AssertionError(f"the child ended before printing {prefix!r} (exit code {proc.wait()})")
+
+
+@linux_only
+def test_a_worker_whose_parent_already_died_exits():
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        die_with_parent(expected_ppid=1 if os.getppid() != 1 else 2)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+
+
+def test_worker_init_calls_the_inner_one_in_each_worker():
+    def init(worker_id: int) -> None:
+        torch.manual_seed(1000 + worker_id)
+
+    loader = HostDataLoader(range(4), batch_size=1, num_workers=2, worker_init_fn=init)
+    assert isinstance(loader.worker_init_fn, WorkerInit) and loader.worker_init_fn.inner is init
+    again = HostDataLoader(range(4), batch_size=1, num_workers=2, worker_init_fn=loader.worker_init_fn)
+    assert again.worker_init_fn is loader.worker_init_fn  # re-created by Lightning: not wrapped twice
+    got = list(
+        HostDataLoader(
+            _SeedProbe(), batch_size=1, num_workers=2, worker_init_fn=init, collate_fn=lambda b: b[0]
+        )
+    )
+    assert sorted(got) == [1000, 1000, 1001, 1001]
+
+
+class _SeedProbe(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return int(torch.initial_seed())
+
+
+_KILLED_WITH_WORKERS = """
+import os, sys, time
+from lightning_gpuopt.data.loader import HostDataLoader
+
+class Slow:
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return os.getpid()
+
+loader = HostDataLoader(Slow(), batch_size=1, num_workers=2, persistent_workers=True)
+it = iter(loader)
+pids = {int(next(it)[0]) for _ in range(20)}
+print("workers", *sorted(pids), flush=True)
+time.sleep(60)
+"""
+
+
+@linux_only
+def test_dataloader_workers_die_with_a_killed_parent_at_once(tmp_path):
+    # PyTorch's own check notices a dead parent only every 5 s; the parent-death signal is immediate
+    proc = _child(_KILLED_WITH_WORKERS, tmpdir=tmp_path)
+    workers = [int(p) for p in _lines_until(proc, "workers ").split()]
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _gone_within(workers, 2.0) == [], "DataLoader workers outlived their killed parent"
+
+
+_KILLED_AFTER_SETUP = """
+import sys, time
+from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+dm = OptimizedDataModule(sys.argv[1], batch_size=4, num_workers=0, image_size=8, on_corrupt="skip")
+dm.setup("fit")
+print("skip_dir", dm._skip_dir, flush=True)
+time.sleep(60)
+"""
+
+
+@linux_only
+def test_the_skip_folder_is_removed_after_a_sigkill(jpeg_folder, tmp_path):
+    proc = _child(_KILLED_AFTER_SETUP, str(jpeg_folder), tmpdir=tmp_path)
+    skip_dir = Path(_lines_until(proc, "skip_dir "))
+    assert skip_dir.parent == tmp_path and skip_dir.is_dir()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and list(tmp_path.iterdir()):
+        time.sleep(0.05)
+    assert list(tmp_path.iterdir()) == [], "the skip folder outlived the killed process"
+
+
+def test_the_skip_folder_janitor_leaves_with_teardown(jpeg_folder):
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+    dm = OptimizedDataModule(jpeg_folder, batch_size=4, num_workers=0, image_size=8, on_corrupt="skip")
+    dm.setup("fit")
+    janitor = dm._skip_janitor.proc
+    skip_dir = dm._skip_dir
+    assert janitor.poll() is None and os.path.isdir(skip_dir)
+    dm.teardown("fit")
+    assert janitor.poll() is not None and not os.path.exists(skip_dir) and dm._skip_janitor is None
+
+
+def test_teardown_stops_every_loaders_persistent_workers(jpeg_folder):
+    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.bench.models import ImageClassifier
+
+    dm = OptimizedDataModule(jpeg_folder, jpeg_folder, batch_size=8, num_workers=1, image_size=16)
+    trainer = quiet_trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, limit_val_batches=2)
+    trainer.fit(ImageClassifier("small", num_classes=3), datamodule=dm)
+    val = trainer.val_dataloaders
+    assert isinstance(val, HostDataLoader) and val.persistent_workers
+    assert val._iterator is None, "the validation loader's persistent workers still run after fit"
+
+
+def test_close_workers_stops_a_plain_loaders_workers():
+    loader = torch.utils.data.DataLoader(range(8), batch_size=2, num_workers=1, persistent_workers=True)
+    list(loader)
+    iterator = loader._iterator
+    pids = [w.pid for w in iterator._workers]
+    close_workers([loader])
+    assert loader._iterator is None
+    assert _gone_within(pids, 5.0) == []
+    close_workers(loader)  # closing again is harmless
