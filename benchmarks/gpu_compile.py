@@ -8,7 +8,7 @@ Every row trains ResNet-50 (batch 256, 224 px) with fp16 autocast + channels_las
   on GPU-resident batches (the batch is not copied),
 - ``hdf5+compile``: fed by ``OptimizedDataModule(backend="hdf5", num_workers=8)`` from a uint8 HDF5 store
   converted from generated JPEGs (skipped without h5py),
-- ``dali+compile``: fed by ``OptimizedDataModule(backend="dali", dali={"decoder": "cpu"})`` from the same
+- ``dali+compile``: fed by ``OptimizedDataModule(backend="dali", dali=DALIOptions(decoder="cpu"))`` from the same
   JPEGs (only when ``nvidia.dali`` imports).
 
 Throughput is the median of timed windows after warm-up; ``ratio_to_ceiling`` is against
@@ -255,7 +255,9 @@ def _datamodule(cfg: _Cfg, backend: str, data: Path) -> pl.LightningDataModule:
     if backend == "hdf5":
         kw.update(num_workers=cfg.workers, storage_size=cfg.storage)
     else:
-        kw.update(dali={"decoder": "cpu"})
+        from lightning_gpuopt.data.dali import DALIOptions
+
+        kw.update(dali=DALIOptions(decoder="cpu"))
     return OptimizedDataModule(str(data), **kw)
 
 

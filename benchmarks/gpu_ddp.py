@@ -274,7 +274,14 @@ def _coverage(ranks: list[dict[str, Any]], split: str, n: int, world: int) -> di
 
 
 def _device_checks(ranks: list[dict[str, Any]], expect_rank0_nvml: int | None) -> dict[str, bool]:
-    own = all(rk["device"].get("monitor_nvml_uuid") == rk["device"].get("torch_uuid") for rk in ranks)
+    from lightning_gpuopt.observe.nvml import normalize_uuid
+
+    # torch spells a GPU's UUID without NVML's "GPU-" prefix: compare them normalized
+    own = all(
+        normalize_uuid(str(rk["device"].get("monitor_nvml_uuid")))
+        == normalize_uuid(str(rk["device"].get("torch_uuid")))
+        for rk in ranks
+    )
     distinct = len({rk["device"].get("monitor_nvml_index") for rk in ranks}) == len(ranks)
     checks = {"monitor_reads_own_gpu": own and bool(ranks), "ranks_monitor_distinct_gpus": distinct}
     if expect_rank0_nvml is not None:
@@ -286,7 +293,6 @@ def _device_checks(ranks: list[dict[str, Any]], expect_rank0_nvml: int | None) -
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    from lightning_gpuopt import convert_folder_to_hdf5
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     base = Path(args.data_dir)
@@ -295,16 +301,17 @@ def _prepare_data(args: argparse.Namespace) -> None:
     args.val = str(make_jpeg_folder(base / "ddp_val", VAL_N, VAL_N, image_size=size))
     args.train_h5 = str(base / f"ddp_train_{args.image_size}.h5")
     args.val_h5 = str(base / f"ddp_val_{args.image_size}.h5")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _shared import hdf5_store
+
     for src, dst in ((args.train, args.train_h5), (args.val, args.val_h5)):
-        if not Path(dst).exists():
-            convert_folder_to_hdf5(src, dst, size=args.image_size, progress=False)
+        hdf5_store(src, dst, args.image_size)
     if not args.quick:
         big = make_jpeg_folder(base / "imagenet_8192", 8192, 100)
         args.h5 = str(base / "imagenet_8192_256.h5")
-        if not Path(args.h5).exists():
-            t0 = time.perf_counter()
-            convert_folder_to_hdf5(big, args.h5, size=256, progress=False)
-            print(f"[ddp] converted imagenet_8192 to HDF5 in {time.perf_counter() - t0:.1f} s", flush=True)
+        cost = hdf5_store(big, args.h5, 256)
+        if not cost["cached"]:
+            print(f"[ddp] converted imagenet_8192 to HDF5 in {cost['seconds']:.1f} s", flush=True)
 
 
 def _parent(args: argparse.Namespace) -> int:

@@ -63,7 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rows",
         default=",".join(ROW_NAMES),
         help=f"comma-separated rows to run, in any order (default all: {','.join(ROW_NAMES)}); "
-        "ceiling_plain always runs, it is the ratios' ceiling",
+        "ceiling_eager always runs; ceiling_compiled (the ratios' ceiling) runs on CUDA or with +compile; on a CPU "
+        "the compiled rows run only when named",
     )
     parser.add_argument(
         "--seconds", type=float, default=10.0, help="measured seconds a row (default 10; 0: off)"
