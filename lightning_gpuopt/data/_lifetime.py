@@ -22,8 +22,10 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
-def die_with_parent(expected_ppid: int | None = None, *, pdeathsig: bool = True) -> None:
-    """In a child process: get SIGKILL when the parent dies (Linux), and exit now if it already died.
+def die_with_parent(
+    expected_ppid: int | None = None, *, pdeathsig: bool = True, signum: int = signal.SIGKILL
+) -> None:
+    """In a child process: get ``signum`` when the parent dies (Linux), and exit now if it already died.
 
     Args:
         expected_ppid: the parent's pid as the parent knew it; None: the pid ``multiprocessing`` recorded in
@@ -38,15 +40,27 @@ def die_with_parent(expected_ppid: int | None = None, *, pdeathsig: bool = True)
     if pdeathsig and sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     if os.getppid() != expected_ppid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    """SIGTERM in a DataLoader worker: exit through Python, so ``multiprocessing`` removes its ``pymp-*`` folder.
+
+    Killed outright (SIGKILL, or SIGTERM's default action), a worker that has shared a tensor leaves that
+    folder behind in the temporary folder. Should the clean exit hang (its queue's pipe full with nobody
+    reading), SIGALRM's default action ends the process a few seconds later.
+    """
+    signal.alarm(3)
+    raise SystemExit(128 + signum)
 
 
 class WorkerInit:
     """A DataLoader ``worker_init_fn``: the worker dies with the process that iterates the loader.
 
-    It calls ``die_with_parent`` and then ``inner`` (a user's ``worker_init_fn``). Without ``inner`` and under
+    It makes SIGTERM end the worker cleanly, calls ``die_with_parent`` (the parent's death sends SIGTERM) and
+    then ``inner`` (a user's ``worker_init_fn``). Without ``inner`` and under
     ``seed_everything(workers=True)`` it seeds the worker as Lightning would have (Lightning only adds its own
     function to loaders that have none). The parent-death signal is set only when the loader was made on the
     main thread, where Lightning iterates it; elsewhere the worker still exits if its parent is already gone.
@@ -63,7 +77,8 @@ class WorkerInit:
         self.main_thread = threading.current_thread() is threading.main_thread()
 
     def __call__(self, worker_id: int) -> None:
-        die_with_parent(pdeathsig=self.main_thread)
+        signal.signal(signal.SIGTERM, _exit_cleanly)
+        die_with_parent(pdeathsig=self.main_thread, signum=signal.SIGTERM)
         if self.inner is not None:
             self.inner(worker_id)
         elif int(os.environ.get("PL_SEED_WORKERS", "0")):

@@ -109,6 +109,8 @@ def test_dataloader_workers_die_with_a_killed_parent_at_once(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert _gone_within(workers, 2.0) == [], "DataLoader workers outlived their killed parent"
+    left = [p.name for p in tmp_path.iterdir()]
+    assert left == [], f"the workers left {left} (killed outright rather than ending cleanly)"
 
 
 _KILLED_AFTER_SETUP = """
