@@ -90,6 +90,11 @@ def repeat_index_sampler(loader: DataLoader, wrap: Any) -> Any:
     return sampler
 
 
+def persistent_iterator(loader: DataLoader) -> Any:
+    """The iterator ``persistent_workers=True`` keeps alive between epochs, or ``None``."""
+    return getattr(loader, "_iterator", None)
+
+
 def drop_persistent_iterator(loader: DataLoader) -> None:
     """Drop the iterator ``persistent_workers=True`` keeps, so its workers shut down and the next
     ``iter()`` starts afresh."""

@@ -307,7 +307,7 @@ def close_workers(loader: Any) -> None:
     elif isinstance(loader, ContinuousDataLoader) and loader._continuous_iter is not None:
         loader.close()
     elif isinstance(loader, DataLoader):
-        iterator = getattr(loader, "_iterator", None)  # DataLoader's persistent iterator (see _compat)
+        iterator = _compat.persistent_iterator(loader)
         _compat.drop_persistent_iterator(loader)
         _compat.shutdown_workers(iterator)
 
