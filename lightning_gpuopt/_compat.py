@@ -138,6 +138,19 @@ _INTERNALS[
     ("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_broadcast_sigterm_tensor")
 ] = "under DDP the SIGTERM check runs every step without blocking the host"
 
+_INTERNALS[("multiprocessing.process._current_process", "_config")] = (
+    "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it"
+)
+
+
+def multiprocessing_tempdir() -> str | None:
+    """The ``pymp-*`` folder ``multiprocessing`` made for this process (or inherited), else ``None``."""
+    import multiprocessing
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    return config.get("tempdir") if isinstance(config, dict) else None
+
+
 _SIGTERM_SLOTS = 4
 
 

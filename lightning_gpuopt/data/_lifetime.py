@@ -12,12 +12,15 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from lightning_gpuopt import _compat
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
@@ -53,7 +56,15 @@ def _exit_cleanly(signum: int, frame: Any) -> None:
     reading), SIGALRM's default action ends the process a few seconds later.
     """
     signal.alarm(3)
+    # the folder is removed now too: should the alarm end the process, no exit handler runs
+    own = _compat.multiprocessing_tempdir()
+    if own is not None and own != _INHERITED_TEMPDIR.get(os.getpid()):
+        shutil.rmtree(own, ignore_errors=True)
     raise SystemExit(128 + signum)
+
+
+# pid -> the pymp-* folder a worker inherited from its parent at start (the parent's: never removed here)
+_INHERITED_TEMPDIR: dict[int, str | None] = {}
 
 
 class WorkerInit:
@@ -77,6 +88,7 @@ class WorkerInit:
         self.main_thread = threading.current_thread() is threading.main_thread()
 
     def __call__(self, worker_id: int) -> None:
+        _INHERITED_TEMPDIR[os.getpid()] = _compat.multiprocessing_tempdir()
         signal.signal(signal.SIGTERM, _exit_cleanly)
         die_with_parent(pdeathsig=self.main_thread, signum=signal.SIGTERM)
         if self.inner is not None:
