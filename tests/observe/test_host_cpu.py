@@ -13,7 +13,7 @@ linux = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs L
 
 
 def _stat(pid: int, comm: str, ppid: int, ticks: int, reaped: int = 0) -> str:
-    # fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+    # fields 3.. : state ppid pgrp sid tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
     return f"{pid} ({comm}) S {ppid} 1 1 0 -1 0 0 0 0 0 {ticks} 0 {reaped} 0 20 0 1 0\n"
 
 
