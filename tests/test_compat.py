@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from lightning_gpuopt import _compat
 
-out, stop_at = Path(sys.argv[1]), int(sys.argv[2])
+out, stop_at, accelerator = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 
 class Tiny(pl.LightningModule):
@@ -67,14 +67,14 @@ class UseNonBlockingCheck(pl.Callback):
 if __name__ == "__main__":
     torch.manual_seed(0)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False, enable_checkpointing=False,
+        accelerator=accelerator, devices=2, strategy="ddp", max_epochs=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[UseNonBlockingCheck()],
     )
     trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
 """
 
 
-def _fit(tmp_path: Path, stop_at: int) -> subprocess.CompletedProcess:
+def _fit(tmp_path: Path, stop_at: int, accelerator: str = "cpu") -> subprocess.CompletedProcess:
     script = tmp_path / "fit.py"
     script.write_text(_SCRIPT)
     env = {
@@ -82,7 +82,7 @@ def _fit(tmp_path: Path, stop_at: int) -> subprocess.CompletedProcess:
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
     return subprocess.run(
-        [sys.executable, str(script), str(tmp_path), str(stop_at)],
+        [sys.executable, str(script), str(tmp_path), str(stop_at), accelerator],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -94,7 +94,18 @@ def _fit(tmp_path: Path, stop_at: int) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed (gloo)")
 @pytest.mark.parametrize("stop_at", [-1, 2])
 def test_nonblocking_sigterm_check_trains_and_stops_all_ranks(tmp_path, stop_at):
-    proc = _fit(tmp_path, stop_at)
+    _check_sigterm_run(tmp_path, stop_at, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL, the flag's own stream)")
+@pytest.mark.parametrize("stop_at", [-1, 2])
+def test_nonblocking_sigterm_check_on_two_gpus(tmp_path, stop_at):
+    _check_sigterm_run(tmp_path, stop_at, "gpu")
+
+
+def _check_sigterm_run(tmp_path: Path, stop_at: int, accelerator: str) -> None:
+    proc = _fit(tmp_path, stop_at, accelerator)
     for rank in (0, 1):
         assert (tmp_path / f"replaced{rank}").read_text() == "True", proc.stderr[-2000:]
         last = json.loads((tmp_path / f"rank{rank}.json").read_text())["last"]
