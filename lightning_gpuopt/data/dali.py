@@ -1,6 +1,7 @@
 """NVIDIA DALI backend: images decoded (nvJPEG or CPU threads) and augmented by DALI, in a Lightning loader.
 
-``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads); the pipeline itself
+``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads; by default both follow
+from the cores per GPU, ``choose_decoder``); the pipeline itself
 (``lightning_gpuopt.data.dali_pipeline``) follows torchvision's recipes on the whole image.
 ``DALILoader`` wraps DALI's ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before
 the pipeline is built, one ``__iter__`` per epoch that neither ends early nor loses or repeats batches
@@ -22,13 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt.data._checks import check_arg, is_int
 from lightning_gpuopt.data.dali_pipeline import (
     DALI_HW_DECODER_LOAD,
     READER_NAME,
     build_dali_pipeline,
+    choose_decoder,
     dali_modules,
     decode_error,
     default_hw_decoder_load,
@@ -42,11 +45,13 @@ from lightning_gpuopt.data.transforms import AugmentConfig
 __all__ = [
     "DALI_HW_DECODER_LOAD",
     "DECODERS",
+    "DALIFeedInfo",
     "DALILoader",
     "DALIOptions",
     "build_dali_loader",
     "build_dali_pipeline",
     "check_dali_kwargs",
+    "choose_decoder",
     "default_hw_decoder_load",
     "default_num_threads",
     "validate_image_files",
@@ -55,6 +60,7 @@ __all__ = [
 SPLITS = ("train", "val", "test", "predict")
 #: where a GPU run decodes its JPEGs: nvJPEG on the GPU, or libjpeg-turbo on DALI's CPU threads
 DECODERS = ("gpu", "cpu")
+_LOGGED: set[str] = set()  # decoder choices already logged in this process
 #: nice increment of DALI's pool threads when they decode on the CPU: the pool soaks up idle cores, never
 #: the training loop's
 CPU_DECODER_NICE = 10
@@ -65,29 +71,32 @@ class DALIOptions:
     """What a user decides about the DALI backend; everything else is fixed at its measured best.
 
     Attributes:
-        decoder: ``"gpu"`` (default): nvJPEG decodes on the GPU (the hardware JPEG decoder takes every
-            image on Hopper and newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the
-            random crop, for training) and the GPU only resizes and normalizes, leaving the SMs to the
-            model; it pays on hosts with many cores per GPU (docs/dali.md). A CPU run decodes on the CPU
-            whatever this says.
-        threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` (with ``"gpu"`` half the
-            rank's CPUs, at most 8; with ``"cpu"`` all of them but two).
+        decoder: ``None`` (default): chosen per run from the cores per GPU by ``choose_decoder``: CPU
+            threads where the rank's cores decode as fast as the fastest model trains, nvJPEG otherwise;
+            the choice and its reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
+            nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
+            newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for
+            training) and the GPU only resizes and normalizes, leaving the SMs to the model. A CPU run
+            decodes on the CPU whatever this says.
+        threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder
+            (with ``"gpu"`` half the rank's CPUs, at most 8; with ``"cpu"`` all of them but two).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", backend="dali",
         ...                          dali=DALIOptions(decoder="cpu"))  # doctest: +SKIP
     """
 
-    decoder: str = "gpu"
+    decoder: str | None = None
     threads: int | None = None
 
     def __post_init__(self) -> None:
         check_arg(
-            self.decoder in DECODERS,
+            self.decoder is None or self.decoder in DECODERS,
             "decoder",
             self.decoder,
-            f"one of {DECODERS}",
-            "'gpu' decodes with nvJPEG, 'cpu' on DALI's CPU threads (DALIOptions(decoder=...))",
+            f"None or one of {DECODERS}",
+            "None chooses from the cores per GPU, 'gpu' decodes with nvJPEG, 'cpu' on DALI's CPU threads "
+            "(DALIOptions(decoder=...))",
         )
         check_arg(
             self.threads is None or (is_int(self.threads) and self.threads >= 1),
@@ -97,9 +106,38 @@ class DALIOptions:
             "the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
         )
 
-    def resolved_threads(self, local_world_size: int = 1) -> int:
-        """``threads``, or the default for this decoder and this many ranks on the machine."""
-        return self.threads or default_num_threads(local_world_size, self.decoder)
+    def resolved_decoder(self, local_world_size: int = 1, *, cuda: bool = True) -> tuple[str, str]:
+        """``(decoder, reason)`` for a run with ``local_world_size`` ranks on this machine.
+
+        ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on
+        ``available_cpus()`` shared by the local ranks.
+        """
+        if not cuda:
+            return "cpu", "no CUDA device: the pipeline runs on the CPU"
+        if self.decoder is not None:
+            return self.decoder, f"DALIOptions(decoder={self.decoder!r})"
+        return choose_decoder(available_cpus(), local_world_size)
+
+    def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
+        """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
+        decoder, _ = self.resolved_decoder(local_world_size, cuda=cuda)
+        return self.threads or default_num_threads(local_world_size, decoder)
+
+
+@dataclass
+class DALIFeedInfo(FeedInfo):
+    """``FeedInfo`` of a ``DALILoader``, with why its decoder was chosen.
+
+    Attributes:
+        decoder_reason: ``choose_decoder``'s reason when ``DALIOptions.decoder`` was ``None``, else what
+            set it (the option, or a CPU run).
+
+    Example:
+        >>> DALIFeedInfo(backend="dali", decoder="gpu", decoder_reason="DALIOptions(decoder='gpu')").decoder
+        'gpu'
+    """
+
+    decoder_reason: str | None = None
 
 
 def check_dali_kwargs(kwargs: dict[str, Any]) -> DALIOptions:
@@ -145,8 +183,8 @@ class DALILoader:
     plus the batches already yielded this epoch; Lightning saves it with the fit loop and
     ``load_state_dict`` restores it, so a resumed fit continues the same sample order.
 
-    ``feed_info`` describes the feed for the advisor; ``fetch_seconds`` is the cumulative time the
-    consumer spent inside ``next()``.
+    ``feed_info`` (``DALIFeedInfo``) describes the feed for the advisor, with the decoder used and why;
+    ``fetch_seconds`` is the cumulative time the consumer spent inside ``next()``.
 
     Args:
         files: image paths of the whole split (every rank passes the same list).
@@ -163,7 +201,9 @@ class DALILoader:
         dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
         mean: per-channel mean in [0, 1] units.
         std: per-channel standard deviation in [0, 1] units.
-        options: ``DALIOptions`` (decoder, threads).
+        options: ``DALIOptions`` (decoder, threads); a ``None`` decoder or thread count is resolved for
+            ``local_world_size`` ranks on this machine.
+        local_world_size: training processes on this machine (they share its CPUs).
         epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
 
@@ -189,6 +229,7 @@ class DALILoader:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         options: DALIOptions | None = None,
+        local_world_size: int = 1,
         epoch_batches: Callable[[], int | float] | None = None,
     ) -> None:
         check_arg(
@@ -198,6 +239,12 @@ class DALILoader:
         check_arg(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an int >= 1")
         check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "an int >= 1")
         check_arg(0 <= shard_id < num_shards, "shard_id", shard_id, f"in [0, num_shards={num_shards})")
+        check_arg(
+            is_int(local_world_size) and local_world_size >= 1,
+            "local_world_size",
+            local_world_size,
+            "an int >= 1",
+        )
         check_arg(
             dtype in (torch.float16, torch.bfloat16, torch.float32),
             "dtype",
@@ -232,18 +279,27 @@ class DALILoader:
         self.dtype = dtype
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         options = options or DALIOptions()
-        self.options = dataclasses.replace(options, threads=options.resolved_threads())
+        cuda = self.device.type == "cuda"
+        decoder, reason = options.resolved_decoder(local_world_size, cuda=cuda)
+        self.options = DALIOptions(decoder, options.resolved_threads(local_world_size, cuda=cuda))
+        if options.decoder is None and cuda and reason not in _LOGGED:
+            _LOGGED.add(reason)
+            where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
+            rank_zero_info(
+                f"DALILoader: JPEGs decoded {where} (decoder={decoder!r}): {reason}; "
+                "DALIOptions(decoder='cpu' or 'gpu') overrides"
+            )
         self.epoch_batches = epoch_batches
-        decoder = self.options.decoder if self.device.type == "cuda" else "cpu"
-        self.worker_nice = CPU_DECODER_NICE if self.options.decoder == "cpu" else 0
+        self.worker_nice = CPU_DECODER_NICE if decoder == "cpu" else 0
         # per shard, so ranks do not draw the same crops; torch's seed makes runs reproducible
         self.seed = (torch.initial_seed() + 7919 * self.shard_id) % (2**31 - 1)
-        self.feed_info = FeedInfo(
+        self.feed_info = DALIFeedInfo(
             backend="dali",
             batch_size=self.batch_size,
             host_batches=False,
             decoder=decoder,
             threads=self.options.threads,
+            decoder_reason=reason,
         )
         self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
         self._iterator: Any = None
@@ -473,11 +529,9 @@ def build_dali_loader(
         )
         rank, world, local_world = 0, 1, 1
     options = options if options is not None else _options_of(dm)
-    if options.threads is None:
-        num_workers: Any = getattr(dm, "num_workers", None)
-        explicit = is_int(num_workers) and num_workers > 0  # an int: DALI threads; "auto": the default
-        threads = int(num_workers) if explicit else options.resolved_threads(local_world)
-        options = dataclasses.replace(options, threads=threads)
+    num_workers: Any = getattr(dm, "num_workers", None)
+    if options.threads is None and is_int(num_workers) and num_workers > 0:  # "auto": the default
+        options = dataclasses.replace(options, threads=int(num_workers))
     train = split == "train"
     return DALILoader(
         files,
@@ -493,5 +547,6 @@ def build_dali_loader(
         mean=tuple(getattr(dm, "mean", IMAGENET_MEAN)),
         std=tuple(getattr(dm, "std", IMAGENET_STD)),
         options=options,
+        local_world_size=local_world,
         epoch_batches=(lambda: trainer.num_training_batches) if train and trainer is not None else None,
     )

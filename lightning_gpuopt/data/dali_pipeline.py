@@ -77,6 +77,44 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
+#: ImageNet-sized JPEGs one DALI CPU thread decodes a second (libjpeg-turbo, the random crop only): the low
+#: end of what 14 threads decoded on a 16-core H200 host (5,943-6,456 img/s, docs/dali.md)
+CPU_DECODE_RATE_PER_THREAD = 420
+#: cores a rank keeps off CPU decoding: the training loop and DALI's executor
+RESERVED_CORES = 2
+#: images a second the feed of one GPU must decode: a compiled ResNet-50 at 224 trains about 7,300 a second
+#: on an H200, the fastest model the defaults target, plus 10% headroom
+DECODE_RATE_NEEDED = 8_000
+
+
+def choose_decoder(cpus: int, local_ranks: int = 1) -> tuple[str, str]:
+    """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``.
+
+    CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
+    decode ``DECODE_RATE_NEEDED`` images a second at ``CPU_DECODE_RATE_PER_THREAD`` each, which leaves the
+    SMs to the model; nvJPEG otherwise, which decodes several times that rate but shares the GPU with the
+    model (docs/dali.md).
+
+    Args:
+        cpus: CPUs this process may use (``_common.available_cpus()``).
+        local_ranks: training processes on this machine sharing them.
+
+    Example:
+        >>> choose_decoder(16, 1)[0], choose_decoder(64, 2)[0]
+        ('gpu', 'cpu')
+    """
+    share = max(1, int(cpus)) // max(1, int(local_ranks))
+    threads = max(1, share - RESERVED_CORES)
+    rate = threads * CPU_DECODE_RATE_PER_THREAD
+    fits = rate >= DECODE_RATE_NEEDED
+    sign = ">=" if fits else "<"
+    reason = (
+        f"{share} cores a rank: {threads} decoding threads x {CPU_DECODE_RATE_PER_THREAD} img/s = {rate:,} "
+        f"img/s {sign} {DECODE_RATE_NEEDED:,} img/s needed"
+    )
+    return ("cpu", reason) if fits else ("gpu", reason)
+
+
 def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
     """DALI CPU threads per rank.
 
@@ -139,7 +177,8 @@ def build_dali_pipeline(
         train: reshuffle the file list every epoch (else read it in order, each rank its own shard).
         device_id: CUDA device for decoding and the GPU operators, or ``None`` for a CPU-only pipeline.
         augment: the training crop and flip (``AugmentConfig``); ``None``: resize + center crop.
-        options: decoder and threads (``DALIOptions``; default ``DALIOptions()``).
+        options: decoder and threads (``DALIOptions``; default ``DALIOptions()``: the decoder
+            ``choose_decoder`` picks for one rank).
         shard_id: this rank's shard (global rank).
         num_shards: number of shards (world size).
         mean: per-channel mean in [0, 1] units.
@@ -158,12 +197,13 @@ def build_dali_pipeline(
     options = options or DALIOptions()
     dali, fn, types = dali_modules()
     gpu = device_id is not None
-    threads = options.threads or default_num_threads(1, options.decoder)
+    decoder, _ = options.resolved_decoder(cuda=gpu)
+    threads = options.threads or default_num_threads(1, decoder)
     mean255 = [float(m) * 255.0 for m in mean]
     std255 = [float(s) * 255.0 for s in std]
     resize_kw = {"interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
     decode_kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False}
-    if gpu and options.decoder == "gpu":
+    if gpu and decoder == "gpu":
         # paddings from DALI's ImageNet example: avoid reallocations for the largest images
         decode_kw.update(
             device="mixed",

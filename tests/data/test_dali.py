@@ -18,7 +18,13 @@ import lightning.pytorch as pl
 
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data import dali_pipeline
-from lightning_gpuopt.data.dali import DALILoader, DALIOptions, build_dali_loader, check_dali_kwargs
+from lightning_gpuopt.data.dali import (
+    DALIFeedInfo,
+    DALILoader,
+    DALIOptions,
+    build_dali_loader,
+    check_dali_kwargs,
+)
 from lightning_gpuopt.data.folder import scan_image_folder
 from lightning_gpuopt.data.transforms import AugmentConfig
 from tests._ddp import CloseProcessGroup
@@ -196,7 +202,7 @@ def test_arguments_are_validated(jpeg_folder):
 
 def test_options_are_checked_when_made():
     with pytest.raises(
-        ValueError, match=r"^decoder must be one of \('gpu', 'cpu'\), got 'nvjpeg'.*DALIOptions"
+        ValueError, match=r"^decoder must be None or one of \('gpu', 'cpu'\), got 'nvjpeg'.*DALIOptions"
     ):
         DALIOptions(decoder="nvjpeg")
     for bad in (0, -1, 2.0, True):
@@ -219,6 +225,39 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
     assert dali_pipeline.default_hw_decoder_load(0) == 0.65  # A100: DALI's own default
 
 
+def test_decoder_rule_follows_the_cores_per_gpu():
+    rate, reserved = dali_pipeline.CPU_DECODE_RATE_PER_THREAD, dali_pipeline.RESERVED_CORES
+    needed = dali_pipeline.DECODE_RATE_NEEDED
+    enough = reserved + -(-needed // rate)  # the fewest cores a rank whose threads decode what is needed
+    assert dali_pipeline.choose_decoder(enough, 1)[0] == "cpu"
+    assert dali_pipeline.choose_decoder(enough - 1, 1)[0] == "gpu"
+    assert dali_pipeline.choose_decoder(2 * enough, 2)[0] == "cpu"  # ranks share the machine's cores
+    assert dali_pipeline.choose_decoder(2 * enough - 1, 2)[0] == "gpu"
+    assert dali_pipeline.choose_decoder(enough * 8, 8)[0] == "cpu"
+    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: nvJPEG
+    assert decoder == "gpu"
+    assert (
+        reason
+        == f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < {needed:,} img/s needed"
+    )
+    assert dali_pipeline.choose_decoder(1, 4)[0] == "gpu"  # fewer cores than ranks: still a valid answer
+
+
+def test_options_resolve_the_decoder_per_run(monkeypatch):
+    from lightning_gpuopt.data import dali as dali_module
+
+    monkeypatch.setattr(dali_module, "available_cpus", lambda: 64)
+    monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
+    assert DALIOptions().decoder is None
+    assert DALIOptions().resolved_decoder(1)[0] == "cpu"  # 62 threads decode well past the need
+    assert DALIOptions().resolved_decoder(4)[0] == "gpu"  # 16 cores a GPU: nvJPEG
+    assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(4) == 8
+    assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
+    assert DALIOptions("cpu").resolved_decoder(4) == ("cpu", "DALIOptions(decoder='cpu')")
+    assert DALIOptions("gpu").resolved_decoder(1, cuda=False)[0] == "cpu"  # a CPU pipeline decodes on the CPU
+    assert DALIOptions("gpu", threads=3).resolved_threads(1) == 3
+
+
 def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_folder, monkeypatch):
     monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 16)
     assert dali_pipeline.default_num_threads(1) == 8  # nvJPEG decodes: half the cores, at most 8
@@ -230,10 +269,19 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     dm.dali = DALIOptions(decoder="cpu")
     loader = build_dali_loader(dm, "train")
     assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
-    assert loader.feed_info == FeedInfo(
-        backend="dali", batch_size=4, host_batches=False, decoder="cpu", threads=14
+    assert loader.feed_info == DALIFeedInfo(
+        backend="dali",
+        batch_size=4,
+        host_batches=False,
+        decoder="cpu",
+        threads=14,
+        decoder_reason="no CUDA device: the pipeline runs on the CPU",
     )
-    assert build_dali_loader(dm, "train", options=DALIOptions()).options == DALIOptions("gpu", 8)
+    assert isinstance(loader.feed_info, FeedInfo)  # the advisor reads it as any feed
+    # no GPU here: the default decodes on the CPU threads, whose thread default follows
+    default = build_dali_loader(dm, "train", options=DALIOptions())
+    assert default.options == DALIOptions("cpu", 14)
+    assert default.feed_info.decoder_reason == "no CUDA device: the pipeline runs on the CPU"
     dm.num_workers = 3  # an explicit count wins over the default ...
     assert build_dali_loader(dm, "train").options.threads == 3
     dm.dali = DALIOptions(threads=5)  # ... and the options' own over both
@@ -246,8 +294,13 @@ def test_feed_info_and_fetch_seconds(jpeg_folder):
     files, labels = _indexed(jpeg_folder)
     loader = _loader(files, labels, batch_size=8, train=True, options=DALIOptions(decoder="gpu", threads=2))
     # a CPU run decodes on the CPU whatever the options say; batches are on the device, not the host
-    assert loader.feed_info == FeedInfo(
-        backend="dali", batch_size=8, host_batches=False, decoder="cpu", threads=2
+    assert loader.feed_info == DALIFeedInfo(
+        backend="dali",
+        batch_size=8,
+        host_batches=False,
+        decoder="cpu",
+        threads=2,
+        decoder_reason="no CUDA device: the pipeline runs on the CPU",
     )
     assert getattr(loader, FETCH_SECONDS_ATTR) == 0.0
     it = iter(loader)
@@ -300,7 +353,6 @@ def test_cpu_decoding_lowers_only_the_dali_pool_threads(jpeg_folder):
     import os
 
     files, labels = _indexed(jpeg_folder)
-    assert _loader(files, labels, batch_size=4, train=False).worker_nice == 0  # nvJPEG: unchanged
     base = os.getpriority(os.PRIO_PROCESS, 0)
     before = set(os.listdir("/proc/self/task"))  # threads of other tests' pipelines are not this loader's
     loader = _loader(files, labels, batch_size=4, train=False, options=DALIOptions("cpu", 2))
@@ -441,3 +493,23 @@ def test_optimized_datamodule_dali_backend_fits(jpeg_folder, tmp_path):
     images, labels = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.float32 and images.is_contiguous(memory_format=torch.channels_last)
     assert labels.dtype == torch.int64
+
+
+@pytest.mark.gpu
+def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, monkeypatch, caplog):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import logging
+
+    from lightning_gpuopt.data import dali as dali_module
+
+    files, labels = _indexed(jpeg_folder)
+    expected = dali_pipeline.choose_decoder(dali_module.available_cpus(), 1)
+    monkeypatch.setattr(dali_module, "_LOGGED", set())
+    kw = dict(batch_size=8, train=False, image_size=24, device="cuda", options=DALIOptions())
+    with caplog.at_level(logging.INFO):
+        loaders = [_loader(files[:8], labels[:8], **kw) for _ in range(2)]
+    assert (loaders[0].feed_info.decoder, loaders[0].feed_info.decoder_reason) == expected
+    assert sum(expected[1] in r.getMessage() for r in caplog.records) == 1  # logged once
+    images, _ = next(iter(loaders[0]))
+    assert images.device.type == "cuda" and images.shape == (8, 3, 24, 24)
