@@ -77,6 +77,24 @@ QUICK: dict[str, Quick] = {
         (), ("nvtx",), ("direct/idle/phases", "lightning/live/modules_depth1"), measure="step_us"
     ),
     "gpu_compute.py": Quick((), (), ("fp32", "preset", "plain 16-mixed+channels_last")),
+    "gpu_compile.py": Quick(
+        ("--data-root", "{data}"),
+        ("h5py",),
+        (
+            "ceiling_eager",
+            "ceiling_compiled",
+            "naive",
+            "hdf5",
+            "hdf5+compile",
+            "lightning+compile",
+            "lightning+compile+gpu_aug",
+            "loader_hdf5",
+            "dali+compile",
+            "loader_dali_cpu",
+        ),
+        out_is_folder=True,
+        extra_keys=("summary",),
+    ),
     "gpu_advisor.py": Quick(
         ("--data-root", "{data}"), (), ("decode-bound", "too-few-workers", "healthy", "unfused-fp16")
     ),
@@ -86,7 +104,6 @@ QUICK: dict[str, Quick] = {
 }
 #: scripts checked with ``--help`` only, and why not ``--quick``
 HELP_ONLY: dict[str, str] = {
-    "gpu_compile.py": "its CPU mode compiles with inductor's C++ backend for minutes",
     "gpu_advisor_scenarios.py": "it refuses to run without a CUDA GPU",
     "gpu_ddp.py": "its CPU mode launches a DDP fit per scenario and backend",
     "gpu_ddp_scaling.py": "its CPU mode launches torch.distributed.run for every row",
@@ -157,7 +174,75 @@ def test_quick_run(script: str, tmp_path: Path, data_root: Path) -> None:
         assert pixels["raw_decode_max_abs_diff"] <= 1.0  # libjpeg-turbo decodes on both sides here
         # the evaluation crops are exact copies of the same resize on both sides: rounding apart
         assert pixels["eval_mean_abs_diff"] < 1.0 and pixels["eval_max_abs_diff"] <= 2.0
+    if script == "gpu_compile.py":
+        _check_compile_results(doc)
     assert not list(cwd.rglob("*.json")), "a results file landed in the working folder"
+
+
+def _check_compile_results(doc: dict) -> None:
+    summary, rows = doc["summary"], {r["name"]: r for r in doc["rows"]}
+    assert rows["ceiling_compiled"]["ratio_to_ceiling"] == pytest.approx(1.0)
+    assert rows["ceiling_compiled"]["compile_s"] > 0 and summary["compile_seconds"]["ceiling_compiled"] > 0
+    # the compiled fits ran compiled, the augmented one on canvases through the DataModule's hook
+    for name in ("hdf5+compile", "lightning+compile", "lightning+compile+gpu_aug"):
+        assert rows[name]["compiled_calls"] > 0 and rows[name]["eager_calls"] == 0, rows[name]
+    assert isinstance(summary["aug_cost"], float)
+    small = [r for r in doc["rows"] if r["name"].startswith("small_")]
+    assert len(small) == 2 and all(r["epochs"] >= 4 and r["samples_per_sec"] > 0 for r in small), small
+    assert all(isinstance(r["boundary_stall_s"], float) for r in small)
+    targets = summary["targets_met"]
+    assert "hdf5+compile >= 28x naive" in targets and "aug_cost <= 0.03" in targets
+    assert all(v in (True, False, None) for v in targets.values())
+    if "dali+compile" in rows and not rows["dali+compile"].get("skipped"):
+        assert summary["dali_default_decoder"] == rows["dali+compile"]["decoder"]
+
+
+def _compile_module():
+    spec = importlib.util.spec_from_file_location("gpu_compile", BENCH / "gpu_compile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compile_summary_targets() -> None:
+    summarize = _compile_module().summarize
+    rows = [
+        {"name": "ceiling_eager", "samples_per_sec": 6000.0},
+        {"name": "ceiling_compiled", "samples_per_sec": 7400.0},
+        {"name": "naive", "samples_per_sec": 250.0},
+        {"name": "hdf5", "samples_per_sec": 5600.0},
+        {"name": "hdf5+compile", "samples_per_sec": 7100.0},
+        {"name": "dali+compile", "samples_per_sec": 6800.0},
+        {"name": "lightning+compile", "samples_per_sec": 7300.0},
+        {"name": "lightning+compile+gpu_aug", "samples_per_sec": 7000.0},
+        {"name": "loader_hdf5", "samples_per_sec": 9000.0},
+        {"name": "small_4096", "samples_per_sec": 5000.0, "images": 4096, "boundary_stall_s": 0.2},
+        {"name": "small_8192", "samples_per_sec": 6000.0, "images": 8192, "boundary_stall_s": 0.2},
+    ]
+    summary = summarize(rows)
+    targets = summary["targets_met"]
+    assert targets["hdf5+compile >= 7000 img/s"] is True
+    assert targets["hdf5+compile >= 0.95 of ceiling_compiled"] is True  # 7100 / 7400 = 0.959
+    assert targets["dali+compile >= 0.93 of ceiling_compiled"] is False  # 0.919
+    assert targets["hdf5+compile >= 28x naive"] is True  # 28.4
+    assert targets["aug_cost <= 0.03"] is False and summary["aug_cost"] == pytest.approx(1 - 7000 / 7300)
+    assert targets["loader_hdf5 >= 1.3x ceiling_compiled"] is False  # 1.216
+    assert targets["loader_dali_gpu >= 1.3x ceiling_compiled"] is None  # not measured
+    assert targets["hdf5 >= 0.98 x 0.967 of ceiling_eager"] is False  # 0.933 < 0.948
+    assert targets["dali >= 0.98 x 0.986 of ceiling_eager"] is None
+    assert summary["small_rate_ratio"] == pytest.approx(5000 / 6000)
+
+
+def test_compile_epoch_figures() -> None:
+    figures = _compile_module().epoch_figures
+    # 4 batches an epoch of 0.5 s each; every boundary adds 0.2 s
+    first, done = [0.5, 2.7, 4.9, 7.1], [2.0, 4.2, 6.4, 8.6]
+    out = figures(first, done, batches=4, batch=10)
+    assert out["step_s"] == pytest.approx(0.5)
+    assert out["stalls_s"] == pytest.approx([0.2, 0.2, 0.2]) and out["boundary_stall_s"] == pytest.approx(0.2)
+    assert out["samples_per_sec"] == pytest.approx(3 * 4 * 10 / 6.6)
+    assert figures(first[:1], done[:1], batches=4, batch=10)["samples_per_sec"] is None
 
 
 @pytest.mark.parametrize("script", sorted(HELP_ONLY))
