@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
-from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate
+from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate, close_workers
 from tests._lightning import quiet_trainer
 
 
@@ -214,3 +214,42 @@ def test_loaders_count_the_seconds_their_consumer_waits(cls):
     start = getattr(loader, FETCH_SECONDS_ATTR)
     next(iter(loader))
     assert getattr(loader, FETCH_SECONDS_ATTR) - start >= 0.035
+
+
+class _LoadLog(Dataset):
+    """Appends ``index`` to a file each time a worker loads it, so the test sees what workers built when."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n, self.log = n, log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        with open(self.log, "a") as fh:
+            fh.write(f"{index}\n")
+        return torch.tensor(index)
+
+
+def _loads(log) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+@pytest.mark.parametrize("loader_cls", [ContinuousDataLoader, DataLoader])
+def test_next_epoch_is_built_before_this_one_ends(tmp_path, loader_cls):
+    log = tmp_path / "loads.txt"
+    loader = loader_cls(
+        _LoadLog(8, str(log)), batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=2
+    )
+    assert len(list(loader)) == 4  # epoch 0 consumed; the next iter() has not been called
+    # a per-epoch loader is given a second to show it builds nothing; the continuous one up to 20 s (2 cores)
+    deadline = time.monotonic() + (1.0 if loader_cls is DataLoader else 20.0)
+    while len(_loads(log)) < 8 + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ahead = len(_loads(log)) - 8  # samples of epoch 1 loaded before epoch 1 was asked for
+    if loader_cls is DataLoader:
+        assert ahead == 0  # a per-epoch loader starts building epoch 1 only at the next iter()
+    else:
+        assert ahead >= 2  # at least epoch 1's first batch was built while nobody asked for it
+    assert len(list(loader)) == 4
+    close_workers(loader)
