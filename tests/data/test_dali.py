@@ -334,7 +334,7 @@ def test_gpu_cpu_decoder_feeds_the_gpu_like_nvjpeg(jpeg_folder):
         pytest.skip("needs a CUDA GPU")
     files, labels = _indexed(jpeg_folder)
     kw = dict(batch_size=8, train=False, image_size=24, device="cuda", dtype=torch.float16)
-    gpu, gpu_labels = next(iter(_loader(files[:8], labels[:8], **kw)))
+    gpu, gpu_labels = next(iter(_loader(files[:8], labels[:8], options=DALIOptions("gpu", 1), **kw)))
     cpu, cpu_labels = next(iter(_loader(files[:8], labels[:8], options=DALIOptions("cpu", 2), **kw)))
     assert cpu.device.type == "cuda" and cpu.dtype == torch.float16 and cpu.shape == gpu.shape
     assert cpu.is_contiguous(memory_format=torch.channels_last)
