@@ -139,7 +139,7 @@ def main() -> int:
     cpu_threads = sorted({max(1, cores - 2), max(1, cores - 1), cores}) if gpu else [2]
     split_threads = max(1, cores - 4)
     setups: list[tuple[str, dict[str, Any]]] = [
-        ("nvJPEG (default), 8 threads", {"options": DALIOptions(threads=8)}),
+        ("nvJPEG, 8 threads", {"options": DALIOptions(decoder="gpu", threads=8)}),
         *[
             (f"CPU decoding, {n} threads", {"options": DALIOptions(decoder="cpu", threads=n)})
             for n in cpu_threads
