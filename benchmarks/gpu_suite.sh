@@ -59,7 +59,8 @@ for name in "${steps[@]}"; do
     dali_focus) cmd=(python3 benchmarks/gpu_dali.py --focus --budget-s 300 --out "$RES/dali_focus_$tag.json") ;;
     advisor) cmd=(python3 benchmarks/gpu_advisor.py --budget-s 200 --out "$RES/advisor_$tag.json") ;;
     advisor_decode) cmd=(python3 benchmarks/gpu_advisor.py --only decode-bound --out "$RES/advisor_decode_$tag.json") ;;
-    advisor_scenarios|compile|idle) cmd=(python3 "benchmarks/gpu_${name}.py" --out "$RES") ;;
+    advisor_scenarios|idle) cmd=(python3 "benchmarks/gpu_${name}.py" --out "$RES") ;;
+    compile) cmd=(python3 benchmarks/gpu_compile.py --budget-s "$(( ${SUITE_TIMEOUT:-400} - 70 ))" --out "$RES") ;;
     ddp) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp.py --out "$RES/ddp_${tag}x2.json") ;;
     ddp_scaling) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp_scaling.py --out "$RES") ;;
     parity) cmd=(python3 benchmarks/accuracy_parity.py --size gpu --out "$RES") ;;
