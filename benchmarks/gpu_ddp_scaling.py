@@ -1,42 +1,67 @@
-"""DDP on two GPUs: how close plain PyTorch DDP and Lightning's DDP come to twice one GPU, and which
-``DDPStrategy`` settings the preset should hand Lightning.
+"""DDP on two GPUs: how close plain PyTorch DDP and Lightning with the preset come to twice one GPU, on
+batches already on the GPUs and fed by ``OptimizedDataModule`` from a uint8 HDF5 store and from DALI.
 
-ResNet-50, batch 256 a GPU, fp16 autocast + channels_last, fused SGD, on batches resident on each GPU (no
-data pipeline). Rows:
+ResNet-50, batch 256 a GPU, 224 px, fp16 autocast + channels_last, fused SGD; 20 warm-up steps, then 80
+timed. Rows run by default:
 
-- ``plain_1gpu``: the plain loop on one GPU (the other waits): the 1-GPU rate every scaling divides by,
-- ``lightning_1gpu``: ``Trainer(**fast_trainer_kwargs(model, devices=1))`` on one GPU,
+- ``plain_1gpu``: a plain PyTorch loop on a batch resident on GPU 0 (rank 0; rank 1 waits): the 1-GPU rate
+  ``scaling`` divides by,
 - ``plain_ddp``: plain PyTorch ``DistributedDataParallel`` with its defaults, 2 GPUs,
-- ``plain_ddp_view_static``: the same with ``gradient_as_bucket_view=True, static_graph=True``,
-- ``lightning_preset``: ``Trainer(**fast_trainer_kwargs(model, devices=2, strategy="ddp"))``, as users get it
-  (``DDPStrategy(**PRESET_DDP_KWARGS)``, ChannelsLast, FusedOptimizer, CompileModel(when="auto") which
-  times 10 batches and stays eager in a run this short),
-- ``lightning_ddp_defaults``: the preset's callbacks with ``DDPStrategy()`` (Lightning's defaults),
-- ``lightning_view_static``: ``DDPStrategy(gradient_as_bucket_view=True, static_graph=True)``,
-- ``lightning_view_bucket100``: ``DDPStrategy(gradient_as_bucket_view=True, bucket_cap_mb=100)``,
-- ``lightning_no_callbacks``: ``DDPStrategy(**PRESET_DDP_KWARGS)`` without the preset's callbacks (the model
-  converted to channels_last and built with fused SGD beforehand: the same work).
+- ``lightning_preset``: ``Trainer(**fast_trainer_kwargs(model, devices=2, strategy="ddp"))`` as users get it,
+  on the same resident batches,
+- ``lightning_1gpu``: the same preset on GPU 0 alone,
+- ``hdf5_1gpu``, ``hdf5_ddp``: the preset fed by ``OptimizedDataModule(store, backend="hdf5",
+  num_workers="auto")`` (workers measured per rank in ``setup``, cached), the store converted from generated
+  500x375 JPEGs at 256 px,
+- ``dali_1gpu``, ``dali_ddp``: the preset fed by ``OptimizedDataModule(jpeg_folder, backend="dali")`` with
+  the decoder its default picks for the cores a rank has (the rows record which and why).
 
-Each row runs 3 times in alternating order; the median is kept. ``samples_per_sec`` is the rows' combined
-rate (2 GPUs x batch x steps / the slower rank's seconds); ``scaling`` = that / ``plain_1gpu``;
-``ratio_to_ceiling`` = that / (GPUs x ``plain_1gpu``). ``rank_step_ms`` gives each rank's step times from
-CUDA events (median, p90, max; no host sync per step).
+More rows through ``--rows`` (``--rows all`` runs every one): ``plain_ddp_view_static``
+(``gradient_as_bucket_view=True, static_graph=True``), ``lightning_preset_blocking`` (the preset without
+``NonBlockingStepChecks``), ``lightning_ddp_defaults`` (the preset's callbacks with ``DDPStrategy()``),
+``lightning_view_static``, ``lightning_view_bucket100`` (``DDPStrategy`` settings) and
+``lightning_no_callbacks`` (``DDPStrategy(**PRESET_DDP_KWARGS)`` without the preset's callbacks, the model
+converted to channels_last and built with fused SGD beforehand).
 
-Run on the two-GPU machine (one command, about 6 minutes)::
+The 1-GPU rows ``lightning_1gpu``, ``hdf5_1gpu`` and ``dali_1gpu`` run in this process on GPU 0 with the
+whole machine's CPUs, as a user with one GPU has them; every other row runs in the two ranks
+``torch.distributed.run`` starts once (NCCL, NVLink SHARP/multicast off:
+``NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1``, kept when set). The
+JPEGs and the store are made once, before any row, with every core (``--data-root``, reused when present),
+enough images that an epoch of a rank holds 32 steps. Each row runs ``--repeats`` times, in alternating
+order; the median is kept.
 
-    PYTHONPATH=. python3 benchmarks/gpu_ddp_scaling.py --out $OUT
+``samples_per_sec`` is a row's combined rate (GPUs x batch x timed steps / the slower rank's seconds);
+``scaling`` = that / ``plain_1gpu``; ``scaling_vs_own_1gpu`` of a fed 2-GPU row = that / its 1-GPU row. For
+the median run of each row, ``raw`` keeps each rank's per-step lists (ms, 0.01 ms): ``gpu_ms`` (between CUDA
+events recorded at each step start; no host sync per step), ``host_wall_ms`` and ``host_cpu_ms`` (the main
+thread's ``time.thread_time()``), and ``epoch_starts`` (timed steps that began an epoch). A step long on
+the host clock but short in CPU time waited (for a batch or the GPU); long in CPU time, the host was the
+bound; long on the GPU on both ranks alike, the GPU or the all-reduce. ``slow_steps`` counts the steps
+over 1.1x the median of each series and says whether those steps are the same on both ranks;
+``host_cpu_frac`` is each rank's CPU time / wall time over the timed steps.
 
-The 2-GPU rows run in two ranks started by ``torch.distributed.run`` (NCCL, with NVLink SHARP/multicast
-off: ``NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1``, kept when set).
-``--quick`` runs everything on the CPU (gloo, tiny model) to prove the script end to end.
+Besides ``ddp_scaling_<gpu>x2.json`` the run writes the report ``ddp_<gpu>x2.json`` (``ddp_report.py``:
+scaling of each feed, targets, and ``gpu_ddp.py``'s correctness checks when ``--checks`` names its file).
+On the two-GPU machine, both scripts in one command (about 6 minutes on 2 H200s and 32 cores)::
+
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=.
+    python3 benchmarks/gpu_ddp.py --out $OUT && \\
+        python3 benchmarks/gpu_ddp_scaling.py --checks $OUT/ddp_checks_h200x2.json --out $OUT
+
+``--quick`` runs the same rows on the CPU (gloo, tiny model and images, the DALI CPU pipeline when DALI
+imports) to prove the script end to end.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,9 +71,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-TWO_GPU_ROWS = (
+#: rows the two ranks run (``plain_1gpu`` on rank 0 alone)
+RANK_ROWS = (
     "plain_1gpu",
     "plain_ddp",
     "plain_ddp_view_static",
@@ -58,24 +85,99 @@ TWO_GPU_ROWS = (
     "lightning_view_static",
     "lightning_view_bucket100",
     "lightning_no_callbacks",
+    "hdf5_ddp",
+    "dali_ddp",
 )
-COLUMNS = ["name", "gpus", "samples_per_sec", "scaling", "ratio_to_ceiling", "rank0_step_ms", "rank1_step_ms"]
+#: rows this process runs on GPU 0 with the whole machine's CPUs
+PARENT_ROWS = ("lightning_1gpu", "hdf5_1gpu", "dali_1gpu")
+ALL_ROWS = ("plain_1gpu", "lightning_1gpu", "hdf5_1gpu", "dali_1gpu", *RANK_ROWS[1:])
+DEFAULT_ROWS = (
+    "plain_1gpu",
+    "plain_ddp",
+    "lightning_preset",
+    "lightning_1gpu",
+    "hdf5_1gpu",
+    "hdf5_ddp",
+    "dali_1gpu",
+    "dali_ddp",
+)
+#: a step slower than this times its series' median counts as slow
+SLOW_STEP = 1.1
+COLUMNS = [
+    "name",
+    "gpus",
+    "samples_per_sec",
+    "scaling",
+    "scaling_vs_own_1gpu",
+    "rank0_step_ms",
+    "rank1_step_ms",
+    "slow_gpu_steps",
+    "run_s",
+    "feed",
+]
 
 
 def _settings(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"model": "small", "classes": 10, "batch": 8, "image": 32, "warmup": 2, "steps": 6}
-    return {"model": "resnet50", "classes": 1000, "batch": 256, "image": 224, "warmup": 10, "steps": 40}
+        # 56 images: 7 batches (under MIN_TUNE_BATCHES: "auto" takes a worker a batch, no measurement)
+        return {
+            "model": "small",
+            "classes": 10,
+            "batch": 8,
+            "image": 32,
+            "warmup": 2,
+            "steps": 6,
+            "images": 56,
+            "jpeg_size": (64, 48),
+        }
+    # 16,384 images: 32 steps an epoch on each of 2 ranks, 64 on one GPU
+    return {
+        "model": "resnet50",
+        "classes": 1000,
+        "batch": 256,
+        "image": 224,
+        "warmup": 20,
+        "steps": 80,
+        "images": 16384,
+        "jpeg_size": (500, 375),
+    }
+
+
+#: expected seconds on 2 H200s: a step (1 GPU, 2 GPUs), each fit's start-up by kind, a worker-count
+#: measurement (once per world size), the ranks' start
+_STEP_S = {1: 0.043, 2: 0.046}
+_SETUP_S = {"plain": 2.0, "lightning": 4.0, "hdf5": 7.0, "dali": 7.0}
+_TUNE_S, _LAUNCH_S = 32.0, 20.0
+
+
+def _kind(row: str) -> str:
+    return row.split("_")[0] if row.startswith(("plain", "hdf5", "dali")) else "lightning"
+
+
+def _gpus(row: str) -> int:
+    return 1 if row.endswith("_1gpu") else 2
+
+
+def estimate(rows: list[str], cfg: dict[str, Any], repeats: int) -> tuple[dict[str, float], float]:
+    """Expected seconds of one run of each row on 2 H200s, and of the whole benchmark (data made apart)."""
+    per_row = {r: _SETUP_S[_kind(r)] + (cfg["warmup"] + cfg["steps"]) * _STEP_S[_gpus(r)] for r in rows}
+    tunes = len({_gpus(r) for r in rows if r.startswith("hdf5")})
+    launch = _LAUNCH_S if any(r in RANK_ROWS for r in rows) else 0.0
+    return per_row, repeats * sum(per_row.values()) + tunes * _TUNE_S + launch
 
 
 # --------------------------------------------------------------------------------------------- one rank
 class _Steps:
-    """Per-step CUDA events (no sync until the end) and the wall time of the timed steps."""
+    """At each step start: a CUDA event (no sync until the end), the host's wall clock and the main
+    thread's CPU time; the wall seconds of the timed steps."""
 
     def __init__(self, device: Any, warmup: int) -> None:
         self.device, self.warmup = device, warmup
         self.events: list[Any] = []
-        self.t0 = self.seconds = 0.0
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.epoch_starts: list[int] = []
+        self.t0 = 0.0
         self.count = 0
 
     def sync(self) -> None:
@@ -84,29 +186,47 @@ class _Steps:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def before_step(self) -> None:
+    def before_step(self, new_epoch: bool = False) -> None:
         import torch
 
         if self.count == self.warmup:
             self.sync()
             self.t0 = time.perf_counter()
-        if self.count >= self.warmup and self.device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
+        if self.count >= self.warmup:
+            if self.device.type == "cuda":
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self.events.append(event)
+            self.wall.append(time.perf_counter())
+            self.cpu.append(time.thread_time())
+            if new_epoch:
+                self.epoch_starts.append(self.count - self.warmup)
         self.count += 1
 
     def finish(self) -> dict[str, Any]:
         import torch
 
+        # the host's clocks stop before the final sync: waiting for the GPU there is no step's time
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.thread_time())
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.events.append(end)
         self.sync()
-        self.seconds = time.perf_counter() - self.t0
-        steps_ms = [a.elapsed_time(b) for a, b in itertools.pairwise(self.events)]
-        return {"seconds": self.seconds, "timed_steps": self.count - self.warmup, "step_ms": steps_ms}
+        seconds = time.perf_counter() - self.t0
+
+        def deltas(xs: list[float], scale: float) -> list[float]:
+            return [round((b - a) * scale, 2) for a, b in itertools.pairwise(xs)]
+
+        return {
+            "seconds": seconds,
+            "timed_steps": self.count - self.warmup,
+            "gpu_ms": [round(a.elapsed_time(b), 2) for a, b in itertools.pairwise(self.events)],
+            "host_wall_ms": deltas(self.wall, 1e3),
+            "host_cpu_ms": deltas(self.cpu, 1e3),
+            "epoch_starts": self.epoch_starts,
+        }
 
 
 def _plain(cfg: dict[str, Any], device: Any, ddp_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -140,7 +260,11 @@ def _plain(cfg: dict[str, Any], device: Any, ddp_kwargs: dict[str, Any] | None) 
     return steps.finish()
 
 
-def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict[str, Any]:
+def _lightning(
+    cfg: dict[str, Any], device: Any, row: str, devices: int, data: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """One Lightning fit: on resident batches, or fed by ``OptimizedDataModule`` (rows ``hdf5_*``,
+    ``dali_*``, reading ``data[backend]``)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.strategies import DDPStrategy
@@ -152,6 +276,7 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
     from lightning_gpuopt.compute.compile import CompileModel
     from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
     from lightning_gpuopt.compute.precision import PRESET_DDP_KWARGS, fast_trainer_kwargs
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
     class SameBatch(Dataset):
         def __init__(self, n: int) -> None:
@@ -168,12 +293,11 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
             return self.n
 
     steps = _Steps(device, cfg["warmup"])
-
     finished: dict[str, Any] = {}
 
     class StepTimes(pl.Callback):
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            steps.before_step()
+            steps.before_step(new_epoch=batch_idx == 0)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
             # the clock stops with the last step, not after the fit's teardown (not part of training speed)
@@ -182,6 +306,7 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
 
     torch.manual_seed(0)
     net = build_model(cfg["model"], cfg["classes"])
+    fed = row.startswith(("hdf5", "dali"))
     common: dict[str, Any] = {
         "accelerator": "gpu" if device.type == "cuda" else "cpu",
         "devices": devices,
@@ -192,8 +317,9 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
         "enable_checkpointing": False,
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,
-        "use_distributed_sampler": False,  # every rank trains on its own resident batch
     }
+    if not fed:
+        common["use_distributed_sampler"] = False  # every rank trains on its own resident batch
     precision = "16-mixed" if device.type == "cuda" else "bf16-mixed"
     strategies = {
         "lightning_preset": "ddp",
@@ -201,6 +327,8 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
         "lightning_ddp_defaults": DDPStrategy(),
         "lightning_view_static": DDPStrategy(gradient_as_bucket_view=True, static_graph=True),
         "lightning_view_bucket100": DDPStrategy(gradient_as_bucket_view=True, bucket_cap_mb=100),
+        "hdf5_ddp": "ddp",
+        "dali_ddp": "ddp",
     }
     if row == "lightning_no_callbacks":
         apply_channels_last(net)
@@ -220,18 +348,40 @@ def _lightning(cfg: dict[str, Any], device: Any, row: str, devices: int) -> dict
             kwargs["precision"] = precision  # the CPU check runs the mixed-precision path too
     module = ImageClassifier(net, lr=0.01)  # fused SGD for CUDA parameters
     trainer = pl.Trainer(**kwargs)
+    dm = None
     with quiet_lightning():
-        trainer.fit(module, DataLoader(SameBatch(cfg["warmup"] + cfg["steps"]), batch_size=None))
+        if fed:
+            backend = row.split("_")[0]
+            source = (data or {}).get(backend)
+            if source is None:
+                raise ValueError(f"row {row}: no {backend} data was made; the parent passes --{backend}")
+            dm = OptimizedDataModule(
+                source, backend=backend, batch_size=cfg["batch"], image_size=cfg["image"]
+            )  # num_workers="auto": measured per rank in setup, cached; DALI: the default decoder
+            trainer.fit(module, datamodule=dm)
+        else:
+            trainer.fit(module, DataLoader(SameBatch(cfg["warmup"] + cfg["steps"]), batch_size=None))
     result = dict(finished) if finished else steps.finish()
     comp = next((c for c in trainer.callbacks if isinstance(c, CompileModel)), None)  # type: ignore[attr-defined]
     result["compile_decision"] = None if comp is None or comp.decision is None else comp.decision.reason
-    strategy_obj = trainer.strategy
-    result["ddp_kwargs"] = {k: str(v) for k, v in getattr(strategy_obj, "_ddp_kwargs", {}).items()}
+    result["ddp_kwargs"] = {k: str(v) for k, v in getattr(trainer.strategy, "_ddp_kwargs", {}).items()}
+    if dm is not None:
+        info = getattr(trainer.train_dataloader, "feed_info", None)
+        result["feed"] = info.to_dict() if info is not None else {"num_workers": dm.num_workers}
     return result
 
 
+def _run_row(cfg: dict[str, Any], device: Any, row: str, rank: int, data: dict[str, str | None]) -> Any:
+    if row == "plain_1gpu":
+        return _plain(cfg, device, None) if rank == 0 else None
+    if row.startswith("plain"):
+        ddp = {} if row == "plain_ddp" else {"gradient_as_bucket_view": True, "static_graph": True}
+        return _plain(cfg, device, ddp)
+    return _lightning(cfg, device, row, _gpus(row), data)
+
+
 def _worker(args: argparse.Namespace) -> None:
-    """One of the two ranks ``torch.distributed.run`` starts: every 2-GPU row, repeated, in order."""
+    """One of the two ranks ``torch.distributed.run`` starts: its rows, repeated, in alternating order."""
     import torch
     import torch.distributed as dist
 
@@ -247,19 +397,15 @@ def _worker(args: argparse.Namespace) -> None:
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     out = Path(args.workdir) / f"rank{rank}.jsonl"
+    data = {"hdf5": args.hdf5, "dali": args.dali}
+    rows = args.rows.split(",")
     for rep in range(args.repeats):
-        rows = [r for r in TWO_GPU_ROWS if not args.rows or r in args.rows.split(",")]
-        order = rows if rep % 2 == 0 else rows[::-1]
-        for row in order:
+        for row in rows if rep % 2 == 0 else rows[::-1]:
             dist.barrier()
-            if row == "plain_1gpu":
-                result = _plain(cfg, device, None) if rank == 0 else None
-            elif row.startswith("plain"):
-                ddp = {} if row == "plain_ddp" else {"gradient_as_bucket_view": True, "static_graph": True}
-                result = _plain(cfg, device, ddp)
-            else:
-                result = _lightning(cfg, device, row, devices=2)
+            t0 = time.perf_counter()
+            result = _run_row(cfg, device, row, rank, data)
             if result is not None:
+                result["wall_s"] = time.perf_counter() - t0
                 with out.open("a") as f:
                     f.write(json.dumps({"row": row, "rep": rep, "rank": rank, **result}) + "\n")
             if cuda:
@@ -280,7 +426,26 @@ def _summarize_steps(step_ms: list[float]) -> dict[str, float] | None:
     }
 
 
-def _one_gpu_lightning(args: argparse.Namespace, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def slow_steps(per_rank: dict[str, list[float]]) -> dict[str, Any] | None:
+    """Steps over ``SLOW_STEP`` x the median of their rank's series: how many on each rank, which, how many
+    are slow on every rank, and whether the ranks' slow steps are the same ones (None for one rank)."""
+    found = {r: [i for i, v in enumerate(xs) if v > SLOW_STEP * statistics.median(xs)]
+             for r, xs in per_rank.items() if xs}  # fmt: skip
+    if not found:
+        return None
+    sets = [set(v) for v in found.values()]
+    return {
+        "count": {r: len(v) for r, v in found.items()},
+        "steps": found,
+        "shared": len(set.intersection(*sets)),
+        "coincide": sets[0] == sets[1] if len(sets) == 2 else None,
+    }
+
+
+def _one_gpu_rows(
+    args: argparse.Namespace, cfg: dict[str, Any], rows: list[str], data: dict[str, str | None]
+) -> list[dict[str, Any]]:
+    """The 1-GPU Lightning rows in this process, on GPU 0 with every CPU, in alternating order."""
     import torch
 
     cuda = torch.cuda.is_available() and not args.quick
@@ -291,140 +456,275 @@ def _one_gpu_lightning(args: argparse.Namespace, cfg: dict[str, Any]) -> list[di
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     runs = []
     for rep in range(args.repeats):
-        runs.append(
-            {"row": "lightning_1gpu", "rep": rep, "rank": 0, **_lightning(cfg, device, "lightning_1gpu", 1)}
-        )
-        if cuda:
-            torch.cuda.empty_cache()
+        for row in rows if rep % 2 == 0 else rows[::-1]:
+            t0 = time.perf_counter()
+            result = _lightning(cfg, device, row, 1, data)
+            runs.append({"row": row, "rep": rep, "rank": 0, **result, "wall_s": time.perf_counter() - t0})
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
     return runs
+
+
+def _launch_ranks(args: argparse.Namespace, rows: list[str], data: dict[str, str | None], workdir: Path,
+                  env: dict[str, str]) -> int:  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(Path(__file__).resolve()), "--worker", "--workdir", str(workdir), "--repeats", str(args.repeats),
+        "--rows", ",".join(rows),
+    ]  # fmt: skip
+    for key, value in data.items():
+        if value is not None:
+            cmd += [f"--{key}", value]
+    if args.quick:
+        cmd.append("--quick")
+    # a session of its own, so a run past its time limit is ended with every rank
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=args.rank_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        print(
+            f"the ranks ran past --rank-timeout {args.rank_timeout:.0f} s and were stopped", file=sys.stderr
+        )
+        return 124
+
+
+def _make_data(
+    cfg: dict[str, Any], root: Path, rows: list[str]
+) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The JPEG folder (DALI's rows) and the uint8 store converted from it (the HDF5 rows), made once."""
+    from _shared import hdf5_store
+
+    from lightning_gpuopt._common import eval_resize_size
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+
+    data: dict[str, str | None] = {"hdf5": None, "dali": None}
+    notes: dict[str, Any] = {}
+    if not any(r.startswith(("hdf5", "dali")) for r in rows):
+        return data, notes
+    w, h = cfg["jpeg_size"]
+    t0 = time.perf_counter()
+    jpegs = make_jpeg_folder(
+        root / f"ddp_jpeg_{cfg['images']}_{w}x{h}",
+        num_images=cfg["images"],
+        num_classes=min(100, cfg["classes"]),
+        image_size=(w, h),
+    )
+    notes["jpeg_seconds"] = round(time.perf_counter() - t0, 1)
+    if any(r.startswith("dali") for r in rows):
+        data["dali"] = str(jpegs)
+    if any(r.startswith("hdf5") for r in rows):
+        storage = eval_resize_size(cfg["image"])
+        store = jpegs.parent / f"{jpegs.name}_{storage}.h5"
+        notes["store"] = hdf5_store(jpegs, store, storage)
+        data["hdf5"] = str(store)
+    return data, notes
+
+
+def _choose_rows(arg: str, cuda: bool, quick: bool) -> tuple[list[str], dict[str, str]]:
+    """The rows asked for that can run here, and why each other asked-for row cannot."""
+    wanted = list(ALL_ROWS) if arg == "all" else arg.split(",") if arg else list(DEFAULT_ROWS)
+    skipped: dict[str, str] = {}
+    dali = (
+        importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+    )
+    h5py = importlib.util.find_spec("h5py") is not None
+    for row in wanted:
+        if row.startswith("dali") and not dali:
+            skipped[row] = "nvidia.dali is not installed (pip install 'lightning-gpuopt[dali]')"
+        elif row.startswith("dali") and not (cuda or quick):
+            skipped[row] = "no CUDA device (--quick runs DALI's CPU pipeline)"
+        elif row.startswith("hdf5") and not h5py:
+            skipped[row] = "h5py is not installed"
+    return [r for r in wanted if r not in skipped], skipped
+
+
+def _rows_of(
+    runs: list[dict[str, Any]], cfg: dict[str, Any], skipped: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per name: median rate over repeats, and the median run's per-step lists and slow steps."""
+    per_run: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        per_run.setdefault((r["row"], r["rep"]), []).append(r)
+    by_row: dict[str, list[tuple[float, list[dict[str, Any]]]]] = {}
+    for (name, _rep), ranks in sorted(per_run.items()):
+        ranks.sort(key=lambda r: r["rank"])
+        slowest = max(r["seconds"] for r in ranks)
+        rate = len(ranks) * cfg["batch"] * ranks[0]["timed_steps"] / slowest
+        by_row.setdefault(name, []).append((rate, ranks))
+    rates = {name: statistics.median(rate for rate, _ in reps) for name, reps in by_row.items()}
+    rows: list[dict[str, Any]] = []
+    for name in ALL_ROWS:
+        if name in skipped:
+            rows.append({"name": name, "samples_per_sec": None, "skipped": skipped[name]})
+        if name not in by_row:
+            continue
+        reps = by_row[name]
+        sps = rates[name]
+        # the median run: the repeat whose rate is nearest the median (with 3 repeats, the median itself)
+        rate, ranks = min(reps, key=lambda rr: abs(rr[0] - sps))
+        first = ranks[0]
+        series = {key: {str(r["rank"]): r[key] for r in ranks} for key in ("gpu_ms", "host_wall_ms")}
+        one = rates.get("plain_1gpu")
+        gpus = len(ranks)
+        row: dict[str, Any] = {
+            "name": name,
+            "gpus": gpus,
+            "samples_per_sec": sps,
+            "runs": [rate for rate, _ in reps],
+            "scaling": sps / one if one else None,
+            "ratio_to_ceiling": sps / (gpus * one) if one else None,
+            "gpu_util_mean": None,
+            "data_wait_frac": None,
+            "run_s": statistics.median(r["wall_s"] for _, rr in reps for r in rr),
+            "median_run": next(r["rep"] for r in ranks),
+            "rank_step_ms": {
+                str(r["rank"]): _summarize_steps(r["gpu_ms"] or r["host_wall_ms"]) for r in ranks
+            },
+            "host_cpu_frac": {
+                str(r["rank"]): round(sum(r["host_cpu_ms"]) / max(sum(r["host_wall_ms"]), 1e-9), 3)
+                for r in ranks
+            },
+            "slow_steps": {key: slow_steps(value) for key, value in series.items()},
+            "raw": {
+                str(r["rank"]): {k: r[k] for k in ("gpu_ms", "host_wall_ms", "host_cpu_ms", "epoch_starts")}
+                for r in ranks
+            },
+        }
+        for rank in ("0", "1"):
+            s = row["rank_step_ms"].get(rank)
+            row[f"rank{rank}_step_ms"] = s["median"] if s else None
+        slow = row["slow_steps"]["gpu_ms"] or row["slow_steps"]["host_wall_ms"]
+        row["slow_gpu_steps"] = "/".join(str(v) for v in slow["count"].values()) if slow else None
+        for key in ("compile_decision", "ddp_kwargs", "feed"):
+            if first.get(key):
+                row[key] = first[key]
+        own = name.replace("_ddp", "_1gpu")
+        if name.startswith(("hdf5", "dali")) and gpus == 2 and rates.get(own):
+            row["scaling_vs_own_1gpu"] = sps / rates[own]
+        if name.startswith("lightning") and gpus == 2 and rates.get("lightning_1gpu"):
+            row["scaling_vs_own_1gpu"] = sps / rates["lightning_1gpu"]
+        rows.append(row)
+    return rows
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", help="folder for ddp_scaling_<gpu>x2.json (or a .json path)")
-    p.add_argument("--quick", action="store_true", help="CPU, gloo, tiny model")
+    p.add_argument("--out", help="folder for ddp_scaling_<gpu>x2.json and the report ddp_<gpu>x2.json")
+    p.add_argument("--quick", action="store_true", help="CPU, gloo, tiny model and images")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--rows", default="", help="comma-separated 2-GPU rows to run (default: all)")
+    p.add_argument(
+        "--rows", default="", help=f"comma-separated rows, or 'all' (default: {','.join(DEFAULT_ROWS)})"
+    )
+    p.add_argument("--checks", help="gpu_ddp.py's results file, read into the report's checks")
+    p.add_argument("--data-root", default="/tmp/gpuopt_data", help="where the JPEGs and the store are made")
+    p.add_argument("--rank-timeout", type=float, default=480.0, help="seconds the two ranks may run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
+    p.add_argument("--hdf5", help=argparse.SUPPRESS)
+    p.add_argument("--dali", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         _worker(args)
         return 0
     if not args.out:
         p.error("--out is required")
+    unknown = [r for r in args.rows.split(",") if r] if args.rows != "all" else []
+    unknown = [r for r in unknown if r not in ALL_ROWS]
+    if unknown:
+        p.error(f"--rows: unknown {unknown}; pick from {', '.join(ALL_ROWS)} or 'all'")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
 
     import tempfile
 
     import torch
+    from ddp_report import build_report, read_checks, report_rows
 
     from lightning_gpuopt._common import format_table
-    from lightning_gpuopt.bench.measure import write_results
+    from lightning_gpuopt.bench.measure import machine_info, write_results
 
+    checks_doc = None
+    if args.checks:
+        try:
+            checks_doc = read_checks(args.checks)
+        except (ValueError, FileNotFoundError) as err:
+            p.error(str(err))
     cuda = torch.cuda.is_available() and not args.quick
     if cuda and torch.cuda.device_count() < 2:
         p.error(f"this machine has {torch.cuda.device_count()} GPU(s); the benchmark needs 2 (or --quick)")
     cfg = _settings(args.quick)
     t_start = time.perf_counter()
+    rows_to_run, skipped = _choose_rows(args.rows, cuda, args.quick)
+    for row, why in skipped.items():
+        print(f"skip {row}: {why}")
+    per_row, total = estimate(rows_to_run, cfg, args.repeats)
+    print(f"expected on 2 H200s: {total:.0f} s besides making the data; a run of each row:")
+    print("  " + ", ".join(f"{r} {s:.0f} s" for r, s in per_row.items()))
 
-    runs = _one_gpu_lightning(args, cfg) if not args.rows or "lightning_1gpu" in args.rows.split(",") else []
-    workdir = Path(tempfile.mkdtemp(prefix="ddp_scaling_"))
+    data, data_notes = _make_data(cfg, Path(args.data_root), rows_to_run)
+    print(f"data ready after {time.perf_counter() - t_start:.0f} s: {data_notes}", flush=True)
+    runs = _one_gpu_rows(args, cfg, [r for r in rows_to_run if r in PARENT_ROWS], data)
+    rank_rows = [r for r in rows_to_run if r in RANK_ROWS]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for key, value in NCCL_ENV.items():
         env.setdefault(key, value)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        str(Path(__file__).resolve()), "--worker", "--workdir", str(workdir), "--repeats", str(args.repeats),
-    ]  # fmt: skip
-    if args.quick:
-        cmd.append("--quick")
-    if args.rows:
-        cmd += ["--rows", args.rows]
-    launch = subprocess.run(cmd, env=env, check=False)
-    for f in sorted(workdir.glob("rank*.jsonl")):
-        runs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    if launch.returncode != 0:
-        print(
-            f"the 2-rank run exited with {launch.returncode}; rows below are what it finished",
-            file=sys.stderr,
-        )
+    returncode = 0
+    if rank_rows:
+        workdir = Path(tempfile.mkdtemp(prefix="ddp_scaling_"))
+        returncode = _launch_ranks(args, rank_rows, data, workdir, env)
+        for f in sorted(workdir.glob("rank*.jsonl")):
+            runs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if returncode != 0:
+            print(
+                f"the 2-rank run exited with {returncode}; rows below are what it finished", file=sys.stderr
+            )
 
-    # combined rate of one run: every rank trained `batch` samples a step; the slower rank sets the pace
-    per_run: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in runs:
-        per_run.setdefault((r["row"], r["rep"]), []).append(r)
-    rates: dict[str, list[float]] = {}
-    extra: dict[str, dict[str, Any]] = {}
-    for (row_name, _rep), ranks in sorted(per_run.items()):
-        world = len(ranks)
-        slowest = max(r["seconds"] for r in ranks)
-        steps = ranks[0]["timed_steps"]
-        rates.setdefault(row_name, []).append(world * cfg["batch"] * steps / slowest)
-        info = extra.setdefault(row_name, {"gpus": world, "rank_step_ms": {}})
-        for r in ranks:
-            info["rank_step_ms"].setdefault(str(r["rank"]), []).extend(r.get("step_ms", []))
-        for key in ("compile_decision", "ddp_kwargs"):
-            if ranks[0].get(key) is not None:
-                info[key] = ranks[0][key]
-
-    one_gpu = statistics.median(rates["plain_1gpu"]) if rates.get("plain_1gpu") else None
-    lightning_one = statistics.median(rates["lightning_1gpu"]) if rates.get("lightning_1gpu") else None
-    rows = []
-    for name in ("plain_1gpu", "lightning_1gpu", *[n for n in TWO_GPU_ROWS if n != "plain_1gpu"]):
-        if name not in rates:
-            continue
-        info = extra[name]
-        sps = statistics.median(rates[name])
-        steps = {rank: _summarize_steps(ms) for rank, ms in info.pop("rank_step_ms").items()}
-        row: dict[str, Any] = {
-            "name": name,
-            "samples_per_sec": sps,
-            "runs": rates[name],
-            "scaling": sps / one_gpu if one_gpu else None,
-            "ratio_to_ceiling": sps / (info["gpus"] * one_gpu) if one_gpu else None,
-            "gpu_util_mean": None,
-            "data_wait_frac": None,
-            "rank_step_ms": steps,
-            **info,
-        }
-        if name.startswith("lightning") and lightning_one and info["gpus"] == 2:
-            row["scaling_vs_lightning_1gpu"] = sps / lightning_one
-        for rank in ("0", "1"):
-            s = steps.get(rank)
-            row[f"rank{rank}_step_ms"] = s["median"] if s else None
-        rows.append(row)
-
+    rows = _rows_of(runs, cfg, skipped)
     out = Path(args.out)
     gpu = torch.cuda.get_device_name(0).split()[-1].lower() if cuda else "cpu"
-    path = out if out.suffix == ".json" else out / f"ddp_scaling_{gpu}x2.json"
-    best = max((r for r in rows if r["name"].startswith("lightning_") and r["gpus"] == 2),
-               key=lambda r: r["samples_per_sec"], default=None)  # fmt: skip
-    preset = next((r["samples_per_sec"] for r in rows if r["name"] == "lightning_preset"), None)
-    summary = {
-        "one_gpu_plain": one_gpu,
-        "best_lightning_row": best["name"] if best else None,
-        "preset_to_best_lightning": preset / best["samples_per_sec"] if best and preset else None,
-        "nccl_env": {k: env.get(k) for k in NCCL_ENV},
-        "launch_returncode": launch.returncode,
+    scaling_path = out / f"ddp_scaling_{gpu}x2.json"
+    report_path = out / (f"ddp_{gpu}x2.json" if cuda else "ddp_cpu.json")
+    settings = {
+        "model": cfg["model"],
+        "batch_size_per_gpu": cfg["batch"],
+        "image_size": cfg["image"],
+        "warmup_steps": cfg["warmup"],
+        "timed_steps": cfg["steps"],
+        "repeats": args.repeats,
+        "images": cfg["images"],
     }
-    write_results(
-        path,
-        rows,
-        benchmark="gpu_ddp_scaling",
-        model=cfg["model"],
-        batch_size_per_gpu=cfg["batch"],
-        image_size=cfg["image"],
-        timed_steps=cfg["steps"],
-        repeats=args.repeats,
-        quick=args.quick,
-        summary=summary,
-        total_seconds=time.perf_counter() - t_start,
-    )
-    for k, v in summary.items():
-        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
-    print(f"results: {path}")
-    print(format_table(rows, COLUMNS))
-    return 0 if launch.returncode == 0 else 1
+    summary = {
+        "nccl_env": {k: env.get(k) for k in NCCL_ENV},
+        "launch_returncode": returncode,
+        "expected_seconds": round(total, 1),
+        "data": data_notes,
+        "one_gpu_rows_in": "the parent process, GPU 0, every CPU",
+    }
+    scaling_doc = {"machine": machine_info(), "rows": rows, **settings, "results_file": scaling_path.name}
+    report = build_report(scaling_doc, args.checks, checks_doc)
+    summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    write_results(scaling_path, rows, benchmark="gpu_ddp_scaling", quick=args.quick, summary=summary,
+                  scaling=report["scaling"], **settings)  # fmt: skip
+    write_results(report_path, report_rows(rows), benchmark="gpu_ddp_scaling", **report)
+
+    print(f"took {summary['total_seconds']:.0f} s (expected {total:.0f} s besides the data)")
+    for key, value in report["scaling"].items():
+        print(f"scaling {key}: {value:.3f}" if isinstance(value, float) else f"scaling {key}: {value}")
+    for key, ok in report["targets_met"].items():
+        print(f"{'-   ' if ok is None else 'PASS' if ok else 'FAIL'}  {key}")
+    print(report["checks_note"])
+    print(f"results: {scaling_path}\nreport: {report_path}")
+    shown = [{**r, "feed": (r.get("feed") or {}).get("decoder") or (r.get("feed") or {}).get("num_workers")}
+             for r in rows]  # fmt: skip
+    print(format_table(shown, COLUMNS))
+    return 0 if returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -105,8 +105,9 @@ QUICK: dict[str, Quick] = {
 #: scripts checked with ``--help`` only, and why not ``--quick``
 HELP_ONLY: dict[str, str] = {
     "gpu_advisor_scenarios.py": "it refuses to run without a CUDA GPU",
-    "gpu_ddp.py": "its CPU mode launches a DDP fit per scenario and backend",
-    "gpu_ddp_scaling.py": "its CPU mode launches torch.distributed.run for every row",
+    "gpu_ddp.py": "test_ddp_quick_chain runs its --quick",
+    "gpu_ddp_scaling.py": "test_ddp_quick_chain runs its --quick on gpu_ddp.py's checks",
+    "ddp_report.py": "test_ddp_report_rebuilds runs it on fixed results files",
     "gpu_ladder.py": "the ladder it drives runs in tests/test_demo.py; its quick run takes half a minute",
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it",
 }
@@ -305,3 +306,130 @@ def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
     assert tool.resolve_logdir(plain) == plain
     with pytest.raises(FileNotFoundError, match="--logdir"):
         tool.resolve_logdir(tmp_path / "missing")
+
+
+# --- the two-GPU DDP benchmark: gpu_ddp.py's checks, gpu_ddp_scaling.py's rows and the report of both ---
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DDP_ROWS = ("plain_1gpu", "plain_ddp", "lightning_preset", "lightning_1gpu", "hdf5_1gpu", "hdf5_ddp")
+
+
+@pytest.mark.slow
+def test_ddp_quick_chain(tmp_path: Path) -> None:
+    """The GPU command's two steps on the CPU: the checks file, then the scaling rows and the report."""
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()
+    data = ("--data-dir", str(tmp_path / "data"), "--workdir", str(tmp_path / "work"))
+    proc = _run([sys.executable, str(BENCH / "gpu_ddp.py"), "--quick", "--out", str(out), *data], cwd, 300)
+    assert proc.returncode == 0, f"gpu_ddp.py --quick failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    checks = out / "ddp_checks_cpu.json"
+    assert all(isinstance(v, bool) for v in json.loads(checks.read_text())["checks"].values())
+    args = ["--quick", "--out", str(out), "--checks", str(checks), "--repeats", "2"]
+    args += ["--data-root", str(tmp_path / "data")]
+    proc = _run([sys.executable, str(BENCH / "gpu_ddp_scaling.py"), *args], cwd, 300)
+    assert proc.returncode == 0, f"gpu_ddp_scaling.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    scaling = json.loads((out / "ddp_scaling_cpux2.json").read_text())
+    rows = {r["name"]: r for r in scaling["rows"]}
+    dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali")
+    for name in DDP_ROWS + (("dali_1gpu", "dali_ddp") if dali else ()):
+        row = rows[name]
+        assert row["samples_per_sec"] > 0 and len(row["runs"]) == 2, row
+        raw = row["raw"]
+        assert sorted(raw) == (["0"] if row["gpus"] == 1 else ["0", "1"]), name
+        for series in raw.values():  # the timed steps of the median run, on the host clocks (no CUDA here)
+            assert len(series["host_wall_ms"]) == len(series["host_cpu_ms"]) == scaling["timed_steps"]
+            assert series["gpu_ms"] == [] and all(v >= 0 for v in series["host_cpu_ms"])
+        slow = row["slow_steps"]["host_wall_ms"]
+        assert set(slow["count"]) == set(raw) and (slow["coincide"] is None) == (row["gpus"] == 1)
+    # 7 batches of the 56 images on one device, 3 a rank on two: the fed fits ran across epochs
+    assert rows["hdf5_ddp"]["raw"]["0"]["epoch_starts"] and rows["hdf5_ddp"]["feed"]["backend"] == "hdf5"
+    if dali:
+        assert rows["dali_ddp"]["feed"]["backend"] == "dali" and rows["dali_ddp"]["feed"]["decoder"] == "cpu"
+    report = json.loads((out / "ddp_cpu.json").read_text())
+    assert {"date", "machine", "command", "checks", "scaling", "targets_met", "rows"} <= set(report)
+    assert report["checks"] == json.loads(checks.read_text())["checks"] and report["all_checks_passed"]
+    assert report["scaling"]["hdf5"] == pytest.approx(
+        rows["hdf5_ddp"]["samples_per_sec"] / rows["hdf5_1gpu"]["samples_per_sec"]
+    )
+    assert report["scaling"]["synthetic"] == pytest.approx(rows["lightning_preset"]["scaling"])
+    assert all("raw" not in r for r in report["rows"])
+    assert not list(cwd.rglob("*.json")), "a results file landed in the working folder"
+
+
+def test_ddp_slow_steps() -> None:
+    slow_steps = _bench_module("gpu_ddp_scaling").slow_steps
+    both = slow_steps({"0": [10.0, 10.0, 12.0, 10.0, 11.5], "1": [10.0, 10.0, 12.0, 10.0, 10.5]})
+    # medians 10.0: over 11.0 are steps 2 and 4 on rank 0, step 2 on rank 1
+    assert both == {
+        "count": {"0": 2, "1": 1},
+        "steps": {"0": [2, 4], "1": [2]},
+        "shared": 1,
+        "coincide": False,
+    }
+    same = slow_steps({"0": [10.0, 20.0, 10.0], "1": [5.0, 9.0, 5.0]})
+    assert same is not None and same["coincide"] is True and same["shared"] == 1
+    one = slow_steps({"0": [10.0, 10.0, 10.0]})
+    assert one is not None and one["count"] == {"0": 0} and one["coincide"] is None
+    assert slow_steps({"0": []}) is None
+
+
+def _ddp_rows() -> list[dict]:
+    rates = {
+        "plain_1gpu": 6000.0,
+        "lightning_1gpu": 5900.0,
+        "plain_ddp": 11520.0,
+        "lightning_preset": 11460.0,
+    }
+    rates |= {"hdf5_1gpu": 5800.0, "hdf5_ddp": 10440.0, "dali_1gpu": 5700.0}  # dali_ddp did not run
+    return [{"name": k, "samples_per_sec": v, "raw": {"0": {}}} for k, v in rates.items()]
+
+
+def test_ddp_report_figures(tmp_path: Path) -> None:
+    report = _bench_module("ddp_report")
+    scaling = report.scaling_of(_ddp_rows())
+    assert scaling["plain_ddp"] == pytest.approx(1.92) and scaling["synthetic"] == pytest.approx(1.91)
+    assert scaling["hdf5"] == pytest.approx(1.8) and scaling["dali"] is None
+    assert scaling["plain_ddp_minus_synthetic"] == pytest.approx(0.01)
+    targets = report.targets_of(scaling, {"a": True, "b": False})
+    assert targets["synthetic >= 1.9"] is True and targets["plain_ddp - synthetic <= 0.02"] is True
+    assert targets["hdf5 >= 1.9"] is False and targets["dali >= 1.9"] is None
+    assert targets["checks all true"] is False
+    doc = {"machine": {"gpu": "NVIDIA H200"}, "rows": _ddp_rows()}
+    without = report.build_report(doc, None)
+    assert without["checks"] is None and "--checks" in without["checks_note"]
+    assert without["targets_met"]["checks all true"] is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"checks": {"a": "yes"}}))
+    with pytest.raises(ValueError, match="true/false"):
+        report.read_checks(bad)
+    with pytest.raises(FileNotFoundError, match=r"gpu_ddp\.py"):
+        report.read_checks(tmp_path / "missing.json")
+
+
+def test_ddp_report_rebuilds(tmp_path: Path) -> None:
+    scaling = tmp_path / "ddp_scaling_h200x2.json"
+    measured = {
+        "machine": {"gpu": "NVIDIA H200"},
+        "date": "2026-01-01T00:00:00+00:00",
+        "command": "python3 x",
+    }
+    scaling.write_text(json.dumps({**measured, "rows": _ddp_rows()}))
+    checks = tmp_path / "ddp_checks_h200x2.json"
+    checks.write_text(json.dumps({"machine": {"gpu": "NVIDIA H200"}, "checks": {"x.ran": True}}))
+    out = tmp_path / "ddp_h200x2.json"
+    args = ["--scaling", str(scaling), "--checks", str(checks), "--out", str(out)]
+    proc = _run([sys.executable, str(BENCH / "ddp_report.py"), *args], tmp_path, 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert {k: doc[k] for k in measured} == measured  # the measurement's, not this machine's
+    assert doc["checks"] == {"x.ran": True} and doc["scaling"]["hdf5"] == pytest.approx(1.8)
+    assert all("raw" not in r for r in doc["rows"])
+    proc = _run([sys.executable, str(BENCH / "ddp_report.py"), *args[:2], "--checks", "nope.json", "--out",
+                 str(out)], tmp_path, 120)  # fmt: skip
+    assert proc.returncode == 2 and "nope.json" in proc.stderr
