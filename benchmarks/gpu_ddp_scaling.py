@@ -71,6 +71,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -404,15 +405,28 @@ def _worker(args: argparse.Namespace) -> None:
     out = Path(args.workdir) / f"rank{rank}.jsonl"
     data = {"hdf5": args.hdf5, "dali": args.dali}
     rows = args.rows.split(",")
+    failed: set[str] = set()
     for rep in range(args.repeats):
         for row in rows if rep % 2 == 0 else rows[::-1]:
+            if row in failed:
+                continue
             dist.barrier()
             t0 = time.perf_counter()
-            result = _run_row(cfg, device, row, rank, data)
+            try:
+                result = _run_row(cfg, device, row, rank, data)
+            except Exception as err:  # one row's failure is recorded; the other rows still run
+                traceback.print_exc()
+                result = {"error": f"{type(err).__name__}: {err}"[:500]}
+            # a row that failed on either rank is not repeated (both ranks learn it here)
+            flag = torch.tensor([float("error" in (result or {}))], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                failed.add(row)
             if result is not None:
                 result["wall_s"] = time.perf_counter() - t0
                 with out.open("a") as f:
                     f.write(json.dumps({"row": row, "rep": rep, "rank": rank, **result}) + "\n")
+            gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
     dist.barrier()
@@ -459,11 +473,19 @@ def _one_gpu_rows(
 
         configure_backends(tf32=True, cudnn_benchmark=True)
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    runs = []
+    runs: list[dict[str, Any]] = []
+    failed: set[str] = set()
     for rep in range(args.repeats):
         for row in rows if rep % 2 == 0 else rows[::-1]:
+            if row in failed:
+                continue
             t0 = time.perf_counter()
-            result = _lightning(cfg, device, row, 1, data)
+            try:
+                result = _lightning(cfg, device, row, 1, data)
+            except Exception as err:  # one row's failure is recorded; the other rows still run
+                traceback.print_exc()
+                result = {"error": f"{type(err).__name__}: {err}"[:500]}
+                failed.add(row)
             runs.append({"row": row, "rep": rep, "rank": 0, **result, "wall_s": time.perf_counter() - t0})
             gc.collect()
             if cuda:
@@ -553,10 +575,16 @@ def _rows_of(
 ) -> list[dict[str, Any]]:
     """One row per name: median rate over repeats, and the median run's per-step lists and slow steps."""
     per_run: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    errors: dict[str, list[str]] = {}
     for r in runs:
-        per_run.setdefault((r["row"], r["rep"]), []).append(r)
+        if "error" in r:
+            errors.setdefault(r["row"], []).append(f"rank {r['rank']}, repeat {r['rep']}: {r['error']}")
+        else:
+            per_run.setdefault((r["row"], r["rep"]), []).append(r)
     by_row: dict[str, list[tuple[float, list[dict[str, Any]]]]] = {}
     for (name, _rep), ranks in sorted(per_run.items()):
+        if name in errors:  # a repeat that ran on one rank only says nothing of the pair
+            continue
         ranks.sort(key=lambda r: r["rank"])
         slowest = max(r["seconds"] for r in ranks)
         rate = len(ranks) * cfg["batch"] * ranks[0]["timed_steps"] / slowest
@@ -566,6 +594,8 @@ def _rows_of(
     for name in ALL_ROWS:
         if name in skipped:
             rows.append({"name": name, "samples_per_sec": None, "skipped": skipped[name]})
+        if name in errors:
+            rows.append({"name": name, "samples_per_sec": None, "errors": errors[name]})
         if name not in by_row:
             continue
         reps = by_row[name]
