@@ -61,8 +61,11 @@ for name in "${steps[@]}"; do
     advisor_decode) cmd=(python3 benchmarks/gpu_advisor.py --only decode-bound --out "$RES/advisor_decode_$tag.json") ;;
     advisor_scenarios|idle) cmd=(python3 "benchmarks/gpu_${name}.py" --out "$RES") ;;
     compile) cmd=(python3 benchmarks/gpu_compile.py --budget-s "$(( ${SUITE_TIMEOUT:-400} - 70 ))" --out "$RES") ;;
-    ddp) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp.py --out "$RES/ddp_${tag}x2.json") ;;
-    ddp_scaling) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp_scaling.py --out "$RES") ;;
+    ddp) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp.py --out "$RES") ;;
+    ddp_scaling)
+      checks="$RES/ddp_checks_${tag}x2.json"
+      if [ -f "$checks" ]; then extra=(--checks "$checks"); else extra=(); fi
+      cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/gpu_ddp_scaling.py "${extra[@]}" --out "$RES") ;;
     parity) cmd=(python3 benchmarks/accuracy_parity.py --size gpu --out "$RES") ;;
     *) cmd=(python3 "benchmarks/gpu_${name}.py" --out "$RES/${name}_$tag.json") ;;
   esac
