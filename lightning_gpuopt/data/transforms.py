@@ -10,7 +10,8 @@ The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.dat
 
 The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one affine
 grid (``F.affine_grid``'s, built from broadcast sums) and one ``F.grid_sample`` (bilinear,
-``align_corners=False``, edges replicated at the image's border) resample the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
+``align_corners=False``, edges replicated at the image's border; 2x2 taps per pixel, averaged, where a box
+shrinks, which antialiases like PIL's bilinear resize) resample the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
 normalized into channels_last NCHW. No per-sample Python loop, no host synchronisation; random numbers are
 drawn on the batch's device.
 """
@@ -228,7 +229,46 @@ def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
     return grid
 
 
-def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size: int) -> torch.Tensor:
+def antialias_taps(grid: torch.Tensor, theta: torch.Tensor, shrink: torch.Tensor, size: int) -> torch.Tensor:
+    """Expand a ``(N, size, size, 2)`` grid into ``(N, 2 size, 2 size, 2)``: 2x2 bilinear taps per pixel.
+
+    PIL's (and torchvision's ``antialias=True``) bilinear downscale by ``s`` is a triangle filter of
+    half-width ``s`` input pixels (variance ``s^2 / 6``); one bilinear tap is a triangle of half-width 1
+    (variance ``1 / 6``). Four taps at ``+-d`` input pixels along each output axis, ``d = sqrt((s^2 - 1) / 6)``,
+    make up the missing variance, so their average has the low-pass of PIL's filter. Where a sample does
+    not shrink along an axis (``s <= 1``) its taps coincide and the result is plain bilinear.
+
+    Args:
+        grid: ``(N, size, size, 2)`` sampling points from ``affine_grid(theta, size)``.
+        theta: ``(N, 2, 3)`` matrices of ``grid``.
+        shrink: ``(N, 2)`` input pixels per output pixel along the output's columns and rows.
+        size: output side.
+
+    Returns:
+        ``(N, 2 size, 2 size, 2)``; ``F.avg_pool2d(grid_sample(...), 2)`` gives the antialiased output.
+    """
+    n = grid.shape[0]
+    d = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0) / shrink.clamp(min=1e-6)
+    # tap offsets in normalized output units (one output pixel is 2 / size), mapped through theta
+    step = (d * (2.0 / size)).view(n, 1, 2)
+    du, dv = theta[:, :, 0].view(n, 2, 1) * step[..., :1], theta[:, :, 1].view(n, 2, 1) * step[..., 1:]
+    sign = torch.tensor([-1.0, 1.0], device=grid.device, dtype=grid.dtype)
+    # (N, v, ty, u, tx, 2): rows of taps interleave with rows of pixels
+    taps = (
+        grid.view(n, size, 1, size, 1, 2)
+        + (du.view(n, 1, 1, 1, 1, 2) * sign.view(1, 1, 1, 1, 2, 1))
+        + (dv.view(n, 1, 1, 1, 1, 2) * sign.view(1, 1, 2, 1, 1, 1))
+    )
+    return taps.reshape(n, 2 * size, 2 * size, 2)
+
+
+def resample(
+    images: torch.Tensor,
+    meta: torch.Tensor,
+    theta: torch.Tensor,
+    size: int,
+    shrink: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One bilinear ``grid_sample`` of ``theta``'s boxes into ``size x size``, edges replicated at each
     image's stored border (``meta``), rounded to integers.
 
@@ -237,9 +277,13 @@ def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size
         meta: int ``(N, 3)`` ``(h, w, transposed)``.
         theta: ``(N, 2, 3)`` from ``crop_theta``.
         size: output side.
+        shrink: ``(N, 2)`` box width and height over ``size``; given, downscaled samples are antialiased
+            like PIL's bilinear resize (``antialias_taps``); ``None``: plain bilinear.
     """
     n, _, ch, cw = images.shape
     grid = affine_grid(theta.to(images.dtype), size)
+    if shrink is not None:
+        grid = antialias_taps(grid, theta.to(images.dtype), shrink.to(images.dtype), size)
     m = meta.to(device=images.device, dtype=images.dtype)
     # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
     hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
@@ -247,6 +291,8 @@ def resample(images: torch.Tensor, meta: torch.Tensor, theta: torch.Tensor, size
     lo[..., 0], lo[..., 1] = 1.0 / cw - 1.0, 1.0 / ch - 1.0  # filled on the device: no host copy
     torch.clamp(grid, lo, hi, out=grid)
     out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    if shrink is not None:
+        out = F.avg_pool2d(out, 2)  # the 2x2 taps of each output pixel, averaged
     return out.round_()
 
 
@@ -324,8 +370,9 @@ class GPUAugment(nn.Module):
     coordinates plus a horizontal flip (``augment.flip_p``). Eval: ``Resize(eval_resize_size(image_size))``
     + ``CenterCrop(image_size)`` of the whole image. Both are one ``grid_sample`` for the whole batch (see
     the module docstring), then per-channel normalization written channels_last in ``output_dtype``.
-    Resampling is bilinear without antialiasing: crops shrunk by more than about 1.5x alias where
-    torchvision's PIL resize would not.
+    Resampling is bilinear; a box larger than the output is antialiased like PIL's bilinear resize (2x2
+    bilinear taps per output pixel spread by the sample's shrink, averaged; ``antialias_taps``), in the same
+    single ``grid_sample``. The taps run only where the canvas's shape allows a box larger than the output.
 
     Args:
         image_size: output side in pixels.
@@ -334,6 +381,9 @@ class GPUAugment(nn.Module):
         std: per-channel std in [0, 1] units.
         output_dtype: dtype of the output (resampling always runs in float32).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
+        antialias: low-pass the samples a box shrinks, as PIL's bilinear resize (torchvision's
+            ``antialias=True``) does; ``False`` samples plain bilinear, which aliases crops shrunk by more
+            than about 1.5x.
 
     Example:
         >>> from lightning_gpuopt.data import layout
@@ -353,6 +403,7 @@ class GPUAugment(nn.Module):
         std: Sequence[float] = IMAGENET_STD,
         output_dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
+        antialias: bool = True,
     ) -> None:
         super().__init__()
         check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "a positive int (pixels)")
@@ -369,6 +420,8 @@ class GPUAugment(nn.Module):
         self.mean, self.std = check_mean_std(mean, std)
         self.output_dtype = output_dtype
         self.generator = generator
+        check_arg(isinstance(antialias, bool), "antialias", antialias, "True or False", error=TypeError)
+        self.antialias = antialias
         # per-device normalization constants: built once, so no host->device copy per step
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -389,6 +442,16 @@ class GPUAugment(nn.Module):
         """Evaluation boxes ``(x0, y0, w, h)`` in each image's own pixels, ``(N, 4)`` float32."""
         heights, widths = image_sizes(meta)
         return center_crop_boxes(heights, widths, self.image_size)
+
+    def may_shrink(self, canvas: tuple[int, int], train: bool) -> bool:
+        """Whether some box read from a ``canvas``-sized array can be larger than the output (then the
+        resampling is antialiased); decided from shapes alone, so no device value is read."""
+        if not self.antialias:
+            return False
+        if train:  # a crop can span the whole stored image
+            return max(canvas) > self.image_size
+        # the evaluation box is image_size / eval_resize_size of the stored image's scale
+        return min(canvas) > eval_resize_size(self.image_size)
 
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
@@ -420,10 +483,15 @@ class GPUAugment(nn.Module):
         else:
             boxes, flip = self.eval_boxes(meta), None
         x = images.permute(0, 3, 1, 2).float()  # keeps the channels_last strides: one read, one write
-        theta = crop_theta(meta, boxes, flip, (images.shape[1], images.shape[2]))
-        x = resample(x, meta, theta, self.image_size)
+        canvas = (images.shape[1], images.shape[2])
+        theta = crop_theta(meta, boxes, flip, canvas)
+        shrink = boxes[:, 2:] / self.image_size if self.may_shrink(canvas, train) else None
+        x = resample(x, meta, theta, self.image_size, shrink)
         scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
     def extra_repr(self) -> str:
-        return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"
+        return (
+            f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}, "
+            f"antialias={self.antialias}"
+        )
