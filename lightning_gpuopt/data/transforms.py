@@ -29,6 +29,8 @@ from torch.nn import functional as F
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 from lightning_gpuopt.data._checks import check_arg, check_pair, is_int, is_number
 
+#: most antialiasing taps per axis (``GPUAugment.antialias_taps``): shrinks beyond it are filtered more weakly.
+MAX_TAPS = 4
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
 CROP_ATTEMPTS = 10
 
@@ -229,37 +231,45 @@ def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
     return grid
 
 
-def antialias_taps(grid: torch.Tensor, theta: torch.Tensor, shrink: torch.Tensor, size: int) -> torch.Tensor:
-    """Expand a ``(N, size, size, 2)`` grid into ``(N, 2 size, 2 size, 2)``: 2x2 bilinear taps per pixel.
+def antialias_taps(
+    grid: torch.Tensor, theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: int = 2
+) -> torch.Tensor:
+    """Expand a ``(N, size, size, 2)`` grid into ``(N, taps size, taps size, 2)``: ``taps x taps`` bilinear
+    taps per output pixel, whose average is the antialiased pixel.
 
     PIL's (and torchvision's ``antialias=True``) bilinear downscale by ``s`` is a triangle filter of
     half-width ``s`` input pixels (variance ``s^2 / 6``); one bilinear tap is a triangle of half-width 1
-    (variance ``1 / 6``). Four taps at ``+-d`` input pixels along each output axis, ``d = sqrt((s^2 - 1) / 6)``,
-    make up the missing variance, so their average has the low-pass of PIL's filter. Where a sample does
-    not shrink along an axis (``s <= 1``) its taps coincide and the result is plain bilinear.
+    (variance ``1 / 6``). Equally weighted taps along each output axis, spread so that their variance
+    is the missing ``(s^2 - 1) / 6``, give the average PIL's low-pass; the taps sit at the quantile midpoints
+    of a triangle, so more taps follow PIL's triangle more closely. Where a sample does not shrink along
+    an axis (``s <= 1``) its taps coincide and the result is plain bilinear.
 
     Args:
         grid: ``(N, size, size, 2)`` sampling points from ``affine_grid(theta, size)``.
         theta: ``(N, 2, 3)`` matrices of ``grid``.
         shrink: ``(N, 2)`` input pixels per output pixel along the output's columns and rows.
         size: output side.
+        taps: taps per axis (2 covers shrinks up to about 2x, ``ceil(s)`` a shrink ``s``).
 
     Returns:
-        ``(N, 2 size, 2 size, 2)``; ``F.avg_pool2d(grid_sample(...), 2)`` gives the antialiased output.
+        ``(N, taps size, taps size, 2)``; ``F.avg_pool2d(grid_sample(...), taps)`` is the output.
     """
-    n = grid.shape[0]
-    d = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0) / shrink.clamp(min=1e-6)
-    # tap offsets in normalized output units (one output pixel is 2 / size), mapped through theta
-    step = (d * (2.0 / size)).view(n, 1, 2)
-    du, dv = theta[:, :, 0].view(n, 2, 1) * step[..., :1], theta[:, :, 1].view(n, 2, 1) * step[..., 1:]
-    sign = torch.tensor([-1.0, 1.0], device=grid.device, dtype=grid.dtype)
-    # (N, v, ty, u, tx, 2): rows of taps interleave with rows of pixels
-    taps = (
-        grid.view(n, size, 1, size, 1, 2)
-        + (du.view(n, 1, 1, 1, 1, 2) * sign.view(1, 1, 1, 1, 2, 1))
-        + (dv.view(n, 1, 1, 1, 1, 2) * sign.view(1, 1, 2, 1, 1, 1))
+    n, k = grid.shape[0], taps
+    # tap positions: the k quantile midpoints of a triangle distribution, scaled to unit variance
+    q = [(i + 0.5) / k for i in range(k)]
+    pos = [-1 + math.sqrt(2 * p) if p < 0.5 else 1 - math.sqrt(2 * (1 - p)) for p in q]
+    unit = math.sqrt(sum(x * x for x in pos) / k)
+    j = torch.tensor([x / unit for x in pos], device=grid.device, dtype=grid.dtype)
+    spread = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0)  # input pixels
+    # in normalized output units (one output pixel is 2 / size, s input pixels)
+    step = (spread / shrink.clamp(min=1e-6) * (2.0 / size)).view(n, 1, 2)
+    du = (theta[:, :, 0].view(n, 2, 1) * step[..., :1]).view(n, 1, 1, 1, 1, 2)
+    dv = (theta[:, :, 1].view(n, 2, 1) * step[..., 1:]).view(n, 1, 1, 1, 1, 2)
+    # (N, v, tap row, u, tap column, 2): the taps of a pixel are a k x k block of the expanded grid
+    expanded = (
+        grid.view(n, size, 1, size, 1, 2) + du * j.view(1, 1, 1, 1, k, 1) + dv * j.view(1, 1, k, 1, 1, 1)
     )
-    return taps.reshape(n, 2 * size, 2 * size, 2)
+    return expanded.reshape(n, k * size, k * size, 2)
 
 
 def resample(
@@ -268,6 +278,7 @@ def resample(
     theta: torch.Tensor,
     size: int,
     shrink: torch.Tensor | None = None,
+    taps: int = 2,
 ) -> torch.Tensor:
     """One bilinear ``grid_sample`` of ``theta``'s boxes into ``size x size``, edges replicated at each
     image's stored border (``meta``), rounded to integers.
@@ -279,11 +290,12 @@ def resample(
         size: output side.
         shrink: ``(N, 2)`` box width and height over ``size``; given, downscaled samples are antialiased
             like PIL's bilinear resize (``antialias_taps``); ``None``: plain bilinear.
+        taps: taps per axis where ``shrink`` is given.
     """
     n, _, ch, cw = images.shape
     grid = affine_grid(theta.to(images.dtype), size)
     if shrink is not None:
-        grid = antialias_taps(grid, theta.to(images.dtype), shrink.to(images.dtype), size)
+        grid = antialias_taps(grid, theta.to(images.dtype), shrink.to(images.dtype), size, taps)
     m = meta.to(device=images.device, dtype=images.dtype)
     # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
     hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
@@ -292,7 +304,7 @@ def resample(
     torch.clamp(grid, lo, hi, out=grid)
     out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
     if shrink is not None:
-        out = F.avg_pool2d(out, 2)  # the 2x2 taps of each output pixel, averaged
+        out = F.avg_pool2d(out, taps)  # the taps of each output pixel, averaged
     return out.round_()
 
 
@@ -370,9 +382,10 @@ class GPUAugment(nn.Module):
     coordinates plus a horizontal flip (``augment.flip_p``). Eval: ``Resize(eval_resize_size(image_size))``
     + ``CenterCrop(image_size)`` of the whole image. Both are one ``grid_sample`` for the whole batch (see
     the module docstring), then per-channel normalization written channels_last in ``output_dtype``.
-    Resampling is bilinear; a box larger than the output is antialiased like PIL's bilinear resize (2x2
+    Resampling is bilinear; a box larger than the output is antialiased like PIL's bilinear resize (``k x k``
     bilinear taps per output pixel spread by the sample's shrink, averaged; ``antialias_taps``), in the same
-    single ``grid_sample``. The taps run only where the canvas's shape allows a box larger than the output.
+    single ``grid_sample``. ``k`` follows the largest shrink the canvas's shape allows (2 for 224-pixel crops
+    of 256-pixel stores); where no box can be larger than the output, no taps run.
 
     Args:
         image_size: output side in pixels.
@@ -443,15 +456,16 @@ class GPUAugment(nn.Module):
         heights, widths = image_sizes(meta)
         return center_crop_boxes(heights, widths, self.image_size)
 
-    def may_shrink(self, canvas: tuple[int, int], train: bool) -> bool:
-        """Whether some box read from a ``canvas``-sized array can be larger than the output (then the
-        resampling is antialiased); decided from shapes alone, so no device value is read."""
+    def antialias_taps(self, canvas: tuple[int, int], train: bool) -> int:
+        """Taps per axis the resampling of a ``canvas``-sized batch uses: 0 where no box can be larger than
+        the output (plain bilinear), else ``ceil`` of the largest shrink possible (at most ``MAX_TAPS``).
+        Decided from shapes alone, so no device value is read."""
         if not self.antialias:
-            return False
-        if train:  # a crop can span the whole stored image
-            return max(canvas) > self.image_size
-        # the evaluation box is image_size / eval_resize_size of the stored image's scale
-        return min(canvas) > eval_resize_size(self.image_size)
+            return 0
+        # a training crop can span the whole stored image; the evaluation box is image_size /
+        # eval_resize_size of the stored image's scale
+        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
+        return 0 if largest <= 1.0 else min(MAX_TAPS, max(2, math.ceil(largest)))
 
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
@@ -485,8 +499,9 @@ class GPUAugment(nn.Module):
         x = images.permute(0, 3, 1, 2).float()  # keeps the channels_last strides: one read, one write
         canvas = (images.shape[1], images.shape[2])
         theta = crop_theta(meta, boxes, flip, canvas)
-        shrink = boxes[:, 2:] / self.image_size if self.may_shrink(canvas, train) else None
-        x = resample(x, meta, theta, self.image_size, shrink)
+        taps = self.antialias_taps(canvas, train)
+        shrink = boxes[:, 2:] / self.image_size if taps else None
+        x = resample(x, meta, theta, self.image_size, shrink, taps)
         scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
