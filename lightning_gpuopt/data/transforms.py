@@ -10,7 +10,7 @@ The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.dat
 
 The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one affine
 grid (``F.affine_grid``'s, built from broadcast sums) and one ``F.grid_sample`` (bilinear,
-``align_corners=False``, edges replicated at the image's border; 2x2 taps per pixel, averaged, where a box
+``align_corners=False``, edges replicated at the image's border; k x k taps per pixel, averaged, where a box
 shrinks, which antialiases like PIL's bilinear resize) resample the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
 normalized into channels_last NCHW. No per-sample Python loop, no host synchronisation; random numbers are
 drawn on the batch's device.
@@ -231,45 +231,46 @@ def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
     return grid
 
 
-def antialias_taps(
-    grid: torch.Tensor, theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: int = 2
-) -> torch.Tensor:
-    """Expand a ``(N, size, size, 2)`` grid into ``(N, taps size, taps size, 2)``: ``taps x taps`` bilinear
-    taps per output pixel, whose average is the antialiased pixel.
+def tap_offsets(taps: int) -> list[float]:
+    """Positions of ``taps`` equally weighted taps: a triangle distribution's quantile midpoints, scaled to
+    unit variance (two taps: -1, 1)."""
+    q = [(i + 0.5) / taps for i in range(taps)]
+    pos = [-1 + math.sqrt(2 * p) if p < 0.5 else 1 - math.sqrt(2 * (1 - p)) for p in q]
+    unit = math.sqrt(sum(x * x for x in pos) / taps)
+    return [x / unit for x in pos]
+
+
+def antialias_grid(theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: int) -> torch.Tensor:
+    """``affine_grid(theta, size)`` with ``taps x taps`` bilinear taps per output pixel, ``(N, taps size,
+    taps size, 2)``: ``F.avg_pool2d(grid_sample(...), taps)`` is the antialiased output.
 
     PIL's (and torchvision's ``antialias=True``) bilinear downscale by ``s`` is a triangle filter of
     half-width ``s`` input pixels (variance ``s^2 / 6``); one bilinear tap is a triangle of half-width 1
-    (variance ``1 / 6``). Equally weighted taps along each output axis, spread so that their variance
-    is the missing ``(s^2 - 1) / 6``, give the average PIL's low-pass; the taps sit at the quantile midpoints
-    of a triangle, so more taps follow PIL's triangle more closely. Where a sample does not shrink along
-    an axis (``s <= 1``) its taps coincide and the result is plain bilinear.
+    (variance ``1 / 6``). Equally weighted taps along each output axis (``tap_offsets``), spread so that
+    their variance is the missing ``(s^2 - 1) / 6``, give the average PIL's low-pass. Where a sample does
+    not shrink along an axis (``s <= 1``) its taps coincide and the result is plain bilinear. Like
+    ``affine_grid``, the grid is two broadcast sums (a per-column and a per-row term), now with per-sample
+    tap positions.
 
     Args:
-        grid: ``(N, size, size, 2)`` sampling points from ``affine_grid(theta, size)``.
-        theta: ``(N, 2, 3)`` matrices of ``grid``.
+        theta: ``(N, 2, 3)`` from ``crop_theta``.
         shrink: ``(N, 2)`` input pixels per output pixel along the output's columns and rows.
         size: output side.
-        taps: taps per axis (2 covers shrinks up to about 2x, ``ceil(s)`` a shrink ``s``).
-
-    Returns:
-        ``(N, taps size, taps size, 2)``; ``F.avg_pool2d(grid_sample(...), taps)`` is the output.
+        taps: taps per axis.
     """
-    n, k = grid.shape[0], taps
-    # tap positions: the k quantile midpoints of a triangle distribution, scaled to unit variance
-    q = [(i + 0.5) / k for i in range(k)]
-    pos = [-1 + math.sqrt(2 * p) if p < 0.5 else 1 - math.sqrt(2 * (1 - p)) for p in q]
-    unit = math.sqrt(sum(x * x for x in pos) / k)
-    j = torch.tensor([x / unit for x in pos], device=grid.device, dtype=grid.dtype)
+    n, k = theta.shape[0], taps
+    offsets = torch.tensor(tap_offsets(k), device=theta.device, dtype=theta.dtype)
     spread = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0)  # input pixels
-    # in normalized output units (one output pixel is 2 / size, s input pixels)
-    step = (spread / shrink.clamp(min=1e-6) * (2.0 / size)).view(n, 1, 2)
-    du = (theta[:, :, 0].view(n, 2, 1) * step[..., :1]).view(n, 1, 1, 1, 1, 2)
-    dv = (theta[:, :, 1].view(n, 2, 1) * step[..., 1:]).view(n, 1, 1, 1, 1, 2)
-    # (N, v, tap row, u, tap column, 2): the taps of a pixel are a k x k block of the expanded grid
-    expanded = (
-        grid.view(n, size, 1, size, 1, 2) + du * j.view(1, 1, 1, 1, k, 1) + dv * j.view(1, 1, k, 1, 1, 1)
-    )
-    return expanded.reshape(n, k * size, k * size, 2)
+    step = spread / shrink.clamp(min=1e-6) * (2.0 / size)  # normalized output units (a pixel is 2 / size)
+    centres = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1
+    # (N, size * k): pixel centre + tap offset, taps of one pixel adjacent
+    cu = (centres.view(1, size, 1) + offsets.view(1, 1, k) * step[:, 0].view(n, 1, 1)).view(n, 1, size * k)
+    cv = (centres.view(1, size, 1) + offsets.view(1, 1, k) * step[:, 1].view(n, 1, 1)).view(n, size * k, 1)
+    grid = torch.empty(n, size * k, size * k, 2, device=theta.device, dtype=theta.dtype)
+    for axis in range(2):
+        row = theta[:, axis].view(n, 3, 1, 1)
+        torch.add(row[:, 0] * cu + row[:, 2], row[:, 1] * cv, out=grid[..., axis])
+    return grid
 
 
 def resample(
@@ -289,13 +290,14 @@ def resample(
         theta: ``(N, 2, 3)`` from ``crop_theta``.
         size: output side.
         shrink: ``(N, 2)`` box width and height over ``size``; given, downscaled samples are antialiased
-            like PIL's bilinear resize (``antialias_taps``); ``None``: plain bilinear.
+            like PIL's bilinear resize (``antialias_grid``); ``None``: plain bilinear.
         taps: taps per axis where ``shrink`` is given.
     """
     n, _, ch, cw = images.shape
-    grid = affine_grid(theta.to(images.dtype), size)
-    if shrink is not None:
-        grid = antialias_taps(grid, theta.to(images.dtype), shrink.to(images.dtype), size, taps)
+    if shrink is None:
+        grid = affine_grid(theta.to(images.dtype), size)
+    else:
+        grid = antialias_grid(theta.to(images.dtype), shrink.to(images.dtype), size, taps)
     m = meta.to(device=images.device, dtype=images.dtype)
     # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
     hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
@@ -383,7 +385,7 @@ class GPUAugment(nn.Module):
     + ``CenterCrop(image_size)`` of the whole image. Both are one ``grid_sample`` for the whole batch (see
     the module docstring), then per-channel normalization written channels_last in ``output_dtype``.
     Resampling is bilinear; a box larger than the output is antialiased like PIL's bilinear resize (``k x k``
-    bilinear taps per output pixel spread by the sample's shrink, averaged; ``antialias_taps``), in the same
+    bilinear taps per output pixel spread by the sample's shrink, averaged; ``antialias_grid``), in the same
     single ``grid_sample``. ``k`` follows the largest shrink the canvas's shape allows (2 for 224-pixel crops
     of 256-pixel stores); where no box can be larger than the output, no taps run.
 

@@ -10,6 +10,7 @@ from lightning_gpuopt.data.transforms import (
     AugmentConfig,
     GPUAugment,
     affine_grid,
+    antialias_grid,
     center_crop_boxes,
     crop_theta,
     normalize,
@@ -317,3 +318,15 @@ def test_antialias_taps_only_where_a_box_can_shrink():
     assert GPUAugment(224).antialias_taps(layout.canvas_shape(256), train=True) == 2
     with pytest.raises(TypeError, match="antialias"):
         GPUAugment(16, antialias=1)
+
+
+@pytest.mark.parametrize("taps", [2, 3, 4])
+def test_antialias_grid_taps_coincide_without_shrink_and_centre_on_the_pixel(taps):
+    theta = torch.randn(3, 2, 3, generator=torch.Generator().manual_seed(1))
+    plain = affine_grid(theta, 9)
+    same = antialias_grid(theta, torch.ones(3, 2), 9, taps)
+    assert torch.allclose(same, plain.repeat_interleave(taps, 1).repeat_interleave(taps, 2), atol=1e-6)
+    spread = antialias_grid(theta, torch.full((3, 2), 2.5), 9, taps)
+    block_means = torch.nn.functional.avg_pool2d(spread.permute(0, 3, 1, 2), taps).permute(0, 2, 3, 1)
+    assert torch.allclose(block_means, plain, atol=1e-5)  # symmetric taps around each pixel's point
+    assert not torch.allclose(spread, same, atol=1e-3)
