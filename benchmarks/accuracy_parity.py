@@ -90,6 +90,8 @@ class ParityConfig:
         val_per_class: validation images a class.
         image_long_side: long side of the generated images (see ``make_dataset``).
         accelerator: Lightning accelerator of every row.
+        jobs: fits run at once, each in its own process (on a GPU run they share the one GPU, each with
+            ``workers`` loader workers): a small network leaves most of a large GPU idle.
 
     Example:
         >>> quick = replace(SIZES["cpu"], epochs=4, seeds=(0, 1))
@@ -108,6 +110,7 @@ class ParityConfig:
     val_per_class: dict[str, int]
     image_long_side: int
     accelerator: str
+    jobs: int = 1
 
 
 SIZES: dict[str, ParityConfig] = {
@@ -132,12 +135,13 @@ SIZES: dict[str, ParityConfig] = {
         batch_size=128,
         epochs=20,
         lr=0.1,
-        workers=8,
+        workers=3,
         seeds=(0, 1, 2),
         train_per_class={"photos": 500, "border": 800},
         val_per_class={"photos": 100, "border": 200},
         image_long_side=192,
         accelerator="gpu",
+        jobs=4,
     ),
 }
 
@@ -311,6 +315,26 @@ def train_once(
     return {"top1": 100.0 * model.top1, "precision": str(trainer.precision), "fit_seconds": seconds}
 
 
+def _fit_job(args: tuple[str, int, dict[str, Path], int, ParityConfig]) -> dict[str, Any]:
+    torch.set_num_threads(1)  # the jobs share the host's cores; their loaders do the CPU work
+    return train_once(*args)
+
+
+def _run_fits(
+    fits: list[tuple[str, int]], data: dict[str, Path], num_classes: int, cfg: ParityConfig
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """Run every ``(row, seed)`` fit, ``cfg.jobs`` at a time in spawned processes (in this one for 1 job)."""
+    if cfg.jobs <= 1:
+        return {(row, seed): train_once(row, seed, data, num_classes, cfg) for row, seed in fits}
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # one fresh process a fit (max_tasks_per_child=1): no CUDA or DALI state carries from fit to fit
+    with ProcessPoolExecutor(cfg.jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
+        results = pool.map(_fit_job, [(row, seed, data, num_classes, cfg) for row, seed in fits])
+        return dict(zip(fits, results, strict=True))
+
+
 def prepare_data(
     dataset: str, cfg: ParityConfig, size: str, data_dir: Path, rows: list[str]
 ) -> dict[str, Path]:
@@ -377,16 +401,25 @@ def run_parity(
     """Train every row with every seed on ``dataset``; return ``{"rows", "within", ...}`` (no file written)."""
     data = prepare_data(dataset, cfg, size, data_dir, rows)
     num_classes = sum(1 for d in data["train"].iterdir() if d.is_dir())
-    out_rows = []
+    out_rows: list[dict[str, Any]] = []
+    skipped = {row: why for row in rows if row == "dali" and (why := dali_unavailable()) is not None}
+    runnable = [r for r in rows if r not in skipped]
+    fits = [(row, seed) for row in runnable for seed in cfg.seeds]
+    done = _run_fits(fits, data, num_classes, cfg)
     for row in rows:
-        reason = dali_unavailable() if row == "dali" else None
-        if reason is not None:
+        if row in skipped:
             out_rows.append(
-                {"name": row, "top1_mean": None, "top1_std": None, "seeds": [], "top1": [], "skipped": reason}
+                {
+                    "name": row,
+                    "top1_mean": None,
+                    "top1_std": None,
+                    "seeds": [],
+                    "top1": [],
+                    "skipped": skipped[row],
+                }
             )
-            continue
-        results = [train_once(row, seed, data, num_classes, cfg) for seed in cfg.seeds]
-        out_rows.append(summarize(row, results, list(cfg.seeds)))
+        else:
+            out_rows.append(summarize(row, [done[(row, seed)] for seed in cfg.seeds], list(cfg.seeds)))
     ref = next((r for r in out_rows if r["name"] == "reference"), None)
     for r in out_rows:
         if ref is not None and r["top1_mean"] is not None and ref["top1_mean"] is not None:
@@ -484,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated rows of {','.join([*ROWS, CONTROL])} (default: all, the control on border only)",
     )
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the size's 3)")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="fits run at once, one process each (default: the size's)"
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder of the JSON results")
     p.add_argument("--data-dir", default=None, help="where data sets are made (default: the package cache)")
     args = p.parse_args(argv)
@@ -499,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds < 2:
             p.error("--seeds must be >= 2 (the criterion needs the reference's standard deviation)")
         cfg = replace(cfg, seeds=tuple(range(args.seeds)))
+    if args.jobs is not None:
+        if args.jobs < 1:
+            p.error("--jobs must be >= 1")
+        cfg = replace(cfg, jobs=args.jobs)
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     data_dir = Path(args.data_dir) if args.data_dir else cache_dir() / "accuracy_parity"
     datasets = list(DATASETS) if args.dataset == "all" else [args.dataset]

@@ -239,3 +239,21 @@ def test_border_parity_on_cpu(tmp_path):
     data = parity.prepare_data("border", cfg, "cpu", tmp_path, [])
     control = parity.train_once(parity.CONTROL, 0, data, len(pdata.BORDER_COLOURS), cfg)
     assert control["top1"] <= 45.0, (control, summary)
+
+
+def test_parallel_fits_give_the_serial_figures(tmp_path):
+    """``jobs`` runs fits in spawned processes; each seed's figure is the one a serial run gives."""
+    from dataclasses import replace
+
+    cfg = replace(
+        parity.SIZES["cpu"],
+        epochs=1,
+        seeds=(0, 1),
+        train_per_class={"border": 8},
+        val_per_class={"border": 4},
+        batch_size=8,
+    )
+    serial = parity.run_parity("border", cfg, "cpu", ["folder"], tmp_path)
+    parallel = parity.run_parity("border", replace(cfg, jobs=2), "cpu", ["folder"], tmp_path)
+    assert [r["top1"] for r in parallel["rows"]] == [r["top1"] for r in serial["rows"]]
+    assert parallel["rows"][0]["seeds"] == [0, 1] and len(parallel["rows"][0]["top1"]) == 2
