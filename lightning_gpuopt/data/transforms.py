@@ -231,13 +231,14 @@ def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
     return grid
 
 
-def tap_offsets(taps: int) -> list[float]:
+def tap_offsets(
+    taps: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Positions of ``taps`` equally weighted taps: a triangle distribution's quantile midpoints, scaled to
-    unit variance (two taps: -1, 1)."""
-    q = [(i + 0.5) / taps for i in range(taps)]
-    pos = [-1 + math.sqrt(2 * p) if p < 0.5 else 1 - math.sqrt(2 * (1 - p)) for p in q]
-    unit = math.sqrt(sum(x * x for x in pos) / taps)
-    return [x / unit for x in pos]
+    unit variance (two taps: -1, 1). Built on ``device`` from ``arange``, so no host-to-device copy."""
+    q = (torch.arange(taps, device=device, dtype=dtype) + 0.5) / taps
+    pos = torch.where(q < 0.5, torch.sqrt(2 * q) - 1, 1 - torch.sqrt(2 * (1 - q)))
+    return pos / pos.square().mean().sqrt()
 
 
 def antialias_grid(theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: int) -> torch.Tensor:
@@ -259,7 +260,7 @@ def antialias_grid(theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: i
         taps: taps per axis.
     """
     n, k = theta.shape[0], taps
-    offsets = torch.tensor(tap_offsets(k), device=theta.device, dtype=theta.dtype)
+    offsets = tap_offsets(k, theta.device, theta.dtype)
     spread = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0)  # input pixels
     step = spread / shrink.clamp(min=1e-6) * (2.0 / size)  # normalized output units (a pixel is 2 / size)
     centres = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1
