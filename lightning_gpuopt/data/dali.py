@@ -72,7 +72,8 @@ class DALIOptions:
 
     Attributes:
         decoder: ``None`` (default): chosen per run from the cores per GPU by ``choose_decoder``: CPU
-            threads where the rank's cores decode as fast as the fastest model trains, nvJPEG otherwise;
+            threads where the rank's cores decode at least as fast as a GPU trains with nvJPEG decoding
+            beside it (from 16 cores a GPU), nvJPEG otherwise;
             the choice and its reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
             nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
             newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for

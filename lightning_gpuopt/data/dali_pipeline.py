@@ -82,35 +82,37 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 CPU_DECODE_RATE_PER_THREAD = 420
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
-#: images a second the feed of one GPU must decode: a compiled ResNet-50 at 224 trains about 7,300 a second
-#: on an H200, the fastest model the defaults target, plus 10% headroom
-DECODE_RATE_NEEDED = 8_000
+#: images a second an H200 trains ResNet-50 while nvJPEG decodes its JPEGs beside it (eager and compiled alike:
+#: nvJPEG's GPU work, not the model, sets the pace): CPU threads decoding at least this many leave the SMs to the
+#: model and train faster (docs/dali.md)
+NVJPEG_TRAINING_RATE = 5_600
 
 
 def choose_decoder(cpus: int, local_ranks: int = 1) -> tuple[str, str]:
     """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``.
 
     CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
-    decode ``DECODE_RATE_NEEDED`` images a second at ``CPU_DECODE_RATE_PER_THREAD`` each, which leaves the
-    SMs to the model; nvJPEG otherwise, which decodes several times that rate but shares the GPU with the
-    model (docs/dali.md).
+    decode at least ``NVJPEG_TRAINING_RATE`` images a second at ``CPU_DECODE_RATE_PER_THREAD`` each: the rate
+    a GPU trains at while nvJPEG decodes beside it, so CPU decoding then trains faster; nvJPEG otherwise,
+    which decodes several times that rate but shares the GPU with the model (docs/dali.md). From 16 cores a
+    GPU, the CPU threads.
 
     Args:
         cpus: CPUs this process may use (``_common.available_cpus()``).
         local_ranks: training processes on this machine sharing them.
 
     Example:
-        >>> choose_decoder(16, 1)[0], choose_decoder(64, 2)[0]
-        ('gpu', 'cpu')
+        >>> choose_decoder(16, 1)[0], choose_decoder(16, 2)[0], choose_decoder(64, 2)[0]
+        ('cpu', 'gpu', 'cpu')
     """
     share = max(1, int(cpus)) // max(1, int(local_ranks))
     threads = max(1, share - RESERVED_CORES)
     rate = threads * CPU_DECODE_RATE_PER_THREAD
-    fits = rate >= DECODE_RATE_NEEDED
+    fits = rate >= NVJPEG_TRAINING_RATE
     sign = ">=" if fits else "<"
     reason = (
         f"{share} cores a rank: {threads} decoding threads x {CPU_DECODE_RATE_PER_THREAD} img/s = {rate:,} "
-        f"img/s {sign} {DECODE_RATE_NEEDED:,} img/s needed"
+        f"img/s {sign} {NVJPEG_TRAINING_RATE:,} img/s, the rate a GPU trains at with nvJPEG decoding beside it"
     )
     return ("cpu", reason) if fits else ("gpu", reason)
 

@@ -227,19 +227,20 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
 
 def test_decoder_rule_follows_the_cores_per_gpu():
     rate, reserved = dali_pipeline.CPU_DECODE_RATE_PER_THREAD, dali_pipeline.RESERVED_CORES
-    needed = dali_pipeline.DECODE_RATE_NEEDED
+    needed = dali_pipeline.NVJPEG_TRAINING_RATE
     enough = reserved + -(-needed // rate)  # the fewest cores a rank whose threads decode what is needed
     assert dali_pipeline.choose_decoder(enough, 1)[0] == "cpu"
     assert dali_pipeline.choose_decoder(enough - 1, 1)[0] == "gpu"
     assert dali_pipeline.choose_decoder(2 * enough, 2)[0] == "cpu"  # ranks share the machine's cores
     assert dali_pipeline.choose_decoder(2 * enough - 1, 2)[0] == "gpu"
     assert dali_pipeline.choose_decoder(enough * 8, 8)[0] == "cpu"
-    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: nvJPEG
-    assert decoder == "gpu"
-    assert (
-        reason
-        == f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < {needed:,} img/s needed"
+    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: CPU threads
+    assert decoder == "cpu"
+    assert reason == (
+        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s >= {needed:,} img/s, "
+        "the rate a GPU trains at with nvJPEG decoding beside it"
     )
+    assert dali_pipeline.choose_decoder(8, 1)[0] == "gpu"  # 6 threads: nvJPEG trains faster
     assert dali_pipeline.choose_decoder(1, 4)[0] == "gpu"  # fewer cores than ranks: still a valid answer
 
 
@@ -250,8 +251,9 @@ def test_options_resolve_the_decoder_per_run(monkeypatch):
     monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
     assert DALIOptions().decoder is None
     assert DALIOptions().resolved_decoder(1)[0] == "cpu"  # 62 threads decode well past the need
-    assert DALIOptions().resolved_decoder(4)[0] == "gpu"  # 16 cores a GPU: nvJPEG
-    assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(4) == 8
+    assert DALIOptions().resolved_decoder(4)[0] == "cpu"  # 16 cores a GPU: CPU threads
+    assert DALIOptions().resolved_decoder(8)[0] == "gpu"  # 8 cores a GPU: nvJPEG
+    assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(8) == 4
     assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
     assert DALIOptions("cpu").resolved_decoder(4) == ("cpu", "DALIOptions(decoder='cpu')")
     assert DALIOptions("gpu").resolved_decoder(1, cuda=False)[0] == "cpu"  # a CPU pipeline decodes on the CPU
