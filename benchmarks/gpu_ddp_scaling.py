@@ -18,8 +18,7 @@ timed. Rows run by default:
 
 More rows through ``--rows`` (``--rows all`` runs every one): ``plain_ddp_view_static``
 (``gradient_as_bucket_view=True, static_graph=True``), ``lightning_preset_blocking`` (the preset without
-``NonBlockingStepChecks``), ``lightning_preset_main_stream`` (``NonBlockingStepChecks`` broadcasting the flag on
-the training stream instead of a stream of its own), ``lightning_ddp_defaults`` (the preset's callbacks with ``DDPStrategy()``),
+``NonBlockingStepChecks``), ``lightning_ddp_defaults`` (the preset's callbacks with ``DDPStrategy()``),
 ``lightning_view_static``, ``lightning_view_bucket100`` (``DDPStrategy`` settings) and
 ``lightning_no_callbacks`` (``DDPStrategy(**PRESET_DDP_KWARGS)`` without the preset's callbacks, the model
 converted to channels_last and built with fused SGD beforehand).
@@ -88,7 +87,6 @@ RANK_ROWS = (
     "plain_ddp_view_static",
     "lightning_preset",
     "lightning_preset_blocking",
-    "lightning_preset_main_stream",
     "lightning_ddp_defaults",
     "lightning_view_static",
     "lightning_view_bucket100",
@@ -332,7 +330,6 @@ def _lightning(
     strategies = {
         "lightning_preset": "ddp",
         "lightning_preset_blocking": "ddp",
-        "lightning_preset_main_stream": "ddp",
         "lightning_ddp_defaults": DDPStrategy(),
         "lightning_view_static": DDPStrategy(gradient_as_bucket_view=True, static_graph=True),
         "lightning_view_bucket100": DDPStrategy(gradient_as_bucket_view=True, bucket_cap_mb=100),
@@ -357,9 +354,6 @@ def _lightning(
             kwargs["precision"] = precision  # the CPU check runs the mixed-precision path too
     module = ImageClassifier(net, lr=0.01)  # fused SGD for CUDA parameters
     trainer = pl.Trainer(**kwargs)
-    from lightning_gpuopt import _compat
-
-    _compat._SIGTERM_SIDE_STREAM = row != "lightning_preset_main_stream"
     dm = None
     with quiet_lightning():
         if fed:

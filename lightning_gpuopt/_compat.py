@@ -151,10 +151,7 @@ def multiprocessing_tempdir() -> str | None:
     return config.get("tempdir") if isinstance(config, dict) else None
 
 
-_SIGTERM_SLOTS = 8
-# The flag's broadcast runs on a stream of its own: on the training stream, the broadcast would be a GPU-side
-# barrier at every step start, so any rank's host hiccup would idle every GPU.
-_SIGTERM_SIDE_STREAM = True
+_SIGTERM_SLOTS = 4
 
 
 def nonblocking_sigterm_check(trainer: Any) -> bool:
@@ -164,9 +161,9 @@ def nonblocking_sigterm_check(trainer: Any) -> bool:
     reads it back with ``.item()``: a host-device synchronisation each step, so the host cannot queue the next
     step while the GPU runs the current one, and every rank waits for the slowest at that point. This
     replacement still broadcasts the flag every step (every rank issues the same collectives in the same
-    order), into one of a few reused device/pinned-host buffers, on a CUDA stream of its own so the training
-    stream never waits for it, and reads each result once its copy has completed, without waiting: a SIGTERM
-    stops all ranks a step or two later than before. Only this trainer's loop is changed.
+    order), into one of a few reused device/pinned-host buffers, and reads each result once its copy has
+    completed, without waiting: a SIGTERM stops all ranks a step or two later than before. Only this trainer's
+    loop is changed.
 
     Returns:
         Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
@@ -194,30 +191,17 @@ class _NonBlockingSigterm:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]] | None = None
-        self.stream: Any = None
         self.step = 0
         self.pending: list[int] = []
-
-    def _stop(self) -> None:
-        import contextlib
-
-        import torch.distributed as dist
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        with contextlib.suppress(Exception):
-            dist.barrier()
-        raise SIGTERMException()
 
     def __call__(self) -> None:
         import contextlib
 
         import torch.distributed as dist
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if self.slots is None:
-            device = self.trainer.strategy.root_device
-            self.slots = _sigterm_slots(device)
-            if device.type == "cuda" and _SIGTERM_SIDE_STREAM:
-                self.stream = torch.cuda.Stream(device=device)
+            self.slots = _sigterm_slots(self.trainer.strategy.root_device)
         # read every finished broadcast, oldest first, without waiting
         stop = False
         while self.pending:
@@ -227,7 +211,9 @@ class _NonBlockingSigterm:
             self.pending.pop(0)
             stop = stop or int(host_out[0]) == 1
         if stop:
-            self._stop()
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            raise SIGTERMException()
         index = self.step % _SIGTERM_SLOTS
         self.step += 1
         host_in, dev, host_out, event = self.slots[index]
@@ -236,13 +222,13 @@ class _NonBlockingSigterm:
                 event.synchronize()
             self.pending.remove(index)
             if int(host_out[0]) == 1:
-                self._stop()
+                with contextlib.suppress(Exception):
+                    dist.barrier()
+                raise SIGTERMException()
         host_in[0] = 1 if getattr(self.trainer, "received_sigterm", False) else 0
-        on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with on_stream:
-            dev.copy_(host_in, non_blocking=True)
-            dist.broadcast(dev, src=0)
-            host_out.copy_(dev, non_blocking=True)
-            if event is not None:
-                event.record()
+        dev.copy_(host_in, non_blocking=True)
+        dist.broadcast(dev, src=0)
+        host_out.copy_(dev, non_blocking=True)
+        if event is not None:
+            event.record()
         self.pending.append(index)

@@ -98,7 +98,7 @@ def test_nonblocking_sigterm_check_trains_and_stops_all_ranks(tmp_path, stop_at)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL, the flag's own stream)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
 @pytest.mark.parametrize("stop_at", [-1, 2])
 def test_nonblocking_sigterm_check_on_two_gpus(tmp_path, stop_at):
     _check_sigterm_run(tmp_path, stop_at, "gpu")
