@@ -667,6 +667,8 @@ class _Run:
 
     def row(self, name: str, expected_s: float, make: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         """Run ``make`` for row ``name`` when ``expected_s`` still fits the budget; record it either way."""
+        if self.args.rows and name not in self.args.rows.split(","):
+            return None  # not asked for (--rows)
         left = self.budget.left()
         if left < expected_s:
             why = f"time budget: {left:.0f} s left, the row needs about {expected_s:.0f} s"
@@ -690,6 +692,8 @@ class _Run:
         return row
 
     def skip(self, name: str, why: str) -> None:
+        if self.args.rows and name not in self.args.rows.split(","):
+            return None
         print(f"  {name}: skipped ({why})", flush=True)
         self.rows.append({"name": name, "samples_per_sec": None, "skipped": why})
         self.save()
@@ -742,6 +746,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny CPU run proving the script end to end")
     p.add_argument("--data-root", default="/tmp/gpuopt_data", help="where the generated JPEGs and stores go")
     p.add_argument("--no-fed", action="store_true", help="only the rows without a data pipeline")
+    p.add_argument("--rows", default="", help="comma-separated rows to run (default: every row)")
     p.add_argument(
         "--budget-s", type=float, default=470.0, help="rows whose expected cost no longer fits are skipped"
     )
