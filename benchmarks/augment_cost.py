@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         "name": f"{'train' if train else 'eval'}_{'antialias' if antialias else 'plain'}_"
                         f"{str(dtype).removeprefix('torch.')}",
                         "ms_per_batch": ms,
-                        "taps": aug.antialias_taps((ch, cw), train),
+                        "band": aug.band((ch, cw), train),
                         "ratio_to_plain": ms / plain_ms if plain_ms else None,
                         "samples_per_sec": args.batch / ms * 1e3,
                     }
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        f"{path}\n{format_table(rows, ['name', 'ms_per_batch', 'taps', 'ratio_to_plain', 'samples_per_sec'])}"
+        f"{path}\n{format_table(rows, ['name', 'ms_per_batch', 'band', 'ratio_to_plain', 'samples_per_sec'])}"
     )
     return 0
 

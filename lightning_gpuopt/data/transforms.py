@@ -8,12 +8,13 @@ The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.dat
   image's own coordinates, plus a horizontal flip;
 - eval: ``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)`` of the whole image, as a box.
 
-The box, flip and the transposition of portrait images become one per-sample 2x3 ``theta``; one affine
-grid (``F.affine_grid``'s, built from broadcast sums) and one ``F.grid_sample`` (bilinear,
-``align_corners=False``, edges replicated at the image's border; k x k taps per pixel, averaged, where a box
-shrinks, which antialiases like PIL's bilinear resize) resample the batch, values are rounded to integers as torchvision's uint8 pipeline rounds, then
-normalized into channels_last NCHW. No per-sample Python loop, no host synchronisation; random numbers are
-drawn on the batch's device.
+Each box is resized to the output as PIL's bilinear resize of that box (torchvision's ``antialias=True``):
+resizing an axis-aligned box is separable, so each sample gets one matrix per axis holding the triangle
+filter's weights (widened by the shrink, normalized, nothing read past the image's valid region), the flip
+reverses the image x matrix's rows and a transposed (portrait) sample swaps the axes; two batched matrix
+products (float16 on a GPU, float32 on a CPU) resample the whole batch. Values are rounded to integers as
+torchvision's uint8 pipeline rounds, then normalized into channels_last NCHW. No per-sample Python loop, no
+host synchronisation; random numbers are drawn on the batch's device.
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 from lightning_gpuopt.data._checks import check_arg, check_pair, is_int, is_number
 
-#: most antialiasing taps per axis (``GPUAugment.antialias_taps``): shrinks beyond it are filtered more weakly.
-MAX_TAPS = 4
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
 CROP_ATTEMPTS = 10
 
@@ -174,141 +172,114 @@ def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: i
     return torch.stack([left * sx, top * sy, image_size * sx, image_size * sy], dim=1)
 
 
-def crop_theta(
-    meta: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor | None, canvas: tuple[int, int]
-) -> torch.Tensor:
-    """Per-sample ``affine_grid`` matrices that read ``boxes`` (image coordinates) out of stored canvases.
+def band_size(largest_shrink: float) -> int:
+    """Input pixels one output pixel's weights can span when a box shrinks by at most ``largest_shrink``:
+    a triangle of half-width ``s = max(shrink, 1)`` covers at most ``ceil(2 s)`` pixels (one more kept)."""
+    return math.ceil(2.0 * max(largest_shrink, 1.0) - 1e-6) + 1
 
-    Output column ``u`` and row ``v`` (both in ``[-1, 1]``) map to the image point
-    ``(x0 + w (1 + s u) / 2, y0 + h (1 + v) / 2)`` with ``s = -1`` for a flipped sample; a transposed sample
-    stores the image's x along the canvas rows, so its matrix swaps the axes.
+
+def resize_weights(
+    start: torch.Tensor,
+    length: torch.Tensor,
+    valid: torch.Tensor,
+    flip: torch.Tensor | None,
+    size: int,
+    extent: int,
+    band: int,
+    antialias: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Per-sample interpolation matrices of PIL's bilinear resize of a box along one axis, ``(N, size, extent)``.
+
+    Output pixel ``o`` reads input pixel ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``c_o`` the centre of
+    ``o`` in input pixels (``start + (o + 0.5) * length / size``, ``o`` reversed where ``flip``), ``tri`` the
+    unit triangle and ``f = max(length / size, 1)`` (``antialias``) or ``1``; pixels at or past ``valid`` get
+    no weight and each row is normalized, so the image's edge pixels stand in for what lies beyond them, as in
+    PIL's ``Image.resize(..., box=...)`` and torchvision's ``antialias=True``. With ``f = 1`` this is plain
+    bilinear sampling with edges replicated. Only a band of ``band`` pixels around each centre is computed
+    (``band_size``), then scattered into the dense matrix, so the work is small and needs no host sync.
 
     Args:
-        meta: int ``(N, 3)`` ``(h, w, transposed)`` as stored.
-        boxes: float ``(N, 4)`` ``(x0, y0, w, h)`` in image coordinates.
-        flip: bool ``(N,)`` or ``None``.
-        canvas: ``(height, width)`` of the stored arrays.
-
-    Returns:
-        float32 ``(N, 2, 3)``.
+        start: float ``(N,)`` box start in input pixels.
+        length: float ``(N,)`` box length in input pixels.
+        valid: ``(N,)`` input pixels holding the image (the rest of the ``extent`` is padding).
+        flip: bool ``(N,)`` (output reversed) or ``None``.
+        size: output pixels.
+        extent: input pixels of the stored array along this axis.
+        band: pixels per output pixel that may have weight (``band_size`` of the largest shrink).
+        antialias: widen the triangle by the shrink.
+        dtype: dtype of the returned matrices (the weights are computed in float32).
     """
-    ch, cw = float(canvas[0]), float(canvas[1])
-    x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
-    t = meta[:, 2].to(boxes.device) != 0
-    s = torch.ones_like(bw) if flip is None else 1.0 - 2.0 * flip.to(bw.dtype)
-    zero = torch.zeros_like(bw)
-    rows = (
-        torch.where(t, zero, s * bw / cw),
-        torch.where(t, bh / cw, zero),
-        torch.where(t, (2 * y0 + bh) / cw, (2 * x0 + bw) / cw) - 1,
-        torch.where(t, s * bw / ch, zero),
-        torch.where(t, zero, bh / ch),
-        torch.where(t, (2 * x0 + bw) / ch, (2 * y0 + bh) / ch) - 1,
-    )
-    return torch.stack(rows, dim=1).view(-1, 2, 3)
-
-
-def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
-    """``F.affine_grid(theta, (N, C, size, size), align_corners=False)``, computed as two broadcast sums.
-
-    Each grid coordinate is ``t0 * u + t1 * v + t2`` with ``u`` and ``v`` the output pixel centres in
-    ``[-1, 1]``, so it is the sum of a per-column and a per-row term: two kernels over the grid instead of
-    ``affine_grid``'s batched matrix product, which costs several times more on a GPU.
-
-    Returns:
-        ``(N, size, size, 2)`` in ``theta``'s dtype.
-    """
-    n = theta.shape[0]
-    centres = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1
-    grid = torch.empty(n, size, size, 2, device=theta.device, dtype=theta.dtype)
-    for axis in range(2):
-        row = theta[:, axis].view(n, 3, 1, 1)
-        torch.add(
-            row[:, 0] * centres.view(1, 1, size) + row[:, 2],
-            row[:, 1] * centres.view(1, size, 1),
-            out=grid[..., axis],
-        )
-    return grid
-
-
-def tap_offsets(
-    taps: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Positions of ``taps`` equally weighted taps: a triangle distribution's quantile midpoints, scaled to
-    unit variance (two taps: -1, 1). Built on ``device`` from ``arange``, so no host-to-device copy."""
-    q = (torch.arange(taps, device=device, dtype=dtype) + 0.5) / taps
-    pos = torch.where(q < 0.5, torch.sqrt(2 * q) - 1, 1 - torch.sqrt(2 * (1 - q)))
-    return pos / pos.square().mean().sqrt()
-
-
-def antialias_grid(theta: torch.Tensor, shrink: torch.Tensor, size: int, taps: int) -> torch.Tensor:
-    """``affine_grid(theta, size)`` with ``taps x taps`` bilinear taps per output pixel, ``(N, taps size,
-    taps size, 2)``: ``F.avg_pool2d(grid_sample(...), taps)`` is the antialiased output.
-
-    PIL's (and torchvision's ``antialias=True``) bilinear downscale by ``s`` is a triangle filter of
-    half-width ``s`` input pixels (variance ``s^2 / 6``); one bilinear tap is a triangle of half-width 1
-    (variance ``1 / 6``). Equally weighted taps along each output axis (``tap_offsets``), spread so that
-    their variance is the missing ``(s^2 - 1) / 6``, give the average PIL's low-pass. Where a sample does
-    not shrink along an axis (``s <= 1``) its taps coincide and the result is plain bilinear. Like
-    ``affine_grid``, the grid is two broadcast sums (a per-column and a per-row term), now with per-sample
-    tap positions.
-
-    Args:
-        theta: ``(N, 2, 3)`` from ``crop_theta``.
-        shrink: ``(N, 2)`` input pixels per output pixel along the output's columns and rows.
-        size: output side.
-        taps: taps per axis.
-    """
-    n, k = theta.shape[0], taps
-    offsets = tap_offsets(k, theta.device, theta.dtype)
-    spread = torch.sqrt(torch.clamp(shrink * shrink - 1.0, min=0.0) / 6.0)  # input pixels
-    step = spread / shrink.clamp(min=1e-6) * (2.0 / size)  # normalized output units (a pixel is 2 / size)
-    centres = (torch.arange(size, device=theta.device, dtype=theta.dtype) * 2 + 1) / size - 1
-    # (N, size * k): pixel centre + tap offset, taps of one pixel adjacent
-    cu = (centres.view(1, size, 1) + offsets.view(1, 1, k) * step[:, 0].view(n, 1, 1)).view(n, 1, size * k)
-    cv = (centres.view(1, size, 1) + offsets.view(1, 1, k) * step[:, 1].view(n, 1, 1)).view(n, size * k, 1)
-    grid = torch.empty(n, size * k, size * k, 2, device=theta.device, dtype=theta.dtype)
-    for axis in range(2):
-        row = theta[:, axis].view(n, 3, 1, 1)
-        torch.add(row[:, 0] * cu + row[:, 2], row[:, 1] * cv, out=grid[..., axis])
-    return grid
+    n, device = start.shape[0], start.device
+    start, length = start.to(torch.float32).view(n, 1, 1), length.to(torch.float32).view(n, 1, 1)
+    valid = valid.to(device=device, dtype=torch.float32).view(n, 1, 1)
+    scale = length / size
+    half = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    o = torch.arange(size, device=device, dtype=torch.float32).view(1, size, 1) + 0.5
+    if flip is not None:
+        o = torch.where(flip.view(n, 1, 1), size - o, o)
+    centre = start + o * scale  # (N, size, 1)
+    # the band's first pixel, kept inside the valid region where the region is wide enough
+    first = torch.floor(centre - half + 0.5).clamp(min=0.0)
+    first = torch.minimum(first, (valid - band).clamp(min=0.0))
+    j = first + torch.arange(band, device=device, dtype=torch.float32).view(1, 1, band)  # (N, size, band)
+    w = (1.0 - (j + 0.5 - centre).abs() / half).clamp(min=0.0) * (j < valid)
+    w = w / w.sum(dim=2, keepdim=True).clamp(min=1e-12)
+    dense = torch.zeros(n, size, extent + band, device=device, dtype=dtype)
+    dense.scatter_(2, j.to(torch.int64), w.to(dtype))  # band indices are distinct: no write collides
+    return dense[..., :extent]
 
 
 def resample(
     images: torch.Tensor,
     meta: torch.Tensor,
-    theta: torch.Tensor,
+    boxes: torch.Tensor,
+    flip: torch.Tensor | None,
     size: int,
-    shrink: torch.Tensor | None = None,
-    taps: int = 2,
+    band: int,
+    antialias: bool = True,
 ) -> torch.Tensor:
-    """One bilinear ``grid_sample`` of ``theta``'s boxes into ``size x size``, edges replicated at each
-    image's stored border (``meta``), rounded to integers.
+    """Resize each sample's box of its stored canvas to ``size x size`` as two batched matrix products,
+    PIL's bilinear resize of the box (``resize_weights``), rounded to integers.
+
+    The box is in the upright image's pixels; a transposed sample stores the image's x along the canvas rows,
+    so its matrices swap axes and its result is transposed back. Runs in ``images``' dtype (float16 on a
+    GPU: uint8 values are exact and cuBLAS accumulates in float32).
 
     Args:
-        images: float ``(N, C, H, W)`` canvases (any memory format), values 0..255.
-        meta: int ``(N, 3)`` ``(h, w, transposed)``.
-        theta: ``(N, 2, 3)`` from ``crop_theta``.
+        images: ``(N, C, H, W)`` canvases (contiguous), values 0..255.
+        meta: int ``(N, 3)`` ``(h, w, transposed)`` as stored.
+        boxes: float ``(N, 4)`` ``(x0, y0, w, h)`` in image coordinates.
+        flip: bool ``(N,)`` or ``None``.
         size: output side.
-        shrink: ``(N, 2)`` box width and height over ``size``; given, downscaled samples are antialiased
-            like PIL's bilinear resize (``antialias_grid``); ``None``: plain bilinear.
-        taps: taps per axis where ``shrink`` is given.
+        band: ``band_size`` of the largest shrink a box can have.
+        antialias: low-pass shrunk boxes as PIL does; ``False``: plain bilinear.
+
+    Returns:
+        ``(N, C, size, size)`` in ``images``' dtype, values rounded.
     """
-    n, _, ch, cw = images.shape
-    if shrink is None:
-        grid = affine_grid(theta.to(images.dtype), size)
-    else:
-        grid = antialias_grid(theta.to(images.dtype), shrink.to(images.dtype), size, taps)
-    m = meta.to(device=images.device, dtype=images.dtype)
-    # pixel centres 0 .. valid-1 in normalized units: sampling never blends in the canvas's padding
-    hi = torch.stack([(2 * m[:, 1] - 1) / cw - 1, (2 * m[:, 0] - 1) / ch - 1], dim=1).view(n, 1, 1, 2)
-    lo = torch.empty_like(hi)
-    lo[..., 0], lo[..., 1] = 1.0 / cw - 1.0, 1.0 / ch - 1.0  # filled on the device: no host copy
-    torch.clamp(grid, lo, hi, out=grid)
-    out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    if shrink is not None:
-        out = F.avg_pool2d(out, taps)  # the taps of each output pixel, averaged
-    return out.round_()
+    n, c, ch, cw = images.shape
+    meta = meta.to(images.device)
+    x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
+    t = meta[:, 2] != 0
+    no_flip = torch.zeros_like(t)
+    f = no_flip if flip is None else flip.to(device=images.device, dtype=torch.bool)
+    # canvas columns hold the image's x unless transposed; canvas rows its y
+    cols = resize_weights(
+        torch.where(t, y0, x0), torch.where(t, bh, bw), meta[:, 1], torch.where(t, no_flip, f),
+        size, cw, band, antialias, images.dtype,
+    )  # fmt: skip
+    rows = resize_weights(
+        torch.where(t, x0, y0), torch.where(t, bw, bh), meta[:, 0], torch.where(t, f, no_flip),
+        size, ch, band, antialias, images.dtype,
+    )  # fmt: skip
+    # (N, T, C*H): columns first (the longer axis), then (N, T*C, S): the rows
+    tmp = torch.bmm(cols, images.reshape(n, c * ch, cw).transpose(1, 2))
+    out = torch.bmm(tmp.view(n, size * c, ch), rows.transpose(1, 2)).view(n, size, c, size)
+    # out[n, T, c, S]: T indexes output canvas columns, S output canvas rows
+    upright = out.permute(0, 2, 3, 1)
+    swapped = out.permute(0, 2, 1, 3)
+    return torch.where(t.view(n, 1, 1, 1), swapped, upright).round_()
 
 
 def normalize(
@@ -383,23 +354,21 @@ class GPUAugment(nn.Module):
 
     Train: a random resized crop (``augment.scale``, ``augment.ratio``) drawn in each image's own
     coordinates plus a horizontal flip (``augment.flip_p``). Eval: ``Resize(eval_resize_size(image_size))``
-    + ``CenterCrop(image_size)`` of the whole image. Both are one ``grid_sample`` for the whole batch (see
-    the module docstring), then per-channel normalization written channels_last in ``output_dtype``.
-    Resampling is bilinear; a box larger than the output is antialiased like PIL's bilinear resize (``k x k``
-    bilinear taps per output pixel spread by the sample's shrink, averaged; ``antialias_grid``), in the same
-    single ``grid_sample``. ``k`` follows the largest shrink the canvas's shape allows (2 for 224-pixel crops
-    of 256-pixel stores); where no box can be larger than the output, no taps run.
+    + ``CenterCrop(image_size)`` of the whole image. Both resize each box with two batched matrix products
+    (``resample``; see the module docstring), then normalize per channel, written channels_last in
+    ``output_dtype``. Resampling is PIL's bilinear resize of the box: a box larger than the output is
+    antialiased as PIL (and torchvision's ``antialias=True``) does.
 
     Args:
         image_size: output side in pixels.
         augment: the training crop and flip.
         mean: per-channel mean in [0, 1] units.
         std: per-channel std in [0, 1] units.
-        output_dtype: dtype of the output (resampling always runs in float32).
+        output_dtype: dtype of the output (resampling runs in float16 on a GPU, float32 on a CPU).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
         antialias: low-pass the samples a box shrinks, as PIL's bilinear resize (torchvision's
-            ``antialias=True``) does; ``False`` samples plain bilinear, which aliases crops shrunk by more
-            than about 1.5x.
+            ``antialias=True``) does; ``False`` samples plain bilinear (the triangle not widened: the same
+            cost), which aliases crops shrunk by more than about 1.5x.
 
     Example:
         >>> from lightning_gpuopt.data import layout
@@ -459,16 +428,15 @@ class GPUAugment(nn.Module):
         heights, widths = image_sizes(meta)
         return center_crop_boxes(heights, widths, self.image_size)
 
-    def antialias_taps(self, canvas: tuple[int, int], train: bool) -> int:
-        """Taps per axis the resampling of a ``canvas``-sized batch uses: 0 where no box can be larger than
-        the output (plain bilinear), else ``ceil`` of the largest shrink possible (at most ``MAX_TAPS``).
-        Decided from shapes alone, so no device value is read."""
+    def band(self, canvas: tuple[int, int], train: bool) -> int:
+        """Input pixels per output pixel the resize weights of a ``canvas``-sized batch span (``band_size``):
+        from the largest shrink a box can have, decided from shapes alone, so no device value is read."""
         if not self.antialias:
-            return 0
+            return band_size(1.0)
         # a training crop can span the whole stored image; the evaluation box is image_size /
         # eval_resize_size of the stored image's scale
         largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
-        return 0 if largest <= 1.0 else min(MAX_TAPS, max(2, math.ceil(largest)))
+        return band_size(largest)
 
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
@@ -499,12 +467,11 @@ class GPUAugment(nn.Module):
             flip = torch.rand(images.shape[0], device=device, generator=self.generator) < self.augment.flip_p
         else:
             boxes, flip = self.eval_boxes(meta), None
-        x = images.permute(0, 3, 1, 2).float()  # keeps the channels_last strides: one read, one write
-        canvas = (images.shape[1], images.shape[2])
-        theta = crop_theta(meta, boxes, flip, canvas)
-        taps = self.antialias_taps(canvas, train)
-        shrink = boxes[:, 2:] / self.image_size if taps else None
-        x = resample(x, meta, theta, self.image_size, shrink, taps)
+        # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
+        compute = torch.float16 if device.type == "cuda" else torch.float32
+        x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
+        band = self.band((images.shape[1], images.shape[2]), train)
+        x = resample(x, meta, boxes, flip, self.image_size, band, self.antialias)
         scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
