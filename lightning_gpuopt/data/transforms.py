@@ -264,15 +264,16 @@ def resample(
     t = meta[:, 2] != 0
     no_flip = torch.zeros_like(t)
     f = no_flip if flip is None else flip.to(device=images.device, dtype=torch.bool)
-    # canvas columns hold the image's x unless transposed; canvas rows its y
-    cols = resize_weights(
-        torch.where(t, y0, x0), torch.where(t, bh, bw), meta[:, 1], torch.where(t, no_flip, f),
-        size, cw, band, antialias, images.dtype,
+    # canvas columns hold the image's x unless transposed, canvas rows its y; both axes' matrices in one
+    # call (2N samples), so the small kernels that build them launch once
+    weights = resize_weights(
+        torch.cat([torch.where(t, y0, x0), torch.where(t, x0, y0)]),
+        torch.cat([torch.where(t, bh, bw), torch.where(t, bw, bh)]),
+        torch.cat([meta[:, 1], meta[:, 0]]),
+        torch.cat([torch.where(t, no_flip, f), torch.where(t, f, no_flip)]),
+        size, max(ch, cw), band, antialias, images.dtype,
     )  # fmt: skip
-    rows = resize_weights(
-        torch.where(t, x0, y0), torch.where(t, bw, bh), meta[:, 0], torch.where(t, f, no_flip),
-        size, ch, band, antialias, images.dtype,
-    )  # fmt: skip
+    cols, rows = weights[:n, :, :cw], weights[n:, :, :ch]
     # (N, T, C*H): columns first (the longer axis), then (N, T*C, S): the rows
     tmp = torch.bmm(cols, images.reshape(n, c * ch, cw).transpose(1, 2))
     out = torch.bmm(tmp.view(n, size * c, ch), rows.transpose(1, 2)).view(n, size, c, size)
@@ -314,11 +315,8 @@ def _scale_shift(
     memory_format: torch.memory_format = torch.channels_last,
 ) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device, memory_format=memory_format)
-    if out.dtype == x.dtype:
-        # one kernel: reads x in any layout, writes bias + x * scale in the requested one
-        torch.addcmul(bias, x, scale, out=out)
-    else:
-        out.copy_(torch.addcmul(bias, x, scale))
+    # one kernel: reads x in any layout and dtype, writes bias + x * scale in the requested ones
+    torch.addcmul(bias, x, scale, out=out)
     return out
 
 
