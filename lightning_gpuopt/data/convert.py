@@ -277,9 +277,7 @@ def _destination(out: str | os.PathLike[str], overwrite: bool) -> tuple[Path, Pa
     if dest.is_dir():
         raise ValueError(f"output {str(out_path)!r} is a folder; give a file name such as train.h5")
     if dest.exists() and not overwrite:
-        raise ValueError(
-            f"output {str(out_path)!r} already exists; pass overwrite=True or another name"
-        )
+        raise ValueError(f"output {str(out_path)!r} already exists; pass overwrite=True or another name")
     return out_path, dest
 
 
