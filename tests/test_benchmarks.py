@@ -46,7 +46,7 @@ QUICK: dict[str, Quick] = {
     "gpu_dali_decode.py": Quick(
         ("--data-root", "{data}"),
         ("nvidia.dali",),
-        ("nvJPEG (default), 8 threads", "ceiling again (end of run)"),
+        ("nvJPEG, 8 threads", "ceiling again (end of run)"),
     ),
     "cpu_hdf5_getitems.py": Quick(
         ("--data", "{data}"),
@@ -110,7 +110,37 @@ HELP_ONLY: dict[str, str] = {
     "ddp_report.py": "test_ddp_report_rebuilds runs it on fixed results files",
     "gpu_ladder.py": "the ladder it drives runs in tests/test_demo.py; its quick run takes half a minute",
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it",
+    "augment_cost.py": "test_augment_cost_on_cpu runs it on a small batch",
 }
+
+
+def test_augment_cost_on_cpu(tmp_path):
+    script = Path(__file__).parents[1] / "benchmarks" / "augment_cost.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--device",
+            "cpu",
+            "--batch",
+            "4",
+            "--iters",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "augment_cost_cpu.json").read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    for mode in ("train", "eval"):
+        for kind in ("plain", "antialias"):
+            row = rows[f"{mode}_{kind}_float32"]
+            assert row["ms_per_batch"] > 0 and row["samples_per_sec"] > 0
 
 
 def _env(tmp: Path) -> dict[str, str]:
