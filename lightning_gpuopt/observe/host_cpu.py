@@ -7,6 +7,7 @@ return nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -79,7 +80,8 @@ class HostCPUReader:
       CPU pools, the pin-memory thread, torch's intra-op threads on a CPU run, the NVML sampler) and its
       child processes and their descendants (DataLoader workers, also under a forkserver); 100 = one core.
     - ``host/cpu_busy_frac``: share of the cores this process may run on (its affinity) that were busy,
-      by anyone, 0..1.
+      by anyone, 0..1. The system's counters move in clock ticks (10 ms): a window shorter than a tick has no
+      figure, and the next window covers both.
     - ``host/cpu_cores``: how many cores that is.
 
     Live children are found through ``/proc/<pid>/task/<tid>/children`` (or, where the kernel lacks it, a
@@ -183,6 +185,8 @@ class HostCPUReader:
         self._prev = cur
         if prev is None or cur is None or cur.t <= prev.t:
             return {}
+        if cur.cpu_total <= prev.cpu_total:  # no tick yet: the next window measures the cores from prev
+            self._prev = dataclasses.replace(cur, cpu_busy=prev.cpu_busy, cpu_total=prev.cpu_total)
         wall_ticks = (cur.t - prev.t) * self._tick
         main = max(cur.main - prev.main, 0)
         others = max(cur.process - prev.process - main, 0) + max(cur.children - prev.children, 0)

@@ -85,6 +85,21 @@ def test_reader_rates_from_a_fake_proc(tmp_path, monkeypatch, children_files):
     assert w["host/cpu_cores"] == float(reader.cores)
 
 
+def test_a_window_shorter_than_a_tick_leaves_the_cores_to_the_next(tmp_path, monkeypatch):
+    proc = FakeProc(tmp_path, True)
+    clock = iter([10.0, 10.005, 12.0])
+    monkeypatch.setattr(host_cpu.time, "monotonic", lambda: next(clock))
+    reader = HostCPUReader(proc=tmp_path, main_tid=100)
+    reader.pid, reader.cpus, reader._tick = 100, [0, 1], 100
+    proc.set(main=0, process=0, reaped=0, worker=0, grandchild=0, busy=100, idle=100)
+    reader.read()
+    w = reader.window()  # the system counters did not move: no busy share this window
+    assert "host/cpu_busy_frac" not in w and "host/cpu_main_pct" in w
+    proc.set(main=150, process=200, reaped=20, worker=300, grandchild=100, busy=420, idle=180)
+    w = reader.window()  # measured from the first snapshot's counters: 320 busy of 400
+    assert w["host/cpu_busy_frac"] == pytest.approx(0.8)
+
+
 def test_reader_without_proc_reports_nothing(tmp_path):
     reader = HostCPUReader(proc=tmp_path / "missing")
     assert not reader.available
