@@ -79,6 +79,15 @@ from lightning_gpuopt.compute.compile import COMPILE_SECONDS, CompileModel, shou
 from lightning_gpuopt.compute.precision import configure_backends, fast_trainer_kwargs  # noqa: E402
 from lightning_gpuopt.data.datamodule import OptimizedDataModule  # noqa: E402
 
+#: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
+QUIET_FIT: dict[str, Any] = {
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "enable_checkpointing": False,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+}
 COLUMNS = [
     "name",
     "samples_per_sec",
@@ -305,12 +314,7 @@ def _trainer_kwargs(
         callbacks=callbacks,
         accelerator="gpu" if cfg.device.type == "cuda" else "cpu",
         devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
+        **QUIET_FIT,
         max_time=budget.max_time(),
         **kw,
     )
@@ -425,12 +429,7 @@ def naive_row(cfg: _Cfg, budget: _Budget, jpegs: Path) -> dict[str, Any]:
         max_steps=windows.steps,
         max_time=budget.max_time(),
         callbacks=[windows],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
+        **QUIET_FIT,
     )
     with quiet_lightning():
         fit(trainer, ImageClassifier(cfg.model, num_classes=cfg.classes, lr=0.01), train_dataloaders=loader)

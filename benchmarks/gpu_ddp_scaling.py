@@ -505,7 +505,7 @@ def _launch_ranks(args: argparse.Namespace, rows: list[str], data: dict[str, str
             cmd += [f"--{key}", value]
     if args.quick:
         cmd.append("--quick")
-    # a session of its own, so a run past its time limit is ended with every rank
+    # its own process group, so a run past its time limit is ended with every rank
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
