@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from lightning_gpuopt.data._checks import check_arg, is_int
 from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
 from lightning_gpuopt.data.loader import (
+    BatchReader,
     ContinuousDataLoader,
     HostDataLoader,
     StagedBatch,
@@ -64,6 +66,8 @@ MAX_WORKERS_PER_CPU = 4
 MIN_TUNE_BATCHES = 8
 #: batches each worker prepares ahead.
 PREFETCH_FACTOR = 4
+#: threads reading an HDF5 store (a ``BatchReader``) per training process under ``num_workers="auto"``.
+READ_THREADS = 4
 
 
 def _resolve_backend(backend: str, paths: dict[str, str | None]) -> str:
@@ -97,6 +101,13 @@ def _check_dali(dali: Any) -> None:
     )
 
 
+def _quiet_worker_warning(split: str) -> None:
+    """Silence Lightning's "does not have many workers" for a loader that reads on threads instead."""
+    warnings.filterwarnings(
+        "ignore", message=f"The '{split}_dataloader' does not have many workers", category=Warning
+    )
+
+
 class OptimizedDataModule(pl.LightningDataModule):
     """A DataModule that keeps the GPU fed: whole uint8 images, crops on the GPU, tuned pinned loaders.
 
@@ -120,8 +131,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
             dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
-            ``MAX_WORKERS_PER_CPU`` per CPU. With ``backend="dali"``: DALI's CPU threads (``"auto"``: DALI's
-            default).
+            ``MAX_WORKERS_PER_CPU`` per CPU. With an HDF5 store (any ``BatchReader`` dataset): threads of the
+            training process that read batches straight into pinned memory (``"auto"``: ``READ_THREADS``,
+            at most the CPUs per process; 0: read in the loop). With ``backend="dali"``: DALI's CPU threads
+            (``"auto"``: chosen from the cores per GPU).
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default
             ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A
@@ -381,7 +394,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         return max(1, self.trainer.num_devices) if self.trainer is not None else 1
 
     def _workers(self, split: str) -> int:
-        """Worker processes for ``split``'s loader; ``"auto"`` is resolved once per split and dataset."""
+        """Worker processes (reading threads for a ``BatchReader``) for ``split``'s loader; ``"auto"`` is
+        resolved once per split and dataset."""
         if not self._auto_workers:
             return int(self.num_workers)
         if split in self._split_workers:
@@ -390,6 +404,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         if dataset is None:
             return 0
         cpus = max(1, available_cpus() // self._local_world_size())
+        if isinstance(dataset, BatchReader):
+            # reading a batch is one copy from the page cache: a few threads feed any GPU (no measuring)
+            self._split_workers[split] = min(READ_THREADS, cpus)
+            return self._split_workers[split]
         try:
             batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         except TypeError:
@@ -456,13 +474,15 @@ class OptimizedDataModule(pl.LightningDataModule):
             backend, decoder = "folder", "cpu"
         elif self.backend == "hdf5" and type(dataset).__name__ == "HDF5ImageDataset":
             backend = "hdf5"
+        threads = isinstance(dataset, BatchReader) and workers > 0
         return FeedInfo(
             backend=backend,
-            num_workers=workers,
+            num_workers=None if threads else workers,
             pin_memory=pin,
             batch_size=self.batch_size,
             host_batches=True,
             decoder=decoder,
+            threads=workers if threads else None,
         )
 
     def _split_loader(self, split: str) -> Any:
@@ -481,6 +501,10 @@ class OptimizedDataModule(pl.LightningDataModule):
             )
             return []  # Lightning skips a stage whose loader list is empty
         workers, pin, train = self._workers(split), self._pin(), split == "train"
+        threads = workers if isinstance(dataset, BatchReader) else 0
+        if threads:
+            workers = 0  # the loader reads on threads of this process; no worker processes
+            _quiet_worker_warning(split)
         kwargs: dict[str, Any] = {
             "batch_size": self.batch_size,
             "shuffle": train,
@@ -490,7 +514,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             "persistent_workers": workers > 0,
             "prefetch_factor": PREFETCH_FACTOR if workers > 0 else None,
             "collate_fn": UInt8Collate(f"{split}_dataset()"),
-            "feed_info": self._feed(dataset, workers, pin),
+            "feed_info": self._feed(dataset, threads or workers, pin),
+            "read_threads": threads,
         }
         if train:
             return ContinuousDataLoader(dataset, device_transform=self._stage_train_batch, **kwargs)

@@ -13,8 +13,11 @@ Layout written by ``convert_folder_to_hdf5`` (``lightning_gpuopt.data.convert``)
     attrs: format, format_version=2, layout_version, storage_size (S), max_aspect, resize, uuid,
            num_skipped, source
 
-Every image is plain bytes at a known offset of the file, so a process maps the file read-only once and
-copies a batch out of the mapping: no system call, no HDF5 work and no decompression per image.
+Every image is plain bytes at a known offset of the file: no HDF5 work and no decompression per image.
+``read_into`` reads a batch straight into a caller's array (a pinned host buffer) with one positional read
+per image, which threads of the training process run in parallel (``OptimizedDataModule`` does; no worker
+processes, no copy between processes); ``__getitems__`` copies a batch out of a read-only memory map, for
+``DataLoader`` workers.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import mmap
 import operator
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +63,10 @@ class HDF5ImageDataset(Dataset):
     torchvision's ``Resize(S)`` (``S = storage_size``) at its top-left, transposed when the image is
     portrait; ``meta`` is int32 ``(h, w, transposed)``, the valid region (``lightning_gpuopt.data.layout``).
     ``OptimizedDataModule``'s collate and ``GPUAugment`` crop from that region on the GPU.
+
+    ``read_into(indices, images)`` fills a caller's ``(B, S, W, 3)`` array with a batch (one ``pread`` per
+    image; safe to call from several threads at once): ``OptimizedDataModule`` reads the store this way,
+    on threads, straight into pinned memory.
 
     The file is checked in ``__init__`` and closed again. Each process maps it read-only on its first
     read (and again after a fork), so the object pickles cheaply and works with ``fork``, ``spawn`` and
@@ -98,6 +106,9 @@ class HDF5ImageDataset(Dataset):
         self._win: np.ndarray | None = None  # (file bytes - image bytes + 1, S, W, 3) window on the map
         self._buf: np.ndarray | None = None  # recycled batch array (large batches)
         self._pid: int | None = None
+        self._file: Any = None  # this process's unbuffered file for read_into
+        self._file_pid: int | None = None
+        self._file_lock = threading.Lock()
 
     # -- checks -------------------------------------------------------------------------------------
 
@@ -188,21 +199,30 @@ class HDF5ImageDataset(Dataset):
 
     # -- per-process mapping ------------------------------------------------------------------------
 
+    def _open_checked(self) -> int:
+        """A read-only descriptor of the store, checked to be the file this dataset was made for."""
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if (st.st_size, st.st_mtime_ns) != self._identity[:2]:
+                raise self._changed()
+            # the uuid is read through this same descriptor: it is the file that gets read
+            with open(fd, "rb", closefd=False) as fh, self._open_h5(fileobj=fh) as f:
+                if str(f.attrs.get("uuid")) != self.uuid:
+                    raise self._changed()
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _ensure_open(self) -> np.ndarray:
         pid = os.getpid()
         if self._pid == pid and self._win is not None:
             return self._win
         # a map inherited through fork is the parent's: drop it (unmapped when unused) and map our own
         self._win = self._buf = None
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = self._open_checked()
         try:
-            st = os.fstat(fd)
-            if (st.st_size, st.st_mtime_ns) != self._identity[:2]:
-                raise self._changed()
-            # the uuid is read through this same descriptor: it is the file that gets mapped
-            with open(fd, "rb", closefd=False) as fh, self._open_h5(fileobj=fh) as f:
-                if str(f.attrs.get("uuid")) != self.uuid:
-                    raise self._changed()
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)  # the mapping stays valid without the descriptor
@@ -219,15 +239,31 @@ class HDF5ImageDataset(Dataset):
         self._pid = pid
         return self._win
 
+    def _reader(self) -> Any:
+        """This process's unbuffered file object for ``read_into`` (opened and checked on first use)."""
+        pid = os.getpid()
+        with self._file_lock:
+            if self._file_pid != pid or self._file is None:
+                self._file = open(self._open_checked(), "rb", buffering=0)  # noqa: SIM115 -- kept open
+                self._file_pid = pid
+            return self._file
+
     def close(self) -> None:
-        """Drop this process's mapping (mapped again on the next read)."""
-        # the map is unmapped when the last array using it goes (closing it under live arrays would fail)
+        """Drop this process's mapping and file (opened again on the next read)."""
+        # the map is unmapped when the last array using it goes (closing it under live arrays would fail);
+        # the file closes when no read holds it any more (a read in flight keeps its own reference)
         self._win = self._buf = self._pid = None
+        with self._file_lock:
+            self._file = self._file_pid = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_win=None, _buf=None, _pid=None)
+        state.update(_win=None, _buf=None, _pid=None, _file=None, _file_pid=None, _file_lock=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._file_lock = threading.Lock()
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -253,6 +289,62 @@ class HDF5ImageDataset(Dataset):
         win = self._ensure_open()
         return win[self._offsets[i]].copy(), int(self.labels[i]), self.meta[i].copy()
 
+    def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``indices`` as a validated int64 array in ``[0, len)`` (negative ones counted from the end)."""
+        idx = np.asarray(indices).reshape(-1)
+        if idx.size == 0:
+            return idx.astype(np.int64)
+        if idx.dtype.kind not in "iu":
+            raise TypeError(f"HDF5ImageDataset indices must be integers, got an array of {idx.dtype}")
+        n = len(self)
+        bad = (idx < -n) | (idx >= n)
+        if bad.any():
+            self._index(int(idx[np.argmax(bad)]))  # raises IndexError naming the first bad index
+        return idx.astype(np.int64) % n
+
+    def read_into(
+        self, indices: Sequence[int] | np.ndarray, images: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Read the images at ``indices`` into ``images``; return their ``(labels, meta)``.
+
+        ``images`` must be a C-contiguous uint8 array of shape ``(len(indices), *image_shape)`` (for example
+        the ``.numpy()`` of a pinned tensor). Each image is one positional read from the file into its row,
+        with the GIL released, so several threads reading batches run in parallel.
+
+        Returns:
+            int64 ``(B,)`` labels and int32 ``(B, 3)`` meta ``(h, w, transposed)``, new arrays.
+        """
+        idx = self._indices(indices)
+        shape = (int(idx.size), *self.image_shape)
+        if (
+            not isinstance(images, np.ndarray)
+            or images.dtype != np.uint8
+            or images.shape != shape
+            or not images.flags.c_contiguous
+            or not images.flags.writeable
+        ):
+            got = (
+                f"{images.dtype} {images.shape}" if isinstance(images, np.ndarray) else type(images).__name__
+            )
+            raise ValueError(
+                f"HDF5ImageDataset.read_into: images must be a writable C-contiguous uint8 array of shape "
+                f"{shape}, got {got}"
+            )
+        reader = self._reader()  # held for the whole batch: close() cannot release it under these reads
+        fd = reader.fileno()
+        rows = images.reshape(shape[0], self._image_bytes)
+        for j, offset in enumerate(self._offsets[idx].tolist()):
+            row, done = rows[j], 0
+            while done < self._image_bytes:
+                got = os.preadv(fd, [row[done:]], offset + done)
+                if got <= 0:
+                    raise RuntimeError(
+                        f"HDF5 store {self.path!r} ended inside image {int(idx[j])} (the file was truncated "
+                        f"while open); {_convert_fix(self.path)}"
+                    )
+                done += got
+        return self.labels[idx], self.meta[idx]
+
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int, np.ndarray]]:
         """Read a batch: a list of ``(canvas, label, meta)`` in request order, canvases views of one array.
 
@@ -260,16 +352,9 @@ class HDF5ImageDataset(Dataset):
         one fancy index; larger ones are copied image by image into a batch array that is reused once no
         item of the previous batch is referenced any more.
         """
-        idx = np.asarray(indices).reshape(-1)
+        idx = self._indices(indices)
         if idx.size == 0:
             return []
-        if idx.dtype.kind not in "iu":
-            raise TypeError(f"HDF5ImageDataset indices must be integers, got an array of {idx.dtype}")
-        n = len(self)
-        bad = (idx < -n) | (idx >= n)
-        if bad.any():
-            self._index(int(idx[np.argmax(bad)]))  # raises IndexError naming the first bad index
-        idx = idx.astype(np.int64) % n
         win = self._ensure_open()
         offsets = self._offsets[idx]
         count = int(idx.size)

@@ -3,7 +3,11 @@ its workers prefetching across epoch boundaries.
 
 ``UInt8Collate`` stacks ``(image, label[, meta])`` samples into ``(uint8 NHWC, int64 labels, int32 meta)``.
 ``HostDataLoader`` is a ``DataLoader`` that carries a ``feed_info`` (``_common.FeedInfo``) and counts
-``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch.
+``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch. Given
+``read_threads``, it reads a dataset that can fill a batch array itself (``BatchReader``: the HDF5 store)
+on threads of this process, straight into pinned memory: one copy from the page cache a batch, where worker
+processes copy it three times (into the worker, into shared memory, into pinned memory) and fault in fresh
+shared memory every batch.
 
 ``ContinuousDataLoader``: a plain DataLoader stops handing out work at the end of an epoch and restarts at
 the next ``iter()``, so the first batch of every epoch waits for one worker to build a whole batch from
@@ -25,9 +29,11 @@ early matters.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -132,6 +138,25 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.uint8)
 
 
+@runtime_checkable
+class BatchReader(Protocol):
+    """A dataset that fills a batch array itself (``HDF5ImageDataset``), so threads can read it.
+
+    ``image_shape`` is every sample's ``(H, W, C)``; ``read_into(indices, images)`` fills the C-contiguous
+    uint8 ``(len(indices), H, W, C)`` array ``images`` and returns int64 labels ``(B,)`` and int32 meta
+    ``(B, 3)`` (``lightning_gpuopt.data.layout``). It must be safe to call from several threads at once and
+    should release the GIL while it copies.
+    """
+
+    image_shape: tuple[int, int, int]
+
+    def read_into(self, indices: Any, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+#: batches a reading thread has in flight (read or waiting to be consumed).
+READS_PER_THREAD = 2
+
+
 class HostDataLoader(DataLoader):
     """A ``DataLoader`` that describes its feed, times its consumer, and whose workers die with their parent.
 
@@ -142,9 +167,16 @@ class HostDataLoader(DataLoader):
     loader dies (Linux), also one started in the instant its parent died, which PyTorch's own parent check
     misses; the ``worker_init_fn`` passed is called afterwards.
 
+    With ``read_threads > 0`` (a ``BatchReader`` dataset, ``num_workers=0``, automatic batching), batches are
+    read by that many threads of this process, ``READS_PER_THREAD`` batches in flight each, into fresh
+    uint8 arrays (pinned with ``pin_memory``; PyTorch's pinned-memory cache reuses a buffer once the copy
+    that read it has finished), and arrive as ``(uint8 NHWC images, int64 labels, int32 meta)``, the shape
+    ``UInt8Collate`` gives; ``collate_fn`` is not used.
+
     Args:
         *args: ``DataLoader``'s arguments.
         feed_info: how this loader feeds the GPU (read by ``BottleneckAdvisor`` and ``GPUStatsMonitor``).
+        read_threads: threads reading a ``BatchReader`` dataset (0: DataLoader's own loading).
         **kwargs: ``DataLoader``'s keyword arguments.
 
     Example:
@@ -155,16 +187,39 @@ class HostDataLoader(DataLoader):
         True
     """
 
-    def __init__(self, *args: Any, feed_info: FeedInfo | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, feed_info: FeedInfo | None = None, read_threads: int = 0, **kwargs: Any
+    ) -> None:
         init = kwargs.get("worker_init_fn")
         if not isinstance(init, WorkerInit):  # Lightning re-creates the loader with the one it already has
             kwargs["worker_init_fn"] = WorkerInit(init)
         super().__init__(*args, **kwargs)
         self.feed_info = feed_info
+        if not isinstance(read_threads, int) or isinstance(read_threads, bool) or read_threads < 0:
+            raise ValueError(f"read_threads must be an int >= 0, got {read_threads!r}")
+        if read_threads:
+            if not isinstance(self.dataset, BatchReader):
+                raise TypeError(
+                    f"read_threads={read_threads} needs a dataset with image_shape and read_into(indices, "
+                    f"images) (a BatchReader, e.g. HDF5ImageDataset), got {type(self.dataset).__name__}; "
+                    "pass read_threads=0 and num_workers=N for DataLoader worker processes"
+                )
+            if self.num_workers or self.batch_sampler is None:
+                raise ValueError(
+                    f"read_threads={read_threads} reads batches on threads: pass num_workers=0 (got "
+                    f"{self.num_workers}) and a batch_size or batch_sampler"
+                )
+        self.read_threads = read_threads
         setattr(self, FETCH_SECONDS_ATTR, 0.0)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return self._timed(DataLoader.__iter__(self), None)
+        return self._timed(self._batches(), None)
+
+    def _batches(self) -> Iterator[Any]:
+        """A fresh iterator over the index sampler: DataLoader's own, or the reading threads'."""
+        if self.read_threads:
+            return _read_batches(self)
+        return DataLoader.__iter__(self)
 
     def _timed(self, source: Iterator[Any], n: int | None) -> Iterator[Any]:
         count = 0
@@ -180,6 +235,53 @@ class HostDataLoader(DataLoader):
                 )
             count += 1
             yield batch
+
+
+def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Batches of ``loader``'s ``BatchReader`` dataset, read ahead by ``loader.read_threads`` threads."""
+    dataset: Any = loader.dataset
+    shape = tuple(dataset.image_shape)
+    pin = bool(loader.pin_memory) and torch.cuda.is_available()
+    indices = iter(loader._index_sampler)  # a ContinuousDataLoader's repeats forever
+
+    def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        images, labels, meta = out
+        got_labels, got_meta = dataset.read_into(batch, images.numpy())
+        labels.numpy()[...] = got_labels
+        meta.numpy()[...] = got_meta
+        return out
+
+    pool = ThreadPoolExecutor(loader.read_threads, thread_name_prefix="lightning_gpuopt-read")
+    pending: collections.deque[Future[Any]] = collections.deque()
+
+    def submit() -> bool:
+        batch = next(indices, None)
+        if batch is None:
+            return False
+        batch = list(batch)
+        # allocated on this thread (pinned memory from PyTorch's cache), filled by a reading thread
+        n = len(batch)
+        out = (
+            torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
+            torch.empty(n, dtype=torch.int64, pin_memory=pin),
+            torch.empty((n, 3), dtype=torch.int32, pin_memory=pin),
+        )
+        pending.append(pool.submit(read, batch, out))
+        return True
+
+    try:
+        more = True
+        while more and len(pending) < loader.read_threads * READS_PER_THREAD:
+            more = submit()
+        while pending:
+            done = pending.popleft().result()
+            if more:
+                more = submit()
+            yield done
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
 
 
 class StagedBatch(tuple):
@@ -230,6 +332,7 @@ class ContinuousDataLoader(HostDataLoader):
         device_transform: on a CUDA run with ``pin_memory=True``, applied to each batch on the GPU one step
             ahead, on a side stream; its batches arrive as ``StagedBatch``.
         feed_info: see ``HostDataLoader``.
+        read_threads: see ``HostDataLoader`` (the threads keep reading across epoch boundaries too).
         **kwargs: ``DataLoader``'s keyword arguments.
 
     Note:
@@ -247,9 +350,11 @@ class ContinuousDataLoader(HostDataLoader):
         *args: Any,
         device_transform: Callable[[Any], Any] | None = None,
         feed_info: FeedInfo | None = None,
+        read_threads: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, feed_info=feed_info, **kwargs)
+        # every argument is named here: Lightning re-creates the loader (under DDP) from this signature
+        super().__init__(*args, feed_info=feed_info, read_threads=read_threads, **kwargs)
         self.device_transform = device_transform
         self._continuous_iter: Iterator[Any] | None = None
 
@@ -267,7 +372,7 @@ class ContinuousDataLoader(HostDataLoader):
             raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
         source = self._continuous_iter
         if source is None:
-            source = DataLoader.__iter__(self)
+            source = self._batches()
             if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():
                 # under DDP Lightning has set each rank's current device before the first iter()
                 source = _staged(

@@ -56,6 +56,28 @@ class IndexData(OptimizedDataModule):
         return IndexDataset(self.n)
 
 
+class IndexReader(IndexDataset):
+    """The same samples, read a batch at a time by threads (a ``BatchReader``, as the HDF5 store is)."""
+
+    image_shape = (12, 12, 3)
+
+    def __getitem__(self, i):
+        raise AssertionError("a BatchReader is read with read_into")
+
+    def read_into(self, indices, images):
+        idx = np.asarray(indices, dtype=np.int64)
+        images[...] = (idx % 256).astype(np.uint8).reshape(-1, 1, 1, 1)
+        return idx, np.tile(np.array([12, 12, 0], np.int32), (len(idx), 1))
+
+
+class ReaderData(IndexData):
+    def train_dataset(self):
+        return IndexReader(self.n)
+
+    def val_dataset(self):
+        return IndexReader(self.n)
+
+
 class Recorder(pl.LightningModule):
     """Records the labels and the batch layout it receives; writes them to ``out`` per rank."""
 
@@ -247,8 +269,9 @@ def test_subclass_float_dataset_fails_naming_hook():
         )
 
 
-def test_ddp_two_processes_see_each_sample_once(tmp_path):
-    dm = IndexData(n=32, batch_size=4, num_workers=0, image_size=8, storage_size=12)
+@pytest.mark.parametrize(("data", "workers"), [(IndexData, 0), (ReaderData, 2)])
+def test_ddp_two_processes_see_each_sample_once(tmp_path, data, workers):
+    dm = data(n=32, batch_size=4, num_workers=workers, image_size=8, storage_size=12)
     assert pickle.loads(pickle.dumps(dm)).batch_size == 4  # what ddp_spawn / spawn workers need
     # spawn, not fork: a child forked from this pytest process deadlocks in libgomp once earlier tests have
     # run OpenMP-parallel convolutions here (seen: both ranks stuck in Conv2d.forward)
@@ -263,6 +286,38 @@ def test_ddp_two_processes_see_each_sample_once(tmp_path):
     assert sorted(ranks[0]["val"] + ranks[1]["val"]) == list(range(32))
     # the loader Lightning rebuilt with its DistributedSampler still describes its feed
     assert ranks[0]["feed"]["batch_size"] == 4 and ranks[0]["feed"]["host_batches"] is True
+    if data is ReaderData:  # and still reads on its threads
+        assert ranks[0]["feed"]["threads"] == 2 and ranks[0]["feed"]["num_workers"] is None
+
+
+def test_an_hdf5_store_is_read_by_threads_of_the_training_process(jpeg_folder, tmp_path):
+    import warnings
+
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+    from lightning_gpuopt.data.datamodule import READ_THREADS
+
+    store = tmp_path / "train.h5"
+    convert_folder_to_hdf5(jpeg_folder, store, 18, workers=1, progress=False)
+    dm = OptimizedDataModule(store, store, batch_size=8, num_workers="auto", image_size=16)
+    model = Recorder()
+    trainer = _trainer(max_epochs=2, num_sanity_val_steps=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, datamodule=dm)
+    assert not [str(w.message) for w in caught if "does not have many workers" in str(w.message)]
+    threads = min(READ_THREADS, available_cpus())
+    for loader in (trainer.train_dataloader, trainer.val_dataloaders):
+        assert loader.read_threads == threads and loader.num_workers == 0
+        info = loader.feed_info
+        assert (info.backend, info.threads, info.num_workers) == ("hdf5", threads, None)
+    assert isinstance(trainer.train_dataloader, ContinuousDataLoader)
+    assert model.layouts[0] == ((8, 3, 16, 16), torch.float32, True)
+    labels = sorted(dm._datasets["train"].labels.tolist()) if "train" in dm._datasets else None
+    assert len(model.train_labels) == 2 * 48 and len(model.val_labels) == 2 * 48
+    for epoch in range(2):  # every image once an epoch: the label counts of the store, each epoch
+        got = model.train_labels[epoch * 48 : (epoch + 1) * 48]
+        assert sorted(got) == sorted(model.val_labels[:48])
+    assert labels is None  # teardown closed and dropped the datasets
 
 
 def test_auto_workers_tuned_and_cached(jpeg_folder, tmp_path):

@@ -66,6 +66,62 @@ def test_getitems_matches_the_file_and_items_stay_valid(store, monkeypatch, fanc
     np.testing.assert_array_equal(clone.__getitems__([47, 0])[1][0], images[0])
 
 
+def test_read_into_fills_a_batch_array_from_many_threads_at_once(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning_gpuopt.data.loader import BatchReader
+
+    path, images, meta, labels = store
+    ds = HDF5ImageDataset(path)
+    assert isinstance(ds, BatchReader)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(-48, 48, size=int(rng.integers(1, 20))) for _ in range(64)]
+
+    def read(idx):
+        out = np.full((len(idx), *ds.image_shape), 7, dtype=np.uint8)
+        got_labels, got_meta = ds.read_into(idx, out)
+        return idx, out, got_labels, got_meta
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(read, batches))
+    for idx, out, got_labels, got_meta in results:
+        np.testing.assert_array_equal(out, images[idx])
+        np.testing.assert_array_equal(got_labels, labels[idx])
+        np.testing.assert_array_equal(got_meta, meta[idx])
+        assert got_labels.dtype == np.int64 and got_meta.dtype == np.int32
+    ds.close()  # the file reopens on the next read
+    out = np.empty((2, *ds.image_shape), np.uint8)
+    ds.read_into([1, 0], out)
+    np.testing.assert_array_equal(out, images[[1, 0]])
+    clone = pickle.loads(pickle.dumps(ds))  # the open file does not travel
+    assert clone._file is None
+    clone.read_into([47, 3], out)
+    np.testing.assert_array_equal(out, images[[47, 3]])
+
+
+def test_read_into_checks_its_arguments(store, tmp_path):
+    path, *_ = store
+    ds = HDF5ImageDataset(path)
+    shape = ds.image_shape
+    for bad in (
+        np.empty((2, *shape), np.float32),
+        np.empty((3, *shape), np.uint8),
+        np.empty((2, *shape), np.uint8)[:, ::-1],
+        torch.empty((2, *shape), dtype=torch.uint8),
+    ):
+        with pytest.raises(ValueError, match=r"writable C-contiguous uint8 array of shape \(2, 16, 24, 3\)"):
+            ds.read_into([0, 1], bad)
+    with pytest.raises(IndexError, match="index 48 "):
+        ds.read_into([0, 48], np.empty((2, *shape), np.uint8))
+    live = tmp_path / "live.h5"
+    shutil.copy(path, live)
+    swapped = HDF5ImageDataset(live)
+    other = image_folder(tmp_path / "other", num_images=8, num_classes=2, size=(40, 40))
+    convert_folder_to_hdf5(other, live, 24, workers=1, progress=False, overwrite=True)
+    with pytest.raises(RuntimeError, match=r"live\.h5.* changed since this HDF5ImageDataset was made"):
+        swapped.read_into([0], np.empty((1, *shape), np.uint8))
+
+
 def test_indices_are_checked(store):
     path, *_ = store
     ds = HDF5ImageDataset(path)

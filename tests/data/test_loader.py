@@ -253,3 +253,122 @@ def test_next_epoch_is_built_before_this_one_ends(tmp_path, loader_cls):
         assert ahead >= 2  # at least epoch 1's first batch was built while nobody asked for it
     assert len(list(loader)) == 4
     close_workers(loader)
+
+
+class _Reader(Dataset):
+    """A ``BatchReader``: sample ``i`` is an image filled with ``i % 251``, label ``i``, meta ``(2, 3, i % 2)``;
+    records the threads that read it and can be told to fail."""
+
+    image_shape = (2, 3, 3)
+
+    def __init__(self, n: int, fail_at: int | None = None, delay_s: float = 0.0) -> None:
+        self.n, self.fail_at, self.delay_s = n, fail_at, delay_s
+        self.threads: set[str] = set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        raise AssertionError("a threaded loader reads whole batches with read_into")
+
+    def read_into(self, indices, images):
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        idx = np.asarray(indices, dtype=np.int64)
+        if self.fail_at is not None and self.fail_at in idx:
+            raise OSError(f"image {self.fail_at} cannot be read from reader.bin")
+        time.sleep(self.delay_s)
+        images[...] = (idx % 251).astype(np.uint8).reshape(-1, 1, 1, 1)
+        meta = np.stack([np.full_like(idx, 2), np.full_like(idx, 3), idx % 2], axis=1).astype(np.int32)
+        return idx * 10, meta
+
+
+@pytest.mark.parametrize("cls", [HostDataLoader, ContinuousDataLoader])
+def test_read_threads_read_whole_batches_in_sampler_order(cls):
+    ds = _Reader(50)
+    loader = cls(ds, batch_size=8, shuffle=True, drop_last=True, read_threads=3)
+    epochs = []
+    for _ in range(3):
+        seen = []
+        for images, labels, meta in loader:
+            assert images.dtype == torch.uint8 and images.shape == (8, 2, 3, 3)
+            assert labels.dtype == torch.int64 and meta.dtype == torch.int32 and meta.shape == (8, 3)
+            idx = labels // 10
+            assert torch.equal(images[:, 0, 0, 0].long(), idx % 251)
+            assert torch.equal(meta[:, 2].long(), idx % 2) and (meta[:, :2] == torch.tensor([2, 3])).all()
+            seen += idx.tolist()
+        assert len(seen) == 48 and len(set(seen)) == 48
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # reshuffled each pass
+    assert ds.threads and all(t.startswith("lightning_gpuopt-read") for t in ds.threads)
+
+
+def test_read_threads_follow_a_distributed_sampler_and_survive_lightnings_recreation():
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    ds = _Reader(40)
+    loader = ContinuousDataLoader(ds, batch_size=5, shuffle=True, drop_last=True, read_threads=2)
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        again = _update_dataloader(loader, sampler)  # what Lightning does under DDP
+        assert type(again) is ContinuousDataLoader and again.read_threads == 2 and again.num_workers == 0
+        seen.append([(b[1] // 10).tolist() for b in again])
+    flat = [x for rank in seen for batch in rank for x in batch]
+    assert sorted(flat) == list(range(40))
+
+
+def test_read_threads_errors_reach_the_consumer_and_the_threads_stop():
+    import threading
+
+    loader = ContinuousDataLoader(_Reader(64, fail_at=40), batch_size=8, read_threads=2)
+    with pytest.raises(OSError, match="image 40 cannot be read from reader.bin"):
+        list(loader)
+    loader.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        t.name.startswith("lightning_gpuopt-read") for t in threading.enumerate()
+    ):
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("lightning_gpuopt-read")]
+
+
+def test_read_threads_prefetch_across_the_epoch_boundary():
+    ds = _Reader(16, delay_s=0.05)
+    loader = ContinuousDataLoader(ds, batch_size=4, read_threads=2)
+    assert len(list(loader)) == 4
+    time.sleep(0.3)  # the loop does something else between epochs (validation)
+    start = time.perf_counter()
+    first = next(iter(loader))  # epoch 1's first batch was read without anybody asking for it
+    assert time.perf_counter() - start < 0.04 and len(first[0]) == 4
+    loader.close()
+
+
+def test_read_threads_argument_errors():
+    with pytest.raises(TypeError, match="BatchReader"):
+        HostDataLoader(TensorDataset(torch.arange(4)), batch_size=2, read_threads=2)
+    with pytest.raises(ValueError, match="num_workers=0"):
+        HostDataLoader(_Reader(8), batch_size=2, num_workers=1, read_threads=2)
+    with pytest.raises(ValueError, match="read_threads"):
+        HostDataLoader(_Reader(8), batch_size=2, read_threads=-1)
+
+
+@pytest.mark.gpu
+def test_read_threads_fill_pinned_memory_and_stage_on_the_gpu():
+    from lightning_gpuopt.data.loader import StagedBatch
+
+    loader = ContinuousDataLoader(
+        _Reader(64), batch_size=8, pin_memory=True, read_threads=2, device_transform=lambda b: b
+    )
+    raw = next(iter(HostDataLoader(_Reader(64), batch_size=8, pin_memory=True, read_threads=2)))
+    assert all(t.is_pinned() for t in raw)
+    for _ in range(3):
+        seen = []
+        for batch in loader:
+            assert isinstance(batch, StagedBatch) and all(t.is_cuda for t in batch)
+            images, labels, _meta = batch
+            assert torch.equal(images[:, 0, 0, 0].long().cpu(), (labels.cpu() // 10) % 251)
+            seen += (labels // 10).tolist()
+        assert sorted(seen) == list(range(64))
+    loader.close()

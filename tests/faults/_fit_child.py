@@ -1,7 +1,8 @@
 """A short Lightning fit on the CPU that prints where it is, for the fault cases to stop it at chosen points.
 
 Run as ``python tests/faults/_fit_child.py DATA CASE_DIR [--on-corrupt skip]``: an ``OptimizedDataModule`` on
-``DATA`` (an image folder or an HDF5 store) with two DataLoader workers, a tiny convolutional model, two
+``DATA`` (an image folder or an HDF5 store) with ``num_workers=2`` (worker processes for the folder, reading
+threads for the store), a tiny convolutional model, two
 epochs. It prints ``@ setup``, ``@ train <step>``, ``@ val <epoch> <batch>`` and ``@ done`` (flushed) as it
 goes. ``CASE_DIR`` is only carried on the command line, so the case's processes can be found by it.
 """

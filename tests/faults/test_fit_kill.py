@@ -1,10 +1,11 @@
-"""A short Lightning fit with two DataLoader workers killed (SIGKILL, SIGTERM) at seeded points.
+"""A short Lightning fit killed (SIGKILL, SIGTERM) at seeded points.
 
 The fit (``_fit_child.py``) trains an ``OptimizedDataModule`` on a small image folder (``on_corrupt="skip"``,
-so the DataModule keeps a folder for skipped-image reports) or on the same images as an HDF5 store, and
-prints where it is. Points: right after ``setup`` (the folder, where the DataModule makes its skip folder);
-as soon as the first DataLoader worker process exists (before it has set itself up); at a seeded training
-step (of 16); at a seeded validation batch (of 8, in a seeded epoch). After each kill: no process of the fit is left (its workers included) and
+so the DataModule keeps a folder for skipped-image reports; two DataLoader worker processes) or on the same
+images as an HDF5 store (read by two threads of the training process), and prints where it is. Points:
+right after ``setup`` (the folder, where the DataModule makes its skip folder); as soon as the first
+DataLoader worker process exists (the folder; before it has set itself up); at a seeded training step (of
+16); at a seeded validation batch (of 8, in a seeded epoch). After each kill: no process of the fit is left (its workers included) and
 the temporary folder the child was given (``TMPDIR``) is empty (torch's compile cache is kept elsewhere).
 """
 
@@ -20,7 +21,7 @@ from tests.faults._helpers import child_env
 from tests.faults._watch import SIGNALS, Watch, kill_at
 
 CHILD = Path(__file__).with_name("_fit_child.py")
-POINTS = {"folder": ("setup", "workers", "train", "val"), "hdf5": ("workers", "train", "val")}
+POINTS = {"folder": ("setup", "workers", "train", "val"), "hdf5": ("train", "val")}
 CASES = [(backend, name, point) for backend, points in POINTS.items() for name in SIGNALS for point in points]
 
 
