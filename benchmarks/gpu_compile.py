@@ -12,15 +12,17 @@ fits go through ``Trainer(**fast_trainer_kwargs(model, compile=False|True))``:
   off); ``lightning+compile+gpu_aug``: the same compiled fit on uint8 canvases already on the GPU
   (``data.layout`` canvas and meta) through ``OptimizedDataModule``'s own ``on_after_batch_transfer``
   (``GPUAugment``: crop, flip, normalize). ``aug_cost = 1 - rate(gpu_aug) / rate(lightning+compile)``.
-- ``hdf5``, ``hdf5+compile``: ``OptimizedDataModule(backend="hdf5", num_workers=8)`` on a uint8 store
+- ``hdf5``, ``hdf5+compile``: ``OptimizedDataModule(backend="hdf5")`` (``num_workers="auto"``: the store read
+  by ``READ_THREADS`` threads of the training process straight into pinned memory) on a uint8 store
   converted from generated 500x375 JPEGs; ``dali``: ``backend="dali"`` with ``DALIOptions(decoder="cpu")``;
   ``dali+compile``: DALI with the library's default decoder (the run prints which one it chose), and
   ``dali_cpu+compile`` / ``dali_gpu+compile`` for the decoders the default did not choose, time permitting.
-- ``loader_hdf5``, ``loader_dali_cpu``, ``loader_dali_gpu``: the DataModule's training loader iterated alone,
+- ``loader_hdf5``, ``loader_dali_cpu``, ``loader_dali_gpu``: the DataModule's training loader iterated alone
+  (``loader_hdf5_threads_<n>``: the store read by ``n`` threads),
   no model, each batch made ready on the GPU (HDF5: pinned host batches staged and augmented on the GPU by
   the loader itself; DALI: decoded on CPU threads or with nvJPEG). Their ``ratio_to_ceiling`` is the feed's
   headroom over the compiled model.
-- ``small_4096``, ``small_8192``: eager ``fast_trainer_kwargs`` fits from the HDF5 store (8 workers) of
+- ``small_4096``, ``small_8192``: eager ``fast_trainer_kwargs`` fits from the HDF5 store (its default) of
   4,096 and 8,192 images, several whole epochs; ``samples_per_sec`` over the epochs after the first, and
   ``boundary_stall_s``: the median over epoch boundaries of (first batch of epoch k+1 done - epoch k done -
   the median step inside an epoch).
@@ -112,6 +114,9 @@ ORDER = (
     "dali_cpu+compile",
     "dali_gpu+compile",
     "loader_hdf5",
+    "loader_hdf5_threads_1",
+    "loader_hdf5_threads_2",
+    "loader_hdf5_threads_8",
     "loader_dali_cpu",
     "loader_dali_gpu",
 )
@@ -148,7 +153,8 @@ class _Cfg:
         self.images = 96 if quick else 8192
         self.jpeg_size = (64, 48) if quick else (500, 375)
         self.storage = eval_resize_size(self.image)
-        self.workers = 2 if quick else 8
+        self.workers: int | str = "auto"  # the HDF5 store's reading threads: the library's default
+        self.thread_sweep = (1,) if quick else (1, 2, 8)  # loader_hdf5_threads_<n>
         # the naive row makes about one step a second on the GPU machine: a short look is enough
         self.naive_warmup, self.naive_window_steps = (1, 2) if quick else (2, 4)
         # the loader alone: warm-up batches, then windows of this many batches (1.5 epochs of 8,192 images)
@@ -481,6 +487,7 @@ def loader_row(name: str, cfg: _Cfg, dm: OptimizedDataModule) -> dict[str, Any]:
         "windows": rates,
         "decoder": getattr(feed, "decoder", None),
         "num_workers": getattr(feed, "num_workers", None),
+        "threads": getattr(feed, "threads", None),
         "loader_alone": True,
     }
 
@@ -536,7 +543,7 @@ def epoch_figures(
 
 
 def small_row(name: str, cfg: _Cfg, budget: _Budget, store: Path, images: int) -> dict[str, Any]:
-    """Whole epochs of an eager ``fast_trainer_kwargs`` fit from an HDF5 store with 8 workers."""
+    """Whole epochs of an eager ``fast_trainer_kwargs`` fit from an HDF5 store (the library's default feed)."""
     torch.manual_seed(0)
     net = build_model(cfg.model, cfg.classes)
     clock = _EpochClock()
@@ -574,11 +581,14 @@ def _store(cfg: _Cfg, jpegs: Path) -> tuple[Path, dict[str, Any]]:
     return store, hdf5_store(jpegs, store, cfg.storage)
 
 
-def _datamodule(cfg: _Cfg, backend: str, data: Path, decoder: str | None = None) -> OptimizedDataModule:
-    """The HDF5 store with ``cfg.workers`` workers, or DALI (``decoder=None``: the library's default)."""
+def _datamodule(
+    cfg: _Cfg, backend: str, data: Path, decoder: str | None = None, workers: int | str | None = None
+) -> OptimizedDataModule:
+    """The HDF5 store (``workers`` reading threads, default ``cfg.workers``), or DALI (``decoder=None``: the
+    library's default)."""
     kw: dict[str, Any] = {"backend": backend, "batch_size": cfg.batch, "image_size": cfg.image}
     if backend == "hdf5":
-        kw.update(num_workers=cfg.workers, storage_size=cfg.storage)
+        kw.update(num_workers=cfg.workers if workers is None else workers, storage_size=cfg.storage)
     elif decoder is not None:
         from lightning_gpuopt.data.dali import DALIOptions
 
@@ -832,6 +842,13 @@ def main() -> int:
         loader_s,
         lambda: loader_row("loader_hdf5", cfg, _datamodule(cfg, "hdf5", store)),
     )
+    for threads in cfg.thread_sweep:
+
+        def swept(n: int = threads) -> dict[str, Any]:
+            name = f"loader_hdf5_threads_{n}"
+            return loader_row(name, cfg, _datamodule(cfg, "hdf5", store, workers=n))
+
+        fed_row(f"loader_hdf5_threads_{threads}", "hdf5", loader_s, swept)
     for decoder in ("cpu", "gpu"):
         name = f"loader_dali_{decoder}"
         if decoder == "gpu" and not cuda:
