@@ -323,7 +323,7 @@ def test_read_threads_errors_reach_the_consumer_and_the_threads_stop():
     import threading
 
     loader = ContinuousDataLoader(_Reader(64, fail_at=40), batch_size=8, read_threads=2)
-    with pytest.raises(OSError, match="image 40 cannot be read from reader.bin"):
+    with pytest.raises(OSError, match=r"image 40 cannot be read from reader\.bin"):
         list(loader)
     loader.close()
     deadline = time.monotonic() + 10
