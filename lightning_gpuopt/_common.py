@@ -93,7 +93,7 @@ class FeedInfo:
         batch_size: samples a batch.
         host_batches: whether batches arrive in host memory (and are copied to the GPU).
         decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None`` for no decoding.
-        threads: decoding threads (DALI's CPU pool), or ``None``.
+        threads: the loader's CPU threads (DALI's decoding pool, the HDF5 store's reading threads), or ``None``.
     """
 
     backend: str | None = None

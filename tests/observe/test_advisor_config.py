@@ -56,6 +56,20 @@ def test_a_loaders_feed_info_wins_and_its_dataset_fills_the_rest():
     assert feed.batch_size == 2  # left None by both feed_infos: the DataLoader's own
 
 
+def test_a_loader_read_by_threads_has_threads_not_workers(tmp_path):
+    from lightning_gpuopt.data.loader import HostDataLoader
+
+    class Reader(TensorDataset):
+        image_shape = (2, 2, 3)
+
+        def read_into(self, indices, images):  # pragma: no cover - not read here
+            raise AssertionError
+
+    loader = HostDataLoader(Reader(torch.zeros(8)), batch_size=4, read_threads=3)
+    feed = describe_feed(loader, probe_dataset=False)
+    assert (feed.num_workers, feed.threads, feed.batch_size) == (None, 3, 4)
+
+
 def test_a_loader_that_is_not_a_dataloader_is_described_by_its_feed_info_only():
     dali_like = SimpleNamespace(
         feed_info=FeedInfo(backend="dali", decoder="cpu", threads=6, host_batches=False)

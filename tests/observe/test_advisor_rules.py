@@ -60,6 +60,15 @@ def test_input_bound_too_many_workers_counts_processes():
     )
 
 
+def test_input_bound_store_read_by_threads_names_the_storage():
+    wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
+    out = diagnose(ev(**wait), cfg(backend="hdf5", num_workers=None, decode_threads=4))
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", "store-bound")]
+    v = out[0]
+    assert v.evidence["read_threads"] == 4 and "num_workers" not in v.evidence
+    assert "4 reading threads" in v.advice and "/dev/shm" in v.advice and "num_workers=8" in v.advice
+
+
 def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
     out = diagnose(
         ev(**{"time/data_wait_frac": 0.45, "time/data_wait_ms": 40.0, "gpu/util": 55.0}),

@@ -91,6 +91,15 @@ def input_bound(
                 'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
                 '(backend="hdf5").'
             )
+    elif cause == "store-bound":
+        threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
+        text = (
+            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
+            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
+            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
+            "memory (/dev/shm), or read with more threads for more reads in flight "
+            "(OptimizedDataModule(num_workers=8))."
+        )
     elif cause == "decode-bound":
         n = w if w is not None else "The"
         if cores_full is False:

@@ -51,7 +51,7 @@ class BottleneckAdvisor(Callback):
                                           >= half of it; without ``gpu/idle_frac``: loader (else data)
                                           wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
                                           too-many-workers, too-few-workers, decode-bound, dali-bound,
-                                          slow-loader
+                                          store-bound, slow-loader
     ``host-bound``           warning      ``gpu/idle_frac`` >= 10% but the loader's wait accounts for
                                           less than half of it: hooks, syncs, launches
     ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and

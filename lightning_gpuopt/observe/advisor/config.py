@@ -105,7 +105,8 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
     """How ``loader`` feeds the GPU.
 
     The loader's ``feed_info`` wins, its dataset's fills what it leaves ``None``, and a ``DataLoader``'s public
-    attributes (``num_workers``, ``pin_memory``, ``batch_size``) fill the rest. A dataset listing image files
+    attributes (``num_workers``, or ``read_threads`` as ``threads`` for a loader read by threads, ``pin_memory``,
+    ``batch_size``) fill the rest. A dataset listing image files
     (``samples``, as torchvision's ``ImageFolder``) is a ``"folder"`` feed decoded on the CPU. With
     ``probe_dataset``, a map-style dataset read without workers is asked for one item to see whether batches
     are already on the device.
@@ -122,7 +123,12 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
                     facts[key] = value
     if isinstance(loader, DataLoader):
         facts.setdefault("num_workers", None)
-        if facts["num_workers"] is None:
+        read_threads = getattr(loader, "read_threads", 0)
+        if isinstance(read_threads, int) and read_threads > 0:
+            # read by threads of this process (HostDataLoader): no worker processes to count
+            if facts.get("threads") is None:
+                facts["threads"] = read_threads
+        elif facts["num_workers"] is None:
             facts["num_workers"] = int(loader.num_workers)
         if facts.get("pin_memory") is None:
             facts["pin_memory"] = bool(loader.pin_memory)

@@ -189,7 +189,7 @@ class RunConfig:
         backend: ``"folder"`` (JPEGs decoded on the CPU by worker processes), ``"hdf5"`` (decoded uint8),
             ``"dali"``, or ``None``.
         decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None``.
-        decode_threads: decoding threads (DALI's CPU pool).
+        decode_threads: the loader's threads (DALI's decoding pool, the HDF5 store's reading threads).
         conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
         conv_channels_last: how many of those are channels_last.
         input_channels_last: whether the 4-D input batch is channels_last.

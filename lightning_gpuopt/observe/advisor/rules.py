@@ -160,6 +160,8 @@ def _input_cause(c: Context) -> str:
         return "dali-bound"
     if cfg.backend == "folder":
         return "decode-bound"
+    if cfg.backend == "hdf5" and w is None:
+        return "store-bound"  # a store read by threads of the training process
     return "slow-loader"
 
 
@@ -179,6 +181,8 @@ def input_bound(c: Context) -> Verdict | None:
     cause = _input_cause(c)
     if cause == "dali-bound":
         figs.update(c.settings("decoder", "decode_threads"))
+    if cause == "store-bound" and c.cfg.decode_threads is not None:
+        figs["read_threads"] = c.cfg.decode_threads
     if ev.gpu_idle_frac is not None:
         head = f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop waits for data {c.wait:.0%}. "
     else:

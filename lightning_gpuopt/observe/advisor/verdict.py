@@ -32,6 +32,7 @@ INPUT_CAUSES: tuple[str, ...] = (
     "too-few-workers",
     "decode-bound",
     "dali-bound",
+    "store-bound",
     "slow-loader",
 )
 
