@@ -336,13 +336,13 @@ class HDF5ImageDataset(Dataset):
         for j, offset in enumerate(self._offsets[idx].tolist()):
             row, done = rows[j], 0
             while done < self._image_bytes:
-                got = os.preadv(fd, [row[done:]], offset + done)
-                if got <= 0:
+                n = os.preadv(fd, [row[done:]], offset + done)
+                if n <= 0:
                     raise RuntimeError(
                         f"HDF5 store {self.path!r} ended inside image {int(idx[j])} (the file was truncated "
                         f"while open); {_convert_fix(self.path)}"
                     )
-                done += got
+                done += n
         return self.labels[idx], self.meta[idx]
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int, np.ndarray]]:
