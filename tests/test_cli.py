@@ -4,6 +4,8 @@ vain."""
 from __future__ import annotations
 
 import errno
+import json
+import multiprocessing
 import signal
 from pathlib import Path
 
@@ -151,3 +153,23 @@ def test_decode_errors_name_the_cli_flag(tmp_path, capsys):
     line = _one_error_line(capsys.readouterr().err, "tune")
     assert "broken.jpg" in line and "--on-corrupt skip" in line and "on_corrupt=" not in line
     assert main([*argv, "--on-corrupt", "skip"]) == 0
+
+
+def test_tune_measures_reading_threads_for_an_hdf5_store(jpeg_folder, tmp_path, capsys):
+    pytest.importorskip("h5py")
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+
+    store = tmp_path / "s.h5"
+    convert_folder_to_hdf5(jpeg_folder, store, 32, workers=1, progress=False)
+    out_json = tmp_path / "tune.json"
+    argv = ["tune", str(store), "--budget", "3", "--candidates", "0,1,2", "--batch-size", "8"]
+    assert main([*argv, "--no-cache", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "tuning reading threads (num_workers)" in text
+    assert "(reading threads)  or  HostDataLoader(..., read_threads=" in text
+    result = json.loads(out_json.read_text())
+    measured = [row["num_workers"] for row in result["table"]]
+    assert measured[0] == 0 and set(measured) <= {0, 1, 2}
+    assert all(row["samples_per_sec"] > 0 for row in result["table"])
+    # no worker process was started: the store is read on threads
+    assert not multiprocessing.active_children()

@@ -1,4 +1,9 @@
-"""``lightning-gpuopt tune FOLDER``: DataLoader throughput per ``num_workers`` and the suggested count."""
+"""``lightning-gpuopt tune PATH``: loader throughput per ``num_workers`` and the suggested count.
+
+An image folder is measured with DataLoader worker processes; an HDF5 store with reading threads of this
+process (``HostDataLoader(read_threads=n)``, how ``OptimizedDataModule`` reads a store), where
+``num_workers`` counts threads.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-HELP = "measure DataLoader throughput per num_workers for a folder"
+HELP = "measure loader throughput per num_workers (an HDF5 store: reading threads)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.bench.runs import check_writable_file
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.loader import UInt8Collate
+    from lightning_gpuopt.data.loader import BatchReader, UInt8Collate
     from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
     dataset: Any
@@ -72,22 +77,55 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--candidates must be comma-separated integers, got {args.candidates!r}"
             ) from err
-    print(f"tuning num_workers for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
+    threads = isinstance(dataset, BatchReader)
+    what = "reading threads (num_workers)" if threads else "num_workers"
+    print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
+    measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
+    source: Any = dataset
+    if threads:
+        source = _thread_loaders(dataset, measure_bs)
     result = tune_num_workers(
-        dataset,
+        source,
         candidates=candidates,
         budget_s=args.budget,
         target_samples_per_sec=args.target,
         tolerance=args.tolerance,
-        batch_size=min(args.batch_size, MEASURE_BATCH_SIZE),
-        cache_key={"train_batch_size": args.batch_size},
+        batch_size=measure_bs,
+        cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
         loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": 4},
         cache=not args.no_cache,
     )
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     print(result.format_table())
-    print(
-        f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"
-    )
+    if threads:
+        print(
+            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  (reading threads)  or  "
+            f"HostDataLoader(..., read_threads={result.best})"
+        )
+    else:
+        print(
+            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"
+        )
     return 0
+
+
+def _thread_loaders(dataset: Any, batch_size: int) -> Any:
+    """``n -> loader`` reading ``dataset`` (a ``BatchReader``) on ``n`` threads (0: in the loop)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from lightning_gpuopt.data.loader import HostDataLoader, UInt8Collate
+    from lightning_gpuopt.data.tuning import endless_sampler
+
+    pin = torch.cuda.is_available()
+
+    def make(n: int) -> DataLoader:
+        sampler = endless_sampler(dataset, batch_size)
+        if n == 0:
+            return DataLoader(
+                dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin, collate_fn=UInt8Collate()
+            )
+        return HostDataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin, read_threads=n)
+
+    return make
