@@ -372,3 +372,22 @@ def test_read_threads_fill_pinned_memory_and_stage_on_the_gpu():
             seen += (labels // 10).tolist()
         assert sorted(seen) == list(range(64))
     loader.close()
+
+
+def test_an_abandoned_epoch_stops_its_reading_threads():
+    import gc
+    import threading
+
+    def readers():
+        return [t for t in threading.enumerate() if t.name.startswith("lightning_gpuopt-read")]
+
+    loader = HostDataLoader(_Reader(64, delay_s=0.01), batch_size=4, read_threads=3)
+    it = iter(loader)
+    next(it)  # a validation pass cut short (limit_val_batches): the rest is never asked for
+    assert readers()
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while readers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not readers()
