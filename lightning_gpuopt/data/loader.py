@@ -30,6 +30,7 @@ early matters.
 from __future__ import annotations
 
 import collections
+import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -371,6 +372,10 @@ class ContinuousDataLoader(HostDataLoader):
         if self.batch_sampler is None:
             raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
         source = self._continuous_iter
+        if source is not None and inspect.isgenerator(source) and source.gi_frame is None:
+            # a reading or staging generator that an error ended: start afresh rather than yield nothing
+            self.close()
+            source = None
         if source is None:
             source = self._batches()
             if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():

@@ -391,3 +391,15 @@ def test_an_abandoned_epoch_stops_its_reading_threads():
     while readers() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not readers()
+
+
+def test_an_epoch_after_a_read_error_starts_afresh():
+    ds = _Reader(32, fail_at=20)
+    loader = ContinuousDataLoader(ds, batch_size=4, read_threads=2)
+    with pytest.raises(OSError, match="image 20"):
+        list(loader)
+    ds.fail_at = None  # the cause is fixed; the loader reads whole epochs again, not an empty one
+    for _ in range(2):
+        seen = [i for batch in loader for i in (batch[1] // 10).tolist()]
+        assert sorted(seen) == list(range(32))
+    loader.close()
