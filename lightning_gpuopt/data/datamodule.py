@@ -113,10 +113,11 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     Host side, each image is decoded once, resized so its shorter side is ``storage_size`` and kept whole on
     a fixed uint8 canvas (``lightning_gpuopt.data.layout``), a quarter of float32's bytes. Batches are pinned
-    when the Trainer runs on CUDA; the training loader keeps its workers prefetching across epochs and stages
-    the next batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
-    ``DistributedSampler`` under DDP as usual. ``num_workers="auto"`` is measured in ``setup``
-    (``tune_num_workers``, cached). Device side, ``on_after_batch_transfer`` turns ``(images, labels, meta)``
+    when the Trainer runs on CUDA; the training loader keeps prefetching across epochs and stages the next
+    batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
+    ``DistributedSampler`` under DDP as usual. An HDF5 store is read by threads of the training process
+    straight into pinned memory (``read_threads``; no worker processes); for other datasets
+    ``num_workers="auto"`` is measured in ``setup`` (``tune_num_workers``, cached). Device side, ``on_after_batch_transfer`` turns ``(images, labels, meta)``
     into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
     whole image for training, ``Resize + CenterCrop`` for evaluation (``GPUAugment``).
 
