@@ -160,7 +160,8 @@ class PlainLoop:
 
     Example:
         >>> from lightning_gpuopt.bench.models import build_model
-        >>> loop = PlainLoop(build_model("small"), batch_size=8, image_size=32, dtype=None, device="cpu")
+        >>> loop = PlainLoop(build_model("small", 10), batch_size=8, image_size=32, dtype=None, device="cpu",
+        ...                  num_classes=10)
         >>> seconds = loop.timed_step()
         >>> loop.throughput(steps=5) > 0
         True

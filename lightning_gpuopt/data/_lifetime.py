@@ -130,7 +130,7 @@ class Janitor:
 
     Example:
         >>> janitor = Janitor(tmp)  # doctest: +SKIP
-        >>> ...  # make and use tmp; a SIGKILL here still removes it
+        >>> # make and use tmp; a SIGKILL here still removes it
         >>> janitor.release(done=False)  # removes tmp now  # doctest: +SKIP
     """
 

@@ -211,7 +211,7 @@ class DALILoader:
     Example:
         >>> loader = DALILoader(files, labels, batch_size=256, image_size=224, train=True,
         ...                     device="cuda", dtype=torch.float16)  # doctest: +SKIP
-        >>> images, labels = next(iter(loader))
+        >>> images, labels = next(iter(loader))  # doctest: +SKIP
     """
 
     def __init__(

@@ -188,7 +188,7 @@ class UInt8ImageFolder(Dataset):
 
     Example:
         >>> ds = UInt8ImageFolder("train/", size=256)  # doctest: +SKIP
-        >>> canvas, label, meta = ds[0]  # (256, 384, 3) uint8, int, int32 (h, w, transposed)
+        >>> canvas, label, meta = ds[0]  # (256, 384, 3) uint8, int, int32 (h, w, transposed)  # doctest: +SKIP
     """
 
     def __init__(

@@ -83,7 +83,9 @@ class HDF5ImageDataset(Dataset):
 
     Example:
         >>> ds = HDF5ImageDataset("train_256.h5")  # doctest: +SKIP
-        >>> canvas, label, meta = ds[0]  # (256, 384, 3) uint8, int, int32 (h, w, transposed)
+        >>> canvas, label, meta = ds[0]  # doctest: +SKIP
+        >>> canvas.shape, canvas.dtype, meta.tolist()  # doctest: +SKIP
+        ((256, 384, 3), dtype('uint8'), [256, 341, 0])
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
