@@ -14,7 +14,9 @@ timed. Rows run by default:
   num_workers="auto")`` (workers measured per rank in ``setup``, cached), the store converted from generated
   500x375 JPEGs at 256 px,
 - ``dali_1gpu``, ``dali_ddp``: the preset fed by ``OptimizedDataModule(jpeg_folder, backend="dali")`` with
-  the decoder its default picks for the cores a rank has (the rows record which and why).
+  the decoder its default picks for the cores a rank has (the rows record which and why);
+  ``dali_ddp_reserve3``: CPU decoding with three cores a rank kept for the training loop, DALI's executor
+  and NCCL instead of the default's two (not a default row).
 
 More rows through ``--rows`` (``--rows all`` runs every one): ``plain_ddp_view_static``
 (``gradient_as_bucket_view=True, static_graph=True``), ``lightning_preset_blocking`` (the preset without
@@ -93,6 +95,7 @@ RANK_ROWS = (
     "lightning_no_callbacks",
     "hdf5_ddp",
     "dali_ddp",
+    "dali_ddp_reserve3",
 )
 #: rows this process runs on GPU 0 with the whole machine's CPUs
 PARENT_ROWS = ("lightning_1gpu", "hdf5_1gpu", "dali_1gpu")
@@ -361,9 +364,17 @@ def _lightning(
             source = (data or {}).get(backend)
             if source is None:
                 raise ValueError(f"row {row}: no {backend} data was made; the parent passes --{backend}")
+            extra: dict[str, Any] = {}
+            if row.endswith("_reserve3"):
+                # DALI's CPU threads with three cores a rank kept off decoding instead of the default's two
+                from lightning_gpuopt._common import available_cpus
+                from lightning_gpuopt.data.dali import DALIOptions
+
+                share = available_cpus() // _gpus(row)
+                extra["dali"] = DALIOptions(decoder="cpu", threads=max(1, share - 3))
             dm = OptimizedDataModule(
-                source, backend=backend, batch_size=cfg["batch"], image_size=cfg["image"]
-            )  # num_workers="auto": measured per rank in setup, cached; DALI: the default decoder
+                source, backend=backend, batch_size=cfg["batch"], image_size=cfg["image"], **extra
+            )  # num_workers="auto": per rank in setup; DALI: the default decoder
             trainer.fit(module, datamodule=dm)
         else:
             trainer.fit(module, DataLoader(SameBatch(cfg["warmup"] + cfg["steps"]), batch_size=None))
@@ -638,7 +649,7 @@ def _rows_of(
         for key in ("compile_decision", "ddp_kwargs", "feed"):
             if first.get(key):
                 row[key] = first[key]
-        own = name.replace("_ddp", "_1gpu")
+        own = name.split("_")[0] + "_1gpu"
         if name.startswith(("hdf5", "dali")) and gpus == 2 and rates.get(own):
             row["scaling_vs_own_1gpu"] = sps / rates[own]
         if name.startswith("lightning") and gpus == 2 and rates.get("lightning_1gpu"):
