@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: a uint8 HDF5 store in the current format, and where a quick run writes.
+"""What the benchmark scripts share: a uint8 HDF5 store in the current format, the Trainer arguments of a
+fit that measures training alone, and where a quick run writes.
 
 The scripts import it from their own folder (``python benchmarks/<script>.py`` puts that folder first on
 ``sys.path``).
@@ -10,6 +11,16 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+#: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
+QUIET_FIT: dict[str, Any] = {
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "enable_checkpointing": False,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+}
 
 
 def hdf5_store(

@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
+from _shared import QUIET_FIT  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
@@ -81,15 +82,6 @@ from lightning_gpuopt.compute.compile import COMPILE_SECONDS, CompileModel, shou
 from lightning_gpuopt.compute.precision import configure_backends, fast_trainer_kwargs  # noqa: E402
 from lightning_gpuopt.data.datamodule import OptimizedDataModule  # noqa: E402
 
-#: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
-QUIET_FIT: dict[str, Any] = {
-    "logger": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "enable_checkpointing": False,
-    "num_sanity_val_steps": 0,
-    "limit_val_batches": 0,
-}
 COLUMNS = [
     "name",
     "samples_per_sec",

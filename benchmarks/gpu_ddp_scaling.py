@@ -81,6 +81,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _shared import QUIET_FIT  # noqa: E402
+
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 #: rows the two ranks run (``plain_1gpu`` on rank 0 alone)
 RANK_ROWS = (
@@ -320,12 +322,7 @@ def _lightning(
         "accelerator": "gpu" if device.type == "cuda" else "cpu",
         "devices": devices,
         "max_steps": cfg["warmup"] + cfg["steps"],
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "num_sanity_val_steps": 0,
-        "limit_val_batches": 0,
+        **QUIET_FIT,
     }
     if not fed:
         common["use_distributed_sampler"] = False  # every rank trains on its own resident batch

@@ -469,13 +469,12 @@ class OptimizedDataModule(pl.LightningDataModule):
             return self.trainer.strategy.root_device.type == "cuda"
         return torch.cuda.is_available()
 
-    def _feed(self, dataset: Any, workers: int, pin: bool) -> FeedInfo:
+    def _feed(self, dataset: Any, workers: int, threads: int, pin: bool) -> FeedInfo:
         backend, decoder = None, None
         if isinstance(dataset, UInt8ImageFolder):
             backend, decoder = "folder", "cpu"
         elif self.backend == "hdf5" and type(dataset).__name__ == "HDF5ImageDataset":
             backend = "hdf5"
-        threads = isinstance(dataset, BatchReader) and workers > 0
         return FeedInfo(
             backend=backend,
             num_workers=None if threads else workers,
@@ -483,7 +482,7 @@ class OptimizedDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             host_batches=True,
             decoder=decoder,
-            threads=workers if threads else None,
+            threads=threads or None,
         )
 
     def _split_loader(self, split: str) -> Any:
@@ -515,7 +514,7 @@ class OptimizedDataModule(pl.LightningDataModule):
             "persistent_workers": workers > 0,
             "prefetch_factor": PREFETCH_FACTOR if workers > 0 else None,
             "collate_fn": UInt8Collate(f"{split}_dataset()"),
-            "feed_info": self._feed(dataset, threads or workers, pin),
+            "feed_info": self._feed(dataset, workers, threads, pin),
             "read_threads": threads,
         }
         if train:

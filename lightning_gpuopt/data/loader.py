@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt.data._checks import check_arg, is_int
 from lightning_gpuopt.data._lifetime import WorkerInit
 
 
@@ -196,8 +197,7 @@ class HostDataLoader(DataLoader):
             kwargs["worker_init_fn"] = WorkerInit(init)
         super().__init__(*args, **kwargs)
         self.feed_info = feed_info
-        if not isinstance(read_threads, int) or isinstance(read_threads, bool) or read_threads < 0:
-            raise ValueError(f"read_threads must be an int >= 0, got {read_threads!r}")
+        check_arg(is_int(read_threads) and read_threads >= 0, "read_threads", read_threads, "an int >= 0")
         if read_threads:
             if not isinstance(self.dataset, BatchReader):
                 raise TypeError(
@@ -215,6 +215,10 @@ class HostDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return self._timed(self._batches(), None)
+
+    def _index_batches(self) -> Any:
+        """The batches of indices the reading threads read: one pass over the batch sampler."""
+        return self.batch_sampler
 
     def _batches(self) -> Iterator[Any]:
         """A fresh iterator over the index sampler: DataLoader's own, or the reading threads'."""
@@ -243,7 +247,7 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
     dataset: Any = loader.dataset
     shape = tuple(dataset.image_shape)
     pin = bool(loader.pin_memory) and torch.cuda.is_available()
-    indices = iter(loader._index_sampler)  # a ContinuousDataLoader's repeats forever
+    indices = iter(loader._index_batches())
 
     def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         images, labels, meta = out
@@ -362,6 +366,9 @@ class ContinuousDataLoader(HostDataLoader):
     @property
     def _index_sampler(self) -> Any:  # read by DataLoader's iterators and __len__
         return _compat.repeat_index_sampler(self, _RepeatSampler)
+
+    def _index_batches(self) -> Any:
+        return _RepeatSampler(self.batch_sampler)  # endless: each iter() takes one pass of it
 
     def __len__(self) -> int:
         if self.batch_sampler is None:
