@@ -285,9 +285,9 @@ def resample(
     out = torch.bmm(rows, tmp.view(n, size * c, ch).transpose(1, 2)).view(n, size, size, c)
     # out[n, S, T, c]: S indexes output canvas rows, T output canvas columns: an upright sample's (y, x), NHWC
     # (channels_last) already; a transposed sample's (x, y), swapped back here
-    upright = torch.empty_like(out)
-    torch.where(t.view(n, 1, 1, 1), out.transpose(1, 2), out, out=upright)
-    return upright.round_().permute(0, 3, 1, 2)
+    nhwc = torch.empty_like(out)
+    torch.where(t.view(n, 1, 1, 1), out.transpose(1, 2), out, out=nhwc)
+    return nhwc.round_().permute(0, 3, 1, 2)
 
 
 def normalize(
