@@ -210,6 +210,42 @@ def test_quick_run(script: str, tmp_path: Path, data_root: Path) -> None:
     assert not list(cwd.rglob("*.json")), "a results file landed in the working folder"
 
 
+@pytest.mark.slow
+def test_dali_decode_compiled_quick(tmp_path: Path, data_root: Path) -> None:
+    """``gpu_dali_decode.py --compiled``: every set-up fed to each model named, in rounds, medians reported."""
+    if _missing(("nvidia.dali",)):
+        pytest.skip("gpu_dali_decode.py needs nvidia.dali (pip install 'lightning-gpuopt[test]')")
+    out = tmp_path / "result.json"
+    args = ["--quick", "--compiled", "--repeats", "2", "--models", "compiled,graphs,eager"]
+    proc = _run(
+        [
+            sys.executable,
+            str(BENCH / "gpu_dali_decode.py"),
+            *args,
+            "--data-root",
+            str(data_root),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+        300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["compiled"] is True and doc["repeats"] == 2
+    rows = {r["name"]: r for r in doc["rows"]}
+    for model in ("compiled", "graphs", "eager"):
+        assert rows[f"ceiling {model} (plain loop, batch on GPU)"]["samples_per_sec"] > 0
+    setups = [r for r in doc["rows"] if "setup" in r]
+    assert any(r["name"].startswith("CPU decoding") for r in setups)
+    assert any("alternate_every" in r["setup"] for r in setups)  # pipelines taking turns
+    for r in setups:
+        for model in ("compiled", "graphs", "eager"):
+            assert len(r[f"runs_ratio_to_ceiling_{model}"]) == 2
+            assert r[f"samples_per_sec_{model}"] > 0
+        assert r["samples_per_sec"] == r["samples_per_sec_compiled"]
+
+
 def _check_compile_results(doc: dict) -> None:
     summary, rows = doc["summary"], {r["name"]: r for r in doc["rows"]}
     assert rows["ceiling_compiled"]["ratio_to_ceiling"] == pytest.approx(1.0)

@@ -156,7 +156,8 @@ class PlainLoop:
             does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
             work a real step does).
         compile: run the model through ``torch.compile(model, dynamic=False)`` (inductor); the first steps
-            compile it.
+            compile it. A string is the compile ``mode`` (``"reduce-overhead"``: CUDA graphs, each step
+            marked as a new one).
 
     Example:
         >>> from lightning_gpuopt.bench.models import build_model
@@ -181,7 +182,7 @@ class PlainLoop:
         feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
         use_feed: bool = True,
         label_sets: int = 1,
-        compile: bool = False,
+        compile: bool | str = False,
     ) -> None:
         self.device = device = torch.device(device)
         self.batch_size = batch_size
@@ -189,9 +190,11 @@ class PlainLoop:
         mf = torch.channels_last if channels_last else torch.contiguous_format
         model = model.to(device).to(memory_format=mf)  # type: ignore[call-overload]
         model.train()
+        mode = compile if isinstance(compile, str) else None
         self.model: Callable[[torch.Tensor], torch.Tensor] = (
-            torch.compile(model, dynamic=False) if compile else model
+            torch.compile(model, dynamic=False, mode=mode) if compile else model
         )
+        self._graphs = mode == "reduce-overhead"
         self.x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(
             memory_format=mf
         )
@@ -214,6 +217,8 @@ class PlainLoop:
             if self.use_feed:
                 xb, yb = fx, fy
         self.opt.zero_grad(set_to_none=True)
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         dtype = self.dtype
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = self.loss_fn(self.model(xb), yb)
