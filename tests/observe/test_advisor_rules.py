@@ -81,7 +81,7 @@ def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
 @pytest.mark.parametrize(
     ("decoder", "remedy"),
     [
-        ("cpu", 'DALIOptions(decoder="gpu")'),
+        ("cpu", "nvJPEG trains slower still"),
         ("gpu", 'DALIOptions(decoder="cpu")'),
         (None, "more CPU threads"),
     ],
@@ -92,6 +92,21 @@ def test_input_bound_dali_names_the_other_decoder(decoder, remedy):
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
     assert remedy in out[0].advice and 'backend="hdf5"' in out[0].advice
     assert out[0].evidence.get("decoder") == decoder and out[0].evidence["decode_threads"] == 14
+
+
+@pytest.mark.parametrize(("cpus", "nvjpeg_advised"), [(16, False), (64, False), (8, True)])
+def test_cpu_decoding_advice_follows_the_cores(cpus, nvjpeg_advised):
+    # from 16 cores a process nvJPEG trains slower than CPU threads: the store is the remedy there
+    wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
+    out = diagnose(
+        ev(**wait), cfg(backend="dali", decoder="cpu", decode_threads=cpus - 2, cpus=cpus, num_workers=None)
+    )
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
+    advice = out[0].advice
+    assert ('DALIOptions(decoder="gpu")' in advice) is nvjpeg_advised
+    assert 'backend="hdf5"' in advice
+    if not nvjpeg_advised:
+        assert f"{cpus} cores a process" in advice and "lightning-gpuopt convert" in advice
 
 
 def test_wait_overlapping_a_busy_gpu_is_not_input_bound():

@@ -49,6 +49,21 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     return f"The CPU cores are {state} ({busy}{others}). "
 
 
+_HDF5_STORE = (
+    "Store the decoded uint8 images once (`lightning-gpuopt convert`) and read them with "
+    'OptimizedDataModule(backend="hdf5"): its reading threads deliver several times what a GPU trains.'
+)
+
+
+def _cpu_decoding_is_the_default(cores_per_process: int | None) -> bool:
+    """Whether ``DALIOptions(decoder=None)`` decodes on CPU threads with these cores (``choose_decoder``)."""
+    if not cores_per_process:
+        return False
+    from lightning_gpuopt.data.dali_pipeline import choose_decoder  # light: DALI itself is imported lazily
+
+    return choose_decoder(cores_per_process, 1)[0] == "cpu"
+
+
 def input_bound(
     cause: str,
     ev: Evidence,
@@ -79,11 +94,18 @@ def input_bound(
             )
     elif cause == "dali-bound":
         threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
-        if cfg.decoder == "cpu":
+        if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process):
+            # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
             text = (
                 f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
-                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), run on a host with more cores '
-                'per GPU, or store decoded uint8 once (backend="hdf5").'
+                f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
+                f"{_HDF5_STORE} More cores per GPU add decoding threads."
+            )
+        elif cfg.decoder == "cpu":
+            text = (
+                f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
+                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
+                'these few cores a GPU, or store decoded uint8 once (backend="hdf5").'
             )
         else:
             text = (
