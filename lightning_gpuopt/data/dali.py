@@ -77,8 +77,8 @@ class DALIOptions:
             the choice and its reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
             nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
             newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for
-            training) and the GPU only resizes and normalizes, leaving the SMs to the model. A CPU run
-            decodes on the CPU whatever this says.
+            training) and the GPU only resizes and normalizes; it costs the model less where the cores
+            keep up. A CPU run decodes on the CPU whatever this says.
         threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder
             (with ``"gpu"`` half the rank's CPUs, at most 8; with ``"cpu"`` all of them but two).
 

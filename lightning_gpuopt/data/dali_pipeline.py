@@ -83,8 +83,8 @@ CPU_DECODE_RATE_PER_THREAD = 420
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
 #: images a second an H200 trains ResNet-50 while nvJPEG decodes its JPEGs beside it (eager and compiled alike:
-#: nvJPEG's GPU work, not the model, sets the pace): CPU threads decoding at least this many leave the SMs to the
-#: model and train faster (docs/dali.md)
+#: the pipeline beside it, not the model, sets the pace): CPU threads decoding at least this many cost the model
+#: less and train faster (docs/dali.md)
 NVJPEG_TRAINING_RATE = 5_600
 
 
@@ -94,7 +94,7 @@ def choose_decoder(cpus: int, local_ranks: int = 1) -> tuple[str, str]:
     CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
     decode at least ``NVJPEG_TRAINING_RATE`` images a second at ``CPU_DECODE_RATE_PER_THREAD`` each: the rate
     a GPU trains at while nvJPEG decodes beside it, so CPU decoding then trains faster; nvJPEG otherwise,
-    which decodes several times that rate but shares the GPU with the model (docs/dali.md). From 16 cores a
+    which decodes several times that rate but costs the model more beside it (docs/dali.md). From 16 cores a
     GPU, the CPU threads.
 
     Args:
