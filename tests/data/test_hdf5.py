@@ -1,5 +1,6 @@
 """HDF5ImageDataset: batched memory-mapped reads, pickling and workers, identity, errors."""
 
+import gc
 import os
 import pickle
 import shutil
@@ -175,6 +176,7 @@ def test_a_replaced_store_is_refused_in_every_process(store, tmp_path):
     loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match=r"live\.h5.* changed since this HDF5ImageDataset was made"):
         next(iter(loader))
+    gc.collect()  # the failed iterator sits in a reference cycle: collected now, its worker stops now
     with pytest.raises(RuntimeError, match=r"live\.h5.* changed"):
         ds[0]
     assert len(HDF5ImageDataset(live)) == 20  # a new dataset reads the new store
