@@ -149,21 +149,23 @@ def _describe(setup: dict[str, Any]) -> dict[str, Any]:
     """The set-up as plain values for the results file."""
     if "alternate" in setup:
         every, gpu, cpu = setup["alternate"]
-        return {
-            "alternate_every": every,
-            "gpu_threads": gpu.threads,
-            "cpu_threads": cpu.threads,
-        }
+        return {"alternate_every": every, "gpu_threads": gpu.threads, "cpu_threads": cpu.threads}
     if "parts" in setup:
         return {
             "parts": [
                 {"share": share, "decoder": o.decoder, "threads": o.threads} for share, o in setup["parts"]
             ]
         }
-    return {
-        "decoder": setup["options"].decoder,
-        "threads": setup["options"].threads,
-    }
+    return {"decoder": setup["options"].decoder, "threads": setup["options"].threads}
+
+
+def _suffix(model: str) -> str:
+    """The results keys' suffix for a model fed (``""``: the one model of an eager-only run)."""
+    return f"_{model}" if model else ""
+
+
+def _ceiling_name(model: str, what: str) -> str:
+    return " ".join(part for part in ("ceiling", model, what) if part)
 
 
 def alone(feed: Callable[[], Any], batch: int, warmup: int, batches: int, device: torch.device) -> float:
@@ -201,10 +203,25 @@ def main() -> int:
     parser.add_argument("--data-root", default="/tmp/gpuopt_data")
     parser.add_argument("--budget-s", type=float, default=240.0)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats: {args.repeats}; give 1 or more rounds")
+    kinds: dict[str, bool | str] = {"compiled": True, "graphs": "reduce-overhead", "eager": False}
+    models = [m for m in args.models.split(",") if m] if args.compiled else [""]
+    unknown = set(models) - set(kinds) - {""}
+    if unknown:
+        parser.error(f"--models: unknown {sorted(unknown)}; choose from {sorted(kinds)}")
     default_out = f"benchmarks/results/dali_decode{'_compiled' if args.compiled else ''}_h200.json"
     args.out = quick_out(args.out or default_out, default_out, args.quick)
     gpu = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    cores = available_cpus()  # the set-ups are checked before any data or model is made
+    setups = compiled_setups(cores, gpu) if args.compiled else eager_setups(cores, gpu)
+    if args.only:
+        setups = [(n, s) for n, s in setups if any(part in n for part in args.only.split(","))]
+        if not setups:
+            parser.error(
+                f"--only {args.only!r} matches no set-up; names start with 'CPU decoding', 'nvJPEG', 'turns'"
+            )
     root = jpeg_data(args.data_root, gpu)  # the same data as gpu_dali.py
     if gpu:
         torch.backends.cudnn.benchmark = True
@@ -232,11 +249,6 @@ def main() -> int:
         return loop
 
     # one loop a model for every set-up: a compiled model compiles once
-    kinds: dict[str, bool | str] = {"compiled": True, "graphs": "reduce-overhead", "eager": False}
-    models = [m for m in args.models.split(",") if m] if args.compiled else [""]
-    unknown = set(models) - set(kinds) - {""}
-    if unknown:
-        parser.error(f"--models: unknown {sorted(unknown)}; choose from {sorted(kinds)}")
     loops = {m: make_loop(kinds.get(m, False)) for m in models}
 
     def measure(loop: PlainLoop, feed: Callable[[], Any] | None, first_warmup: int = 0) -> float:
@@ -247,14 +259,10 @@ def main() -> int:
 
     ceilings = {k: measure(loop, None, first_warmup=10) for k, loop in loops.items()}
     print(f"[{time.perf_counter() - T0:.0f}s] ceilings {ceilings}", flush=True)
-    cores = available_cpus()
-    setups = compiled_setups(cores, gpu) if args.compiled else eager_setups(cores, gpu)
-    if args.only:
-        setups = [(n, s) for n, s in setups if any(part in n for part in args.only.split(","))]
     results: dict[str, dict[str, Any]] = {
         name: {"alone": [], "fed": {k: [] for k in loops}} for name, _ in setups
     }
-    for rep in range(max(1, args.repeats)):
+    for rep in range(args.repeats):
         for name, setup in setups if rep % 2 == 0 else setups[::-1]:
             if time.perf_counter() - T0 > args.budget_s:
                 continue
@@ -272,7 +280,7 @@ def main() -> int:
                 flush=True,
             )
     rows: list[dict[str, Any]] = [
-        {"name": f"ceiling {k} (plain loop, batch on GPU)".replace("  ", " "), "samples_per_sec": v,
+        {"name": _ceiling_name(k, "(plain loop, batch on GPU)"), "samples_per_sec": v,
          "ratio_to_ceiling": 1.0} for k, v in ceilings.items()
     ]  # fmt: skip
     for name, setup in setups:
@@ -283,21 +291,19 @@ def main() -> int:
         rate = statistics.median(got["alone"])
         row: dict[str, Any] = {"name": name, "setup": _describe(setup), "alone_samples_per_sec": rate}
         for k, fed in got["fed"].items():
-            key = f"_{k}" if k else ""
+            key = _suffix(k)
             row[f"alone_ratio{key}"] = rate / ceilings[k]
             row[f"samples_per_sec{key}"] = statistics.median(fed)
             row[f"ratio_to_ceiling{key}"] = statistics.median(fed) / ceilings[k]
             row[f"runs_ratio_to_ceiling{key}"] = [round(v / ceilings[k], 4) for v in fed]
-        first = next(iter(got["fed"]))  # the first model's figures under the plain keys too
-        row["samples_per_sec"], row["ratio_to_ceiling"] = (
-            row[f"samples_per_sec{'_' + first if first else ''}"],
-            row[f"ratio_to_ceiling{'_' + first if first else ''}"],
-        )
+        first = _suffix(next(iter(got["fed"])))  # the first model's figures under the plain keys too
+        row["samples_per_sec"] = row[f"samples_per_sec{first}"]
+        row["ratio_to_ceiling"] = row[f"ratio_to_ceiling{first}"]
         row.update({k: v for k, v in got.items() if k not in ("alone", "fed")})
         rows.append(row)
     for k, loop in loops.items():
         end = measure(loop, None)
-        rows.append({"name": f"ceiling {k} again (end of run)".replace("  ", " "), "samples_per_sec": end,
+        rows.append({"name": _ceiling_name(k, "again (end of run)"), "samples_per_sec": end,
                      "ratio_to_ceiling": end / ceilings[k]})  # fmt: skip
     write_results(
         args.out, rows, benchmark="gpu_dali_decode", quick=args.quick, model=model_name, batch_size=batch,
@@ -305,7 +311,7 @@ def main() -> int:
         compiled=args.compiled, repeats=args.repeats,
     )  # fmt: skip
     columns = ["name", "samples_per_sec", "alone_samples_per_sec"] + [
-        f"ratio_to_ceiling{'_' + k if k else ''}" for k in loops
+        f"ratio_to_ceiling{_suffix(k)}" for k in loops
     ]
     print(format_table(rows, columns))
     return 0

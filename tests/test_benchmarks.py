@@ -246,6 +246,34 @@ def test_dali_decode_compiled_quick(tmp_path: Path, data_root: Path) -> None:
         assert r["samples_per_sec"] == r["samples_per_sec_compiled"]
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--only", "nothing"], "--only"),
+        (["--models", "compiled,jit"], "--models"),
+        (["--repeats", "0"], "--repeats"),
+    ],
+)
+def test_dali_decode_refuses_bad_arguments_before_work(tmp_path: Path, args: list[str], named: str) -> None:
+    # refused before any image or model is made: the data folder stays empty
+    data = tmp_path / "data"
+    proc = _run(
+        [
+            sys.executable,
+            str(BENCH / "gpu_dali_decode.py"),
+            "--quick",
+            "--compiled",
+            "--data-root",
+            str(data),
+            *args,
+        ],
+        tmp_path,
+        120,
+    )
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
+    assert not data.exists()
+
+
 def _check_compile_results(doc: dict) -> None:
     summary, rows = doc["summary"], {r["name"]: r for r in doc["rows"]}
     assert rows["ceiling_compiled"]["ratio_to_ceiling"] == pytest.approx(1.0)

@@ -31,7 +31,7 @@ class Sources:
     old_store: Path  # small converted at OLD_SIZE: the "existing OUT" of the overwrite cases
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sources(tmp_path_factory) -> Sources:
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder
     from lightning_gpuopt.data.convert import convert_folder_to_hdf5
@@ -63,7 +63,7 @@ class FitData:
     store: Path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fit_data(tmp_path_factory) -> FitData:
     from lightning_gpuopt._common import eval_resize_size
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder

@@ -2,7 +2,7 @@
 
 The short fits run in a subprocess with ``NVTX_INJECTION64_PATH`` pointing at a recorder built from
 ``nvtx_recorder.c``: the real NVTX v3 client inside the ``nvtx`` package (or ``torch.cuda.nvtx`` on the GPU
-machine) loads it and reports every push, pop, mark and registered string, which we replay per thread.
+machine) loads it and reports every push, pop, mark and registered string, which the tests replay per thread.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ DOMAIN = "lightning_gpuopt"
 STEP = ["  forward", "  zero_grad", "  backward", "  optimizer step"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def recorder_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    prebuilt = os.environ.get("NVTX_RECORDER_LIB")  # e.g. .nvtxrec/librecorder.so carried to a GPU machine
+    prebuilt = os.environ.get(
+        "NVTX_RECORDER_LIB"
+    )  # a recorder built elsewhere, for a host without a compiler
     if prebuilt:
         return Path(prebuilt).resolve()
     try:

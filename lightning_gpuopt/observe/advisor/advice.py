@@ -23,8 +23,9 @@ __all__ = [
     "straggler",
 ]
 
-_HDF5 = "Store decoded uint8 images once with `lightning-gpuopt convert` and read them with "
-_HDF5 += 'OptimizedDataModule(backend="hdf5"), or decode on the GPU with backend="dali".'
+_STORE = "Store decoded uint8 images once with `lightning-gpuopt convert` and read them with "
+_STORE += 'OptimizedDataModule(backend="hdf5")'
+_HDF5 = _STORE + ', or decode on the GPU with backend="dali".'
 
 _HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
 
@@ -47,12 +48,6 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     )
     state = "full" if ev.cpu_busy_frac >= full_frac else "not full"
     return f"The CPU cores are {state} ({busy}{others}). "
-
-
-_HDF5_STORE = (
-    "Store the decoded uint8 images once (`lightning-gpuopt convert`) and read them with "
-    'OptimizedDataModule(backend="hdf5"): its reading threads deliver several times what a GPU trains.'
-)
 
 
 def _cpu_decoding_is_the_default(cores_per_process: int | None) -> bool:
@@ -99,7 +94,8 @@ def input_bound(
             text = (
                 f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
                 f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
-                f"{_HDF5_STORE} More cores per GPU add decoding threads."
+                f"{_STORE}: its reading threads deliver several times what a GPU trains. More cores per GPU "
+                "add decoding threads."
             )
         elif cfg.decoder == "cpu":
             text = (
