@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
-from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt.data.dali_pipeline import (
     DALI_HW_DECODER_LOAD,
     READER_NAME,

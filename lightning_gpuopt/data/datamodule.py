@@ -28,7 +28,7 @@ from lightning_gpuopt._common import (
     eval_resize_size,
     warn_once,
 )
-from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
 from lightning_gpuopt.data.loader import (

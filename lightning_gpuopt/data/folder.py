@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, is_int
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",

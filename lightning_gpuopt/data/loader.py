@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
-from lightning_gpuopt.data._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt.data._lifetime import WorkerInit
 
 

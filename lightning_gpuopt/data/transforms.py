@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
-from lightning_gpuopt.data._checks import check_arg, check_pair, is_int, is_number
+from lightning_gpuopt._checks import check_arg, check_pair, is_int, is_number
 
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
 CROP_ATTEMPTS = 10

@@ -33,7 +33,7 @@ from typing_extensions import override
 from lightning_gpuopt import _compat
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
 from lightning_gpuopt._common import cache_dir as _cache_folder
-from lightning_gpuopt.data._checks import check_arg, is_number
+from lightning_gpuopt._checks import check_arg, is_number
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
 # smaller batches each worker delivers several batches a second, so the rate settles within a short budget

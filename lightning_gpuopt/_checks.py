@@ -1,4 +1,4 @@
-"""Argument checks for the data package: one helper, so every error names the argument and the fix."""
+"""Argument checks for the package: one helper, so every error names the argument and the fix."""
 
 from __future__ import annotations
 
