@@ -112,3 +112,12 @@ class FeedInfo:
 #: (waiting for a batch): ``GPUStatsMonitor`` reads it to split the host-side wait into time inside the loader
 #: and time the host was blocked behind the GPU. ``ContinuousDataLoader`` and ``DALILoader`` keep it.
 FETCH_SECONDS_ATTR = "fetch_seconds"
+
+
+def synchronize(device: Any) -> None:
+    """Wait for ``device``'s queued work (``torch.cuda.synchronize``); nothing to wait for on a CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
