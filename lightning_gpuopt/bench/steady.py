@@ -1,0 +1,350 @@
+"""Steady-state measurement as a user reads a long fit: step times from the GPU's own clock, repetitions
+taking turns, medians with their spread.
+
+``StepClock`` is a callback for any fit: it records a CUDA event at every batch end (no synchronisation on
+the way), skips a warm-up (a compile, cuDNN autotuning, and the batches the loader prefetched while the
+model was starting), measures ``steps`` steps, and stops the fit. ``PlainLoop`` runs are measured the same
+way by ``measure_loop``. ``take_turns`` runs each variant once a turn, for ``repeats`` turns, so a slow
+minute of the host lands on every variant alike, and ``summarize`` reduces each variant's repetitions to a
+row: the median repetition, the worst and best, the ratio to a ceiling taken turn by turn, and p50/p90 step
+times.
+
+Example:
+    >>> clock = StepClock(warmup=30, steps=200)
+    >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
+    >>> trainer.fit(model, datamodule=dm); clock.measurement.samples_per_sec  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from typing_extensions import override
+
+from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import synchronize
+
+#: the first and the second half of a measured window differ by more than this: the pipeline was not steady
+UNSTEADY = 0.05
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-quantile (0..1) of ``values``, linearly interpolated; ``None`` for no values.
+
+    Example:
+        >>> percentile([1.0, 2.0, 3.0, 4.0], 0.5), percentile([1.0, 2.0, 3.0, 4.0], 0.9)
+        (2.5, 3.7)
+    """
+    if not values:
+        return None
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 6)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured window: ``steps`` steps of ``samples`` samples in ``seconds``, and each step's time.
+
+    ``seconds`` is the GPU's time from the batch end before the window to its last batch end (CUDA events),
+    so a GPU left waiting for the host counts as time; on a CPU it is the host clock.
+    """
+
+    samples: int
+    seconds: float
+    step_ms: tuple[float, ...]
+    compile_seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_ms)
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        return self.samples / self.seconds if self.seconds > 0 and self.samples else None
+
+    @property
+    def p50_ms(self) -> float | None:
+        return percentile(self.step_ms, 0.5)
+
+    @property
+    def p90_ms(self) -> float | None:
+        return percentile(self.step_ms, 0.9)
+
+    @property
+    def halves(self) -> float | None:
+        """Mean step time of the window's second half over its first (1.0: steady)."""
+        n = len(self.step_ms) // 2
+        if n == 0:
+            return None
+        first, second = statistics.fmean(self.step_ms[:n]), statistics.fmean(self.step_ms[n:])
+        return second / first if first > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples_per_sec": self.samples_per_sec,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "halves": self.halves,
+            "compile_seconds": self.compile_seconds,
+            **self.extra,
+        }
+
+
+class _Marks:
+    """Batch-end marks on the device's clock: CUDA events on the current stream, the host clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def step_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (one device sync, here, after the window)."""
+        if len(self.marks) < 2:
+            return []
+        if self.cuda:
+            synchronize(self.device)
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+def _batch_size(batch: Any) -> int:
+    x = batch
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    if isinstance(x, dict) and x:
+        x = next(iter(x.values()))
+    shape = getattr(x, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+class StepClock(pl.Callback):
+    """Measures a fit's steady state from a CUDA event recorded at every batch end, then stops the fit.
+
+    The first ``warmup`` steps are not measured; with ``settle`` they start counting once the step time has
+    settled (a compiled model's first steps compile it: each warm-up step is then timed with a host sync
+    until three agree, the compile's time kept as ``compile_seconds``). Choose ``warmup`` past what the
+    loader prefetches (workers x prefetch factor batches, or a pipeline's depth), so the measured steps are
+    fed at the rate the loader sustains, not from its buffer. Then ``steps`` steps are measured with no
+    synchronisation, and the fit is stopped.
+
+    Args:
+        warmup: steps before the window (after the compile, with ``settle``).
+        steps: steps measured.
+        settle: wait for the step time to settle before counting the warm-up (compiled models).
+
+    Example:
+        >>> clock = StepClock(warmup=30, steps=200, settle=True)
+        >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> m = clock.measurement; m.samples_per_sec, m.p50_ms, m.p90_ms  # doctest: +SKIP
+    """
+
+    def __init__(self, warmup: int = 30, steps: int = 200, settle: bool = False) -> None:
+        check_arg(is_int(warmup) and warmup >= 0, "warmup", warmup, "an int >= 0")
+        check_arg(is_int(steps) and steps >= 2, "steps", steps, "an int >= 2")
+        self.warmup, self.steps, self.settle = warmup, steps, settle
+        self._reset()
+
+    def _reset(self) -> None:
+        self._marks: _Marks | None = None
+        self._samples = 0
+        self._warm_done = 0
+        self._settled = not self.settle
+        self._starts: list[float] = []
+        self.compile_seconds: float | None = None
+        self.measurement: Measurement | None = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def _settle_step(self, pl_module: pl.LightningModule) -> None:
+        from lightning_gpuopt.bench.meter import FAST_RUN, first_fast_step
+
+        synchronize(pl_module.device)
+        self._starts.append(time.perf_counter())
+        if len(self._starts) > FAST_RUN:
+            steps = [b - a for a, b in zip(self._starts, self._starts[1:], strict=False)]
+            fast = first_fast_step(steps)
+            if fast is not None:
+                self._settled = True
+                self.compile_seconds = self._starts[fast] - self._starts[0]
+                self._warm_done = len(steps) - fast
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.measurement is not None:
+            return
+        if not self._settled:
+            self._settle_step(pl_module)
+            return
+        if self._marks is None:
+            if self._warm_done < self.warmup:
+                self._warm_done += 1
+                return
+            self._marks = _Marks(pl_module.device)
+            self._marks.mark()  # the window opens at this batch's end
+            return
+        self._samples += _batch_size(batch)
+        self._marks.mark()
+        if len(self._marks.marks) > self.steps:
+            self._finish()
+            trainer.should_stop = True
+
+    def _finish(self) -> None:
+        step_ms = self._marks.step_ms() if self._marks is not None else []
+        self.measurement = Measurement(
+            self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds
+        )
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the fit ended before the window did (a loader that ran out, max_steps): keep what was measured
+        if self.measurement is None and self._marks is not None and len(self._marks.marks) > 2:
+            self._finish()
+
+
+def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: int, steps: int,
+                 batch_size: int) -> Measurement:
+    """``warmup`` calls of ``step``, then ``steps`` calls each closed by a mark on the device's clock.
+
+    Example:
+        >>> m = measure_loop(lambda: None, "cpu", warmup=1, steps=5, batch_size=8)
+        >>> m.steps, m.samples
+        (5, 40)
+    """
+    device = torch.device(device)
+    for _ in range(warmup):
+        step()
+    marks = _Marks(device)
+    marks.mark()
+    for _ in range(steps):
+        step()
+        marks.mark()
+    step_ms = marks.step_ms()
+    return Measurement(batch_size * steps, sum(step_ms) / 1e3, tuple(step_ms))
+
+
+Variant = Callable[[], Measurement]
+
+
+def take_turns(
+    variants: Mapping[str, Variant], repeats: int, on_result: Callable[[str, int, Measurement], None] | None = None
+) -> dict[str, list[Measurement | BaseException]]:
+    """Run each variant once a turn, in order, for ``repeats`` turns; a variant that raises keeps its error
+    in its place (the others go on) and is not run again.
+
+    Example:
+        >>> out = take_turns({"a": lambda: Measurement(8, 1.0, (1.0,))}, repeats=2)
+        >>> [m.samples_per_sec for m in out["a"]]
+        [8.0, 8.0]
+    """
+    check_arg(is_int(repeats) and repeats >= 1, "repeats", repeats, "an int >= 1")
+    out: dict[str, list[Measurement | BaseException]] = {name: [] for name in variants}
+    for turn in range(repeats):
+        for name, run in variants.items():
+            if any(isinstance(r, BaseException) for r in out[name]):
+                continue
+            try:
+                m = run()
+            except KeyboardInterrupt:
+                raise
+            except Exception as err:  # noqa: BLE001 - kept as the row's error
+                out[name].append(err)
+                continue
+            out[name].append(m)
+            if on_result is not None:
+                on_result(name, turn, m)
+    return out
+
+
+def summarize(
+    results: Mapping[str, Sequence[Measurement | BaseException]], ceiling: str | None
+) -> list[dict[str, Any]]:
+    """A row a variant: the median repetition's samples/s, the worst and best, each repetition's ratio to the
+    ceiling of the same turn (``repeats``), the median and worst of those ratios, and p50/p90 step times over
+    all measured steps.
+
+    Example:
+        >>> res = {"ceiling": [Measurement(100, 1.0, (10.0,))] * 3,
+        ...        "fed": [Measurement(90, 1.0, (11.0,)), Measurement(80, 1.0, (12.0,)), Measurement(95, 1.0, (11.0,))]}
+        >>> row = summarize(res, "ceiling")[1]
+        >>> row["samples_per_sec"], row["of_ceiling"], row["of_ceiling_worst"]
+        (90.0, 0.9, 0.8)
+    """
+    base = [r for r in results.get(ceiling, ())] if ceiling else []
+    rows = []
+    for name, reps in results.items():
+        errors = [r for r in reps if isinstance(r, BaseException)]
+        ms = [r for r in reps if isinstance(r, Measurement)]
+        row: dict[str, Any] = {"name": name, "error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None}
+        rates = [m.samples_per_sec or 0.0 for m in ms]
+        ratios = []
+        for turn, m in enumerate(reps):
+            c = base[turn] if turn < len(base) else None
+            if isinstance(m, Measurement) and isinstance(c, Measurement) and c.samples_per_sec:
+                ratios.append((m.samples_per_sec or 0.0) / c.samples_per_sec)
+        steps = [s for m in ms for s in m.step_ms]
+        med = statistics.median(rates) if rates else None
+        row.update(
+            samples_per_sec=med,
+            samples_per_sec_min=min(rates) if rates else None,
+            samples_per_sec_max=max(rates) if rates else None,
+            spread=(max(rates) - min(rates)) / med if med and len(rates) > 1 else None,
+            of_ceiling=statistics.median(ratios) if ratios else None,
+            of_ceiling_worst=min(ratios) if ratios else None,
+            p50_ms=percentile(steps, 0.5),
+            p90_ms=percentile(steps, 0.9),
+            compile_seconds=next((m.compile_seconds for m in ms if m.compile_seconds is not None), None),
+            repeats=[
+                {**m.to_dict(), "of_ceiling": ratios[i] if i < len(ratios) else None}
+                for i, m in enumerate(ms)
+            ],
+        )
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]], ceiling_label: str = "of ceiling") -> str:
+    """A text table of ``summarize``'s rows: samples/s median [min-max], ratio median (worst), p50/p90."""
+    from lightning_gpuopt._common import format_table
+
+    def rate(r: Mapping[str, Any]) -> str | None:
+        if r.get("samples_per_sec") is None:
+            return r.get("error") and f"failed: {r['error'][:60]}"
+        return f"{r['samples_per_sec']:,.0f} [{r['samples_per_sec_min']:,.0f}-{r['samples_per_sec_max']:,.0f}]"
+
+    table = [
+        {
+            "row": r["name"],
+            "samples/s median [min-max]": rate(r),
+            ceiling_label: None if r.get("of_ceiling") is None else f"{r['of_ceiling']:.3f} ({r['of_ceiling_worst']:.3f})",
+            "p50 ms": r.get("p50_ms"),
+            "p90 ms": r.get("p90_ms"),
+        }
+        for r in rows
+    ]
+    return format_table(table, ["row", "samples/s median [min-max]", ceiling_label, "p50 ms", "p90 ms"])
