@@ -152,6 +152,8 @@ class StepClock(pl.Callback):
         warmup: steps before the window (after the compile, with ``settle``).
         steps: steps measured.
         settle: wait for the step time to settle before counting the warm-up (compiled models).
+        cpu: read the host's CPU use over the window (``HostCPUReader``: this process and its loader
+            workers), kept in ``measurement.extra`` as ``host/cpu_main_pct``, ``host/cpu_cores``, ...
 
     Example:
         >>> clock = StepClock(warmup=30, steps=200, settle=True)
@@ -160,10 +162,10 @@ class StepClock(pl.Callback):
         >>> m = clock.measurement; m.samples_per_sec, m.p50_ms, m.p90_ms  # doctest: +SKIP
     """
 
-    def __init__(self, warmup: int = 30, steps: int = 200, settle: bool = False) -> None:
+    def __init__(self, warmup: int = 30, steps: int = 200, settle: bool = False, cpu: bool = False) -> None:
         check_arg(is_int(warmup) and warmup >= 0, "warmup", warmup, "an int >= 0")
         check_arg(is_int(steps) and steps >= 2, "steps", steps, "an int >= 2")
-        self.warmup, self.steps, self.settle = warmup, steps, settle
+        self.warmup, self.steps, self.settle, self.cpu = warmup, steps, settle, cpu
         self._reset()
 
     def _reset(self) -> None:
@@ -172,6 +174,7 @@ class StepClock(pl.Callback):
         self._warm_done = 0
         self._settled = not self.settle
         self._starts: list[float] = []
+        self._cpu: Any = None
         self.compile_seconds: float | None = None
         self.measurement: Measurement | None = None
 
@@ -207,6 +210,11 @@ class StepClock(pl.Callback):
                 return
             self._marks = _Marks(pl_module.device)
             self._marks.mark()  # the window opens at this batch's end
+            if self.cpu:
+                from lightning_gpuopt.observe.host_cpu import HostCPUReader
+
+                self._cpu = HostCPUReader()
+                self._cpu.read()
             return
         self._samples += _batch_size(batch)
         self._marks.mark()
@@ -216,8 +224,9 @@ class StepClock(pl.Callback):
 
     def _finish(self) -> None:
         step_ms = self._marks.step_ms() if self._marks is not None else []
+        extra = dict(self._cpu.window()) if self._cpu is not None else {}
         self.measurement = Measurement(
-            self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds
+            self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds, extra=extra
         )
 
     @override

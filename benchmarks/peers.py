@@ -1,0 +1,433 @@
+"""The feeds a user would otherwise pick, side by side: the same images, the same compiled model and preset.
+
+Every row trains one ``UserClassifier`` (torchvision's ResNet-50, its own SGD) through
+``Trainer(**fast_trainer_kwargs(model, compile=True, max_epochs=-1))``; only the feed differs. The model is
+compiled once, in the first fit, and every row reuses it. Rows and the compiled plain loop (the ceiling)
+take turns, ``--repeats`` times; each repetition is one fit measured by ``StepClock``: ``--warmup`` steps
+past the loader's prefetch, then ``--steps`` steps timed by a CUDA event at every batch end. A row's ratio is
+taken against the ceiling of its own turn; the table shows the median repetition and the worst.
+
+Feeds (each set up as its own docs recommend; ``--only`` picks some):
+  ours_resident     one batch kept on the GPU (what the preset reaches with a free feed)
+  ours_hdf5         ``OptimizedDataModule("train.h5", num_workers="auto")`` (``lightning-gpuopt convert --size 256``)
+  ours_folder       ``OptimizedDataModule("train/", num_workers="auto")``
+  ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder)
+  torchvision_v2    ``ImageFolder`` + ``decode_jpeg`` + ``transforms.v2`` on uint8 tensors, normalized on the GPU
+  torchvision_pil   the classic recipe: PIL, ``RandomResizedCrop``, ``ToTensor``, ``Normalize``
+  litdata_jpeg      ``litdata.optimize`` of the JPEGs as they are, ``StreamingDataLoader``, v2 on uint8
+  litdata_jpeg256   litdata's documented fast format: shorter side 256, JPEG quality 90
+  webdataset        tar shards of the JPEGs, ``WebDataset(resampled=True)`` + ``WebLoader``, v2 on uint8
+  dali_native       DALI's own pipeline: ``fn.readers.file`` + ``fn.decoders.image_random_crop(device="mixed")``
+                    + ``DALIGenericIterator``
+FFCV is not a row: its only distribution is a source package whose build needs OpenCV and libjpeg-turbo
+development files found by pkg-config, which a pip-only environment does not have (``--ffcv-sdist`` tries).
+
+    python3 benchmarks/peers.py --out benchmarks/results/peers_h200.json   # one H200: about 10 minutes
+    python3 benchmarks/peers.py --quick                                    # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _user import UserClassifier, compiled_ceiling, fit_window, measure_ceiling
+
+from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.rows import DeviceBatches
+from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+
+ROWS = ("ours_resident", "ours_hdf5", "ours_folder", "ours_dali", "torchvision_v2", "torchvision_pil",
+        "litdata_jpeg", "litdata_jpeg256", "webdataset", "dali_native")
+CEILING = "ceiling_compiled"
+
+
+# ---------------------------------------------------------------------------------------------- the data
+def files_of(root: Path) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under the class-per-subfolder ``root``, labels by sorted class."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return [(str(f), i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())]
+
+
+def folder_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def _litdata_item(item: tuple[str, int], short: int | None) -> tuple[Any, int]:
+    from PIL import Image
+
+    path, label = item
+    img = Image.open(path)
+    if short is None:
+        return img, label  # a JpegImageFile: litdata keeps its bytes as they are
+    img = img.convert("RGB")
+    scale = short / min(img.size)
+    img = img.resize((round(img.width * scale), round(img.height * scale)), Image.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    buf.seek(0)
+    return Image.open(buf), label
+
+
+def _litdata_jpeg(item: tuple[str, int]) -> tuple[Any, int]:
+    return _litdata_item(item, None)
+
+
+def _litdata_jpeg256(item: tuple[str, int]) -> tuple[Any, int]:
+    return _litdata_item(item, 256)
+
+
+def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
+    """Make the JPEGs and every store the rows read; return paths, bytes per image and conversion times."""
+    root = Path(args.data)
+    size = (96, 72) if args.quick else (500, 375)
+    jpegs = make_jpeg_folder(root / "train", num_images=args.images, num_classes=10, image_size=size)
+    files = files_of(jpegs)
+    info: dict[str, Any] = {"train": jpegs, "files": files, "bytes": {}, "convert_s": {}}
+    jpeg_bytes = folder_bytes(jpegs) / len(files)
+    for name in ("ours_folder", "ours_dali", "torchvision_v2", "torchvision_pil", "dali_native"):
+        info["bytes"][name] = jpeg_bytes
+    if "ours_hdf5" in rows:
+        from _shared import hdf5_store
+
+        h5 = root / f"train_{args.storage}.h5"
+        cost = hdf5_store(jpegs, h5, args.storage)
+        info.update(h5=h5)
+        info["bytes"]["ours_hdf5"] = h5.stat().st_size / len(files)
+        info["convert_s"]["ours_hdf5"] = cost.get("seconds")
+    for name, fn in (("litdata_jpeg", _litdata_jpeg), ("litdata_jpeg256", _litdata_jpeg256)):
+        if name in rows:
+            info[name] = _optional(info, name, lambda n=name, f=fn: _litdata_optimize(root / n, files, f))
+    if "webdataset" in rows:
+        info["webdataset"] = _optional(info, "webdataset", lambda: _wds_shards(root / "wds", files))
+    return info
+
+
+def _optional(info: dict[str, Any], name: str, make: Callable[[], Path]) -> Path | BaseException:
+    t0 = time.perf_counter()
+    try:
+        out = make()
+    except (ImportError, OSError, RuntimeError, ValueError) as err:
+        return err
+    info["convert_s"][name] = time.perf_counter() - t0
+    info["bytes"][name] = folder_bytes(out) / len(info["files"])
+    return out
+
+
+def _litdata_optimize(out: Path, files: list[tuple[str, int]], fn: Callable[..., Any]) -> Path:
+    import shutil
+
+    from litdata import optimize
+
+    shutil.rmtree(out, ignore_errors=True)
+    optimize(fn=fn, inputs=files, output_dir=str(out), chunk_bytes="64MB", num_workers=available_cpus())
+    return out
+
+
+def _wds_shards(out: Path, files: list[tuple[str, int]], per_shard: int = 256) -> Path:
+    import random
+    import shutil
+
+    import webdataset as wds
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    order = list(files)
+    random.Random(0).shuffle(order)  # the documented way: shuffle once when writing the shards
+    with wds.ShardWriter(str(out / "train-%05d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, (path, label) in enumerate(order):
+            sink.write({"__key__": f"{i:08d}", "jpg": Path(path).read_bytes(), "cls": label})
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the feeds
+def _v2_train(image_size: int) -> Any:
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()])
+
+
+def _loader(dataset: Any, args: argparse.Namespace, **kw: Any) -> torch.utils.data.DataLoader:
+    workers = args.workers
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=args.batch_size, num_workers=workers, pin_memory=True, drop_last=True,
+        persistent_workers=workers > 0, prefetch_factor=2 if workers else None, **kw,
+    )
+
+
+def _rgb(x: torch.Tensor) -> torch.Tensor:
+    return x.expand(3, -1, -1) if x.shape[0] == 1 else x[:3]
+
+
+class _DecodeJpeg:
+    """torchvision's tensor path: the file's bytes decoded by ``decode_jpeg`` to a uint8 tensor."""
+
+    def __call__(self, path: str) -> torch.Tensor:
+        from torchvision.io import ImageReadMode, decode_image, read_file
+
+        return decode_image(read_file(path), mode=ImageReadMode.RGB)
+
+
+def feed_torchvision_v2(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(str(info["train"]), loader=_DecodeJpeg(), transform=_v2_train(args.image_size))
+    return {"train_dataloaders": _loader(ds, args, shuffle=True)}
+
+
+def feed_torchvision_pil(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
+
+    tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
+                    T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return {"train_dataloaders": _loader(ImageFolder(str(info["train"]), transform=tf), args, shuffle=True)}
+
+
+def _litdata_feed(name: str) -> Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]:
+    def feed(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(info.get(name), BaseException):
+            raise info[name]
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        transform = _v2_train(args.image_size)
+
+        class Images(StreamingDataset):  # litdata's ImageNet benchmark, uint8 kept for the GPU
+            def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
+                img, label = super().__getitem__(index)
+                if not isinstance(img, torch.Tensor):
+                    from torchvision.transforms.v2.functional import pil_to_tensor
+
+                    img = pil_to_tensor(img.convert("RGB"))
+                return transform(_rgb(img)), int(label)
+
+        ds = Images(input_dir=str(info[name]), shuffle=True, drop_last=True)
+        loader = StreamingDataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                                     pin_memory=True, drop_last=True, persistent_workers=args.workers > 0)
+        return {"train_dataloaders": loader}
+
+    return feed
+
+
+def feed_webdataset(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(info.get("webdataset"), BaseException):
+        raise info["webdataset"]
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in Path(info["webdataset"]).glob("*.tar"))
+    transform = _v2_train(args.image_size)
+    ds = (
+        wds.WebDataset(urls, resampled=True, shardshuffle=False, nodesplitter=wds.split_by_node)
+        .shuffle(1000)
+        .decode("torchrgb8")
+        .to_tuple("jpg", "cls")
+        .map_tuple(lambda x: transform(_rgb(x)), int)
+        .batched(args.batch_size, partial=False)
+    )
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=args.workers, pin_memory=True,
+                           persistent_workers=args.workers > 0, prefetch_factor=2 if args.workers else None)
+    return {"train_dataloaders": loader.with_epoch(len(info["files"]) // args.batch_size)}
+
+
+class _DaliBatches:
+    """``DALIGenericIterator`` as a Lightning train loader: ``(images, labels)`` a batch, reset each epoch."""
+
+    def __init__(self, pipe: Any, size: int) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        self.it = DALIGenericIterator(pipe, ["data", "label"], reader_name="Reader",
+                                      last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Any:
+        for out in self.it:
+            yield out[0]["data"], out[0]["label"].squeeze(-1).long()
+
+
+def feed_dali_native(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    from nvidia.dali import fn, pipeline_def, types
+
+    from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
+
+    gpu = args.device == "cuda"
+
+    @pipeline_def(batch_size=args.batch_size, num_threads=available_cpus(), device_id=0 if gpu else None,
+                  prefetch_queue_depth=2)
+    def pipe() -> Any:  # DALI's documented ImageNet training pipeline
+        jpegs, labels = fn.readers.file(file_root=str(info["train"]), random_shuffle=True, name="Reader")
+        images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+            mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD],
+        )
+        return images, labels.gpu() if gpu else labels
+
+    return {"train_dataloaders": _DaliBatches(pipe(), len(info["files"]) // args.batch_size)}
+
+
+def _datamodule(path_key: str, **kw: Any) -> Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]:
+    def feed(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+        from lightning_gpuopt import OptimizedDataModule
+
+        return {"datamodule": OptimizedDataModule(str(info[path_key]), batch_size=args.batch_size,
+                                                  image_size=args.image_size, **kw)}
+
+    return feed
+
+
+def feed_resident(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    x = torch.randint(0, 256, (args.batch_size, 3, args.image_size, args.image_size), dtype=torch.uint8,
+                      device=args.device)
+    ys = [torch.randint(0, 10, (args.batch_size,), device=args.device) for _ in range(4)]
+    return {"train_dataloaders": DeviceBatches(x, ys, length=10**6)}
+
+
+FEEDS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {
+    "ours_resident": feed_resident,
+    "ours_hdf5": _datamodule("h5", num_workers="auto"),
+    "ours_folder": _datamodule("train", num_workers="auto"),
+    "ours_dali": _datamodule("train", backend="dali"),
+    "torchvision_v2": feed_torchvision_v2,
+    "torchvision_pil": feed_torchvision_pil,
+    "litdata_jpeg": _litdata_feed("litdata_jpeg"),
+    "litdata_jpeg256": _litdata_feed("litdata_jpeg256"),
+    "webdataset": feed_webdataset,
+    "dali_native": feed_dali_native,
+}
+
+
+# ------------------------------------------------------------------------------------------------- the run
+def loader_alone(feed: dict[str, Any], device: str, batches: int) -> float | None:
+    """Images a second the feed's host loader delivers to the device with no model (after 5 batches)."""
+    loader = feed.get("train_dataloaders")
+    dm = feed.get("datamodule")
+    if dm is not None:
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+    if loader is None or isinstance(loader, DeviceBatches):
+        return None
+    it, n, t0 = iter(loader), 0, 0.0
+    for i in range(5 + batches):
+        x = next(it)[0]
+        x = x.to(device, non_blocking=True)
+        if i == 4:
+            torch.cuda.synchronize() if device == "cuda" else None
+            t0 = time.perf_counter()
+        elif i > 4:
+            n += x.shape[0]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rate = n / (time.perf_counter() - t0)
+    if dm is not None:
+        dm.teardown("fit")
+    return rate
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = list(args.only or ROWS)
+    info = prepare(args, rows)
+    model = UserClassifier(args.arch, num_classes=10)
+    ceiling, ceiling_compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device)
+
+    def variant(name: str) -> Callable[[], Any]:
+        def go() -> Any:
+            feed = FEEDS[name](args, info)
+            # the first fit compiles the model, later ones find it compiled (or recompile for a new input
+            # dtype): the warm-up waits for the step time to settle either way
+            return fit_window(model, args.warmup, args.steps, compile=args.device == "cuda", device=args.device,
+                              **feed)
+
+        return go
+
+    variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps), **{r: variant(r) for r in rows}}
+    say = lambda name, turn, m: print(  # noqa: E731
+        f"  turn {turn + 1} {name:16s} {m.samples_per_sec:9,.0f} img/s  p50 {m.p50_ms:6.1f} ms  p90 {m.p90_ms:6.1f} ms",
+        flush=True,
+    )
+    results = take_turns(variants, args.repeats, on_result=say)
+    table = summarize(results, CEILING)
+    alone = {}
+    for r in rows if args.loader_batches else ():
+        try:
+            alone[r] = loader_alone(FEEDS[r](args, info), args.device, args.loader_batches)
+        except Exception as err:  # noqa: BLE001 - the row's own error is already recorded
+            alone[r] = None
+            print(f"  loader alone {r}: {type(err).__name__}: {err}", file=sys.stderr)
+    for row in table:
+        name = row["name"]
+        row["of_compiled_ceiling"] = row["of_ceiling"]
+        row["ratio_to_ceiling"] = row["of_ceiling"]
+        row["bytes_per_image"] = info["bytes"].get(name)
+        row["convert_seconds"] = info["convert_s"].get(name)
+        row["loader_alone_per_sec"] = alone.get(name)
+        reps = row["repeats"]
+        cores = [r.get("host/cpu_cores") for r in reps if r.get("host/cpu_cores") is not None]
+        row["cpu_cores"] = statistics.median(cores) if cores else None
+        if isinstance(info.get(name), BaseException):
+            row["error"] = f"{type(info[name]).__name__}: {info[name]}"
+    return {"rows": table, "ceiling_compile_seconds": ceiling_compile_s, "images": len(info["files"])}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpuopt_peers"))
+    p.add_argument("--out", default="benchmarks/results/peers_h200.json")
+    p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
+                   help=f"comma-separated rows (default all: {','.join(ROWS)})")
+    p.add_argument("--images", type=int, default=8192)
+    p.add_argument("--storage", type=int, default=256, help="the store's shorter side (convert --size)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=available_cpus() - 1, help="peers' DataLoader workers")
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--warmup", type=int, default=40, help="steps before each window (past the prefetch)")
+    p.add_argument("--steps", type=int, default=200, help="steps a window")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--loader-batches", type=int, default=30, help="batches timed for the loader alone (0: skip)")
+    p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
+    args = p.parse_args(argv)
+    bad = sorted(set(args.only or ()) - set(ROWS))
+    if bad:
+        p.error(f"--only: unknown rows {bad}; choose from {', '.join(ROWS)}")
+    args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    if args.quick:
+        args.images, args.storage, args.image_size, args.batch_size = 64, 40, 32, 8
+        args.arch, args.warmup, args.steps, args.repeats, args.loader_batches = "small", 2, 4, 2, 2
+        args.workers = min(args.workers, 2)
+        if args.out == p.get_default("out"):
+            args.out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers_quick.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    doc = run(args)
+    path = write_results(args.out, doc.pop("rows"), **doc, settings={k: v for k, v in vars(args).items()},
+                         seconds=time.perf_counter() - t0)
+    import json
+
+    rows = json.loads(path.read_text())["rows"]
+    print(format_rows(rows, "of compiled ceiling median (worst)"))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
