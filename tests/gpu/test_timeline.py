@@ -1,14 +1,14 @@
-"""The CPU pieces of ``benchmarks/gpu_idle.py``: from a profiler trace to the idle shares it calls the truth."""
+"""The CPU pieces of the GPU idle test: from a profiler trace to the idle shares it calls the truth.
 
-import importlib.util
-from pathlib import Path
+Marked ``gpu`` with the rest of ``tests/gpu`` (the root conftest skips every test under a folder named ``gpu``
+without CUDA); they need no GPU and run in a second.
+"""
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_idle.py"
-_spec = importlib.util.spec_from_file_location("gpu_idle_benchmark", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.gpu import _timeline as timeline
+
+pytestmark = pytest.mark.gpu
 
 
 def _trace():
@@ -26,7 +26,8 @@ def _trace():
 
     for k in range(4):
         events.append(
-            {"ph": "X", "cat": "user_annotation", "name": f"{bench.STEP_PREFIX}{k}", "ts": 100 * k, "dur": 50}
+            {"ph": "X", "cat": "user_annotation", "name": f"{timeline.STEP_PREFIX}{k}", "ts": 100 * k,
+             "dur": 50}
         )
     kernel(10, 1000, 1030)
     kernel(20, 1030, 1060)
@@ -43,16 +44,16 @@ def _trace():
 
 
 def test_kernels_are_assigned_to_the_step_that_launched_them():
-    by_step, kernels = bench.step_kernels(bench.trace_events(_trace()))
+    by_step, kernels = timeline.step_kernels(timeline.trace_events(_trace()))
     assert sorted(by_step) == [0, 1, 2, 3]
     assert [len(by_step[k]) for k in range(4)] == [2, 2, 3, 2]
     assert len(kernels) == 10  # the one launched between steps is kept for the union
-    assert bench.training_stream(by_step) == 7
+    assert timeline.training_stream(by_step) == 7
 
 
 def test_truth_fractions_over_the_monitor_window():
-    by_step, kernels = bench.step_kernels(bench.trace_events(_trace()))
-    truth = bench.truth_fractions(by_step, kernels, first=1, last=3)
+    by_step, kernels = timeline.step_kernels(timeline.trace_events(_trace()))
+    truth = timeline.truth_fractions(by_step, kernels, first=1, last=3)
     # window: end of step 0 (1060) to end of step 3 (1280) = 220 us
     assert truth["truth_window_ms"] == pytest.approx(0.220)
     # between steps: 1070-1060, 1150-1130 (the gap kernel ends step 1's run), 1210-1210
@@ -63,10 +64,10 @@ def test_truth_fractions_over_the_monitor_window():
 
 
 def test_union_length_and_missing_steps():
-    assert bench.union_length([(0, 10), (5, 20), (30, 40)], 2, 35) == pytest.approx(18 + 5)
-    assert bench.union_length([], 0, 10) == 0.0
-    by_step, kernels = bench.step_kernels(bench.trace_events(_trace()))
+    assert timeline.union_length([(0, 10), (5, 20), (30, 40)], 2, 35) == pytest.approx(18 + 5)
+    assert timeline.union_length([], 0, 10) == 0.0
+    by_step, kernels = timeline.step_kernels(timeline.trace_events(_trace()))
     with pytest.raises(ValueError, match="step 4"):
-        bench.truth_fractions(by_step, kernels, first=1, last=4)
+        timeline.truth_fractions(by_step, kernels, first=1, last=4)
     with pytest.raises(ValueError, match="no kernel"):
-        bench.training_stream({})
+        timeline.training_stream({})
