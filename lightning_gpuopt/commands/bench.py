@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from lightning_gpuopt._checks import check_arg
+
 HELP = "benchmark a ladder of settings from naive to fully optimized"
 
 
@@ -115,10 +117,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
         ("--batch-size", args.batch_size, 1),
         ("--image-size", args.image_size, 8),
     ):
-        if value < low:
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise ValueError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
+        check_arg(value >= low, flag, value, f">= {low}")
+    budget = args.time_budget
+    check_arg(
+        budget is None or budget > 0, "--time-budget", budget, "> 0 seconds", fix="leave it out for no budget"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

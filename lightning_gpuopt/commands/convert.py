@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from lightning_gpuopt._checks import check_arg
+
 HELP = "convert a class-per-subfolder image folder to uint8 HDF5"
 
 
@@ -35,15 +37,16 @@ def _fail(message: str) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad arguments in the command line's own words (raises ``ValueError``, one line)."""
-    if args.size < 1:
-        raise ValueError(
-            f"--size must be a positive number of pixels (e.g. 256 for 224 crops), got {args.size}"
-        )
-    if args.workers is not None and args.workers < 0:
-        raise ValueError(
-            f"--workers must be 0 or more (0 or 1: decode in this process), got {args.workers}; "
-            "leave it out to use every CPU"
-        )
+    check_arg(
+        args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops"
+    )
+    check_arg(
+        args.workers is None or args.workers >= 0,
+        "--workers",
+        args.workers,
+        "0 or more (0 or 1: decode in this process)",
+        fix="leave it out to use every CPU",
+    )
     out = Path(args.out).expanduser()
     if not args.overwrite and out.exists() and not out.is_dir():
         raise ValueError(f"output {args.out!r} already exists; pass --overwrite or another name")

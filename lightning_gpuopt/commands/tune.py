@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg
+
 HELP = "measure loader throughput per num_workers (an HDF5 store: reading threads)"
 
 
@@ -71,12 +73,9 @@ def run(args: argparse.Namespace) -> int:
         dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
     candidates = None
     if args.candidates:
-        try:
-            candidates = [int(c) for c in args.candidates.split(",") if c.strip()]
-        except ValueError as err:
-            raise ValueError(
-                f"--candidates must be comma-separated integers, got {args.candidates!r}"
-            ) from err
+        counts = [_int_or_none(c) for c in args.candidates.split(",") if c.strip()]
+        check_arg(None not in counts, "--candidates", args.candidates, "comma-separated integers")
+        candidates = [int(c) for c in counts if c is not None]
     threads = isinstance(dataset, BatchReader)
     what = "reading threads (num_workers)" if threads else "num_workers"
     print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
@@ -108,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
             f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"
         )
     return 0
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _thread_loaders(dataset: Any, batch_size: int) -> Any:

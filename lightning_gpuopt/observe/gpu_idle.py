@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["IDLE_KEYS", "StreamIdleMeter", "idle_between_steps"]
+__all__ = ["BLOCKED_KEY", "IDLE_KEY", "IDLE_KEYS", "StreamIdleMeter", "idle_between_steps"]
 
+#: Key of the GPU's idle share between steps (``StreamIdleMeter.window()``).
+IDLE_KEY = "gpu/idle_frac"
+#: Key of the host's wait between batches while the GPU still ran earlier work (``StreamIdleMeter.window()``).
+BLOCKED_KEY = "time/gpu_blocked_frac"
 #: Keys ``StreamIdleMeter.window()`` can return.
-IDLE_KEYS: tuple[str, ...] = ("gpu/idle_frac", "time/gpu_blocked_frac")
+IDLE_KEYS: tuple[str, ...] = (IDLE_KEY, BLOCKED_KEY)
 
 
 def idle_between_steps(anchors: Sequence[float], starts: Sequence[float], ends: Sequence[float]) -> float:
@@ -163,9 +167,9 @@ class StreamIdleMeter:
                 self._anchor_step = None  # its end stays the anchor, now owned by the meter
         out: dict[str, float] = {}
         if gpu_span > 0:
-            out["gpu/idle_frac"] = gpu_idle / gpu_span
+            out[IDLE_KEY] = gpu_idle / gpu_span
         if host_total > 0:
-            out["time/gpu_blocked_frac"] = host_hidden / host_total
+            out[BLOCKED_KEY] = host_hidden / host_total
         return out
 
     @property

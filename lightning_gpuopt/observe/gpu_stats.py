@@ -8,11 +8,12 @@ from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_gpuopt._checks import check_arg, is_int, is_number
 from lightning_gpuopt._common import warn_once
-from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
+from lightning_gpuopt.observe._lifecycle import ReleasingCallback
+from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import (
@@ -28,10 +29,10 @@ __all__ = ["METRIC_KEYS", "GPUStatsMonitor"]
 #: Every key the monitor can log, in a fixed order (the ``all_ranks`` gather relies on it).
 METRIC_KEYS: tuple[str, ...] = (
     *GPU_KEYS,
-    "gpu/idle_frac",
+    IDLE_KEY,
     *HOST_KEYS,
     LOADER_KEY,
-    "time/gpu_blocked_frac",
+    BLOCKED_KEY,
     *CPU_KEYS,
 )
 
@@ -48,7 +49,7 @@ def _steps_per_epoch(trainer: pl.Trainer) -> int | None:
     return math.ceil(batches / max(int(trainer.accumulate_grad_batches), 1))
 
 
-class GPUStatsMonitor(Callback):
+class GPUStatsMonitor(ReleasingCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
     Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``. Every
@@ -135,27 +136,26 @@ class GPUStatsMonitor(Callback):
         nvml_index: int | None = None,
     ) -> None:
         super().__init__()
-        if (
-            isinstance(sample_period_s, bool)
-            or not isinstance(sample_period_s, (int, float))
-            or not sample_period_s > 0
-        ):
-            raise ValueError(f"sample_period_s must be a number of seconds > 0, got {sample_period_s!r}")
-        if log_every_n_steps is not None and (
-            not isinstance(log_every_n_steps, int)
-            or isinstance(log_every_n_steps, bool)
-            or log_every_n_steps < 1
-        ):
-            raise ValueError(
-                f"log_every_n_steps must be an int >= 1 or None (use the Trainer's), got {log_every_n_steps!r}"
-            )
-        if nvml_index is not None and (
-            not isinstance(nvml_index, int) or isinstance(nvml_index, bool) or nvml_index < 0
-        ):
-            raise ValueError(f"nvml_index must be an NVML device index >= 0 or None, got {nvml_index!r}")
+        check_arg(
+            is_number(sample_period_s) and sample_period_s > 0,
+            "sample_period_s",
+            sample_period_s,
+            "a number of seconds > 0",
+        )
+        check_arg(
+            log_every_n_steps is None or (is_int(log_every_n_steps) and log_every_n_steps >= 1),
+            "log_every_n_steps",
+            log_every_n_steps,
+            "an int >= 1 or None (use the Trainer's)",
+        )
+        check_arg(
+            nvml_index is None or (is_int(nvml_index) and nvml_index >= 0),
+            "nvml_index",
+            nvml_index,
+            "an NVML device index >= 0 or None",
+        )
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
+            check_arg(isinstance(value, bool), name, value, "True or False", error=TypeError)
         self.sample_period_s = float(sample_period_s)
         self.log_every_n_steps = log_every_n_steps
         self.gpu = gpu
@@ -245,16 +245,6 @@ class GPUStatsMonitor(Callback):
             sampler.stop()
         self._idle = None
         self._cpu = None
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._release()
-
-    @override
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._release()
 
     # ------------------------------------------------------------------------------------------ timing
     def _mark(self) -> None:

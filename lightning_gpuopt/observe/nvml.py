@@ -17,11 +17,21 @@ from typing import Any
 
 import torch
 
+from lightning_gpuopt._checks import check_arg, is_int, is_number
 from lightning_gpuopt._imports import require
 
-__all__ = ["GPU_KEYS", "NVMLSampler", "normalize_uuid", "nvml_device_index", "parse_cuda_visible_devices"]
+__all__ = [
+    "GPM_KEYS",
+    "GPU_KEYS",
+    "NVMLSampler",
+    "normalize_uuid",
+    "nvml_device_index",
+    "parse_cuda_visible_devices",
+]
 
-# Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
+#: Keys NVMLSampler.window() computes from GPM sample pairs (Hopper and newer).
+GPM_KEYS: tuple[str, ...] = ("gpu/sm_active", "gpu/sm_occupancy", "gpu/tensor_active")
+#: Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
 GPU_KEYS: tuple[str, ...] = (
     "gpu/util",
     "gpu/util_min",
@@ -31,9 +41,7 @@ GPU_KEYS: tuple[str, ...] = (
     "gpu/power_w",
     "gpu/temp_c",
     "gpu/sm_clock_mhz",
-    "gpu/sm_active",
-    "gpu/sm_occupancy",
-    "gpu/tensor_active",
+    *GPM_KEYS,
 )
 
 _GB = 1024**3
@@ -88,8 +96,7 @@ def _torch_cuda_index(device: torch.device | int | str | None) -> int:
     if isinstance(device, int):
         return device
     device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"nvml_device_index needs a CUDA device, got {device}")
+    check_arg(device.type == "cuda", "device", device, "a CUDA device", fix="NVML numbers GPUs only")
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
@@ -239,10 +246,8 @@ class NVMLSampler:
     def __init__(
         self, index: int, period_s: float = 0.1, gpm: bool = True, gpm_min_interval_s: float = 0.2
     ) -> None:
-        if not isinstance(index, int) or index < 0:
-            raise ValueError(f"index must be an NVML device index >= 0, got {index!r}")
-        if not period_s > 0:
-            raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
+        check_arg(is_int(index) and index >= 0, "index", index, "an NVML device index >= 0")
+        check_arg(is_number(period_s) and period_s > 0, "period_s", period_s, "> 0 seconds")
         self.index = index
         self.period_s = float(period_s)
         self.gpm = gpm
@@ -380,7 +385,7 @@ class NVMLSampler:
             return
         _GPM_WARNED.add(self.index)
         warnings.warn(
-            f"NVML GPM metrics (gpu/sm_active, gpu/sm_occupancy, gpu/tensor_active) are not available on NVML "
+            f"NVML GPM metrics ({', '.join(GPM_KEYS)}) are not available on NVML "
             f"device {self.index}: {err}. Continuing without them.",
             RuntimeWarning,
             stacklevel=2,
@@ -480,11 +485,12 @@ class NVMLSampler:
         if dt < self.gpm_min_interval_s:
             return []
         first, second = self._gpm_samples
-        metric_ids = {
-            "gpu/sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
-            "gpu/sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-            "gpu/tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-        }
+        # in GPM_KEYS order
+        metric_ids = (
+            pynvml.NVML_GPM_METRIC_SM_UTIL,
+            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        )
         try:
             pynvml.nvmlGpmSampleGet(self._handle, second)
             query = pynvml.c_nvmlGpmMetricsGet_t()
@@ -492,7 +498,7 @@ class NVMLSampler:
             query.numMetrics = len(metric_ids)
             query.sample1 = first
             query.sample2 = second
-            for i, metric_id in enumerate(metric_ids.values()):
+            for i, metric_id in enumerate(metric_ids):
                 query.metrics[i].metricId = metric_id
             pynvml.nvmlGpmMetricsGet(query)
         except pynvml.NVMLError as err:
@@ -502,7 +508,7 @@ class NVMLSampler:
         self._gpm_samples = [second, first]
         self._gpm_prev_t = now
         out = []
-        for i, key in enumerate(metric_ids):
+        for i, key in enumerate(GPM_KEYS):
             metric = query.metrics[i]
             if int(metric.nvmlReturn) == pynvml.NVML_SUCCESS and math.isfinite(metric.value):
                 out.append((key, float(metric.value), dt))
@@ -528,7 +534,7 @@ class NVMLSampler:
             if rates is not None:
                 out["gpu/util"] = out["gpu/util_min"] = rates[0]
                 out.setdefault("gpu/mem_util", rates[1])
-        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPU_KEYS[8:]):
+        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPM_KEYS):
             if key in stats:
                 out[key] = stats[key].mean
             elif key in latest:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast, get_args
 
 import lightning.pytorch as pl
 import torch
@@ -27,7 +27,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.observe._lifecycle import ReleasingCallback
 from lightning_gpuopt.observe.nvtx_backends import DEFAULT_DOMAIN, BackendName, make_backend
 
 __all__ = ["PHASE_COLORS", "NVTXRanges", "RangeStack", "add_module_ranges", "make_backend"]
@@ -47,6 +49,8 @@ PHASE_COLORS: dict[str, int] = {
 }
 
 _MODULE_COLOR = PHASE_COLORS["module"]
+
+_BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 
 # ------------------------------------------------------------------------------------------ range stack
@@ -221,7 +225,7 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
 
 
 # ------------------------------------------------------------------------------------------- callback
-class NVTXRanges(pl.Callback):
+class NVTXRanges(ReleasingCallback):
     """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
 
     On the trainer's thread, in the domain ``domain`` (``nvtx`` backend) with one color per phase::
@@ -282,26 +286,35 @@ class NVTXRanges(pl.Callback):
         backend: BackendName = "auto",
         domain: str = DEFAULT_DOMAIN,
     ) -> None:
-        if isinstance(module_depth, bool) or not isinstance(module_depth, int) or module_depth < 0:
-            raise ValueError(
-                f"module_depth must be an int >= 0 (0 turns module ranges off), got {module_depth!r}"
-            )
-        if not isinstance(module_root, str):
-            raise TypeError(
-                f"module_root must be a dotted attribute path str such as 'model', got {module_root!r}"
-            )
-        if (start_step is None) != (stop_step is None):
-            raise ValueError("start_step and stop_step go together: give both (e.g. 100 and 110) or neither")
+        check_arg(
+            is_int(module_depth) and module_depth >= 0,
+            "module_depth",
+            module_depth,
+            "an int >= 0",
+            fix="0 turns module ranges off",
+        )
+        check_arg(
+            isinstance(module_root, str),
+            "module_root",
+            module_root,
+            "a dotted attribute path str such as 'model'",
+            error=TypeError,
+        )
+        check_arg(
+            (start_step is None) == (stop_step is None),
+            "start_step and stop_step",
+            (start_step, stop_step),
+            "both given or both None",
+            fix="e.g. start_step=100, stop_step=110",
+        )
         if start_step is not None and stop_step is not None:
             for arg, value in (("start_step", start_step), ("stop_step", stop_step)):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
-            if stop_step <= start_step:
-                raise ValueError(f"stop_step ({stop_step}) must be greater than start_step ({start_step})")
-        if backend not in ("auto", "nvtx", "torch"):
-            raise ValueError(f"backend must be 'auto', 'nvtx' or 'torch', got {backend!r}")
-        if not isinstance(domain, str) or not domain:
-            raise ValueError(f"domain must be a non-empty str, got {domain!r}")
+                check_arg(is_int(value) and value >= 0, arg, value, "an int >= 0")
+            check_arg(
+                stop_step > start_step, "stop_step", stop_step, f"greater than start_step ({start_step})"
+            )
+        check_arg(backend in _BACKENDS, "backend", backend, f"one of {_BACKENDS}")
+        check_arg(isinstance(domain, str) and bool(domain), "domain", domain, "a non-empty str")
         self.module_depth = module_depth
         self.module_root = module_root
         self.start_step = start_step
@@ -337,16 +350,20 @@ class NVTXRanges(pl.Callback):
         # After configure_model (which runs after setup), so lazily built layers get hooks too.
         if self.module_depth == 0 or self._handles or self._ranges is None:
             return
-        root: nn.Module = pl_module
+        root: nn.Module | None = pl_module
         if self.module_root:
             try:
                 root = pl_module.get_submodule(self.module_root)
-            except AttributeError as err:
-                raise ValueError(
-                    f"module_root={self.module_root!r} is not a submodule of {type(pl_module).__name__}; "
-                    "give the dotted attribute path of one, e.g. 'model'"
-                ) from err
-        self._handles = add_module_ranges(root, self.module_depth, self._ranges)
+            except AttributeError:
+                root = None
+        check_arg(
+            root is not None,
+            "module_root",
+            self.module_root,
+            f"the dotted attribute path of a submodule of {type(pl_module).__name__}",
+            fix="e.g. 'model'",
+        )
+        self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self._ranges)
 
     def _remove_module_hooks(self) -> None:
         for handle in self._handles:
@@ -364,18 +381,6 @@ class NVTXRanges(pl.Callback):
         self._ranges = None
         self._emit = False
         self._tokens = {}
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._release()
-
-    @override
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        # Lightning 2.x calls on_exception but not the callbacks' teardown when fit raises (also on
-        # KeyboardInterrupt), so release everything here.
-        self._release()
 
     # ---- capture window
     def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -493,8 +498,7 @@ class NVTXRanges(pl.Callback):
                 self._stop_capture(trainer)
             # so the data wait before the first captured step is in the window
             self._start_capture(trainer, pl_module)
-        if self._emit and self.data_wait and not ranges.is_open("data wait"):
-            ranges.push_prepared(self._token("data wait"), "data wait")
+        self._open_data_wait()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

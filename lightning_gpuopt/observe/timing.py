@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lightning_gpuopt._checks import is_number
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR
 
 __all__ = ["HOST_KEYS", "LOADER_KEY", "StepTimer", "batch_size_of", "loader_fetch_seconds"]
@@ -42,7 +43,7 @@ def loader_fetch_seconds(loaders: Any) -> float | None:
     total = 0.0
     for loader in items:
         value = getattr(loader, FETCH_SECONDS_ATTR, None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not (is_number(value) and math.isfinite(value)):
             return None
         total += float(value)
     return total

@@ -232,7 +232,7 @@ class FakeMonitor(GPUStatsMonitor):
 
 
 # the real monitor's other hooks stay out of the fake's way
-for _name in [n for n in vars(GPUStatsMonitor) if n.startswith("on_") or n in ("setup", "teardown")]:
+for _name in [n for n in dir(GPUStatsMonitor) if n.startswith("on_") or n in ("setup", "teardown")]:
     if _name not in vars(FakeMonitor):
         setattr(FakeMonitor, _name, lambda self, *args, **kwargs: None)
 

@@ -19,7 +19,7 @@ from lightning_gpuopt._common import _warnings
 from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
 from lightning_gpuopt.observe.gpu_stats import METRIC_KEYS
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS
-from lightning_gpuopt.observe.nvml import GPU_KEYS
+from lightning_gpuopt.observe.nvml import GPM_KEYS, GPU_KEYS
 from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY
 from tests._ddp import CloseProcessGroup
 from tests.observe.fake_cuda_events import host_clock_event
@@ -469,9 +469,9 @@ def test_gpu_fit_tensorboard_event_file_holds_the_keys(tmp_path):
     )
     trainer.fit(GPUModule())
     assert monitor.sampler is None and not _sampler_threads()
-    expected = set(GPU_KEYS[:8]) | HOST_ONLY | CUDA_ONLY
+    expected = set(GPU_KEYS) - set(GPM_KEYS) | HOST_ONLY | CUDA_ONLY
     if torch.cuda.get_device_capability(0) >= (9, 0):  # Hopper and newer answer GPM
-        expected |= set(GPU_KEYS[8:])
+        expected |= set(GPM_KEYS)
     tb = _tb_scalars(logger.log_dir)
     print(f"\nlast window: {monitor.last_window}\ntensorboard tags: {sorted(tb)}")
     missing = expected - set(tb)

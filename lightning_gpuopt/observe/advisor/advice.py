@@ -70,6 +70,7 @@ def input_bound(
     """Advice of an ``input-bound`` verdict of ``cause``; ``head`` states what was measured."""
     w = cfg.num_workers
     suggest = max(1, (cores_per_process or 2) - 1)
+    threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
     if cause == "too-many-workers":
         text = (
             f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "
@@ -88,18 +89,18 @@ def input_bound(
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
     elif cause == "dali-bound":
-        threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
+        slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
         if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process):
             # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
             text = (
-                f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
+                f"{slow_threads} "
                 f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
                 f"{_STORE}: its reading threads deliver several times what a GPU trains. More cores per GPU "
                 "add decoding threads."
             )
         elif cfg.decoder == "cpu":
             text = (
-                f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains "
+                f"{slow_threads} "
                 '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
                 'these few cores a GPU, or store decoded uint8 once (backend="hdf5").'
             )
@@ -110,7 +111,6 @@ def input_bound(
                 '(backend="hdf5").'
             )
     elif cause == "store-bound":
-        threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
         text = (
             f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
             "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "

@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import FeedInfo
+from lightning_gpuopt.observe._lifecycle import ReleasingCallback
 from lightning_gpuopt.observe.advisor.config import (
     collect_config,
     describe_feed,
@@ -25,7 +26,7 @@ from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
+from lightning_gpuopt.observe.timing import StepTimer, batch_size_of, loader_fetch_seconds
 
 __all__ = ["BottleneckAdvisor"]
 
@@ -34,7 +35,7 @@ _MIN_WINDOW = 2  # a shorter window is one batch's noise
 _HISTORY = 1000
 
 
-class BottleneckAdvisor(Callback):
+class BottleneckAdvisor(ReleasingCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
     After warm-up it judges the run one window at a time: its own host timing (step time, data wait, time
@@ -121,16 +122,17 @@ class BottleneckAdvisor(Callback):
             ("min_windows", min_windows, 1),
             ("clear_windows", clear_windows, 1),
         ):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if thresholds is not None and not isinstance(thresholds, AdvisorThresholds):
-            raise TypeError(
-                "thresholds must be an AdvisorThresholds instance, e.g. AdvisorThresholds(gpu_idle_frac=0.05)"
-            )
-        if not isinstance(verbose, bool):
-            raise TypeError(f"verbose must be True or False, got {verbose!r}")
+            check_arg(is_int(value), name, value, "an int", error=TypeError)
+            check_arg(value >= low, name, value, f"an int >= {low}")
+        check_arg(
+            thresholds is None or isinstance(thresholds, AdvisorThresholds),
+            "thresholds",
+            thresholds,
+            "an AdvisorThresholds instance or None",
+            fix="e.g. AdvisorThresholds(gpu_idle_frac=0.05)",
+            error=TypeError,
+        )
+        check_arg(isinstance(verbose, bool), "verbose", verbose, "True or False", error=TypeError)
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.min_windows = min_windows
@@ -298,16 +300,6 @@ class BottleneckAdvisor(Callback):
                 rank_zero_info(self.summary())
         self._release()
 
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._release()
-
-    @override
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._release()
-
     # -- work ------------------------------------------------------------------------------------------------
     def _release(self) -> None:
         self._timer = None
@@ -341,8 +333,7 @@ class BottleneckAdvisor(Callback):
         return Evidence.mean_of(fresh)
 
     def _fetch_seconds(self, trainer: pl.Trainer) -> float | None:
-        value: Any = getattr(train_loader(trainer), FETCH_SECONDS_ATTR, None)
-        return float(value) if finite(value) else None
+        return loader_fetch_seconds(train_loader(trainer))
 
     def _host_evidence(self, trainer: pl.Trainer) -> Evidence:
         """This window's host timing from the advisor's own timer, plus the share spent inside the loader."""

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg, is_number
+
 __all__ = ["METRIC_FIELDS", "Evidence", "RankEvidence", "RunConfig", "finite"]
 
 #: logged metric key (``GPUStatsMonitor`` and the advisor's own timer) -> :class:`Evidence` field
@@ -40,7 +42,7 @@ _MIN_KEYS = frozenset({"gpu/util_min"})
 
 def finite(value: Any) -> bool:
     """Whether ``value`` is a real, finite number (not a bool, not NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -238,8 +240,14 @@ class RunConfig:
         """Build from a dict of field names; unknown keys raise ``TypeError`` naming them."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
-        if unknown:
-            raise TypeError(f"unknown RunConfig field(s) {unknown}; valid fields: {sorted(names)}")
+        check_arg(
+            not unknown,
+            "every key of d",
+            unknown,
+            "a RunConfig field",
+            fix=f"valid fields: {sorted(names)}",
+            error=TypeError,
+        )
         kwargs = dict(d)
         if kwargs.get("capability") is not None:
             kwargs["capability"] = tuple(int(x) for x in kwargs["capability"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt.observe.advisor.verdict import Verdict, sort_verdicts
 
 __all__ = ["Hysteresis", "format_summary", "markdown"]
@@ -25,8 +26,8 @@ class Hysteresis:
     """
 
     def __init__(self, raise_after: int = 2, clear_after: int = 2) -> None:
-        if raise_after < 1 or clear_after < 1:
-            raise ValueError("raise_after and clear_after must be >= 1")
+        for name, value in (("raise_after", raise_after), ("clear_after", clear_after)):
+            check_arg(value >= 1, name, value, ">= 1 (windows)")
         self.raise_after = raise_after
         self.clear_after = clear_after
         self.on: dict[str, int] = {}
