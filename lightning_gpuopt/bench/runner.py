@@ -407,6 +407,8 @@ class LadderRunner:
         missing."""
         cfg = self.cfg
         if spec.loader == "naive":
+            from lightning_gpuopt.data.loader import PREFETCH_FACTOR
+
             dataset = NaiveImageFolder(self.data, size=cfg.image_size)
             workers = self._tuned_naive_workers(dataset) if spec.tuned_workers else 0
             row.update(backend="PIL float (CPU)", num_workers=workers, pin_memory=spec.pin_memory)
@@ -418,7 +420,7 @@ class LadderRunner:
                 pin_memory=spec.pin_memory,
                 drop_last=True,
                 persistent_workers=workers > 0,
-                prefetch_factor=4 if workers > 0 else None,
+                prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
             )
         if spec.loader == "device":
             mf = torch.channels_last if spec.channels_last else torch.contiguous_format

@@ -16,19 +16,21 @@ A canvas costs ``3 * storage_size * ceil(storage_size * 1.5)`` bytes (294,912 at
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
+from lightning_gpuopt._checks import check_arg, is_int
+
 #: long side / short side the canvas holds at full resolution (covers 4:3 and 3:2 photos).
 MAX_ASPECT = 1.5
-#: entries of a sample's ``meta``: valid rows, valid columns, stored transposed (0 or 1).
-META_FIELDS = ("h", "w", "transposed")
 
 
 def canvas_shape(storage_size: int) -> tuple[int, int]:
     """``(height, width)`` of the canvas for ``storage_size`` (the shorter side of a stored image)."""
-    if not isinstance(storage_size, int) or isinstance(storage_size, bool) or storage_size < 1:
-        raise ValueError(f"storage_size must be a positive int (pixels), got {storage_size!r}")
+    check_arg(
+        is_int(storage_size) and storage_size >= 1, "storage_size", storage_size, "a positive int (pixels)"
+    )
     return storage_size, math.ceil(storage_size * MAX_ASPECT)
 
 
@@ -56,13 +58,13 @@ def to_rgb8(img: object) -> object:
     """
     from PIL import Image
 
-    if not isinstance(img, Image.Image):
-        raise TypeError(f"to_rgb8 takes a PIL image, got {type(img).__name__}")
-    mode = img.mode
+    check_arg(isinstance(img, Image.Image), "img", type(img).__name__, "a PIL image", error=TypeError)
+    pil = cast("Image.Image", img)
+    mode = pil.mode
     if mode == "RGB":
-        return img
+        return pil
     if mode.startswith("I;16") or mode == "I" or mode == "F":
-        arr = np.asarray(img)
+        arr = np.asarray(pil)
         if mode == "F":
             arr = arr.astype(np.float64)
             finite = arr[np.isfinite(arr)]
@@ -74,7 +76,7 @@ def to_rgb8(img: object) -> object:
             grey = np.clip(arr, 0, 65535) / 257.0 if sixteen else np.clip(arr, 0, 255)
         grey8 = np.round(grey).astype(np.uint8)
         return Image.fromarray(np.stack([grey8] * 3, axis=-1), mode="RGB")
-    return img.convert("RGB")
+    return pil.convert("RGB")
 
 
 def place_on_canvas(
@@ -90,16 +92,16 @@ def place_on_canvas(
     if transposed:
         rgb = rgb.transpose(1, 0, 2)
     h, w = rgb.shape[:2]
-    if h > ch or w > cw:
-        raise ValueError(f"image of {h}x{w} does not fit a {ch}x{cw} canvas; resize it with resized_size()")
+    check_arg(
+        h <= ch and w <= cw,
+        "rgb",
+        f"{h}x{w}",
+        f"an image that fits a {ch}x{cw} canvas",
+        "resize it with resized_size()",
+    )
     canvas = np.zeros((ch, cw, 3), dtype=np.uint8) if out is None else out
     canvas[:h, :w] = rgb
     if out is not None:
         canvas[h:, :] = 0
         canvas[:h, w:] = 0
     return canvas, np.array([h, w, int(transposed)], dtype=np.int32)
-
-
-def full_meta(height: int, width: int) -> np.ndarray:
-    """``meta`` of an image that fills its whole ``height x width`` array (a user dataset's fixed-size image)."""
-    return np.array([height, width, 0], dtype=np.int32)

@@ -41,9 +41,41 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from lightning_gpuopt import _compat
-from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
 from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
 from lightning_gpuopt.data._lifetime import WorkerInit
+from lightning_gpuopt.data.transforms import full_image_meta
+
+#: the splits a DataModule builds loaders for (Lightning's ``<split>_dataloader`` hooks).
+SPLITS = ("train", "val", "test", "predict")
+#: batches each DataLoader worker prepares ahead, wherever this package builds or measures a loader.
+PREFETCH_FACTOR = 4
+
+
+def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) -> Iterator[Any]:
+    """``batches`` (at most ``limit`` of them), adding the seconds each ``next()`` on them took to
+    ``owner``'s ``fetch_seconds`` (``_common.FETCH_SECONDS_ATTR``): the time its consumer waited for batches.
+
+    Example:
+        >>> class Loader:
+        ...     fetch_seconds = 0.0
+        >>> loader = Loader()
+        >>> list(timed_batches(loader, iter(range(5)), limit=3)), loader.fetch_seconds > 0
+        ([0, 1, 2], True)
+    """
+    count = 0
+    while limit is None or count < limit:
+        start = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        finally:
+            setattr(
+                owner, FETCH_SECONDS_ATTR, getattr(owner, FETCH_SECONDS_ATTR) + time.perf_counter() - start
+            )
+        count += 1
+        yield batch
 
 
 class UInt8Collate:
@@ -77,8 +109,7 @@ class UInt8Collate:
         )
 
     def __call__(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if not batch:
-            raise ValueError(f"{self.source}: empty batch")
+        check_arg(bool(batch), "batch", batch, f"a non-empty list of samples from {self.source}")
         first = batch[0]
         if not isinstance(first, (tuple, list)) or len(first) not in (2, 3):
             raise self._fail(f"got a sample of type {type(first).__name__}")
@@ -106,12 +137,12 @@ class UInt8Collate:
                 "a fixed size on the CPU, or keep the whole image on a canvas (lightning_gpuopt.data.layout)"
             ) from err
         labels = torch.tensor([int(s[1]) for s in batch], dtype=torch.int64)
-        return out, labels, self._meta(batch, shape)
+        return out, labels, self._meta(batch, out)
 
-    def _meta(self, batch: Sequence[Any], shape: tuple[int, ...]) -> torch.Tensor:
-        n = len(batch)
+    def _meta(self, batch: Sequence[Any], images: torch.Tensor) -> torch.Tensor:
+        n, shape = len(batch), tuple(images.shape[1:])
         if len(batch[0]) == 2:
-            return torch.tensor([shape[0], shape[1], 0], dtype=torch.int32).repeat(n, 1)
+            return full_image_meta(images)
         try:
             meta = np.stack([np.asarray(s[2]) for s in batch]).astype(np.int32, casting="same_kind")
         except (ValueError, TypeError) as err:
@@ -199,22 +230,32 @@ class HostDataLoader(DataLoader):
         self.feed_info = feed_info
         check_arg(is_int(read_threads) and read_threads >= 0, "read_threads", read_threads, "an int >= 0")
         if read_threads:
-            if not isinstance(self.dataset, BatchReader):
-                raise TypeError(
-                    f"read_threads={read_threads} needs a dataset with image_shape and read_into(indices, "
-                    f"images) (a BatchReader, e.g. HDF5ImageDataset), got {type(self.dataset).__name__}; "
-                    "pass read_threads=0 and num_workers=N for DataLoader worker processes"
-                )
-            if self.num_workers or self.batch_sampler is None:
-                raise ValueError(
-                    f"read_threads={read_threads} reads batches on threads: pass num_workers=0 (got "
-                    f"{self.num_workers}) and a batch_size or batch_sampler"
-                )
+            check_arg(
+                isinstance(self.dataset, BatchReader),
+                f"the dataset of read_threads={read_threads}",
+                type(self.dataset).__name__,
+                "one with image_shape and read_into(indices, images) (a BatchReader, e.g. HDF5ImageDataset)",
+                "pass read_threads=0 and num_workers=N for DataLoader worker processes",
+                error=TypeError,
+            )
+            check_arg(
+                not self.num_workers,
+                "num_workers",
+                self.num_workers,
+                f"0 with read_threads={read_threads} (batches are read on threads of this process)",
+                "pass num_workers=0",
+            )
+            check_arg(
+                self.batch_sampler is not None,
+                "batch_size",
+                None,
+                f"an int (or a batch_sampler given) with read_threads={read_threads}: threads read whole batches",
+            )
         self.read_threads = read_threads
         setattr(self, FETCH_SECONDS_ATTR, 0.0)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return self._timed(self._batches(), None)
+        return timed_batches(self, self._batches())
 
     def _index_batches(self) -> Any:
         """The batches of indices the reading threads read: one pass over the batch sampler."""
@@ -225,21 +266,6 @@ class HostDataLoader(DataLoader):
         if self.read_threads:
             return _read_batches(self)
         return DataLoader.__iter__(self)
-
-    def _timed(self, source: Iterator[Any], n: int | None) -> Iterator[Any]:
-        count = 0
-        while n is None or count < n:
-            start = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                return
-            finally:
-                setattr(
-                    self, FETCH_SECONDS_ATTR, getattr(self, FETCH_SECONDS_ATTR) + time.perf_counter() - start
-                )
-            count += 1
-            yield batch
 
 
 def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -376,8 +402,13 @@ class ContinuousDataLoader(HostDataLoader):
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self.batch_sampler is None:
-            raise TypeError("ContinuousDataLoader needs automatic batching: pass batch_size (not None)")
+        check_arg(
+            self.batch_sampler is not None,
+            "batch_size",
+            None,
+            "an int: ContinuousDataLoader needs automatic batching",
+            error=TypeError,
+        )
         source = self._continuous_iter
         if source is not None and inspect.isgenerator(source) and source.gi_frame is None:
             # a reading or staging generator that an error ended: start afresh rather than yield nothing
@@ -391,7 +422,7 @@ class ContinuousDataLoader(HostDataLoader):
                     source, torch.device("cuda", torch.cuda.current_device()), self.device_transform
                 )
             self._continuous_iter = source
-        return self._timed(source, len(self))
+        return timed_batches(self, source, len(self))
 
     def close(self) -> None:
         """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh."""

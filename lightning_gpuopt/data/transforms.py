@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 from lightning_gpuopt._checks import check_arg, check_pair, is_int, is_number
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
 CROP_ATTEMPTS = 10
@@ -68,23 +69,34 @@ def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
 
     Only metadata is read (no device sync).
     """
-    if not isinstance(images, torch.Tensor):
-        raise TypeError(
-            f"{where}: expected a uint8 image tensor of shape (N, H, W, C), got {type(images).__name__}"
-        )
-    if images.dtype != torch.uint8:
-        raise TypeError(
-            f"{where}: expected uint8 images (N, H, W, C), got dtype {images.dtype}. Datasets feeding "
-            "OptimizedDataModule must return uint8 HWC images (0..255); normalization and float conversion "
-            "happen on the GPU. Return e.g. `np.asarray(pil_image)` instead of a float tensor."
-        )
-    if images.dim() != 4 or images.shape[-1] not in (1, 3, 4):
-        raise TypeError(
-            f"{where}: expected uint8 images of shape (N, H, W, C) with C in (1, 3, 4) (HWC per sample), got "
-            f"shape {tuple(images.shape)}. If your dataset returns CHW images, return HWC instead "
-            "(`img.permute(1, 2, 0)` / `arr.transpose(1, 2, 0)`)."
-        )
-    return images
+    name = f"{where}'s images"
+    check_arg(
+        isinstance(images, torch.Tensor),
+        name,
+        type(images).__name__,
+        "a uint8 image tensor of shape (N, H, W, C)",
+        error=TypeError,
+    )
+    tensor = cast(torch.Tensor, images)
+    check_arg(
+        tensor.dtype == torch.uint8,
+        name,
+        f"dtype {tensor.dtype}",
+        "uint8 (N, H, W, C)",
+        "datasets feeding OptimizedDataModule must return uint8 HWC images (0..255); normalization and float "
+        "conversion happen on the GPU. Return e.g. `np.asarray(pil_image)` instead of a float tensor",
+        error=TypeError,
+    )
+    check_arg(
+        tensor.dim() == 4 and tensor.shape[-1] in (1, 3, 4),
+        name,
+        f"shape {tuple(tensor.shape)}",
+        "uint8 of shape (N, H, W, C) with C in (1, 3, 4) (HWC per sample)",
+        "if your dataset returns CHW images, return HWC instead (`img.permute(1, 2, 0)` / "
+        "`arr.transpose(1, 2, 0)`)",
+        error=TypeError,
+    )
+    return tensor
 
 
 def full_image_meta(images: torch.Tensor) -> torch.Tensor:
@@ -304,8 +316,12 @@ def normalize(
     copied to the device on each call; ``GPUAugment`` caches them instead.
     """
     c = images.shape[1]
-    if len(mean) != c or len(std) != c:
-        raise ValueError(f"mean/std have {len(mean)}/{len(std)} values but the images have {c} channels")
+    check_arg(
+        len(mean) == c and len(std) == c,
+        "mean/std",
+        (tuple(mean), tuple(std)),
+        f"one value per channel ({c})",
+    )
     compute = images.dtype if images.dtype.is_floating_point else torch.float32
     scale = torch.tensor([input_scale / s for s in std], dtype=compute).view(1, c, 1, 1)
     bias = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)], dtype=compute).view(1, c, 1, 1)
@@ -453,19 +469,23 @@ class GPUAugment(nn.Module):
             meta: int ``(N, 3)`` ``(h, w, transposed)``; ``None``: every array is a whole upright image.
             train: random crop + flip (True) or the evaluation view (False); ``None`` follows ``self.training``.
         """
-        check_uint8_nhwc(images, f"{type(self).__name__}.forward")
-        if images.shape[-1] != len(self.mean):
-            raise ValueError(
-                f"images have {images.shape[-1]} channels but mean/std have {len(self.mean)} values; "
-                "pass one mean/std value per channel"
-            )
+        where = f"{type(self).__name__}.forward"
+        check_uint8_nhwc(images, where)
+        check_arg(
+            images.shape[-1] == len(self.mean),
+            f"{where}'s images",
+            f"{images.shape[-1]} channels",
+            f"{len(self.mean)} channels, one per mean/std value",
+            "pass one mean/std value per channel",
+        )
         device = images.device
         meta = full_image_meta(images) if meta is None else meta.to(device)
-        if meta.dim() != 2 or meta.shape != (images.shape[0], 3):
-            raise ValueError(
-                f"{type(self).__name__}.forward: meta must be (N, 3) = (h, w, transposed) per sample, got shape "
-                f"{tuple(meta.shape)} for {images.shape[0]} images (lightning_gpuopt.data.layout)"
-            )
+        check_arg(
+            meta.dim() == 2 and meta.shape == (images.shape[0], 3),
+            f"{where}'s meta",
+            f"shape {tuple(meta.shape)} for {images.shape[0]} images",
+            "(N, 3) = (h, w, transposed) per sample (lightning_gpuopt.data.layout)",
+        )
         train = self.training if train is None else train
         if train:
             boxes = self.sample_boxes(meta, self.generator)

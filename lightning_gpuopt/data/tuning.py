@@ -31,9 +31,10 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from lightning_gpuopt import _compat
+from lightning_gpuopt._checks import check_arg, is_number
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
 from lightning_gpuopt._common import cache_dir as _cache_folder
-from lightning_gpuopt._checks import check_arg, is_number
+from lightning_gpuopt.data.loader import PREFETCH_FACTOR
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
 # smaller batches each worker delivers several batches a second, so the rate settles within a short budget
@@ -330,7 +331,7 @@ def tune_num_workers(
         kwargs = dict(loader_kwargs or {})
         if "sampler" not in kwargs and "batch_sampler" not in kwargs and kwargs.pop("shuffle", True):
             kwargs["sampler"] = endless_sampler(dataset, batch_size)
-        prefetch = kwargs.pop("prefetch_factor", None) or 4
+        prefetch = kwargs.pop("prefetch_factor", None) or PREFETCH_FACTOR
 
         def from_dataset(n: int) -> Iterable[Any]:
             extra: dict[str, Any] = {"prefetch_factor": prefetch} if n > 0 else {}
@@ -438,7 +439,7 @@ def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Calla
             collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory if pin_memory is None else pin_memory,
             num_workers=n,
-            prefetch_factor=(loader.prefetch_factor or 2) if n > 0 else None,
+            prefetch_factor=(loader.prefetch_factor or PREFETCH_FACTOR) if n > 0 else None,
             worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context if n > 0 else None,
         )
@@ -458,11 +459,11 @@ class WorkerTuner(pl.Callback):
 
     At ``on_train_start`` (loaders are built but not yet iterated) each training ``DataLoader`` is
     measured with ``tune_num_workers`` (same dataset, collate_fn and pin_memory, batches of at most
-    ``MEASURE_BATCH_SIZE`` samples, worker
-    counts up to the CPUs per local rank) and, with ``apply=True``, its ``num_workers`` is set to the result
-    before the first epoch starts (``DataLoader`` allows changing ``num_workers`` after construction; a
-    ``prefetch_factor`` of None is set to 2). Under DDP every rank measures at the same time (so contention
-    is realistic) and rank zero's answer is used everywhere. Results are cached, so the next run starts
+    ``MEASURE_BATCH_SIZE`` samples, worker counts up to the CPUs per local rank) and, with ``apply=True``, its
+    ``num_workers`` is set to the result before the first epoch starts (``DataLoader`` allows changing
+    ``num_workers`` after construction; a ``prefetch_factor`` of None is set to ``loader.PREFETCH_FACTOR``,
+    as it was measured). Under DDP every rank measures at the same time (so contention is realistic) and
+    rank zero's answer is used everywhere. Results are cached, so the next run starts
     at once. Validation loaders are left alone.
 
     Limits: the change takes effect at the loader's next ``iter()``; the fit loop first iterates it after
@@ -550,7 +551,7 @@ class WorkerTuner(pl.Callback):
             if self.apply and best != loader.num_workers:
                 loader.num_workers = best
                 if best > 0 and loader.prefetch_factor is None:
-                    loader.prefetch_factor = 2
+                    loader.prefetch_factor = PREFETCH_FACTOR
                 if best == 0:
                     loader.prefetch_factor = None
             self.num_workers = best
