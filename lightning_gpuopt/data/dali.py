@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +24,11 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt.data.dali_pipeline import (
     DALI_HW_DECODER_LOAD,
+    DECODERS,
     READER_NAME,
     build_dali_pipeline,
     choose_decoder,
@@ -40,6 +40,7 @@ from lightning_gpuopt.data.dali_pipeline import (
     thread_ids,
     validate_image_files,
 )
+from lightning_gpuopt.data.loader import SPLITS, timed_batches
 from lightning_gpuopt.data.transforms import AugmentConfig
 
 __all__ = [
@@ -50,16 +51,12 @@ __all__ = [
     "DALIOptions",
     "build_dali_loader",
     "build_dali_pipeline",
-    "check_dali_kwargs",
     "choose_decoder",
     "default_hw_decoder_load",
     "default_num_threads",
     "validate_image_files",
 ]
 
-SPLITS = ("train", "val", "test", "predict")
-#: where a GPU run decodes its JPEGs: nvJPEG on the GPU, or libjpeg-turbo on DALI's CPU threads
-DECODERS = ("gpu", "cpu")
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
 #: nice increment of DALI's pool threads when they decode on the CPU: the pool soaks up idle cores, never
 #: the training loop's
@@ -121,8 +118,18 @@ class DALIOptions:
 
     def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
         """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
-        decoder, _ = self.resolved_decoder(local_world_size, cuda=cuda)
-        return self.threads or default_num_threads(local_world_size, decoder)
+        return self.resolved(local_world_size, cuda=cuda)[1]
+
+    def resolved(self, local_world_size: int = 1, *, cuda: bool = True) -> tuple[str, int, str]:
+        """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder``, then ``threads`` or
+        ``default_num_threads`` for that decoder; the plain values a pipeline is built with.
+
+        Example:
+            >>> DALIOptions(decoder="cpu", threads=4).resolved()
+            ('cpu', 4, "DALIOptions(decoder='cpu')")
+        """
+        decoder, reason = self.resolved_decoder(local_world_size, cuda=cuda)
+        return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
 @dataclass
@@ -139,25 +146,6 @@ class DALIFeedInfo(FeedInfo):
     """
 
     decoder_reason: str | None = None
-
-
-def check_dali_kwargs(kwargs: dict[str, Any]) -> DALIOptions:
-    """``DALIOptions(**kwargs)``, refusing unknown keys (``TypeError``) and bad values (``ValueError``)."""
-    valid = [f.name for f in dataclasses.fields(DALIOptions)]
-    unknown = sorted(set(kwargs) - set(valid))
-    if unknown:
-        raise TypeError(f"unknown dali_kwargs key(s) {unknown}; valid: {valid} (the fields of DALIOptions)")
-    return DALIOptions(**kwargs)
-
-
-def _options_of(dm: Any) -> DALIOptions:
-    """The DataModule's DALI options: ``dm.dali`` (``DALIOptions`` or dict), else ``dm.dali_kwargs``."""
-    for value in (getattr(dm, "dali", None), getattr(dm, "dali_kwargs", None)):
-        if isinstance(value, DALIOptions):
-            return value
-        if isinstance(value, dict) and value:
-            return check_dali_kwargs(value)
-    return DALIOptions()
 
 
 class DALILoader:
@@ -281,8 +269,9 @@ class DALILoader:
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         options = options or DALIOptions()
         cuda = self.device.type == "cuda"
-        decoder, reason = options.resolved_decoder(local_world_size, cuda=cuda)
-        self.options = DALIOptions(decoder, options.resolved_threads(local_world_size, cuda=cuda))
+        decoder, threads, reason = options.resolved(local_world_size, cuda=cuda)
+        self.options = DALIOptions(decoder, threads)
+        self._decoder, self._threads = decoder, threads  # what the pipeline is built with
         if options.decoder is None and cuda and reason not in _LOGGED:
             _LOGGED.add(reason)
             where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
@@ -299,7 +288,7 @@ class DALILoader:
             batch_size=self.batch_size,
             host_batches=False,
             decoder=decoder,
-            threads=self.options.threads,
+            threads=threads,
             decoder_reason=reason,
         )
         self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
@@ -326,16 +315,17 @@ class DALILoader:
         dali_modules()  # a missing DALI names the extras before any file is read
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        validate_image_files(self.files, num_threads=self.options.threads or 8)
+        validate_image_files(self.files, num_threads=self._threads)
         pipe = build_dali_pipeline(
             self.files,
             self.labels,
             batch_size=self.batch_size,
             image_size=self.image_size,
             train=self.train,
-            augment=self.augment,
             device_id=self.device.index if self.device.type == "cuda" else None,
-            options=self.options,
+            decoder=self._decoder,
+            num_threads=self._threads,
+            augment=self.augment,
             shard_id=self.shard_id,
             num_shards=self.num_shards,
             mean=self.mean,
@@ -399,19 +389,7 @@ class DALILoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._build()
         skip, self._skip_on_resume = self._skip_on_resume, 0
-        return self._timed(self._continue_epoch(skip) if self.train else self._restart_epoch())
-
-    def _timed(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Any]:
-        """``batches``, adding the time spent producing each one to ``fetch_seconds``."""
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            finally:
-                self.fetch_seconds += time.perf_counter() - start
-            yield batch
+        return timed_batches(self, self._continue_epoch(skip) if self.train else self._restart_epoch())
 
     def _continue_epoch(self, skip: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._yielded = skip if skip < self._target() else 0
@@ -451,16 +429,21 @@ class DALILoader:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict``; the pipeline is rebuilt from its checkpoint on the next ``__iter__``."""
-        if state_dict.get("num_shards", self.num_shards) != self.num_shards:
-            raise ValueError(
-                f"the DALI state was saved with {state_dict['num_shards']} shards (ranks) but this run has "
-                f"{self.num_shards}; resume with the same number of devices or drop the loader state"
-            )
+        shards = state_dict.get("num_shards", self.num_shards)
+        check_arg(
+            shards == self.num_shards,
+            "the DALI state's num_shards (ranks)",
+            shards,
+            f"this run's {self.num_shards}",
+            "resume with the same number of devices or drop the loader state",
+        )
         checkpoint = state_dict.get("checkpoint")
-        if checkpoint is not None and not self.train:
-            raise ValueError(
-                "an evaluation DALILoader restarts its pass; it cannot restore a DALI checkpoint"
-            )
+        check_arg(
+            checkpoint is None or self.train,
+            "an evaluation DALILoader's state",
+            "a DALI checkpoint",
+            "without one: an evaluation loader restarts its pass",
+        )
         self._iterator = None
         self._checkpoint = checkpoint
         self._pulled = 0
@@ -473,55 +456,51 @@ class DALILoader:
         )
 
 
-def _augment_of(dm: Any) -> AugmentConfig | None:
-    augment = getattr(dm, "augment", AugmentConfig())
-    if isinstance(augment, bool):
-        return AugmentConfig() if augment else None
-    return augment
-
-
-def _split_samples(source: Any, split: str) -> tuple[list[str], list[int]]:
-    from lightning_gpuopt.data.folder import scan_image_folder
-
-    if source is None:
-        raise ValueError(
-            f"backend='dali' needs {split}_dir for the {split!r} split; pass it to OptimizedDataModule"
-        )
-    if isinstance(source, (list, tuple)):  # an explicit [(path, label), ...] list
-        return [str(p) for p, _ in source], [int(y) for _, y in source]
-    _, samples = scan_image_folder(source)
-    return [p for p, _ in samples], [y for _, y in samples]
-
-
 def build_dali_loader(
-    dm: Any, split: str, *, options: DALIOptions | None = None, device: torch.device | str | None = None
+    dm: Any,
+    split: str,
+    *,
+    options: DALIOptions | None = None,
+    device: torch.device | str | None = None,
 ) -> DALILoader | list[Any]:
     """Build the ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``).
 
     Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labelled as ``scan_image_folder`` does, so as
-    the folder backend; or a list of ``(path, label)``), ``batch_size``, ``image_size``, ``mean``,
-    ``std``, ``augment`` (an ``AugmentConfig`` or ``None``), ``output_dtype``, ``num_workers`` (DALI
-    threads when an int and the options leave ``threads`` unset) and ``dali`` (``DALIOptions``; a
-    ``dali_kwargs`` dict is read too). The shard is the Trainer's global rank of its world size; the
-    device is its root device.
+    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment``, ``num_workers``
+    (DALI threads when an int and the options leave ``threads`` unset) and ``dali`` (``DALIOptions``).
+    Batches are float32, as the other backends deliver them. The shard is the Trainer's global rank of its
+    world size; the device is its root device.
 
     Args:
-        dm: the DataModule (attached to a Trainer, or standalone: rank 0 of 1 on the current device).
+        dm: the ``OptimizedDataModule`` (attached to a Trainer, or standalone: rank 0 of 1 on the current
+            device).
         split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``; an evaluation split without a folder
             gives ``[]`` (Lightning skips it), a missing ``train_dir`` raises ``ValueError``.
         options: ``DALIOptions`` that replace the DataModule's.
         device: where batches go, instead of the Trainer's root device.
+
+    Example:
+        >>> dm = OptimizedDataModule("data/train", backend="dali", batch_size=64)  # doctest: +SKIP
+        >>> images, labels = next(iter(build_dali_loader(dm, "train", device="cpu")))  # doctest: +SKIP
     """
+    from lightning_gpuopt.data.folder import scan_image_folder
+
     check_arg(split in SPLITS, "split", split, f"one of {SPLITS}")
-    source = getattr(dm, f"{split}_dir", None)
+    source = getattr(dm, f"{split}_dir")
     if source is None and split != "train":
         return []  # like the other backends: Lightning skips a stage whose loader list is empty
-    files, labels = _split_samples(source, split)
-    trainer = getattr(dm, "trainer", None)
+    check_arg(
+        source is not None,
+        "train_dir",
+        None,
+        "a JPEG folder with backend='dali' to fit",
+        "pass train_dir to OptimizedDataModule",
+    )
+    _, samples = scan_image_folder(source)
+    trainer = dm.trainer
     if trainer is not None:
         root = trainer.strategy.root_device
-        rank, world = trainer.global_rank, trainer.world_size
-        local_world = max(1, int(getattr(trainer, "num_devices", 1) or 1))
+        rank, world, local_world = trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
     else:
         root = (
             torch.device("cuda", torch.cuda.current_device())
@@ -529,24 +508,22 @@ def build_dali_loader(
             else torch.device("cpu")
         )
         rank, world, local_world = 0, 1, 1
-    options = options if options is not None else _options_of(dm)
-    num_workers: Any = getattr(dm, "num_workers", None)
-    if options.threads is None and is_int(num_workers) and num_workers > 0:  # "auto": the default
-        options = dataclasses.replace(options, threads=int(num_workers))
+    options = options if options is not None else dm.dali or DALIOptions()
+    if options.threads is None and is_int(dm.num_workers) and dm.num_workers > 0:  # "auto": the default
+        options = dataclasses.replace(options, threads=int(dm.num_workers))
     train = split == "train"
     return DALILoader(
-        files,
-        labels,
-        batch_size=int(dm.batch_size),
-        image_size=int(dm.image_size),
+        [p for p, _ in samples],
+        [y for _, y in samples],
+        batch_size=dm.batch_size,
+        image_size=dm.image_size,
         train=train,
-        augment=_augment_of(dm),
+        augment=dm.augment,
         device=root if device is None else device,
         shard_id=rank,
         num_shards=world,
-        dtype=getattr(dm, "output_dtype", torch.float32),
-        mean=tuple(getattr(dm, "mean", IMAGENET_MEAN)),
-        std=tuple(getattr(dm, "std", IMAGENET_STD)),
+        mean=dm.mean,
+        std=dm.std,
         options=options,
         local_world_size=local_world,
         epoch_batches=(lambda: trainer.num_training_batches) if train and trainer is not None else None,

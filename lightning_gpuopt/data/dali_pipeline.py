@@ -17,18 +17,16 @@ import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size
 from lightning_gpuopt._imports import require_dali
-
-if TYPE_CHECKING:
-    from lightning_gpuopt.data.dali import DALIOptions
-    from lightning_gpuopt.data.transforms import AugmentConfig
+from lightning_gpuopt.data.transforms import CROP_ATTEMPTS, AugmentConfig
 
 READER_NAME = "Reader"
-#: attempts at a crop inside the image before the fallback, as torchvision's ``RandomResizedCrop``
-CROP_ATTEMPTS = 10
+#: where a GPU run decodes its JPEGs: nvJPEG on the GPU, or libjpeg-turbo on DALI's CPU threads
+DECODERS = ("gpu", "cpu")
 #: batches DALI prepares ahead
 PREFETCH_QUEUE_DEPTH = 2
 #: the training shuffle's seed: the same on every rank, so shards stay disjoint
@@ -122,12 +120,12 @@ def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
 
     ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks, 1..8; the other half
     is for the training loop, the CUDA driver and DALI's own executor threads. ``decoder="cpu"``: the
-    threads decode every JPEG, so each rank takes its share of the CPUs less two (the training loop and
-    DALI's executor), at least 1. See docs/benchmarks.md for the measurements behind both.
+    threads decode every JPEG, so each rank takes its share of the CPUs less ``RESERVED_CORES`` (the
+    training loop and DALI's executor), at least 1. See docs/benchmarks.md for the measurements behind both.
     """
     share = available_cpus() // max(1, local_world_size)
     if decoder == "cpu":
-        return max(1, share - 2)
+        return max(1, share - RESERVED_CORES)
     return max(1, min(8, share // 2))
 
 
@@ -158,8 +156,9 @@ def build_dali_pipeline(
     image_size: int,
     train: bool,
     device_id: int | None,
+    decoder: str,
+    num_threads: int,
     augment: AugmentConfig | None = None,
-    options: DALIOptions | None = None,
     shard_id: int = 0,
     num_shards: int = 1,
     mean: Sequence[float] = IMAGENET_MEAN,
@@ -178,9 +177,10 @@ def build_dali_pipeline(
         image_size: output height and width.
         train: reshuffle the file list every epoch (else read it in order, each rank its own shard).
         device_id: CUDA device for decoding and the GPU operators, or ``None`` for a CPU-only pipeline.
+        decoder: ``"gpu"`` (nvJPEG, DALI's ``"mixed"`` decoder) or ``"cpu"`` (libjpeg-turbo on DALI's
+            threads); a CPU pipeline decodes on the CPU either way.
+        num_threads: DALI CPU threads.
         augment: the training crop and flip (``AugmentConfig``); ``None``: resize + center crop.
-        options: decoder and threads (``DALIOptions``; default ``DALIOptions()``: the decoder
-            ``choose_decoder`` picks for one rank).
         shard_id: this rank's shard (global rank).
         num_shards: number of shards (world size).
         mean: per-channel mean in [0, 1] units.
@@ -192,15 +192,13 @@ def build_dali_pipeline(
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
-        ...                            device_id=0, augment=AugmentConfig())  # doctest: +SKIP
+        ...                            device_id=0, decoder="gpu", num_threads=8,
+        ...                            augment=AugmentConfig())  # doctest: +SKIP
     """
-    from lightning_gpuopt.data.dali import DALIOptions
-
-    options = options or DALIOptions()
+    check_arg(decoder in DECODERS, "decoder", decoder, f"one of {DECODERS}")
+    check_arg(is_int(num_threads) and num_threads >= 1, "num_threads", num_threads, "an int >= 1")
     dali, fn, types = dali_modules()
     gpu = device_id is not None
-    decoder, _ = options.resolved_decoder(cuda=gpu)
-    threads = options.threads or default_num_threads(1, decoder)
     mean255 = [float(m) * 255.0 for m in mean]
     std255 = [float(s) * 255.0 for s in std]
     resize_kw = {"interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
@@ -219,7 +217,7 @@ def build_dali_pipeline(
 
     @dali.pipeline_def(
         batch_size=batch_size,
-        num_threads=threads,
+        num_threads=num_threads,
         device_id=device_id,
         seed=seed,
         prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,

@@ -6,6 +6,7 @@ Pixels and crop distributions against torchvision's recipes: ``test_dali_pixels.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,17 +17,11 @@ pytest.importorskip("nvidia.dali")
 
 import lightning.pytorch as pl
 
-from lightning_gpuopt._common import FETCH_SECONDS_ATTR, IMAGENET_MEAN, IMAGENET_STD, FeedInfo
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
 from lightning_gpuopt.data import dali_pipeline
-from lightning_gpuopt.data.dali import (
-    DALIFeedInfo,
-    DALILoader,
-    DALIOptions,
-    build_dali_loader,
-    check_dali_kwargs,
-)
+from lightning_gpuopt.data.dali import DALIFeedInfo, DALILoader, DALIOptions, build_dali_loader
+from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.folder import scan_image_folder
-from lightning_gpuopt.data.transforms import AugmentConfig
 from tests._ddp import CloseProcessGroup
 
 
@@ -36,45 +31,55 @@ def _indexed(folder: Path) -> tuple[list[str], list[int]]:
     return [p for p, _ in samples], list(range(len(samples)))
 
 
+def _index_folder(source: Path, out: Path, n: int | None = None) -> Path:
+    """The first ``n`` images of ``source``, each in a class folder of its own: a sample's label is its
+    index, so what a DataModule fed each rank can be read from the labels."""
+    files, _ = _indexed(source)
+    for i, path in enumerate(files[:n]):
+        (out / f"c{i:03d}").mkdir(parents=True)
+        shutil.copy(path, out / f"c{i:03d}" / Path(path).name)
+    return out
+
+
+@pytest.fixture
+def index_folder(jpeg_folder, tmp_path) -> Path:
+    return _index_folder(jpeg_folder, tmp_path / "indexed")
+
+
 def _loader(files, labels, **kw) -> DALILoader:
     kw.setdefault("options", DALIOptions(threads=1))
     kw.setdefault("image_size", 16)
     return DALILoader(files, labels, **kw)
 
 
-class _DM(pl.LightningDataModule):
-    """The attributes ``build_dali_loader`` reads, as OptimizedDataModule has them."""
-
-    def __init__(
-        self, train_dir, val_dir=None, batch_size=4, image_size=16, output_dtype=torch.float32
-    ) -> None:
-        super().__init__()
-        self.train_dir, self.val_dir, self.test_dir, self.predict_dir = train_dir, val_dir, None, None
-        self.batch_size, self.image_size, self.output_dtype = batch_size, image_size, output_dtype
-        self.mean, self.std, self.augment, self.num_workers = IMAGENET_MEAN, IMAGENET_STD, AugmentConfig(), 1
-        self.dali = None
-
-    def train_dataloader(self):
-        return build_dali_loader(self, "train")
-
-    def val_dataloader(self):
-        return build_dali_loader(self, "val")
+def _dm(train_dir, val_dir=None, **kw) -> OptimizedDataModule:
+    kw = {"batch_size": 4, "image_size": 16, "num_workers": 1, **kw}
+    return OptimizedDataModule(train_dir, val_dir, backend="dali", **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 def test_outputs_shape_dtype_layout_and_labels(jpeg_folder, dtype):
-    dm = _DM(jpeg_folder, jpeg_folder, batch_size=48, image_size=24, output_dtype=dtype)
-    loader = build_dali_loader(dm, "val")
-    (images, labels), *rest = list(loader)
+    _, samples = scan_image_folder(jpeg_folder)
+    files, labels = [p for p, _ in samples], [y for _, y in samples]
+    loader = _loader(files, labels, batch_size=48, image_size=24, train=False, dtype=dtype)
+    (images, got), *rest = list(loader)
     assert rest == []
     assert images.shape == (48, 3, 24, 24) and images.dtype == dtype and images.device.type == "cpu"
     assert images.is_contiguous(memory_format=torch.channels_last)
-    assert labels.dtype == torch.int64 and labels.shape == (48,)
+    assert got.dtype == torch.int64 and got.shape == (48,)
+    assert got.tolist() == labels  # evaluation does not shuffle
+
+
+def test_the_datamodule_builds_float32_loaders_labelled_as_the_folder_backend(jpeg_folder):
+    dm = _dm(jpeg_folder, jpeg_folder, batch_size=48, image_size=24)
+    (images, labels), *rest = list(build_dali_loader(dm, "val"))
+    assert rest == [] and images.shape == (48, 3, 24, 24) and images.dtype == torch.float32
     # same class mapping and order as the folder backend (evaluation does not shuffle)
     _, samples = scan_image_folder(jpeg_folder)
     assert labels.tolist() == [y for _, y in samples]
     train_images, train_labels = next(iter(build_dali_loader(dm, "train")))
-    assert train_images.shape == (48, 3, 24, 24) and train_labels.dtype == torch.int64
+    assert train_images.shape == (48, 3, 24, 24) and train_images.dtype == torch.float32
+    assert train_labels.dtype == torch.int64
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -194,10 +199,10 @@ def test_arguments_are_validated(jpeg_folder):
             files, labels, batch_size=4, train=False, num_threads=2
         )  # an option now: DALIOptions(threads=)
     with pytest.raises(ValueError, match="split"):
-        build_dali_loader(_DM(jpeg_folder), "eval")
-    with pytest.raises(ValueError, match="train_dir"):
-        build_dali_loader(_DM(None), "train")
-    assert build_dali_loader(_DM(jpeg_folder), "val") == []  # no val_dir: Lightning skips validation
+        build_dali_loader(_dm(jpeg_folder), "eval")
+    with pytest.raises(ValueError, match=r"^train_dir must be a JPEG folder with backend='dali' to fit"):
+        build_dali_loader(_dm(None, jpeg_folder), "train")
+    assert build_dali_loader(_dm(jpeg_folder), "val") == []  # no val_dir: Lightning skips validation
 
 
 def test_options_are_checked_when_made():
@@ -208,11 +213,6 @@ def test_options_are_checked_when_made():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match=r"^threads must be None or an int >= 1"):
             DALIOptions(threads=bad)
-    with pytest.raises(
-        TypeError, match=r"unknown dali_kwargs key\(s\) \['decodr'\]; valid: \['decoder', 'threads'\]"
-    ):
-        check_dali_kwargs({"decodr": "cpu"})
-    assert check_dali_kwargs({"decoder": "cpu", "threads": 3}) == DALIOptions("cpu", 3)
     with pytest.raises(AttributeError):
         DALIOptions().decoder = "cpu"  # frozen
 
@@ -266,9 +266,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     assert dali_pipeline.default_num_threads(1, "cpu") == 14  # the threads decode: all cores but two
     assert dali_pipeline.default_num_threads(2, "cpu") == 6  # two local ranks share the 16 cores
     assert dali_pipeline.default_num_threads(8, "cpu") == 1
-    dm = _DM(jpeg_folder)
-    dm.num_workers = None  # no explicit thread count: the decoder decides
-    dm.dali = DALIOptions(decoder="cpu")
+    dm = _dm(jpeg_folder, num_workers="auto", dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
     assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
     assert loader.feed_info == DALIFeedInfo(
@@ -284,12 +282,10 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     default = build_dali_loader(dm, "train", options=DALIOptions())
     assert default.options == DALIOptions("cpu", 14)
     assert default.feed_info.decoder_reason == "no CUDA device: the pipeline runs on the CPU"
-    dm.num_workers = 3  # an explicit count wins over the default ...
+    dm = _dm(jpeg_folder, num_workers=3)  # an explicit count wins over the default ...
     assert build_dali_loader(dm, "train").options.threads == 3
-    dm.dali = DALIOptions(threads=5)  # ... and the options' own over both
+    dm = _dm(jpeg_folder, num_workers=3, dali=DALIOptions(threads=5))  # ... and the options' own over both
     assert build_dali_loader(dm, "train").options.threads == 5
-    dm.dali, dm.dali_kwargs = None, {"decoder": "cpu"}  # a DataModule that keeps a dict
-    assert build_dali_loader(dm, "train").options.decoder == "cpu"
 
 
 def test_feed_info_and_fetch_seconds(jpeg_folder):
@@ -413,10 +409,8 @@ def _trainer(tmp_path, **kw) -> pl.Trainer:
     return pl.Trainer(**kw)
 
 
-def test_lightning_fit_with_limits_validation_and_max_steps(jpeg_folder, tmp_path):
-    files, _ = _indexed(jpeg_folder)
-    pairs = [(f, i) for i, f in enumerate(files)]
-    dm = _DM(pairs, pairs, batch_size=4)
+def test_lightning_fit_with_limits_validation_and_max_steps(index_folder, tmp_path):
+    dm = _dm(index_folder, index_folder)
     model = _Recorder(str(tmp_path))
     trainer = _trainer(tmp_path, max_epochs=4, limit_train_batches=5, num_sanity_val_steps=2)
     trainer.fit(model, datamodule=dm)
@@ -429,25 +423,25 @@ def test_lightning_fit_with_limits_validation_and_max_steps(jpeg_folder, tmp_pat
     for e in range(4):  # validation: all 48 every time, in the same order, despite the sanity check
         assert seen[f"val{e}"] == list(range(48))
     trainer = _trainer(tmp_path, max_steps=7, limit_val_batches=0)
-    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs, batch_size=4))
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_dm(index_folder))
     assert trainer.global_step == 7
 
 
-def test_resume_from_checkpoint_mid_epoch(jpeg_folder, tmp_path):
-    files, _ = _indexed(jpeg_folder)
-    pairs = [(f, i) for i, f in enumerate(files)]
+def test_resume_from_checkpoint_mid_epoch(index_folder, tmp_path):
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     full_dir.mkdir()
     resumed_dir.mkdir()
-    _trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(_Recorder(str(full_dir)), datamodule=_DM(pairs))
+    _trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(
+        _Recorder(str(full_dir)), datamodule=_dm(index_folder)
+    )
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1)
     trainer = _trainer(
         tmp_path, max_steps=5, limit_val_batches=0, callbacks=[ckpt], enable_checkpointing=True
     )
-    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs))
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_dm(index_folder))
     path = next((tmp_path / "ckpt").glob("*step=5*.ckpt"))
     resumed = _trainer(tmp_path, max_epochs=2, limit_val_batches=0)
-    resumed.fit(_Recorder(str(resumed_dir)), datamodule=_DM(pairs), ckpt_path=path)
+    resumed.fit(_Recorder(str(resumed_dir)), datamodule=_dm(index_folder), ckpt_path=path)
     full = json.loads((full_dir / "rank0.json").read_text())
     rest = json.loads((resumed_dir / "rank0.json").read_text())
     assert rest["train0"] == full["train0"][5 * 4 :]  # the interrupted epoch continues where it stopped
@@ -456,8 +450,7 @@ def test_resume_from_checkpoint_mid_epoch(jpeg_folder, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
-    files, _ = _indexed(jpeg_folder)
-    pairs = [(f, i) for i, f in enumerate(files)][:46]  # 23 per rank: DROP keeps 5 batches of 4 each
+    folder = _index_folder(jpeg_folder, tmp_path / "indexed", 46)  # 23 per rank: DROP keeps 5 batches of 4
     trainer = _trainer(
         tmp_path,
         devices=2,
@@ -466,7 +459,7 @@ def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
         num_sanity_val_steps=0,
         callbacks=[CloseProcessGroup()],
     )
-    trainer.fit(_Recorder(str(tmp_path)), datamodule=_DM(pairs, pairs, batch_size=4))
+    trainer.fit(_Recorder(str(tmp_path)), datamodule=_dm(folder, folder))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for e in range(2):
         assert len(r0[f"train{e}"]) == len(r1[f"train{e}"]) == 20
@@ -476,16 +469,8 @@ def test_ddp_two_cpu_processes(jpeg_folder, tmp_path):
 
 def test_optimized_datamodule_dali_backend_fits(jpeg_folder, tmp_path):
     from lightning_gpuopt.bench.models import ImageClassifier
-    from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
-    dm = OptimizedDataModule(
-        jpeg_folder,
-        jpeg_folder,
-        backend="dali",
-        batch_size=8,
-        image_size=16,
-        num_workers=1,
-    )
+    dm = _dm(jpeg_folder, jpeg_folder, batch_size=8)
     trainer = _trainer(
         tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0
     )
