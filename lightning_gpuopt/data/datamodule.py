@@ -9,7 +9,6 @@ import os
 import shutil
 import tempfile
 import uuid
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,21 +19,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from lightning_gpuopt._common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    FeedInfo,
-    available_cpus,
-    eval_resize_size,
-    warn_once,
-)
 from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size, warn_once
 from lightning_gpuopt.data._lifetime import Janitor
+from lightning_gpuopt.data.backends import BACKENDS, resolve_backend
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
 from lightning_gpuopt.data.loader import (
+    PREFETCH_FACTOR,
+    SPLITS,
     BatchReader,
-    ContinuousDataLoader,
-    HostDataLoader,
     StagedBatch,
     UInt8Collate,
     close_workers,
@@ -54,58 +47,15 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
-BACKENDS = ("auto", "folder", "hdf5", "dali")
-SPLITS = ("train", "val", "test", "predict")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
-_HDF5_SUFFIXES = (".h5", ".hdf5")
 #: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores
 #: and memory (and each holds a copy of the dataset's Python state).
 MAX_WORKERS_PER_CPU = 4
 #: ``num_workers="auto"`` measures a split only when it holds at least this many batches; a smaller split
 #: (a quick ``trainer.validate``, a toy dataset) gets one worker per batch up to the CPUs, none for one batch.
 MIN_TUNE_BATCHES = 8
-#: batches each worker prepares ahead.
-PREFETCH_FACTOR = 4
 #: threads reading an HDF5 store (a ``BatchReader``) per training process under ``num_workers="auto"``.
 READ_THREADS = 4
-
-
-def _resolve_backend(backend: str, paths: dict[str, str | None]) -> str:
-    if backend != "auto":
-        return backend
-    kinds = {
-        k: ("hdf5" if Path(v).is_file() and Path(v).suffix.lower() in _HDF5_SUFFIXES else "folder")
-        for k, v in paths.items()
-        if v is not None
-    }
-    check_arg(
-        len(set(kinds.values())) <= 1,
-        "backend",
-        backend,
-        f"given explicitly when splits mix HDF5 files and folders ({kinds})",
-        "give all splits in one format or pass backend='hdf5'/'folder'",
-    )
-    return next(iter(kinds.values()), "folder")
-
-
-def _check_dali(dali: Any) -> None:
-    from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only when a loader is built
-
-    check_arg(
-        isinstance(dali, DALIOptions),
-        "dali",
-        dali,
-        "None or a DALIOptions",
-        "e.g. dali=DALIOptions(decoder='cpu')",
-        error=TypeError,
-    )
-
-
-def _quiet_worker_warning(split: str) -> None:
-    """Silence Lightning's "does not have many workers" for a loader that reads on threads instead."""
-    warnings.filterwarnings(
-        "ignore", message=f"The '{split}_dataloader' does not have many workers", category=Warning
-    )
 
 
 class OptimizedDataModule(pl.LightningDataModule):
@@ -128,7 +78,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         predict_dir: prediction folder or HDF5 file.
         backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``, a folder -> ``"folder"``), ``"folder"``
             (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI decodes JPEG folders;
-            ``pip install 'lightning-gpuopt[dali]'``).
+            ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the resolved name; the object behind
+            it (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
             dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
@@ -231,40 +182,19 @@ class OptimizedDataModule(pl.LightningDataModule):
             error=TypeError,
         )
         check_arg(
-            pin_memory is None or isinstance(pin_memory, bool), "pin_memory", pin_memory, "None or a bool"
+            pin_memory is None or isinstance(pin_memory, bool),
+            "pin_memory",
+            pin_memory,
+            "None or a bool",
+            error=TypeError,
         )
         check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
         tuning = TuningConfig() if tuning is None else tuning
         check_arg(
             isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
         )
-        self.backend = _resolve_backend(backend, paths)
-        if self.backend == "folder":
-            for split, path in paths.items():
-                check_arg(
-                    path is None or Path(path).is_dir(),
-                    f"{split}_dir",
-                    path,
-                    "a folder laid out as <root>/<class>/<image> for the folder backend",
-                    "pass backend='hdf5' for HDF5 files",
-                )
-        if self.backend == "dali":
-            check_arg(
-                any(v is not None for v in paths.values()),
-                "train_dir",
-                None,
-                "a JPEG folder with backend='dali' (DALI reads image folders itself)",
-            )
-            check_arg(
-                on_corrupt == "raise",
-                "on_corrupt",
-                on_corrupt,
-                "'raise' with backend='dali' (DALI cannot skip unreadable files)",
-                "use backend='folder' to skip them, or remove them",
-            )
-        check_arg(dali is None or self.backend == "dali", "dali", dali, "None unless backend='dali'")
-        if dali is not None:
-            _check_dali(dali)
+        self._backend = resolve_backend(backend, paths)
+        self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
         self.dali: DALIOptions | None = dali
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
@@ -293,22 +223,20 @@ class OptimizedDataModule(pl.LightningDataModule):
         state["_skip_janitor"] = None  # a process handle; the original keeps removing the folder
         return state
 
+    @property
+    def backend(self) -> str:
+        """The backend reading the data: ``"folder"``, ``"hdf5"`` or ``"dali"`` (``"auto"`` resolved)."""
+        return self._backend.name
+
     # ----------------------------------------------------------------- dataset hooks (override these)
     def _default_dataset(self, split: str) -> Dataset | None:
-        path = {
-            "train": self.train_dir,
-            "val": self.val_dir,
-            "test": self.test_dir,
-            "predict": self.predict_dir,
-        }[split]
+        path = getattr(self, f"{split}_dir")
         if path is None:
             return None
-        if self.backend == "hdf5":
-            from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
-
-            return HDF5ImageDataset(path)
         skip_log = os.path.join(self._skip_dir, split) if self._skip_dir is not None else None
-        return UInt8ImageFolder(path, size=self.storage_size, on_corrupt=self.on_corrupt, skip_log=skip_log)
+        return self._backend.dataset(
+            path, storage_size=self.storage_size, on_corrupt=self.on_corrupt, skip_log=skip_log
+        )
 
     def train_dataset(self) -> Dataset | None:
         """The training dataset; default: built from ``train_dir``."""
@@ -359,9 +287,12 @@ class OptimizedDataModule(pl.LightningDataModule):
     # ----------------------------------------------------------------- Lightning hooks
     @override
     def setup(self, stage: str) -> None:
-        """Build the datasets the stage needs (errors surface here, before training) and resolve workers."""
-        if self.backend == "dali":
-            return  # DALI lists and decodes the folders itself when its loaders are built
+        """Prepare the stage: build the datasets it needs (errors surface here, before training) and
+        resolve their workers; DALI lists and decodes its folders itself when its loaders are built."""
+        self._backend.setup(self, stage)
+
+    def _setup_datasets(self, stage: str) -> None:
+        """``setup`` of a backend that reads datasets on the host (``HostBackend``)."""
         try:
             if self.on_corrupt == "skip" and self._skip_dir is None:
                 self._make_skip_dir()
@@ -469,57 +400,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             return self.trainer.strategy.root_device.type == "cuda"
         return torch.cuda.is_available()
 
-    def _feed(self, dataset: Any, workers: int, threads: int, pin: bool) -> FeedInfo:
-        backend, decoder = None, None
-        if isinstance(dataset, UInt8ImageFolder):
-            backend, decoder = "folder", "cpu"
-        elif self.backend == "hdf5" and type(dataset).__name__ == "HDF5ImageDataset":
-            backend = "hdf5"
-        return FeedInfo(
-            backend=backend,
-            num_workers=None if threads else workers,
-            pin_memory=pin,
-            batch_size=self.batch_size,
-            host_batches=True,
-            decoder=decoder,
-            threads=threads or None,
-        )
-
     def _split_loader(self, split: str) -> Any:
-        if self.backend == "dali":
-            from lightning_gpuopt.data.dali import build_dali_loader
-
-            return build_dali_loader(self, split)
-        dataset = self._dataset(split)
-        if dataset is None:
-            check_arg(
-                split != "train",
-                "train_dir",
-                None,
-                "a folder or HDF5 file to fit (or train_dataset() overridden)",
-                "pass train_dir= or override train_dataset()",
-            )
-            return []  # Lightning skips a stage whose loader list is empty
-        workers, pin, train = self._workers(split), self._pin(), split == "train"
-        threads = workers if isinstance(dataset, BatchReader) else 0
-        if threads:
-            workers = 0  # the loader reads on threads of this process; no worker processes
-            _quiet_worker_warning(split)
-        kwargs: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "shuffle": train,
-            "drop_last": train,
-            "num_workers": workers,
-            "pin_memory": pin,
-            "persistent_workers": workers > 0,
-            "prefetch_factor": PREFETCH_FACTOR if workers > 0 else None,
-            "collate_fn": UInt8Collate(f"{split}_dataset()"),
-            "feed_info": self._feed(dataset, workers, threads, pin),
-            "read_threads": threads,
-        }
-        if train:
-            return ContinuousDataLoader(dataset, device_transform=self._stage_train_batch, **kwargs)
-        return HostDataLoader(dataset, **kwargs)
+        return self._backend.loader(self, split)
 
     @override
     def train_dataloader(self) -> Any:
@@ -540,13 +422,16 @@ class OptimizedDataModule(pl.LightningDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``."""
-        if self.backend == "dali" or isinstance(batch, StagedBatch):
-            return batch  # normalized already: by DALI, or by the training loader on a side stream
-        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-            raise TypeError(
-                f"OptimizedDataModule.on_after_batch_transfer expects (images, labels[, meta]), got "
-                f"{type(batch).__name__}; return (uint8 HWC, label) samples from the dataset hooks"
-            )
+        if self._backend.device_batches or isinstance(batch, StagedBatch):
+            return batch  # normalized already: by the backend (DALI) or by the training loader, on the GPU
+        check_arg(
+            isinstance(batch, (tuple, list)) and len(batch) in (2, 3),
+            "OptimizedDataModule.on_after_batch_transfer's batch",
+            type(batch).__name__,
+            "(images, labels[, meta])",
+            "return (uint8 HWC, label) samples from the dataset hooks",
+            error=TypeError,
+        )
         training = self.trainer is not None and self.trainer.training and self.augment is not None
         meta = batch[2] if len(batch) == 3 else None
         return (self.gpu_augment(batch[0], meta, train=training), batch[1])

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.data import datamodule as datamodule_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
-from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate
+from lightning_gpuopt.data.loader import PREFETCH_FACTOR, ContinuousDataLoader, HostDataLoader, UInt8Collate
 from lightning_gpuopt.data.transforms import AugmentConfig
 from lightning_gpuopt.data.tuning import TuningConfig
 from tests._ddp import CloseProcessGroup
@@ -224,7 +224,8 @@ def test_loaders_per_stage_describe_their_feed(jpeg_folder):
     evaluation = (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader())
     for loader in (train, *evaluation):
         assert isinstance(loader, HostDataLoader)
-        assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 4
+        assert loader.num_workers == 2 and loader.persistent_workers
+        assert loader.prefetch_factor == PREFETCH_FACTOR == 4
         assert loader.pin_memory is False  # CPU trainer
         assert loader.batch_size == 8
         assert isinstance(loader.collate_fn, UInt8Collate)

@@ -1,0 +1,324 @@
+"""Where an ``OptimizedDataModule`` reads its data: one ``Backend`` object per kind of source.
+
+``backend="folder" | "hdf5" | "dali" | "auto"`` names one (``resolve_backend``; ``"auto"`` picks folder or
+HDF5 from the paths). The DataModule asks it, instead of testing the name, to check the paths it was given,
+to build a split's default dataset, to prepare a stage, to build a split's loader and to describe the feed
+(``FeedInfo``):
+
+- ``FolderBackend``: ``UInt8ImageFolder`` decoded by DataLoader worker processes (``num_workers``).
+- ``HDF5Backend``: ``HDF5ImageDataset``, a uint8 store read by threads of the training process.
+- ``DALIBackend``: DALI lists and decodes the folders itself and delivers normalized batches on the device
+  (``build_dali_loader``); no dataset, no host batches.
+
+The two host backends share ``host_loader``: the training loader keeps prefetching across epochs and stages
+its batches on the GPU (``ContinuousDataLoader``); the others are ``HostDataLoader``. Datasets a user's
+``<split>_dataset()`` hook returns are fed the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from torch.utils.data import Dataset
+
+from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._common import FeedInfo
+from lightning_gpuopt.data.folder import UInt8ImageFolder
+from lightning_gpuopt.data.loader import (
+    PREFETCH_FACTOR,
+    BatchReader,
+    ContinuousDataLoader,
+    HostDataLoader,
+    UInt8Collate,
+)
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "DALIBackend",
+    "FolderBackend",
+    "HDF5Backend",
+    "HostBackend",
+    "Owner",
+    "host_loader",
+    "resolve_backend",
+]
+
+_HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+class Owner(Protocol):
+    """What a backend asks of its ``OptimizedDataModule`` (which owns datasets, worker counts and pinning)."""
+
+    batch_size: int
+
+    def _setup_datasets(self, stage: str) -> None: ...  # build the stage's datasets, resolve their workers
+
+    def _dataset(self, split: str) -> Dataset | None: ...  # the split's dataset, built once
+
+    def _workers(self, split: str) -> int: ...  # its worker processes (reading threads for a BatchReader)
+
+    def _pin(self) -> bool: ...  # pin host batches
+
+    def _stage_train_batch(self, batch: Any) -> Any: ...  # the training transform on the device
+
+
+class Backend:
+    """What an ``OptimizedDataModule`` asks of the kind of data it reads.
+
+    Attributes:
+        name: what ``backend=`` and ``dm.backend`` call it.
+        device_batches: its loaders deliver ``(normalized images, labels)`` on the device, so the
+            DataModule's ``on_after_batch_transfer`` passes their batches through.
+
+    Example:
+        >>> FolderBackend().name, DALIBackend().device_batches
+        ('folder', True)
+    """
+
+    name: ClassVar[str] = ""
+    device_batches: ClassVar[bool] = False
+
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+        """Refuse constructor arguments this backend cannot read, naming the argument and the fix."""
+        check_arg(dali is None, "dali", dali, "None unless backend='dali'")
+
+    def dataset(
+        self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
+    ) -> Dataset | None:
+        """The default dataset of a split read from ``path``; ``None``: this backend reads no datasets."""
+        return None
+
+    def setup(self, dm: Owner, stage: str) -> None:
+        """Prepare ``stage`` (Lightning's ``setup``): nothing to prepare by default."""
+
+    def loader(self, dm: Owner, split: str) -> Any:
+        """``split``'s loader (``[]``: no data for an evaluation split, which Lightning skips)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no loaders")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class HostBackend(Backend):
+    """Datasets read on the host into uint8 batches, transformed on the device by the DataModule.
+
+    ``setup`` builds the stage's datasets (errors surface there, before training) and resolves their
+    workers; ``loader`` feeds a split's dataset through ``host_loader``.
+    """
+
+    def setup(self, dm: Owner, stage: str) -> None:
+        dm._setup_datasets(stage)
+
+    def loader(self, dm: Owner, split: str) -> Any:
+        dataset = dm._dataset(split)
+        if dataset is None:
+            check_arg(
+                split != "train",
+                "train_dir",
+                None,
+                "a folder or HDF5 file to fit (or train_dataset() overridden)",
+                "pass train_dir= or override train_dataset()",
+            )
+            return []  # Lightning skips a stage whose loader list is empty
+        workers, pin = dm._workers(split), dm._pin()
+        threads = workers if isinstance(dataset, BatchReader) else 0
+        if threads:
+            workers = 0  # the loader reads on threads of this process; no worker processes
+        return host_loader(
+            dataset,
+            split,
+            batch_size=dm.batch_size,
+            workers=workers,
+            threads=threads,
+            pin=pin,
+            feed=self.feed(dataset, batch_size=dm.batch_size, workers=workers, threads=threads, pin=pin),
+            device_transform=dm._stage_train_batch,
+        )
+
+    def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
+        """How a loader over ``dataset`` feeds the GPU; a dataset this backend did not build has no
+        ``backend`` or ``decoder`` in it."""
+        return FeedInfo(
+            num_workers=None if threads else workers,
+            pin_memory=pin,
+            batch_size=batch_size,
+            host_batches=True,
+            threads=threads or None,
+        )
+
+
+class FolderBackend(HostBackend):
+    """Class-per-subfolder image folders decoded by DataLoader workers (``UInt8ImageFolder``).
+
+    Example:
+        >>> FolderBackend().dataset("data/train", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
+        UInt8ImageFolder(root='data/train', size=256, images=..., classes=...)
+    """
+
+    name = "folder"
+
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+        for split, path in paths.items():
+            check_arg(
+                path is None or Path(path).is_dir(),
+                f"{split}_dir",
+                path,
+                "a folder laid out as <root>/<class>/<image> for the folder backend",
+                "pass backend='hdf5' for HDF5 files",
+            )
+        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+
+    def dataset(
+        self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
+    ) -> Dataset | None:
+        return UInt8ImageFolder(path, size=storage_size, on_corrupt=on_corrupt, skip_log=skip_log)
+
+    def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
+        info = super().feed(dataset, batch_size=batch_size, workers=workers, threads=threads, pin=pin)
+        if isinstance(dataset, UInt8ImageFolder):
+            info.backend, info.decoder = "folder", "cpu"
+        return info
+
+
+class HDF5Backend(HostBackend):
+    """A uint8 store (``HDF5ImageDataset``) read by threads of the training process into pinned memory.
+
+    Example:
+        >>> HDF5Backend().dataset("train.h5", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
+        HDF5ImageDataset(path='train.h5', images=..., storage_size=256, canvas=(256, 384, 3), classes=...)
+    """
+
+    name = "hdf5"
+
+    def dataset(
+        self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
+    ) -> Dataset | None:
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+        return HDF5ImageDataset(path)  # the store keeps its own storage size; it holds no unreadable images
+
+    def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+        info = super().feed(dataset, batch_size=batch_size, workers=workers, threads=threads, pin=pin)
+        if isinstance(dataset, HDF5ImageDataset):
+            info.backend = "hdf5"
+        return info
+
+
+class DALIBackend(Backend):
+    """DALI reads and decodes JPEG folders itself and delivers normalized batches on the device
+    (``build_dali_loader``, with the DataModule's ``dali`` options); DALI is imported when a loader is built.
+
+    Example:
+        >>> DALIBackend().loader(dm, "train")  # doctest: +SKIP
+        DALILoader(files=..., batch_size=256, train=True, ...)
+    """
+
+    name = "dali"
+    device_batches = True
+
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+        from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only by its loaders
+
+        check_arg(
+            any(v is not None for v in paths.values()),
+            "train_dir",
+            None,
+            "a JPEG folder with backend='dali' (DALI reads image folders itself)",
+        )
+        check_arg(
+            on_corrupt == "raise",
+            "on_corrupt",
+            on_corrupt,
+            "'raise' with backend='dali' (DALI cannot skip unreadable files)",
+            "use backend='folder' to skip them, or remove them",
+        )
+        check_arg(
+            dali is None or isinstance(dali, DALIOptions),
+            "dali",
+            dali,
+            "None or a DALIOptions",
+            "e.g. dali=DALIOptions(decoder='cpu')",
+            error=TypeError,
+        )
+
+    def setup(self, dm: Owner, stage: str) -> None:
+        """Nothing to prepare: DALI lists and decodes the folders itself when its loaders are built."""
+
+    def loader(self, dm: Owner, split: str) -> Any:
+        from lightning_gpuopt.data.dali import build_dali_loader
+
+        return build_dali_loader(dm, split)
+
+
+_BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (FolderBackend, HDF5Backend, DALIBackend)}
+#: what ``OptimizedDataModule(backend=...)`` accepts.
+BACKENDS = ("auto", *_BACKENDS)
+
+
+def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
+    """The ``Backend`` that ``backend`` (one of ``BACKENDS``) names; ``"auto"``: ``.h5``/``.hdf5`` files ->
+    HDF5, else folders; splits of both kinds are refused.
+
+    Example:
+        >>> resolve_backend("auto", {"train": None}), resolve_backend("dali", {})
+        (FolderBackend(), DALIBackend())
+    """
+    if backend != "auto":
+        return _BACKENDS[backend]()
+    kinds = {
+        k: ("hdf5" if Path(v).is_file() and Path(v).suffix.lower() in _HDF5_SUFFIXES else "folder")
+        for k, v in paths.items()
+        if v is not None
+    }
+    check_arg(
+        len(set(kinds.values())) <= 1,
+        "backend",
+        backend,
+        f"given explicitly when splits mix HDF5 files and folders ({kinds})",
+        "give all splits in one format or pass backend='hdf5'/'folder'",
+    )
+    return _BACKENDS[next(iter(kinds.values()), "folder")]()
+
+
+def host_loader(
+    dataset: Dataset,
+    split: str,
+    *,
+    batch_size: int,
+    workers: int,
+    threads: int,
+    pin: bool,
+    feed: FeedInfo,
+    device_transform: Callable[[Any], Any],
+) -> HostDataLoader:
+    """The DataModule's loader over a host dataset: shuffled whole batches that keep prefetching across
+    epochs (``ContinuousDataLoader``, ``device_transform`` staging each batch on the GPU) for training, one
+    ordered pass (``HostDataLoader``) otherwise; persistent workers prefetching ``PREFETCH_FACTOR`` batches
+    each, or ``threads`` reading a ``BatchReader`` dataset (then ``workers`` is 0)."""
+    train = split == "train"
+    if threads:
+        # Lightning's "does not have many workers": this loader reads on threads instead
+        warnings.filterwarnings(
+            "ignore", message=f"The '{split}_dataloader' does not have many workers", category=Warning
+        )
+    kwargs: dict[str, Any] = {
+        "batch_size": batch_size,
+        "shuffle": train,
+        "drop_last": train,
+        "num_workers": workers,
+        "pin_memory": pin,
+        "persistent_workers": workers > 0,
+        "prefetch_factor": PREFETCH_FACTOR if workers > 0 else None,
+        "collate_fn": UInt8Collate(f"{split}_dataset()"),
+        "feed_info": feed,
+        "read_threads": threads,
+    }
+    if train:
+        return ContinuousDataLoader(dataset, device_transform=device_transform, **kwargs)
+    return HostDataLoader(dataset, **kwargs)
