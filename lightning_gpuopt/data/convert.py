@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
@@ -376,10 +377,10 @@ def convert_folder_to_hdf5(
     h5py = require("h5py")
     t_start = time.perf_counter()
     layout.canvas_shape(storage_size)  # validates storage_size
-    if on_corrupt not in ON_CORRUPT:
-        raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
-        raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
+    check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
+    check_arg(
+        workers is None or (is_int(workers) and workers >= 0), "workers", workers, "None or an int >= 0"
+    )
     src_path = Path(src).expanduser()
     out_path, dest = _destination(out, overwrite)
     classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
@@ -50,6 +51,15 @@ from lightning_gpuopt.data.convert import (  # noqa: F401
 # copied image by image into a recycled batch buffer (a fresh multi-MB array is a new mmap whose page
 # faults and zeroing cost about as much as the copy itself)
 _FANCY_MAX_BYTES = 4 << 20
+
+
+def _is_index(value: Any) -> bool:
+    """``value`` is an integer index (an ``int``, a numpy integer, a 0-d integer tensor)."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _convert_fix(path: str) -> str:
@@ -273,17 +283,15 @@ class HDF5ImageDataset(Dataset):
         return int(self.labels.shape[0])
 
     def _index(self, index: Any) -> int:
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(
-                f"HDF5ImageDataset indices must be integers, got {type(index).__name__} {index!r}"
-            ) from None
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(
-                f"index {i} is out of range for {n} images in {self.path!r} (valid: {-n} to {n - 1})"
-            )
+        check_arg(_is_index(index), "HDF5ImageDataset indices", index, "integers", error=TypeError)
+        i, n = operator.index(index), len(self)
+        check_arg(
+            -n <= i < n,
+            "index",
+            i,
+            f"in range for the {n} images in {self.path!r} (valid: {-n} to {n - 1})",
+            error=IndexError,
+        )
         return i % n
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -296,8 +304,13 @@ class HDF5ImageDataset(Dataset):
         idx = np.asarray(indices).reshape(-1)
         if idx.size == 0:
             return idx.astype(np.int64)
-        if idx.dtype.kind not in "iu":
-            raise TypeError(f"HDF5ImageDataset indices must be integers, got an array of {idx.dtype}")
+        check_arg(
+            idx.dtype.kind in "iu",
+            "HDF5ImageDataset indices",
+            f"an array of {idx.dtype}",
+            "integers",
+            error=TypeError,
+        )
         n = len(self)
         bad = (idx < -n) | (idx >= n)
         if bad.any():
@@ -318,20 +331,17 @@ class HDF5ImageDataset(Dataset):
         """
         idx = self._indices(indices)
         shape = (int(idx.size), *self.image_shape)
-        if (
-            not isinstance(images, np.ndarray)
-            or images.dtype != np.uint8
-            or images.shape != shape
-            or not images.flags.c_contiguous
-            or not images.flags.writeable
-        ):
-            got = (
-                f"{images.dtype} {images.shape}" if isinstance(images, np.ndarray) else type(images).__name__
-            )
-            raise ValueError(
-                f"HDF5ImageDataset.read_into: images must be a writable C-contiguous uint8 array of shape "
-                f"{shape}, got {got}"
-            )
+        array = isinstance(images, np.ndarray)
+        check_arg(
+            array
+            and images.dtype == np.uint8
+            and images.shape == shape
+            and images.flags.c_contiguous
+            and images.flags.writeable,
+            "HDF5ImageDataset.read_into's images",
+            f"{images.dtype} {images.shape}" if array else type(images).__name__,
+            f"a writable C-contiguous uint8 array of shape {shape}",
+        )
         reader = self._reader()  # held for the whole batch: close() cannot release it under these reads
         fd = reader.fileno()
         rows = images.reshape(shape[0], self._image_bytes)

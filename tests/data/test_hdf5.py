@@ -112,7 +112,7 @@ def test_read_into_checks_its_arguments(store, tmp_path):
     ):
         with pytest.raises(ValueError, match=r"writable C-contiguous uint8 array of shape \(2, 16, 24, 3\)"):
             ds.read_into([0, 1], bad)
-    with pytest.raises(IndexError, match="index 48 "):
+    with pytest.raises(IndexError, match=r"^index must be in range.*, got 48$"):
         ds.read_into([0, 48], np.empty((2, *shape), np.uint8))
     live = tmp_path / "live.h5"
     shutil.copy(path, live)
@@ -126,11 +126,13 @@ def test_read_into_checks_its_arguments(store, tmp_path):
 def test_indices_are_checked(store):
     path, *_ = store
     ds = HDF5ImageDataset(path)
-    with pytest.raises(IndexError, match=r"index -49 .* 48 images .*valid: -48 to 47"):
+    with pytest.raises(
+        IndexError, match=r"^index must be in range for the 48 images .*valid: -48 to 47\), got -49$"
+    ):
         ds[-49]
-    with pytest.raises(IndexError, match=r"index 48 "):
+    with pytest.raises(IndexError, match=r"got 48$"):
         ds.__getitems__([0, 48])
-    with pytest.raises(IndexError, match=r"index -50 "):
+    with pytest.raises(IndexError, match=r"got -50$"):
         ds.__getitems__([0, -50, 60])
     for bad in ("1", 1.7, None):
         with pytest.raises(TypeError, match="indices must be integers"):
