@@ -1,5 +1,11 @@
-"""What the benchmark scripts share: a uint8 HDF5 store in the current format, the Trainer arguments of a
-fit that measures training alone, and where a quick run writes.
+"""The measuring harness every benchmark script shares, on top of ``lightning_gpuopt.bench.steady``.
+
+A fit is measured as a user would read a long run (``measured_fit``): the user's module, ``StepClock``'s
+warm-up past the compile and the loader's prefetch, then a window timed by a CUDA event at every batch end.
+Variants take turns (``take_turns``) and ``report`` reduces each to its median repetition, the worst, the
+ratio to a ceiling of the same turn and p50/p90 step times, writes one JSON file (``write_results``) and
+prints the table last. Also here: a uint8 HDF5 store in the current format, resident batches, a loader
+timed alone, and where results go (``results_path``). The user's module itself is ``_user.UserClassifier``.
 
 The scripts import it from their own folder (``python benchmarks/<script>.py`` puts that folder first on
 ``sys.path``).
@@ -7,10 +13,23 @@ The scripts import it from their own folder (``python benchmarks/<script>.py`` p
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import gc
 import os
 import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_gpuopt.bench.measure import quiet_lightning, write_results
+from lightning_gpuopt.bench.rows import DeviceBatches
+from lightning_gpuopt.bench.steady import Measurement, StepClock, format_rows, summarize
 
 #: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
 QUIET_FIT: dict[str, Any] = {
@@ -21,6 +40,137 @@ QUIET_FIT: dict[str, Any] = {
     "num_sanity_val_steps": 0,
     "limit_val_batches": 0,
 }
+#: results go here, named ``<date>-<subject>-<machine>.json``; git keeps only the files a document cites
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine_tag() -> str:
+    """``h200`` for an NVIDIA H200 (the last word of the GPU's name), ``cpu`` without CUDA."""
+    return torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else "cpu"
+
+
+def results_path(out: str | None, subject: str, quick: bool) -> Path:
+    """``out``, or ``results/<date>-<subject>-<machine>.json``; a ``--quick`` run without ``--out`` writes
+    to the temp folder, so a smoke run never lands among recorded results."""
+    if out:
+        return Path(out)
+    if quick:
+        return Path(tempfile.gettempdir()) / f"{subject}_quick.json"
+    return RESULTS / f"{dt.date.today().isoformat()}-{subject}-{machine_tag()}.json"
+
+
+def add_common(p: argparse.ArgumentParser, warmup: int, steps: int, repeats: int = 3) -> None:
+    """``--out``, ``--quick``, ``--warmup``, ``--steps``, ``--repeats``."""
+    p.add_argument("--out", default=None, help="results JSON (default results/<date>-<subject>-<gpu>.json)")
+    p.add_argument("--quick", action="store_true", help="a CPU smoke run: small model, tiny images")
+    p.add_argument("--warmup", type=int, default=warmup, help="steps before each window (past the prefetch)")
+    p.add_argument("--steps", type=int, default=steps, help="steps a window")
+    p.add_argument("--repeats", type=int, default=repeats, help="turns: every variant once a turn")
+
+
+def device_of(args: argparse.Namespace) -> str:
+    """``"cuda"`` where a GPU is visible and the run is not ``--quick``, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+
+
+def free() -> None:
+    """Drop what the last fit left: its model, optimizer state, the allocator's cached blocks."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measured_fit(
+    model: pl.LightningModule,
+    warmup: int,
+    steps: int,
+    *,
+    device: str,
+    preset: bool = True,
+    compile: bool = False,
+    settle: bool = False,
+    callbacks: Sequence[pl.Callback] = (),
+    trainer: Mapping[str, Any] | None = None,
+    **fit: Any,
+) -> Measurement:
+    """One fit of ``model`` stopped after ``StepClock(warmup, steps)``'s window.
+
+    ``preset``: ``Trainer(**fast_trainer_kwargs(model, compile=compile, ...))``; else a plain ``Trainer``.
+    ``trainer`` holds more ``Trainer`` arguments (they win over the preset's), ``callbacks`` run before the
+    clock, ``fit`` holds ``datamodule=`` or ``train_dataloaders=``.
+    """
+    from lightning_gpuopt import fast_trainer_kwargs
+
+    clock = StepClock(warmup=warmup, steps=steps, settle=settle or compile)
+    kwargs: dict[str, Any] = {
+        "accelerator": "gpu" if device == "cuda" else "cpu",
+        "devices": 1,
+        "max_epochs": -1,
+        **QUIET_FIT,
+        **(trainer or {}),
+        "callbacks": [*callbacks, clock],
+    }
+    if preset:
+        kwargs = fast_trainer_kwargs(model, device, compile=compile, **kwargs)
+    with quiet_lightning(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(no `validation_step`|has no logger).*")
+        pl.Trainer(**kwargs).fit(model, **fit)
+    if clock.measurement is None:
+        raise RuntimeError(f"the fit ended before its {warmup}-step warm-up did")
+    return clock.measurement
+
+
+def resident(batch: int, size: int, device: str, classes: int = 10, uint8: bool = True) -> DeviceBatches:
+    """One batch kept on ``device`` (uint8 as a loader that leaves normalizing to the GPU hands it over, or
+    float channels_last), endlessly; labels cycle through four sets."""
+    if uint8:
+        x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
+    else:
+        x = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    ys = [torch.randint(0, classes, (batch,), device=device) for _ in range(4)]
+    return DeviceBatches(x, ys, length=10**6)
+
+
+def loader_rate(loader: Iterable[Any], device: str, batches: int, skip: int = 5) -> float:
+    """Images a second ``loader`` delivers onto ``device`` with no model, after ``skip`` batches."""
+    it, n, t0 = iter(loader), 0, 0.0
+    for i in range(skip + batches):
+        x = next(it)[0].to(device, non_blocking=True)
+        if i == skip - 1:
+            torch.cuda.synchronize() if device == "cuda" else None
+            t0 = time.perf_counter()
+        elif i >= skip:
+            n += x.shape[0]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def say(name: str, turn: int, m: Measurement) -> None:
+    """A progress line for each measured repetition (``take_turns``' ``on_result``)."""
+    print(f"  turn {turn + 1} {name:32s} {m.samples_per_sec or 0:10,.0f}/s  p50 {m.p50_ms or 0:7.2f} ms"
+          f"  p90 {m.p90_ms or 0:7.2f} ms", flush=True)  # fmt: skip
+
+
+def report(
+    path: Path,
+    results: Mapping[str, Sequence[Measurement | BaseException]],
+    ceiling: str | None,
+    label: str = "of ceiling",
+    per_row: Mapping[str, Mapping[str, Any]] | None = None,
+    **extra: Any,
+) -> list[dict[str, Any]]:
+    """``summarize`` the repetitions into rows (``ratio_to_ceiling``: the median turn-by-turn ratio), add
+    ``per_row[name]``'s keys to each, write ``path`` and print the table last; ``extra`` goes into the file
+    beside the rows."""
+    rows = summarize(results, ceiling)
+    for row in rows:
+        row["ratio_to_ceiling"] = row["of_ceiling"]
+        row.update((per_row or {}).get(row["name"], {}))
+    write_results(path, rows, ceiling=ceiling, **extra)
+    print(format_rows(rows, label))
+    print(f"wrote {path}")
+    return rows
 
 
 def hdf5_store(

@@ -1,0 +1,193 @@
+"""Data feeds: which of the package's feeds, with which setting, keeps a user's model fed, and how much
+headroom each feed has.
+
+Every row fits one ``UserClassifier`` (torchvision's ResNet-50, its own SGD) through
+``Trainer(**fast_trainer_kwargs(model, compile=...))`` on the same 8,192 generated 500x375 JPEGs; only the
+feed differs. A feed is ``backend[:setting]``:
+
+    resident        one uint8 batch kept on the GPU: the preset with a free feed
+    hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (default "auto")
+    folder[:N]      OptimizedDataModule("jpegs/"): PIL decode in N worker processes (default "auto", tuned)
+    dali[:cpu|gpu]  OptimizedDataModule("jpegs/", backend="dali"): DALI decodes on its CPU threads or with
+                    nvJPEG (default: the decoder its rule picks for the cores a GPU has)
+
+The rows and the plain-loop ceiling (compiled where the model is) take turns ``--repeats`` times; each
+repetition is one fit measured by ``StepClock`` after ``--warmup`` steps, past every loader's prefetch.
+``loader_alone_per_sec`` is the feed's training loader iterated with no model: its headroom over the model.
+
+    python3 benchmarks/feeds.py                               # one H200: about 8 minutes
+    python3 benchmarks/feeds.py --feeds hdf5,hdf5:1,hdf5:8    # the store's reading threads
+    python3 benchmarks/feeds.py --quick                       # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _shared import (
+    add_common,
+    device_of,
+    free,
+    hdf5_store,
+    loader_rate,
+    measured_fit,
+    report,
+    resident,
+    results_path,
+    say,
+)
+from _user import UserClassifier, compiled_ceiling, measure_ceiling
+
+from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+
+BACKENDS = ("resident", "hdf5", "folder", "dali")
+DEFAULT_FEEDS = "resident,hdf5,hdf5:1,folder,dali,dali:cpu,dali:gpu"
+
+
+def parse_feed(spec: str) -> tuple[str, int | str | None]:
+    """``"hdf5:8"`` -> ``("hdf5", 8)``, ``"dali:cpu"`` -> ``("dali", "cpu")``, ``"folder"`` ->
+    ``("folder", None)``."""
+    backend, _, setting = spec.partition(":")
+    if backend not in BACKENDS:
+        raise ValueError(f"feed {spec!r}: the backend is one of {', '.join(BACKENDS)}")
+    if not setting:
+        return backend, None
+    if backend == "dali" and setting in ("cpu", "gpu"):
+        return backend, setting
+    if backend in ("hdf5", "folder") and setting.isdigit():
+        return backend, int(setting)
+    raise ValueError(f"feed {spec!r}: hdf5:N and folder:N take a count, dali:cpu|gpu a decoder")
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """The JPEG folder and the uint8 store converted from it, made once under ``--data`` and reused."""
+    root = Path(args.data)
+    size = dict(num_images=64, num_classes=4, image_size=(64, 48)) if args.quick else dict(
+        num_images=8192, num_classes=100)  # fmt: skip
+    name = "quick_feeds_64" if args.quick else "imagenet_8192"
+    t0 = time.perf_counter()
+    jpegs = make_jpeg_folder(root / name, **size)  # type: ignore[arg-type]
+    info: dict[str, Any] = {
+        "folder": jpegs,
+        "dali": jpegs,
+        "jpeg_seconds": round(time.perf_counter() - t0, 1),
+    }
+    store = root / f"{name}_{args.storage}.h5"
+    info["store"] = hdf5_store(jpegs, store, args.storage)
+    info["hdf5"] = store
+    return info
+
+
+def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    """What ``Trainer.fit`` takes for the feed: ``datamodule=`` or ``train_dataloaders=``."""
+    from lightning_gpuopt import DALIOptions, OptimizedDataModule
+
+    backend, setting = parse_feed(spec)
+    if backend == "resident":
+        return {"train_dataloaders": resident(args.batch_size, args.image_size, args.device)}
+    kwargs: dict[str, Any] = {
+        "backend": backend,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+    }
+    if backend == "dali":
+        kwargs["dali"] = DALIOptions(decoder=setting) if setting else None
+    elif setting is not None:
+        kwargs["num_workers"] = setting
+    return {"datamodule": OptimizedDataModule(str(info[backend]), **kwargs)}
+
+
+def alone(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:
+    """The feed's training loader alone: images a second onto the device (``None`` for ``resident``)."""
+    dm = feed(spec, args, info).get("datamodule")
+    if dm is None or not args.loader_batches:
+        return None
+    dm.setup("fit")
+    try:
+        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches)
+    finally:
+        dm.teardown("fit")
+
+
+def skip_reason(spec: str, device: str) -> str | None:
+    """Why a feed cannot run here (DALI or h5py missing), else ``None``."""
+    backend, setting = parse_feed(spec)
+    dali = (
+        importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+    )
+    if backend == "dali" and not dali:
+        return "nvidia.dali is not installed (pip install 'lightning-gpuopt[dali]')"
+    if backend == "dali" and setting == "gpu" and device != "cuda":
+        return "nvJPEG needs a CUDA device"
+    return None
+
+
+def run(args: argparse.Namespace, feeds: list[str]) -> dict[str, Any]:
+    """Every feed and the ceiling taking turns; rows with each feed's loader-alone rate."""
+    info = prepare(args)
+    model = UserClassifier(args.arch, num_classes=100)
+    loop, compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 100, args.device,
+                                       compile=args.compile)  # fmt: skip
+
+    def variant(spec: str) -> Callable[[], Measurement]:
+        def go() -> Measurement:
+            m = measured_fit(model, args.warmup, args.steps, device=args.device, compile=args.compile,
+                             **feed(spec, args, info))  # fmt: skip
+            free()
+            return m
+
+        return go
+
+    runnable = [f for f in feeds if skip_reason(f, args.device) is None]
+    variants = {"ceiling": lambda: measure_ceiling(loop, 10, args.steps), **{f: variant(f) for f in runnable}}
+    results = take_turns(variants, args.repeats, on_result=say)
+    headroom = {f: {"loader_alone_per_sec": alone(f, args, info)} for f in runnable}
+    skipped = {f: skip_reason(f, args.device) for f in feeds if f not in runnable}
+    return {"results": results, "per_row": headroom, "skipped": skipped, "ceiling_compile_seconds": compile_s,
+            "data": {k: str(v) if isinstance(v, Path) else v for k, v in info.items()}}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common(p, warmup=40, steps=200)
+    p.add_argument("--feeds", default=DEFAULT_FEEDS, help="comma-separated backend[:setting]")
+    p.add_argument("--data", default="/tmp/gpuopt_data", help="where the JPEGs and the store are made")
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--storage", type=int, default=256, help="the store's shorter side")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the model and the ceiling (default: on CUDA)")  # fmt: skip
+    p.add_argument(
+        "--loader-batches", type=int, default=30, help="batches timed for a loader alone (0: skip)"
+    )
+    args = p.parse_args(argv)
+    feeds = [f for f in args.feeds.split(",") if f]
+    try:
+        [parse_feed(f) for f in feeds]
+    except ValueError as err:
+        p.error(f"--feeds: {err}")
+    args.device = device_of(args)
+    args.compile = args.device == "cuda" if args.compile is None else args.compile
+    if args.quick:
+        args.arch, args.batch_size, args.image_size, args.storage = "small", 8, 32, 37
+        args.warmup, args.steps, args.repeats, args.loader_batches = 2, 3, min(args.repeats, 2), 2
+    t0 = time.perf_counter()
+    out = run(args, feeds)
+    results = out.pop("results")
+    for name, why in out["skipped"].items():
+        print(f"skipped {name}: {why}")
+    table = report(results_path(args.out, "feeds", args.quick), results, "ceiling", quick=args.quick,
+                   settings=vars(args), seconds=time.perf_counter() - t0, **out)  # fmt: skip
+    return 0 if all(r["error"] is None for r in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
