@@ -461,7 +461,7 @@ class WorkerTuner(pl.Callback):
     measured with ``tune_num_workers`` (same dataset, collate_fn and pin_memory, batches of at most
     ``MEASURE_BATCH_SIZE`` samples, worker counts up to the CPUs per local rank) and, with ``apply=True``, its
     ``num_workers`` is set to the result before the first epoch starts (``DataLoader`` allows changing
-    ``num_workers`` after construction; a ``prefetch_factor`` of None is set to ``loader.PREFETCH_FACTOR``,
+    ``num_workers`` after construction; a ``prefetch_factor`` of None is set to ``data.loader.PREFETCH_FACTOR``,
     as it was measured). Under DDP every rank measures at the same time (so contention is realistic) and
     rank zero's answer is used everywhere. Results are cached, so the next run starts
     at once. Validation loaders are left alone.
