@@ -79,7 +79,8 @@ from lightning_gpuopt.bench.measure import fit, quiet_lightning, write_results  
 from lightning_gpuopt.bench.models import ImageClassifier, build_model  # noqa: E402
 from lightning_gpuopt.compute.channels_last import apply_channels_last  # noqa: E402
 from lightning_gpuopt.compute.compile import COMPILE_SECONDS, CompileModel, should_compile  # noqa: E402
-from lightning_gpuopt.compute.precision import configure_backends, fast_trainer_kwargs  # noqa: E402
+from lightning_gpuopt.compute.precision import configure_backends  # noqa: E402
+from lightning_gpuopt.compute.preset import fast_trainer_kwargs  # noqa: E402
 from lightning_gpuopt.data.datamodule import OptimizedDataModule  # noqa: E402
 
 COLUMNS = [

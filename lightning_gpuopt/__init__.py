@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ChannelsLast": "lightning_gpuopt.compute.channels_last",
     "FusedOptimizer": "lightning_gpuopt.compute.optimizer",
     "CompileModel": "lightning_gpuopt.compute.compile",
-    "fast_trainer_kwargs": "lightning_gpuopt.compute.precision",
+    "fast_trainer_kwargs": "lightning_gpuopt.compute.preset",
     "choose_precision": "lightning_gpuopt.compute.precision",
     # data/: feed it
     "OptimizedDataModule": "lightning_gpuopt.data.datamodule",
@@ -66,7 +66,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.compute.channels_last import ChannelsLast
     from lightning_gpuopt.compute.compile import CompileModel
     from lightning_gpuopt.compute.optimizer import FusedOptimizer
-    from lightning_gpuopt.compute.precision import choose_precision, fast_trainer_kwargs
+    from lightning_gpuopt.compute.precision import choose_precision
+    from lightning_gpuopt.compute.preset import fast_trainer_kwargs
     from lightning_gpuopt.data.dali import DALILoader, DALIOptions
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
     from lightning_gpuopt.data.folder import UInt8ImageFolder

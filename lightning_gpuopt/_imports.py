@@ -21,12 +21,9 @@ _OPTIONAL: dict[str, tuple[str, str, str]] = {
     "matplotlib": ("matplotlib", "matplotlib", "plot"),
 }
 
-_NVML_AVAILABLE = RequirementCache(module="pynvml")
-_NVTX_AVAILABLE = RequirementCache(module="nvtx")
 _H5PY_AVAILABLE = RequirementCache(module="h5py")
 _TENSORBOARD_AVAILABLE = RequirementCache(module="tensorboard")
 _TORCHVISION_AVAILABLE = RequirementCache(module="torchvision")
-_MATPLOTLIB_AVAILABLE = RequirementCache(module="matplotlib")
 _DALI_AVAILABLE = RequirementCache(module="nvidia.dali")
 
 

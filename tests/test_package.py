@@ -1,5 +1,5 @@
-"""The package's shape: the public names, a light import, the CLI entry points, and the core never
-reaching into the harness."""
+"""The package's shape: the public names, a light import, the CLI entry points, an import graph without
+cycles, and the core never reaching into the harness."""
 
 import ast
 import importlib
@@ -131,6 +131,167 @@ def test_core_never_imports_the_harness_and_stays_small():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > CORE_LINES
     }
     assert too_long == {}, f"core modules over {CORE_LINES} lines: {too_long}"
+
+
+# --- the import graph -------------------------------------------------------------------------------------
+# Cycles known and being removed, each the set of modules of one strongly connected component. An entry
+# allows exactly that component: a cycle that grows, or any other cycle, fails the test. Delete the entry
+# once data/dali_pipeline.py no longer imports data/dali.py (a DALIOptions annotation under TYPE_CHECKING).
+KNOWN_IMPORT_CYCLES: set[frozenset[str]] = {
+    frozenset({"lightning_gpuopt.data.dali", "lightning_gpuopt.data.dali_pipeline"}),
+}
+HARNESS = ("lightning_gpuopt.bench", "lightning_gpuopt.commands", "lightning_gpuopt.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported, and those under ``if TYPE_CHECKING:`` (a cycle through
+    an annotation still ties the two modules together); not those inside functions."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            found += _module_level_imports(node.body) + _module_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                found += _module_level_imports(block)
+        elif isinstance(node, (ast.With, ast.ClassDef)):
+            found += _module_level_imports(node.body)
+    return found
+
+
+def _import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """``module -> modules of the package it imports at module level``, from ``{module: (source, is_package)}``.
+
+    ``from a.b import c`` is an edge to the module ``a.b.c`` where there is one, else to ``a.b``; an import
+    of a name outside the package is no edge.
+    """
+    graph: dict[str, set[str]] = {}
+    for name, (source, is_package) in sources.items():
+        package = name if is_package else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in _module_level_imports(ast.parse(source).body):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: resolve against the module's package
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
+            for target in targets:
+                while target and target not in sources:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) through each strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = {v}
+            while (w := stack.pop()) != v:
+                component.add(w)
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_through(graph, component) for component in components]
+
+
+def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    # shortest way from the component's first module back to itself, inside the component
+    start = min(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & component):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"no cycle in {component}")
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    return {
+        _module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def test_the_import_graph_sees_module_level_imports_and_cycles():
+    sources = {
+        "pkg": ("", True),
+        "pkg.a": ("from pkg import b\n", False),
+        "pkg.b": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import X\n", False),
+        "pkg.c": ("try:\n    import pkg.a\nexcept ImportError:\n    pass\n", False),
+        "pkg.d": ("def f():\n    from pkg import a\n", False),
+        "pkg.e": ("import torch\nfrom pkg.d import f\n", False),
+    }
+    graph = _import_graph(sources)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.d"] == set() and graph["pkg.e"] == {"pkg.d"}
+    assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert _cycles({**graph, "pkg.c": set()}) == []
+
+
+def test_the_package_has_no_import_cycles():
+    graph = _import_graph(_package_sources())
+    assert "lightning_gpuopt.compute.preset" in graph and len(graph) > 40
+    cycles = [c for c in _cycles(graph) if frozenset(c) not in KNOWN_IMPORT_CYCLES]
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_harness_imports_the_bench_package():
+    offenders = {
+        name: bench
+        for name, (source, is_package) in _package_sources().items()
+        if not any(name == h or name.startswith(h + ".") for h in HARNESS)
+        and (
+            bench := sorted(
+                n
+                for n in _imported_modules(source, name if is_package else name.rpartition(".")[0])
+                if n == "lightning_gpuopt.bench" or n.startswith("lightning_gpuopt.bench.")
+            )
+        )
+    }
+    assert offenders == {}
+
+
+def test_every_availability_flag_is_used():
+    from lightning_gpuopt import _imports
+
+    flags = [n for n in vars(_imports) if n.startswith("_") and n.endswith("_AVAILABLE")]
+    assert flags
+    others = [p for p in PACKAGE.rglob("*.py") if p.name != "_imports.py"]
+    others += sorted((PACKAGE.parent / "benchmarks").glob("*.py"))
+    text = "\n".join(p.read_text(encoding="utf-8") for p in others)
+    assert [f for f in flags if f not in text] == []
 
 
 def test_recorded_ladder_ships_with_the_package():

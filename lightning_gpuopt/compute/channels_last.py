@@ -9,7 +9,7 @@ Trainer); ``ChannelsLast`` only adapts it to Lightning's hooks.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -19,18 +19,17 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.compute._model import has_conv
 
 _FORMATS: dict[str, torch.memory_format] = {
     "channels_last": torch.channels_last,
     "channels_last_3d": torch.channels_last_3d,
 }
-# rank of the tensors each format applies to, and the layers whose kernels prefer it
+# rank of the tensors each format applies to, and the dimensionality of the convolutions that prefer it
 _RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
-_CONV_LAYERS: dict[torch.memory_format, tuple[type[nn.Module], ...]] = {
-    torch.channels_last: (nn.Conv2d, nn.ConvTranspose2d),
-    torch.channels_last_3d: (nn.Conv3d, nn.ConvTranspose3d),
-}
+_CONV_DIMS = {torch.channels_last: 2, torch.channels_last_3d: 3}
 # lazy modules' placeholders have no shape yet
 _UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)
 # devices whose convolution kernels have a channels_last path (cuDNN, oneDNN)
@@ -38,20 +37,16 @@ _PAYING_DEVICES = ("cuda", "cpu")
 
 
 def _resolve_format(memory_format: torch.memory_format | str) -> torch.memory_format:
-    if isinstance(memory_format, str):
-        fmt = _FORMATS.get(memory_format.replace("torch.", ""))
-        if fmt is None:
-            raise ValueError(
-                f"memory_format={memory_format!r} is not supported; use 'channels_last' (4-D, Conv2d) "
-                "or 'channels_last_3d' (5-D, Conv3d)."
-            )
-        return fmt
-    if isinstance(memory_format, torch.memory_format) and memory_format in _RANK:
-        return memory_format
-    raise ValueError(
-        f"memory_format={memory_format!r} is not supported; use torch.channels_last (4-D, Conv2d) "
-        "or torch.channels_last_3d (5-D, Conv3d)."
+    fmt = (
+        _FORMATS.get(memory_format.replace("torch.", "")) if isinstance(memory_format, str) else memory_format
     )
+    check_arg(
+        isinstance(fmt, torch.memory_format) and fmt in _RANK,
+        "memory_format",
+        memory_format,
+        "'channels_last' (4-D, Conv2d) or 'channels_last_3d' (5-D, Conv3d), by name or as a torch.memory_format",
+    )
+    return cast(torch.memory_format, fmt)
 
 
 def _format_name(fmt: torch.memory_format) -> str:
@@ -78,12 +73,6 @@ def _canonical_strides(size: torch.Size, fmt: torch.memory_format) -> tuple[int,
 
 def _in_format(t: torch.Tensor, fmt: torch.memory_format) -> bool:
     return t.stride() == _canonical_strides(t.shape, fmt)
-
-
-def has_conv(model: nn.Module, memory_format: torch.memory_format | str = torch.channels_last) -> bool:
-    """Whether ``model`` has a convolution whose kernels prefer ``memory_format``."""
-    layers = _CONV_LAYERS[_resolve_format(memory_format)]
-    return any(isinstance(m, layers) for m in model.modules())
 
 
 def is_channels_last(
@@ -117,9 +106,8 @@ def apply_channels_last(
         (once a process).
     """
     fmt = _resolve_format(memory_format)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not has_conv(model, fmt):
+    check_arg(isinstance(model, nn.Module), "model", model, "a torch.nn.Module", error=TypeError)
+    if not has_conv(model, _CONV_DIMS[fmt]):
         conv = "Conv2d" if fmt == torch.channels_last else "Conv3d"
         warn_once(
             f"apply_channels_last: {type(model).__name__} has no {conv} layer, so {_format_name(fmt)} cannot "
@@ -195,8 +183,13 @@ class ChannelsLast(pl.Callback):
     ) -> None:
         super().__init__()
         self._format = _resolve_format(memory_format)
-        if not isinstance(convert_inputs, bool):
-            raise TypeError(f"convert_inputs must be a bool, got {type(convert_inputs).__name__}")
+        check_arg(
+            isinstance(convert_inputs, bool),
+            "convert_inputs",
+            convert_inputs,
+            "True or False",
+            error=TypeError,
+        )
         self.memory_format = _format_name(self._format)
         self.convert_inputs = convert_inputs
         self.active = False
@@ -222,7 +215,7 @@ class ChannelsLast(pl.Callback):
                 "to pay; the callback does nothing. Remove it to silence this warning."
             )
             return
-        if not has_conv(pl_module, self._format):
+        if not has_conv(pl_module, _CONV_DIMS[self._format]):
             # maybe built later in `configure_model`: decide once the strategy has set the model up
             self._pending = True
             return
@@ -242,7 +235,7 @@ class ChannelsLast(pl.Callback):
             return
         pending, self._pending = self._pending, False
         name = type(pl_module).__name__
-        if pending and not has_conv(pl_module, self._format):
+        if pending and not has_conv(pl_module, _CONV_DIMS[self._format]):
             conv = "Conv2d" if self._format == torch.channels_last else "Conv3d"
             warn_once(
                 f"ChannelsLast: {name} has no {conv} layer, so {self.memory_format} cannot speed it up; "

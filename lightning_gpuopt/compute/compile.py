@@ -31,8 +31,9 @@ from lightning.pytorch.callbacks import Timer
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
-from lightning_gpuopt._common import warn_once
-from lightning_gpuopt.compute.precision import is_convnet
+from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._common import synchronize, warn_once
+from lightning_gpuopt.compute import _model
 
 __all__ = [
     "BREAK_EVEN_SECONDS",
@@ -217,10 +218,15 @@ class CompileModel(pl.Callback):
 
     def __init__(self, when: When = "always", backend: str = "inductor") -> None:
         super().__init__()
-        if when not in _WHEN:
-            raise ValueError(f"when={when!r} is not supported; use 'always' or 'auto'.")
-        if not isinstance(backend, str) or not backend:
-            raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
+        check_arg(when in _WHEN, "when", when, "'always' or 'auto'")
+        check_arg(
+            isinstance(backend, str) and bool(backend),
+            "backend",
+            backend,
+            "a torch.compile backend name",
+            fix="e.g. 'inductor', 'aot_eager' or 'eager'",
+            error=TypeError,
+        )
         self.when: When = when
         self.backend = backend
         self.decision: CompileDecision | None = None
@@ -262,7 +268,7 @@ class CompileModel(pl.Callback):
             self._install(pl_module, CompileDecision(True, "when='always'"))
             return
         decision = should_compile(
-            has_conv=is_convnet(pl_module),
+            has_conv=_model.has_conv(pl_module),
             device=trainer.strategy.root_device,
             steps_left=self._batches_left(trainer),
             time_left=self._time_left(trainer),
@@ -288,10 +294,10 @@ class CompileModel(pl.Callback):
             return
         index = self._batches - 1
         if index == _WARMUP_BATCHES:
-            self._sync(pl_module)
+            synchronize(pl_module.device)
             self._t0 = time.perf_counter()
         elif index == _WARMUP_BATCHES + _TIMED_BATCHES and self._t0 is not None:
-            self._sync(pl_module)
+            synchronize(pl_module.device)
             self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
             self._timing = False
             decision = should_compile(
@@ -377,11 +383,6 @@ class CompileModel(pl.Callback):
             if isinstance(cb, Timer):
                 return cb.time_remaining("train")
         return None
-
-    @staticmethod
-    def _sync(pl_module: pl.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
 
     # --- state and pickling -------------------------------------------------------------------------------
     @override

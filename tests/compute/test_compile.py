@@ -25,7 +25,7 @@ from lightning_gpuopt.compute.compile import (
     CompileModel,
     should_compile,
 )
-from lightning_gpuopt.compute.precision import PRESET_DDP_KWARGS, configure_backends, fast_trainer_kwargs
+from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
 from tests._ddp import CloseProcessGroup
 from tests._lightning import quiet_trainer
 
@@ -88,7 +88,6 @@ def test_should_compile_reads_the_capability_of_the_device(monkeypatch):
     assert should_compile(has_conv=True, device="cuda:0").compile is True
 
 
-# --- the preset ------------------------------------------------------------------------------------------
 def _convnet(num_classes: int = 4) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1, bias=False),
@@ -102,55 +101,6 @@ def _convnet(num_classes: int = 4) -> nn.Module:
 
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
-
-
-def _compile_callbacks(kwargs: dict) -> list[CompileModel]:
-    return [c for c in kwargs["callbacks"] if isinstance(c, CompileModel)]
-
-
-def test_preset_compile_choices_on_cpu():
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu")) == []  # the rule: CUDA only
-    (forced,) = _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True))
-    assert forced.when == "always"
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=False)) == []
-    mine = CompileModel(backend="eager")
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True, callbacks=[mine])) == [
-        mine
-    ]
-    with pytest.raises(TypeError, match="compile must be"):
-        fast_trainer_kwargs(_convnet(), "cpu", compile="yes")  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("capability", "model", "expected"),
-    [
-        ((9, 0), _convnet(), ["auto"]),
-        ((6, 1), _convnet(), []),
-        ((9, 0), _mlp(), []),
-        ((8, 0), None, ["auto"]),
-    ],
-)
-def test_preset_compile_rule_on_cuda(monkeypatch, capability, model, expected):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    before = configure_backends(tf32=None, cudnn_benchmark=None)  # the preset enables TF32 on CUDA
-    try:
-        kwargs = fast_trainer_kwargs(model)
-    finally:
-        before.restore()
-    assert [c.when for c in _compile_callbacks(kwargs)] == expected
-
-
-def test_preset_configures_ddp():
-    kwargs = fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp")
-    strategy = kwargs["strategy"]
-    assert isinstance(strategy, DDPStrategy)
-    assert PRESET_DDP_KWARGS["gradient_as_bucket_view"] is True
-    assert strategy._ddp_kwargs == PRESET_DDP_KWARGS  # what DDPStrategy hands DistributedDataParallel
-    mine = DDPStrategy(static_graph=True)
-    assert fast_trainer_kwargs(_convnet(), "cpu", strategy=mine)["strategy"] is mine
-    assert fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp_spawn")["strategy"] == "ddp_spawn"
 
 
 # --- the callback on a real fit -----------------------------------------------------------------------------
@@ -244,7 +194,7 @@ def test_validate_only_run_compiles_with_always():
 
 
 def test_arguments_are_checked():
-    with pytest.raises(ValueError, match="when="):
+    with pytest.raises(ValueError, match="when must be 'always' or 'auto', got 'sometimes'"):
         CompileModel(when="sometimes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="backend"):
         CompileModel(backend="")
@@ -417,23 +367,6 @@ def test_compiled_forward_under_ddp_trains_like_eager():
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-def test_gpu_preset_compiles_with_fp16_channels_last_and_fused_sgd(tmp_path):
-    from lightning_gpuopt.compute.optimizer import FusedOptimizer
-
-    model = ImageClassifier(_convnet(), fused=False)
-    kwargs = fast_trainer_kwargs(model, compile=True, max_steps=4, default_root_dir=tmp_path)
-    trainer = quiet_trainer(**kwargs, accelerator="gpu", devices=1)
-    trainer.fit(model, _data(64, 16, drop_last=True))
-    cb = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
-    fused = next(c for c in trainer.callbacks if isinstance(c, FusedOptimizer))
-    assert trainer.precision == "16-mixed" and fused.fused == ["SGD"]
-    assert cb.compiled_calls == 4 and cb.eager_calls == 0
-    trainer.save_checkpoint(tmp_path / "gpu.ckpt")
-    state = torch.load(tmp_path / "gpu.ckpt", weights_only=False)["state_dict"]
-    assert list(state) == list(ImageClassifier(_convnet()).state_dict())
-
-
 @pytest.mark.gpu
 def test_gpu_auto_times_a_short_run_and_stays_eager():
     cb = CompileModel(when="auto")

@@ -1,40 +1,15 @@
-import lightning.pytorch as pl
+"""choose_precision / configure_backends: the precision rule and the fp32 backend flags that go with it."""
+
+import re
+
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gpuopt.bench.models import ImageClassifier, SmallResNet
-from lightning_gpuopt.compute.channels_last import ChannelsLast
-from lightning_gpuopt.compute.compile import CompileModel
-from lightning_gpuopt.compute.optimizer import FusedOptimizer
-from lightning_gpuopt.compute.precision import (
-    choose_precision,
-    configure_backends,
-    fast_trainer_kwargs,
-)
-from tests._lightning import quiet_trainer
+from lightning_gpuopt.bench.models import SmallResNet
+from lightning_gpuopt.compute.precision import choose_precision, configure_backends, resolve_device
 
 TRANSFORMER = nn.TransformerEncoderLayer(d_model=16, nhead=2)
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """A CUDA device of a chosen compute capability, faked at torch's boundary."""
-
-    def install(capability: tuple[int, int]) -> None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-
-    return install
-
-
-@pytest.fixture
-def restore_backends():
-    previous = configure_backends(tf32=None, cudnn_benchmark=None)
-    yield previous
-    previous.restore()
 
 
 @pytest.mark.parametrize(
@@ -73,6 +48,23 @@ def test_choose_precision_cpu(monkeypatch, bf16, amx, expected):
     assert choose_precision("cpu", model=SmallResNet()) == expected
 
 
+def test_a_conv1d_model_is_a_conv_net(fake_gpu):
+    fake_gpu((9, 0))
+    assert choose_precision("cuda", model=nn.Sequential(nn.Conv1d(2, 4, 3))) == "16-mixed"
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(1) == torch.device("cuda", 1)
+    assert resolve_device(torch.device("meta")) == torch.device("meta")
+    with pytest.raises(
+        TypeError, match=re.escape("device must be a str, int, torch.device or None, got True")
+    ):
+        resolve_device(True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("device must be a torch device string, got 'gpu0'; e.g.")):
+        resolve_device("gpu0")
+
+
 def test_choose_precision_other_devices_and_bad_arguments():
     assert choose_precision("meta") == "32-true"
     with pytest.raises(ValueError, match="device"):
@@ -102,81 +94,8 @@ def test_configure_backends_sets_and_restores(restore_backends):
         configure_backends(tf32="yes")  # type: ignore[arg-type]
 
 
-def test_fast_trainer_kwargs_on_gpu(fake_gpu, restore_backends):
-    fake_gpu((9, 0))
-    configure_backends(tf32=False)
-    mine = pl.Callback()
-    kwargs = fast_trainer_kwargs(SmallResNet(), callbacks=[mine], max_epochs=3)
-    assert kwargs["precision"] == "16-mixed"
-    assert kwargs["benchmark"] is True
-    assert kwargs["max_epochs"] == 3
-    assert kwargs["callbacks"][0] is mine
-    assert [type(c) for c in kwargs["callbacks"]] == [pl.Callback, ChannelsLast, FusedOptimizer, CompileModel]
-    assert kwargs["callbacks"][-1].when == "auto"  # the rule decides once the run's length is known
-    assert torch.get_float32_matmul_precision() == "high"  # the documented side effect
-    plain = fast_trainer_kwargs(SmallResNet(), fused_optimizer=False, compile=False)
-    assert [type(c) for c in plain["callbacks"]] == [ChannelsLast]
-    assert torch.backends.cudnn.allow_tf32 is True
-
-
-def test_fast_trainer_kwargs_user_choices_win(fake_gpu, restore_backends):
-    fake_gpu((9, 0))
-    configure_backends(tf32=False)
-    own = ChannelsLast(convert_inputs=False)
-    kwargs = fast_trainer_kwargs(
-        SmallResNet(), tf32=False, precision="32-true", deterministic=True, callbacks=own, compile=False
-    )
-    assert kwargs["precision"] == "32-true"
-    assert "benchmark" not in kwargs  # deterministic asked for: no cuDNN autotuning
-    assert kwargs["callbacks"] == [own]  # not duplicated
-    assert torch.get_float32_matmul_precision() == "highest"
-
-
-def test_fast_trainer_kwargs_without_conv(fake_gpu, restore_backends):
-    fake_gpu((8, 0))
-    kwargs = fast_trainer_kwargs(TRANSFORMER)
-    assert kwargs["precision"] == "bf16-mixed"
-    assert kwargs["callbacks"] == []  # no convolution: no channels_last, and the compile rule does not apply
-
-
-def test_fast_trainer_kwargs_fit_on_cpu(monkeypatch, restore_backends):
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    before = configure_backends(tf32=None, cudnn_benchmark=None)
-    model = ImageClassifier("small")
-    kwargs = fast_trainer_kwargs(model, "cpu")
-    assert kwargs["precision"] == "32-true"
-    assert "benchmark" not in kwargs
-    assert configure_backends(tf32=None, cudnn_benchmark=None) == before  # no side effect on CPU
-    data = DataLoader(TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))), batch_size=4)
-    trainer = quiet_trainer(
-        **kwargs,
-        accelerator="cpu",
-        max_steps=1,
-    )
-    trainer.fit(model, data)
-    cl = next(c for c in trainer.callbacks if isinstance(c, ChannelsLast))
-    assert cl.active
-    assert model.model.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
-
-
 @pytest.mark.gpu
-def test_choose_precision_on_this_gpu(restore_backends):
+def test_choose_precision_on_this_gpu():
     major, _ = torch.cuda.get_device_capability()
     expected = "32-true" if major < 7 else "16-mixed"
     assert choose_precision(model=SmallResNet()) == expected
-    kwargs = fast_trainer_kwargs(SmallResNet())
-    assert kwargs["benchmark"] is True
-    assert torch.get_float32_matmul_precision() == "high"
-
-
-def test_ddp_preset_adds_nonblocking_step_checks():
-    from lightning.pytorch.strategies import DDPStrategy
-
-    from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
-
-    kwargs = fast_trainer_kwargs(nn.Linear(2, 2), device="cpu", strategy="ddp")
-    assert isinstance(kwargs["strategy"], DDPStrategy)
-    assert sum(isinstance(c, NonBlockingStepChecks) for c in kwargs["callbacks"]) == 1
-    single = fast_trainer_kwargs(nn.Linear(2, 2), device="cpu")
-    assert not any(isinstance(c, NonBlockingStepChecks) for c in single["callbacks"])

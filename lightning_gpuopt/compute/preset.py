@@ -1,0 +1,131 @@
+"""``fast_trainer_kwargs``: the one-line preset that composes every compute setting for a ``Trainer``.
+
+::
+
+    trainer = Trainer(**fast_trainer_kwargs(model, max_epochs=10))
+
+Precision has to be a ``Trainer`` argument (Lightning builds its precision plugin in ``Trainer.__init__``;
+a callback comes too late), so the preset is a function returning ``Trainer`` keyword arguments rather
+than a callback. It is the only piece with a process-wide side effect: on CUDA it enables TF32 (see
+``configure_backends``), as ``torch.set_float32_matmul_precision`` is meant to be called once at the top of
+a script.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+
+from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt.compute._model import has_conv
+from lightning_gpuopt.compute.channels_last import ChannelsLast
+from lightning_gpuopt.compute.compile import MIN_CAPABILITY, CompileModel
+from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
+from lightning_gpuopt.compute.optimizer import FusedOptimizer
+from lightning_gpuopt.compute.precision import choose_precision, configure_backends, resolve_device
+
+__all__ = ["PRESET_DDP_KWARGS", "fast_trainer_kwargs"]
+
+#: What ``fast_trainer_kwargs(..., strategy="ddp")`` passes to ``DDPStrategy``: gradients live in DDP's
+#: all-reduce buckets (no copy into them after backward, one copy of the gradients in memory).
+PRESET_DDP_KWARGS: dict[str, Any] = {"gradient_as_bucket_view": True}
+
+
+def _cuda_capability(dev: torch.device) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(dev)
+    return int(major), int(minor)
+
+
+def fast_trainer_kwargs(
+    model: nn.Module | None = None,
+    device: str | int | torch.device | None = None,
+    *,
+    tf32: bool = True,
+    fused_optimizer: bool = True,
+    compile: bool | None = None,
+    **trainer_kwargs: Any,
+) -> dict[str, Any]:
+    """``Trainer`` keyword arguments for the fastest compute on ``device``: the one-line preset.
+
+    ``Trainer(**fast_trainer_kwargs(model, max_epochs=10))`` gives:
+
+    - ``precision=choose_precision(device, model)`` (``"16-mixed"`` for a conv net on a recent GPU),
+    - ``benchmark=True`` on CUDA (Lightning sets ``cudnn.benchmark``), unless ``deterministic`` is asked for,
+    - a ``ChannelsLast()`` callback when the model has a Conv2d (or is not given), on CUDA and CPU,
+    - a ``FusedOptimizer()`` callback when the precision is ``"16-mixed"``: the optimizers run their fused
+      kernels, so the GradScaler never makes the host wait for the GPU,
+    - a ``CompileModel`` callback (``torch.compile`` of ``forward``): ``compile=None`` adds
+      ``CompileModel(when="auto")`` for a model with a convolution (or no model given) on a CUDA device of
+      compute capability >= 7.0, which compiles where ``should_compile`` finds that the run is long enough
+      to win back the compile time (about 300 s of eager training); ``True`` adds ``CompileModel()``
+      (compile on any device, the CPU included); ``False`` adds nothing,
+    - ``strategy="ddp"`` replaced by ``DDPStrategy(**PRESET_DDP_KWARGS)``, and a ``NonBlockingStepChecks()``
+      callback (under DDP, Lightning's per-step SIGTERM check no longer makes the host wait for the GPU),
+    - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
+
+    Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a callback
+    of a class the preset adds is not added twice; a ``Strategy`` object or another strategy name is kept).
+    From ``LightningCLI``, write the same in the config; see ``docs/compute.md``.
+
+    Args:
+        model: the model to be trained (a ``LightningModule`` or ``nn.Module``); drives the precision choice
+            and whether channels_last and compiling can pay.
+        device: the training device; ``None`` is the current CUDA device if any, else the CPU.
+        tf32: enable TF32 on CUDA (process-wide side effect); ``False`` leaves the flags alone.
+        fused_optimizer: add ``FusedOptimizer()`` under ``"16-mixed"``; ``False`` leaves optimizers alone.
+        compile: ``None`` compile where the rule says it pays, ``True`` always, ``False`` never.
+        **trainer_kwargs: any other ``Trainer`` arguments, returned merged.
+
+    Example::
+
+        trainer = Trainer(**fast_trainer_kwargs(model, max_epochs=90, devices=2, strategy="ddp"))
+    """
+    check_arg(
+        compile is None or isinstance(compile, bool),
+        "compile",
+        compile,
+        "True, False or None",
+        error=TypeError,
+    )
+    dev = resolve_device(device)
+    kwargs: dict[str, Any] = {"precision": choose_precision(dev, model)}
+    if dev.type == "cuda":
+        if not trainer_kwargs.get("deterministic"):
+            kwargs["benchmark"] = True
+        if tf32:
+            configure_backends(tf32=True, cudnn_benchmark=None)
+    if trainer_kwargs.get("strategy") == "ddp":
+        trainer_kwargs["strategy"] = DDPStrategy(**PRESET_DDP_KWARGS)
+
+    callbacks = trainer_kwargs.pop("callbacks", None)
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    callbacks = list(callbacks)
+
+    def add(callback_type: type, make: Any) -> None:
+        if not any(isinstance(c, callback_type) for c in callbacks):
+            callbacks.append(make())
+
+    if (model is None or has_conv(model, dims=2)) and dev.type in ("cuda", "cpu"):
+        add(ChannelsLast, ChannelsLast)
+    if isinstance(trainer_kwargs.get("strategy"), DDPStrategy):
+        add(NonBlockingStepChecks, NonBlockingStepChecks)
+    kwargs["callbacks"] = callbacks
+    kwargs.update(trainer_kwargs)
+    if fused_optimizer and str(kwargs.get("precision")) in ("16-mixed", "16"):
+        add(FusedOptimizer, FusedOptimizer)
+    if compile:
+        add(CompileModel, CompileModel)
+    elif (
+        compile is None
+        and dev.type == "cuda"
+        and (model is None or has_conv(model))
+        and _cuda_capability(dev) >= MIN_CAPABILITY
+    ):
+        add(CompileModel, lambda: CompileModel(when="auto"))
+    return kwargs
