@@ -415,7 +415,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def merge(paths: list[str], out: str) -> Path:
+    """One results file of several runs of this script on one machine: each row keeps the ratio to the
+    ceiling measured in its own run (``ceiling_run``), and every run's ceiling is kept."""
+    import json
+
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    rows: list[dict[str, Any]] = []
+    for i, doc in enumerate(docs):
+        for row in doc["rows"]:
+            if row["name"] == CEILING:
+                row = {**row, "name": f"{CEILING}_run{i + 1}"}
+            rows.append({**row, "ceiling_run": i + 1})
+    runs = [{"command": d["command"], "date": d["date"], "seconds": d.get("seconds")} for d in docs]
+    return write_results(out, rows, command=" && ".join(r["command"] for r in runs), runs=runs,
+                         machine_runs=[d["machine"] for d in docs], images=docs[0].get("images"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "merge":
+        p = argparse.ArgumentParser(prog="peers.py merge", description=merge.__doc__)
+        p.add_argument("paths", nargs="+")
+        p.add_argument("--out", required=True)
+        m = p.parse_args(sys.argv[2:])
+        print(f"wrote {merge(m.paths, m.out)}")
+        return 0
     args = parse_args(argv)
     t0 = time.perf_counter()
     doc = run(args)

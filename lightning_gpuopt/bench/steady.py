@@ -109,8 +109,10 @@ class _Marks:
         self.cuda = device.type == "cuda"
         self.device = device
         self.marks: list[Any] = []
+        self.host: list[float] = []  # the host clock at each mark: when the host got past the batch end
 
     def mark(self) -> None:
+        self.host.append(time.perf_counter())
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(self.device))
@@ -225,6 +227,10 @@ class StepClock(pl.Callback):
     def _finish(self) -> None:
         step_ms = self._marks.step_ms() if self._marks is not None else []
         extra = dict(self._cpu.window()) if self._cpu is not None else {}
+        if self._marks is not None and len(self._marks.host) > 1:
+            h = self._marks.host
+            host_ms = [(b - a) * 1e3 for a, b in zip(h, h[1:], strict=False)]
+            extra.update(host_p50_ms=percentile(host_ms, 0.5), host_p90_ms=percentile(host_ms, 0.9))
         self.measurement = Measurement(
             self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds, extra=extra
         )
