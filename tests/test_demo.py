@@ -57,6 +57,10 @@ def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     naive = rows["naive"]
     assert naive["samples_per_sec"] > 0 and len(naive["windows"]) == 3
     assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
+    # three fits taking turns, each the same number of steps, their step times' p50/p90 beside samples/s
+    assert [r["turn"] for r in naive["repeats"]] == [0, 1, 2]
+    assert len({r["steps"] for r in naive["repeats"]}) == 1 and 0 < naive["p50_ms"] <= naive["p90_ms"]
+    assert all(r["ratio_to_ceiling"] > 0 for r in naive["repeats"])
     assert rows["ceiling_eager"]["samples_per_sec"] > 0
     # the compiled rows are left out of a CPU demo (a minute or more of compiling), saying how to run them
     for name in ("+compile", "ceiling_compiled"):
@@ -73,7 +77,8 @@ def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     from lightning_gpuopt.bench.report import load_reference
 
     shipped = {r["name"]: r for r in load_reference()["rows"]}
-    assert f"{naive['samples_per_sec']:,.0f} [" in here
+    assert table.splitlines()[0].split()[:6] == ["row", "samples/s", "[range]", "p50", "ms", "p90"]
+    assert f"{naive['samples_per_sec']:,.0f} [" in here and f" {naive['p90_ms']:.1f} " in here
     assert recorded.split()[0] == f"{shipped['naive']['samples_per_sec']:,.0f}"
     assert "NVIDIA H200 recorded: resnet50, batch 256, 224 px" in text
     assert "a CPU cannot show: the GPU rows (+pinned, +dali, +16-mixed)" in text and "GPU-Util" in text

@@ -31,6 +31,8 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
             "1",
             "--seconds",
             "1",
+            "--repeats",
+            "2",
             "--out",
             str(out),
             "--cache-dir",
@@ -65,22 +67,25 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert naive["status"] == "ok" and naive["samples_per_sec"] > 0
     assert naive["num_workers"] == 0 and naive["pin_memory"] is False and naive["precision"] == "32-true"
     assert naive["speedup_vs_naive"] == pytest.approx(1.0)
-    assert naive["ratio_to_ceiling"] == pytest.approx(
-        naive["samples_per_sec"] / doc["ceiling_samples_per_sec"]
-    )
     assert naive["ratio_to_eager_ceiling"] == naive["ratio_to_ceiling"]
     assert naive["compiled"] is False and naive["compile_seconds"] is None
-    assert naive["steps_measured"] >= 1 and naive["gpu_util_mean"] is None  # no GPU on a CPU run
-    # three windows: the median is reported with their range
-    assert len(naive["windows"]) == 3
+    assert naive["gpu_util_mean"] is None  # no GPU on a CPU run
+    # two fits taking turns, each a fixed window: the median with the range, p50/p90 step times
+    reps = naive["repeats"]
+    assert [r["turn"] for r in reps] == [0, 1] and naive["windows"] == [r["samples_per_sec"] for r in reps]
+    assert reps[0]["steps"] == reps[1]["steps"] >= 2 and naive["steps_measured"] == 2 * reps[0]["steps"]
     assert naive["samples_per_sec_min"] <= naive["samples_per_sec"] <= naive["samples_per_sec_max"]
-    assert naive["samples_per_sec"] == sorted(naive["windows"])[1]
+    assert 0 < naive["p50_ms"] <= naive["p90_ms"]
+    # ratios turn by turn: each fit against the ceiling measured in the same turn
+    eager = rows["ceiling_eager"]["repeats"]
+    for rep, ceiling in zip(reps, eager, strict=True):
+        assert rep["ratio_to_ceiling"] == pytest.approx(rep["samples_per_sec"] / ceiling["samples_per_sec"])
+    assert naive["ratio_to_ceiling"] == pytest.approx(sum(r["ratio_to_ceiling"] for r in reps) / 2)
+    assert naive["ratio_to_ceiling_worst"] == min(r["ratio_to_ceiling"] for r in reps)
     assert rows["ceiling_eager"]["ratio_to_ceiling"] == pytest.approx(1.0)
-    # a prefetching loader is measured over whole epochs (48 images / batch 8 = 6 steps an epoch)
     workers = rows["+workers"]
-    assert workers["status"] == "ok" and workers["num_workers"] == 1
-    assert isinstance(workers["whole_epochs"], bool) and workers["steps_measured"] >= 1
-    assert naive["whole_epochs"] is None  # no workers, nothing prefetched: no need to align
+    assert workers["status"] == "ok" and workers["num_workers"] == 1 and len(workers["repeats"]) == 2
+    assert workers["whole_epochs"] is None and naive["whole_epochs"] is None
     assert rows["ceiling_lightning"]["status"] == "ok"
     dali = rows["+dali"]
     assert dali["status"] == "cannot run" and "CUDA" in dali["reason"] and dali["samples_per_sec"] is None
@@ -88,10 +93,12 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert (run / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = sorted(p.name for p in (run / "tensorboard").iterdir())
     assert runs == ["00_naive", "01_workers", "09_ceiling_lightning"]
-    assert any((run / "tensorboard" / "00_naive").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (run / "tensorboard" / "00_naive").iterdir()) == ["fit_0", "fit_1"]
+    assert any((run / "tensorboard" / "00_naive" / "fit_0").glob("events.out.tfevents.*"))
     # the table comes last on stdout and says why a row did not run
     table = captured.out.strip().splitlines()
-    assert table[0].split()[:4] == ["name", "samples_per_sec", "range", "ratio_to_ceiling"]
+    header = ["name", "samples_per_sec", "range", "p50_ms", "p90_ms", "ratio_to_ceiling"]
+    assert table[0].split()[:6] == header
     assert any(line.startswith("+dali") and "cannot run: DALI" in line for line in table)
     # under the table: which ceiling the ratios use
     note = next(line for line in table if line.startswith("ratio_to_ceiling"))
@@ -116,6 +123,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
         "0",
         "--steps",
         "2",
+        "--repeats",
+        "2",
         "--out",
         str(tmp_path / "out"),
         "--cache-dir",
@@ -128,8 +137,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
     folder = tmp_path / "cache" / "jpeg_16_2c_40x30"
     assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["class_00", "class_01"]
     doc = json.loads((tmp_path / "out" / "version_0" / "ladder.json").read_text())
-    # two measured steps split into two windows of one step
-    assert doc["rows"][0]["steps_measured"] == 2 and len(doc["rows"][0]["windows"]) == 2
+    # with --seconds 0, each of the two repetitions measures exactly --steps steps
+    assert [r["steps"] for r in doc["rows"][0]["repeats"]] == [2, 2] and doc["rows"][0]["steps_measured"] == 4
     assert not (tmp_path / "out" / "version_0" / "tensorboard").exists()
     # the cheapest row, by its older name: only the data lookup matters here
     args[args.index("naive")] = "ceiling_plain"
@@ -149,7 +158,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--seconds", "-1"], "--seconds must be >= 0"),
         (["--seconds", "0"], "give --steps N"),
-        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "1"], "--steps must be >= 2"),
+        (["--repeats", "0"], "--repeats must be an int >= 1"),
         (["--images", "0"], "--images must be >= 1"),
         (["--workers", "-2"], "--workers must be >= 0"),
     ],
@@ -366,7 +376,7 @@ def test_window_means_skip_warmup_windows():
     assert meter.window_means([], start_step=3) == (None, None)
 
 
-def _tiny_fit(meter, batches_per_epoch=6, extra=()):
+def _tiny_fit(clock, batches_per_epoch=6, extra=(), workers=0):
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_gpuopt.bench.models import ImageClassifier
@@ -374,79 +384,116 @@ def _tiny_fit(meter, batches_per_epoch=6, extra=()):
     data = TensorDataset(
         torch.randn(4 * batches_per_epoch, 3, 8, 8), torch.randint(0, 2, (4 * batches_per_epoch,))
     )
-    trainer = quiet_trainer(
-        accelerator="cpu",
-        max_epochs=50,
-        callbacks=[*extra, meter],
-    )
-    trainer.fit(ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4))
+    loader = DataLoader(data, batch_size=4, num_workers=workers, persistent_workers=workers > 0)
+    trainer = quiet_trainer(accelerator="cpu", max_epochs=50, callbacks=[*extra, clock])
+    trainer.fit(ImageClassifier("small", num_classes=2), loader)
     return trainer
 
 
-def test_row_meter_measures_whole_epochs_when_aligned():
-    m = meter.RowMeter(
-        warmup=2, warmup_seconds=60.0, seconds=0.003, max_steps=None, windows=3, align_epochs=True
-    )
-    trainer = _tiny_fit(m)
-    # warm-up runs to the end of epoch 0; two one-step windows, then the last runs to the end of epoch 1
-    assert m.start_step == 6 and m.measured_steps == 6 and m.aligned is True
-    assert trainer.global_step == 12 and len(m.result.rates) == 3 and m.samples_per_sec > 0
+class _Sleep(pl.Callback):
+    """Makes training steps ``seconds`` longer: the first ``slow`` of them ``first`` seconds instead, as a
+    compile does."""
 
-
-def test_row_meter_without_alignment_and_step_cap():
-    m = meter.RowMeter(warmup=2, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3, align_epochs=False)
-    _tiny_fit(m)
-    assert m.start_step == 2 and m.measured_steps == 3 and m.aligned is False
-    assert len(m.result.rates) == 3
-
-
-class _SlowFirstSteps(pl.Callback):
-    """Makes the first ``steps`` training steps ``seconds`` longer, as a compile does."""
-
-    def __init__(self, steps, seconds):
-        self.steps, self.seconds = steps, seconds
+    def __init__(self, seconds, slow=0, first=0.0):
+        self.seconds, self.slow, self.first = seconds, slow, first
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step <= self.steps:
-            time.sleep(self.seconds)
+        time.sleep(self.first if trainer.global_step <= self.slow else self.seconds)
 
 
-def test_row_meter_settle_measures_after_the_slow_first_steps():
-    m = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3, settle=True)
-    _tiny_fit(m, extra=[_SlowFirstSteps(2, 0.3)])
-    # steps 0 and 1 are slow; three fast steps make the time settled, then the windows start
-    assert m.compile_seconds >= 0.6 and m.start_step >= 5
-    assert m.measured_steps == 3 and len(m.result.rates) == 3
-    plain = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=0, max_steps=3, windows=3)
-    _tiny_fit(plain, extra=[_SlowFirstSteps(2, 0.3)])
-    assert plain.compile_seconds is None and plain.start_step == 1  # without settle: right after warm-up
+def test_prefetched_batches_counts_what_a_loader_holds_ready():
+    from torch.utils.data import DataLoader
+
+    from lightning_gpuopt.bench.runner import prefetched_batches
+
+    assert prefetched_batches(DataLoader(range(8))) == 1  # the batch Lightning fetches ahead
+    assert prefetched_batches(DataLoader(range(8), num_workers=3, prefetch_factor=4)) == 13
+    assert prefetched_batches(DataLoader(range(8), num_workers=2)) == 5  # DataLoader's default factor: 2
 
 
-def test_row_meter_keeps_windows_when_the_fit_ends_early():
-    m = meter.RowMeter(warmup=1, warmup_seconds=60.0, seconds=600.0, max_steps=None, windows=3)
-    from torch.utils.data import DataLoader, TensorDataset
+def test_row_clock_warms_up_past_the_prefetch_and_sizes_its_window_from_the_warm_up():
+    from lightning_gpuopt.bench.runner import RowClock
 
-    from lightning_gpuopt.bench.models import ImageClassifier
+    clock = RowClock(warmup=2, steps=2, seconds=0.4, max_steps=100)
+    trainer = _tiny_fit(clock, extra=[_Sleep(0.04)], workers=1)
+    # 2 warm-up steps past 1 worker x prefetch 2 and the batch fetched ahead; their step time into 0.4 s
+    assert clock.warmup == 2 + 2 + 1
+    m = clock.measurement
+    assert clock.warmup_step_s >= 0.04 and clock.steps == max(2, int(0.4 / clock.warmup_step_s))
+    assert m.steps == clock.steps and trainer.global_step == clock.warmup + 1 + clock.steps
+    assert m.p50_ms >= 40 and m.samples == 4 * m.steps
+    capped = RowClock(warmup=2, steps=2, seconds=10.0, max_steps=4)
+    _tiny_fit(capped, extra=[_Sleep(0.01)])
+    assert capped.steps == 4 and capped.measurement.steps == 4
+    fixed = RowClock(warmup=1, steps=3)  # no seconds: exactly ``steps``
+    _tiny_fit(fixed, extra=[_Sleep(0.01)])
+    assert fixed.steps == 3 and fixed.measurement.steps == 3
 
-    data = TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,)))
-    quiet_trainer(accelerator="cpu", max_steps=4, callbacks=[m]).fit(
-        ImageClassifier("small", num_classes=2), DataLoader(data, batch_size=4)
+
+def test_row_clock_settles_after_a_compile_and_sizes_from_the_settled_steps():
+    from lightning_gpuopt.bench.runner import RowClock
+
+    clock = RowClock(warmup=1, steps=2, seconds=2.0, settle=True)
+    _tiny_fit(clock, extra=[_Sleep(0.01, slow=3, first=1.5)])
+    # steps 0-2 are slow (the compile); the window's length comes from the fast steps after them
+    assert clock.compile_seconds >= 2.5 and clock.measurement.compile_seconds == clock.compile_seconds
+    assert clock.warmup_step_s < 1.5 and clock.steps == max(2, int(2.0 / clock.warmup_step_s))
+    assert clock.measurement.steps == clock.steps
+
+
+def _measured_row(name, rates, turns=None):
+    from lightning_gpuopt.bench.runner import LadderRunner
+    from lightning_gpuopt.bench.steady import Measurement
+
+    row = {"name": name, "status": "ok", "compile_seconds": None, "_steps": None, "_measured": []}
+    for turn, rate in zip(turns or range(len(rates)), rates, strict=True):
+        LadderRunner._add_repeat(row, turn, Measurement(int(rate), 1.0, (1000.0 / 2, 1000.0 / 2)), 2)
+    return row
+
+
+def test_rows_keep_each_repetition_and_its_ratio_to_the_ceiling_of_its_turn():
+    results = [
+        _measured_row("naive", [10, 12, 11]),
+        _measured_row("+workers", [45, 20, 40]),
+        _measured_row("+hdf5", [80, 90], turns=[0, 2]),  # missed turn 1
+        _measured_row("ceiling_eager", [100, 50, 100]),
+    ]
+    workers = results[1]
+    assert (workers["samples_per_sec"], workers["samples_per_sec_min"], workers["samples_per_sec_max"]) == (
+        40,
+        20,
+        45,
     )
-    assert m.measured_steps == 3 and len(m.result.rates) == 1 and m.aligned is False
-
-
-def test_windows_median_range_and_noise():
-    w = meter.Windows((90.0, 100.0, 130.0))
-    assert (w.median, w.low, w.high) == (100.0, 90.0, 130.0)
-    assert w.spread == pytest.approx(0.4) and w.noisy
-    assert not meter.Windows((99.0, 100.0, 101.0)).noisy
-    assert meter.Windows((5.0,)).spread is None and meter.Windows(()).median is None
-    fields = w.row_fields()
-    assert fields["samples_per_sec"] == 100.0 and fields["windows"] == [90.0, 100.0, 130.0]
+    assert workers["windows"] == [45, 20, 40] and workers["steps_measured"] == 6
+    assert workers["p50_ms"] == workers["p90_ms"] == 500.0
+    summary = ceilings.fill_ratios(results)
+    assert summary["ceiling"] == "ceiling_eager"
+    # the slow second turn hit the ceiling too: turn by turn, +workers held 0.4-0.45 of it
+    assert [r["ratio_to_ceiling"] for r in workers["repeats"]] == [0.45, 0.4, 0.4]
+    assert workers["ratio_to_ceiling"] == 0.4 and workers["ratio_to_ceiling_worst"] == 0.4
+    assert workers["ratio_to_eager_ceiling"] == 0.4
+    hdf5 = results[2]
+    assert [r["ratio_to_ceiling"] for r in hdf5["repeats"]] == [0.8, 0.9]
+    assert hdf5["ratio_to_ceiling"] == pytest.approx(0.85)
+    # a ceiling without repetitions: the ratio of the medians
+    plain = [{"name": "+workers", "samples_per_sec": 40.0}, {"name": "ceiling_eager", "samples_per_sec": 80}]
+    ceilings.fill_ratios(plain)
+    assert plain[0]["ratio_to_ceiling"] == 0.5 and plain[0]["ratio_to_ceiling_worst"] is None
 
 
 def _row(name, rates):
-    return {"name": name, "status": "ok", **meter.Windows(tuple(rates)).row_fields()}
+    rates = sorted(rates)
+    return {
+        "name": name,
+        "status": "ok",
+        "samples_per_sec": rates[len(rates) // 2],
+        "samples_per_sec_min": rates[0],
+        "samples_per_sec_max": rates[-1],
+        "spread": (rates[-1] - rates[0]) / rates[len(rates) // 2],
+        "windows": rates,
+        "p50_ms": 12.5,
+        "p90_ms": 14.0,
+    }
 
 
 def test_compare_calls_overlapping_ranges_noise():
@@ -575,9 +622,15 @@ def test_compiled_rows_run_on_a_cpu_when_named(jpeg_folder, tmp_path, capsys):
         == doc["ceiling_compiled_samples_per_sec"]
         == compiled["samples_per_sec"]
     )
-    assert row["ratio_to_ceiling"] == pytest.approx(row["samples_per_sec"] / compiled["samples_per_sec"])
-    eager = by["ceiling_eager"]["samples_per_sec"]
-    assert row["ratio_to_eager_ceiling"] == pytest.approx(row["samples_per_sec"] / eager)
+    # each fit against the ceilings' fits of its turn; every fit compiles afresh and times its compile
+    import statistics
+
+    turns = list(zip(row["repeats"], compiled["repeats"], by["ceiling_eager"]["repeats"], strict=True))
+    assert len(turns) == 3 and all(r["compile_seconds"] is not None for r in row["repeats"])
+    ratios = [r["samples_per_sec"] / c["samples_per_sec"] for r, c, _ in turns]
+    assert row["ratio_to_ceiling"] == pytest.approx(statistics.median(ratios))
+    eager = [r["samples_per_sec"] / e["samples_per_sec"] for r, _, e in turns]
+    assert row["ratio_to_eager_ceiling"] == pytest.approx(statistics.median(eager))
     # measured after the compile: a window ran at compiled speed, not the compile's seconds a step
     assert row["seconds_measured"] < row["compile_seconds"] + 30
     # under the table: the ratios' ceiling, then the compile time line

@@ -6,9 +6,12 @@ This package measures the product; the product (``data/``, ``compute/``, ``obser
 module             what it holds
 =================  ==========================================================================================
 ``rows``           the ladder's rows (``ROW_SPECS``), ``LadderConfig``, the naive PIL dataset
-``meter``          ``RowMeter``: warm-up (past a compile), then windows reported as median and range
-``runner``         ``run_ladder``: each row a short Lightning fit
-``ceilings``       ``fill_ratios``: ratios against the compiled ceiling where measured, and the eager one
+``steady``         ``StepClock`` (a CUDA event at every batch end, warm-up past the compile and the
+                   prefetch, then a fixed window), ``measure_loop``, repetitions taking turns, ``summarize``
+``meter``          ``first_fast_step`` (when a compile is over), ``compare`` (a difference beyond the noise)
+``runner``         ``run_ladder``: each row several Lightning fits (plain loops for the ceilings) taking turns
+``ceilings``       ``fill_ratios``: ratios turn by turn against the compiled ceiling where measured, and the
+                   eager one
 ``report``         tables, results JSON, PNG chart, the recorded GPU ladder shipped with the package
 ``measure``        ``PlainLoop`` and ``plain_loop_throughput`` (the ceilings), ``ThroughputMeter``,
                    ``write_results``
@@ -33,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "ROW_NAMES": "lightning_gpuopt.bench.rows",
     "parse_rows": "lightning_gpuopt.bench.rows",
     "run_ladder": "lightning_gpuopt.bench.runner",
-    "RowMeter": "lightning_gpuopt.bench.meter",
+    "StepClock": "lightning_gpuopt.bench.steady",
     "PlainLoop": "lightning_gpuopt.bench.measure",
     "plain_loop_throughput": "lightning_gpuopt.bench.measure",
     "fill_ratios": "lightning_gpuopt.bench.ceilings",
@@ -52,7 +55,7 @@ __all__ = [
     "ImageClassifier",
     "LadderConfig",
     "PlainLoop",
-    "RowMeter",
+    "StepClock",
     "ThroughputMeter",
     "build_model",
     "fill_ratios",
@@ -87,8 +90,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         plain_loop_throughput,
         write_results,
     )
-    from lightning_gpuopt.bench.meter import RowMeter
     from lightning_gpuopt.bench.models import ImageClassifier, build_model
     from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows
     from lightning_gpuopt.bench.runner import run_ladder
+    from lightning_gpuopt.bench.steady import StepClock
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder

@@ -3,9 +3,11 @@ recorded GPU ladder shipped with the package.
 
 On generated JPEGs (cached under ``_common.cache_dir()``), it first trains a small ResNet for a few steps with
 ``GPUStatsMonitor`` on and logs to TensorBoard, then runs every ladder row that can run here (rows that need a
-CUDA GPU say so), each measured in several windows and shown as median [min-max]. The recorded run is
-printed beside it, with one line on what a CPU cannot show, and where the windows of a row or two rows
-overlap the numbers are called noise-level. Each run writes into a new ``<out>/version_<n>`` folder.
+CUDA GPU say so), each in three fits taking turns with the other rows; a fit warms up past its loader's
+prefetch and then times a fixed number of steps at every batch end. Rows show the median fit [min-max] and
+p50/p90 step times. The recorded run is printed beside it, with one line on what a CPU cannot show, and
+where the fits of a row or two rows overlap the numbers are called noise-level. Each run writes into a new
+``<out>/version_<n>`` folder.
 """
 
 from __future__ import annotations
@@ -182,9 +184,9 @@ def _ladder(
         image_size=opts.image_size,
         rows=ROW_NAMES,
         seconds=opts.ladder_seconds,
+        steps=30,  # a few seconds of CPU steps at most, even where the warm-up ran faster than the window
         warmup=2,
-        windows=3,
-        interleave=True,
+        repeats=3,
         accelerator="gpu" if use_gpu else "cpu",
         num_workers=workers if workers > 0 else None,
         tune_seconds=min(5.0, 2 * opts.ladder_seconds),
@@ -196,8 +198,9 @@ def _ladder(
     say("")
     say(
         f"ladder: each row adds one thing to the row above, on the same images; each row is measured in "
-        f"{config.windows} fits of ~{opts.ladder_seconds / config.windows:.1f} s, the rows taking turns, and "
-        "shown as median [min-max]"
+        f"{config.repeats} fits, the rows taking turns: a warm-up past what the loader prefetches, then the "
+        f"steps of ~{opts.ladder_seconds / config.repeats:.1f} s timed at every batch end; shown as median "
+        "[min-max] with p50/p90 step times"
     )
     return run_ladder(config, progress=lambda line: say(f"  {line}")), config
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt._common import available_cpus, synchronize
+from lightning_gpuopt.bench.steady import measure_loop
 
 ROW_KEYS = ("name", "samples_per_sec", "ratio_to_ceiling", "gpu_util_mean", "data_wait_frac")
 
@@ -132,16 +133,11 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
     return path
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class PlainLoop:
     """A plain PyTorch training loop on one batch already on the device, stepped by the caller: the ceilings.
 
-    ``plain_loop_throughput`` runs it warm-up then timed; the ladder times its warm-up steps one by one
-    (``timed_step``) to see when a compiled model's steps have become fast.
+    ``bench.steady.measure_loop(loop.step, ...)`` measures it (``plain_loop_throughput`` does); the ladder
+    times its warm-up steps one by one (``timed_step``) to see when a compiled model's steps have become fast.
 
     Args:
         model: the model (moved to ``device``; trained in place).
@@ -163,8 +159,7 @@ class PlainLoop:
         >>> from lightning_gpuopt.bench.models import build_model
         >>> loop = PlainLoop(build_model("small", 10), batch_size=8, image_size=32, dtype=None, device="cpu",
         ...                  num_classes=10)
-        >>> seconds = loop.timed_step()
-        >>> loop.throughput(steps=5) > 0
+        >>> loop.timed_step() > 0
         True
     """
 
@@ -228,20 +223,11 @@ class PlainLoop:
 
     def timed_step(self) -> float:
         """Seconds of one step, the device synchronised before and after it."""
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         self.step()
-        _sync(self.device)
+        synchronize(self.device)
         return time.perf_counter() - t0
-
-    def throughput(self, steps: int) -> float:
-        """Samples/s over ``steps`` steps, the device synchronised at both ends only."""
-        _sync(self.device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        _sync(self.device)
-        return steps * self.batch_size / (time.perf_counter() - t0)
 
 
 def plain_loop_throughput(
@@ -262,8 +248,10 @@ def plain_loop_throughput(
 ) -> float:
     """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
 
-    ``warmup`` untimed steps, then ``steps`` timed ones; the arguments are ``PlainLoop``'s.
+    ``warmup`` untimed steps, then ``steps`` steps timed on the device's clock (``measure_loop``: a CUDA event
+    after each); the other arguments are ``PlainLoop``'s.
     """
+
     loop = PlainLoop(
         model,
         batch_size,
@@ -278,9 +266,7 @@ def plain_loop_throughput(
         use_feed=use_feed,
         label_sets=label_sets,
     )
-    for _ in range(warmup):
-        loop.step()
-    return loop.throughput(steps)
+    return measure_loop(loop.step, loop.device, warmup, steps, batch_size).samples_per_sec or 0.0
 
 
 class ThroughputMeter(pl.Callback):
@@ -307,7 +293,7 @@ class ThroughputMeter(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if trainer.global_step == self.warmup and self._t0 is None:
-            _sync(pl_module.device)
+            synchronize(pl_module.device)
             self._t0 = time.perf_counter()
 
     @override
@@ -322,7 +308,7 @@ class ThroughputMeter(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._t0 is None:
             return
-        _sync(pl_module.device)
+        synchronize(pl_module.device)
         self.seconds = time.perf_counter() - self._t0
         self.samples_per_sec = self._samples / self.seconds if self.seconds > 0 else None
 

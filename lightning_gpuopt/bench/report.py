@@ -1,8 +1,9 @@
 """What a ladder run leaves behind: the text and Markdown tables, the results JSON and the PNG chart, plus the
 recorded GPU ladder shipped with the package (``load_reference``) that ``demo`` prints beside a CPU run.
 
-Numbers carry their noise: a row shows the median of its windows with their range, and a comparison between
-two rows whose ranges overlap is marked ``~`` (within what one row already varies by).
+Numbers carry their noise: a row shows the median of its repetitions with their range and its p50/p90 step
+times, and a comparison between two rows whose ranges overlap is marked ``~`` (within what one row already
+varies by).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ TABLE_COLUMNS = (
     "name",
     "samples_per_sec",
     "range",
+    "p50_ms",
+    "p90_ms",
     "ratio_to_ceiling",
     "ratio_to_eager_ceiling",
     "speedup_vs_naive",
@@ -50,6 +53,10 @@ def _range(row: dict[str, Any]) -> str | None:
     if lo is None or hi is None or len(row.get("windows") or []) < 2:
         return None
     return f"{_num(lo)}-{_num(hi)}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -88,8 +95,9 @@ def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
 
 
 def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> str:
-    """The ladder as a text table (median samples/s and the windows' range); rows that did not run show
-    ``status: reason``. With ``notes``, ``ceiling_notes`` follow the table on lines of their own."""
+    """The ladder as a text table (median samples/s, the repetitions' range, p50/p90 step times in ms); rows
+    that did not run show ``status: reason``. With ``notes``, ``ceiling_notes`` follow the table on lines of
+    their own."""
     shown = []
     for r in rows:
         s = dict(r, range=_range(r))
@@ -104,15 +112,16 @@ def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The ladder as a Markdown table (for README/docs), rows that did not run say why; ``ceiling_notes``
     below it."""
     lines = [
-        "| row | adds | samples/s | range | of ceiling | of eager ceiling | x naive | GPU-Util % | data-wait "
-        "| status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| row | adds | samples/s | range | p50 ms | p90 ms | of ceiling | of eager ceiling | x naive | GPU-Util % "
+        "| data-wait | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         status = "ok" if r.get("status") == OK else f"{r.get('status')}: {r.get('reason')}"
         lines.append(
             f"| `{r['name']}` | {r.get('adds', '')} | {_num(r.get('samples_per_sec'))} | {_range(r) or '-'} | "
-            f"{_num(r.get('ratio_to_ceiling'), '.3f')} | {_num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
+            f"{_ms(r.get('p50_ms'))} | {_ms(r.get('p90_ms'))} | {_num(r.get('ratio_to_ceiling'), '.3f')} | "
+            f"{_num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
             f"{_num(r.get('speedup_vs_naive'), '.1f')} | {_num(r.get('gpu_util_mean'), '.1f')} | "
             f"{_num(r.get('data_wait_frac'), '.3f')} | {status} |"
         )
@@ -180,13 +189,13 @@ def _render(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 
 def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] | None) -> str:
-    """This run's rows (median samples/s [windows' range], x naive, vs the row above) and, right of the
-    ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
+    """This run's rows (median samples/s [repetitions' range], p50/p90 step ms, x naive, vs the row above)
+    and, right of the ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
     ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
     for old, new in ROW_ALIASES.items():  # a recording made before a row was renamed
         if old in ref_rows and new not in ref_rows:
             ref_rows[new] = ref_rows[old]
-    headers = ["row", "samples/s [range]", "x naive", "vs above"]
+    headers = ["row", "samples/s [range]", "p50 ms", "p90 ms", "x naive", "vs above"]
     if reference is not None:
         headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]
     body = []
@@ -199,6 +208,8 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
         cells = [
             r["name"],
             here,
+            _ms(r.get("p50_ms")) if _ran(r) else "-",
+            _ms(r.get("p90_ms")) if _ran(r) else "-",
             _ratio_cell(*cmp["x_naive"]) if cmp["x_naive"] else "-",
             _ratio_cell(*cmp["vs_above"]) if cmp["vs_above"] else "-",
         ]
@@ -225,11 +236,11 @@ def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]
     notes = []
     if noisy:
         notes.append(
-            f"noise: {', '.join(noisy)} varied by more than {NOISE_SPREAD:.0%} between windows; "
+            f"noise: {', '.join(noisy)} varied by more than {NOISE_SPREAD:.0%} between repetitions; "
             "their numbers are noise-level on this machine, so a second run can differ as much"
         )
     if marked:
-        notes.append("~ marks a ratio within the noise: the two rows' window ranges overlap")
+        notes.append("~ marks a ratio within the noise: the two rows' ranges over their repetitions overlap")
     return notes
 
 
@@ -291,7 +302,7 @@ def plot_ladder(
     title: str = "",
     reference: dict[str, Any] | None = None,
 ) -> Path:
-    """Horizontal bars of samples/s per row, the windows' range as error bars, the recorded run below when
+    """Horizontal bars of samples/s per row, the repetitions' range as error bars, the recorded run below when
     ``reference`` is given. Labels sit right of the bars and the image grows to hold them (nothing clipped).
 
     Raises:

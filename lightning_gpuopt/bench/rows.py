@@ -282,21 +282,22 @@ class LadderConfig:
         rows: row names in ladder order (``parse_rows``). ``ceiling_eager`` is always measured, and
             ``ceiling_compiled`` (the ratios' ceiling) on CUDA or with a compiled row; on a CPU the compiled
             rows run only when named in a list shorter than the whole ladder (``compile_asked``).
-        seconds: measured seconds a row (``0``: no time box, ``steps`` must be set), split into ``windows``.
-        steps: measured steps a row at most (``None``: only ``seconds``).
-        warmup: warm-up steps before measuring (cut short after half the row's seconds).
-        windows: measuring windows a row; the row reports their median and their range, so a reader can
-            tell a difference between rows from noise.
-        interleave: measure each window in a fit of its own, the rows taking turns (round robin), instead of
-            all of a row's windows in one fit. Slower (a fit's start-up and warm-up per window), but on a
-            shared or busy machine a slow spell then spreads over every row's range instead of lowering one
-            row, and the range covers what a second run would see.
+        seconds: measured seconds a row, over all its repetitions (``0``: no time box, ``steps`` must be set).
+            A row's first fit turns its share into a step count from the rate of its last warm-up steps;
+            every repetition of the row then measures that many steps.
+        steps: steps each repetition measures (with ``seconds``: at most this many); ``None``: from ``seconds``.
+        warmup: warm-up steps of each fit before its window, counted past what the loader prefetches (its
+            workers' or reading threads' batches in flight) and, for a compiled model, past the compile.
+        repeats: fits a row, the rows taking turns (round robin: one fit of every row a turn, the ceilings
+            first), so a slow spell of a shared machine lands on every row alike; a row reports the median
+            repetition and their range, and its ratios to the ceilings are taken turn by turn.
         accelerator: ``"auto"``, ``"cpu"`` or ``"gpu"``.
         num_workers: DataLoader workers for tuned rows; ``None`` measures them (``tune_num_workers``).
         tune_seconds: time budget for each worker tuning.
         cache_dir: where HDF5 conversions are cached.
         tb_dir: TensorBoard ``save_dir`` (one run a row, ``name=<NN>_<row>``); ``None``: no TensorBoard.
-        time_budget_s: whole-run budget; rows shrink their seconds to fit and are skipped when it is spent.
+        time_budget_s: whole-run budget: a row's first fit sizes its steps to its share of what is left, and
+            the fits left once it is spent are skipped.
         lr: SGD learning rate.
 
     Example:
@@ -312,8 +313,7 @@ class LadderConfig:
     seconds: float = 10.0
     steps: int | None = None
     warmup: int = 5
-    windows: int = 3
-    interleave: bool = False
+    repeats: int = 3
     accelerator: str = "auto"
     num_workers: int | None = None
     tune_seconds: float = 10.0
@@ -334,12 +334,12 @@ class LadderConfig:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0 steps, got {self.warmup}")
-        if not isinstance(self.windows, int) or self.windows < 1:
-            raise ValueError(f"windows must be an int >= 1, got {self.windows!r}")
+        if not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"--repeats must be an int >= 1, got {self.repeats!r}")
         if self.seconds < 0:
             raise ValueError(f"--seconds must be >= 0, got {self.seconds}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.steps is not None and self.steps < 2:
+            raise ValueError(f"--steps must be >= 2 (steps a repetition measures), got {self.steps}")
         if self.seconds == 0 and self.steps is None:
             raise ValueError("--seconds 0 turns the time box off, so give --steps N to bound each row")
         if self.num_workers is not None and self.num_workers < 0:

@@ -1,10 +1,14 @@
-"""Runs the ladder (``lightning_gpuopt.bench.rows``): each row a short Lightning fit, timed by ``RowMeter``.
+"""Runs the ladder (``lightning_gpuopt.bench.rows``) as a user measures a long fit: each row ``repeats`` short
+fits, the rows taking turns, each measured in its steady state by ``bench.steady``.
 
-Every row is time-boxed: after a warm-up (``warmup`` steps or half the row's seconds, whichever comes first)
-it is measured for ``seconds`` (or ``steps`` measured steps, whichever comes first), in ``windows``
-consecutive windows. The plain-loop ceilings run first, so the worker tuner knows what the model consumes.
-A compiled row's warm-up lasts until its step time has settled (``first_fast_step``): the compile is never
-measured, and its seconds are recorded as the row's ``compile_seconds``.
+A fit warms up for ``warmup`` steps past what its loader prefetches (a compiled model first until its step
+time has settled: the compile is never measured, and its seconds are the row's ``compile_seconds``), then
+measures a fixed number of steps from a CUDA event at every batch end (``StepClock``; the plain-loop
+ceilings through ``measure_loop``): GPU-side step times, their p50 and p90, and samples/s. A row's first
+fit sets that number from its share of ``seconds`` and the rate of its last warm-up steps (at most
+``steps``); its later fits measure as many. The ceilings run first in every turn, so the worker tuner knows
+what the model consumes and each repetition has a ceiling of its own turn to be divided by
+(``ceilings.fill_ratios``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import statistics
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -25,18 +30,12 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
 from lightning_gpuopt._common import available_cpus, eval_resize_size
 from lightning_gpuopt.bench.ceilings import COMPILED, EAGER, fill_ratios
 from lightning_gpuopt.bench.measure import PlainLoop, fit
-from lightning_gpuopt.bench.meter import (
-    FAST_RUN,
-    SETTLE_LIMIT_S,
-    RowMeter,
-    Windows,
-    first_fast_step,
-    window_means,
-)
+from lightning_gpuopt.bench.meter import FAST_RUN, SETTLE_LIMIT_S, first_fast_step, window_means
 from lightning_gpuopt.bench.rows import (
     CANNOT_RUN,
     FAILED,
@@ -52,6 +51,7 @@ from lightning_gpuopt.bench.rows import (
     compile_asked,
     is_hdf5_path,
 )
+from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop, summarize
 
 Progress = Callable[[str], None]
 
@@ -73,6 +73,99 @@ def _no_h5py() -> str | None:
 
 def _slug(index: int, name: str) -> str:
     return f"{index:02d}_{name.lstrip('+').replace('/', '_')}"
+
+
+def prefetched_batches(loader: Any) -> int:
+    """Batches ``loader`` can have ready before the model asks for them: its workers' prefetch (workers x
+    prefetch factor), its reading threads' batches in flight, a DALI pipeline's queue, a batch staged on the
+    GPU, and the one batch Lightning fetches ahead.
+
+    Example:
+        >>> prefetched_batches(DataLoader(range(8), num_workers=2, prefetch_factor=4))
+        9
+        >>> prefetched_batches([(0, 0)])
+        1
+    """
+    from lightning_gpuopt.data.loader import READS_PER_THREAD
+
+    workers = getattr(loader, "num_workers", 0) or 0
+    depth = workers * (getattr(loader, "prefetch_factor", None) or 2)
+    depth += (getattr(loader, "read_threads", 0) or 0) * READS_PER_THREAD
+    if getattr(getattr(loader, "feed_info", None), "backend", None) == "dali":
+        from lightning_gpuopt.data.dali_pipeline import PREFETCH_QUEUE_DEPTH
+
+        depth += PREFETCH_QUEUE_DEPTH
+    if getattr(loader, "device_transform", None) is not None and getattr(loader, "pin_memory", False):
+        depth += 1  # staged on the GPU one step ahead (a CUDA run)
+    return depth + 1
+
+
+class RowClock(StepClock):
+    """``StepClock`` for one fit of a ladder row: the warm-up counted past the loader's prefetch, and the
+    window's step count from a time share when the row has none yet.
+
+    With ``seconds``, the window measures as many steps as the rate of the warm-up's last ``warmup`` steps
+    (past the prefetch; after a compile, its settled steps) fits into ``seconds``, at most ``max_steps``;
+    ``steps`` holds that count once the window opens, and ``warmup_step_s`` the step time it was sized from.
+    Without, it measures ``steps``.
+
+    Args:
+        warmup: warm-up steps past the prefetch (``prefetched_batches`` of the fit's train loader).
+        steps: steps measured (the count to start from when ``seconds`` is given).
+        seconds: the measuring time the step count is sized to, or ``None``.
+        max_steps: the most steps ``seconds`` may give (``None``: no cap).
+        settle: a compiled model: wait for the step time to settle first.
+
+    Example:
+        >>> clock = RowClock(warmup=5, steps=2, seconds=3.0)
+        >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
+        >>> trainer.fit(model, loader); clock.steps, clock.measurement.p90_ms  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        warmup: int,
+        steps: int,
+        seconds: float | None = None,
+        max_steps: int | None = None,
+        settle: bool = False,
+    ) -> None:
+        super().__init__(warmup=warmup, steps=max(2, steps), settle=settle)
+        self.past_prefetch = warmup
+        self.seconds, self.max_steps = seconds, max_steps
+        self.warmup_step_s: float | None = None
+        self._ends: list[float] = []
+        self._sized = seconds is None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.warmup = self.past_prefetch + prefetched_batches(trainer.train_dataloader)
+        self._ends, self._sized, self.warmup_step_s = [], self.seconds is None, None
+        super().on_train_start(trainer, pl_module)
+
+    def _size(self, last: int) -> None:
+        """Set ``steps`` from the mean of the last ``last`` warm-up step times."""
+        self._sized = True
+        n = min(last, len(self._ends) - 1)
+        if n < 1 or self.seconds is None:
+            return
+        step_s = self.warmup_step_s = (self._ends[-1] - self._ends[-1 - n]) / n
+        steps = int(self.seconds / step_s) if step_s > 0 else self.steps
+        self.steps = max(2, min(steps, self.max_steps) if self.max_steps else steps)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._sized:
+            self._ends.append(time.perf_counter())
+            # the last warm-up step: the window opens at the next batch end
+            if not self.settle and len(self._ends) == self.warmup:
+                self._size(self.past_prefetch)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not self._sized and self.settle and self.compile_seconds is not None:
+            # settled at this batch end: the window opens at a later one
+            self._size(FAST_RUN)
 
 
 class LadderRunner:
@@ -138,7 +231,7 @@ class LadderRunner:
             precision=cast(Any, self._precision(spec)),
             max_epochs=-1,
             max_steps=-1,
-            # a safety net only: the row's meter stops the fit long before
+            # a safety net only: the row's clock stops the fit long before
             max_time=None if max_seconds is None else timedelta(seconds=max_seconds),
             limit_val_batches=0,
             num_sanity_val_steps=0,
@@ -283,8 +376,12 @@ class LadderRunner:
             "samples_per_sec_min": None,
             "samples_per_sec_max": None,
             "spread": None,
+            "p50_ms": None,
+            "p90_ms": None,
             "windows": [],
+            "repeats": [],
             "ratio_to_ceiling": None,
+            "ratio_to_ceiling_worst": None,
             "ratio_to_eager_ceiling": None,
             "speedup_vs_naive": None,
             "gpu_util_mean": None,
@@ -300,6 +397,8 @@ class LadderRunner:
             "steps_measured": None,
             "seconds_measured": None,
             "whole_epochs": None,
+            "_measured": [],
+            "_steps": None,
             "_gpu": [],
             "_wait": [],
         }
@@ -311,7 +410,7 @@ class LadderRunner:
         kept out of the share of the budget this fit gets.
         """
         cfg = self.cfg
-        per_fit = cfg.seconds / (cfg.windows if cfg.interleave else 1)
+        per_fit = cfg.seconds / cfg.repeats
         if cfg.time_budget_s is None:
             return per_fit
         left = cfg.time_budget_s - (time.perf_counter() - self._t_start)
@@ -348,7 +447,7 @@ class LadderRunner:
             for _ in range(_LABEL_SETS)
         ]
 
-    def run_plain(self, spec: RowSpec, row: dict[str, Any], seconds: float) -> None:
+    def run_plain(self, spec: RowSpec, row: dict[str, Any], seconds: float, rnd: int = 0) -> None:
         from lightning_gpuopt.bench.models import build_model
 
         cfg = self.cfg
@@ -369,7 +468,7 @@ class LadderRunner:
             compile=spec.compiled,
         )
         # warm up step by step until the step time settles (after the compile, for a compiled model); the
-        # settled steps calibrate how many steps fit in a window
+        # settled steps size the row's window when it has no step count yet
         t0 = time.perf_counter()
         times: list[float] = []
         fast: int | None = None
@@ -381,26 +480,25 @@ class LadderRunner:
                 return
             times.append(loop.timed_step())
             fast = first_fast_step(times)
-        if spec.compiled and row["compile_seconds"] is None:
-            compiled_in = sum(times[:fast])
-            row["compile_seconds"] = compiled_in
+        compiled_in = sum(times[:fast]) if spec.compiled else None
+        if compiled_in is not None and row["compile_seconds"] is None:
             self._compile_seen.append(compiled_in)
             self.say(f"  compiled: {compiled_in:.1f} s from the first step to the first fast one")
-        rate = cfg.batch_size / statistics.median(times[fast:])
         self.say(f"  warmed up in {time.perf_counter() - t0:.1f} s ({len(times)} steps)")
-        windows = self._fit_windows
-        if cfg.steps is not None:
-            windows = max(1, min(windows, cfg.steps))
-        steps = max(2, int(rate * seconds / windows / cfg.batch_size)) if seconds > 0 else 2
-        if cfg.steps is not None:
-            per_window = max(1, cfg.steps // cfg.windows)
-            steps = min(steps, per_window) if seconds > 0 else per_window
-        t0 = time.perf_counter()
-        rates = [loop.throughput(steps) for _ in range(windows)]
-        self._add_windows(row, rates, time.perf_counter() - t0, steps * windows)
+        steps = row["_steps"] or self._steps_for(seconds, statistics.fmean(times[fast:]))
+        m = measure_loop(loop.step, self.device, cfg.warmup, steps, cfg.batch_size)
+        self._add_repeat(row, rnd, replace(m, compile_seconds=compiled_in), steps)
         row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
         row["backend"] = "synthetic (device)"
         del loop
+
+    def _steps_for(self, seconds: float, step_s: float) -> int:
+        """The window's step count for ``seconds`` of measuring at ``step_s`` a step, at most ``steps``."""
+        cfg = self.cfg
+        if cfg.seconds == 0 or step_s <= 0:
+            return cfg.steps or 2
+        steps = max(2, int(seconds / step_s))
+        return min(steps, cfg.steps) if cfg.steps else steps
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
         """The row's DataLoader or data module; ``None`` with ``row`` marked skipped when a dependency is
@@ -458,11 +556,28 @@ class LadderRunner:
         return dm
 
     @staticmethod
-    def _add_windows(row: dict[str, Any], rates: Sequence[float], seconds: float, steps: int) -> None:
-        """Add one fit's windows to the row and refresh its median and range."""
-        row.update(Windows((*row["windows"], *rates)).row_fields())
-        row["seconds_measured"] = (row["seconds_measured"] or 0.0) + seconds
-        row["steps_measured"] = (row["steps_measured"] or 0) + steps
+    def _add_repeat(row: dict[str, Any], turn: int, m: Measurement, steps: int) -> None:
+        """Add turn ``turn``'s measurement to the row (its window of ``steps`` steps, the count every later
+        repetition measures) and refresh the row's median, range and p50/p90 (``summarize``)."""
+        row["_steps"] = row["_steps"] or steps
+        row["_measured"].append((turn, m))
+        (summary,) = summarize({row["name"]: [x for _, x in row["_measured"]]}, None)
+        repeats = [
+            {"turn": t, **{k: v for k, v in r.items() if k != "of_ceiling"}}
+            for (t, _), r in zip(row["_measured"], summary["repeats"], strict=True)
+        ]
+        row.update(
+            {k: summary[k] for k in ("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max")},
+            spread=summary["spread"],
+            p50_ms=summary["p50_ms"],
+            p90_ms=summary["p90_ms"],
+            repeats=repeats,
+            windows=[r["samples_per_sec"] for r in repeats],
+            steps_measured=sum(r["steps"] for r in repeats),
+            seconds_measured=sum(r["seconds"] for r in repeats),
+        )
+        if row["compile_seconds"] is None:
+            row["compile_seconds"] = m.compile_seconds
 
     def run_fit(
         self,
@@ -471,7 +586,7 @@ class LadderRunner:
         row: dict[str, Any],
         seconds: float,
         done: dict[str, dict[str, Any]],
-        version: str = "",
+        rnd: int = 0,
     ) -> None:
         loader = self._loader_for(spec, row, done)
         if loader is None:
@@ -490,27 +605,19 @@ class LadderRunner:
 
             torch.compiler.reset()  # each compiled fit compiles afresh in this process
             callbacks.append(CompileModel())
-        # a prefetching loader must be measured over whole epochs (see RowMeter); the others need no
-        # long warm-up, which keeps the naive row (about a step a second on ImageNet JPEGs) short
-        buffered = spec.loader not in ("naive", "device") or bool(row["num_workers"])
-        warmup_cap = max(seconds, 1.0) if buffered else max(seconds / 2, 1.0)
         cfg = self.cfg
-        steps = cfg.steps if cfg.steps is None or not cfg.interleave else max(1, cfg.steps // cfg.windows)
-        meter = RowMeter(
-            cfg.warmup,
-            warmup_cap,
-            seconds,
-            steps,
-            windows=self._fit_windows,
-            align_epochs=buffered,
-            settle=spec.compiled,
-        )
+        warmup = max(cfg.warmup, 1)  # at least one: it pays for cuDNN autotuning and worker start-up
+        if row["_steps"] is None and cfg.seconds > 0:
+            # the row's first fit: the window's length from the warm-up's rate and this fit's share
+            clock = RowClock(warmup, cfg.steps or 2, seconds, cfg.steps, settle=spec.compiled)
+        else:
+            clock = RowClock(warmup, row["_steps"] or cfg.steps or 2, settle=spec.compiled)
         monitor = self._monitor(spec)
-        callbacks += [meter, monitor]
-        safety = 3 * (warmup_cap + seconds) + 120 if seconds > 0 else None
+        callbacks += [clock, monitor]
+        safety = 3 * seconds + 120 if seconds > 0 else None
         if safety is not None and spec.compiled:
             safety += SETTLE_LIMIT_S
-        trainer = self._trainer(index, spec, callbacks, safety, version)
+        trainer = self._trainer(index, spec, callbacks, safety, f"fit_{rnd}")
         with warnings.catch_warnings():
             # rows without TensorBoard keep the monitor's windows in its history on purpose
             warnings.filterwarnings("ignore", message=".*has no logger.*")
@@ -524,40 +631,38 @@ class LadderRunner:
                 row["pin_memory"] = pinned if isinstance(pinned, bool) else None
             else:
                 fit(trainer, model, train_dataloaders=loader)
-        gpu, wait = window_means(getattr(monitor, "history", []), meter.start_step)
-        self._add_windows(row, meter.result.rates, meter.seconds, meter.measured_steps)
-        row["whole_epochs"] = (meter.aligned and row["whole_epochs"] is not False) if buffered else None
-        if meter.compile_seconds is not None and row["compile_seconds"] is None:
-            row["compile_seconds"] = meter.compile_seconds
-            self._compile_seen.append(meter.compile_seconds)
-            self.say(f"  compiled: {meter.compile_seconds:.1f} s from the first step to the first fast one")
-        if not meter.result.rates:
+        m = clock.measurement
+        logged: dict[str, float] = {}
+        if m is None:
             why = "the fit ended before the warm-up did (too few batches?)"
-            if spec.compiled and meter.compile_seconds is None:
+            if spec.compiled and clock.compile_seconds is None:
                 why = "the fit ended before the step time settled after the compile"
             row.update(status=FAILED, reason=why)
-        if gpu is not None and self.cuda:
-            row["_gpu"].append(gpu)
-            row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
-        if wait is not None:
-            row["_wait"].append(wait)
-            row["data_wait_frac"] = statistics.fmean(row["_wait"])
+        else:
+            if m.compile_seconds is not None and row["compile_seconds"] is None:
+                self._compile_seen.append(m.compile_seconds)
+                self.say(f"  compiled: {m.compile_seconds:.1f} s from the first step to the first fast one")
+            self._add_repeat(row, rnd, m, clock.steps)
+            gpu, wait = window_means(getattr(monitor, "history", []), trainer.global_step - m.steps)
+            if gpu is not None and self.cuda:
+                row["_gpu"].append(gpu)
+                row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
+            if wait is not None:
+                row["_wait"].append(wait)
+                row["data_wait_frac"] = statistics.fmean(row["_wait"])
+            this_fit = {
+                "samples_per_sec": m.samples_per_sec,
+                "p50_ms": m.p50_ms,
+                "p90_ms": m.p90_ms,
+                "gpu_util_mean": gpu if self.cuda else None,
+                "data_wait_frac": wait,
+            }
+            logged = {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
         for lg in trainer.loggers:
-            lg.log_metrics(
-                {
-                    f"bench/{k}": float(row[k])
-                    for k in ("samples_per_sec", "gpu_util_mean", "data_wait_frac")
-                    if row[k] is not None
-                },
-                step=trainer.global_step,
-            )
-            lg.finalize("success")
+            if logged:
+                lg.log_metrics(logged, step=trainer.global_step)
+            lg.finalize("success" if m is not None else "failed")
         del trainer, model, loader
-
-    @property
-    def _fit_windows(self) -> int:
-        """Windows measured inside one fit: all of them, or one a fit when rows take turns."""
-        return 1 if self.cfg.interleave else self.cfg.windows
 
     def _run_one(
         self,
@@ -586,10 +691,9 @@ class LadderRunner:
         self.say(f"{label} {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
         try:
             if spec.loader == "plain":
-                self.run_plain(spec, row, seconds)
+                self.run_plain(spec, row, seconds, rnd)
             else:
-                version = f"fit_{rnd}" if self.cfg.interleave else ""
-                self.run_fit(ROW_NAMES.index(name), spec, row, seconds, done, version)
+                self.run_fit(ROW_NAMES.index(name), spec, row, seconds, done, rnd)
         except ModuleNotFoundError as err:
             row.update(status=CANNOT_RUN, reason=str(err).splitlines()[0])
         except (torch.cuda.OutOfMemoryError, RuntimeError, OSError, ValueError) as err:
@@ -603,20 +707,22 @@ class LadderRunner:
         if name in (EAGER, COMPILED) and row["samples_per_sec"]:
             # the worker tuner's target: what the fastest model measured here consumes
             self._ceiling = max(self._ceiling or 0.0, row["samples_per_sec"])
-        if row["status"] == OK:
+        if row["status"] == OK and row["repeats"]:
+            last = row["repeats"][-1]
             self.say(
-                f"  -> {row['samples_per_sec']:,.1f} samples/s "
-                f"[{row['samples_per_sec_min']:,.1f}-{row['samples_per_sec_max']:,.1f}] "
-                f"({row['steps_measured']} steps, {len(row['windows'])} windows)"
+                f"  -> {last['samples_per_sec']:,.1f} samples/s, step p50 {last['p50_ms']:.1f} ms, "
+                f"p90 {last['p90_ms']:.1f} ms ({last['steps']} steps); row median "
+                f"{row['samples_per_sec']:,.1f} [{row['samples_per_sec_min']:,.1f}-"
+                f"{row['samples_per_sec_max']:,.1f}] over {len(row['repeats'])} fits"
             )
         else:
             self.say(f"  -> {row['status']}: {row['reason']}")
         return True
 
     def run(self) -> list[dict[str, Any]]:
-        """Run the selected rows (ceilings first) and return them in ladder order, ratios filled in.
+        """Run the selected rows and return them in ladder order, ratios filled in.
 
-        With ``interleave``, the rows take turns: each round runs one fit of every row, one window each.
+        The rows take turns: each of ``repeats`` rounds runs one fit of every row, the ceilings first.
         """
         cfg = self.cfg
         selected = set(cfg.rows) | {EAGER}
@@ -630,7 +736,7 @@ class LadderRunner:
             # keeps this process-wide value)
             torch.backends.cudnn.benchmark = True
         done: dict[str, dict[str, Any]] = {}
-        rounds = cfg.windows if cfg.interleave else 1
+        rounds = cfg.repeats
         for i, name in enumerate(order):
             row = done[name] = self._base_row(SPEC_BY_NAME[name])
             blocked = self.cannot_run_reason(SPEC_BY_NAME[name])
@@ -651,17 +757,35 @@ class LadderRunner:
                 if spent:
                     self.say(f"{label} time budget spent: the fits left are skipped")
         for name in runnable:
-            if done[name]["status"] == OK and not done[name]["windows"]:
+            if done[name]["status"] == OK and not done[name]["repeats"]:
                 done[name].update(status=SKIPPED, reason="time budget spent")
         rows = [done[n] for n in ROW_NAMES if n in done]
         for row in rows:
-            del row["_gpu"], row["_wait"]
+            del row["_gpu"], row["_wait"], row["_measured"], row["_steps"]
         fill_ratios(rows)
         return rows
 
 
 def run_ladder(config: LadderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
     """Run the ladder and return its rows (dicts with the ``write_results`` row keys and more).
+
+    A row's measured keys:
+
+    ==========================================  =====  ==================================================
+    key                                         unit   what
+    ==========================================  =====  ==================================================
+    ``samples_per_sec``                         1/s    the median repetition
+    ``samples_per_sec_min``/``_max``, spread    1/s    the repetitions' range; ``spread``: over the median
+    ``p50_ms``, ``p90_ms``                      ms     step times over every measured step (GPU-side)
+    ``ratio_to_ceiling``, ``_worst``            1      median and lowest of the turn-by-turn ratios
+    ``ratio_to_eager_ceiling``                  1      the same against ``ceiling_eager``
+    ``repeats``                                 -      one dict a fit: ``turn``, ``samples_per_sec``,
+                                                       ``p50_ms``, ``p90_ms``, ``steps``, ``seconds``,
+                                                       ``halves``, ``compile_seconds``, both ratios
+    ``windows``                                 1/s    each repetition's samples/s, in turn order
+    ``steps_measured``, ``seconds_measured``    -, s   summed over the repetitions
+    ``whole_epochs``                            -      null: windows start past the prefetch instead
+    ==========================================  =====  ==================================================
 
     Args:
         config: what to run.

@@ -1,5 +1,8 @@
 """``lightning-gpuopt bench``: the ladder from a naive input pipeline to the full stack, on this machine.
 
+Each row is measured in ``--repeats`` fits, the rows taking turns: a warm-up past what the loader prefetches
+(and past a compile), then a fixed number of steps timed by a CUDA event at every batch end. ``--seconds``
+sizes that number from a row's first warm-up; ``--steps`` caps it (or sets it, with ``--seconds 0``).
 Each run writes into a new ``<out>/version_<n>`` folder: ``ladder.json`` (``write_results`` shape),
 ``ladder.png`` (extra ``plot``) and TensorBoard runs under ``tensorboard/`` (one run a row), and prints the
 table last. Progress goes to stderr. The work is ``lightning_gpuopt.bench``'s.
@@ -69,16 +72,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the compiled rows run only when named",
     )
     parser.add_argument(
-        "--seconds", type=float, default=10.0, help="measured seconds a row (default 10; 0: off)"
+        "--seconds",
+        type=float,
+        default=10.0,
+        help="measured seconds a row over its repetitions, turned into a step count from the row's first "
+        "warm-up (default 10; 0: steps from --steps alone)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="measured steps a row at most (default: no cap)"
+        "--steps",
+        type=int,
+        default=None,
+        help="steps each repetition measures: at most this many with --seconds, exactly with --seconds 0 "
+        "(default: from --seconds)",
     )
     parser.add_argument(
         "--warmup",
         type=int,
         default=5,
-        help="warm-up steps a row (default 5; cut short after half --seconds)",
+        help="warm-up steps of each fit, past what the loader prefetches and past a compile (default 5)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="fits a row, the rows taking turns; rows report the median and range (default 3)",
     )
     parser.add_argument(
         "--workers",
@@ -143,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         steps=args.steps,
         warmup=args.warmup,
+        repeats=args.repeats,
         accelerator=args.accelerator,
         num_workers=args.workers,
         tune_seconds=args.tune_seconds,
