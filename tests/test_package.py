@@ -134,12 +134,6 @@ def test_core_never_imports_the_harness_and_stays_small():
 
 
 # --- the import graph -------------------------------------------------------------------------------------
-# Cycles known and being removed, each the set of modules of one strongly connected component. An entry
-# allows exactly that component: a cycle that grows, or any other cycle, fails the test. Delete the entry
-# once data/dali_pipeline.py no longer imports data/dali.py (a DALIOptions annotation under TYPE_CHECKING).
-KNOWN_IMPORT_CYCLES: set[frozenset[str]] = {
-    frozenset({"lightning_gpuopt.data.dali", "lightning_gpuopt.data.dali_pipeline"}),
-}
 HARNESS = ("lightning_gpuopt.bench", "lightning_gpuopt.commands", "lightning_gpuopt.cli")
 
 
@@ -263,7 +257,7 @@ def test_the_import_graph_sees_module_level_imports_and_cycles():
 def test_the_package_has_no_import_cycles():
     graph = _import_graph(_package_sources())
     assert "lightning_gpuopt.compute.preset" in graph and len(graph) > 40
-    cycles = [c for c in _cycles(graph) if frozenset(c) not in KNOWN_IMPORT_CYCLES]
+    cycles = _cycles(graph)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
