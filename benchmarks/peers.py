@@ -356,10 +356,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return go
 
     variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps), **{r: variant(r) for r in rows}}
-    say = lambda name, turn, m: print(  # noqa: E731
-        f"  turn {turn + 1} {name:16s} {m.samples_per_sec:9,.0f} img/s  p50 {m.p50_ms:6.1f} ms  p90 {m.p90_ms:6.1f} ms",
-        flush=True,
-    )
+    done: dict[str, list[Any]] = {}
+
+    def say(name: str, turn: int, m: Any) -> None:
+        print(f"  turn {turn + 1} {name:16s} {m.samples_per_sec:9,.0f} img/s  p50 {m.p50_ms:6.1f} ms  "
+              f"p90 {m.p90_ms:6.1f} ms", flush=True)
+        done.setdefault(name, []).append(m)  # what a run cut short still leaves behind
+        write_results(args.out + ".partial", summarize(done, CEILING))
+
     results = take_turns(variants, args.repeats, on_result=say)
     table = summarize(results, CEILING)
     alone = {}
