@@ -22,13 +22,16 @@ Feeds (each set up as its own docs recommend; ``--only`` picks some):
 FFCV is not a row: its only distribution is a source package whose build needs OpenCV and libjpeg-turbo
 development files found by pkg-config, which a pip-only environment does not have (``--ffcv-sdist`` tries).
 
-    python3 benchmarks/peers.py --out benchmarks/results/peers_h200.json   # one H200: about 10 minutes
-    python3 benchmarks/peers.py --quick                                    # a CPU smoke run
+    python3 benchmarks/peers.py --out peers_h200.json              # every row: longer than 10 minutes on one H200
+    python3 benchmarks/peers.py --only ours_hdf5,torchvision_v2 --out a.json   # some rows (the ceiling always runs)
+    python3 benchmarks/peers.py merge a.json b.json --out peers_h200.json      # runs of one machine, one file
+    python3 benchmarks/peers.py --quick                                        # a CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import os
 import statistics
@@ -350,8 +353,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             feed = FEEDS[name](args, info)
             # the first fit compiles the model, later ones find it compiled (or recompile for a new input
             # dtype): the warm-up waits for the step time to settle either way
-            return fit_window(model, args.warmup, args.steps, compile=args.device == "cuda", device=args.device,
-                              **feed)
+            try:
+                return fit_window(model, args.warmup, args.steps, compile=args.device == "cuda",
+                                  device=args.device, **feed)
+            finally:
+                del feed
+                gc.collect()  # the feed's workers, threads and pipelines end here, not during a later row
 
         return go
 
