@@ -23,7 +23,7 @@ lies in the outer eighth of the image, outside its centre square.
     python benchmarks/accuracy_parity.py --size gpu            # one GPU, larger images and network
     python benchmarks/accuracy_parity.py --size cpu --dataset border --rows reference,folder,hdf5 --seeds 3
 
-Writes ``benchmarks/results/accuracy_parity_<dataset>_<cpu|gpu name>.json`` per data set (``--out`` to change
+Writes ``benchmarks/results/<date>-accuracy-parity-<dataset>-<cpu|gpu name>.json`` per data set (``--out`` to change
 the folder) and prints a table last.
 """
 
@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         result = run_parity(dataset, cfg, args.size, rows or DEFAULT_ROWS[dataset], data_dir)
         result["seconds"] = time.perf_counter() - start
-        path = Path(args.out) / f"accuracy_parity_{dataset}_{_machine_tag(args.size)}.json"
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        path = Path(args.out) / f"{day}-accuracy-parity-{dataset}-{_machine_tag(args.size)}.json"
         write_results(path, result, command)
         shown = [
             {
