@@ -132,8 +132,10 @@ def resident(batch: int, size: int, device: str, classes: int = 10, uint8: bool 
 
 
 def loader_rate(loader: Iterable[Any], device: str, batches: int, skip: int = 5) -> float:
-    """Images a second ``loader`` delivers onto ``device`` with no model, after ``skip`` batches."""
-    it, n, t0 = iter(loader), 0, 0.0
+    """Images a second ``loader`` delivers onto ``device`` with no model, after ``skip`` batches; an epoch's
+    end starts the next one."""
+    it = (batch for _ in iter(int, 1) for batch in loader)  # endless: epoch after epoch
+    n, t0 = 0, 0.0
     for i in range(skip + batches):
         x = next(it)[0].to(device, non_blocking=True)
         if i == skip - 1:

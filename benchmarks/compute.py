@@ -14,7 +14,7 @@ the data pipeline costs nothing and only the compute settings differ:
 The rows take turns ``--repeats`` times; each repetition is one fit measured by ``StepClock``. Ratios are to
 the ceiling of the same turn. ``preset_to_best`` is the preset's median over the best manual row's.
 
-    python3 benchmarks/compute.py                 # one H200: about 4 minutes
+    python3 benchmarks/compute.py                 # one H200: about 5 minutes
     python3 benchmarks/compute.py --quick         # CPU smoke run (fp16 becomes bf16; the row names stay)
 """
 

@@ -105,13 +105,14 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
 
 
 def alone(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:
-    """The feed's training loader alone: images a second onto the device (``None`` for ``resident``)."""
+    """The feed's training loader alone: images a second onto the device after ``--warmup`` batches (past
+    what its workers prefetched); ``None`` for ``resident``."""
     dm = feed(spec, args, info).get("datamodule")
     if dm is None or not args.loader_batches:
         return None
     dm.setup("fit")
     try:
-        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches)
+        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)
     finally:
         dm.teardown("fit")
 

@@ -1,7 +1,7 @@
 """The ladder on one GPU: naive -> full stack -> compiled, ResNet-50 on 8,192 ImageNet-sized JPEGs, one run.
 
-``lightning-gpuopt bench`` (``lightning_gpuopt.bench.run_ladder``) with the recorded settings: each row a
-short Lightning fit measured in three windows (median and range), both ceilings (the plain loop eager and
+``lightning-gpuopt bench`` (``lightning_gpuopt.bench.run_ladder``) with the recorded settings: each row
+``--repeats`` short Lightning fits, the rows taking turns (median and range), both ceilings (the plain loop eager and
 compiled) in the same run, ``ratio_to_ceiling`` against the compiled one; a compiled row's warm-up covers
 its compile. The whole run stays inside ``--budget-s`` (two compiles included): rows shrink their measuring
 time to fit, then are skipped. Writes the JSON, a PNG and a Markdown table beside it, TensorBoard runs under
@@ -85,6 +85,7 @@ def config_of(args: argparse.Namespace, out: Path) -> tuple[Any, dict[str, Any]]
         data=data, model=model, batch_size=batch, image_size=image_size,
         # the whole ladder by default; on a CPU it leaves the compiled rows out unless --rows names them
         rows=rows.parse_rows(args.rows) if args.rows else rows.ROW_NAMES, seconds=seconds, warmup=warmup,
+        repeats=min(args.repeats, 2) if args.quick else args.repeats,
         tune_seconds=args.tune_seconds, cache_dir=data.parent / "cache", tb_dir=out.parent / "tb_ladder",
         time_budget_s=max(10.0, args.budget_s - (time.perf_counter() - T0) - 8.0),  # 8 s: the outputs
     )  # fmt: skip
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds a row (shrunk to fit)")
     p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3, help="fits a row, the rows taking turns")
     p.add_argument("--tune-seconds", type=float, default=10.0)
     p.add_argument("--rows", default=None, help="comma-separated rows (default all)")
     p.add_argument("--budget-s", type=float, default=360.0, help="whole-run budget (two compiles included)")

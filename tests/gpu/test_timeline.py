@@ -26,8 +26,13 @@ def _trace():
 
     for k in range(4):
         events.append(
-            {"ph": "X", "cat": "user_annotation", "name": f"{timeline.STEP_PREFIX}{k}", "ts": 100 * k,
-             "dur": 50}
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"{timeline.STEP_PREFIX}{k}",
+                "ts": 100 * k,
+                "dur": 50,
+            }
         )
     kernel(10, 1000, 1030)
     kernel(20, 1030, 1060)
