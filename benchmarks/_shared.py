@@ -203,11 +203,3 @@ def hdf5_store(
         "seconds": res.seconds,
         "images_per_sec": res.num_images / max(res.seconds, 1e-9),
     }
-
-
-def quick_out(out: str, default: str, quick: bool) -> str:
-    """``out`` unless it is the script's default and the run is ``--quick``: then a file of the same name in
-    the temp folder, so a smoke run never replaces a recorded result."""
-    if quick and out == default:
-        return os.path.join(tempfile.gettempdir(), f"{Path(default).stem}_quick{Path(default).suffix}")
-    return out

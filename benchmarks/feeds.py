@@ -15,7 +15,7 @@ The rows and the plain-loop ceiling (compiled where the model is) take turns ``-
 repetition is one fit measured by ``StepClock`` after ``--warmup`` steps, past every loader's prefetch.
 ``loader_alone_per_sec`` is the feed's training loader iterated with no model: its headroom over the model.
 
-    python3 benchmarks/feeds.py                               # one H200: about 8 minutes
+    python3 benchmarks/feeds.py                               # one H200: about 9 minutes
     python3 benchmarks/feeds.py --feeds hdf5,hdf5:1,hdf5:8    # the store's reading threads
     python3 benchmarks/feeds.py --quick                       # CPU smoke run
 """
