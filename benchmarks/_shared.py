@@ -101,7 +101,7 @@ def measured_fit(
     """
     from lightning_gpuopt import fast_trainer_kwargs
 
-    clock = StepClock(warmup=warmup, steps=steps, settle=settle or compile)
+    clock = StepClock(warmup=warmup, steps=steps, settle=settle or compile, cpu=True)
     kwargs: dict[str, Any] = {
         "accelerator": "gpu" if device == "cuda" else "cpu",
         "devices": 1,

@@ -2,8 +2,8 @@
 
 ``UserClassifier`` is a plain LightningModule: a torchvision-shaped model, cross-entropy, its own
 ``SGD(momentum=0.9)``; uint8 batches (a loader that leaves normalizing to the GPU) are normalized in
-``training_step``. ``compiled_ceiling`` is the plain PyTorch loop it is held against, and
-``fit_window`` one fit of it through ``Trainer(**fast_trainer_kwargs(...))`` measured by ``StepClock``.
+``training_step``. ``compiled_ceiling`` is the plain PyTorch loop it is held against; ``_shared.measured_fit``
+fits it through ``Trainer(**fast_trainer_kwargs(...))`` and measures the fit.
 
 The scripts import it from their own folder (``python benchmarks/<script>.py`` puts that folder first on
 ``sys.path``).
@@ -18,20 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
-from lightning_gpuopt.bench.measure import PlainLoop, quiet_lightning
+from lightning_gpuopt.bench.measure import PlainLoop
 from lightning_gpuopt.bench.models import build_model
-from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop
-
-#: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
-QUIET_FIT: dict[str, Any] = {
-    "logger": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "enable_checkpointing": False,
-    "num_sanity_val_steps": 0,
-    "limit_val_batches": 0,
-}
-
+from lightning_gpuopt.bench.steady import Measurement, measure_loop
 
 class UserClassifier(pl.LightningModule):
     """A classifier as a user writes it: ``arch`` (``"resnet50"``: torchvision's), SGD with momentum.
@@ -82,23 +71,4 @@ def compiled_ceiling(arch: str, batch_size: int, image_size: int, num_classes: i
 def measure_ceiling(loop: PlainLoop, warmup: int, steps: int) -> Measurement:
     """``steps`` steps of the plain loop after ``warmup``, on the GPU's clock."""
     return measure_loop(loop.step, loop.device, warmup, steps, loop.batch_size)
-
-
-def fit_window(model: pl.LightningModule, warmup: int, steps: int, *, compile: bool, device: str,
-               settle: bool = True, **fit: Any) -> Measurement:
-    """One fit of ``model`` through ``Trainer(**fast_trainer_kwargs(model, compile=..., max_epochs=-1))``,
-    stopped after ``StepClock(warmup, steps)``'s window; ``fit`` holds ``datamodule=`` or
-    ``train_dataloaders=``."""
-    from lightning_gpuopt import fast_trainer_kwargs
-
-    clock = StepClock(warmup=warmup, steps=steps, settle=settle, cpu=True)
-    kwargs = fast_trainer_kwargs(
-        model, device, compile=compile, max_epochs=-1, callbacks=[clock],
-        accelerator="gpu" if device == "cuda" else "cpu", devices=1, **QUIET_FIT,
-    )
-    with quiet_lightning():
-        pl.Trainer(**kwargs).fit(model, **fit)
-    if clock.measurement is None:
-        raise RuntimeError(f"the fit ended before its {warmup}-step warm-up did")
-    return clock.measurement
 

@@ -31,7 +31,6 @@ development files found by pkg-config, which a pip-only environment does not hav
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import os
 import statistics
@@ -42,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _user import UserClassifier, compiled_ceiling, fit_window, measure_ceiling
+from _shared import free, hdf5_store, loader_rate, measured_fit, resident, say
+from _user import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results
@@ -101,8 +101,6 @@ def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
     for name in ("ours_folder", "ours_dali", "torchvision_v2", "torchvision_pil", "dali_native"):
         info["bytes"][name] = jpeg_bytes
     if "ours_hdf5" in rows:
-        from _shared import hdf5_store
-
         h5 = root / f"train_{args.storage}.h5"
         cost = hdf5_store(jpegs, h5, args.storage)
         info.update(h5=h5)
@@ -295,10 +293,7 @@ def _datamodule(path_key: str, **kw: Any) -> Callable[[argparse.Namespace, dict[
 
 
 def feed_resident(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
-    x = torch.randint(0, 256, (args.batch_size, 3, args.image_size, args.image_size), dtype=torch.uint8,
-                      device=args.device)
-    ys = [torch.randint(0, 10, (args.batch_size,), device=args.device) for _ in range(4)]
-    return {"train_dataloaders": DeviceBatches(x, ys, length=10**6)}
+    return {"train_dataloaders": resident(args.batch_size, args.image_size, args.device)}
 
 
 FEEDS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {
@@ -316,30 +311,19 @@ FEEDS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]]
 
 
 # ------------------------------------------------------------------------------------------------- the run
-def loader_alone(feed: dict[str, Any], device: str, batches: int) -> float | None:
-    """Images a second the feed's host loader delivers to the device with no model (after 5 batches)."""
-    loader = feed.get("train_dataloaders")
-    dm = feed.get("datamodule")
+def loader_alone(feed: dict[str, Any], args: argparse.Namespace) -> float | None:
+    """Images a second the feed's loader delivers onto the device with no model, past its prefetch."""
+    loader, dm = feed.get("train_dataloaders"), feed.get("datamodule")
     if dm is not None:
         dm.setup("fit")
         loader = dm.train_dataloader()
     if loader is None or isinstance(loader, DeviceBatches):
         return None
-    it, n, t0 = iter(loader), 0, 0.0
-    for i in range(5 + batches):
-        x = next(it)[0]
-        x = x.to(device, non_blocking=True)
-        if i == 4:
-            torch.cuda.synchronize() if device == "cuda" else None
-            t0 = time.perf_counter()
-        elif i > 4:
-            n += x.shape[0]
-    if device == "cuda":
-        torch.cuda.synchronize()
-    rate = n / (time.perf_counter() - t0)
-    if dm is not None:
-        dm.teardown("fit")
-    return rate
+    try:
+        return loader_rate(loader, args.device, args.loader_batches, skip=args.warmup)
+    finally:
+        if dm is not None:
+            dm.teardown("fit")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -354,29 +338,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # the first fit compiles the model, later ones find it compiled (or recompile for a new input
             # dtype): the warm-up waits for the step time to settle either way
             try:
-                return fit_window(model, args.warmup, args.steps, compile=args.device == "cuda",
-                                  device=args.device, **feed)
+                return measured_fit(model, args.warmup, args.steps, device=args.device,
+                                    compile=args.device == "cuda", settle=True, **feed)
             finally:
                 del feed
-                gc.collect()  # the feed's workers, threads and pipelines end here, not during a later row
+                free()  # the feed's workers, threads and pipelines end here, not during a later row
 
         return go
 
     variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps), **{r: variant(r) for r in rows}}
     done: dict[str, list[Any]] = {}
 
-    def say(name: str, turn: int, m: Any) -> None:
-        print(f"  turn {turn + 1} {name:16s} {m.samples_per_sec:9,.0f} img/s  p50 {m.p50_ms:6.1f} ms  "
-              f"p90 {m.p90_ms:6.1f} ms", flush=True)
+    def keep(name: str, turn: int, m: Any) -> None:
+        say(name, turn, m)
         done.setdefault(name, []).append(m)  # what a run cut short still leaves behind
         write_results(args.out + ".partial", summarize(done, CEILING))
 
-    results = take_turns(variants, args.repeats, on_result=say)
+    results = take_turns(variants, args.repeats, on_result=keep)
     table = summarize(results, CEILING)
     alone = {}
     for r in rows if args.loader_batches else ():
         try:
-            alone[r] = loader_alone(FEEDS[r](args, info), args.device, args.loader_batches)
+            alone[r] = loader_alone(FEEDS[r](args, info), args)
         except Exception as err:  # noqa: BLE001 - the row's own error is already recorded
             alone[r] = None
             print(f"  loader alone {r}: {type(err).__name__}: {err}", file=sys.stderr)
@@ -387,9 +370,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["bytes_per_image"] = info["bytes"].get(name)
         row["convert_seconds"] = info["convert_s"].get(name)
         row["loader_alone_per_sec"] = alone.get(name)
-        reps = row["repeats"]
-        cores = [r.get("host/cpu_cores") for r in reps if r.get("host/cpu_cores") is not None]
-        row["cpu_cores"] = statistics.median(cores) if cores else None
+        for key, pct in (("cpu_main_cores", "host/cpu_main_pct"), ("cpu_loader_cores", "host/cpu_workers_pct")):
+            vals = [r[pct] / 100 for r in row["repeats"] if r.get(pct) is not None]
+            row[key] = statistics.median(vals) if vals else None
         if isinstance(info.get(name), BaseException):
             row["error"] = f"{type(info[name]).__name__}: {info[name]}"
     return {"rows": table, "ceiling_compile_seconds": ceiling_compile_s, "images": len(info["files"])}

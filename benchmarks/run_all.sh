@@ -6,10 +6,10 @@
 #   PYTHONPATH=. bash benchmarks/run_all.sh tests compute      # the steps named
 #
 # Steps (the default order): tests (python3 -m pytest -m gpu tests), ladder, peers, compute, feeds,
-# overhead, advisor, compile (benchmarks/gpu_compile.py) and, with two GPUs visible, ddp_scaling (named on a
+# overhead, advisor and, with two GPUs visible, ddp_scaling (named on a
 # one-GPU machine it is skipped with a line saying so). By name only: parity (benchmarks/accuracy_parity.py
 # --size gpu, which trains for a long time). Results go to $RES/<date>-<step>-<gpu>.json (peers to
-# $RES/peers_<gpu>.json, compile and parity into $RES). A failing step does not stop the others; each runs
+# $RES/peers_<gpu>.json, parity into $RES). A failing step does not stop the others; each runs
 # under timeout $SUITE_TIMEOUT (default 600 s). SUITE_DRY_RUN=1 prints each step's command and runs nothing.
 set -u
 dry="${SUITE_DRY_RUN:-0}"
@@ -37,7 +37,7 @@ if [ "$dry" != 1 ]; then
 fi
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
-  steps=(tests ladder peers compute feeds overhead advisor compile)
+  steps=(tests ladder peers compute feeds overhead advisor)
   if [ "$gpus" -ge 2 ]; then steps+=(ddp_scaling); fi
 fi
 recorder=.nvtxrec/librecorder.so
@@ -58,7 +58,6 @@ for name in "${steps[@]}"; do
     ladder|compute|feeds|advisor) cmd=(python3 "benchmarks/$name.py" --out "$out") ;;
     overhead) cmd=(python3 benchmarks/overhead.py --out "$out" --tensorboard "$TB/overhead") ;;
     peers) cmd=(python3 benchmarks/peers.py --out "$RES/peers_$tag.json") ;;
-    compile) cmd=(python3 benchmarks/gpu_compile.py --budget-s "$(( ${SUITE_TIMEOUT:-600} - 70 ))" --out "$RES") ;;
     ddp_scaling) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/ddp_scaling.py --out "$RES/$day-ddp-scaling-${tag}x2.json") ;;
     parity) cmd=(python3 benchmarks/accuracy_parity.py --size gpu --out "$RES") ;;
     *) echo "=== $name: unknown step" >&2; summary+=("$name unknown"); continue ;;

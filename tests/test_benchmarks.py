@@ -54,7 +54,6 @@ ROWS: dict[str, tuple[str, ...]] = {
 #: scripts checked otherwise, and how
 OTHERS = {
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it; --help here",
-    "gpu_compile.py": "its quick run and its summary below",
 }
 
 
@@ -195,19 +194,7 @@ def test_benchmarks_fit_in_5000_lines() -> None:
     assert total <= MAX_LINES, ", ".join(f"{p.name} {_lines(p)}" for p in files)
 
 
-#: scripts with a function over the limit, each with what is long
-LONG_FUNCTIONS = {"gpu_compile.py": "main() is 162 lines"}
-
-
-@pytest.mark.parametrize(
-    "script",
-    [
-        pytest.param(p.name, marks=pytest.mark.xfail(reason=LONG_FUNCTIONS[p.name]))
-        if p.name in LONG_FUNCTIONS
-        else p.name
-        for p in sorted(BENCH.glob("*.py"))
-    ],
-)
+@pytest.mark.parametrize("script", [p.name for p in sorted(BENCH.glob("*.py"))])
 def test_no_function_over_80_lines(script: str) -> None:
     tree = ast.parse((BENCH / script).read_text())
     long = [f"{node.name} (line {node.lineno}): {node.end_lineno - node.lineno + 1} lines"
@@ -228,64 +215,13 @@ def _run_all(tmp: Path, *steps: str) -> list[str]:
 def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     lines = _run_all(tmp_path)
     steps = [line.split(":", 1)[0][4:] for line in lines]
-    assert steps == ["tests", "ladder", "peers", "compute", "feeds", "overhead", "advisor", "compile"]
+    assert steps == ["tests", "ladder", "peers", "compute", "feeds", "overhead", "advisor"]
     assert "pytest -m gpu" in lines[0] and "peers.py --out /tmp/run_all/results/peers_gpu.json" in lines[2]
     for line in lines:
         scripts = [w for w in line.split(": ", 1)[1].split() if w.endswith(".py")]
         assert all((REPO / s).is_file() for s in scripts), line
     named = _run_all(tmp_path, "ddp_scaling", "parity")
     assert "skipped (needs two GPUs" in named[0] and "accuracy_parity.py --size gpu" in named[1]
-
-
-# --- benchmarks/gpu_compile.py: its quick run (the ceilings and one fed row) and its summary ---
-@pytest.mark.slow
-def test_compile_quick_run(tmp_path: Path, data_root: Path) -> None:
-    if _missing("h5py"):
-        pytest.skip("gpu_compile.py --quick needs h5py")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "LIGHTNING_GPUOPT_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    only = "ceiling_eager,ceiling_compiled,hdf5+compile"
-    cmd = [sys.executable, str(BENCH / "gpu_compile.py"), "--quick", "--out", str(tmp_path / "out"),
-           "--data-root", str(data_root), "--rows", only]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-    (path,) = sorted((tmp_path / "out").glob("*.json"))
-    doc = json.loads(path.read_text())
-    rows = {r["name"]: r for r in doc["rows"]}
-    assert rows["ceiling_compiled"]["ratio_to_ceiling"] == pytest.approx(1.0)
-    fed = rows["hdf5+compile"]  # the fed fit ran compiled
-    assert fed["samples_per_sec"] > 0 and fed["compiled_calls"] > 0 and fed["eager_calls"] == 0, fed
-
-
-def test_compile_summary_targets() -> None:
-    summarize = load("gpu_compile.py").summarize
-    rows = [
-        {"name": "ceiling_eager", "samples_per_sec": 6000.0},
-        {"name": "ceiling_compiled", "samples_per_sec": 7400.0},
-        {"name": "naive", "samples_per_sec": 250.0},
-        {"name": "hdf5", "samples_per_sec": 5600.0},
-        {"name": "hdf5+compile", "samples_per_sec": 7100.0},
-        {"name": "dali+compile", "samples_per_sec": 6800.0},
-        {"name": "lightning+compile", "samples_per_sec": 7300.0},
-        {"name": "lightning+compile+gpu_aug", "samples_per_sec": 7000.0},
-        {"name": "loader_hdf5", "samples_per_sec": 9000.0},
-        {"name": "small_4096", "samples_per_sec": 5000.0, "images": 4096, "boundary_stall_s": 0.2},
-        {"name": "small_8192", "samples_per_sec": 6000.0, "images": 8192, "boundary_stall_s": 0.2},
-    ]
-    targets = summarize(rows)["targets_met"]
-    assert targets["hdf5+compile >= 0.95 of ceiling_compiled"] is True  # 7100 / 7400 = 0.959
-    assert targets["dali+compile >= 0.93 of ceiling_compiled"] is False  # 0.919
-    assert targets["loader_dali_gpu >= 1.3x ceiling_compiled"] is None  # not measured
-
-
-def test_compile_epoch_figures() -> None:
-    figures = load("gpu_compile.py").epoch_figures
-    # 4 batches an epoch of 0.5 s each; every boundary adds 0.2 s
-    first, done = [0.5, 2.7, 4.9, 7.1], [2.0, 4.2, 6.4, 8.6]
-    out = figures(first, done, batches=4, batch=10)
-    assert out["step_s"] == pytest.approx(0.5) and out["boundary_stall_s"] == pytest.approx(0.2)
-    assert figures(first[:1], done[:1], batches=4, batch=10)["samples_per_sec"] is None
 
 
 def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
@@ -306,3 +242,23 @@ def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
     assert tool.resolve_logdir(plain) == plain
     with pytest.raises(FileNotFoundError, match="--logdir"):
         tool.resolve_logdir(tmp_path / "missing")
+
+
+def test_peers_merge_keeps_each_rows_own_ceiling(tmp_path: Path) -> None:
+    peers = load("peers.py")
+    write = load("_shared.py").write_results
+    a = write(tmp_path / "a.json", [{"name": "ceiling_compiled", "samples_per_sec": 100.0},
+                                    {"name": "ours_hdf5", "samples_per_sec": 98.0, "of_ceiling": 0.98}])
+    b = write(tmp_path / "b.json", [{"name": "ceiling_compiled", "samples_per_sec": 90.0},
+                                    {"name": "webdataset", "samples_per_sec": 45.0, "of_ceiling": 0.5}])
+    doc = json.loads(peers.merge([str(a), str(b)], str(tmp_path / "m.json")).read_text())
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert set(rows) == {"ceiling_compiled_run1", "ours_hdf5", "ceiling_compiled_run2", "webdataset"}
+    assert rows["webdataset"]["ceiling_run"] == 2 and rows["webdataset"]["of_ceiling"] == 0.5
+    assert len(doc["runs"]) == 2
+
+
+def test_peers_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load("peers.py").parse_args(["--only", "ours_hdf5,ffcv"])
+    assert "unknown rows ['ffcv']" in capsys.readouterr().err
