@@ -68,6 +68,27 @@ def add_common(p: argparse.ArgumentParser, warmup: int, steps: int, repeats: int
     p.add_argument("--repeats", type=int, default=repeats, help="turns: every variant once a turn")
 
 
+def add_model(p: argparse.ArgumentParser, rows: Sequence[str]) -> None:
+    """``--arch``, ``--batch-size``, ``--image-size`` and ``--rows`` (a comma-separated choice of ``rows``)."""
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--rows", default=",".join(rows), help="comma-separated rows")
+
+
+def chosen_rows(p: argparse.ArgumentParser, args: argparse.Namespace, rows: Sequence[str]) -> list[str]:
+    """The ``--rows`` asked for (an unknown one stops the script, naming the choices); sets ``args.device``
+    and, with ``--quick``, a small model on tiny images for a few steps."""
+    chosen = [r for r in args.rows.split(",") if r]
+    if unknown := sorted(set(chosen) - set(rows)):
+        p.error(f"--rows: unknown {unknown}; choose from {', '.join(rows)}")
+    args.device = device_of(args)
+    if args.quick:
+        args.arch, args.batch_size, args.image_size = "small", 4, 32
+        args.warmup, args.steps, args.repeats = 1, 3, min(args.repeats, 2)
+    return chosen
+
+
 def device_of(args: argparse.Namespace) -> str:
     """``"cuda"`` where a GPU is visible and the run is not ``--quick``, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() and not args.quick else "cpu"

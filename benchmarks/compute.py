@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from _shared import add_common, device_of, free, measured_fit, report, resident, results_path, say
+from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt import ChannelsLast
@@ -86,18 +86,9 @@ def row_variant(name: str, args: argparse.Namespace) -> Callable[[], Measurement
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common(p, warmup=20, steps=100)
-    p.add_argument("--arch", default="resnet50")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows")
+    add_model(p, ROWS)
     args = p.parse_args(argv)
-    rows = [r for r in args.rows.split(",") if r]
-    if unknown := sorted(set(rows) - set(ROWS)):
-        p.error(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
-    args.device = device_of(args)
-    if args.quick:
-        args.arch, args.batch_size, args.image_size = "small", 4, 32
-        args.warmup, args.steps, args.repeats = 1, 3, min(args.repeats, 2)
+    rows = chosen_rows(p, args, ROWS)
     t0 = time.perf_counter()
     torch.backends.cudnn.benchmark = args.device == "cuda"  # the ceiling as the fits: Trainer(benchmark=True)
     loop, _ = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device, compile=False)

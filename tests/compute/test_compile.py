@@ -28,6 +28,7 @@ from lightning_gpuopt.compute.compile import (
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
 from tests._ddp import CloseProcessGroup
 from tests._lightning import quiet_trainer
+from tests.compute._models import convnet, mlp
 
 H200 = {"device": "cuda", "capability": (9, 0)}
 
@@ -88,21 +89,6 @@ def test_should_compile_reads_the_capability_of_the_device(monkeypatch):
     assert should_compile(has_conv=True, device="cuda:0").compile is True
 
 
-def _convnet(num_classes: int = 4) -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, bias=False),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(8, num_classes),
-    )
-
-
-def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
-
-
 # --- the callback on a real fit -----------------------------------------------------------------------------
 def _data(n: int, batch_size: int, seed: int = 0, drop_last: bool = False) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
@@ -128,7 +114,7 @@ class _ForwardProbe(pl.Callback):
 
 def test_compiled_fit_matches_eager_and_restores_forward():
     torch.manual_seed(0)
-    base = ImageClassifier(_convnet(), lr=0.05)
+    base = ImageClassifier(convnet(), lr=0.05)
     eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
     _fit(eager, [], _data(24, 8), max_epochs=1)
     cb, probe = CompileModel(backend="aot_eager"), _ForwardProbe()
@@ -143,7 +129,7 @@ def test_compiled_fit_matches_eager_and_restores_forward():
 
 def test_other_shapes_run_eagerly_with_one_warning():
     cb = CompileModel(backend="eager")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     with pytest.warns(UserWarning, match=r"drop_last=True") as record:
         # 20 = 2 x 8 + 4: each epoch ends with a partial batch; validation has its own shape
         _fit(model, [cb], _data(20, 8), _data(10, 6), max_epochs=2)
@@ -160,12 +146,12 @@ def test_training_step_without_forward_is_named():
 
     cb = CompileModel(backend="eager")
     with pytest.warns(UserWarning, match=r"did not call forward"):
-        _fit(Direct(_convnet()), [cb], _data(8, 1), max_steps=17)
+        _fit(Direct(convnet()), [cb], _data(8, 1), max_steps=17)
     assert cb.compiled_calls == 0
 
 
 def test_forward_replaced_already_is_left_alone():
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     own = model.forward
     model.forward = own  # type: ignore[method-assign]
     cb = CompileModel(backend="eager")
@@ -177,10 +163,10 @@ def test_forward_replaced_already_is_left_alone():
 def test_auto_on_cpu_steps_aside_once():
     cb = CompileModel(when="auto")
     with pytest.warns(UserWarning, match=r"CUDA devices only"):
-        _fit(ImageClassifier(_convnet()), [cb], _data(8, 4), max_steps=1)
+        _fit(ImageClassifier(convnet()), [cb], _data(8, 4), max_steps=1)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        _fit(ImageClassifier(_convnet()), [cb], _data(8, 4), max_steps=1)
+        _fit(ImageClassifier(convnet()), [cb], _data(8, 4), max_steps=1)
     assert not [w for w in record if "CompileModel" in str(w.message)]
     assert not cb.compiled and cb.decision is None and cb.compiled_calls == 0
 
@@ -188,7 +174,7 @@ def test_auto_on_cpu_steps_aside_once():
 def test_validate_only_run_compiles_with_always():
     cb = CompileModel(backend="eager")
     trainer = quiet_trainer(accelerator="cpu", devices=1, callbacks=[cb])
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     trainer.validate(model, _data(8, 4))
     assert cb.compiled_calls == 2 and "forward" not in vars(model)
 
@@ -202,7 +188,7 @@ def test_arguments_are_checked():
 
 def test_second_fit_state_dict_and_pickle():
     cb = CompileModel(backend="eager")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     _fit(model, [cb], _data(8, 4), max_steps=2)
     _fit(model, [cb], _data(8, 4), max_steps=2)
     assert cb.compiled_calls == 4 and not cb.compiled
@@ -217,7 +203,7 @@ def test_second_fit_state_dict_and_pickle():
 
 def test_pickle_while_compiled():
     cb = CompileModel(backend="eager")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     cb._install(model, CompileDecision(True, "test"))
     try:
         clone = pickle.loads(pickle.dumps(cb))
@@ -264,7 +250,7 @@ def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_s
     broadcasts: list = []
     trainer = _fake_trainer(total_steps, broadcasts)
     cb = CompileModel(when="auto", backend="eager")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     cb.setup(trainer, model, "fit")
     cb.on_train_start(trainer, model)
     assert cb._timing and cb.decision is None
@@ -289,14 +275,14 @@ def test_auto_decides_at_train_start_without_a_set_length(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     trainer = _fake_trainer(float("inf"), [])
     cb = CompileModel(when="auto", backend="eager")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     cb.setup(trainer, model, "fit")
     cb.on_train_start(trainer, model)
     try:
         assert cb.compiled and not cb._timing and "no set length" in cb.decision.reason
     finally:
         cb.teardown(trainer, model, "fit")
-    mlp_module = ImageClassifier(_mlp())
+    mlp_module = ImageClassifier(mlp())
     cb.setup(trainer, mlp_module, "fit")
     cb.on_train_start(trainer, mlp_module)
     assert not cb.compiled and "no convolution" in cb.decision.reason
@@ -307,7 +293,7 @@ def test_auto_decides_at_train_start_without_a_set_length(monkeypatch):
 def test_inductor_fit_with_channels_last_checkpoint_loads_uncompiled(tmp_path):
     torch.manual_seed(0)
     cb = CompileModel()  # inductor: C++ kernels on the CPU
-    model = ImageClassifier(_convnet(), lr=0.05)
+    model = ImageClassifier(convnet(), lr=0.05)
     trainer = _fit(
         model,
         [ChannelsLast(), cb],
@@ -324,7 +310,7 @@ def test_inductor_fit_with_channels_last_checkpoint_loads_uncompiled(tmp_path):
     assert list(state) == list(model.state_dict())
     assert not any("_orig_mod" in k for k in state)
 
-    plain = ImageClassifier.load_from_checkpoint(ckpt, model=_convnet())
+    plain = ImageClassifier.load_from_checkpoint(ckpt, model=convnet())
     plain.eval()
     model.eval()
     x = torch.randn(8, 3, 8, 8)
@@ -344,7 +330,7 @@ def test_compiled_forward_under_ddp_trains_like_eager():
     """Two gloo ranks with the preset's DDP settings: forward compiled inside DDP's forward trains the same
     weights as the eager run."""
     torch.manual_seed(0)
-    initial = ImageClassifier(_convnet(), lr=0.05, fused=False)
+    initial = ImageClassifier(convnet(), lr=0.05, fused=False)
 
     def run(callbacks: list) -> ImageClassifier:
         model = copy.deepcopy(initial)
@@ -370,7 +356,7 @@ def test_compiled_forward_under_ddp_trains_like_eager():
 @pytest.mark.gpu
 def test_gpu_auto_times_a_short_run_and_stays_eager():
     cb = CompileModel(when="auto")
-    model = ImageClassifier(_convnet())
+    model = ImageClassifier(convnet())
     trainer = quiet_trainer(accelerator="gpu", devices=1, max_steps=20, callbacks=[cb])
     trainer.fit(model, _data(64, 8))
     assert cb.step_seconds is not None and cb.step_seconds > 0

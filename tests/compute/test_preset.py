@@ -18,27 +18,9 @@ from lightning_gpuopt.compute.optimizer import FusedOptimizer
 from lightning_gpuopt.compute.precision import configure_backends
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS, fast_trainer_kwargs
 from tests._lightning import quiet_trainer
+from tests.compute._models import conv1d, convnet, mlp
 
 TRANSFORMER = nn.TransformerEncoderLayer(d_model=16, nhead=2)
-
-
-def _convnet(num_classes: int = 4) -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, bias=False),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(8, num_classes),
-    )
-
-
-def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
-
-
-def _conv1d() -> nn.Module:
-    return nn.Sequential(nn.Conv1d(3, 8, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(8, 4))
 
 
 def _compile_callbacks(kwargs: dict) -> list[CompileModel]:
@@ -86,7 +68,7 @@ def test_fast_trainer_kwargs_without_conv(fake_gpu, restore_backends):
 def test_a_conv1d_model_is_a_conv_net_without_channels_last(fake_gpu, restore_backends):
     # one detector, two questions: any convolution (precision, compile) and a Conv2d (channels_last)
     fake_gpu((9, 0))
-    kwargs = fast_trainer_kwargs(_conv1d())
+    kwargs = fast_trainer_kwargs(conv1d())
     assert kwargs["precision"] == "16-mixed"
     assert [type(c) for c in kwargs["callbacks"]] == [FusedOptimizer, CompileModel]
 
@@ -110,24 +92,24 @@ def test_fast_trainer_kwargs_fit_on_cpu(monkeypatch, restore_backends):
 
 # --- compile -------------------------------------------------------------------------------------------------
 def test_preset_compile_choices_on_cpu():
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu")) == []  # the rule: CUDA only
-    (forced,) = _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True))
+    assert _compile_callbacks(fast_trainer_kwargs(convnet(), "cpu")) == []  # the rule: CUDA only
+    (forced,) = _compile_callbacks(fast_trainer_kwargs(convnet(), "cpu", compile=True))
     assert forced.when == "always"
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=False)) == []
+    assert _compile_callbacks(fast_trainer_kwargs(convnet(), "cpu", compile=False)) == []
     mine = CompileModel(backend="eager")
-    assert _compile_callbacks(fast_trainer_kwargs(_convnet(), "cpu", compile=True, callbacks=[mine])) == [
+    assert _compile_callbacks(fast_trainer_kwargs(convnet(), "cpu", compile=True, callbacks=[mine])) == [
         mine
     ]
     with pytest.raises(TypeError, match="compile must be True, False or None, got 'yes'"):
-        fast_trainer_kwargs(_convnet(), "cpu", compile="yes")  # type: ignore[arg-type]
+        fast_trainer_kwargs(convnet(), "cpu", compile="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("capability", "model", "expected"),
     [
-        ((9, 0), _convnet(), ["auto"]),
-        ((6, 1), _convnet(), []),
-        ((9, 0), _mlp(), []),
+        ((9, 0), convnet(), ["auto"]),
+        ((6, 1), convnet(), []),
+        ((9, 0), mlp(), []),
         ((8, 0), None, ["auto"]),
     ],
 )
@@ -139,14 +121,14 @@ def test_preset_compile_rule_on_cuda(fake_gpu, restore_backends, capability, mod
 
 # --- DDP -----------------------------------------------------------------------------------------------------
 def test_preset_configures_ddp():
-    kwargs = fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp")
+    kwargs = fast_trainer_kwargs(convnet(), "cpu", strategy="ddp")
     strategy = kwargs["strategy"]
     assert isinstance(strategy, DDPStrategy)
     assert PRESET_DDP_KWARGS["gradient_as_bucket_view"] is True
     assert strategy._ddp_kwargs == PRESET_DDP_KWARGS  # what DDPStrategy hands DistributedDataParallel
     mine = DDPStrategy(static_graph=True)
-    assert fast_trainer_kwargs(_convnet(), "cpu", strategy=mine)["strategy"] is mine
-    assert fast_trainer_kwargs(_convnet(), "cpu", strategy="ddp_spawn")["strategy"] == "ddp_spawn"
+    assert fast_trainer_kwargs(convnet(), "cpu", strategy=mine)["strategy"] is mine
+    assert fast_trainer_kwargs(convnet(), "cpu", strategy="ddp_spawn")["strategy"] == "ddp_spawn"
 
 
 def test_ddp_preset_adds_nonblocking_step_checks():
@@ -171,7 +153,7 @@ def test_preset_on_this_gpu(restore_backends):
 def test_gpu_preset_compiles_with_fp16_channels_last_and_fused_sgd(tmp_path, restore_backends):
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 3, 8, 8, generator=g), torch.randint(0, 4, (64,), generator=g))
-    model = ImageClassifier(_convnet(), fused=False)
+    model = ImageClassifier(convnet(), fused=False)
     kwargs = fast_trainer_kwargs(model, compile=True, max_steps=4, default_root_dir=tmp_path)
     trainer = quiet_trainer(**kwargs, accelerator="gpu", devices=1)
     trainer.fit(model, DataLoader(data, batch_size=16, drop_last=True))
@@ -181,4 +163,4 @@ def test_gpu_preset_compiles_with_fp16_channels_last_and_fused_sgd(tmp_path, res
     assert cb.compiled_calls == 4 and cb.eager_calls == 0
     trainer.save_checkpoint(tmp_path / "gpu.ckpt")
     state = torch.load(tmp_path / "gpu.ckpt", weights_only=False)["state_dict"]
-    assert list(state) == list(ImageClassifier(_convnet()).state_dict())
+    assert list(state) == list(ImageClassifier(convnet()).state_dict())
