@@ -135,7 +135,12 @@ def measured_fit(
         kwargs = fast_trainer_kwargs(model, device, compile=compile, **kwargs)
     with quiet_lightning(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(no `validation_step`|has no logger).*")
-        pl.Trainer(**kwargs).fit(model, **fit)
+        try:
+            pl.Trainer(**kwargs).fit(model, **fit)
+        finally:
+            # a module keeps its last Trainer, and with it the fit's loaders, workers and pipelines: let go,
+            # so they end now (``free``) and not in the middle of the next variant's window
+            model.trainer = None  # type: ignore[assignment]
     if clock.measurement is None:
         raise RuntimeError(f"the fit ended before its {warmup}-step warm-up did")
     return clock.measurement
