@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the NVTX injection recorder used by tests/observe/test_nvtx.py and benchmarks/gpu_nvtx.py.
+# Build the NVTX injection recorder used by tests/observe/test_nvtx.py and tests/gpu/test_nvtx_recorded.py
+# (benchmarks/run_all.sh builds it before its GPU tests).
 #
 #   tools/build_nvtx_recorder.sh [OUT_DIR]        # default OUT_DIR: .nvtxrec  ->  .nvtxrec/librecorder.so
 #

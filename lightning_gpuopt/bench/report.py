@@ -23,7 +23,8 @@ from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.meter import NOISE_SPREAD, compare
 from lightning_gpuopt.bench.rows import OK, ROW_ALIASES, LadderConfig
 
-#: the recorded ladder shipped with the package (``benchmarks/gpu_ladder.py`` on an H200)
+#: the recorded ladder shipped with the package (an H200 run of ``benchmarks/ladder.py``'s predecessor; its
+#: date and command: docs/benchmarks.md, "The ladder")
 REFERENCE_FILE = "ladder_h200.json"
 
 TABLE_COLUMNS = (

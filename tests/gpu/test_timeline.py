@@ -1,14 +1,11 @@
 """The CPU pieces of the GPU idle test: from a profiler trace to the idle shares it calls the truth.
 
-Marked ``gpu`` with the rest of ``tests/gpu`` (the root conftest skips every test under a folder named ``gpu``
-without CUDA); they need no GPU and run in a second.
+Not marked ``gpu``: they need no GPU and run in a second, so they run wherever the tests run.
 """
 
 import pytest
 
 from tests.gpu import _timeline as timeline
-
-pytestmark = pytest.mark.gpu
 
 
 def _trace():

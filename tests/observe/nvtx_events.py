@@ -1,6 +1,6 @@
 """Read what the NVTX injection recorder (``nvtx_recorder.c``) wrote and rebuild the range tree.
 
-Shared by ``tests/observe/test_nvtx.py`` and ``benchmarks/gpu_nvtx.py``.
+Shared by ``tests/observe/test_nvtx.py`` and ``tests/gpu/test_nvtx_recorded.py``.
 """
 
 from __future__ import annotations
