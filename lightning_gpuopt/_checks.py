@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -45,3 +46,89 @@ def check_pair(value: Any, name: str, low: float, high: float | None, what: str)
     bound = f"{low} < min <= max" + (f" <= {high}" if high is not None else "")
     check_arg(low < lo <= hi and (high is None or hi <= high), name, value, f"a range with {bound}")
     return lo, hi
+
+
+def check_bool(value: Any, name: str, *, none_ok: bool = False, fix: str = "") -> None:
+    """``TypeError`` unless ``value`` is ``True`` or ``False`` (or ``None`` where ``none_ok``).
+
+    Strings are refused: ``"false"`` and ``"no"`` are truthy, so accepting them would turn a feature on.
+    """
+    must = "True, False or None" if none_ok else "True or False"
+    check_arg(isinstance(value, bool) or (none_ok and value is None), name, value, must, fix, TypeError)
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        parts.append(f"{'<' if high_open else '<='} {high:g}")
+    return " and ".join(parts)
+
+
+def _must(kind: str, bounds: str, what: str, none_ok: bool) -> str:
+    return " ".join(p for p in (kind, bounds, what) if p) + (" or None" if none_ok else "")
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    none_ok: bool = False,
+    what: str = "",
+    fix: str = "",
+) -> None:
+    """``TypeError`` unless ``value`` is an ``int``, ``ValueError`` unless it is within the bounds.
+
+    A ``bool`` is not an int here; ``None`` passes where ``none_ok``. Each bound applies where given.
+
+    ``what`` is added to the message after the bounds (``"an int >= 1 (optimizer steps)"``).
+    """
+    bounds = _bounds(low, high, False, False)
+    must = _must("an int", bounds, what, none_ok)
+    if none_ok and value is None:
+        return
+    check_arg(is_int(value), name, value, must, fix, TypeError)
+    check_arg((low is None or value >= low) and (high is None or value <= high), name, value, must, fix)
+
+
+def check_float(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    none_ok: bool = False,
+    what: str = "",
+    fix: str = "",
+) -> float | None:
+    """``value`` as a float: ``TypeError`` unless a real number, ``ValueError`` unless finite and in bounds.
+
+    An ``int`` or ``float`` passes, a ``bool`` does not; ``None`` passes (and is returned) where ``none_ok``.
+    ``low_open``/``high_open`` make a bound exclusive (``low=0, low_open=True``: ``> 0``). NaN and infinity
+    are refused: neither is a period, a fraction or a threshold that a comparison treats sensibly.
+    """
+    bounds = _bounds(low, high, low_open, high_open)
+    must = _must("a finite number", bounds, what, none_ok)
+    if none_ok and value is None:
+        return None
+    check_arg(is_number(value), name, value, must, fix, TypeError)
+    x = float(value)
+    in_range = (
+        math.isfinite(x)
+        and (low is None or (x > low if low_open else x >= low))
+        and (high is None or (x < high if high_open else x <= high))
+    )
+    check_arg(in_range, name, value, must, fix)
+    return x
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...], *, fix: str = "") -> None:
+    """``TypeError`` unless ``value`` is a ``str``, ``ValueError`` unless it is one of ``choices``."""
+    must = "one of " + ", ".join(repr(c) for c in choices)
+    check_arg(isinstance(value, str), name, value, must, fix, TypeError)
+    check_arg(value in choices, name, value, must, fix)

@@ -19,7 +19,7 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_arg, check_bool
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.compute._model import has_conv
 
@@ -36,16 +36,24 @@ _UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)
 _PAYING_DEVICES = ("cuda", "cpu")
 
 
+_FORMAT_MUST = (
+    "'channels_last' (4-D, Conv2d) or 'channels_last_3d' (5-D, Conv3d), by name or as a torch.memory_format"
+)
+
+
 def _resolve_format(memory_format: torch.memory_format | str) -> torch.memory_format:
+    check_arg(
+        isinstance(memory_format, (str, torch.memory_format)),
+        "memory_format",
+        memory_format,
+        _FORMAT_MUST,
+        error=TypeError,
+    )
     fmt = (
         _FORMATS.get(memory_format.replace("torch.", "")) if isinstance(memory_format, str) else memory_format
     )
-    check_arg(
-        isinstance(fmt, torch.memory_format) and fmt in _RANK,
-        "memory_format",
-        memory_format,
-        "'channels_last' (4-D, Conv2d) or 'channels_last_3d' (5-D, Conv3d), by name or as a torch.memory_format",
-    )
+    known = isinstance(fmt, torch.memory_format) and fmt in _RANK
+    check_arg(known, "memory_format", memory_format, _FORMAT_MUST)
     return cast(torch.memory_format, fmt)
 
 
@@ -183,13 +191,7 @@ class ChannelsLast(pl.Callback):
     ) -> None:
         super().__init__()
         self._format = _resolve_format(memory_format)
-        check_arg(
-            isinstance(convert_inputs, bool),
-            "convert_inputs",
-            convert_inputs,
-            "True or False",
-            error=TypeError,
-        )
+        check_bool(convert_inputs, "convert_inputs")
         self.memory_format = _format_name(self._format)
         self.convert_inputs = convert_inputs
         self.active = False

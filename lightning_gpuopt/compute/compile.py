@@ -218,15 +218,17 @@ class CompileModel(pl.Callback):
 
     def __init__(self, when: When = "always", backend: str = "inductor") -> None:
         super().__init__()
+        check_arg(isinstance(when, str), "when", when, "'always' or 'auto'", error=TypeError)
         check_arg(when in _WHEN, "when", when, "'always' or 'auto'")
-        check_arg(
-            isinstance(backend, str) and bool(backend),
-            "backend",
-            backend,
-            "a torch.compile backend name",
-            fix="e.g. 'inductor', 'aot_eager' or 'eager'",
-            error=TypeError,
-        )
+        for ok, error in ((isinstance(backend, str), TypeError), (bool(backend), ValueError)):
+            check_arg(
+                ok,
+                "backend",
+                backend,
+                "a torch.compile backend name",
+                fix="e.g. 'inductor', 'aot_eager' or 'eager'",
+                error=error,
+            )
         self.when: When = when
         self.backend = backend
         self.decision: CompileDecision | None = None

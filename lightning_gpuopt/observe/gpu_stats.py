@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg, is_int, is_number
+from lightning_gpuopt._checks import check_bool, check_float, check_int
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.observe._lifecycle import ReleasingCallback
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
@@ -136,26 +136,18 @@ class GPUStatsMonitor(ReleasingCallback):
         nvml_index: int | None = None,
     ) -> None:
         super().__init__()
-        check_arg(
-            is_number(sample_period_s) and sample_period_s > 0,
-            "sample_period_s",
-            sample_period_s,
-            "a number of seconds > 0",
-        )
-        check_arg(
-            log_every_n_steps is None or (is_int(log_every_n_steps) and log_every_n_steps >= 1),
-            "log_every_n_steps",
+        check_float(sample_period_s, "sample_period_s", low=0, low_open=True, what="(seconds)", fix="e.g. 0.1")
+        check_int(
             log_every_n_steps,
-            "an int >= 1 or None (use the Trainer's)",
+            "log_every_n_steps",
+            low=1,
+            none_ok=True,
+            what="(optimizer steps)",
+            fix="None uses the Trainer's log_every_n_steps",
         )
-        check_arg(
-            nvml_index is None or (is_int(nvml_index) and nvml_index >= 0),
-            "nvml_index",
-            nvml_index,
-            "an NVML device index >= 0 or None",
-        )
+        check_int(nvml_index, "nvml_index", low=0, none_ok=True, what="(an NVML device index)")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
-            check_arg(isinstance(value, bool), name, value, "True or False", error=TypeError)
+            check_bool(value, name)
         self.sample_period_s = float(sample_period_s)
         self.log_every_n_steps = log_every_n_steps
         self.gpu = gpu

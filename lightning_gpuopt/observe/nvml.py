@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt._checks import check_arg, is_int, is_number
+from lightning_gpuopt._checks import check_arg, check_bool, check_float, check_int
 from lightning_gpuopt._imports import require
 
 __all__ = [
@@ -246,8 +246,10 @@ class NVMLSampler:
     def __init__(
         self, index: int, period_s: float = 0.1, gpm: bool = True, gpm_min_interval_s: float = 0.2
     ) -> None:
-        check_arg(is_int(index) and index >= 0, "index", index, "an NVML device index >= 0")
-        check_arg(is_number(period_s) and period_s > 0, "period_s", period_s, "> 0 seconds")
+        check_int(index, "index", low=0, what="(an NVML device index)")
+        check_float(period_s, "period_s", low=0, low_open=True, what="(seconds)")
+        check_bool(gpm, "gpm")
+        check_float(gpm_min_interval_s, "gpm_min_interval_s", low=0, what="(seconds)")
         self.index = index
         self.period_s = float(period_s)
         self.gpm = gpm

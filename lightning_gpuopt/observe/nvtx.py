@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_bool, check_choice, check_int
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.observe._lifecycle import ReleasingCallback
 from lightning_gpuopt.observe.nvtx_backends import DEFAULT_DOMAIN, BackendName, make_backend
@@ -286,13 +286,7 @@ class NVTXRanges(ReleasingCallback):
         backend: BackendName = "auto",
         domain: str = DEFAULT_DOMAIN,
     ) -> None:
-        check_arg(
-            is_int(module_depth) and module_depth >= 0,
-            "module_depth",
-            module_depth,
-            "an int >= 0",
-            fix="0 turns module ranges off",
-        )
+        check_int(module_depth, "module_depth", low=0, fix="0 turns module ranges off")
         check_arg(
             isinstance(module_root, str),
             "module_root",
@@ -300,6 +294,8 @@ class NVTXRanges(ReleasingCallback):
             "a dotted attribute path str such as 'model'",
             error=TypeError,
         )
+        check_int(start_step, "start_step", low=0, none_ok=True)
+        check_int(stop_step, "stop_step", low=0, none_ok=True)
         check_arg(
             (start_step is None) == (stop_step is None),
             "start_step and stop_step",
@@ -308,13 +304,14 @@ class NVTXRanges(ReleasingCallback):
             fix="e.g. start_step=100, stop_step=110",
         )
         if start_step is not None and stop_step is not None:
-            for arg, value in (("start_step", start_step), ("stop_step", stop_step)):
-                check_arg(is_int(value) and value >= 0, arg, value, "an int >= 0")
             check_arg(
                 stop_step > start_step, "stop_step", stop_step, f"greater than start_step ({start_step})"
             )
-        check_arg(backend in _BACKENDS, "backend", backend, f"one of {_BACKENDS}")
-        check_arg(isinstance(domain, str) and bool(domain), "domain", domain, "a non-empty str")
+        for name, value in (("phases", phases), ("data_wait", data_wait), ("validation", validation)):
+            check_bool(value, name)
+        check_choice(backend, "backend", _BACKENDS)
+        check_arg(isinstance(domain, str), "domain", domain, "a non-empty str", error=TypeError)
+        check_arg(bool(domain), "domain", domain, "a non-empty str", fix=f"e.g. {DEFAULT_DOMAIN!r}")
         self.module_depth = module_depth
         self.module_root = module_root
         self.start_step = start_step

@@ -182,8 +182,10 @@ def test_validate_only_run_compiles_with_always():
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="when must be 'always' or 'auto', got 'sometimes'"):
         CompileModel(when="sometimes")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="backend"):
+    with pytest.raises(ValueError, match="backend"):
         CompileModel(backend="")
+    with pytest.raises(TypeError, match="backend"):
+        CompileModel(backend=None)  # type: ignore[arg-type]
 
 
 def test_second_fit_state_dict_and_pickle():

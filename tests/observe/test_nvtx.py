@@ -284,19 +284,20 @@ def test_state_dict_pickle_and_second_fit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "match", "error"),
     [
-        ({"module_depth": -1}, "module_depth"),
-        ({"module_depth": True}, "module_depth"),
-        ({"start_step": 3}, "start_step and stop_step"),
-        ({"start_step": 5, "stop_step": 5}, "stop_step"),
-        ({"start_step": -1, "stop_step": 5}, "start_step"),
-        ({"backend": "nsys"}, "backend"),
-        ({"domain": ""}, "domain"),
+        ({"module_depth": -1}, "module_depth", ValueError),
+        ({"module_depth": True}, "module_depth", TypeError),
+        ({"start_step": 3}, "start_step and stop_step", ValueError),
+        ({"start_step": 5, "stop_step": 5}, "stop_step", ValueError),
+        ({"start_step": -1, "stop_step": 5}, "start_step", ValueError),
+        ({"backend": "nsys"}, "backend", ValueError),
+        ({"domain": ""}, "domain", ValueError),
+        ({"phases": "no"}, "phases must be True or False, got 'no'", TypeError),
     ],
 )
-def test_invalid_arguments(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_invalid_arguments(kwargs: dict[str, Any], match: str, error: type[Exception]) -> None:
+    with pytest.raises(error, match=match):
         NVTXRanges(**kwargs)
 
 

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_bool, check_int
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.observe._lifecycle import ReleasingCallback
 from lightning_gpuopt.observe.advisor.config import (
@@ -116,14 +116,17 @@ class BottleneckAdvisor(ReleasingCallback):
         thresholds: AdvisorThresholds | None = None,
         verbose: bool = True,
     ) -> None:
-        for name, value, low in (
-            ("warmup_steps", warmup_steps, 0),
-            ("window_steps", _DEFAULT_WINDOW if window_steps is None else window_steps, 1),
-            ("min_windows", min_windows, 1),
-            ("clear_windows", clear_windows, 1),
-        ):
-            check_arg(is_int(value), name, value, "an int", error=TypeError)
-            check_arg(value >= low, name, value, f"an int >= {low}")
+        check_int(warmup_steps, "warmup_steps", low=0, what="(training batches)")
+        check_int(
+            window_steps,
+            "window_steps",
+            low=1,
+            none_ok=True,
+            what="(training batches)",
+            fix="None follows the GPUStatsMonitor's windows",
+        )
+        check_int(min_windows, "min_windows", low=1)
+        check_int(clear_windows, "clear_windows", low=1)
         check_arg(
             thresholds is None or isinstance(thresholds, AdvisorThresholds),
             "thresholds",
@@ -132,7 +135,7 @@ class BottleneckAdvisor(ReleasingCallback):
             fix="e.g. AdvisorThresholds(gpu_idle_frac=0.05)",
             error=TypeError,
         )
-        check_arg(isinstance(verbose, bool), "verbose", verbose, "True or False", error=TypeError)
+        check_bool(verbose, "verbose")
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.min_windows = min_windows

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg, check_float, check_int, is_int
 from lightning_gpuopt.observe.advisor import advice
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RankEvidence, RunConfig
 from lightning_gpuopt.observe.advisor.verdict import EvidenceValue, Verdict, sort_verdicts
@@ -70,6 +71,36 @@ class AdvisorThresholds:
     host_sync_busy_util: float = 97.0
     rank_wait_frac: float = 0.10
     rank_wait_min_ms: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in _FRACTIONS:
+            check_float(getattr(self, name), name, low=0, high=1, what="(a fraction)", fix="e.g. 0.1 for 10%")
+        for name in _PERCENTS:
+            check_float(getattr(self, name), name, low=0, high=100, what="(%)")
+        for name in _MILLISECONDS:
+            check_float(getattr(self, name), name, low=0, what="(ms)")
+        check_int(self.small_batch, "small_batch", low=0, what="(samples)")
+        cap = self.tensor_core_capability
+        must = "a (major, minor) tuple of ints >= 0"
+        ok_type = isinstance(cap, tuple) and len(cap) == 2 and all(is_int(v) for v in cap)
+        check_arg(ok_type, "tensor_core_capability", cap, must, fix="e.g. (7, 0)", error=TypeError)
+        check_arg(min(cap) >= 0, "tensor_core_capability", cap, must, fix="e.g. (7, 0)")
+
+
+# the thresholds by kind, for the checks in AdvisorThresholds.__post_init__
+_FRACTIONS = (
+    "gpu_idle_frac",
+    "loader_share",
+    "input_wait_frac",
+    "few_workers_frac",
+    "cores_full_frac",
+    "headroom_mem_frac",
+    "channels_last_frac",
+    "host_sync_wait_frac",
+    "rank_wait_frac",
+)
+_PERCENTS = ("gpu_busy_util", "launch_util", "launch_sm_active", "host_sync_busy_util")
+_MILLISECONDS = ("input_wait_min_ms", "rank_wait_min_ms")
 
 
 def _r(x: float, nd: int = 3) -> float:

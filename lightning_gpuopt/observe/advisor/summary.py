@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_int
 from lightning_gpuopt.observe.advisor.verdict import Verdict, sort_verdicts
 
 __all__ = ["Hysteresis", "format_summary", "markdown"]
@@ -27,7 +27,7 @@ class Hysteresis:
 
     def __init__(self, raise_after: int = 2, clear_after: int = 2) -> None:
         for name, value in (("raise_after", raise_after), ("clear_after", clear_after)):
-            check_arg(value >= 1, name, value, ">= 1 (windows)")
+            check_int(value, name, low=1, what="(windows)")
         self.raise_after = raise_after
         self.clear_after = clear_after
         self.on: dict[str, int] = {}
