@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import FeedInfo
-from lightning_gpuopt.data.folder import UInt8ImageFolder
+from lightning_gpuopt.data.folder import UInt8ImageFolder, folder_classes
 from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
     BatchReader,
@@ -59,6 +59,8 @@ class Owner(Protocol):
 
     def _dataset(self, split: str) -> Dataset | None: ...  # the split's dataset, built once
 
+    def class_indices(self, split: str, classes: Any, path: Any = None) -> list[int] | None: ...  # labels
+
     def _workers(self, split: str) -> int: ...  # its worker processes (reading threads for a BatchReader)
 
     def _pin(self) -> bool: ...  # pin host batches
@@ -90,6 +92,10 @@ class Backend:
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
     ) -> Dataset | None:
         """The default dataset of a split read from ``path``; ``None``: this backend reads no datasets."""
+        return None
+
+    def classes(self, path: str) -> list[str] | None:
+        """The class names (label order) of the split at ``path``; ``None``: this backend reads none."""
         return None
 
     def setup(self, dm: Owner, stage: str) -> None:
@@ -177,6 +183,9 @@ class FolderBackend(HostBackend):
     ) -> Dataset | None:
         return UInt8ImageFolder(path, size=storage_size, on_corrupt=on_corrupt, skip_log=skip_log)
 
+    def classes(self, path: str) -> list[str] | None:
+        return folder_classes(path)
+
     def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
         info = super().feed(dataset, batch_size=batch_size, workers=workers, threads=threads, pin=pin)
         if isinstance(dataset, UInt8ImageFolder):
@@ -200,6 +209,11 @@ class HDF5Backend(HostBackend):
         from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
         return HDF5ImageDataset(path)  # the store keeps its own storage size; it holds no unreadable images
+
+    def classes(self, path: str) -> list[str] | None:
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+        return HDF5ImageDataset(path).classes  # the class names stored with the images
 
     def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
         from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
@@ -247,13 +261,31 @@ class DALIBackend(Backend):
             error=TypeError,
         )
 
+    def classes(self, path: str) -> list[str] | None:
+        return folder_classes(path)
+
     def setup(self, dm: Owner, stage: str) -> None:
-        """Nothing to prepare: DALI lists and decodes the folders itself when its loaders are built."""
+        """Check the stage's class folders against training's (``dm.class_indices``: a class training
+        lacks raises here); DALI lists and decodes the folders itself when its loaders are built."""
+        from lightning_gpuopt.data.datamodule import STAGE_SPLITS
+
+        for split in STAGE_SPLITS.get(stage, ()):
+            path = getattr(dm, f"{split}_dir", None)
+            if path is not None:
+                dm.class_indices(split, folder_classes(path), path)
 
     def loader(self, dm: Owner, split: str) -> Any:
-        from lightning_gpuopt.data.dali import build_dali_loader
+        from lightning_gpuopt.data.dali import DALILoader, build_dali_loader
 
-        return build_dali_loader(dm, split)
+        loader = build_dali_loader(dm, split)
+        path = getattr(dm, f"{split}_dir", None)
+        if isinstance(loader, DALILoader) and path is not None:
+            # the file list is labelled by the split's own class folders (scan_image_folder); its labels
+            # become the training split's indices of those classes before the pipeline is built
+            indices = dm.class_indices(split, folder_classes(path), path)
+            if indices is not None:
+                loader.labels = [indices[label] for label in loader.labels]
+        return loader
 
 
 _BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (FolderBackend, HDF5Backend, DALIBackend)}

@@ -23,7 +23,7 @@ from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size, warn_once
 from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.backends import BACKENDS, resolve_backend
-from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder
+from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder, class_indices
 from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
     SPLITS,
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+#: the splits labelled with the training split's class indices (``OptimizedDataModule.class_indices``); a
+#: prediction folder's classes (often one placeholder folder) keep their own labels.
+LABELLED_SPLITS = ("val", "test")
 #: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores
 #: and memory (and each holds a copy of the dataset's Python state).
 MAX_WORKERS_PER_CPU = 4
@@ -259,8 +262,56 @@ class OptimizedDataModule(pl.LightningDataModule):
             dataset = getattr(self, f"{split}_dataset")()
             if dataset is not None:
                 self._check_storage(split, dataset)
+                self._align_classes(split, dataset)
             self._datasets[split] = dataset
         return self._datasets[split]
+
+    def _training_classes(self) -> tuple[list[str], Any] | None:
+        """The training split's class names (label order) and where they are read; ``None``: unknown (a
+        ``train_dataset()`` override without ``classes`` or not built in this stage, or no training data)."""
+        train = self._datasets.get("train")
+        if train is not None:
+            classes = getattr(train, "classes", None)
+            where = getattr(train, "root", None) or getattr(train, "path", None) or self.train_dir
+            return (list(classes), where) if classes is not None else None
+        if self.train_dir is not None and type(self).train_dataset is OptimizedDataModule.train_dataset:
+            classes = self._backend.classes(self.train_dir)
+            return (classes, self.train_dir) if classes is not None else None
+        return None
+
+    def class_indices(self, split: str, classes: Sequence[str], path: Any = None) -> list[int] | None:
+        """The labels of ``split``'s classes (its own class names, in its label order): their indices among
+        the training split's classes (``folder.class_indices``), so that a class gets the same label in every
+        split; ``None`` where they keep their own labels (the training and prediction splits, or training
+        classes unknown). Raises ``ValueError`` naming the split, ``path`` and the classes training lacks.
+
+        Example:
+            >>> dm = OptimizedDataModule("data/train", "data/val")  # doctest: +SKIP
+            >>> dm.class_indices("val", ["cat", "fox"])  # training: cat, dog, fox  # doctest: +SKIP
+            [0, 2]
+        """
+        aligned = self._aligned(split, classes, path)
+        return aligned[1] if aligned is not None else None
+
+    def _aligned(self, split: str, classes: Sequence[str], path: Any) -> tuple[list[str], list[int]] | None:
+        """``(training classes, class_indices(...))`` of ``split``, or ``None`` (see ``class_indices``)."""
+        if split not in LABELLED_SPLITS:
+            return None
+        train = self._training_classes()
+        if train is None:
+            return None
+        path = path if path is not None else getattr(self, f"{split}_dir", None)
+        return train[0], class_indices(train[0], classes, split=split, path=path, train_path=train[1])
+
+    def _align_classes(self, split: str, dataset: Any) -> None:
+        """Label ``dataset`` (a split's, with ``classes`` and ``relabel``) by the training split's classes."""
+        classes, relabel = getattr(dataset, "classes", None), getattr(dataset, "relabel", None)
+        if classes is None or not callable(relabel):
+            return  # a user dataset labels its own samples
+        path = getattr(dataset, "root", None) or getattr(dataset, "path", None)
+        aligned = self._aligned(split, classes, path)
+        if aligned is not None:
+            relabel(*aligned)
 
     def _check_storage(self, split: str, dataset: Any) -> None:
         """A store kept at another size than ``image_size`` needs: refuse upsampling, say what else happens."""

@@ -11,6 +11,7 @@ folder.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,24 +55,14 @@ def _cannot_read(path: Any, err: OSError) -> OSError:
     return failed
 
 
-def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
-    """List a class-per-subfolder image folder.
-
-    Class names are the sorted immediate subfolders of ``root``; each class folder is walked recursively
-    and its files sorted. Files directly in ``root`` (such as a generator's manifest) and hidden files or
-    folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored.
-
-    Args:
-        root: the folder (``root/<class>/<image>``).
-
-    Returns:
-        ``(classes, samples)`` with ``samples`` a list of ``(path, class_index)``.
+def folder_classes(root: str | os.PathLike[str]) -> list[str]:
+    """The class names of a class-per-subfolder image folder: its sorted immediate subfolders, hidden ones
+    (``.ipynb_checkpoints``) left out. Only ``root`` itself is listed.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
-        PermissionError: ``root`` or a folder under it cannot be read (it is named).
-        ValueError: ``root`` is not a folder, has no class subfolders, a class folder holds no images, or a
-            class folder holds files that are not images (one is named).
+        PermissionError: ``root`` cannot be read.
+        ValueError: ``root`` is not a folder or has no class subfolders.
     """
     root_path = Path(root).expanduser()
     if not root_path.exists():
@@ -89,6 +80,79 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
         raise ValueError(
             f"image folder {str(root_path)!r} has no class subfolders; lay it out as <root>/<class>/<image>"
         )
+    return classes
+
+
+def class_indices(
+    train_classes: Sequence[str],
+    classes: Sequence[str],
+    *,
+    split: str,
+    path: str | os.PathLike[str] | None,
+    train_path: str | os.PathLike[str] | None = None,
+) -> list[int]:
+    """The training split's index of each of a split's classes: the labels every split uses.
+
+    A class gets the same label in every split: its index among the training split's classes. A split may
+    hold a subset of them (a validation folder without some classes); a class the training split lacks has no
+    label the model was trained to give and is refused.
+
+    Args:
+        train_classes: the training split's class names, in label order.
+        classes: ``split``'s class names, in its own label order.
+        split: the split's name, for the error (``"val"``).
+        path: where ``split`` is read from, for the error.
+        train_path: where the training split is read from, for the error.
+
+    Returns:
+        ``indices`` with ``indices[i]`` the training label of ``classes[i]``.
+
+    Raises:
+        ValueError: ``classes`` holds names that are not training classes (the split, its path and those
+            names are given, with the fix).
+
+    Example:
+        >>> class_indices(["cat", "dog", "fox"], ["cat", "fox"], split="val", path="data/val")
+        [0, 2]
+    """
+    index = {name: i for i, name in enumerate(train_classes)}
+    missing = [name for name in classes if name not in index]
+    if missing:
+        where = f" ({os.fspath(train_path)!r})" if train_path is not None else ""
+        source = repr(os.fspath(path)) if path is not None else "its dataset"
+        shown = ", ".join(repr(m) for m in missing[:10])
+        if len(missing) > 10:
+            shown += f" and {len(missing) - 10} more"
+        raise ValueError(
+            f"the {split} split ({source}) has "
+            f"{len(missing)} class(es) the training split{where} lacks: {shown}. Labels are the training "
+            f"split's class indices ({len(train_classes)} classes), so every {split} class must be a "
+            f"training class: add those classes to the training data or remove them from the {split} data"
+        )
+    return [index[name] for name in classes]
+
+
+def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
+    """List a class-per-subfolder image folder.
+
+    Class names are the sorted immediate subfolders of ``root`` (``folder_classes``); each class folder is
+    walked recursively and its files sorted. Files directly in ``root`` (such as a generator's manifest) and
+    hidden files or folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored.
+
+    Args:
+        root: the folder (``root/<class>/<image>``).
+
+    Returns:
+        ``(classes, samples)`` with ``samples`` a list of ``(path, class_index)``.
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist.
+        PermissionError: ``root`` or a folder under it cannot be read (it is named).
+        ValueError: ``root`` is not a folder, has no class subfolders, a class folder holds no images, or a
+            class folder holds files that are not images (one is named).
+    """
+    root_path = Path(root).expanduser()
+    classes = folder_classes(root_path)
     samples: list[tuple[str, int]] = []
     for index, name in enumerate(classes):
         class_dir = root_path / name
@@ -238,6 +302,14 @@ class UInt8ImageFolder(Dataset):
             os.makedirs(self.skip_log, exist_ok=True)
             with open(os.path.join(self.skip_log, f"skipped-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
                 fh.write(path + "\n")
+
+    def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
+        """Label each sample of class ``self.classes[i]`` with ``indices[i]``; ``classes`` (whose names those
+        labels index, the training split's) becomes ``self.classes`` (``class_indices`` gives ``indices``)."""
+        n = len(self.classes)
+        check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a class")
+        self.samples = [(path, int(indices[label])) for path, label in self.samples]
+        self.classes = list(classes)
 
     def skipped(self) -> list[str]:
         """Paths skipped so far as unreadable, in this process and (via ``skip_log``) in worker processes.

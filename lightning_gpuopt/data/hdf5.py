@@ -396,6 +396,15 @@ class HDF5ImageDataset(Dataset):
         """Labels as a list (torchvision ``ImageFolder`` naming)."""
         return self.labels.tolist()
 
+    def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
+        """Label each image of stored class ``self.classes[i]`` with ``indices[i]``; ``classes`` (whose names
+        those labels index, the training split's) becomes ``self.classes`` (``folder.class_indices`` gives
+        ``indices``). The file is not changed."""
+        n = len(self.classes)
+        check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a stored class")
+        self.labels = np.asarray(indices, dtype=np.int64)[self.labels]
+        self.classes = list(classes)
+
     def files(self) -> list[str]:
         """Source file of every image, relative to the converted folder."""
         with self._open_h5() as f:
