@@ -38,11 +38,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, get_worker_info
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, is_int
-from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
+from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo, warn_once
 from lightning_gpuopt.data._lifetime import WorkerInit
 from lightning_gpuopt.data.transforms import full_image_meta
 
@@ -332,10 +332,14 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """Iterate ``batch_sampler`` forever; each pass sets the underlying sampler's epoch."""
+    """Iterate ``batch_sampler`` forever from pass ``start`` on, leaving out the first ``skip`` batches of
+    indices of that pass (nothing is read for them). Each pass sets the underlying sampler's epoch and, given
+    ``seed``, seeds the sampler's generator with ``seed + pass``, so a pass's order is a function of its
+    number (what resuming mid-pass relies on)."""
 
-    def __init__(self, batch_sampler: Any) -> None:
+    def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
+        self.start, self.skip, self.seed = start, skip, seed
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -343,11 +347,17 @@ class _RepeatSampler:
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self.batch_sampler, "sampler", None)
         set_epoch = getattr(sampler, "set_epoch", None)
-        epoch = int(getattr(sampler, "epoch", 0))
+        epoch, skip = self.start, self.skip
         while True:
             if callable(set_epoch):
                 set_epoch(epoch)  # a DistributedSampler reshuffles per epoch from seed + epoch
-            yield from self.batch_sampler
+            if self.seed is not None:
+                sampler.generator.manual_seed(self.seed + epoch)  # type: ignore[union-attr]
+            batches = iter(self.batch_sampler)
+            for _ in range(skip):
+                next(batches, None)
+            skip = 0
+            yield from batches
             epoch += 1
 
 
@@ -366,9 +376,19 @@ class ContinuousDataLoader(HostDataLoader):
         read_threads: see ``HostDataLoader`` (the threads keep reading across epoch boundaries too).
         **kwargs: ``DataLoader``'s keyword arguments.
 
+    Resuming: ``state_dict()`` holds the position of the batches handed out (the pass and the batches of
+    it) and the seed of the shuffle, whose order is a function of the pass number (a ``RandomSampler``'s
+    generator is seeded with ``seed + pass``; a ``DistributedSampler`` gets ``set_epoch(pass)``). Lightning
+    saves it in a checkpoint and, resuming mid-epoch, calls ``load_state_dict`` before the first ``iter()``;
+    that ``iter()`` yields the rest of the interrupted pass, in its order, and every later one a whole pass.
+    ``close()`` (also when an error ended the source) moves the position to the start of the next pass, so
+    the next ``iter()`` is a whole pass again. A sampler whose order this loader cannot reproduce (neither of
+    those nor a ``SequentialSampler``) is warned about once at ``load_state_dict``: the rest of the
+    interrupted pass is then drawn from a fresh order, and later epochs are whole passes again.
+
     Note:
-        An epoch cut short (``limit_train_batches``, an exception) leaves its remaining batches in the pipe;
-        the next epoch starts with them, so epochs then no longer line up with passes over the sampler.
+        An epoch cut short while the source keeps running (``limit_train_batches``) leaves the rest of its
+        pass for the next epoch, so epochs then no longer line up with passes over the sampler.
 
     Example:
         >>> loader = ContinuousDataLoader(range(10), batch_size=4, shuffle=True, drop_last=True)
@@ -388,13 +408,83 @@ class ContinuousDataLoader(HostDataLoader):
         super().__init__(*args, feed_info=feed_info, read_threads=read_threads, **kwargs)
         self.device_transform = device_transform
         self._continuous_iter: Iterator[Any] | None = None
+        # the position of the batches handed out: pass (None: the sampler's epoch when a source starts) and
+        # batches of it; a source starts there
+        self._pass: int | None = None
+        self._batch = 0
+        self._seed: int | None = None
+        sampler = self.sampler
+        if isinstance(sampler, RandomSampler):
+            if sampler.generator is None:
+                sampler.generator = torch.Generator()
+                # drawn from torch's global generator, as RandomSampler draws each pass's seed
+                self._seed = int(torch.randint(0, 2**62, ()).item())
+            else:
+                self._seed = int(sampler.generator.initial_seed())
+
+    def _repeat(self, batch_sampler: Any) -> _RepeatSampler:
+        return _RepeatSampler(batch_sampler, self._start_pass(), self._batch, self._seed)
+
+    def _start_pass(self) -> int:
+        if self._pass is None:
+            self._pass = int(getattr(getattr(self.batch_sampler, "sampler", None), "epoch", 0))
+        return self._pass
 
     @property
     def _index_sampler(self) -> Any:  # read by DataLoader's iterators and __len__
-        return _compat.repeat_index_sampler(self, _RepeatSampler)
+        return _compat.repeat_index_sampler(self, self._repeat)
 
     def _index_batches(self) -> Any:
-        return _RepeatSampler(self.batch_sampler)  # endless: each iter() takes one pass of it
+        return self._repeat(self.batch_sampler)  # endless: each iter() takes one pass of it
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the batches handed out so far stand: ``pass``, ``batch`` (batches of that pass),
+        ``batches_per_pass`` and the shuffle's ``seed`` (None: the sampler's own order)."""
+        return {
+            "pass": self._start_pass(),
+            "batch": self._batch,
+            "batches_per_pass": len(self),
+            "seed": self._seed,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue at ``state_dict``'s position: the next ``iter()`` yields the rest of that pass, in the
+        order the saved run had (see the class docstring); a running source is closed first."""
+        self.close()
+        per_pass = int(state_dict.get("batches_per_pass", len(self)))
+        self._pass = int(state_dict.get("pass", 0))
+        self._batch = int(state_dict.get("batch", 0))
+        if state_dict.get("seed") is not None and self._seed is not None:
+            self._seed = int(state_dict["seed"])
+        if per_pass != len(self) or not 0 <= self._batch < len(self):
+            warn_once(
+                f"ContinuousDataLoader: the saved training loader had {per_pass} batches a pass, this one "
+                f"has {len(self)} (another dataset, batch size or number of devices); training resumes at "
+                f"the start of pass {self._pass} instead of batch {self._batch} of it"
+            )
+            self._batch = 0
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        reproducible = (
+            self._seed is not None
+            or isinstance(sampler, SequentialSampler)
+            or callable(getattr(sampler, "set_epoch", None))
+        )
+        if self._batch and not reproducible:
+            warn_once(
+                f"ContinuousDataLoader: the training sampler ({type(sampler).__name__}) has no set_epoch "
+                "and is not a RandomSampler, so the interrupted pass cannot be replayed; the rest of that "
+                f"epoch ({len(self) - self._batch} batches) comes from a fresh order, and later epochs are "
+                "whole passes"
+            )
+
+    def _advance(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, moving the position on by each one handed out."""
+        n = len(self)
+        for batch in batches:
+            self._batch += 1
+            if self._batch >= n:
+                self._pass, self._batch = self._start_pass() + 1, 0
+            yield batch
 
     def __len__(self) -> int:
         if self.batch_sampler is None:
@@ -414,7 +504,9 @@ class ContinuousDataLoader(HostDataLoader):
             # a reading or staging generator that an error ended: start afresh rather than yield nothing
             self.close()
             source = None
+        limit = len(self)
         if source is None:
+            limit -= self._batch  # a source starts at the position: this epoch is the rest of its pass
             source = self._batches()
             if self.device_transform is not None and self.pin_memory and torch.cuda.is_available():
                 # under DDP Lightning has set each rank's current device before the first iter()
@@ -422,11 +514,14 @@ class ContinuousDataLoader(HostDataLoader):
                     source, torch.device("cuda", torch.cuda.current_device()), self.device_transform
                 )
             self._continuous_iter = source
-        return timed_batches(self, source, len(self))
+        return self._advance(timed_batches(self, source, limit))
 
     def close(self) -> None:
-        """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh."""
+        """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh, at the
+        start of the next pass when this one was begun."""
         source, self._continuous_iter = self._continuous_iter, None
+        if self._batch:
+            self._pass, self._batch = self._start_pass() + 1, 0
         close = getattr(source, "close", None)
         if callable(close):
             close()  # a staging generator: releases the DataLoader iterator it wraps
