@@ -53,7 +53,12 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt.data.convert import CorruptImageError, convert_folder_to_hdf5
+    from lightning_gpuopt.data.convert import (
+        CorruptImageError,
+        OutputExistsError,
+        OutputInUseError,
+        convert_folder_to_hdf5,
+    )
 
     check_args(args)
     try:
@@ -71,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
             f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, "
             "or pass --on-corrupt skip"
         )
+        return 2
+    except OutputExistsError:  # appeared after the check above, e.g. written by another conversion
+        _fail(f"output {args.out!r} already exists; pass --overwrite or another name")
+        return 2
+    except OutputInUseError as err:
+        _fail(str(err))
         return 2
     except OSError as err:  # read-only or full destination, failed write: the message names the path
         if isinstance(err, FileNotFoundError):

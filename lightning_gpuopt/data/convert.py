@@ -2,8 +2,10 @@
 
 Every image is kept whole (``lightning_gpuopt.data.layout``) by ``folder.load_canvas``: decoded to 8-bit
 RGB, resized like torchvision's ``Resize(storage_size)`` and placed on a fixed landscape canvas, with its
-``meta`` ``(h, w, transposed)``. Decoding runs in worker processes; the file is written as
-``OUT.tmp-<pid>`` beside ``OUT`` and renamed over it only when complete, so ``OUT`` is never partial. The
+``meta`` ``(h, w, transposed)``. Decoding runs in worker processes. A conversion holds an exclusive claim
+on ``OUT`` (a lock on ``.OUT.lock`` beside it) from its first check to its last step, writes ``OUT.tmp-<pid>``
+beside ``OUT``, marks it complete (the ``complete`` attribute) once every image is written and flushed,
+and only then publishes it under ``OUT`` (never replacing an existing file without ``overwrite``). The
 store's layout is described in ``lightning_gpuopt.data.hdf5``.
 """
 
@@ -35,8 +37,11 @@ from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data._lifetime import Janitor, die_with_parent
 
 FORMAT = "lightning-gpuopt/uint8-images"
-#: 1: a central square per image (no longer read); 2: whole images on a canvas with ``meta``.
-FORMAT_VERSION = 2
+#: 1: a central square per image (no longer read); 2: whole images on a canvas with ``meta`` (no longer
+#: read: it has no completeness mark); 3: as 2, with ``complete`` set once every image is written.
+FORMAT_VERSION = 3
+#: root attribute set last, after every image and ``meta`` are written and flushed.
+COMPLETE_ATTR = "complete"
 #: version of ``lightning_gpuopt.data.layout``'s canvas rule the store was written with.
 LAYOUT_VERSION = 1
 RESIZE_DOC = (
@@ -58,6 +63,26 @@ class CorruptImageError(ValueError):
         )
         self.path = path
         self.reason = reason
+
+
+class OutputExistsError(ValueError):
+    """The output file exists and ``overwrite`` was not given: ``path`` names it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"output {path!r} already exists; pass overwrite=True or another name")
+        self.path = path
+
+
+class OutputInUseError(ValueError):
+    """Another conversion is writing the same output: ``path`` names it, ``pid`` is its process (or None)."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        who = f"another conversion (pid {pid})" if pid is not None else "another conversion"
+        super().__init__(
+            f"{who} is writing {path!r}; wait for it to finish, or write to another name"
+        )
+        self.path = path
+        self.pid = pid
 
 
 @dataclass
@@ -278,8 +303,88 @@ def _destination(out: str | os.PathLike[str], overwrite: bool) -> tuple[Path, Pa
     if dest.is_dir():
         raise ValueError(f"output {str(out_path)!r} is a folder; give a file name such as train.h5")
     if dest.exists() and not overwrite:
-        raise ValueError(f"output {str(out_path)!r} already exists; pass overwrite=True or another name")
+        raise OutputExistsError(str(out_path))
     return out_path, dest
+
+
+def _cannot_create(err: OSError, dest: Path) -> OSError:
+    return type(err)(
+        err.errno,
+        f"cannot create files in {str(dest.parent)!r} ({err.strerror}); "
+        "choose an output in a writable folder",
+    )
+
+
+class _Claim:
+    """An exclusive claim on a conversion's destination, held from its first check to its last step.
+
+    ``fcntl.flock`` on ``.<name>.lock`` beside the destination, taken without waiting: a second conversion
+    to the same file raises ``OutputInUseError`` at once. The lock file is removed while still locked, and
+    a claim taken on a lock file that its holder removed meanwhile is taken again on the current one. The
+    kernel drops the lock of a killed process, so a lock file left by a SIGKILL never blocks a later
+    conversion. Without ``fcntl`` (not POSIX) nothing is claimed.
+    """
+
+    def __init__(self, dest: Path, shown: str) -> None:
+        self.path = dest.with_name(f".{dest.name}.lock")
+        self.fd: int | None = None
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover -- not POSIX
+            return
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as err:
+                raise _cannot_create(err, dest) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise OutputInUseError(shown, int(holder) if holder.isdigit() else None) from None
+            try:
+                current = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)  # locked a lock file its holder had just removed: claim the current one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        """Remove the lock file, then drop the lock (in this order, so no two conversions hold a claim)."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
+def _publish(tmp: Path, dest: Path, shown: str, overwrite: bool) -> None:
+    """Give the finished ``tmp`` its final name; without ``overwrite`` an existing ``dest`` stays."""
+    if overwrite:
+        os.replace(tmp, dest)
+        return
+    try:
+        os.link(tmp, dest)  # fails if dest exists, however it got there
+    except FileExistsError:
+        raise OutputExistsError(shown) from None
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        # a filesystem without hard links: the claim keeps other conversions out; check, then rename
+        if os.path.lexists(dest):
+            raise OutputExistsError(shown) from None
+        os.replace(tmp, dest)
+        return
+    tmp.unlink()
 
 
 def _check_free_space(dest: Path, needed: int) -> None:
@@ -308,11 +413,7 @@ def _create_temp(tmp: Path, dest: Path) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as err:
-        raise type(err)(
-            err.errno,
-            f"cannot create files in {str(dest.parent)!r} ({err.strerror}); "
-            "choose an output in a writable folder",
-        ) from None
+        raise _cannot_create(err, dest) from None
     os.close(fd)
 
 
@@ -341,9 +442,13 @@ def convert_folder_to_hdf5(
     as they arrive (at most ``2 * workers`` blocks of 32 in memory).
 
     Before any decoding the folder is scanned, every file name is checked to be storable (UTF-8), the
-    destination is checked to be writable and to have room for the whole store. The file is written as
+    destination is checked to be writable and to have room for the whole store. From the first check to the
+    last step the conversion holds an exclusive claim on ``OUT`` (a lock on ``.OUT.lock`` beside it): a
+    second conversion to the same file fails at once with ``OutputInUseError``. The file is written as
     ``OUT.tmp-<pid>`` beside ``OUT`` (beside a symbolic link's target, which is replaced and the link
-    kept) and renamed over it only when complete. On an error, Ctrl-C or SIGTERM the decode workers are
+    kept), marked complete once every image is flushed, and only then given its final name: with a hard
+    link that fails if ``OUT`` appeared meanwhile (so an existing file is replaced only with
+    ``overwrite``). On an error, Ctrl-C or SIGTERM the decode workers are
     stopped and the temporary file removed. After a SIGKILL the decode workers die with the converter
     (Linux) and a janitor process removes the temporary file; one left when both were killed is removed by
     the next conversion to the same ``OUT``.
@@ -364,15 +469,16 @@ def convert_folder_to_hdf5(
 
     Raises:
         FileNotFoundError: ``src`` or the folder of ``out`` does not exist.
-        ValueError: bad arguments, ``out`` exists without ``overwrite``, an empty or invalid ``src``, a
-            file name that is not UTF-8, or an unreadable image with ``on_corrupt="raise"``.
+        ValueError: bad arguments, ``out`` exists without ``overwrite`` (``OutputExistsError``), another
+            conversion is writing ``out`` (``OutputInUseError``), an empty or invalid ``src``, a file name
+            that is not UTF-8, or an unreadable image with ``on_corrupt="raise"``.
         OSError: the destination is read-only or lacks the space (before decoding), or writing failed.
         KeyboardInterrupt: re-raised after the workers are stopped and the temporary file removed.
 
     Example:
         >>> convert_folder_to_hdf5("data/train", "train_256.h5", storage_size=256)  # doctest: +SKIP
     """
-    from lightning_gpuopt.data.folder import ON_CORRUPT, scan_image_folder
+    from lightning_gpuopt.data.folder import ON_CORRUPT
 
     h5py = require("h5py")
     t_start = time.perf_counter()
@@ -383,6 +489,34 @@ def convert_folder_to_hdf5(
     )
     src_path = Path(src).expanduser()
     out_path, dest = _destination(out, overwrite)
+    with _sigterm_cleans_up():
+        claim = _Claim(dest, str(out_path))
+        try:
+            if dest.exists() and not overwrite:  # finished by a conversion that held the claim until now
+                raise OutputExistsError(str(out_path))
+            written, classes, skipped = _convert_claimed(
+                h5py, src_path, out_path, dest, storage_size, workers, progress, on_corrupt, overwrite
+            )
+        finally:
+            claim.release()
+    elapsed = time.perf_counter() - t_start
+    return ConversionResult(out_path, written, classes, skipped, elapsed, storage_size)
+
+
+def _convert_claimed(
+    h5py: Any,
+    src_path: Path,
+    out_path: Path,
+    dest: Path,
+    storage_size: int,
+    workers: int | None,
+    progress: bool,
+    on_corrupt: str,
+    overwrite: bool,
+) -> tuple[int, list[str], list[str]]:
+    """The conversion once ``dest`` is claimed: ``(images written, classes, skipped files)``."""
+    from lightning_gpuopt.data.folder import scan_image_folder
+
     classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder
     paths = [p for p, _ in samples]
     rel = [os.path.relpath(p, src_path).replace(os.sep, "/") for p in paths]
@@ -402,40 +536,38 @@ def convert_folder_to_hdf5(
     writer: _StoreWriter | None = None
     janitor: Janitor | None = None
     bar = None
-    with _sigterm_cleans_up():
-        try:
-            janitor = Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
-            _create_temp(tmp, dest)
-            # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
-            decoder = _Decoder(jobs, workers)
-            writer = _StoreWriter(h5py, tmp, classes, rel, labels, storage_size, os.path.abspath(src_path))
-            from tqdm.auto import tqdm
+    try:
+        janitor = Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
+        _create_temp(tmp, dest)
+        # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
+        decoder = _Decoder(jobs, workers)
+        writer = _StoreWriter(h5py, tmp, classes, rel, labels, storage_size, os.path.abspath(src_path))
+        from tqdm.auto import tqdm
 
-            bar = tqdm(
-                total=n, unit="img", desc=f"convert {src_path.name}", disable=not progress, file=sys.stderr
-            )
-            keep, skipped = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
-            if writer.written == 0:
-                raise ValueError(f"no readable images in {str(src_path)!r} ({len(skipped)} skipped)")
-            decoder.close(abort=False)
-            writer.finish(keep, skipped)
-            os.replace(tmp, dest)
-            janitor.release(done=True)
-        except BaseException:
-            if decoder is not None:
-                decoder.close(abort=True)
-            if writer is not None:
-                writer.close()
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            if janitor is not None:
-                janitor.release(done=False)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-    elapsed = time.perf_counter() - t_start
-    return ConversionResult(out_path, writer.written, list(classes), skipped, elapsed, storage_size)
+        bar = tqdm(
+            total=n, unit="img", desc=f"convert {src_path.name}", disable=not progress, file=sys.stderr
+        )
+        keep, skipped = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
+        if writer.written == 0:
+            raise ValueError(f"no readable images in {str(src_path)!r} ({len(skipped)} skipped)")
+        decoder.close(abort=False)
+        writer.finish(keep, skipped)
+        _publish(tmp, dest, str(out_path), overwrite)
+        janitor.release(done=True)
+    except BaseException:
+        if decoder is not None:
+            decoder.close(abort=True)
+        if writer is not None:
+            writer.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if janitor is not None:
+            janitor.release(done=False)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return writer.written, list(classes), skipped
 
 
 class _StoreWriter:
@@ -445,7 +577,8 @@ class _StoreWriter:
     ``meta`` are then written with plain ``pwrite`` at their byte offsets, so HDF5 itself writes nothing
     once decoding has started. HDF5 writes through ``HDF5Writes``, and pixels with ``pwrite``: a write that
     fails (full disk, I/O error) is an ``OSError`` naming the file, never a half-flushed HDF5 file the library
-    cannot close. Only when images were skipped does a last, small HDF5 pass shorten the datasets.
+    cannot close. A last, small HDF5 pass, once every image is flushed, sets the ``complete`` attribute
+    (and shortens the datasets when images were skipped): a copy of ``tmp`` taken before it has no mark.
     """
 
     def __init__(
@@ -548,16 +681,18 @@ class _StoreWriter:
             self.written += 1
 
     def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
-        """Write ``meta`` (and shorten the store when images were skipped), then make the file durable."""
+        """Write ``meta`` and flush every image, then set the completeness mark (shortening the store when
+        images were skipped) and make the file durable."""
         w = self.written
         if not skipped:
             self._pwrite(self.meta, self.meta_offset)
         self.close()
-        if skipped:
-            str_dt = self.h5py.string_dtype("utf-8")
-            kept_names = np.array([r for r, k in zip(self.rel, keep, strict=True) if k], dtype=object)
+        self._fsync()  # the images are on disk before the mark that says they are
+        str_dt = self.h5py.string_dtype("utf-8")
+        kept_names = np.array([r for r, k in zip(self.rel, keep, strict=True) if k], dtype=object)
 
-            def shorten(f: Any) -> None:
+        def complete(f: Any) -> None:
+            if skipped:
                 f["images"].resize(w, axis=0)
                 for name, data, dtype in (
                     ("meta", self.meta[:w], None),
@@ -569,10 +704,17 @@ class _StoreWriter:
                     del f[name]
                     f.create_dataset(name, data=data, dtype=dtype)
                 f.attrs["num_skipped"] = len(skipped)
+            f.attrs[COMPLETE_ATTR] = True
 
-            self._hdf5("r+", shorten)
-        with open(self.tmp, "rb") as fh:  # durable before it becomes visible under its final name
-            os.fsync(fh.fileno())
+        self._hdf5("r+", complete)
+        self._fsync()  # durable before it becomes visible under its final name
+
+    def _fsync(self) -> None:
+        try:
+            with open(self.tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        except OSError as err:
+            raise self._failed(err) from err
 
     def close(self) -> None:
         if self.fd is not None:

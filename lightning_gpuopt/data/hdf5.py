@@ -1,6 +1,6 @@
 """The uint8 HDF5 image store: whole images on a fixed canvas, read with one memory-mapped gather a batch.
 
-Layout written by ``convert_folder_to_hdf5`` (``lightning_gpuopt.data.convert``), format version 2::
+Layout written by ``convert_folder_to_hdf5`` (``lightning_gpuopt.data.convert``), format version 3::
 
     /images          uint8 (N, S, ceil(1.5 S), 3): each image resized like torchvision's Resize(S) and
                      placed on a canvas (lightning_gpuopt.data.layout); one image a chunk, unfiltered
@@ -10,8 +10,11 @@ Layout written by ``convert_folder_to_hdf5`` (``lightning_gpuopt.data.convert``)
     /files           UTF-8 strings (N,), source paths relative to the source folder
     /skipped_files   UTF-8 strings, unreadable source images left out (on_corrupt="skip")
     /chunk_offsets   int64 (N,), byte offset of each image in the file
-    attrs: format, format_version=2, layout_version, storage_size (S), max_aspect, resize, uuid,
-           num_skipped, source
+    attrs: format, format_version=3, layout_version, storage_size (S), max_aspect, resize, uuid,
+           num_skipped, source, complete (set last, once every image is written and flushed)
+
+A store without ``complete`` is a conversion that did not finish (a copy of its temporary file) and is
+refused; so is format version 2, the same layout written without that mark.
 
 Every image is plain bytes at a known offset of the file: no HDF5 work and no decompression per image.
 ``read_into`` reads a batch straight into a caller's array (a pinned host buffer) with one positional read
@@ -40,6 +43,7 @@ from lightning_gpuopt.data import layout
 
 # the converter and the format it writes (importable from here too)
 from lightning_gpuopt.data.convert import (  # noqa: F401
+    COMPLETE_ATTR,
     FORMAT,
     FORMAT_VERSION,
     LAYOUT_VERSION,
@@ -153,11 +157,21 @@ class HDF5ImageDataset(Dataset):
                 "training "
                 f"now crops from whole images: {fix}"
             )
+        if version == 2:
+            raise ValueError(
+                f"{self.path!r} has format version 2, written without the mark of a finished conversion "
+                f"(it cannot be told from one that stopped midway): {fix}"
+            )
         if version != FORMAT_VERSION or int(attrs.get("layout_version", 0)) != LAYOUT_VERSION:
             raise ValueError(
                 f"{self.path!r} has format version {version}, layout version "
                 f"{attrs.get('layout_version')!r}; this lightning-gpuopt reads "
                 f"{FORMAT_VERSION}/{LAYOUT_VERSION}: {fix} (or upgrade lightning-gpuopt)"
+            )
+        if not attrs.get(COMPLETE_ATTR, False):
+            raise ValueError(
+                f"HDF5 file {self.path!r} is incomplete: the conversion did not finish (no {COMPLETE_ATTR!r} "
+                f"mark); convert again: {fix}"
             )
         for name in ("images", "meta", "labels", "chunk_offsets"):
             if not isinstance(f.get(name), h5py.Dataset):

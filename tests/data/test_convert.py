@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,9 +17,16 @@ from PIL import Image
 h5py = pytest.importorskip("h5py")
 
 from lightning_gpuopt.cli import main as cli_main  # noqa: E402
+from lightning_gpuopt.data import convert as convert_mod  # noqa: E402
 from lightning_gpuopt.data import folder as folder_mod  # noqa: E402
 from lightning_gpuopt.data import layout  # noqa: E402
-from lightning_gpuopt.data.convert import CorruptImageError, convert_folder_to_hdf5  # noqa: E402
+from lightning_gpuopt.data.convert import (  # noqa: E402
+    FORMAT_VERSION,
+    CorruptImageError,
+    OutputExistsError,
+    OutputInUseError,
+    convert_folder_to_hdf5,
+)
 from lightning_gpuopt.data.folder import load_canvas, scan_image_folder  # noqa: E402
 from lightning_gpuopt.data.hdf5 import FORMAT, HDF5ImageDataset  # noqa: E402
 from tests.data._images import grey16_as_rgb8, mad, save, save_grey16, smooth_rgb, tv_resize  # noqa: E402
@@ -54,7 +62,8 @@ def test_store_holds_torchvision_resize_of_whole_images(tmp_path):
     _, samples = scan_image_folder(src)
     assert ds.files() == [os.path.relpath(p, src) for p, _ in samples]
     attrs = ds.attrs()
-    assert attrs["format"] == FORMAT and attrs["format_version"] == 2 and attrs["storage_size"] == 32
+    assert attrs["format"] == FORMAT and attrs["format_version"] == FORMAT_VERSION == 3
+    assert attrs["complete"] and attrs["storage_size"] == 32
     checked = 0
     for i, rel in enumerate(ds.files()):
         canvas, label, meta = ds[i]
@@ -127,6 +136,117 @@ def test_converter_validates_inputs(jpeg_folder, tmp_path):
     assert (tmp_path / "o.h5").read_bytes() == b"keep me"
     convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", 8, overwrite=True, workers=1, progress=False)
     assert len(HDF5ImageDataset(tmp_path / "o.h5")) == 48
+
+
+# -- one writer a store, and a store is published only complete --------------------------------------------
+
+
+def _hook_block(monkeypatch, at_block: int, action) -> None:
+    """Run ``action(writer)`` once, in the first conversion to reach decoded block ``at_block``, before
+    that block is written (blocks before it are on disk, the rest not yet)."""
+    real = convert_mod._write_blocks
+    done = threading.Event()
+
+    def write_blocks(writer, blocks, keep_going, advance):
+        def hooked():
+            for b, block in enumerate(blocks):
+                if b == at_block and not done.is_set():
+                    done.set()
+                    action(writer)
+                yield block
+
+        return real(writer, hooked(), keep_going, advance)
+
+    monkeypatch.setattr(convert_mod, "_write_blocks", write_blocks)
+
+
+class _Paused:
+    """A conversion in a thread, held at its second block until ``resume()``."""
+
+    def __init__(self, monkeypatch, src, out) -> None:
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.result = self.error = None
+
+        def hold(writer):
+            self.reached.set()
+            assert self.go.wait(30)
+
+        _hook_block(monkeypatch, 1, hold)
+
+        def work():
+            try:
+                self.result = convert_folder_to_hdf5(src, out, 8, workers=1, progress=False)
+            except BaseException as err:  # noqa: BLE001 -- handed to the test
+                self.error = err
+
+        self.thread = threading.Thread(target=work)
+        self.thread.start()
+        assert self.reached.wait(30), "the conversion did not start"
+
+    def resume(self):
+        self.go.set()
+        self.thread.join(30)
+        return self.result, self.error
+
+
+def test_a_second_conversion_to_the_same_store_fails_at_once(jpeg_folder, tmp_path, monkeypatch, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(jpeg_folder / "class_00", other / "only")  # 16 images: tells the two stores apart
+    out = tmp_path / "same.h5"
+    paused = _Paused(monkeypatch, jpeg_folder, out)
+    try:
+        t0 = time.perf_counter()
+        busy = rf"another conversion \(pid {os.getpid()}\) is writing .*same\.h5"
+        with pytest.raises(OutputInUseError, match=busy):
+            convert_folder_to_hdf5(other, out, 8, workers=1, progress=False)
+        with pytest.raises(OutputInUseError):  # --overwrite does not let two writers share a store
+            convert_folder_to_hdf5(other, out, 8, workers=1, progress=False, overwrite=True)
+        argv = ["convert", str(other), str(out), "--size", "8", "--workers", "1", "--no-progress"]
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("lightning-gpuopt convert: error: another conversion") and "same.h5" in err
+        assert "wait for it to finish, or write to another name" in err and len(err.splitlines()) == 1
+        assert time.perf_counter() - t0 < 10  # refused before scanning or decoding anything
+    finally:
+        result, error = paused.resume()
+    assert error is None and result.num_images == 48
+    assert len(HDF5ImageDataset(out)) == 48  # the first writer's store, whole
+    with pytest.raises(OutputExistsError, match=r"same\.h5.* already exists"):  # after it: exists
+        convert_folder_to_hdf5(other, out, 8, workers=1, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "same.h5"]  # no lock or temp left
+
+
+def test_a_file_that_appears_during_a_conversion_is_not_replaced(jpeg_folder, tmp_path, monkeypatch):
+    out = tmp_path / "o.h5"
+    _hook_block(monkeypatch, 1, lambda writer: out.write_bytes(b"keep me"))
+    with pytest.raises(OutputExistsError, match=r"o\.h5.* already exists"):
+        convert_folder_to_hdf5(jpeg_folder, out, 8, workers=1, progress=False)
+    assert out.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.h5"]
+    monkeypatch.undo()
+    convert_folder_to_hdf5(jpeg_folder, out, 8, workers=1, progress=False, overwrite=True)
+    assert len(HDF5ImageDataset(out)) == 48
+
+
+def test_a_lock_file_left_by_a_killed_conversion_does_not_block(jpeg_folder, tmp_path):
+    out = tmp_path / "o.h5"
+    (tmp_path / ".o.h5.lock").write_text("999999\n")  # what a SIGKILL leaves: the file, not the lock
+    convert_folder_to_hdf5(jpeg_folder, out, 8, workers=1, progress=False)
+    assert len(HDF5ImageDataset(out)) == 48 and not (tmp_path / ".o.h5.lock").exists()
+
+
+def test_a_store_copied_before_the_conversion_finished_is_refused(jpeg_folder, tmp_path, monkeypatch):
+    out, copy = tmp_path / "o.h5", tmp_path / "copy.h5"
+    # 48 images in blocks of 32: the copy holds the first block written, the rest allocated and black
+    _hook_block(monkeypatch, 1, lambda writer: shutil.copyfile(writer.tmp, copy))
+    convert_folder_to_hdf5(jpeg_folder, out, 8, workers=1, progress=False)
+    assert len(HDF5ImageDataset(out)) == 48
+    with h5py.File(copy, "r") as f:
+        assert f["meta"].shape == (48, 3) and not f["meta"][()].any()  # zero sizes: not trainable
+    with pytest.raises(
+        ValueError, match=r"copy\.h5.* is incomplete: the conversion did not finish.*convert SRC_FOLDER"
+    ):
+        HDF5ImageDataset(copy)
 
 
 def _no_decoding(monkeypatch):

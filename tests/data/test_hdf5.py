@@ -229,3 +229,21 @@ def test_errors_name_the_file_and_the_fix(store, tmp_path):
         del f["meta"]
     with pytest.raises(ValueError, match=r"edited\.h5.* no 'meta' dataset"):
         HDF5ImageDataset(tmp_path / "edited.h5")
+
+
+def test_a_store_without_the_completeness_mark_is_refused(store, tmp_path):
+    path, *_ = store
+    assert HDF5ImageDataset(path).attrs()["complete"]
+    unmarked, older = tmp_path / "unmarked.h5", tmp_path / "older.h5"
+    for copy, version in ((unmarked, None), (older, 2)):
+        shutil.copy(path, copy)
+        with h5py.File(copy, "a") as f:
+            del f.attrs["complete"]
+            if version is not None:
+                f.attrs["format_version"] = version
+    incomplete = r"unmarked\.h5.* is incomplete: the conversion did not finish.*--overwrite"
+    with pytest.raises(ValueError, match=incomplete):
+        HDF5ImageDataset(unmarked)
+    older_fix = r"older\.h5.* has format version 2.*SRC_FOLDER .*older\.h5 --overwrite"
+    with pytest.raises(ValueError, match=older_fix):
+        HDF5ImageDataset(older)
