@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from lightning_gpuopt import _compat
-from lightning_gpuopt._checks import check_arg, is_number
+from lightning_gpuopt._checks import check_arg, is_int, is_number
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR
@@ -249,18 +249,87 @@ def _read_cache(path: Path) -> dict[str, Any]:
         return {}
 
 
+#: seconds a cache write waits for another process's write to finish before giving up (a write takes ms)
+_LOCK_WAIT_S = 10.0
+
+
+@contextlib.contextmanager
+def _cache_lock(path: Path) -> Iterator[bool]:
+    """Hold ``fcntl.flock`` on ``.<cache name>.lock`` beside the cache; yields False when it cannot be had.
+
+    Writers read, change and replace the cache inside it, so entries written at once by several processes
+    are all kept. Readers need no lock: the file is only ever replaced whole. Without ``fcntl`` (not POSIX)
+    nothing is locked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover -- not POSIX
+        yield True
+        return
+    lock = path.with_name(f".{path.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.01)
+        yield True
+    finally:
+        os.close(fd)  # drops the lock
+
+
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_cache(path)
-        data[key] = entry
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-        os.replace(tmp, path)  # atomic: concurrent runs never see half a file
+        with _cache_lock(path) as locked:
+            if not locked:
+                rank_zero_warn(
+                    f"the worker-tuning cache {path} stayed locked by another process for "
+                    f"{_LOCK_WAIT_S:.0f} s; this result was not saved (tuning will run again next time)"
+                )
+                return
+            data = _read_cache(path)
+            data[key] = entry
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+            os.replace(tmp, path)  # atomic: readers never see half a file
     except OSError as err:
         rank_zero_warn(
             f"could not write the worker-tuning cache {path} ({err}); tuning will run again next time"
         )
+
+
+def _cached_problem(hit: Any, candidates: Sequence[int]) -> str | None:
+    """Why a cache entry cannot be used as a result (None: it can), checked as an argument would be.
+
+    ``best`` must be one of the candidates and a measured row, every row a candidate with a non-negative
+    rate: values ``tune_num_workers`` itself can return.
+    """
+    if not isinstance(hit, dict):
+        return f"the entry is a {type(hit).__name__}, not an object"
+    best, table = hit.get("best"), hit.get("table")
+    if not is_int(best) or best not in candidates:
+        return f"best={best!r} is not one of the candidate worker counts {list(candidates)}"
+    if not isinstance(table, list) or not table:
+        return "its table of measurements is missing"
+    for row in table:
+        if not (
+            isinstance(row, dict)
+            and is_int(row.get("num_workers"))
+            and row["num_workers"] in candidates
+            and is_number(row.get("samples_per_sec"))
+            and row["samples_per_sec"] >= 0
+        ):
+            return f"its table holds a row that is not a measurement: {row!r}"
+    if best not in {row["num_workers"] for row in table}:
+        return f"best={best!r} was not measured in its table"
+    return None
 
 
 def tune_num_workers(
@@ -360,11 +429,16 @@ def tune_num_workers(
     path = default_cache_path(cache_dir)
     if cache:
         hit = _read_cache(path).get(key)
-        if isinstance(hit, dict) and isinstance(hit.get("best"), int):
+        problem = None if hit is None else _cached_problem(hit, cands)
+        if hit is not None and problem is None:
             return TuningResult(
-                best=hit["best"], table=hit.get("table", []), seconds=0.0, cached=True,
-                stop_reason=hit.get("stop_reason", ""), key=key,
+                best=int(hit["best"]), table=hit["table"], seconds=0.0, cached=True,
+                stop_reason=str(hit.get("stop_reason", "")), key=key,
             )  # fmt: skip
+        if problem is not None:
+            rank_zero_warn(
+                f"ignoring the entry {key} of the worker-tuning cache {path} ({problem}); measuring again"
+            )
 
     t_start = time.perf_counter()
     table: list[dict[str, Any]] = []

@@ -1,4 +1,6 @@
 import json
+import multiprocessing
+import re
 import time
 
 import lightning.pytorch as pl
@@ -6,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_gpuopt.data import tuning as tuning_mod
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR
 from lightning_gpuopt.data.tuning import (
     TuningConfig,
@@ -140,6 +143,52 @@ def test_real_dataloader_and_cache(tmp_path, monkeypatch):
     other = tune_num_workers(ds, candidates=[1], budget_s=0.5, batch_size=4)
     assert not other.cached and other.key != res.key
     assert "num_workers=2 (cached)" in again.format_table()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("best", 40, "best=40 is not one of the candidate"),
+        ("best", -1, "best=-1 is not one of the candidate"),
+        ("best", True, "best=True is not one of the candidate"),
+        ("best", "2", "best='2' is not one of the candidate"),
+        ("table", [{"num_workers": 2, "samples_per_sec": "fast"}], "a row that is not a measurement"),
+    ],
+)
+def test_an_edited_cache_entry_is_ignored_with_a_warning_and_measured_again(tmp_path, field, value, problem):
+    kw = {"candidates": [1, 2], "budget_s": 0.4, "cache_dir": tmp_path}
+    first = tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw)
+    path = tmp_path / "workers.json"
+    data = json.loads(path.read_text())
+    data[first.key][field] = value
+    path.write_text(json.dumps(data))
+    pattern = rf"worker-tuning cache {re.escape(str(path))} \(.*{re.escape(problem)}.*measuring again"
+    with pytest.warns(UserWarning, match=pattern):
+        again = tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw)
+    assert not again.cached and again.best in (1, 2) and again.table
+    assert json.loads(path.read_text())[first.key]["best"] == again.best  # the entry is written again
+    assert tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw).cached
+
+
+def _write_entries(path, writer: int, count: int, start) -> None:
+    start.wait(10)
+    for i in range(count):
+        tuning_mod._write_cache(path, f"w{writer}-{i}", {"best": 1, "table": []})
+
+
+def test_cache_writes_from_many_processes_at_once_lose_no_entry(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    path = tmp_path / "cache" / "workers.json"
+    start = ctx.Event()
+    procs = [ctx.Process(target=_write_entries, args=(path, w, 20, start)) for w in range(6)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert sorted(json.loads(path.read_text())) == sorted(f"w{w}-{i}" for w in range(6) for i in range(20))
+    assert sorted(p.name for p in path.parent.iterdir()) == [".workers.json.lock", "workers.json"]
 
 
 def test_argument_errors():
