@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -48,6 +49,11 @@ _SIGNATURES: tuple[bytes, ...] = (
     *(f"P{k}".encode() for k in range(1, 7)),  # PNM
 )
 _SEARCH_BUDGET_S = 60.0
+_FIX = "remove or replace it (DALI cannot decode it)"
+_BOMB_FIX = (
+    "refused as the folder and HDF5 backends refuse it: remove or replace the file, or raise "
+    "PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+)
 
 
 def dali_modules() -> tuple[Any, Any, Any]:
@@ -289,11 +295,96 @@ def build_dali_pipeline(
 # -- files: checked up front, named when DALI fails --------------------------------------------------
 
 
-def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
-    """Check that every file exists, is non-empty and starts with a known image signature.
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
-    A cheap read of the first bytes of each file (threaded); full decodability is only known when DALI
-    decodes the file, and ``DALILoader`` then names the file in its error.
+
+def _jpeg_size(fh: Any) -> tuple[int, int] | None:
+    """``(width, height)`` from a JPEG's frame header (the markers before it skipped by their lengths)."""
+    pos = 2
+    while True:
+        fh.seek(pos)
+        seg = fh.read(4)
+        if len(seg) < 4 or seg[0] != 0xFF:
+            return None
+        marker = seg[1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            pos += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before them
+            return None
+        if marker in _JPEG_SOF:
+            frame = fh.read(5)
+            if len(frame) < 5:
+                return None
+            return int.from_bytes(frame[3:5], "big"), int.from_bytes(frame[1:3], "big")
+        pos += 2 + int.from_bytes(seg[2:4], "big")
+
+
+def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
+    """PIL's pixel limit for an open image file, read from its header alone (no pixel is decoded).
+
+    PNG and JPEG sizes are read directly (the IHDR chunk; the frame header) and checked by
+    ``pixel_limit_problem``; other formats are opened with ``PIL.Image.open``, which parses only the header
+    and applies the same rule itself. ``head`` holds the file's first 24 bytes (or the whole file). A
+    header that cannot be read passes: DALI decodes the file or names it.
+    """
+    size = None
+    if head.startswith(b"\x89PNG") and head[12:16] == b"IHDR" and len(head) >= 24:
+        size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    elif head.startswith(b"\xff\xd8"):
+        size = _jpeg_size(fh)
+    if size is not None:
+        return pixel_limit_problem(path, size)
+    from PIL import Image
+
+    fh.seek(0)
+    try:
+        with Image.open(fh):
+            return None
+    except Image.DecompressionBombError as err:
+        return f"image {path!r} is a possible decompression bomb ({err}); {_BOMB_FIX}"
+    except Exception:  # noqa: BLE001 -- a header PIL cannot parse: DALI decodes it or names it
+        return None
+
+
+def pixel_limit_problem(path: str, size: tuple[int, int]) -> str | None:
+    """PIL's decompression-bomb rule for an image of ``size``, as the folder and HDF5 backends apply it.
+
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (read at each call; None turns the check off): above it a
+    ``DecompressionBombWarning``, above twice it the image is refused (returns why).
+    """
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    width, height = size
+    pixels = width * height
+    if limit is None or pixels <= limit:
+        return None
+    if pixels > 2 * limit:
+        return (
+            f"image {path!r} is {width}x{height} = {pixels:,} pixels, more than twice PIL's limit "
+            f"(PIL.Image.MAX_IMAGE_PIXELS = {limit:,}): a possible decompression bomb; {_BOMB_FIX}"
+        )
+    warnings.warn(
+        f"image {path!r} is {width}x{height} = {pixels:,} pixels, over PIL.Image.MAX_IMAGE_PIXELS = "
+        f"{limit:,}: it could be a decompression bomb",
+        Image.DecompressionBombWarning,
+        stacklevel=2,
+    )
+    return None
+
+
+def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
+    """Check that every file exists, is non-empty, starts with a known image signature and is within
+    PIL's pixel limit.
+
+    A cheap read of each file's header (threaded): its leading bytes and its size in pixels, checked by
+    ``pixel_limit_problem``, the rule the other backends apply through PIL (``_pixel_check``).
+    Full decodability is only known when DALI decodes the file, and ``DALILoader`` then names the file in
+    its error.
 
     Raises:
         ValueError: naming the first bad file and the fix.
@@ -302,21 +393,22 @@ def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
     def check(path: str) -> str | None:
         try:
             with open(path, "rb") as fh:
-                head = fh.read(12)
+                head = fh.read(24)
+                if not head:
+                    return f"corrupt or unreadable image: {path!r} is empty; {_FIX}"
+                if not head.startswith(_SIGNATURES):
+                    return (
+                        f"corrupt or unreadable image: {path!r} is not a JPEG/PNG/BMP/TIFF/WebP/JPEG 2000/"
+                        f"PNM image (unknown leading bytes); {_FIX}"
+                    )
+                return _pixel_check(fh, head, path)
         except OSError as err:
-            return f"{path!r} cannot be read ({err.strerror})"
-        if not head:
-            return f"{path!r} is empty"
-        if not head.startswith(_SIGNATURES):
-            return f"{path!r} is not a JPEG/PNG/BMP/TIFF/WebP/JPEG 2000/PNM image (unknown leading bytes)"
-        return None
+            return f"corrupt or unreadable image: {path!r} cannot be read ({err.strerror}); {_FIX}"
 
     with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
         for problem in pool.map(check, files, chunksize=256):
             if problem is not None:
-                raise ValueError(
-                    f"corrupt or unreadable image: {problem}; remove or replace it (DALI cannot decode it)"
-                )
+                raise ValueError(problem)
 
 
 def _file_in_message(message: str, files: Sequence[str]) -> str | None:

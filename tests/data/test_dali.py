@@ -500,3 +500,75 @@ def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, mo
     assert sum(expected[1] in r.getMessage() for r in caplog.records) == 1  # logged once
     images, _ = next(iter(loaders[0]))
     assert images.device.type == "cuda" and images.shape == (8, 3, 24, 24)
+
+
+# -- PIL's pixel limit, applied to DALI's file list as the other backends apply it -----------------------
+
+
+def _limit_cases(tmp_path):
+    """A PNG, a JPEG and a BMP (read by PIL's own header parser) of 100x80 = 8,000 pixels."""
+    from PIL import Image
+
+    img = Image.new("RGB", (100, 80), (200, 30, 90))
+    paths = []
+    for ext in ("png", "jpg", "bmp"):
+        paths.append(str(tmp_path / f"big.{ext}"))
+        img.save(paths[-1])
+    return paths
+
+
+@pytest.mark.parametrize("limit", [None, 8000, 5000, 4000, 3999, 100])
+def test_the_pixel_limit_is_pils_rule_read_from_headers(tmp_path, monkeypatch, limit):
+    import warnings
+
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", limit)
+    for path in _limit_cases(tmp_path):
+        with warnings.catch_warnings(record=True) as pil_warned:
+            warnings.simplefilter("always")
+            try:
+                Image.open(path).close()
+                pil_refuses = False
+            except Image.DecompressionBombError:
+                pil_refuses = True
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            if pil_refuses:
+                with pytest.raises(ValueError, match=rf"{path}.*decompression bomb.*MAX_IMAGE_PIXELS"):
+                    dali_pipeline.validate_image_files([path], num_threads=1)
+            else:
+                dali_pipeline.validate_image_files([path], num_threads=1)
+        def bombs(caught):
+            return [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
+
+        assert len(bombs(warned)) == len(bombs(pil_warned))
+    assert pil_refuses == (limit is not None and limit < 4000)  # PIL: refused above twice the limit
+
+
+def test_a_file_over_the_pixel_limit_is_refused_before_training(jpeg_folder, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from lightning_gpuopt.data.folder import load_canvas
+
+    files, _ = _indexed(jpeg_folder)  # 64x48 = 3,072 pixels each
+    big = _limit_cases(tmp_path)[0]  # 8,000 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3500)  # refused above 7,000
+    loader = _loader([*files[:6], big], [0] * 7, batch_size=4, train=True)
+    with pytest.raises(ValueError, match=r"big\.png.* 100x80 = 8,000 pixels.*MAX_IMAGE_PIXELS = 3,500"):
+        iter(loader)
+    with pytest.raises(ValueError, match=r"big\.png.*DecompressionBombError"):  # the folder backend's refusal
+        load_canvas(big, 16)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4000)  # over it, within twice it: PIL's warning
+    with pytest.warns(Image.DecompressionBombWarning, match=r"big\.png"):
+        assert len(list(loader)) == 1  # trained on
+
+
+def test_a_decompression_bomb_png_is_refused_at_pils_default_limit(tmp_path):
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (13400, 13400)).save(bomb)  # 179.6 Mpx in about 22 kB
+    assert bomb.stat().st_size < 64_000
+    with pytest.raises(ValueError, match=r"bomb\.png.* 13400x13400 = 179,560,000 pixels"):
+        dali_pipeline.validate_image_files([str(bomb)], num_threads=1)
