@@ -642,3 +642,21 @@ def test_compiled_rows_run_on_a_cpu_when_named(jpeg_folder, tmp_path, capsys):
         f"ceiling_compiled {compiled['compile_seconds']:.1f} s"
     )
     assert "compiled: " in captured.err and "from the first step to the first fast one" in captured.err
+
+
+def test_a_cached_store_of_another_format_is_converted_again(jpeg_folder, tmp_path):
+    pytest.importorskip("h5py")
+    import h5py
+
+    from lightning_gpuopt.bench.runner import LadderRunner
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+    runner = LadderRunner(rows.LadderConfig(jpeg_folder, batch_size=8, accelerator="cpu", cache_dir=tmp_path))
+    path, why = runner._hdf5_file()
+    assert why is None and path is not None
+    with h5py.File(path, "r+") as f:  # as a store written by an older version
+        f.attrs["format_version"] = 2
+    runner._h5_path = None
+    again, _ = runner._hdf5_file()
+    assert again == path
+    HDF5ImageDataset(again).close()  # readable: converted again

@@ -293,12 +293,20 @@ class LadderRunner:
         why = _no_h5py()
         if why is not None:
             return None, why
-        from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
 
         src = self.data.resolve()
         digest = hashlib.sha1(f"{src}:{os.path.getmtime(src)}".encode()).hexdigest()[:10]
         out = Path(self.cfg.cache_dir).expanduser() / "hdf5" / f"{src.name}-{digest}-{self.storage_size}px.h5"
-        if out.is_file():
+        cached = out.is_file()
+        if cached:
+            try:
+                HDF5ImageDataset(out).close()
+            except (ValueError, RuntimeError) as err:  # another format version, or damaged: convert again
+                self.say(f"cached HDF5 copy {out} cannot be read by this version ({err}); converting again")
+                out.unlink()
+                cached = False
+        if cached:
             self.say(f"using cached HDF5 copy {out}")
         else:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.bench.runs import check_writable_file
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.loader import BatchReader, UInt8Collate
+    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate
     from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
     dataset: Any
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         batch_size=measure_bs,
         cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
-        loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": 4},
+        loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": PREFETCH_FACTOR},
         cache=not args.no_cache,
     )
     if json_path is not None:
