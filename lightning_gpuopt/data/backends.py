@@ -2,8 +2,9 @@
 
 ``backend="folder" | "hdf5" | "dali" | "auto"`` names one (``resolve_backend``; ``"auto"`` picks folder or
 HDF5 from the paths). The DataModule asks it, instead of testing the name, to check the paths it was given,
-to build a split's default dataset, to prepare a stage, to build a split's loader and to describe the feed
-(``FeedInfo``):
+to build a split's default dataset, to name a split's classes (``classes``: the DataModule labels every
+split by the training split's class indices), to prepare a stage, to build a split's loader and to
+describe the feed (``FeedInfo``):
 
 - ``FolderBackend``: ``UInt8ImageFolder`` decoded by DataLoader worker processes (``num_workers``).
 - ``HDF5Backend``: ``HDF5ImageDataset``, a uint8 store read by threads of the training process.

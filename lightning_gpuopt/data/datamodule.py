@@ -76,7 +76,9 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     Args:
         train_dir: training folder (``root/<class>/<image>``) or HDF5 file (None: override ``train_dataset``).
-        val_dir: validation folder or HDF5 file (None and no override: no validation).
+        val_dir: validation folder or HDF5 file (None and no override: no validation). Its classes, and
+            ``test_dir``'s, are labelled by their index among the training split's classes
+            (``class_indices``); a class the training split lacks raises ``ValueError`` in ``setup``.
         test_dir: test folder or HDF5 file.
         predict_dir: prediction folder or HDF5 file.
         backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``, a folder -> ``"folder"``), ``"folder"``
