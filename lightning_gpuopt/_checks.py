@@ -34,7 +34,7 @@ def is_number(value: Any) -> bool:
 
 
 def check_pair(value: Any, name: str, low: float, high: float | None, what: str) -> tuple[float, float]:
-    """``value`` as ``(min, max)`` floats with ``low < min <= max`` (``<= high`` when given)."""
+    """``value`` as ``(min, max)`` finite floats with ``low < min <= max`` (``<= high`` when given)."""
     check_arg(
         isinstance(value, (tuple, list)) and len(value) == 2 and all(is_number(v) for v in value),
         name,
@@ -44,7 +44,8 @@ def check_pair(value: Any, name: str, low: float, high: float | None, what: str)
     )
     lo, hi = float(value[0]), float(value[1])
     bound = f"{low} < min <= max" + (f" <= {high}" if high is not None else "")
-    check_arg(low < lo <= hi and (high is None or hi <= high), name, value, f"a range with {bound}")
+    ok = math.isfinite(hi) and low < lo <= hi and (high is None or hi <= high)
+    check_arg(ok, name, value, f"a finite range with {bound}")
     return lo, hi
 
 

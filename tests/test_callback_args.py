@@ -132,6 +132,27 @@ def _id(row: tuple[Any, dict[str, Any], type[Exception], str]) -> str:
     return f"{factory.__name__}-" + "-".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
+def test_the_helpers_say_what_and_refuse_non_finite_numbers() -> None:
+    from lightning_gpuopt._checks import check_bool, check_choice, check_float, check_int, check_pair
+
+    with pytest.raises(TypeError, match=r"^on must be True, False or None, got 'yes'; say on=True$"):
+        check_bool("yes", "on", none_ok=True, fix="say on=True")
+    check_bool(None, "on", none_ok=True)
+    with pytest.raises(ValueError, match=r"^n must be an int >= 1 and <= 3 \(steps\), got 4$"):
+        check_int(4, "n", low=1, high=3, what="(steps)")
+    assert check_float(2, "x", low=0, low_open=True) == 2.0 and check_float(None, "x", none_ok=True) is None
+    for bad in (INF, -INF, NAN):
+        with pytest.raises(ValueError, match="^x must be a finite number, got"):
+            check_float(bad, "x")
+    with pytest.raises(ValueError, match=r"^x must be a finite number < 1, got 1$"):
+        check_float(1, "x", high=1, high_open=True)
+    with pytest.raises(TypeError, match="^mode must be one of 'a', 'b', got 1$"):
+        check_choice(1, "mode", ("a", "b"))
+    # a range without an upper bound still has a finite one (AugmentConfig's ratio)
+    with pytest.raises(ValueError, match="augment.ratio must be a finite range"):
+        check_pair((0.5, INF), "augment.ratio", 0.0, None, "width / height")
+
+
 @pytest.mark.parametrize(("factory", "kwargs", "error", "name"), BAD, ids=[_id(r) for r in BAD])
 def test_a_bad_argument_is_refused_by_name(
     factory: Any, kwargs: dict[str, Any], error: type[Exception], name: str
