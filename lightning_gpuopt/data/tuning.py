@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from lightning_gpuopt import _compat
-from lightning_gpuopt._checks import check_arg, is_int, is_number
+from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int, is_number
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR
@@ -86,23 +86,9 @@ class TuningConfig:
     cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
-        check_arg(
-            is_number(self.budget_s) and self.budget_s > 0, "tuning.budget_s", self.budget_s, "> 0 seconds"
-        )
-        target = self.target_samples_per_sec
-        check_arg(
-            target is None or (is_number(target) and target > 0),
-            "tuning.target_samples_per_sec",
-            target,
-            "None or > 0 (your model's samples/s)",
-        )
-        check_arg(
-            self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)),
-            "tuning.cache_dir",
-            self.cache_dir,
-            "None or a folder path",
-            error=TypeError,
-        )
+        check_float(self.budget_s, "tuning.budget_s", low=0, low_open=True, what="(seconds)")
+        _check_target(self.target_samples_per_sec, "tuning.target_samples_per_sec")
+        _check_cache_dir(self.cache_dir, "tuning.cache_dir")
 
 
 def default_candidates(max_workers: int) -> list[int]:
@@ -381,13 +367,8 @@ def tune_num_workers(
         ``TuningResult`` (``best``, ``table``, ...).
     """
     _check_budget_tolerance(budget_s, tolerance)
-    check_arg(
-        target_samples_per_sec is None or (is_number(target_samples_per_sec) and target_samples_per_sec > 0),
-        "target_samples_per_sec",
-        target_samples_per_sec,
-        "None or > 0 (your model's samples/s)",
-    )
-    check_arg(is_number(headroom) and headroom >= 1, "headroom", headroom, ">= 1 (a multiple of the target)")
+    _check_target(target_samples_per_sec, "target_samples_per_sec")
+    check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
     if candidates is None:
@@ -495,8 +476,18 @@ def tune_num_workers(
 
 
 def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
-    check_arg(is_number(budget_s) and budget_s > 0, "budget_s", budget_s, "> 0 seconds")
-    check_arg(is_number(tolerance) and 0 <= tolerance < 1, "tolerance", tolerance, "in [0, 1) (0.05 = 5%)")
+    check_float(budget_s, "budget_s", low=0, low_open=True, what="(seconds)")
+    check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
+
+
+def _check_target(target: float | None, name: str) -> None:
+    check_float(target, name, low=0, low_open=True, none_ok=True, what="(your model's samples/s)",
+                fix="None measures up to the loader's plateau")
+
+
+def _check_cache_dir(cache_dir: Any, name: str) -> None:
+    check_arg(cache_dir is None or isinstance(cache_dir, (str, os.PathLike)), name, cache_dir,
+              "None or a folder path", error=TypeError)
 
 
 def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Callable[[int], DataLoader]:
@@ -574,11 +565,18 @@ class WorkerTuner(pl.Callback):
     ) -> None:
         _check_budget_tolerance(budget_s, tolerance)
         check_arg(
-            candidates is None or (bool(candidates) and min(candidates) >= 0),
+            candidates is None
+            or (isinstance(candidates, Sequence) and not isinstance(candidates, str) and len(candidates) > 0
+                and all(is_int(c) and c >= 0 for c in candidates)),
             "candidates",
             candidates,
-            "None or non-empty non-negative worker counts",
+            "None or a non-empty sequence of worker counts (ints >= 0)",
+            error=TypeError if candidates is not None and not isinstance(candidates, Sequence) else ValueError,
         )
+        _check_target(target_samples_per_sec, "target_samples_per_sec")
+        check_bool(apply, "apply")
+        check_bool(cache, "cache")
+        _check_cache_dir(cache_dir, "cache_dir")
         self.budget_s = budget_s
         self.candidates = list(candidates) if candidates is not None else None
         self.target_samples_per_sec = target_samples_per_sec

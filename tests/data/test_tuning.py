@@ -198,15 +198,41 @@ def test_argument_errors():
         tune_num_workers(_CostlyDataset(), tolerance=1.5)
     with pytest.raises(ValueError, match="candidates"):
         tune_num_workers(_CostlyDataset(), candidates=[-1])
-    with pytest.raises(ValueError, match=r"^budget_s must be > 0 seconds, got -1"):
+    with pytest.raises(ValueError, match=r"^budget_s must be a finite number > 0 \(seconds\), got -1"):
         WorkerTuner(budget_s=-1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"apply": "no"}, TypeError),
+        ({"cache": "false"}, TypeError),
+        ({"budget_s": float("inf")}, ValueError),
+        ({"tolerance": "0.05"}, TypeError),
+        ({"candidates": [1.5, 2]}, ValueError),
+        ({"candidates": [True]}, ValueError),
+        ({"candidates": "12"}, ValueError),
+        ({"candidates": 4}, TypeError),
+        ({"candidates": []}, ValueError),
+        ({"target_samples_per_sec": -1}, ValueError),
+        ({"cache_dir": 3}, TypeError),
+    ],
+)
+def test_worker_tuner_checks_every_argument(kwargs, error):
+    (name,) = kwargs
+    with pytest.raises(error, match=rf"^{name} must be"):
+        WorkerTuner(**kwargs)
 
 
 def test_tuning_config_checks_its_fields():
     assert TuningConfig() == TuningConfig(budget_s=30.0, target_samples_per_sec=None, cache_dir=None)
-    with pytest.raises(ValueError, match=r"^tuning\.budget_s must be > 0 seconds"):
+    with pytest.raises(ValueError, match=r"^tuning\.budget_s must be a finite number > 0"):
         TuningConfig(budget_s=0)
-    with pytest.raises(ValueError, match=r"^tuning\.target_samples_per_sec must be None or > 0"):
+    with pytest.raises(ValueError, match=r"^tuning\.budget_s must be a finite number > 0"):
+        TuningConfig(budget_s=float("inf"))
+    with pytest.raises(TypeError, match=r"^tuning\.budget_s must be"):
+        TuningConfig(budget_s="30")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^tuning\.target_samples_per_sec must be a finite number > 0"):
         TuningConfig(target_samples_per_sec=-5)
     with pytest.raises(TypeError, match=r"^tuning\.cache_dir must be None or a folder path"):
         TuningConfig(cache_dir=3)
