@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -47,9 +49,79 @@ def check_args(args: argparse.Namespace) -> None:
         "0 or more (0 or 1: decode in this process)",
         fix="leave it out to use every CPU",
     )
+    _check_source(args.src)
     out = Path(args.out).expanduser()
     if not args.overwrite and out.exists() and not out.is_dir():
         raise ValueError(f"output {args.out!r} already exists; pass --overwrite or another name")
+    _check_destination_folder(args.out)
+
+
+def _check_source(src: str) -> None:
+    """A file given as SRC gets command-line advice (the library's names a Python argument)."""
+    path = Path(src).expanduser()
+    if not path.is_file():
+        return  # a missing or badly laid out folder is named by the conversion itself
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        raise ValueError(
+            f"SRC {src!r} is an HDF5 file, already a store: there is nothing to convert; pass it to "
+            f"OptimizedDataModule or `lightning-gpuopt tune {src}` directly (SRC must be a class-per-subfolder "
+            "image folder, SRC/<class>/<image>)"
+        )
+    raise ValueError(
+        f"SRC {src!r} is a file, not a folder; SRC must be a class-per-subfolder image folder "
+        "laid out as SRC/<class>/<image> (one subfolder a class, holding its images)"
+    )
+
+
+def _folder_of(out: str) -> Path:
+    """The folder the output is written in (a symbolic link's target is replaced in its own folder)."""
+    out_path = Path(out).expanduser()
+    dest = Path(os.path.realpath(out_path)) if out_path.is_symlink() else out_path
+    return dest.absolute().parent
+
+
+def _unwritable(out: str, folder: Path, code: int | None) -> str | None:
+    """Why ``out`` cannot be written in ``folder`` and what to do, for a read-only or forbidden folder."""
+    if code == errno.EROFS:
+        return (
+            f"cannot write {out!r}: its folder {str(folder)!r} is on a read-only file system; "
+            "choose an output on a writable disk"
+        )
+    if code in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot write {out!r}: permission denied in its folder {str(folder)!r}; choose a folder you can "
+            "write to, or change its permissions (chmod/chown)"
+        )
+    return None
+
+
+def _check_destination_folder(out: str) -> None:
+    """Refuse a read-only or forbidden output folder before anything is scanned (so a read-only disk,
+    which reports no free space, is not reported as a full one)."""
+    folder = _folder_of(out)
+    if not folder.is_dir():
+        return  # the conversion names the missing folder
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs here: the conversion's own checks decide
+        read_only = False
+    if read_only:
+        raise ValueError(_unwritable(out, folder, errno.EROFS))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(_unwritable(out, folder, errno.EACCES))
+
+
+def _os_error_message(err: OSError, out: str) -> str:
+    folder = _folder_of(out)
+    about_out = err.filename is None or Path(os.fsdecode(err.filename)).absolute().parent == folder
+    reason = _unwritable(out, folder, err.errno) if about_out else None  # not a source file's error
+    if reason is not None:
+        return reason
+    if err.filename is None:
+        return err.strerror or str(err)  # the package's own message names the path and the fix
+    from lightning_gpuopt.cli import describe_os_error
+
+    return describe_os_error(err)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,11 +155,11 @@ def run(args: argparse.Namespace) -> int:
     except OutputInUseError as err:
         _fail(str(err))
         return 2
-    except OSError as err:  # read-only or full destination, failed write: the message names the path
-        if isinstance(err, FileNotFoundError):
-            raise
-        _fail(err.strerror if err.filename is None and err.strerror else str(err))
-        return 1
+    except OSError as err:
+        # a read-only, forbidden, missing or full destination is the user's to fix (2); a failed device
+        # write (EIO) is not (1). The message names the path and the fix.
+        _fail(_os_error_message(err, args.out))
+        return 1 if err.errno == errno.EIO else 2
     except KeyboardInterrupt:
         _fail(f"interrupted; {args.out} was not written")
         return 130
