@@ -4,9 +4,12 @@ resize rule, the cache folder, warn-once, a text table, and how a loader describ
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 #: torchvision's ImageNet normalization (``transforms.Normalize``), RGB order, on the 0..1 scale.
@@ -43,14 +46,85 @@ def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
 
 
 def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn once per process and message, on rank zero only (Lightning's ``WarningCache``)."""
-    _warnings().warn(message, category=category)
+    """Warn once per process and message, on rank zero only (Lightning's ``WarningCache``), attributed to
+    the user's line: the first caller outside this package and outside Lightning and torch (where the call
+    comes through a Lightning hook, the user's ``trainer.fit(...)``)."""
+    cache = _warnings()
+    if message in cache:
+        return
+    cache.add(message)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    frame = _user_frame(sys._getframe(1))
+    if frame is None:  # no Python frame to name (called from C): let warnings attribute it
+        warnings.warn(message, category=category, stacklevel=2)
+        return
+    module_globals = frame.f_globals
+    # what warnings.warn does for the frame it settles on: its registry (the "default" action's once-per-
+    # location memory) and globals (the source line via linecache)
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__", "<unknown>"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )
+
+
+#: package folders whose frames a warning is never attributed to (this package first, then the frameworks
+#: a Lightning hook calls it through).
+_INTERNAL_PACKAGES = (
+    "lightning_gpuopt",
+    "lightning",
+    "lightning_fabric",
+    "pytorch_lightning",
+    "lightning_utilities",
+    "torch",
+)
+_INTERNAL_DIRS: tuple[str, ...] | None = None
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    global _INTERNAL_DIRS
+    if _INTERNAL_DIRS is None:
+        import importlib.util
+
+        dirs = []
+        for name in _INTERNAL_PACKAGES:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            for location in (spec.submodule_search_locations or ()) if spec is not None else ():
+                dirs.append(os.path.join(os.path.realpath(location), ""))
+        _INTERNAL_DIRS = tuple(dirs)
+    return _INTERNAL_DIRS
+
+
+def _user_frame(frame: FrameType | None) -> FrameType | None:
+    """The first frame from ``frame`` outward outside the packages of ``_INTERNAL_PACKAGES``; where every
+    frame is inside them (a thread this package started), the first outside this package; else ``frame``."""
+    internal, own = _internal_dirs(), _internal_dirs()[:1]
+    first, outside_own = frame, None
+    while frame is not None:
+        path = os.path.realpath(frame.f_code.co_filename)
+        if not path.startswith(internal):
+            return frame
+        if outside_own is None and own and not path.startswith(own):
+            outside_own = frame
+        frame = frame.f_back
+    return outside_own or first
 
 
 _WARNING_CACHE: Any = None
 
 
 def _warnings() -> Any:
+    """The messages warned so far (a ``WarningCache``, a ``set``; tests ``clear()`` it)."""
     global _WARNING_CACHE
     if _WARNING_CACHE is None:
         from lightning.pytorch.utilities.rank_zero import WarningCache
