@@ -3,7 +3,9 @@ cycles, and the core never reaching into the harness."""
 
 import ast
 import importlib
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -322,3 +324,56 @@ def test_subcommand_help(name, capsys):
         main([name, "--help"])
     assert exit_info.value.code == 0
     assert f"lightning-gpuopt {name}" in capsys.readouterr().out
+
+
+def _doc_imports() -> list[tuple[str, str]]:
+    """``(file, statement)`` for each ``from lightning_gpuopt... import ...`` / ``import lightning_gpuopt...``
+    line in the fenced code blocks (parenthesised lists joined) and inline code of README.md and docs/*.md."""
+    root = PACKAGE.parent
+    found = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        if not path.exists():
+            continue
+        in_code, lines = False, path.read_text(encoding="utf-8").splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i].strip()
+            if line.startswith("```"):
+                in_code = not in_code
+            elif not in_code:  # prose: `from lightning_gpuopt.x import y` in an inline code span
+                spans = re.findall(r"`((?:from|import) lightning_gpuopt[^`]*)`", line)
+                found += [(path.name, span) for span in spans]
+            else:
+                line = line.removeprefix(">>> ").removeprefix("$ ")
+                if line.startswith(("from lightning_gpuopt", "import lightning_gpuopt")):
+                    stmt = line.split("#")[0].strip()
+                    while stmt.count("(") > stmt.count(")") and i + 1 < len(lines):
+                        i += 1
+                        stmt += " " + lines[i].split("#")[0].strip()
+                    found.append((path.name, stmt.rstrip("\\").strip()))
+            i += 1
+    return found
+
+
+DOC_IMPORTS = _doc_imports()
+
+
+def test_docs_show_imports():
+    assert any("ContinuousDataLoader" in stmt for _, stmt in DOC_IMPORTS)
+    assert len(DOC_IMPORTS) >= 10
+
+
+@pytest.mark.parametrize(("doc", "statement"), DOC_IMPORTS, ids=[f"{d}:{s}" for d, s in DOC_IMPORTS])
+def test_doc_imports_resolve(doc, statement):
+    """Every import a page shows works: a moved or renamed name cannot leave the docs behind."""
+    tree = ast.parse(statement)  # a doc line that is not Python fails here, naming the page
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            missing = [a.name for a in node.names if a.name != "*" and not hasattr(module, a.name)]
+            if missing:  # a submodule imported by name (``from lightning_gpuopt import data``)
+                missing = [n for n in missing if importlib.util.find_spec(f"{node.module}.{n}") is None]
+            assert not missing, f"{doc}: `{statement}`: {node.module} has no {missing}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
