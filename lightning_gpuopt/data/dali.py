@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_choice, check_int, is_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt.data.dali_pipeline import (
     DALI_HW_DECODER_LOAD,
@@ -88,20 +88,20 @@ class DALIOptions:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        check_arg(
-            self.decoder is None or self.decoder in DECODERS,
-            "decoder",
-            self.decoder,
-            f"None or one of {DECODERS}",
-            "None chooses from the cores per GPU, 'gpu' decodes with nvJPEG, 'cpu' on DALI's CPU threads "
-            "(DALIOptions(decoder=...))",
-        )
-        check_arg(
-            self.threads is None or (is_int(self.threads) and self.threads >= 1),
-            "threads",
+        if self.decoder is not None:
+            check_choice(
+                self.decoder,
+                "dali.decoder",
+                DECODERS,
+                fix="or None: None chooses from the cores per GPU, 'gpu' decodes with nvJPEG, 'cpu' on "
+                "DALI's CPU threads (DALIOptions(decoder=...))",
+            )
+        check_int(
             self.threads,
-            "None or an int >= 1",
-            "the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
+            "dali.threads",
+            low=1,
+            none_ok=True,
+            fix="the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
         )
 
     def resolved_decoder(self, local_world_size: int = 1, *, cuda: bool = True) -> tuple[str, str]:

@@ -206,13 +206,16 @@ def test_arguments_are_validated(jpeg_folder):
 
 
 def test_options_are_checked_when_made():
-    with pytest.raises(
-        ValueError, match=r"^decoder must be None or one of \('gpu', 'cpu'\), got 'nvjpeg'.*DALIOptions"
-    ):
+    with pytest.raises(ValueError, match=r"^dali\.decoder must be one of 'gpu', 'cpu', got 'nvjpeg'.*DALIOptions"):
         DALIOptions(decoder="nvjpeg")
-    for bad in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match=r"^threads must be None or an int >= 1"):
+    with pytest.raises(TypeError, match=r"^dali\.decoder must be"):
+        DALIOptions(decoder=5)  # type: ignore[arg-type]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=r"^dali\.threads must be an int >= 1 or None"):
             DALIOptions(threads=bad)
+    for bad in (2.0, True):
+        with pytest.raises(TypeError, match=r"^dali\.threads must be an int >= 1 or None"):
+            DALIOptions(threads=bad)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         DALIOptions().decoder = "cpu"  # frozen
 
