@@ -118,3 +118,41 @@ def test_convert_of_a_store_says_it_is_one_already(tmp_path, capsys):
     line = _one_error_line(capsys.readouterr().err, "convert")
     assert repr(str(store)) in line and "already a store" in line
     assert "OptimizedDataModule" in line and "lightning-gpuopt tune" in line and "backend=" not in line
+
+
+# -- tune: arguments checked first, progress while measuring -------------------------------------------
+
+_HEAVY = ("lightning_gpuopt.data.folder", "lightning_gpuopt.data.loader", "lightning_gpuopt.data.tuning")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["{missing}"], "does not exist"),
+        (["{here}", "--candidates", "2,x"], "--candidates"),
+        (["{here}", "--budget", "0"], "--budget"),
+        (["{here}", "--batch-size", "0"], "--batch-size"),
+    ],
+)
+def test_tune_refuses_bad_arguments_before_importing_the_data_stack(tmp_path, monkeypatch, capsys, argv, words):
+    for name in _HEAVY:  # importing any of them now fails loudly
+        monkeypatch.setitem(sys.modules, name, None)
+    argv = [a.format(missing=tmp_path / "nowhere", here=tmp_path) for a in argv]
+    t0 = time.perf_counter()
+    assert main(["tune", *argv]) == 2
+    assert time.perf_counter() - t0 < 1.5
+    line = _one_error_line(capsys.readouterr().err, "tune")
+    assert words in line and "halted" not in line
+
+
+def test_tune_says_which_count_it_measures(small_folder, capsys):
+    argv = ["tune", str(small_folder), "--budget", "0.5", "--candidates", "0", "--batch-size", "2", "--no-cache"]
+    assert main([*argv, "--size", "16"]) == 0
+    assert "measuring num_workers=0 ..." in capsys.readouterr().err
+
+
+def test_tune_size_help_describes_the_stored_whole_image(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "decoded square side" not in text and "shorter side" in text

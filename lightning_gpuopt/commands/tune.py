@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="training batch size (measured in batches of at most 64; default 256)",
     )
     parser.add_argument("--budget", type=float, default=30.0, help="seconds to spend measuring (default 30)")
-    parser.add_argument("--size", type=int, default=256, help="decoded square side in pixels (default 256)")
+    parser.add_argument("--size", type=int, default=256, help="storage size of an image folder: each image is decoded whole, its shorter side resized to this "
+        "many pixels, as convert stores it (default 256; ignored for an HDF5 store)")
     parser.add_argument(
         "--candidates",
         default=None,
@@ -53,45 +56,97 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt.bench.runs import check_writable_file
-    from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate
-    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
-
-    dataset: Any
+def check_args(args: argparse.Namespace) -> list[int] | None:
+    """Refuse a missing path or a bad value before anything heavy is imported or measured; returns the
+    parsed ``--candidates`` (``None``: the default)."""
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
+    check_arg(args.batch_size >= 1, "--batch-size", args.batch_size, "a positive number of samples")
+    check_arg(math.isfinite(args.budget) and args.budget > 0, "--budget", args.budget, "> 0 seconds")
+    check_arg(args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops")
+    check_arg(
+        math.isfinite(args.tolerance) and 0 <= args.tolerance < 1,
+        "--tolerance",
+        args.tolerance,
+        "a fraction in [0, 1) such as 0.05",
+    )
+    check_arg(
+        args.target is None or (math.isfinite(args.target) and args.target > 0),
+        "--target",
+        args.target,
+        "> 0 samples/s",
+        fix="leave it out to find the fastest count",
+    )
+    if not args.candidates:
+        return None
+    counts = [_int_or_none(c) for c in args.candidates.split(",") if c.strip()]
+    check_arg(
+        bool(counts) and None not in counts and min(c for c in counts if c is not None) >= 0,
+        "--candidates",
+        args.candidates,
+        "comma-separated worker counts >= 0 such as 0,2,4",
+    )
+    return [int(c) for c in counts if c is not None]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Announced:
+    """A loader that says which count is being measured when the tuner starts reading it."""
+
+    def __init__(self, loader: Any, n: int, what: str) -> None:
+        self._loader, self._n, self._what = loader, n, what
+
+    def __getattr__(self, name: str) -> Any:  # dataset, batch_size: the tuner's cache key
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __iter__(self) -> Any:
+        _say(f"  measuring {self._what}={self._n} ...")
+        return iter(self._loader)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.path).expanduser()
+    candidates = check_args(args)
+    from lightning_gpuopt.bench.runs import check_writable_file
+
     # a result that cannot be saved is found out now, not after the measurement
     json_path = check_writable_file(args.json, "--json") if args.json else None
+
+    from lightning_gpuopt.data.folder import UInt8ImageFolder
+    from lightning_gpuopt.data.loader import BatchReader
+    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
+
+    dataset: Any
     if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
         from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
         dataset = HDF5ImageDataset(str(path))
     else:
         dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
-    candidates = None
-    if args.candidates:
-        counts = [_int_or_none(c) for c in args.candidates.split(",") if c.strip()]
-        check_arg(None not in counts, "--candidates", args.candidates, "comma-separated integers")
-        candidates = [int(c) for c in counts if c is not None]
     threads = isinstance(dataset, BatchReader)
     what = "reading threads (num_workers)" if threads else "num_workers"
     print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
     measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
-    source: Any = dataset
-    if threads:
-        source = _thread_loaders(dataset, measure_bs)
+    make = _thread_loaders(dataset, measure_bs) if threads else _worker_loaders(dataset, measure_bs)
+    label = "read_threads" if threads else "num_workers"
+
+    def announced(n: int) -> Any:
+        return _Announced(make(n), n, label)
+
     result = tune_num_workers(
-        source,
+        announced,
         candidates=candidates,
         budget_s=args.budget,
         target_samples_per_sec=args.target,
         tolerance=args.tolerance,
         batch_size=measure_bs,
         cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
-        loader_kwargs={"collate_fn": UInt8Collate("the folder"), "prefetch_factor": PREFETCH_FACTOR},
         cache=not args.no_cache,
     )
     if json_path is not None:
@@ -114,6 +169,28 @@ def _int_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def _worker_loaders(dataset: Any, batch_size: int) -> Any:
+    """``n -> DataLoader`` reading ``dataset`` with ``n`` worker processes, as ``tune_num_workers`` builds
+    it from a dataset (the same cache key: the dataset's fingerprint and the batch size)."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, UInt8Collate
+    from lightning_gpuopt.data.tuning import endless_sampler
+
+    def make(n: int) -> DataLoader:
+        extra: dict[str, Any] = {"prefetch_factor": PREFETCH_FACTOR} if n > 0 else {}
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=n,
+            sampler=endless_sampler(dataset, batch_size),
+            collate_fn=UInt8Collate("the folder"),
+            **extra,
+        )
+
+    return make
 
 
 def _thread_loaders(dataset: Any, batch_size: int) -> Any:
