@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +90,7 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(message, flush=True)  # beside the header and the table (stderr: errors only)
 
 
 class _Announced:
