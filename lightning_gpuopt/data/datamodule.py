@@ -91,7 +91,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             ``MAX_WORKERS_PER_CPU`` per CPU. With an HDF5 store (any ``BatchReader`` dataset): threads of the
             training process that read batches straight into pinned memory (``"auto"``: ``READ_THREADS``,
             at most the CPUs per process; 0: read in the loop). With ``backend="dali"``: DALI's CPU threads
-            (``"auto"``: chosen from the cores per GPU).
+            (``"auto"``: chosen from the cores per GPU). After ``setup("fit")`` the attribute holds the
+            training split's resolved count (DALI's stays ``"auto"``: ``loader.feed_info.threads``).
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default
             ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A
@@ -391,8 +392,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         cpus = max(1, available_cpus() // self._local_world_size())
         if isinstance(dataset, BatchReader):
             # reading a batch is one copy from the page cache: a few threads feed any GPU (no measuring)
-            self._split_workers[split] = min(READ_THREADS, cpus)
-            return self._split_workers[split]
+            return self._resolved(split, min(READ_THREADS, cpus))
         try:
             batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         except TypeError:
@@ -405,6 +405,11 @@ class OptimizedDataModule(pl.LightningDataModule):
             workers = min(cpus, batches) if batches > 1 else 0
         else:
             workers = self._measure(dataset, split, cpus)
+        return self._resolved(split, workers)
+
+    def _resolved(self, split: str, workers: int) -> int:
+        """Keep ``split``'s resolved count; the training split's is what ``num_workers`` then reads (worker
+        processes, or a ``BatchReader``'s reading threads)."""
         self._split_workers[split] = workers
         if split == "train":
             self.num_workers = workers

@@ -321,6 +321,19 @@ def test_an_hdf5_store_is_read_by_threads_of_the_training_process(jpeg_folder, t
     assert labels is None  # teardown closed and dropped the datasets
 
 
+def test_auto_num_workers_holds_the_resolved_count_after_setup(tmp_path):
+    from lightning_gpuopt.data.datamodule import READ_THREADS
+
+    store = ReaderData(batch_size=4, num_workers="auto", image_size=12)  # a BatchReader, as an HDF5 store is
+    store.setup("fit")
+    assert store.num_workers == min(READ_THREADS, available_cpus())  # its reading threads
+    assert store.train_dataloader().read_threads == store.num_workers
+    small = IndexData(n=8, batch_size=4, num_workers="auto", image_size=12)  # 2 batches: not measured
+    small.setup("fit")
+    assert small.num_workers == min(available_cpus(), 2)
+    assert small.train_dataloader().num_workers == small.num_workers
+
+
 def test_auto_workers_tuned_and_cached(jpeg_folder, tmp_path):
     kw = dict(
         batch_size=4, num_workers="auto", image_size=16, tuning=TuningConfig(budget_s=2.0, cache_dir=tmp_path)
