@@ -156,3 +156,65 @@ def test_tune_size_help_describes_the_stored_whole_image(capsys):
         main(["tune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "decoded square side" not in text and "shorter side" in text
+
+
+# -- bench: arguments before the run folder; a run where no row ran fails -------------------------------
+
+BENCH = ["--model", "small", "--image-size", "16", "--batch-size", "2", "--steps", "2", "--seconds", "0"]
+BENCH += ["--repeats", "1", "--workers", "0", "--no-tensorboard", "--accelerator", "cpu"]
+
+
+def test_bench_torchvision_model_without_torchvision_makes_no_folder(tmp_path, monkeypatch, capsys):
+    import lightning_gpuopt._imports as imports
+
+    monkeypatch.setattr(imports, "_TORCHVISION_AVAILABLE", False)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", "resnet50", "--out", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err, "bench")
+    assert "--model resnet50" in line and "torchvision" in line and "--model small" in line
+    assert not out.exists()
+
+
+def _fake_outputs(monkeypatch):
+    from lightning_gpuopt.bench import report
+
+    def write_outputs(results, config, js, png, title):
+        js.write_text("{}")
+        return js, None, None
+
+    monkeypatch.setattr(report, "write_outputs", write_outputs)
+    monkeypatch.setattr(report, "format_ladder_table", lambda results: "table")
+    monkeypatch.setattr(report, "noise_notes", lambda results, marks: [])
+
+
+def test_bench_exits_1_when_no_requested_row_ran(small_folder, tmp_path, monkeypatch, capsys):
+    from lightning_gpuopt.bench import runner
+
+    why = "DALI decodes on a CUDA GPU; none in this run"
+    rows = [
+        {"name": "+dali", "status": "cannot run", "reason": why},
+        {"name": "ceiling_eager", "status": "ok", "reason": None},
+    ]
+    monkeypatch.setattr(runner, "run_ladder", lambda config, progress=None: rows)
+    _fake_outputs(monkeypatch)
+    argv = ["bench", "--data", str(small_folder), "--rows", "+dali", "--out", str(tmp_path / "out"), *BENCH]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lightning-gpuopt bench: error: no row ran") and "+dali" in last and why in last
+    # one requested row measured: success
+    rows[0].update(status="ok", reason=None)
+    assert main(argv) == 0
+
+
+def test_bench_failed_run_leaves_no_empty_version_folder(small_folder, tmp_path, monkeypatch, capsys):
+    from lightning_gpuopt.bench import runner
+
+    def fail(config, progress=None):
+        raise ValueError("the data could not be read")
+
+    monkeypatch.setattr(runner, "run_ladder", fail)
+    out = tmp_path / "out"
+    assert main(["bench", "--data", str(small_folder), "--rows", "naive", "--out", str(out), *BENCH]) == 2
+    assert "the data could not be read" in capsys.readouterr().err
+    assert list(out.iterdir()) == []

@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lightning_gpuopt._checks import check_arg
+
+if TYPE_CHECKING:
+    from lightning_gpuopt.bench.rows import LadderConfig
 
 HELP = "benchmark a ladder of settings from naive to fully optimized"
 
@@ -141,15 +147,43 @@ def _check_numbers(args: argparse.Namespace) -> None:
     )
 
 
+def _check_model(model: str) -> None:
+    """A torchvision model without torchvision is refused before any folder is made or data generated."""
+    from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
+
+    if model != "small" and not _TORCHVISION_AVAILABLE:
+        raise ValueError(
+            f"--model {model} is torchvision's, which is not installed; pip install 'lightning-gpuopt[vision]' "
+            "(or torchvision), or pass --model small"
+        )
+
+
+def _holds_files(folder: Path) -> bool:
+    return any(p.is_file() for p in folder.rglob("*"))
+
+
+def _none_ran(results: list[dict[str, Any]], requested: set[str]) -> str | None:
+    """Why no requested row was measured (one line), or ``None`` when one was."""
+    from lightning_gpuopt.bench.rows import OK
+
+    asked = [r for r in results if r["name"] in requested] or results
+    if any(r["status"] == OK for r in asked):
+        return None
+    reasons: dict[str, list[str]] = {}
+    for r in asked:
+        reasons.setdefault(f"{r['status']}: {r.get('reason') or 'no reason given'}", []).append(r["name"])
+    why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+    return f"no row ran ({why})"
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_numbers(args)
+    if args.model is not None:
+        _check_model(args.model)  # before the heavy imports: found in a moment
     from lightning_gpuopt._common import cache_dir
-    from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
-    from lightning_gpuopt.bench import report, rows, runs
-    from lightning_gpuopt.bench.measure import quiet_lightning
-    from lightning_gpuopt.bench.runner import run_ladder
+    from lightning_gpuopt.bench import rows, runs
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
-    _check_numbers(args)
     cache = cache_dir(args.cache_dir)
     config = rows.LadderConfig(
         data=args.data or os.fspath(cache),  # the generated folder replaces it once it exists
@@ -168,12 +202,29 @@ def run(args: argparse.Namespace) -> int:
         time_budget_s=args.time_budget,
     )
     config.validate(check_data=bool(args.data))  # bad arguments fail before any dataset work
+    _check_model(config.model)
     runs.check_output_folder(args.out)
     if not args.data:
         config.data = cached_jpeg_folder(
             cache, args.images, args.classes, args.image_size_src, progress=_progress
         )
     run = runs.new_run_dir(args.out)
+    try:
+        code = _run_in(run, args, config)
+    except BaseException:
+        if not _holds_files(run):  # a run that failed before writing anything leaves no empty version_<n>
+            shutil.rmtree(run, ignore_errors=True)
+        raise
+    return code
+
+
+def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
+    import torch
+
+    from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
+    from lightning_gpuopt.bench import report, rows
+    from lightning_gpuopt.bench.measure import quiet_lightning
+    from lightning_gpuopt.bench.runner import run_ladder
     if args.no_tensorboard:
         pass
     elif _TENSORBOARD_AVAILABLE:
@@ -185,8 +236,6 @@ def run(args: argparse.Namespace) -> int:
     _progress(f"this run writes to {run}")
     with quiet_lightning():
         results = run_ladder(config, progress=_progress)
-    import torch
-
     cuda = torch.cuda.is_available() and args.accelerator != "cpu"
     device = torch.cuda.get_device_name(0) if cuda else "CPU"
     title = f"{config.model}, batch {config.batch_size}, {config.image_size}px on {device}"
@@ -201,4 +250,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.format_ladder_table(results))
     for line in report.noise_notes(results, marks=False):
         print(line)
+    none_ran = _none_ran(results, set(config.rows))
+    if none_ran is not None:
+        print(f"lightning-gpuopt bench: error: {none_ran}", file=sys.stderr)
+        return 1
     return 1 if any(r["status"] == rows.FAILED for r in results) else 0
