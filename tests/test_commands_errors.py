@@ -71,7 +71,9 @@ def test_convert_into_a_read_only_folder_says_so(small_folder, tmp_path, monkeyp
     ("code", "words"),
     [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied in its folder")],
 )
-def test_convert_maps_the_conversions_refusal_to_exit_2(small_folder, tmp_path, monkeypatch, capsys, code, words):
+def test_convert_maps_the_conversions_refusal_to_exit_2(
+    small_folder, tmp_path, monkeypatch, capsys, code, words
+):
     """A refusal found by the conversion itself (creating its lock or temporary file) exits 2 too."""
     pytest.importorskip("h5py")
     out_dir = tmp_path / "out"
@@ -94,7 +96,8 @@ def test_convert_maps_the_conversions_refusal_to_exit_2(small_folder, tmp_path, 
 def test_convert_without_room_exits_2(small_folder, tmp_path, monkeypatch, capsys):
     pytest.importorskip("h5py")
     monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 10, "total": 10, "used": 0})())
-    assert main(["convert", str(small_folder), str(tmp_path / "o.h5"), "--no-progress", "--workers", "0"]) == 2
+    argv = ["convert", str(small_folder), str(tmp_path / "o.h5"), "--no-progress", "--workers", "0"]
+    assert main(argv) == 2
     line = _one_error_line(capsys.readouterr().err, "convert")
     assert "not enough free space" in line and "[Errno" not in line
 
@@ -134,7 +137,9 @@ _HEAVY = ("lightning_gpuopt.data.folder", "lightning_gpuopt.data.loader", "light
         (["{here}", "--batch-size", "0"], "--batch-size"),
     ],
 )
-def test_tune_refuses_bad_arguments_before_importing_the_data_stack(tmp_path, monkeypatch, capsys, argv, words):
+def test_tune_refuses_bad_arguments_before_importing_the_data_stack(
+    tmp_path, monkeypatch, capsys, argv, words
+):
     for name in _HEAVY:  # importing any of them now fails loudly
         monkeypatch.setitem(sys.modules, name, None)
     argv = [a.format(missing=tmp_path / "nowhere", here=tmp_path) for a in argv]
@@ -146,8 +151,8 @@ def test_tune_refuses_bad_arguments_before_importing_the_data_stack(tmp_path, mo
 
 
 def test_tune_says_which_count_it_measures(small_folder, capsys):
-    argv = ["tune", str(small_folder), "--budget", "0.5", "--candidates", "0", "--batch-size", "2", "--no-cache"]
-    assert main([*argv, "--size", "16"]) == 0
+    argv = ["tune", str(small_folder), "--budget", "0.5", "--candidates", "0", "--batch-size", "2"]
+    assert main([*argv, "--no-cache", "--size", "16"]) == 0
     assert "measuring num_workers=0 ..." in capsys.readouterr().out
 
 

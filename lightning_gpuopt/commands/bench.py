@@ -153,8 +153,8 @@ def _check_model(model: str) -> None:
 
     if model != "small" and not _TORCHVISION_AVAILABLE:
         raise ValueError(
-            f"--model {model} is torchvision's, which is not installed; pip install 'lightning-gpuopt[vision]' "
-            "(or torchvision), or pass --model small"
+            f"--model {model} is torchvision's, which is not installed; "
+            "pip install 'lightning-gpuopt[vision]' (or torchvision), or pass --model small"
         )
 
 

@@ -64,8 +64,8 @@ def _check_source(src: str) -> None:
     if path.suffix.lower() in (".h5", ".hdf5"):
         raise ValueError(
             f"SRC {src!r} is an HDF5 file, already a store: there is nothing to convert; pass it to "
-            f"OptimizedDataModule or `lightning-gpuopt tune {src}` directly (SRC must be a class-per-subfolder "
-            "image folder, SRC/<class>/<image>)"
+            f"OptimizedDataModule or `lightning-gpuopt tune {src}` directly "
+            "(SRC must be a class-per-subfolder image folder, SRC/<class>/<image>)"
         )
     raise ValueError(
         f"SRC {src!r} is a file, not a folder; SRC must be a class-per-subfolder image folder "

@@ -27,8 +27,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="training batch size (measured in batches of at most 64; default 256)",
     )
     parser.add_argument("--budget", type=float, default=30.0, help="seconds to spend measuring (default 30)")
-    parser.add_argument("--size", type=int, default=256, help="storage size of an image folder: each image is decoded whole, its shorter side resized to this "
-        "many pixels, as convert stores it (default 256; ignored for an HDF5 store)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=256,
+        help="storage size of an image folder: each image is decoded whole, its shorter side resized to "
+        "this many pixels, as convert stores it (default 256; ignored for an HDF5 store)",
+    )
     parser.add_argument(
         "--candidates",
         default=None,
@@ -63,7 +68,9 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
     check_arg(args.batch_size >= 1, "--batch-size", args.batch_size, "a positive number of samples")
     check_arg(math.isfinite(args.budget) and args.budget > 0, "--budget", args.budget, "> 0 seconds")
-    check_arg(args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops")
+    check_arg(
+        args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops"
+    )
     check_arg(
         math.isfinite(args.tolerance) and 0 <= args.tolerance < 1,
         "--tolerance",
