@@ -111,9 +111,22 @@ def _check_destination_folder(out: str) -> None:
         raise ValueError(_unwritable(out, folder, errno.EACCES))
 
 
+def _writes_out(filename: str, out: str) -> bool:
+    """Whether ``filename`` is one the conversion writes for ``out``: the output, its temporary file or its
+    lock (a source folder beside the output is not)."""
+    path, dest = Path(filename).absolute(), Path(out).expanduser().absolute()
+    name = dest.name
+    return path.parent == dest.parent and (
+        path.name == name or path.name.startswith(f"{name}.tmp-") or path.name == f".{name}.lock"
+    )
+
+
 def _os_error_message(err: OSError, out: str) -> str:
     folder = _folder_of(out)
-    about_out = err.filename is None or Path(os.fsdecode(err.filename)).absolute().parent == folder
+    # the conversion marks a refusal of its destination; other errors without a file name carry the
+    # package's own message, which names the path and the fix
+    named = getattr(err, "destination", None) or err.filename
+    about_out = named is not None and _writes_out(os.fsdecode(named), out)
     reason = _unwritable(out, folder, err.errno) if about_out else None  # not a source file's error
     if reason is not None:
         return reason

@@ -51,11 +51,14 @@ def _destination(out: str | os.PathLike[str], overwrite: bool) -> tuple[Path, Pa
 
 
 def _cannot_create(err: OSError, dest: Path) -> OSError:
-    return type(err)(
+    """The error of a destination folder that refuses new files; its ``destination`` names the output."""
+    refused = type(err)(
         err.errno,
         f"cannot create files in {str(dest.parent)!r} ({err.strerror}); "
         "choose an output in a writable folder",
     )
+    refused.destination = str(dest)  # type: ignore[attr-defined]
+    return refused
 
 
 class _Claim:
