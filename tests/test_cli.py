@@ -12,21 +12,10 @@ from pathlib import Path
 import pytest
 
 from lightning_gpuopt.cli import describe_os_error, main
+from tests._cli import one_error_line as _one_error_line
+from tests._cli import own_cache  # noqa: F401 - the autouse fixture
 
 DEMO = ["--steps", "4", "--images", "16", "--image-size", "16", "--batch-size", "4", "--accelerator", "cpu"]
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def _one_error_line(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"lightning-gpuopt {command}: error: ")
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def test_demo_out_that_is_a_file(tmp_path, capsys):

@@ -11,19 +11,8 @@ from pathlib import Path
 import pytest
 
 from lightning_gpuopt.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def _one_error_line(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"lightning-gpuopt {command}: error: ")
-    assert "Traceback" not in err
-    return lines[0]
+from tests._cli import one_error_line as _one_error_line
+from tests._cli import own_cache  # noqa: F401 - the autouse fixture
 
 
 @pytest.fixture
