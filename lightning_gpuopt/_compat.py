@@ -179,6 +179,15 @@ def multiprocessing_tempdir() -> str | None:
     return config.get("tempdir") if isinstance(config, dict) else None
 
 
+def use_multiprocessing_tempdir(path: str) -> None:
+    """Make ``path`` this process's ``pymp-*`` folder (a worker then makes none of its own)."""
+    import multiprocessing
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if isinstance(config, dict):
+        config["tempdir"] = path
+
+
 def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:
     """Make ``trainer``'s training loop call ``check()`` where Lightning broadcasts rank zero's SIGTERM flag at
     the start of every step (``_TrainingEpochLoop._broadcast_sigterm_tensor``); only this trainer's loop changes.

@@ -67,6 +67,27 @@ def _exit_cleanly(signum: int, frame: Any) -> None:
 _INHERITED_TEMPDIR: dict[int, str | None] = {}
 
 
+# pid -> the janitor of the pymp-* folder this process shares with its workers (kept: its pipe is the signal)
+_SHARED_TEMPDIR: dict[int, tuple[str, Janitor]] = {}
+
+
+def shared_tempdir() -> str:
+    """This process's ``pymp-*`` folder, made now if need be, for its DataLoader workers to use as theirs.
+
+    A worker that makes its own folder (to pass a shared tensor's file descriptor) can end before its exit
+    handlers run, or make the folder after they ran (its queue's feeder thread is still sending when an error
+    stops the loader), and leaves it behind. Workers given this folder (``WorkerInit.tempdir``) make none;
+    ``multiprocessing`` removes it at this process's exit and a ``Janitor`` when this process is killed.
+    """
+    import multiprocessing.util
+
+    pid = os.getpid()
+    if pid not in _SHARED_TEMPDIR:
+        path = multiprocessing.util.get_temp_dir()
+        _SHARED_TEMPDIR[pid] = (path, Janitor(path))
+    return _SHARED_TEMPDIR[pid][0]
+
+
 class WorkerInit:
     """A DataLoader ``worker_init_fn``: the worker dies with the process that iterates the loader.
 
@@ -75,6 +96,9 @@ class WorkerInit:
     ``seed_everything(workers=True)`` it seeds the worker as Lightning would have (Lightning only adds its own
     function to loaders that have none). The parent-death signal is set only when the loader was made on the
     main thread, where Lightning iterates it; elsewhere the worker still exits if its parent is already gone.
+
+    Given ``tempdir`` (the parent's ``shared_tempdir()``, set before the workers start), the worker uses that
+    folder as its ``pymp-*`` folder and makes none of its own.
 
     Args:
         inner: the ``worker_init_fn`` to call afterwards (None: none).
@@ -85,9 +109,12 @@ class WorkerInit:
 
     def __init__(self, inner: Callable[[int], Any] | None = None) -> None:
         self.inner = inner
+        self.tempdir: str | None = None
         self.main_thread = threading.current_thread() is threading.main_thread()
 
     def __call__(self, worker_id: int) -> None:
+        if self.tempdir is not None:
+            _compat.use_multiprocessing_tempdir(self.tempdir)
         _INHERITED_TEMPDIR[os.getpid()] = _compat.multiprocessing_tempdir()
         signal.signal(signal.SIGTERM, _exit_cleanly)
         die_with_parent(pdeathsig=self.main_thread, signum=signal.SIGTERM)

@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, get_w
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo, warn_once
-from lightning_gpuopt.data._lifetime import WorkerInit
+from lightning_gpuopt.data._lifetime import WorkerInit, shared_tempdir
 from lightning_gpuopt.data.transforms import full_image_meta
 
 #: the splits a DataModule builds loaders for (Lightning's ``<split>_dataloader`` hooks).
@@ -265,6 +265,8 @@ class HostDataLoader(DataLoader):
         """A fresh iterator over the index sampler: DataLoader's own, or the reading threads'."""
         if self.read_threads:
             return _read_batches(self)
+        if self.num_workers and isinstance(self.worker_init_fn, WorkerInit):
+            self.worker_init_fn.tempdir = shared_tempdir()  # workers make no pymp-* folder of their own
         return DataLoader.__iter__(self)
 
 
