@@ -554,3 +554,12 @@ def test_every_kind_has_one_rule():
     from lightning_gpuopt.observe.advisor.rules import RULES
 
     assert [r.__name__.replace("_", "-") for r in RULES] == list(KINDS)
+
+
+def test_cpu_input_bound_headlines_the_logged_wait_and_names_no_gpu():
+    config = {"device_type": "cpu", "cpus": 2, "num_workers": 0}
+    metrics = {"time/data_wait_frac": 0.71, "time/data_wait_ms": 20.0, "time/loader_wait_frac": 0.13}
+    (v,) = diagnose(metrics, config)
+    head = v.advice.split(". ")[0]
+    assert "71%" in head and "13% inside the loader" in head and "host figures" in head
+    assert "GPU" not in head

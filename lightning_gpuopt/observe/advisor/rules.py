@@ -214,10 +214,17 @@ def input_bound(c: Context) -> Verdict | None:
         figs.update(c.settings("decoder", "decode_threads"))
     if cause == "store-bound" and c.cfg.decode_threads is not None:
         figs["read_threads"] = c.cfg.decode_threads
+    # the headline figure is the logged time/data_wait_frac; the loader's own share, where known, beside it
+    wait = ev.data_wait_frac if ev.data_wait_frac is not None else c.wait
+    waits = f"waits for data {wait:.0%} of each step"
+    if ev.loader_wait_frac is not None and ev.data_wait_frac is not None:
+        waits += f" ({ev.loader_wait_frac:.0%} inside the loader)"
     if ev.gpu_idle_frac is not None:
-        head = f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop waits for data {c.wait:.0%}. "
+        head = f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop {waits}. "
+    elif not c.cuda:
+        head = f"On this {c.cfg.device_type or 'CPU'} run the verdict rests on host figures only: the loop {waits}. "
     else:
-        head = f"The loop waits for data {c.wait:.0%} of each step"
+        head = f"The loop {waits}"
         head += (
             f" while the GPU is busy {ev.gpu_util:.0f}% of the time. " if ev.gpu_util is not None else ". "
         )
