@@ -84,6 +84,9 @@ class ConversionResult:
         skipped: source files left out as unreadable (``on_corrupt="skip"``), relative to the source.
         seconds: wall time of the conversion.
         storage_size: shorter side of the stored images in pixels.
+        format: ``"raw"`` (uint8 canvases) or ``"jpeg"`` (the compact JPEG store).
+        bytes_written: image bytes in the store (canvases, or JPEG bytes), without the HDF5 metadata.
+        source_bytes: bytes of the source files of the stored images.
     """
 
     path: Path
@@ -92,6 +95,9 @@ class ConversionResult:
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     storage_size: int = 0
+    format: str = "raw"
+    bytes_written: int = 0
+    source_bytes: int = 0
 
 
 _Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]
@@ -112,13 +118,20 @@ def _init_worker(parent_pid: int | None) -> None:
     _parent_pid = expected
 
 
-def _decode_block(job: tuple[list[str], int, bool]) -> _Block:
-    """Decode a block of images onto canvases (in a worker); failures come back as (index, path, reason)."""
+def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
+    """Decode a block of images onto canvases (in a worker); failures come back as (index, path, reason).
+
+    For the JPEG store (``job[3] == "jpeg"``) the "canvases" are an object array of ``(bytes, kept)``.
+    """
     from lightning_gpuopt.data.folder import load_canvas
 
-    paths, storage_size, keep_going = job
+    paths, storage_size, keep_going, fmt = job
     if _parent_pid is not None and os.getppid() != _parent_pid:
         os._exit(1)  # orphaned: nobody will read the result
+    if fmt == "jpeg":
+        from lightning_gpuopt.data.jpeg_store import encode_block
+
+        return encode_block(paths, storage_size, keep_going)
     canvases = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
     metas = np.zeros((len(paths), 3), dtype=np.int32)
     errors: list[tuple[int, str, str]] = []
@@ -171,7 +184,7 @@ class _Decoder:
     (an error, Ctrl-C or SIGTERM in the converter).
     """
 
-    def __init__(self, jobs: list[tuple[list[str], int, bool]], workers: int) -> None:
+    def __init__(self, jobs: list[tuple[list[str], int, bool, str]], workers: int) -> None:
         self.jobs = jobs
         self.window = 2 * workers
         self.procs: list[Any] = []
@@ -296,6 +309,7 @@ def convert_folder_to_hdf5(
     progress: bool = True,
     on_corrupt: str = "raise",
     overwrite: bool = False,
+    format: str = "raw",
 ) -> ConversionResult:
     """Convert a class-per-subfolder image folder into a uint8 HDF5 store of whole images.
 
@@ -326,6 +340,10 @@ def convert_folder_to_hdf5(
             unreadable image; ``"skip"`` leaves unreadable images out and lists them in the store and
             the result.
         overwrite: replace an existing ``out``.
+        format: ``"raw"`` (default): uint8 canvases, ``HDF5ImageDataset``; ``"jpeg"``: each image's JPEG
+            bytes in one contiguous blob (``lightning_gpuopt.data.jpeg_store``: a source JPEG no larger than
+            needed kept as it is, others resized as the raw store does and encoded at quality 90), read by
+            ``HDF5ImageDataset(out)`` as a ``JPEGStoreDataset``. docs/hdf5.md says which to choose.
 
     Returns:
         ``ConversionResult`` (path, number of images, classes, skipped files, seconds, storage size).
@@ -347,6 +365,7 @@ def convert_folder_to_hdf5(
     t_start = time.perf_counter()
     layout.canvas_shape(storage_size)  # validates storage_size
     check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
+    check_arg(format in ("raw", "jpeg"), "format", format, "'raw' or 'jpeg'")
     check_arg(
         workers is None or (is_int(workers) and workers >= 0), "workers", workers, "None or an int >= 0"
     )
@@ -357,13 +376,13 @@ def convert_folder_to_hdf5(
         try:
             if dest.exists() and not overwrite:  # finished by a conversion that held the claim until now
                 raise OutputExistsError(str(out_path))
-            written, classes, skipped = _convert_claimed(
-                h5py, src_path, out_path, dest, storage_size, workers, progress, on_corrupt, overwrite
+            written, classes, skipped, sizes = _convert_claimed(
+                h5py, src_path, out_path, dest, storage_size, workers, progress, on_corrupt, overwrite, format
             )
         finally:
             claim.release()
     elapsed = time.perf_counter() - t_start
-    return ConversionResult(out_path, written, classes, skipped, elapsed, storage_size)
+    return ConversionResult(out_path, written, classes, skipped, elapsed, storage_size, format, *sizes)
 
 
 def _convert_claimed(
@@ -376,8 +395,10 @@ def _convert_claimed(
     progress: bool,
     on_corrupt: str,
     overwrite: bool,
-) -> tuple[int, list[str], list[str]]:
-    """The conversion once ``dest`` is claimed: ``(images written, classes, skipped files)``."""
+    fmt: str = "raw",
+) -> tuple[int, list[str], list[str], tuple[int, int]]:
+    """The conversion once ``dest`` is claimed: ``(images written, classes, skipped files, (bytes written,
+    source bytes))``."""
     from lightning_gpuopt.data.folder import scan_image_folder
 
     classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder
@@ -388,23 +409,34 @@ def _convert_claimed(
     n = len(samples)
     labels = np.fromiter((lbl for _, lbl in samples), dtype=np.int64, count=n)
     keep_going = on_corrupt == "skip"
-    jobs = [(paths[i : i + _BLOCK_IMAGES], storage_size, keep_going) for i in range(0, n, _BLOCK_IMAGES)]
+    jobs = [(paths[i : i + _BLOCK_IMAGES], storage_size, keep_going, fmt) for i in range(0, n, _BLOCK_IMAGES)]
     workers = available_cpus() if workers is None else workers
     workers = max(1, min(workers, len(jobs)))
 
     _remove_stale_temps(dest)
-    _check_free_space(dest, _store_bytes(n, storage_size, rel))
+    sources = [os.stat(p).st_size for p in paths]
+    # the JPEG store's bytes are spilled beside it, then copied in: twice the sources at most, transiently
+    needed = 2 * sum(sources) + _store_bytes(n, 1, rel) if fmt == "jpeg" else _store_bytes(n, storage_size, rel)
+    _check_free_space(dest, needed)
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    spill = dest.with_name(f"{dest.name}.tmp-jpegs-{os.getpid()}")
+    source_dir = os.path.abspath(src_path)
     decoder: _Decoder | None = None
-    writer: _StoreWriter | None = None
-    janitor: Janitor | None = None
+    writer: Any = None
+    janitors: list[Janitor] = []
     bar = None
     try:
-        janitor = Janitor(tmp)  # before the file exists: it is removed even after a SIGKILL
+        for path in (tmp, spill) if fmt == "jpeg" else (tmp,):
+            janitors.append(Janitor(path))  # before the file exists: it is removed even after a SIGKILL
         _create_temp(tmp, dest)
         # the workers start before the HDF5 file is opened, so forked ones never inherit its handle
         decoder = _Decoder(jobs, workers)
-        writer = _StoreWriter(h5py, tmp, classes, rel, labels, storage_size, os.path.abspath(src_path))
+        if fmt == "jpeg":
+            from lightning_gpuopt.data.jpeg_store import JPEGStoreWriter
+
+            writer = JPEGStoreWriter(h5py, tmp, spill, classes, rel, labels, storage_size, source_dir)
+        else:
+            writer = _StoreWriter(h5py, tmp, classes, rel, labels, storage_size, source_dir)
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -416,7 +448,8 @@ def _convert_claimed(
         decoder.close(abort=False)
         writer.finish(keep, skipped)
         _publish(tmp, dest, str(out_path), overwrite)
-        janitor.release(done=True)
+        for janitor in janitors:
+            janitor.release(done=janitor is janitors[0])
     except BaseException:
         if decoder is not None:
             decoder.close(abort=True)
@@ -424,13 +457,15 @@ def _convert_claimed(
             writer.close()
         with contextlib.suppress(OSError):
             tmp.unlink()
-        if janitor is not None:
+        for janitor in janitors:
             janitor.release(done=False)
         raise
     finally:
         if bar is not None:
             bar.close()
-    return writer.written, list(classes), skipped
+    stored = writer.bytes_written if fmt == "jpeg" else writer.written * writer.image_bytes
+    source = sum(s for s, k in zip(sources, keep, strict=True) if k)
+    return writer.written, list(classes), skipped, (int(stored), int(source))
 
 
 class _StoreWriter:
@@ -586,7 +621,7 @@ class _StoreWriter:
 
 
 def _write_blocks(
-    writer: _StoreWriter, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
+    writer: Any, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
 ) -> tuple[np.ndarray, list[str]]:
     """Write decoded blocks in order; returns ``(kept mask, skipped files)``."""
     keep = np.ones(len(writer.rel), dtype=bool)

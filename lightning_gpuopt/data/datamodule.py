@@ -392,7 +392,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         cpus = max(1, available_cpus() // self._local_world_size())
         if isinstance(dataset, BatchReader):
             # reading a batch is one copy from the page cache: a few threads feed any GPU (no measuring)
-            return self._resolved(split, min(READ_THREADS, cpus))
+            return self._resolved(split, min(getattr(dataset, "auto_read_threads", READ_THREADS), cpus))
         try:
             batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         except TypeError:

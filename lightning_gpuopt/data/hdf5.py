@@ -66,6 +66,16 @@ def _is_index(value: Any) -> bool:
     return True
 
 
+def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
+    """``path`` is an HDF5 file whose ``format`` attribute names the JPEG store (any error: ``False``)."""
+    try:
+        h5py = require("h5py")
+        with h5py.File(os.path.expanduser(os.fspath(path)), "r") as f:
+            return f.attrs.get("format") == "lightning-gpuopt/jpeg-images"
+    except Exception:  # noqa: BLE001 -- the raw store's checks report what is wrong with the file
+        return False
+
+
 def _convert_fix(path: str) -> str:
     return f"re-run `lightning-gpuopt convert SRC_FOLDER {path} --overwrite`"
 
@@ -101,6 +111,14 @@ class HDF5ImageDataset(Dataset):
         >>> canvas.shape, canvas.dtype, meta.tolist()  # doctest: +SKIP
         ((256, 384, 3), dtype('uint8'), [256, 341, 0])
     """
+
+    def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Any:
+        # a JPEG store (format="jpeg") is read by its own class, through this one's name too
+        if cls is HDF5ImageDataset and path is not None and _is_jpeg_store(path):
+            from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
+
+            return super().__new__(JPEGStoreDataset)
+        return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
