@@ -10,10 +10,11 @@ folder.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -183,17 +184,77 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
     return classes, samples
 
 
-def load_canvas(
-    path: str | os.PathLike[str], storage_size: int, out: np.ndarray | None = None
+def decode_canvas(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO,
+    storage_size: int,
+    out: np.ndarray | None = None,
+    *,
+    name: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode a whole image onto a uint8 canvas: the one decode routine of the package.
+    """Decode one whole image onto a uint8 canvas: the one decode routine of the package.
 
     The image is decoded to 8-bit RGB (``layout.to_rgb8``: 16-bit and float images are scaled, not
     clipped), resized like torchvision's ``Resize(storage_size)`` (``layout.resized_size``, PIL bilinear,
     which is antialiased when shrinking) and placed on the canvas (``layout.place_on_canvas``; portrait images
     are stored transposed). Nothing is cut off. A JPEG at least twice the target size is decoded at a reduced
-    DCT scale first (``Image.draft``, still at least the target size), and the resize reads exactly the
-    region of the original image, so only speed changes.
+    DCT scale first (``Image.draft``, still at least twice the target size), and the resize reads exactly the
+    region of the original image.
+
+    Args:
+        source: an image file's path, its encoded bytes, or a binary file object positioned at its start.
+        storage_size: shorter side of the stored image (``layout.canvas_shape(storage_size)`` is the canvas).
+        out: canvas-shaped uint8 array to fill in place.
+        name: what the error names (default: the path, or ``"<bytes>"``).
+
+    Returns:
+        ``(canvas, meta)``: uint8 ``(H, W, 3)`` canvas and int32 ``(h, w, transposed)``.
+
+    Raises:
+        ValueError: the image cannot be read or decoded (``name`` or the path is named).
+
+    Example:
+        >>> canvas, meta = decode_canvas(open("cat.jpg", "rb").read(), 256, name="cat.jpg")  # doctest: +SKIP
+    """
+    from PIL import Image
+
+    from lightning_gpuopt.data import layout
+
+    layout.canvas_shape(storage_size)  # checks storage_size
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        label = name if name is not None else "<bytes>"
+        opened: Any = io.BytesIO(source)
+    elif isinstance(source, (str, os.PathLike)):
+        label = name if name is not None else os.fspath(source)
+        opened = source
+    else:
+        label = name if name is not None else str(getattr(source, "name", "<file object>"))
+        opened = source
+    try:
+        with Image.open(opened) as img:
+            width, height = img.size
+            target = layout.resized_size(width, height, storage_size)
+            box = None
+            # decode at a reduced DCT scale only down to twice the target, where the result stays within
+            # the bilinear resize of the full decode (layout.draft_size)
+            if img.format == "JPEG":
+                draft = layout.draft_size(width, height, target)
+                if draft is not None:
+                    drafted = img.draft("RGB", draft)
+                    box = drafted[1] if drafted is not None else None
+            rgb = layout.to_rgb8(img)
+            resized = rgb.resize(target, Image.Resampling.BILINEAR, box=box)  # type: ignore[attr-defined]
+            return layout.place_on_canvas(np.asarray(resized, dtype=np.uint8), storage_size, out)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ValueError(
+            f"cannot decode image {label!r} ({type(err).__name__}: {err}); remove or replace the "
+            "file, or pass on_corrupt='skip' to skip unreadable images"
+        ) from err
+
+
+def load_canvas(
+    path: str | os.PathLike[str], storage_size: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode the image file at ``path`` onto a uint8 canvas (``decode_canvas`` of the path).
 
     Args:
         path: image file.
@@ -206,27 +267,7 @@ def load_canvas(
     Raises:
         ValueError: the file cannot be read or decoded (the path is named).
     """
-    from PIL import Image
-
-    from lightning_gpuopt.data import layout
-
-    layout.canvas_shape(storage_size)  # checks storage_size
-    try:
-        with Image.open(path) as img:
-            width, height = img.size
-            target = layout.resized_size(width, height, storage_size)
-            box = None
-            if img.format == "JPEG" and width >= 2 * target[0] and height >= 2 * target[1]:
-                drafted = img.draft("RGB", target)
-                box = drafted[1] if drafted is not None else None
-            rgb = layout.to_rgb8(img)
-            resized = rgb.resize(target, Image.Resampling.BILINEAR, box=box)  # type: ignore[attr-defined]
-            return layout.place_on_canvas(np.asarray(resized, dtype=np.uint8), storage_size, out)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise ValueError(
-            f"cannot decode image {os.fspath(path)!r} ({type(err).__name__}: {err}); remove or replace the "
-            "file, or pass on_corrupt='skip' to skip unreadable images"
-        ) from err
+    return decode_canvas(path, storage_size, out)
 
 
 def _item(path: str, size: int, label: int) -> tuple[np.ndarray, int, np.ndarray]:

@@ -105,3 +105,17 @@ def place_on_canvas(
         canvas[h:, :] = 0
         canvas[:h, w:] = 0
     return canvas, np.array([h, w, int(transposed)], dtype=np.int32)
+
+
+def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, int] | None:
+    """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for, or ``None`` to decode in full.
+
+    The DCT-scaled decode is kept at least twice ``target`` (``(width, height)`` after the resize) on both
+    sides, so the bilinear resize that follows still averages over several source pixels; an image whose
+    resized shorter side is under 8 pixels (a very elongated one) is decoded in full, where a reduced
+    decode would change its few output pixels visibly.
+    """
+    tw, th = target
+    if min(tw, th) < 8 or width < 4 * tw or height < 4 * th:
+        return None
+    return 2 * tw, 2 * th
