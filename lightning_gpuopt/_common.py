@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -133,9 +133,26 @@ def _warnings() -> Any:
     return _WARNING_CACHE
 
 
-def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A fixed-width text table of ``columns`` (floats to 3 decimals below 10, else with thousands
-    separators; ``None`` as ``-``)."""
+def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:
+    """The package's one fixed-width text table: a header line, a rule of dashes, then a line a row, columns
+    left-aligned and two spaces apart, trailing spaces stripped.
+
+    Args:
+        rows: each row a mapping (its cells looked up by column name; a missing key is an empty cell) or a
+            sequence of cells in column order (for tables whose headers repeat, such as two ``x naive``
+            columns).
+        columns: the header of each column, in order.
+
+    A cell that is ``None`` shows as ``-``, a float with 3 decimals below 10 and with thousands separators
+    and one decimal from 10 up; anything else as ``str()``.
+
+    Example:
+        >>> print(format_table([{"row": "naive", "samples/s": 1234.5}, {"row": "hdf5"}], ["row", "samples/s"]))
+        row    samples/s
+        -----  ---------
+        naive  1,234.5
+        hdf5   -
+    """
 
     def cell(v: Any) -> str:
         if v is None:
@@ -144,12 +161,20 @@ def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
             return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
         return str(v)
 
-    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    body = []
+    for r in rows:
+        cells = [r.get(c) for c in columns] if isinstance(r, Mapping) else list(r)
+        if len(cells) != len(columns):
+            raise ValueError(
+                f"format_table: a row has {len(cells)} cells for {len(columns)} columns: {cells!r}"
+            )
+        body.append([cell(v) for v in cells])
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
-    return "\n".join(lines)
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
 @dataclass

@@ -181,14 +181,6 @@ def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _render(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip() for b in body]
-    return "\n".join(lines)
-
-
 def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] | None) -> str:
     """This run's rows (median samples/s [repetitions' range], p50/p90 step ms, x naive, vs the row above)
     and, right of the ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
@@ -224,7 +216,7 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
                 _num(ref.get("gpu_util_mean")),
             ]
         body.append(cells)
-    return _render(headers, body)
+    return format_table(body, headers)
 
 
 def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]:
