@@ -1,7 +1,7 @@
-"""Where the host's CPU time goes during training, from Linux ``/proc`` (no psutil), read once a window.
+"""Where the host's CPU time goes during training, from psutil (Linux, macOS, Windows), read once a window.
 
-``HostCPUReader.read()`` takes a snapshot of cumulative counters; ``HostCPUReader.window()`` returns the
-rates since the previous snapshot. Nothing is read per step. Elsewhere than Linux (no ``/proc``) both
+``HostCPUReader.read()`` takes a snapshot of cumulative CPU times; ``HostCPUReader.window()`` returns the
+rates since the previous snapshot. Nothing is read per step. Where psutil cannot read this process both
 return nothing.
 """
 
@@ -11,13 +11,12 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from lightning_gpuopt._common import available_cpus
 
-__all__ = ["CPU_KEYS", "HostCPUReader", "parse_proc_stat_cpus", "parse_stat"]
+__all__ = ["CPU_KEYS", "HostCPUReader", "cpu_busy_total"]
 
 #: Keys ``HostCPUReader.window()`` returns.
 CPU_KEYS: tuple[str, ...] = (
@@ -27,46 +26,37 @@ CPU_KEYS: tuple[str, ...] = (
     "host/cpu_cores",
 )
 
+#: fields of ``psutil.cpu_times()`` that are not busy time (idle, waiting for I/O) or that are already
+#: counted in ``user``/``nice`` (Linux's guest times)
+_NOT_BUSY = ("idle", "iowait")
+_COUNTED_TWICE = ("guest", "guest_nice")
 
-def parse_stat(text: str) -> tuple[int, int, int]:
-    """``(ppid, utime + stime, cutime + cstime)`` in clock ticks from a ``/proc/<pid>[/task/<tid>]/stat`` line.
 
-    The command name (field 2) is in parentheses and may contain spaces, so fields are counted from the
-    last ``)``.
+def _psutil() -> Any:
+    import psutil
+
+    return psutil
+
+
+def cpu_busy_total(times: Any) -> tuple[float, float]:
+    """``(busy, total)`` seconds of one ``psutil.cpu_times()`` entry (a core's, or the system's).
+
+    Total is every field but Linux's ``guest`` and ``guest_nice`` (already inside ``user`` and ``nice``);
+    busy is total less ``idle`` and ``iowait`` (psutil's own ``cpu_percent`` splits it so).
     """
-    fields = text[text.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14..17
-    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-
-
-def parse_proc_stat_cpus(text: str, cpus: Iterable[int]) -> tuple[int, int]:
-    """``(busy, total)`` clock ticks summed over the ``cpuN`` lines of ``/proc/stat`` for ``cpus``.
-
-    Busy is user + nice + system + irq + softirq + steal; idle and iowait are not busy.
-    """
-    wanted = {f"cpu{c}" for c in cpus}
-    busy = total = 0
-    for line in text.splitlines():
-        name, _, rest = line.partition(" ")
-        if name not in wanted:
-            continue
-        v = [int(x) for x in rest.split()[:8]]
-        v += [0] * (8 - len(v))
-        user, nice, system, idle, iowait, irq, softirq, steal = v
-        b = user + nice + system + irq + softirq + steal
-        busy += b
-        total += b + idle + iowait
-    return busy, total
+    fields = times._asdict()
+    total = sum(v for k, v in fields.items() if k not in _COUNTED_TWICE)
+    return total - sum(fields.get(k, 0.0) for k in _NOT_BUSY), total
 
 
 @dataclass
 class _Snapshot:
     t: float
-    main: int  # the training thread's ticks
-    process: int  # all threads of this process
-    children: int  # live descendants (their threads and reaped children) + this process's reaped children
-    cpu_busy: int
-    cpu_total: int
+    main: float | None  # the training thread's CPU seconds (None: not readable from here)
+    process: float  # all threads of this process
+    children: float  # live descendants (with their reaped children) + this process's reaped children
+    cpu_busy: float
+    cpu_total: float
 
 
 class HostCPUReader:
@@ -79,18 +69,23 @@ class HostCPUReader:
     - ``host/cpu_workers_pct``: everything else working for the trainer: the process's other threads (DALI's
       CPU pools, the pin-memory thread, torch's intra-op threads on a CPU run, the NVML sampler) and its
       child processes and their descendants (DataLoader workers, also under a forkserver); 100 = one core.
-    - ``host/cpu_busy_frac``: share of the cores this process may run on (its affinity) that were busy,
-      by anyone, 0..1. The system's counters move in clock ticks (10 ms): a window shorter than a tick has no
-      figure, and the next window covers both.
+    - ``host/cpu_busy_frac``: share of the cores this process may run on (its affinity; every core where
+      the platform has none) that were busy, by anyone, 0..1. The system's counters move in clock ticks
+      (10 ms on Linux): a window shorter than a tick has no figure, and the next window covers both. Left
+      out where some cores are offline and the affinity is a subset of the others (psutil's list of cores
+      then does not say which entry is which core).
     - ``host/cpu_cores``: how many cores that is.
 
-    Live children are found through ``/proc/<pid>/task/<tid>/children`` (or, where the kernel lacks it, a
-    scan of ``/proc``); a child that exited and was reaped keeps counting through this process's reaped
-    children's time.
+    The training thread's time is ``time.thread_time()`` when the reader is read on that thread (as
+    ``GPUStatsMonitor`` and the benchmark clock do), else its entry in ``psutil.Process.threads()``; where
+    neither is readable (another thread on macOS) the two ``_pct`` keys are left out. Children are found by
+    ``psutil.Process.children(recursive=True)`` at every snapshot; one that exited between two snapshots
+    keeps counting through this process's reaped children's time on Linux (psutil reports none elsewhere, so
+    there a worker that exited inside a window takes its time with it).
 
     Args:
-        proc: the ``/proc`` mount (tests point it at a folder of fake files).
-        main_tid: thread id of the training thread (default: the calling thread).
+        main_tid: native thread id (``threading.get_native_id()``) of the training thread (default: the
+            calling thread).
 
     Example:
         >>> reader = HostCPUReader()
@@ -100,101 +95,108 @@ class HostCPUReader:
         ['host/cpu_busy_frac', 'host/cpu_cores', 'host/cpu_main_pct', 'host/cpu_workers_pct']
     """
 
-    def __init__(self, proc: str | os.PathLike[str] = "/proc", main_tid: int | None = None) -> None:
-        self.proc = Path(proc)
+    def __init__(self, main_tid: int | None = None) -> None:
         self.pid = os.getpid()
         self.main_tid = main_tid if main_tid is not None else threading.get_native_id()
-        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self.cores = available_cpus()
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.cpus = _affinity()
+        self.cores = len(self.cpus) if self.cpus else available_cpus()
+        self._process: Any = None
         self._prev: _Snapshot | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_process": None}  # a psutil.Process holds a lock: made again on use
 
     @property
     def available(self) -> bool:
-        """Whether this system has the ``/proc`` files the reader needs (Linux)."""
-        return (self.proc / str(self.pid) / "stat").exists()
-
-    def _text(self, *parts: str | int) -> str | None:
+        """Whether psutil can read this process's CPU times here."""
+        psutil = _psutil()
         try:
-            return self.proc.joinpath(*map(str, parts)).read_text()
-        except OSError:  # a process or thread that just exited, or no /proc at all
-            return None
+            self._proc().cpu_times()
+        except (psutil.Error, OSError):
+            return False
+        return True
 
-    def _children_of(self, pid: int, tid: int | None = None) -> list[int] | None:
-        text = self._text(pid, "task", pid if tid is None else tid, "children")
-        return None if text is None else [int(c) for c in text.split()]
-
-    def _descendants(self) -> list[int]:
-        roots = self._children_of(self.pid)
-        if roots is None:  # a kernel without CONFIG_PROC_CHILDREN
-            return self._scan_descendants()
-        try:
-            tids = [int(t.name) for t in (self.proc / str(self.pid) / "task").iterdir() if t.name.isdigit()]
-        except OSError:
-            tids = []
-        for tid in tids:  # a child belongs to the thread that forked it
-            if tid != self.pid:
-                roots += self._children_of(self.pid, tid) or []
-        out: list[int] = []
-        seen: set[int] = set()
-        stack = roots
-        while stack:
-            pid = stack.pop()
-            if pid not in seen:
-                seen.add(pid)
-                out.append(pid)
-                stack += self._children_of(pid) or []  # e.g. a forkserver's workers
-        return out
-
-    def _scan_descendants(self) -> list[int]:
-        parent: dict[int, int] = {}
-        for entry in self.proc.iterdir():
-            if entry.name.isdigit():
-                text = self._text(entry.name, "stat")
-                if text is not None:
-                    parent[int(entry.name)] = parse_stat(text)[0]
-        out: list[int] = []
-        frontier = {self.pid}
-        while frontier:
-            frontier = {p for p, pp in parent.items() if pp in frontier}
-            out.extend(frontier)
-        return out
+    def _proc(self) -> Any:
+        if self._process is None:
+            self._process = _psutil().Process(self.pid)
+        return self._process
 
     def read(self) -> None:
         """Take the baseline snapshot the next ``window()`` is measured from."""
         self._prev = self._snapshot()
 
+    def _main_seconds(self, proc: Any) -> float | None:
+        if threading.get_native_id() == self.main_tid:
+            return time.thread_time()
+        for thread in proc.threads():
+            if thread.id == self.main_tid:
+                return thread.user_time + thread.system_time
+        return None
+
     def _snapshot(self) -> _Snapshot | None:
-        own = self._text(self.pid, "stat")
-        main = self._text(self.pid, "task", self.main_tid, "stat")
-        if own is None or main is None:
+        psutil = _psutil()
+        try:
+            proc = self._proc()
+            own = proc.cpu_times()
+            main = self._main_seconds(proc)
+            descendants = proc.children(recursive=True)
+        except (psutil.Error, OSError):  # no such process, or the platform keeps its figures from us
             return None
-        _, process, reaped = parse_stat(own)
-        children = reaped
-        for pid in self._descendants():
-            text = self._text(pid, "stat")
-            if text is not None:
-                _, ticks, their_reaped = parse_stat(text)
-                children += ticks + their_reaped
-        busy, total = parse_proc_stat_cpus(self._text("stat") or "", self.cpus)
-        return _Snapshot(time.monotonic(), parse_stat(main)[1], process, children, busy, total)
+        children = own.children_user + own.children_system
+        for child in descendants:
+            try:
+                t = child.cpu_times()
+            except (psutil.Error, OSError):  # exited since it was listed: its time is in a reaped total
+                continue
+            children += t.user + t.system + t.children_user + t.children_system
+        busy = total = 0.0
+        cores = psutil.cpu_times(percpu=True)
+        for index in _entries(self.cpus, len(cores)):
+            b, t = cpu_busy_total(cores[index])
+            busy, total = busy + b, total + t
+        return _Snapshot(time.monotonic(), main, own.user + own.system, children, busy, total)
 
     def window(self) -> dict[str, float]:
-        """Rates since the previous snapshot, then start a new window; empty without ``/proc``."""
+        """Rates since the previous snapshot, then start a new window; empty where psutil cannot read this
+        process."""
         prev, cur = self._prev, self._snapshot()
         self._prev = cur
         if prev is None or cur is None or cur.t <= prev.t:
             return {}
         if cur.cpu_total <= prev.cpu_total:  # no tick yet: the next window measures the cores from prev
             self._prev = dataclasses.replace(cur, cpu_busy=prev.cpu_busy, cpu_total=prev.cpu_total)
-        wall_ticks = (cur.t - prev.t) * self._tick
-        main = max(cur.main - prev.main, 0)
-        others = max(cur.process - prev.process - main, 0) + max(cur.children - prev.children, 0)
-        out = {
-            "host/cpu_main_pct": 100.0 * main / wall_ticks,
-            "host/cpu_workers_pct": 100.0 * others / wall_ticks,
-        }
+        wall = cur.t - prev.t
+        out: dict[str, float] = {}
+        if cur.main is not None and prev.main is not None:
+            main = max(cur.main - prev.main, 0.0)
+            others = max(cur.process - prev.process - main, 0.0) + max(cur.children - prev.children, 0.0)
+            out["host/cpu_main_pct"] = 100.0 * main / wall
+            out["host/cpu_workers_pct"] = 100.0 * others / wall
         if cur.cpu_total > prev.cpu_total:
             out["host/cpu_busy_frac"] = (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total)
         out["host/cpu_cores"] = float(self.cores)
         return out
+
+
+def _affinity() -> list[int]:
+    """The cores this process may run on, sorted; empty where the platform does not say (macOS)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux: respects taskset and cgroup cpusets
+        return sorted(os.sched_getaffinity(0))
+    psutil = _psutil()
+    try:
+        return sorted(psutil.Process().cpu_affinity())
+    except (AttributeError, psutil.Error, OSError):  # macOS has no cpu_affinity
+        return []
+
+
+def _entries(cpus: list[int], count: int) -> list[int]:
+    """Which of the ``count`` entries of ``psutil.cpu_times(percpu=True)`` are the cores ``cpus``: all when
+    ``cpus`` is every core or unknown; the entries numbered ``cpus`` when no core is offline (the list then
+    has one entry a core, in order); none when cores are offline and ``cpus`` is a subset, because the
+    list skips offline cores without naming the others (no busy share is reported then)."""
+    if not cpus or len(cpus) == count:
+        return list(range(count))
+    configured = os.sysconf("SC_NPROCESSORS_CONF") if hasattr(os, "sysconf") else count
+    if configured == count and max(cpus) < count:
+        return cpus
+    return []

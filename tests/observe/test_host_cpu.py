@@ -1,110 +1,148 @@
 import multiprocessing
 import os
+import pickle
 import sys
+import threading
 import time
-from pathlib import Path
+from collections import namedtuple
 
+import psutil
 import pytest
 
 from lightning_gpuopt.observe import host_cpu
-from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader, parse_proc_stat_cpus, parse_stat
+from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader, cpu_busy_total
 
-linux = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-
-
-def _stat(pid: int, comm: str, ppid: int, ticks: int, reaped: int = 0) -> str:
-    # fields 3.. : state ppid pgrp sid tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
-    return f"{pid} ({comm}) S {ppid} 1 1 0 -1 0 0 0 0 0 {ticks} 0 {reaped} 0 20 0 1 0\n"
-
-
-def test_parse_stat_counts_fields_after_the_command_name():
-    line = "4242 (py (thread) x) R 17 1 1 0 -1 4194304 10 0 0 0 300 45 7 3 20 0 5 0 9"
-    assert parse_stat(line) == (17, 345, 10)
+# psutil's own shapes: a process's cpu_times, a thread, a Linux core's cpu_times
+ProcTimes = namedtuple("ProcTimes", "user system children_user children_system iowait")
+Thread = namedtuple("Thread", "id user_time system_time")
+CoreTimes = namedtuple("CoreTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+WinCoreTimes = namedtuple("WinCoreTimes", "user system idle interrupt dpc")
 
 
-def test_parse_proc_stat_cpus_sums_the_allowed_cores():
-    text = (
-        "cpu  999 0 999 999 0 0 0 0 0 0\n"
-        "cpu0 100 10 50 800 40 0 0 0 0 0\n"
-        "cpu1 1 0 1 1 0 0 0 0 0 0\n"
-        "cpu2 30 0 20 150 0 5 5 0\n"
-        "intr 1 2 3\n"
-    )
-    busy, total = parse_proc_stat_cpus(text, [0, 2])
-    assert busy == 160 + 60  # user+nice+system (+irq+softirq+steal)
-    assert total == 160 + 840 + 60 + 150
+def _core(busy: float, idle: float) -> CoreTimes:
+    return CoreTimes(busy, 0.0, 0.0, idle, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-class FakeProc:
-    """A /proc tree for one trainer (pid 100, threads 100 and 101), a worker 200 and its child 300."""
+class FakePsutil:
+    """psutil at its boundary: one trainer (pid 100, threads 100 and 101), a worker 200 and its child 300
+    (``children(recursive=True)`` lists both), and the per-core counters of two cores."""
 
-    def __init__(self, root: Path, children_files: bool = True) -> None:
-        self.root = root
-        self.children_files = children_files
+    Error = psutil.Error
+    NoSuchProcess = psutil.NoSuchProcess
+
+    def __init__(self) -> None:
         self.set(main=0, process=0, reaped=0, worker=0, grandchild=0, busy=0, idle=0)
-
-    def _write(self, rel: str, text: str) -> None:
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        self.gone: set[int] = set()
 
     def set(self, main, process, reaped, worker, grandchild, busy, idle) -> None:
-        self._write("100/stat", _stat(100, "python", 1, process, reaped))
-        self._write("100/task/100/stat", _stat(100, "python", 1, main))
-        self._write("100/task/101/stat", _stat(101, "pt_data_pin", 1, process - main))
-        self._write("200/stat", _stat(200, "pt_data_worker", 100, worker))
-        self._write("300/stat", _stat(300, "grandchild", 200, grandchild))
-        self._write("999/stat", _stat(999, "unrelated", 1, 10_000))
-        if self.children_files:
-            self._write("100/task/100/children", "200 ")
-            self._write("100/task/101/children", "")
-            self._write("200/task/200/children", "300")
-            self._write("300/task/300/children", "")
-        self._write("stat", f"cpu0 {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+        self.times = {
+            100: ProcTimes(process, 0.0, reaped, 0.0, 0.0),
+            200: ProcTimes(worker * 0.75, worker * 0.25, 0.0, 0.0, 0.0),
+            300: ProcTimes(grandchild, 0.0, 0.0, 0.0, 0.0),
+        }
+        self.threads = [Thread(100, main, 0.0), Thread(101, process - main, 0.0)]
+        self.cores = [_core(busy, idle), _core(0.0, 0.0)]
+
+    def Process(self, pid=None):  # psutil's name
+        return _FakeProcess(self, pid if pid is not None else 100)
+
+    def cpu_times(self, percpu=False):
+        assert percpu
+        return self.cores
 
 
-@pytest.mark.parametrize("children_files", [True, False])
-def test_reader_rates_from_a_fake_proc(tmp_path, monkeypatch, children_files):
-    proc = FakeProc(tmp_path, children_files)
-    clock = iter([10.0, 12.0])  # two seconds between the two snapshots
-    monkeypatch.setattr(host_cpu.time, "monotonic", lambda: next(clock))
-    reader = HostCPUReader(proc=tmp_path, main_tid=100)
-    reader.pid = 100
-    reader.cpus = [0, 1]
-    reader._tick = 100
+class _FakeProcess:
+    def __init__(self, ps: FakePsutil, pid: int) -> None:
+        self.ps, self.pid = ps, pid
+
+    def cpu_times(self):
+        if self.pid in self.ps.gone:
+            raise psutil.NoSuchProcess(self.pid)
+        return self.ps.times[self.pid]
+
+    def threads(self):
+        return self.ps.threads
+
+    def children(self, recursive=False):
+        assert recursive
+        return [_FakeProcess(self.ps, 200), _FakeProcess(self.ps, 300)]
+
+
+def _reader(monkeypatch, clock):
+    fake = FakePsutil()
+    monkeypatch.setattr(host_cpu, "_psutil", lambda: fake)
+    ticks = iter(clock)
+    monkeypatch.setattr(host_cpu.time, "monotonic", lambda: next(ticks))
+    reader = HostCPUReader(main_tid=100)  # not this thread: read through Process.threads()
+    reader.pid, reader.cpus, reader.cores = 100, [0, 1], 2
+    return fake, reader
+
+
+def test_reader_rates_from_psutil(monkeypatch):
+    fake, reader = _reader(monkeypatch, [10.0, 12.0])  # two seconds between the two snapshots
     assert reader.available
     reader.read()
-    # in 2 s (200 ticks): main thread 150, pin thread 50, worker 300, its child 100, one reaped child 20;
-    # the two cores were busy 320 of 400 ticks
-    proc.set(main=150, process=200, reaped=20, worker=300, grandchild=100, busy=320, idle=80)
+    # in 2 s: main thread 1.5 s, pin thread 0.5 s, worker 3 s, its child 1 s, one reaped child 0.2 s; the two
+    # cores were busy 3.2 of 4 s
+    fake.set(main=1.5, process=2.0, reaped=0.2, worker=3.0, grandchild=1.0, busy=3.2, idle=0.8)
     w = reader.window()
     assert set(w) == set(CPU_KEYS)
     assert w["host/cpu_main_pct"] == pytest.approx(75.0)
-    assert w["host/cpu_workers_pct"] == pytest.approx(100.0 * (50 + 300 + 100 + 20) / 200)
+    assert w["host/cpu_workers_pct"] == pytest.approx(100.0 * (0.5 + 3.0 + 1.0 + 0.2) / 2)
     assert w["host/cpu_busy_frac"] == pytest.approx(0.8)
-    assert w["host/cpu_cores"] == float(reader.cores)
+    assert w["host/cpu_cores"] == 2.0
 
 
-def test_a_window_shorter_than_a_tick_leaves_the_cores_to_the_next(tmp_path, monkeypatch):
-    proc = FakeProc(tmp_path, True)
-    clock = iter([10.0, 10.005, 12.0])
-    monkeypatch.setattr(host_cpu.time, "monotonic", lambda: next(clock))
-    reader = HostCPUReader(proc=tmp_path, main_tid=100)
-    reader.pid, reader.cpus, reader._tick = 100, [0, 1], 100
-    proc.set(main=0, process=0, reaped=0, worker=0, grandchild=0, busy=100, idle=100)
+def test_a_child_that_exits_between_listing_and_reading_is_skipped(monkeypatch):
+    fake, reader = _reader(monkeypatch, [10.0, 12.0])
+    reader.read()
+    fake.set(main=1.0, process=1.0, reaped=0.0, worker=2.0, grandchild=9.0, busy=1.0, idle=1.0)
+    fake.gone.add(300)
+    w = reader.window()
+    assert w["host/cpu_workers_pct"] == pytest.approx(100.0 * 2.0 / 2)
+
+
+def test_a_window_shorter_than_a_tick_leaves_the_cores_to_the_next(monkeypatch):
+    fake, reader = _reader(monkeypatch, [10.0, 10.005, 12.0])
+    fake.set(main=0, process=0, reaped=0, worker=0, grandchild=0, busy=1.0, idle=1.0)
     reader.read()
     w = reader.window()  # the system counters did not move: no busy share this window
     assert "host/cpu_busy_frac" not in w and "host/cpu_main_pct" in w
-    proc.set(main=150, process=200, reaped=20, worker=300, grandchild=100, busy=420, idle=180)
-    w = reader.window()  # measured from the first snapshot's counters: 320 busy of 400
+    fake.set(main=1.5, process=2.0, reaped=0.2, worker=3.0, grandchild=1.0, busy=4.2, idle=1.8)
+    w = reader.window()  # measured from the first snapshot's counters: 3.2 busy of 4
     assert w["host/cpu_busy_frac"] == pytest.approx(0.8)
 
 
-def test_reader_without_proc_reports_nothing(tmp_path):
-    reader = HostCPUReader(proc=tmp_path / "missing")
+def test_a_main_thread_psutil_cannot_name_leaves_out_the_thread_split(monkeypatch):
+    fake, reader = _reader(monkeypatch, [10.0, 12.0])
+    reader.main_tid = 4242  # e.g. macOS, whose thread ids are not native ids
+    reader.read()
+    fake.set(main=1.0, process=1.0, reaped=0.0, worker=1.0, grandchild=0.0, busy=1.0, idle=1.0)
+    assert set(reader.window()) == {"host/cpu_busy_frac", "host/cpu_cores"}
+
+
+def test_a_process_psutil_cannot_read_reports_nothing(monkeypatch):
+    fake, reader = _reader(monkeypatch, [10.0, 12.0])
+    fake.gone.add(100)
     assert not reader.available
     reader.read()
     assert reader.window() == {}
+
+
+def test_busy_and_total_of_a_core():
+    # Linux: guest time is inside user already; idle and iowait are not busy
+    linux = CoreTimes(100.0, 10.0, 50.0, 800.0, 40.0, 1.0, 2.0, 3.0, 7.0, 5.0)
+    assert cpu_busy_total(linux) == pytest.approx((166.0, 1006.0))
+    assert cpu_busy_total(WinCoreTimes(5.0, 3.0, 10.0, 1.0, 1.0)) == pytest.approx((10.0, 20.0))
+
+
+def test_cores_of_the_affinity_among_psutils_entries(monkeypatch):
+    monkeypatch.setattr(host_cpu.os, "sysconf", lambda name: 8, raising=False)
+    assert host_cpu._entries([], 8) == list(range(8))
+    assert host_cpu._entries(list(range(8)), 8) == list(range(8))
+    assert host_cpu._entries([2, 5], 8) == [2, 5]  # every core online: entry i is core i
+    assert host_cpu._entries([2, 5], 6) == []  # two cores offline: which entry is core 5 is unknown
+    assert host_cpu._entries(list(range(6)), 6) == list(range(6))  # all the online cores
 
 
 def _burn(seconds: float) -> None:
@@ -113,10 +151,10 @@ def _burn(seconds: float) -> None:
         pass
 
 
-@linux
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
 def test_reader_sees_a_busy_worker_process_and_the_main_thread():
     reader = HostCPUReader()
+    assert reader.available
     reader.read()
     worker = multiprocessing.get_context("fork").Process(target=_burn, args=(0.4,))
     worker.start()
@@ -127,3 +165,32 @@ def test_reader_sees_a_busy_worker_process_and_the_main_thread():
     assert w["host/cpu_main_pct"] > 5.0
     assert 0.0 <= w["host/cpu_busy_frac"] <= 1.0
     assert w["host/cpu_cores"] == len(os.sched_getaffinity(0))
+
+
+def test_reader_read_on_another_thread_finds_the_training_thread():
+    reader = HostCPUReader()  # made on this thread, read on another one (psutil's thread list)
+    if not any(t.id == reader.main_tid for t in psutil.Process().threads()):
+        pytest.skip("psutil's thread ids are not native thread ids on this platform")
+    results: list[dict[str, float]] = []
+    ready, go = threading.Event(), threading.Event()
+
+    def read_around_the_work() -> None:
+        reader.read()
+        ready.set()
+        go.wait()
+        results.append(reader.window())
+
+    other = threading.Thread(target=read_around_the_work)
+    other.start()
+    ready.wait()
+    _burn(0.3)
+    go.set()
+    other.join()
+    assert results[0]["host/cpu_main_pct"] > 5.0
+
+
+def test_reader_pickles_and_reads_after():
+    reader = HostCPUReader()
+    reader.read()
+    again = pickle.loads(pickle.dumps(reader))
+    assert "host/cpu_cores" in again.window()
