@@ -36,7 +36,7 @@ from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_me
 from lightning_gpuopt.data.tuning import (
     MEASURE_BATCH_SIZE,
     TuningConfig,
-    _broadcast_best,
+    _node_best,
     dataset_fingerprint,
     endless_sampler,
     tune_num_workers,
@@ -445,7 +445,7 @@ class OptimizedDataModule(pl.LightningDataModule):
                 "train_batch_size": self.batch_size,
             },
         )
-        result.best = _broadcast_best(self.trainer, result.best)
+        result.best = _node_best(self.trainer, result.best)
         self.tuning_result = result
         rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
         self._measured[key] = result.best

@@ -512,11 +512,14 @@ def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Calla
     return make
 
 
-def _broadcast_best(trainer: pl.Trainer | None, best: int) -> int:
-    """Rank zero's choice, so that every rank uses the same worker count."""
+def _node_best(trainer: pl.Trainer | None, best: int) -> int:
+    """The count local rank zero of this rank's node chose: the ranks of a node use one count, measured on
+    that node's CPUs (nodes may differ). One ``all_gather`` of three ints a rank; every rank must call it."""
     if trainer is None or trainer.world_size <= 1:
         return best
-    return int(trainer.strategy.broadcast(best, src=0))
+    row = torch.tensor([trainer.node_rank, trainer.local_rank, best], device=trainer.strategy.root_device)
+    rows = trainer.strategy.all_gather(row).reshape(-1, 3).tolist()
+    return next((int(b) for node, local, b in rows if node == trainer.node_rank and local == 0), best)
 
 
 class WorkerTuner(pl.Callback):
@@ -528,8 +531,8 @@ class WorkerTuner(pl.Callback):
     ``num_workers`` is set to the result before the first epoch starts (``DataLoader`` allows changing
     ``num_workers`` after construction; a ``prefetch_factor`` of None is set to ``data.loader.PREFETCH_FACTOR``,
     as it was measured). Under DDP every rank measures at the same time (so contention is realistic) and
-    rank zero's answer is used everywhere. Results are cached, so the next run starts
-    at once. Validation loaders are left alone.
+    each node uses its local rank zero's answer (nodes may have other CPUs). Results are cached, so the next
+    run starts at once. Validation loaders are left alone.
 
     Limits: the change takes effect at the loader's next ``iter()``; the fit loop first iterates it after
     this hook, but a ``persistent_workers`` loader you iterated yourself beforehand keeps its old workers.
@@ -616,7 +619,7 @@ class WorkerTuner(pl.Callback):
                 cache_dir=self.cache_dir,
                 cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
             )
-            best = _broadcast_best(trainer, result.best)
+            best = _node_best(trainer, result.best)
             result.best = best
             self.results.append(result)
             rank_zero_info(f"WorkerTuner: {type(loader.dataset).__name__}\n{result.format_table()}")
