@@ -164,9 +164,11 @@ class DALILoader:
           continues the stream where it stopped, crossing DALI's epoch boundary when needed, so no sample
           is skipped or repeated within a pass.
         * evaluation: the reader pads shards to equal size and DALI trims the padding (``PARTIAL``), so
-          across ranks each sample is seen exactly once, in file order; every rank yields the same number
-          of batches. A new ``__iter__`` after a partial pass (the sanity check) drains the rest, so every
-          evaluation starts from the first batch.
+          across ranks each sample is seen once, in file order; every rank yields the same number of
+          batches (``len``). Shards differ by one sample at most: where a smaller shard ends on a batch
+          boundary its last batch is its last sample again (as Lightning's ``DistributedSampler`` pads:
+          fewer than ``num_shards`` repeats in all). A new ``__iter__`` after a partial pass (the sanity
+          check) drains the rest, so every evaluation starts from the first batch.
 
     Resuming: a training loader's ``state_dict()`` holds DALI's checkpoint of the reader and random state
     plus the batches already yielded this epoch; Lightning saves it with the fit loop and
@@ -409,13 +411,23 @@ class DALILoader:
             while self._pull() is not None:
                 pass
         self._yielded = 0
+        # a shard one sample smaller than the largest that ends on a batch boundary gets an empty padded last
+        # batch from PARTIAL; its last sample is yielded again instead, so every rank yields len(self) batches
+        n, s, r = len(self.files), self.num_shards, self.shard_id
+        mine = (r + 1) * n // s - r * n // s
+        repeat_after = mine // self.batch_size if mine % self.batch_size == 0 and mine else None
+        last: tuple[torch.Tensor, torch.Tensor] | None = None
         while True:
             out = self._pull()
             if out is None:
                 return
             images, labels = self._convert(out)
-            if labels.shape[0] == 0:  # PARTIAL on a smaller shard can leave the padded last batch empty
-                continue
+            if labels.shape[0] == 0:
+                if last is None or self._yielded >= len(self):
+                    continue
+                images, labels = last
+            elif self._yielded + 1 == repeat_after and repeat_after < len(self):
+                last = (images[-1:].clone(), labels[-1:].clone())  # DALI reuses its output buffers
             self._yielded += 1
             yield images, labels
 
