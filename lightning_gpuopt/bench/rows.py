@@ -146,6 +146,7 @@ ROW_SPECS: tuple[RowSpec, ...] = (
         compiled=True,
     ),
 )
+#: the ladder's row names in ladder order (what ``--rows`` and ``LadderConfig.rows`` take)
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
 #: other names ``parse_rows`` accepts for a row
