@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: the package's version (PEP 440)
 __version__ = "0.1.0"
 
 # public name -> module that defines it
