@@ -1,0 +1,599 @@
+"""``GPUOptCLI``: Lightning's ``LightningCLI`` with the compute preset (``fast_trainer_kwargs``) applied to the
+model the config builds, and one-line errors for this package's classes.
+
+::
+
+    # main.py
+    from lightning_gpuopt import GPUOptCLI, OptimizedDataModule
+
+    GPUOptCLI(MyLightningModule, OptimizedDataModule)
+
+    # python main.py fit --config config.yaml [--print_config]
+
+The preset needs the model (a conv net gets ``16-mixed`` on a recent GPU, another model ``bf16-mixed``;
+``ChannelsLast`` and compiling only for convolutions), so it runs after the model and the DataModule are
+built and before the ``Trainer`` is: ``fast_trainer_kwargs`` is called with the model, the device the
+``trainer.accelerator`` names and the trainer settings of the config. What it chooses is written into the
+config (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy`` for ``ddp``, and its callbacks at
+the end of ``trainer.callbacks``), so the ``config.yaml`` a run saves, and ``--print_config``, show it; a run
+logs one line saying what it chose. A value the config sets wins: ``trainer.precision`` or
+``trainer.benchmark`` given, a callback of the preset's class already listed. The preset's own options are a
+``preset:`` section (``tf32``, ``fused_optimizer``, ``compile``, as ``fast_trainer_kwargs`` takes them).
+
+``--print_config`` therefore prints after the model and the DataModule are built (not the Trainer), so that
+it shows the preset's choices and refuses a value the classes refuse (``augment: {scale: [2, 1]}``). A config
+too incomplete to build them (a required value missing) is printed as ``LightningCLI`` prints it, without
+the preset's choices, with a line on stderr saying why.
+
+A bad value for one of this package's classes (the DataModule, its ``AugmentConfig``, ``TuningConfig`` and
+``DALIOptions``, the callbacks) ends the command with one line on stderr, ``<prog> fit: error: <key> must be
+..., got ...; <fix>``, and exit status 2, instead of a traceback or jsonargparse's list of Union subtypes.
+Errors about other classes keep jsonargparse's and Lightning's messages.
+
+Needs ``jsonargparse[signatures]`` (``pip install 'lightning-gpuopt[all]'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+from lightning.pytorch import Callback, LightningDataModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from typing_extensions import override
+
+from lightning_gpuopt.compute.preset import fast_trainer_kwargs
+
+__all__ = ["GPUOptArgumentParser", "GPUOptCLI", "preset_choices"]
+
+_PACKAGE = "lightning_gpuopt"
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_THIS_FILE = str(Path(__file__).resolve())  # an error of the CLI's own code keeps its traceback
+_PRINT_CONFIG = "--print_config"
+#: the Trainer settings the preset chooses when the config leaves them unset (``None``)
+_CHOSEN = ("precision", "benchmark")
+#: the Trainer settings ``fast_trainer_kwargs`` reads from the config
+_READ = ("precision", "benchmark", "deterministic", "strategy")
+#: a message of the package's own argument checks: ``<name> must be ..., got ...`` or ``<name>=... does not ...``
+_OWN_MESSAGE = re.compile(r"^[A-Za-z_][\w.\[\]]*(?: must | ?=.* (?:does not|is not|cannot) )")
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*\n?(.*)\Z', re.S)
+_CLASS_PROBLEM = re.compile(
+    r"Problem with given class_path '([\w.]+)':\s*\n(.*?)(?=\n\s*- |\n\s*Given value|\Z)", re.S
+)
+_EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\.? ?(?:Got value: (.*))?\Z", re.S)
+_NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
+_SUBTYPES = re.compile(r"Subtypes: \[(.*?)\]\n")
+_GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
+
+
+def _require_jsonargparse() -> None:
+    try:
+        importlib.import_module("jsonargparse")
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "GPUOptCLI needs jsonargparse. Install it with `pip install 'lightning-gpuopt[all]'` "
+            "(or `pip install 'jsonargparse[signatures]'`)."
+        ) from err
+
+
+# ------------------------------------------------------------------------------------------------ the preset
+def _device(trainer_config: dict[str, Any]) -> str | None:
+    """The device ``trainer.accelerator`` names, as ``fast_trainer_kwargs`` takes it; ``None``: not CPU or CUDA."""
+    accelerator = trainer_config.get("accelerator", "auto")
+    name = accelerator.lower() if isinstance(accelerator, str) else type(accelerator).__name__.lower()
+    cuda = torch.cuda.is_available()
+    if name in ("cpu", "cpuaccelerator") or (name == "auto" and not cuda):
+        return "cpu"
+    if name in ("gpu", "cuda", "auto", "cudaaccelerator") and cuda:
+        devices = trainer_config.get("devices", "auto")
+        if isinstance(devices, (list, tuple)) and devices and isinstance(devices[0], int):
+            return f"cuda:{devices[0]}"
+        return "cuda"
+    return None
+
+
+def preset_choices(
+    model: nn.Module | None,
+    trainer_config: dict[str, Any],
+    *,
+    tf32: bool = True,
+    fused_optimizer: bool = True,
+    compile: bool | None = None,
+) -> tuple[dict[str, Any], list[Callback], str | None]:
+    """What ``fast_trainer_kwargs`` adds to a config's trainer settings for ``model``.
+
+    Args:
+        model: the model the run trains (``None``: unknown, as ``fast_trainer_kwargs`` takes it).
+        trainer_config: the ``Trainer`` arguments the config gives (instantiated: callbacks are objects).
+            ``precision`` and ``benchmark`` set (not ``None``) are kept, and so is every callback listed.
+        tf32: as ``fast_trainer_kwargs(tf32=...)``.
+        fused_optimizer: as ``fast_trainer_kwargs(fused_optimizer=...)``.
+        compile: as ``fast_trainer_kwargs(compile=...)``.
+
+    Returns:
+        ``(settings, callbacks, device)``: the Trainer settings the preset chooses (``precision`` and
+        ``benchmark`` where the config leaves them unset, ``strategy`` where it names ``"ddp"``), the callbacks
+        it adds after the config's, and the device it chose for (``None`` for an accelerator other than CPU and
+        CUDA, where it chooses nothing).
+
+    Example:
+        >>> from torch import nn
+        >>> settings, callbacks, device = preset_choices(nn.Conv2d(3, 8, 3), {"accelerator": "cpu"})
+        >>> sorted(settings), [type(c).__name__ for c in callbacks], device
+        (['precision'], ['ChannelsLast'], 'cpu')
+    """
+    device = _device(trainer_config)
+    if device is None:
+        return {}, [], None
+    given = {key: trainer_config[key] for key in _READ if trainer_config.get(key) is not None}
+    listed = _as_list(trainer_config.get("callbacks"))
+    kwargs = fast_trainer_kwargs(
+        model, device, tf32=tf32, fused_optimizer=fused_optimizer, compile=compile, callbacks=listed, **given
+    )
+    settings = {key: kwargs[key] for key in _CHOSEN if key not in given and key in kwargs}
+    if "strategy" in given and kwargs["strategy"] is not given["strategy"]:
+        settings["strategy"] = kwargs["strategy"]
+    added = [c for c in kwargs["callbacks"] if not any(c is mine for mine in listed)]
+    return settings, added, device
+
+
+def _as_list(value: Any) -> list[Any]:
+    """A config's ``callbacks`` value as a list (``None``: empty, one callback: a list of it)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _class_path(obj: Any) -> str:
+    """The class path of ``obj``'s class: ``lightning_gpuopt.<Name>`` for a public name of the package."""
+    cls = type(obj)
+    if (
+        cls.__module__.startswith(_PACKAGE + ".")
+        and cls.__name__ in importlib.import_module(_PACKAGE).__all__
+    ):
+        return f"{_PACKAGE}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+def _init_args(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of ``obj`` that differ from their defaults, read back from its attributes."""
+    out: dict[str, Any] = {}
+    for name, param in inspect.signature(type(obj).__init__).parameters.items():
+        if (
+            name == "self"
+            or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+            or not hasattr(obj, name)
+        ):
+            continue
+        value = getattr(obj, name)
+        if param.default is inspect.Parameter.empty or value != param.default:
+            out[name] = value
+    return out
+
+
+def _config_entry(obj: Any) -> Any:
+    """``obj`` as a config entry: ``{class_path, init_args}``."""
+    from jsonargparse import Namespace
+
+    init_args = _init_args(obj)
+    if not init_args:
+        return Namespace(class_path=_class_path(obj))
+    return Namespace(class_path=_class_path(obj), init_args=Namespace(**init_args))
+
+
+def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dict[str, Any]) -> str:
+    parts = [
+        f"{k}={v!r}" if not isinstance(v, DDPStrategy) else f"{k}=DDPStrategy(...)"
+        for k, v in settings.items()
+    ]
+    if callbacks:
+        parts.append("callbacks + " + ", ".join(type(c).__name__ for c in callbacks))
+    text = "; ".join(parts) if parts else "nothing to add"
+    if kept:
+        text += "; kept from the config: " + ", ".join(f"{k}={v!r}" for k, v in kept.items())
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def _fail(prog: str, message: str) -> NoReturn:
+    sys.stderr.write(f"{prog.replace(' [options]', '')}: error: {message}\n")
+    raise SystemExit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _qualify(key: str, message: str) -> str:
+    """``message`` (``"augment.scale must be ..."``) with its argument named by the full config key."""
+    name = re.split(r"[ =]", message, maxsplit=1)[0]
+    head, _, last = key.rpartition(".")
+    if name.split(".")[0] == last:
+        return (head + "." if head else "") + message
+    return f"{key}: {message}"
+
+
+def _own_message(text: str) -> str | None:
+    """The first line of ``text`` that one of the package's checks wrote."""
+    for line in text.splitlines():
+        line = line.strip().removeprefix("- ").strip()
+        if _OWN_MESSAGE.match(line):
+            return line
+    return None
+
+
+def _expected(key: str, detail: str) -> str | None:
+    found = _EXPECTED.match(detail.strip())
+    if found is None:
+        return None
+    kind = found.group(1).rpartition(".")[2]
+    kind = {"str": "a string", "int": "an int", "float": "a number", "bool": "true or false"}.get(
+        kind, f"a {kind}"
+    )
+    given = found.group(2)
+    return f"{key} must be {kind}" + (f", got {given.strip()!r}" if given is not None else "")
+
+
+def _subtype_names(text: str) -> list[str]:
+    found = _SUBTYPES.search(text)
+    if found is None:
+        return []
+    names = []
+    for path in re.findall(r"<class '([\w.]+)'>", found.group(1)):
+        name = path.rpartition(".")[2]
+        if name in ("NoneType", "bool"):
+            names.append("null" if name == "NoneType" else "true or false")
+            continue
+        fields = _dataclass_fields(path)
+        article = "an" if name[:1].lower() in "aeiou" else "a"
+        names.append(f"{article} {name} mapping ({', '.join(fields)})" if fields else name)
+    return names
+
+
+def _dataclass_fields(path: str) -> list[str]:
+    module, _, name = path.rpartition(".")
+    if not module:
+        return []
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return []
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
+def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | None:
+    """One line for a jsonargparse parse error about one of this package's classes; ``None`` for other errors.
+
+    Args:
+        message: what jsonargparse passes to ``ArgumentParser.error`` (``Parser key "data.augment": ...``).
+        package_keys: the top-level config keys whose class is this package's (``"data"`` for an
+            ``OptimizedDataModule``).
+    """
+    found = _PARSER_KEY.match(message.strip())
+    if found is None:
+        return None
+    key, rest = found.groups()
+    if _PACKAGE not in rest and key.split(".")[0] not in package_keys:
+        return None
+    own = _own_message(rest)
+    if own is not None:
+        return _qualify(key, own)
+    problem = next((p for p in _CLASS_PROBLEM.finditer(rest) if p.group(1).startswith(_PACKAGE)), None)
+    if problem is not None:
+        cls, detail = problem.group(1), problem.group(2).strip()
+        inner = _PARSER_KEY.match(detail)
+        if inner is not None:
+            line = _expected(f"{key}.{inner.group(1)}", inner.group(2))
+            return line or f"{key}.{inner.group(1)}: {_one_line(inner.group(2))}"
+        unknown = _NOT_ACCEPTED.match(detail)
+        if unknown is not None:
+            return (
+                f"{key}: {cls} has no argument {unknown.group(1)!r}; "
+                f"list its arguments with `--{key}.help {cls}`"
+            )
+        return f"{key} ({cls}): {_one_line(detail)}"
+    line = _expected(key, rest)
+    if line is not None:
+        return line
+    names = _subtype_names(rest)
+    if names:
+        given = _GIVEN.search(rest)
+        return f"{key} must be " + " or ".join(names) + (f", got {given.group(1).strip()!r}" if given else "")
+    return f"{key}: {_one_line(rest)}"
+
+
+def _from_package(err: BaseException) -> bool:
+    """``err`` was raised by this package's code (its innermost frame is in the package)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return _in_package(tb.tb_frame.f_code.co_filename)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and all(current is not s for s in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _config_keys(config: Any, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for key, value in vars(config).items():
+        if key.startswith("__"):
+            continue
+        full = f"{prefix}{key}"
+        keys.append(full)
+        if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
+            keys.extend(_config_keys(value, full + "."))
+    return keys
+
+
+def instantiation_error_line(err: BaseException, config: Any) -> str | None:
+    """One line for an error one of this package's classes raised while the config was built, its argument
+    named by its config key (``data.augment.scale``); ``None`` for an error from other code.
+
+    Args:
+        err: what building the config's classes raised.
+        config: the (sub)command's config, whose keys name the arguments.
+    """
+    ours = next(
+        (e for e in _chain(err) if _from_package(e) and isinstance(e, (ValueError, TypeError, OSError))), None
+    )
+    text = str(ours) if ours is not None else (_own_message(str(err)) if _PACKAGE in str(err) else None)
+    if not text:
+        return None
+    text = _own_message(text) or _one_line(text)
+    owner = _raising_class(ours) if ours is not None else None
+    if owner is not None and issubclass(owner, Callback):
+        return f"trainer.callbacks: {owner.__name__}'s {text}"
+    name = re.split(r"[ =]", text, maxsplit=1)[0]
+    keys = _config_keys(config)
+    if owner is not None and issubclass(owner, LightningDataModule):
+        keys = [k for k in keys if k.startswith("data.")]
+    matches = [k for k in keys if k == name or k.endswith("." + name)]
+    if len(matches) == 1 and matches[0] != name:
+        return matches[0] + text[len(name) :]
+    return f"{owner.__name__}: {text}" if owner is not None and not matches else text
+
+
+def _in_package(filename: str) -> bool:
+    path = str(Path(filename).resolve())
+    return path.startswith(_PACKAGE_DIR) and path != _THIS_FILE
+
+
+def _raising_class(err: BaseException) -> type | None:
+    """The class whose method in this package raised ``err`` (the outermost such frame), if any."""
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and _in_package(tb.tb_frame.f_code.co_filename):
+            return type(owner)
+        tb = tb.tb_next
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+class GPUOptArgumentParser(LightningArgumentParser):
+    """``LightningArgumentParser`` whose parse errors about this package's classes are one line: the config key,
+    what it must be, what was given (``data.augment.flip_p must be a number, got 'foo'``).
+
+    ``GPUOptCLI`` uses it; pass ``parser_class=`` a subclass of it to customize the parser further.
+    """
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if self.exit_on_error:
+            keys = [
+                key
+                for key, group in getattr(self, "groups", {}).items()
+                if getattr(getattr(group, "group_class", None), "__module__", "").startswith(_PACKAGE)
+            ]
+            line = parse_error_line(message, keys)
+            if line is not None:
+                _fail(self.prog, line)
+        super().error(message, ex)
+
+
+class GPUOptCLI(LightningCLI):
+    """``LightningCLI`` that applies the compute preset to the model it builds and shows it in the config.
+
+    Everything ``LightningCLI`` takes works the same (``GPUOptCLI(MyModel, OptimizedDataModule)``, subcommands,
+    ``--config``, ``--print_config``, the saved ``config.yaml``). On top of it:
+
+    - After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
+      the precision for that model and device, ``benchmark`` on CUDA, ``ChannelsLast``, ``FusedOptimizer``
+      under ``16-mixed``, ``CompileModel(when="auto")`` on CUDA, and under ``strategy: ddp`` a tuned
+      ``DDPStrategy`` with ``NonBlockingStepChecks``. What it chooses is written into the config
+      (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy``, ``trainer.callbacks``), so the
+      saved ``config.yaml`` and ``--print_config`` show it, and one log line says it.
+    - The config wins: a ``trainer.precision`` or ``trainer.benchmark`` it sets is kept, and a callback of a
+      class it lists is not added again. An accelerator other than CPU and CUDA gets nothing.
+    - A ``preset:`` section holds the preset's own options: ``tf32`` (enable TF32 on CUDA), ``fused_optimizer``
+      (add ``FusedOptimizer`` under ``16-mixed``) and ``compile`` (``null``: where it pays, ``true``, ``false``),
+      as ``fast_trainer_kwargs`` takes them.
+    - ``--print_config`` prints once the model and the DataModule are built (the Trainer is not), so the
+      preset's choices are in it and a value the classes refuse is refused there too.
+    - A bad value for one of this package's classes ends the command with one line (``<prog> fit: error: ...``,
+      exit status 2) naming the config key and the fix.
+
+    Override ``add_arguments_to_parser`` calling ``super().add_arguments_to_parser(parser)`` to keep the
+    ``preset:`` section.
+
+    Example::
+
+        # main.py
+        from lightning_gpuopt import GPUOptCLI, OptimizedDataModule
+
+        if __name__ == "__main__":
+            GPUOptCLI(MyLightningModule, OptimizedDataModule)
+
+        # python main.py fit --config config.yaml --print_config   (docs/lightning_cli.md)
+    """
+
+    def __init__(
+        self, *args: Any, parser_class: type[LightningArgumentParser] = GPUOptArgumentParser, **kwargs: Any
+    ):
+        _require_jsonargparse()
+        self._print_flags: list[str] | None = None
+        self._parsers: list[LightningArgumentParser] = []
+        self.preset: dict[str, Any] = {}
+        super().__init__(*args, parser_class=parser_class, **kwargs)
+
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        self._parsers.append(parser)  # the subcommand's, found by its prog, dumps --print_config
+        return parser
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--preset.tf32",
+            type=bool,
+            default=True,
+            help="Enable TF32 for fp32 matmuls and convolutions on CUDA.",
+        )
+        parser.add_argument(
+            "--preset.fused_optimizer",
+            type=bool,
+            default=True,
+            help="Under 16-mixed, add FusedOptimizer: the optimizers run fused, the GradScaler never syncs the host.",
+        )
+        parser.add_argument(
+            "--preset.compile",
+            type=bool | None,
+            default=None,
+            help="null: add CompileModel(when='auto') for a conv net on CUDA; true: CompileModel(); false: none.",
+        )
+
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        argv = sys.argv[1:] if args is None else args
+        if not isinstance(argv, (list, tuple)):
+            super().parse_arguments(parser, args)
+            return
+        argv = [str(a) for a in argv]
+        flags = [a for a in argv if a == _PRINT_CONFIG or a.startswith(_PRINT_CONFIG + "=")]
+        if not flags:
+            super().parse_arguments(parser, args)
+            return
+        rest = [a for a in argv if a not in flags]
+        parser.exit_on_error = False
+        try:
+            self.config = parser.parse_args(rest)
+        except Exception as err:  # an incomplete config (or a bad one): LightningCLI's own path reports it
+            if "required" in str(err):
+                sys.stderr.write(
+                    f"{parser.prog}: the config is incomplete ({_one_line(str(err))}); printing it without the "
+                    "preset's choices\n"
+                )
+            parser.exit_on_error = True
+            self.config = parser.parse_args(argv)
+            return
+        finally:
+            parser.exit_on_error = True
+        self._print_flags = [f for flag in flags for f in flag.partition("=")[2].split(",") if f]
+
+    @override
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, OSError) as err:
+            line = instantiation_error_line(err, self._section(self.config))
+            if line is None:
+                raise
+            prog = self.parser.prog + (f" {self.subcommand}" if self.subcommand else "")
+            _fail(prog, line)
+
+    def _section(self, config: Any) -> Any:
+        """The subcommand's part of ``config`` (the whole of it without subcommands)."""
+        return config.get(str(self.subcommand), config) if self.subcommand else config
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        section, built = self._section(self.config), self._section(self.config_init)
+        trainer_config = {**(built.get("trainer") or {}), **kwargs}
+        options = section.get("preset")
+        options = options.as_dict() if hasattr(options, "as_dict") else dict(options or {})
+        model = self.model if isinstance(self.model, nn.Module) else None
+        listed = _as_list(trainer_config.get("callbacks"))
+        defaults = _as_list(self.trainer_defaults.get("callbacks"))  # LightningCLI adds these itself
+        settings, added, device = preset_choices(
+            model,
+            {**trainer_config, "callbacks": listed + defaults},
+            **options,  # type: ignore[arg-type]
+        )
+        kept = {k: trainer_config[k] for k in _CHOSEN if trainer_config.get(k) is not None}
+        self._record(section, settings, added)
+        self.preset = {**settings, "callbacks": added, "device": device}
+        if device is None:
+            rank_zero_info(
+                "GPUOptCLI preset: nothing chosen (it chooses for CPU and CUDA runs; "
+                f"trainer.accelerator is {trainer_config.get('accelerator')!r})"
+            )
+        else:
+            what = type(model).__name__ if model is not None else "no model"
+            rank_zero_info(
+                f"GPUOptCLI preset for {what} on {device}: {_describe(settings, added, kept)} "
+                "(a value the config sets wins; the preset's options are under preset:)"
+            )
+        if self._print_flags is not None:
+            self._print_config(self._print_flags)
+        return super().instantiate_trainer(**{**kwargs, **settings, "callbacks": listed + added})
+
+    def _record(self, section: Any, settings: dict[str, Any], added: list[Callback]) -> None:
+        """Write the preset's choices into the config, so that the saved config.yaml and --print_config show them."""
+        from jsonargparse import Namespace
+
+        trainer = section.get("trainer")
+        if trainer is None:
+            return
+        for key, value in settings.items():
+            if isinstance(value, DDPStrategy):
+                from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
+
+                trainer[key] = Namespace(
+                    class_path="lightning.pytorch.strategies.DDPStrategy",
+                    init_args=Namespace(**PRESET_DDP_KWARGS),
+                )
+            else:
+                trainer[key] = value
+        if added:
+            trainer["callbacks"] = _as_list(trainer.get("callbacks")) + [_config_entry(c) for c in added]
+
+    def _print_config(self, flags: list[str]) -> NoReturn:
+        """Print the subcommand's config as ``--print_config`` does, and exit."""
+        known = {"skip_default", "skip_unset", "comments"}
+        unknown = [f for f in flags if f not in known]
+        if unknown:
+            _fail(
+                self.parser.prog, f"{_PRINT_CONFIG} flags must be among {sorted(known)}, got {unknown[0]!r}"
+            )
+        parser, config = self.parser, self.config
+        if self.subcommand:
+            mine = [p for p in self._parsers if p.prog.endswith(f" {self.subcommand}")]
+            parser, config = (mine[0], self.config[self.subcommand]) if mine else (parser, config)
+        sys.stdout.write(
+            parser.dump(
+                config,
+                skip_unset="skip_unset" in flags,
+                skip_default="skip_default" in flags,
+                with_comments="comments" in flags,
+            )
+        )
+        raise SystemExit(0)
