@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "CompileModel": "lightning_gpuopt.compute.compile",
     "fast_trainer_kwargs": "lightning_gpuopt.compute.preset",
     "choose_precision": "lightning_gpuopt.compute.precision",
+    "GPUOptCLI": "lightning_gpuopt.lightning_cli",
     # data/: feed it
     "OptimizedDataModule": "lightning_gpuopt.data.datamodule",
     "AugmentConfig": "lightning_gpuopt.data.transforms",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
     from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment
     from lightning_gpuopt.data.tuning import TuningConfig, WorkerTuner, tune_num_workers
+    from lightning_gpuopt.lightning_cli import GPUOptCLI
     from lightning_gpuopt.observe.advisor import BottleneckAdvisor, Verdict
     from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
     from lightning_gpuopt.observe.nvtx import NVTXRanges
