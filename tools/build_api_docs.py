@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--output", type=Path, default=DEFAULT_OUTPUT, help="folder for the HTML (docs/api)"
     )
     args = parser.parse_args(argv)
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:  # the checkout's package, also where it is not installed
+        sys.path.insert(0, root)
     problems = build(args.output)
     for line in problems:
         print(line, file=sys.stderr)
