@@ -1,12 +1,198 @@
-"""``ReleasingCallback``: a callback that releases what it acquired when fit ends, also when it raised."""
+"""What the observers need from the loop that runs them (``Loop``), read from a Trainer (``TrainerLoop``), and
+``ReleasingCallback``: a callback that releases what it acquired when fit ends, also when it raised.
+
+``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
+their Lightning hooks only wrap the Trainer in a ``TrainerLoop`` and call them, and ``FabricObserver``
+(``observe/fabric.py``) calls the same methods with a ``FabricLoop``. A ``Loop`` is read when a hook runs,
+so what changes during a fit (the step, a reloaded loader) is read as it is then.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
+from torch import nn
 from typing_extensions import override
 
-__all__ = ["ReleasingCallback"]
+from lightning_gpuopt.observe.timing import loader_fetch_seconds
+
+__all__ = ["Loop", "ReleasingCallback", "TrainerLoop"]
+
+
+class Loop(Protocol):
+    """The training loop as the observers see it; every value is read when asked."""
+
+    #: ``"Trainer"`` or ``"Fabric"``: what messages call the loop.
+    name: str
+    #: how to give this loop a logger, for the message that says it has none.
+    logger_fix: str
+
+    @property
+    def device(self) -> torch.device: ...  # the device this process trains on
+
+    @property
+    def module(self) -> nn.Module: ...  # the model being trained (not a wrapper around it)
+
+    @property
+    def loggers(self) -> Sequence[Any]: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def processes_per_node(self) -> int: ...
+
+    @property
+    def global_step(self) -> int: ...  # optimizer steps taken so far
+
+    @property
+    def train_loaders(self) -> Any: ...  # a loader, a list/dict of them, or None
+
+    def fetch_seconds(self) -> float | None: ...  # seconds inside the loaders' next() so far; None: unknown
+
+    @property
+    def steps_per_epoch(self) -> int | None: ...  # optimizer steps an epoch; None when not known
+
+    @property
+    def batches_per_epoch(self) -> int | None: ...  # training batches an epoch; None when not known
+
+    @property
+    def log_every_n_steps(self) -> int | None: ...  # the loop's own logging interval (None: it has none)
+
+    @property
+    def monitor(self) -> Any: ...  # the GPUStatsMonitor running in this loop, or None
+
+    @property
+    def precision(self) -> str | None: ...  # Lightning precision string ("32-true", "16-mixed", ...)
+
+    @property
+    def precision_plugin(self) -> Any: ...  # has ``scaler`` under 16-mixed
+
+    @property
+    def optimizers(self) -> Sequence[Any] | None: ...
+
+    @property
+    def gradient_clip_val(self) -> float | None: ...
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor: ...  # every rank's tensor, stacked
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...  # to every logger
+
+
+def first_loader(loaders: Any) -> Any | None:
+    """The first loader of a loader, a list/tuple or a dict of them; ``None`` when there is none."""
+    if isinstance(loaders, Mapping):
+        return next(iter(loaders.values()), None)
+    if isinstance(loaders, (list, tuple)):
+        return loaders[0] if loaders else None
+    return loaders
+
+
+class TrainerLoop:
+    """A ``Loop`` read from a running Trainer through its public attributes."""
+
+    __slots__ = ("pl_module", "trainer")
+    name = "Trainer"
+    logger_fix = "add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`)"
+
+    def __init__(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.trainer = trainer
+        self.pl_module = pl_module
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.strategy.root_device
+
+    @property
+    def module(self) -> nn.Module:
+        return self.pl_module
+
+    @property
+    def loggers(self) -> Sequence[Any]:
+        return self.trainer.loggers
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.trainer.is_global_zero
+
+    @property
+    def world_size(self) -> int:
+        return int(self.trainer.world_size)
+
+    @property
+    def processes_per_node(self) -> int:
+        return max(1, int(self.trainer.num_devices))
+
+    @property
+    def global_step(self) -> int:
+        return self.trainer.global_step
+
+    @property
+    def train_loaders(self) -> Any:
+        return getattr(self.trainer, "train_dataloader", None)
+
+    def fetch_seconds(self) -> float | None:
+        loaders = self.train_loaders
+        return loader_fetch_seconds(loaders) if loaders is not None else None
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        batches = self.trainer.num_training_batches
+        if isinstance(batches, float) and math.isfinite(batches):
+            batches = int(batches)
+        return batches if isinstance(batches, int) and batches > 0 else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        batches = self.trainer.num_training_batches
+        if not isinstance(batches, int) or batches <= 0:
+            return None  # an iterable loader without a length, or not known yet
+        return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        # a public Trainer attribute that type stubs do not declare
+        return int(getattr(self.trainer, "log_every_n_steps", 50))
+
+    @property
+    def monitor(self) -> Any:
+        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
+        callbacks = getattr(self.trainer, "callbacks", [])
+        return next((cb for cb in callbacks if isinstance(cb, GPUStatsMonitor)), None)
+
+    @property
+    def precision(self) -> str | None:
+        return str(self.trainer.precision)
+
+    @property
+    def precision_plugin(self) -> Any:
+        return getattr(self.trainer, "precision_plugin", None)
+
+    @property
+    def optimizers(self) -> Sequence[Any] | None:
+        return getattr(self.trainer, "optimizers", None)
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        return getattr(self.trainer, "gradient_clip_val", None)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.all_gather(tensor)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        # straight to each logger (as Lightning's LearningRateMonitor does): `pl_module.log` from a callback would
+        # only be flushed on the Trainer's own interval
+        for logger in self.trainer.loggers:
+            logger.log_metrics(dict(metrics), step=step)
 
 
 class ReleasingCallback(Callback):

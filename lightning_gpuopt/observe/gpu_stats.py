@@ -12,17 +12,11 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_bool, check_float, check_int
 from lightning_gpuopt._common import warn_once
-from lightning_gpuopt.observe._lifecycle import ReleasingCallback
+from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
-from lightning_gpuopt.observe.timing import (
-    HOST_KEYS,
-    LOADER_KEY,
-    StepTimer,
-    batch_size_of,
-    loader_fetch_seconds,
-)
+from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
 __all__ = ["METRIC_KEYS", "GPUStatsMonitor"]
 
@@ -37,24 +31,13 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-def _trainer_interval(trainer: pl.Trainer) -> int:
-    # a public Trainer attribute that type stubs do not declare
-    return int(getattr(trainer, "log_every_n_steps", 50))
-
-
-def _steps_per_epoch(trainer: pl.Trainer) -> int | None:
-    batches = trainer.num_training_batches
-    if not isinstance(batches, int) or batches <= 0:
-        return None  # an iterable loader without a length, or not known yet
-    return math.ceil(batches / max(int(trainer.accumulate_grad_batches), 1))
-
-
 class GPUStatsMonitor(ReleasingCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
-    Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``. Every
-    window it sends one row of metrics to every logger the Trainer has (TensorBoard, CSV, W&B, MLflow, ...)
-    and appends it to ``history``. Four sources, none of which synchronises the GPU or talks across ranks
+    Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``, or run it
+    in a Lightning Fabric loop through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
+    Every window it sends one row of metrics to every logger the Trainer (or Fabric) has (TensorBoard, CSV,
+    W&B, MLflow, ...) and appends it to ``history``. Four sources, none of which synchronises the GPU or talks across ranks
     per step:
 
     - NVML, sampled on a background thread: GPU-Util, memory, power, clocks, and on Hopper the SM and
@@ -69,7 +52,8 @@ class GPUStatsMonitor(ReleasingCallback):
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
         log_every_n_steps: window length in optimizer steps. ``None`` uses the Trainer's
-            ``log_every_n_steps``, shortened to the steps of one epoch when epochs are shorter.
+            ``log_every_n_steps`` (50 in a Fabric loop), shortened to the steps of one epoch when epochs are
+            shorter.
         gpu: measure the GPU (NVML and CUDA events); ``False`` measures the host only and never warns.
         gpm: also read GPM metrics (SM activity/occupancy, tensor activity) where the GPU has them (Hopper+).
         all_ranks: under DDP, also gather every rank's window (one small ``all_gather`` per window) and log
@@ -185,26 +169,60 @@ class GPUStatsMonitor(ReleasingCallback):
         state.update(_sampler=None, _idle=None, _cpu=None)
         return state
 
-    # ------------------------------------------------------------------------------------------ resources
+    # ------------------------------------------------------------------------------------------ hooks
+    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
+    # calls the same methods from a Fabric loop.
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
+        if stage == "fit":
+            self._begin(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end(TrainerLoop(trainer, pl_module), batch)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end(TrainerLoop(trainer, pl_module))
+
+    # ------------------------------------------------------------------------------------------ resources
+    def _begin(self, loop: Loop) -> None:
+        """A fit begins: start this fit's windows and acquire the samplers."""
         self.history = []  # a reused monitor reports each fit on its own
         self.last_window = {}
         self._timer = StepTimer()
         self._fetch = None
         self._last_logged_step = 0  # a new fit counts from its own first step (a resume restores it later)
-        if not trainer.loggers:
+        if not loop.loggers:
             warn_once(
-                "GPUStatsMonitor: the Trainer has no logger, so the metrics are kept in `GPUStatsMonitor.history` "
-                "and not logged; add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`) to see them."
+                f"GPUStatsMonitor: the {loop.name} has no logger, so the metrics are kept in "
+                f"`GPUStatsMonitor.history` and not logged; {loop.logger_fix} to see them."
             )
         reader = HostCPUReader()
         self._cpu = reader if reader.available else None
         if not self.gpu:
             return
-        device = trainer.strategy.root_device
+        device = loop.device
         if device.type == "cuda":
             self._idle = StreamIdleMeter(device)
         if self._sampler is None:
@@ -245,65 +263,57 @@ class GPUStatsMonitor(ReleasingCallback):
         if self._idle is not None:
             self._idle.mark(t)
 
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _start(self, loop: Loop) -> None:
+        """Training starts (after setup and any sanity check)."""
         if self._sampler is not None:
             self._sampler.window()  # drop setup/sanity-check time from the first window
         if self._cpu is not None:
             self._cpu.read()
-        self._read_loader_wait(trainer)  # the baseline: earlier use of the loader is not this fit's
+        self._read_loader_wait(loop)  # the baseline: earlier use of the loader is not this fit's
 
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._steps_per_epoch = _steps_per_epoch(trainer)
+    def _epoch_start(self, loop: Loop) -> None:
+        self._steps_per_epoch = loop.steps_per_epoch
         # the first batch's wait is the DataLoader starting up and fetching: count it from here
         self._mark()
 
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # validation inside fit is not time spent waiting for training data
+    def _resume(self) -> None:
+        """Training resumes after other work (a validation run inside fit), which is not waiting for data."""
         self._mark()
 
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def _batch_start(self) -> None:
         t = time.perf_counter()
         self._timer.batch_start(t)
         if self._idle is not None:
             self._idle.step_start(t)
 
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def _batch_end(self, loop: Loop, batch: Any) -> None:
         t = time.perf_counter()
         if self._idle is not None:
             self._idle.step_end(t)
         self._timer.batch_end(t, batch_size_of(batch))
-        step = trainer.global_step
-        if step > self._last_logged_step and step % self._interval(trainer) == 0:
-            self._log_window(trainer, pl_module)
+        step = loop.global_step
+        if step > self._last_logged_step and step % self._interval(loop) == 0:
+            self._log_window(loop)
 
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # the last, possibly shorter window; global_step is the same on every rank, so a gather stays matched
-        if trainer.global_step > self._last_logged_step:
-            self._log_window(trainer, pl_module, last=True)
+    def _end(self, loop: Loop) -> None:
+        """Training ends: the last, possibly shorter window."""
+        # global_step is the same on every rank, so a gather stays matched
+        if loop.global_step > self._last_logged_step:
+            self._log_window(loop, last=True)
 
     # ------------------------------------------------------------------------------------------ logging
-    def _interval(self, trainer: pl.Trainer) -> int:
+    def _interval(self, loop: Loop) -> int:
         if self.log_every_n_steps is not None:
             return self.log_every_n_steps
         # log_every_n_steps=0 turns Trainer logging off; windows still reach `history` every 50 steps
-        interval = _trainer_interval(trainer) or 50
+        interval = loop.log_every_n_steps or 50
         # epochs shorter than the interval would otherwise give one window for several epochs
         return min(interval, self._steps_per_epoch or interval)
 
-    def _read_loader_wait(self, trainer: pl.Trainer) -> float | None:
+    def _read_loader_wait(self, loop: Loop) -> float | None:
         """Seconds spent inside the training loader's ``next()`` since the previous call; None if unknown."""
-        loaders = trainer.train_dataloader
-        total = loader_fetch_seconds(loaders) if loaders is not None else None
+        loaders = loop.train_loaders
+        total = loop.fetch_seconds()
         if total is None:
             self._fetch = None
             return None
@@ -314,9 +324,9 @@ class GPUStatsMonitor(ReleasingCallback):
             return total  # a reloaded loader counts from its start
         return total - previous[1]
 
-    def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule, last: bool = False) -> None:
-        self._last_logged_step = trainer.global_step
-        loader_s = self._read_loader_wait(trainer)
+    def _log_window(self, loop: Loop, last: bool = False) -> None:
+        self._last_logged_step = loop.global_step
+        loader_s = self._read_loader_wait(loop)
         if loader_s is not None:
             self._timer.add_loader_wait(loader_s)
         metrics = self._timer.window()
@@ -328,24 +338,21 @@ class GPUStatsMonitor(ReleasingCallback):
         if self._sampler is not None:
             metrics.update(self._sampler.window())
         metrics = {k: metrics[k] for k in METRIC_KEYS if k in metrics}
-        if self.all_ranks and trainer.world_size > 1:
-            metrics = self._gather(pl_module, metrics)
+        if self.all_ranks and loop.world_size > 1:
+            metrics = self._gather(loop, metrics)
         if not metrics:
             return
         # Lightning logs the batch that made optimizer step k at step k-1 (before its counter moves on), so
         # our rows land on the same step as the LightningModule's own `self.log` values.
-        log_step = max(trainer.global_step - 1, 0)
+        log_step = max(loop.global_step - 1, 0)
         self.last_window = {**metrics, "step": float(log_step)}
         self.history.append(self.last_window)
-        if trainer.is_global_zero and (self.log_every_n_steps is not None or _trainer_interval(trainer) != 0):
-            # straight to each logger (as Lightning's LearningRateMonitor does): `pl_module.log` from a callback
-            # would only be flushed on the Trainer's own interval, not ours
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=log_step)
+        if loop.is_global_zero and (self.log_every_n_steps is not None or loop.log_every_n_steps != 0):
+            loop.log_metrics(metrics, log_step)
 
-    def _gather(self, pl_module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+    def _gather(self, loop: Loop, metrics: dict[str, float]) -> dict[str, float]:
         values = torch.tensor([metrics.get(k, math.nan) for k in METRIC_KEYS], dtype=torch.float64)
-        gathered = cast(torch.Tensor, pl_module.all_gather(values.to(pl_module.device)))
+        gathered = cast(torch.Tensor, loop.all_gather(values.to(loop.device)))
         gathered = gathered.reshape(-1, len(METRIC_KEYS)).cpu()
         out = dict(metrics)
         for rank, row in enumerate(gathered.tolist()):

@@ -29,7 +29,7 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_choice, check_int
 from lightning_gpuopt._common import warn_once
-from lightning_gpuopt.observe._lifecycle import ReleasingCallback
+from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
 from lightning_gpuopt.observe.nvtx_backends import DEFAULT_DOMAIN, BackendName, make_backend
 
 __all__ = ["PHASE_COLORS", "NVTXRanges", "RangeStack", "add_module_ranges", "make_backend"]
@@ -267,7 +267,9 @@ class NVTXRanges(ReleasingCallback):
         domain: NVTX domain name for the ``nvtx`` backend.
 
     No metrics are logged. Without NVTX (CPU build of torch and no ``nvtx`` package) it warns once and does
-    nothing; the capture window needs CUDA and is marked but not started on CPU runs.
+    nothing; the capture window needs CUDA and is marked but not started on CPU runs. In a Lightning Fabric
+    loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md), whose calls
+    open the same ranges.
 
     Example:
         >>> ranges = NVTXRanges(module_depth=1, module_root="model", start_step=100, stop_step=110)
@@ -334,8 +336,102 @@ class NVTXRanges(ReleasingCallback):
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
+    # ---- hooks: each hands the Trainer to the loop-independent method that does the work (FabricObserver
+    # calls the same methods from a Fabric loop)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._begin()
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase("zero_grad")
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._phase("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_backward()
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._phase("optimizer step")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close_everything()
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+        self._validation_start()
+
+    @override
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._validation_batch_start(batch_idx)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._validation_batch_end()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validation_end(fitting=trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking)
+
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._add_module_hooks(pl_module)
+
+    # ---- the work, for any loop: resources
+    def _begin(self) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
             # Without a tool attached nothing is recorded: the hooks then only run the capture window.
@@ -343,21 +439,21 @@ class NVTXRanges(ReleasingCallback):
             self._tokens = {}
         self._capturing = False
 
-    def _add_module_hooks(self, pl_module: pl.LightningModule) -> None:
+    def _add_module_hooks(self, root_module: nn.Module) -> None:
         # After configure_model (which runs after setup), so lazily built layers get hooks too.
         if self.module_depth == 0 or self._handles or self._ranges is None:
             return
-        root: nn.Module | None = pl_module
+        root: nn.Module | None = root_module
         if self.module_root:
             try:
-                root = pl_module.get_submodule(self.module_root)
+                root = root_module.get_submodule(self.module_root)
             except AttributeError:
                 root = None
         check_arg(
             root is not None,
             "module_root",
             self.module_root,
-            f"the dotted attribute path of a submodule of {type(pl_module).__name__}",
+            f"the dotted attribute path of a submodule of {type(root_module).__name__}",
             fix="e.g. 'model'",
         )
         self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self._ranges)
@@ -380,13 +476,14 @@ class NVTXRanges(ReleasingCallback):
         self._tokens = {}
 
     # ---- capture window
-    def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _start_capture(self, loop: Loop) -> None:
         if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
             return
-        if not self.start_step <= trainer.global_step < self.stop_step:
+        step = loop.global_step
+        if not self.start_step <= step < self.stop_step:
             return
         self._capturing = True
-        self._cuda_capture = pl_module.device.type == "cuda"
+        self._cuda_capture = loop.device.type == "cuda"
         if self._cuda_capture:
             torch.cuda.profiler.start()
         else:
@@ -394,14 +491,14 @@ class NVTXRanges(ReleasingCallback):
                 "NVTXRanges: start_step/stop_step call cudaProfilerStart/Stop, which needs a CUDA device; "
                 "on this run the window is only marked in the NVTX timeline.",
             )
-        self._ranges.mark(f"capture start (step {trainer.global_step})")
+        self._ranges.mark(f"capture start (step {step})")
 
-    def _stop_capture(self, trainer: pl.Trainer | None = None) -> None:
+    def _stop_capture(self, loop: Loop | None = None) -> None:
         if not self._capturing:
             return
         self._capturing = False
         if self._ranges is not None:
-            step = "" if trainer is None else f" (step {trainer.global_step})"
+            step = "" if loop is None else f" (step {loop.global_step})"
             self._ranges.mark(f"capture stop{step}")
         if self._cuda_capture:
             torch.cuda.profiler.stop()
@@ -421,6 +518,10 @@ class NVTXRanges(ReleasingCallback):
         ranges.close("phase")
         ranges.push_prepared(self._token(name), "phase", name)
 
+    def _after_backward(self) -> None:
+        if self._emit and self._ranges is not None:
+            self._ranges.close("phase")
+
     def _open_data_wait(self) -> None:
         ranges = self._ranges
         if self._emit and ranges is not None and self.data_wait and not ranges.is_open("data wait"):
@@ -430,20 +531,12 @@ class NVTXRanges(ReleasingCallback):
         if self._ranges is not None:
             self._ranges.close("data wait")
 
-    # ---- training hooks
-    @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    # ---- training
+    def _epoch_start(self) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
 
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def _batch_start(self, loop: Loop) -> None:
         ranges = self._ranges
         if ranges is None:
             return
@@ -453,110 +546,54 @@ class NVTXRanges(ReleasingCallback):
             # closed before the new step opens, so steps never nest.
             ranges.close("step")
         if self.start_step is not None:
-            self._start_capture(trainer, pl_module)
+            self._start_capture(loop)
         if not self._emit:
             return
-        ranges.push(f"step {trainer.global_step}", "step", cache=False)
+        ranges.push(f"step {loop.global_step}", "step", cache=False)
         if self.phases:
             ranges.push_prepared(self._token("forward"), "phase", "forward")
 
-    @override
-    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        self._phase("zero_grad")
-
-    @override
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        self._phase("backward")
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._emit and self._ranges is not None:
-            self._ranges.close("phase")
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
-        self._phase("optimizer step")
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def _batch_end(self, loop: Loop) -> None:
         ranges = self._ranges
         if ranges is None:
             return
         if self._emit:
             ranges.close("step")
         if self.stop_step is not None:
-            if trainer.global_step >= self.stop_step:
-                self._stop_capture(trainer)
+            if loop.global_step >= self.stop_step:
+                self._stop_capture(loop)
             # so the data wait before the first captured step is in the window
-            self._start_capture(trainer, pl_module)
+            self._start_capture(loop)
         self._open_data_wait()
 
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _epoch_end(self) -> None:
         if self._ranges is not None:
             # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
             self._ranges.close("step")
             self._close_data_wait()
 
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close_everything()
-
-    # ---- validation hooks
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
+    # ---- validation
+    def _validation_start(self) -> None:
         self._close_data_wait()
         if self._emit and self._ranges is not None and self.validation:
             self._ranges.push("validation", "validation")
 
-    @override
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def _validation_batch_start(self, batch_idx: int) -> None:
         if self._emit and self._ranges is not None and self.validation:
             self._ranges.close("validation step")
             self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def _validation_batch_end(self) -> None:
         if self._emit and self._ranges is not None:
             self._ranges.close("validation step")
 
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _validation_end(self, fitting: bool) -> None:
+        """A validation run ends; inside fit (``fitting``) the wait for the next training batch starts."""
         if self._ranges is None:
             return
         self._ranges.close("validation")
-        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+        if fitting:
             self._open_data_wait()
-
-    @override
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
-
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
 
     # ---- state
     @override

@@ -3,7 +3,8 @@
 ``diagnose(evidence, config)`` is the pure part: one window's measurements (``Evidence``: GPU idle share
 between steps, host data and loader wait, GPU-Util, SM activity, memory, CPU load, every rank's all-reduce
 wait under DDP) and the run's configuration (``RunConfig``) in, a list of ``Verdict`` out, one rule a
-verdict kind (``rules``). ``BottleneckAdvisor`` adapts it to Lightning: it times the host side, reads the
+verdict kind (``rules``). ``BottleneckAdvisor`` adapts it to a Trainer (or, through
+``observe.fabric.FabricObserver``, to a Fabric loop): it times the host side, reads the
 ``GPUStatsMonitor``'s windows, reads the configuration through public API when it judges, and keeps a
 verdict raised only once it held for ``min_windows`` windows (``Hysteresis``).
 

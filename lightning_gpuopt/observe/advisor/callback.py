@@ -1,10 +1,11 @@
-"""``BottleneckAdvisor``: the Lightning callback that feeds ``diagnose`` one window at a time."""
+"""``BottleneckAdvisor``: the Lightning callback that feeds ``diagnose`` one window at a time (in a Trainer, or
+in a Fabric loop through ``observe.fabric.FabricObserver``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -12,21 +13,22 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_int
 from lightning_gpuopt._common import FeedInfo
-from lightning_gpuopt.observe._lifecycle import ReleasingCallback
+from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop, first_loader
 from lightning_gpuopt.observe.advisor.config import (
-    collect_config,
     describe_feed,
     distinct_memory_format,
     image_tensor,
-    train_loader,
+    loop_config,
 )
-from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig, finite
+from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
 from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
-from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-from lightning_gpuopt.observe.timing import StepTimer, batch_size_of, loader_fetch_seconds
+from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
+
+if TYPE_CHECKING:
+    from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
 __all__ = ["BottleneckAdvisor"]
 
@@ -43,7 +45,8 @@ class BottleneckAdvisor(ReleasingCallback):
     steps, GPU-Util, SM activity, memory, CPU load), under DDP every rank's wait in the gradient all-reduce,
     and the run's configuration read at that moment (so callbacks that change it, such as ``FusedOptimizer``,
     have run). A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared after
-    ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects.
+    ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects. In a
+    Lightning Fabric loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
 
     ======================== ============ ===========================================================
     kind                     severity     raised when (default thresholds, ``AdvisorThresholds``)
@@ -199,57 +202,88 @@ class BottleneckAdvisor(ReleasingCallback):
         return state
 
     # -- hooks -----------------------------------------------------------------------------------------------
+    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
+    # calls the same methods from a Fabric loop.
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        # a new fit is a new run; a checkpoint restore (load_state_dict) comes after this and wins
-        self._filter = Hysteresis(self.min_windows, self.clear_windows)
-        self.history = []
-        self.config = None
-        if not trainer.loggers and not self._said_no_logger:
-            self._said_no_logger = True
-            where = "printed at the end of fit and kept" if self.verbose else "kept"
-            rank_zero_warn(
-                f"BottleneckAdvisor: the Trainer has no logger, so its verdicts are not logged; they are {where} "
-                "in `advisor.verdicts`. Pass a logger to the Trainer to see advisor/<kind> flags."
-            )
+        if stage == "fit":
+            self._begin(TrainerLoop(trainer, pl_module))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset_run()
-        self._timer = StepTimer()
-        self._monitor = next((cb for cb in trainer.callbacks if isinstance(cb, GPUStatsMonitor)), None)  # type: ignore[attr-defined]
-        self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
-        self._follow = self.window_steps is None and self._monitor is not None
-        per_epoch = trainer.num_training_batches
-        if finite(per_epoch) and per_epoch > 0:
-            half = int(per_epoch) // 2
-            self._window = min(self._window, max(_MIN_WINDOW, half))
-            self._warmup = min(self._warmup, half)
-        self._window_len = self._window
-        self._warm = self._warmup == 0
-        if trainer.world_size > 1:
-            self._reduce = AllReduceWaitTimer(trainer.strategy.root_device)
-            if not self._reduce.attach(pl_module):
-                self._reduce = None
+        self._start(TrainerLoop(trainer, pl_module))
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._timer is not None:
-            # the first batch's wait is the loader starting up: counted from here, as the monitor does
-            self._timer.mark(time.perf_counter())
+        self._resume()  # the first batch's wait is the loader starting up: counted from here, as the monitor does
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._timer is not None:
-            # validation inside fit is not time spent waiting for training data
-            self._timer.mark(time.perf_counter())
+        self._resume()  # validation inside fit is not time spent waiting for training data
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._batch_start(batch)
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_backward()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end(TrainerLoop(trainer, pl_module), batch)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end(TrainerLoop(trainer, pl_module))
+
+    # -- the work, for any loop ------------------------------------------------------------------------------
+    def _begin(self, loop: Loop) -> None:
+        """A fit begins: a new run (a checkpoint restore, ``load_state_dict``, comes after this and wins)."""
+        self._filter = Hysteresis(self.min_windows, self.clear_windows)
+        self.history = []
+        self.config = None
+        if not loop.loggers and not self._said_no_logger:
+            self._said_no_logger = True
+            where = "printed at the end of fit and kept" if self.verbose else "kept"
+            rank_zero_warn(
+                f"BottleneckAdvisor: the {loop.name} has no logger, so its verdicts are not logged; they are "
+                f"{where} in `advisor.verdicts`. Pass a logger to the {loop.name} to see advisor/<kind> flags."
+            )
+
+    def _start(self, loop: Loop) -> None:
+        """Training starts: windows, warm-up and the monitor to follow are settled for this fit."""
+        self._reset_run()
+        self._timer = StepTimer()
+        self._monitor = loop.monitor
+        self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
+        self._follow = self.window_steps is None and self._monitor is not None
+        self._fit_epochs(loop.batches_per_epoch)
+        if loop.world_size > 1:
+            self._reduce = AllReduceWaitTimer(loop.device)
+            if not self._reduce.attach(loop.module):
+                self._reduce = None
+
+    def _fit_epochs(self, per_epoch: int | None) -> None:
+        """Where an epoch is short, a window of half an epoch (at least 2 batches), warm-up at most as long."""
+        self._window, self._warmup = self.window_steps or _DEFAULT_WINDOW, self.warmup_steps
+        if per_epoch is not None:
+            half = per_epoch // 2
+            self._window = min(self._window, max(_MIN_WINDOW, half))
+            self._warmup = min(self._warmup, half)
+        self._window_len = self._window
+        self._warm = self._warmup == 0
+
+    def _resume(self) -> None:
+        """The next batch's wait counts from now (an epoch starts, or training resumes after validation)."""
+        if self._timer is not None:
+            self._timer.mark(time.perf_counter())
+
+    def _batch_start(self, batch: Any) -> None:
         if self._timer is None:
             return
         self._timer.batch_start(time.perf_counter())
@@ -260,15 +294,11 @@ class BottleneckAdvisor(ReleasingCallback):
                 self._input_channels_last = distinct_memory_format(x)
             self._probe_input = False
 
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _after_backward(self) -> None:
         if self._reduce is not None:
             self._reduce.backward_end()
 
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def _batch_end(self, loop: Loop, batch: Any) -> None:
         if self._timer is None:
             return
         self._timer.batch_end(time.perf_counter(), batch_size_of(batch))
@@ -281,29 +311,28 @@ class BottleneckAdvisor(ReleasingCallback):
                 return
             new, self._seen = history[self._seen :], len(history)
             if self._warm:
-                self._evaluate(trainer, pl_module, Evidence.mean_of(new))
+                self._evaluate(loop, Evidence.mean_of(new))
             elif self._batches >= self._warmup:
-                self._end_warmup(trainer)
+                self._end_warmup(loop)
             return
         if not self._warm and self._batches >= self._warmup:
-            self._end_warmup(trainer)
+            self._end_warmup(loop)
             self._seen = self._warm_seen = len(self._monitor_history())
         elif self._warm and (self._batches - self._warmup) % self._window == 0:
-            self._evaluate(trainer, pl_module, self._gpu_evidence())
+            self._evaluate(loop, self._gpu_evidence())
 
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _end(self, loop: Loop) -> None:
+        """Training ends: the configuration of a run too short for a window, the summary, the release."""
         if self._timer is None:
             return
         if self.config is None:  # a run too short for a window still shows what it was configured to do
-            self.config = self._config(trainer, pl_module)
-        if trainer.is_global_zero:
-            self._log_text(trainer)
+            self.config = self._config(loop)
+        if loop.is_global_zero:
+            self._log_text(loop)
             if self.verbose:
                 rank_zero_info(self.summary())
         self._release()
 
-    # -- work ------------------------------------------------------------------------------------------------
     def _release(self) -> None:
         self._timer = None
         self._monitor = None
@@ -311,14 +340,14 @@ class BottleneckAdvisor(ReleasingCallback):
             self._reduce.detach()
             self._reduce = None
 
-    def _end_warmup(self, trainer: pl.Trainer) -> None:
+    def _end_warmup(self, loop: Loop) -> None:
         self._warm = True
         if self._timer is not None:
             self._timer.window()  # discard warm-up; the next window is the first one judged
         if self._reduce is not None:
             self._reduce.window()
         self._last_eval_batch = self._batches
-        self._fetch_s = self._fetch_seconds(trainer)
+        self._fetch_s = loop.fetch_seconds()
 
     def _monitor_history(self) -> list[Mapping[str, Any]]:
         history = self._monitor.history if self._monitor is not None else []
@@ -335,46 +364,43 @@ class BottleneckAdvisor(ReleasingCallback):
             fresh = [history[-1]]
         return Evidence.mean_of(fresh)
 
-    def _fetch_seconds(self, trainer: pl.Trainer) -> float | None:
-        return loader_fetch_seconds(train_loader(trainer))
-
-    def _host_evidence(self, trainer: pl.Trainer) -> Evidence:
+    def _host_evidence(self, loop: Loop) -> Evidence:
         """This window's host timing from the advisor's own timer, plus the share spent inside the loader."""
         if self._timer is None:
             return Evidence()
         steps = self._timer.steps
         metrics: dict[str, Any] = dict(self._timer.window())
-        fetch, start = self._fetch_seconds(trainer), self._fetch_s
+        fetch, start = loop.fetch_seconds(), self._fetch_s
         self._fetch_s = fetch
         step_ms = metrics.get("time/step_ms")
         if fetch is not None and start is not None and step_ms and steps:
             metrics["time/loader_wait_frac"] = max(0.0, fetch - start) / (steps * step_ms / 1000.0)
         return Evidence.from_metrics(metrics)
 
-    def _config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunConfig:
+    def _config(self, loop: Loop) -> RunConfig:
         """The configuration as it is now (the loader's description computed once per loader)."""
-        loader = train_loader(trainer)
+        loader = first_loader(loop.train_loaders)
         if self._feed is None or self._feed[0] != id(loader):
             self._feed = (id(loader), describe_feed(loader) if loader is not None else FeedInfo())
-        cfg = collect_config(trainer, pl_module, self._monitor is not None, feed=self._feed[1])
+        cfg = loop_config(loop, self._monitor is not None, feed=self._feed[1])
         cfg.input_channels_last = self._input_channels_last
         return cfg
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, gpu: Evidence) -> None:
-        step = trainer.global_step
+    def _evaluate(self, loop: Loop, gpu: Evidence) -> None:
+        step = loop.global_step
         self._window_len, self._last_eval_batch = self._batches - self._last_eval_batch, self._batches
         # host figures from our own timer cover exactly this window; the monitor adds the GPU side (and the
         # host side only where ours is empty)
-        evidence = self._host_evidence(trainer).merged_with(gpu)
-        if trainer.world_size > 1:
+        evidence = self._host_evidence(loop).merged_with(gpu)
+        if loop.world_size > 1:
             wait = self._reduce.window() if self._reduce is not None else None
             # the loader's own wait where it is timed: a fast rank's host can block behind its GPU (waiting in
             # the all-reduce) in the batch copy, which the whole data wait would count as waiting for data
             data_ms = evidence.data_wait_ms
             if evidence.loader_wait_frac is not None and evidence.step_ms is not None:
                 data_ms = evidence.loader_wait_frac * evidence.step_ms
-            evidence.ranks = gather_ranks(trainer, evidence.step_ms, data_ms, wait)
-        self.config = self._config(trainer, pl_module)
+            evidence.ranks = gather_ranks(loop, evidence.step_ms, data_ms, wait)
+        self.config = self._config(loop)
         found = diagnose(evidence, self.config, self.thresholds)
         changed = self._filter.update(found)
         self.history.append(
@@ -388,24 +414,24 @@ class BottleneckAdvisor(ReleasingCallback):
         )
         if len(self.history) > _HISTORY:
             del self.history[: len(self.history) - _HISTORY]
-        if trainer.is_global_zero:
-            self._log_flags(trainer, step)
+        if loop.is_global_zero:
+            self._log_flags(loop, step)
             if changed:
-                self._log_text(trainer)
+                self._log_text(loop)
 
-    def _log_flags(self, trainer: pl.Trainer, step: int) -> None:
+    def _log_flags(self, loop: Loop, step: int) -> None:
         raised = {v.kind for v in self.verdicts}
         flags: dict[str, float] = {f"advisor/{k}": float(k in raised) for k in KINDS}
         flags["advisor/num_warnings"] = float(sum(v.severity == "warning" for v in self.verdicts))
-        for logger in trainer.loggers:
-            logger.log_metrics(flags, step=step)
+        loop.log_metrics(flags, step)
 
-    def _log_text(self, trainer: pl.Trainer) -> None:
-        from lightning.pytorch.loggers import TensorBoardLogger
+    def _log_text(self, loop: Loop) -> None:
+        # Lightning's TensorBoardLogger (lightning.pytorch) derives from Fabric's
+        from lightning.fabric.loggers import TensorBoardLogger
 
         if self.windows == 0:
             return
-        text = markdown(self.verdicts, self.windows, trainer.global_step)
-        for logger in trainer.loggers:
+        text = markdown(self.verdicts, self.windows, loop.global_step)
+        for logger in loop.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text("advisor/summary", text, global_step=trainer.global_step)
+                logger.experiment.add_text("advisor/summary", text, global_step=loop.global_step)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_gpuopt._common import FeedInfo, available_cpus
 from lightning_gpuopt._compat import supports_amp_scaling
+from lightning_gpuopt.observe._lifecycle import Loop, TrainerLoop, first_loader
 from lightning_gpuopt.observe.advisor.evidence import RunConfig, finite
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "describe_feed",
     "distinct_memory_format",
     "image_tensor",
+    "loop_config",
     "train_loader",
 ]
 
@@ -35,12 +37,7 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 def train_loader(trainer: Any) -> Any | None:
     """The (first) training loader of ``trainer``, or ``None`` before it exists."""
-    loader = getattr(trainer, "train_dataloader", None)
-    if isinstance(loader, Mapping):
-        loader = next(iter(loader.values()), None)
-    elif isinstance(loader, (list, tuple)):
-        loader = loader[0] if loader else None
-    return loader
+    return first_loader(getattr(trainer, "train_dataloader", None))
 
 
 def _unwrap_dataset(ds: Any) -> Any:
@@ -101,18 +98,26 @@ def _image_files(ds: Any) -> bool:
     return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(_IMAGE_SUFFIXES)
 
 
+def _fabric_loader(obj: Any) -> bool:
+    """Whether ``obj`` is the loader ``fabric.setup_dataloaders`` returned: it carries its DataLoader's attributes."""
+    from lightning.fabric.wrappers import is_wrapped
+
+    return is_wrapped(obj) and not isinstance(obj, nn.Module) and hasattr(obj, "batch_sampler")
+
+
 def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
     """How ``loader`` feeds the GPU.
 
     The loader's ``feed_info`` wins, its dataset's fills what it leaves ``None``, and a ``DataLoader``'s public
     attributes (``num_workers``, or ``read_threads`` as ``threads`` for a loader read by threads, ``pin_memory``,
-    ``batch_size``) fill the rest. A dataset listing image files
-    (``samples``, as torchvision's ``ImageFolder``) is a ``"folder"`` feed decoded on the CPU. With
-    ``probe_dataset``, a map-style dataset read without workers is asked for one item to see whether batches
-    are already on the device.
+    ``batch_size``) fill the rest; the loader ``fabric.setup_dataloaders`` returned is read the same way. A
+    dataset listing image files (``samples``, as torchvision's ``ImageFolder``) is a ``"folder"`` feed decoded
+    on the CPU. With ``probe_dataset``, a map-style dataset read without workers is asked for one item to see
+    whether batches are already on the device.
     """
     layers = [_feed_info_of(loader)]
-    dataset = getattr(loader, "dataset", None) if isinstance(loader, DataLoader) else None
+    loader_like = isinstance(loader, DataLoader) or _fabric_loader(loader)
+    dataset = getattr(loader, "dataset", None) if loader_like else None
     if dataset is not None:
         layers += [_feed_info_of(dataset), _feed_info_of(_unwrap_dataset(dataset))]
     facts: dict[str, Any] = {}
@@ -121,7 +126,7 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
             for key, value in info.to_dict().items():
                 if facts.get(key) is None:
                     facts[key] = value
-    if isinstance(loader, DataLoader):
+    if loader_like:
         facts.setdefault("num_workers", None)
         read_threads = getattr(loader, "read_threads", 0)
         if isinstance(read_threads, int) and read_threads > 0:
@@ -150,7 +155,8 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
 def amp_facts(trainer: Any) -> dict[str, Any]:
     """``grad_scaler``, ``unfused_optimizers`` and ``gradient_clip_val`` of a run; host attributes only, no sync.
 
-    Reads ``trainer.precision_plugin.scaler`` (Lightning's ``MixedPrecision`` and ``FSDPPrecision`` keep their
+    ``trainer`` is a Trainer or a ``Loop`` (which has the same three attributes). Reads
+    ``trainer.precision_plugin.scaler`` (Lightning's ``MixedPrecision`` and ``FSDPPrecision`` keep their
     ``GradScaler`` there; other plugins have none), ``trainer.optimizers`` as they are now, and
     ``trainer.gradient_clip_val``. An optimizer counts as unfused when ``GradScaler.step`` would read its
     ``found_inf`` on the host (``_compat.supports_amp_scaling``).
@@ -218,21 +224,26 @@ def collect_config(
         gpu_monitor: whether a ``GPUStatsMonitor`` is among the callbacks.
         feed: the training loader's description; ``None`` describes ``trainer.train_dataloader`` now.
     """
-    device = trainer.strategy.root_device
+    return loop_config(TrainerLoop(trainer, pl_module), gpu_monitor, feed)
+
+
+def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> RunConfig:
+    """``collect_config`` of any training loop (``observe._lifecycle.Loop``: a Trainer's or a Fabric loop's)."""
+    device = loop.device
     cfg = RunConfig(device_type=device.type, gpu_monitor=gpu_monitor)
-    cfg.precision = str(trainer.precision)
+    cfg.precision = loop.precision
     cfg.cpus = available_cpus()
-    cfg.processes_per_node = max(1, int(trainer.num_devices))
-    cfg.world_size = max(1, int(trainer.world_size))
+    cfg.processes_per_node = loop.processes_per_node
+    cfg.world_size = max(1, loop.world_size)
     if feed is None:
-        loader = train_loader(trainer)
+        loader = first_loader(loop.train_loaders)
         feed = describe_feed(loader) if loader is not None else FeedInfo()
     cfg.backend, cfg.num_workers, cfg.pin_memory = feed.backend, feed.num_workers, feed.pin_memory
     cfg.batch_size, cfg.host_batches = feed.batch_size, feed.host_batches
     cfg.decoder, cfg.decode_threads = feed.decoder, feed.threads
-    for key, value in amp_facts(trainer).items():
+    for key, value in amp_facts(loop).items():
         setattr(cfg, key, value)
-    cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(pl_module)
+    cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(loop.module)
     cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     cfg.cudnn_deterministic = bool(torch.backends.cudnn.deterministic)
     cfg.cudnn_allow_tf32 = bool(torch.backends.cudnn.allow_tf32)

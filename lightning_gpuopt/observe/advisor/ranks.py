@@ -18,10 +18,10 @@ import time
 from collections import deque
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from lightning_gpuopt.observe._lifecycle import Loop
 from lightning_gpuopt.observe.advisor.evidence import RankEvidence
 
 __all__ = ["AllReduceWaitTimer", "gather_ranks"]
@@ -103,13 +103,13 @@ class AllReduceWaitTimer:
 
 
 def gather_ranks(
-    trainer: pl.Trainer, step_ms: float | None, data_wait_ms: float | None, wait_ms: float | None
+    loop: Loop, step_ms: float | None, data_wait_ms: float | None, wait_ms: float | None
 ) -> RankEvidence:
     """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather`` of three floats.
 
     Every rank must call it at the same point (the advisor does at the end of each window).
     """
     row = [math.nan if v is None else float(v) for v in (step_ms, data_wait_ms, wait_ms)]
-    local = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-    gathered = trainer.strategy.all_gather(local)
+    local = torch.tensor(row, dtype=torch.float64, device=loop.device)
+    gathered = loop.all_gather(local)
     return RankEvidence.from_rows(gathered.reshape(-1, len(row)).cpu().tolist())

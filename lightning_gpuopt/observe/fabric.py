@@ -1,0 +1,480 @@
+"""``FabricObserver``: ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric loop.
+
+A Fabric loop has no Trainer hooks, so the loop says where it is: training starts, a batch starts, a batch
+ends, training ends. ``FabricObserver`` takes those calls, as methods or through Fabric's own callback
+mechanism (``Fabric(callbacks=[observer])`` + ``fabric.call("on_train_batch_end", batch=batch)``), and runs
+the same code the Trainer callbacks run. Metrics go to the Fabric's loggers through ``fabric.log_dict``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_gpuopt._checks import check_arg, check_int
+from lightning_gpuopt.observe._lifecycle import first_loader
+from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor
+from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+from lightning_gpuopt.observe.nvtx import NVTXRanges
+
+__all__ = ["FabricLoop", "FabricObserver", "TimedLoader"]
+
+_KINDS = (GPUStatsMonitor, BottleneckAdvisor, NVTXRanges)
+
+
+class TimedLoader:
+    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``, Fabric's move
+    of the batch to the device included (two ``perf_counter`` calls a batch)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.fetch_seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def batches(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.fetch_seconds += time.perf_counter() - start
+            yield batch
+
+
+class FabricLoop:
+    """The ``observe._lifecycle.Loop`` of a Fabric training loop: read from the Fabric, the model and optimizers
+    the loop was started with, the loaders it iterates through ``FabricObserver.timed``, and the step count the
+    loop reports."""
+
+    name = "Fabric"
+    logger_fix = "pass one to the Fabric (e.g. `Fabric(loggers=CSVLogger('logs'))`)"
+
+    def __init__(
+        self,
+        fabric: Any,
+        model: nn.Module,
+        optimizers: Sequence[Any] | None,
+        timed: Mapping[int, TimedLoader],
+        monitor: GPUStatsMonitor | None,
+    ) -> None:
+        self.fabric = fabric
+        self.model = model
+        self._optimizers = list(optimizers) if optimizers is not None else None
+        self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
+        self._monitor = monitor
+        self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
+        #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.fabric.device)
+
+    @property
+    def module(self) -> nn.Module:
+        from lightning.fabric.wrappers import is_wrapped
+
+        # fabric.setup's wrapper holds the user's module in its public `module` property
+        if is_wrapped(self.model) and isinstance(getattr(self.model, "module", None), nn.Module):
+            return self.model.module  # type: ignore[no-any-return]
+        return self.model
+
+    @property
+    def loggers(self) -> Sequence[Any]:
+        return list(self.fabric.loggers)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return bool(self.fabric.is_global_zero)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.fabric.world_size)
+
+    @property
+    def processes_per_node(self) -> int:
+        devices = getattr(self.fabric.strategy, "parallel_devices", None)
+        return max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
+
+    @property
+    def global_step(self) -> int:
+        return self.step
+
+    @property
+    def train_loaders(self) -> Any:
+        keys = tuple(self._timed)
+        if self._loaders[0] != keys:
+            loaders = [t.loader for t in self._timed.values()]
+            self._loaders = (keys, loaders[0] if len(loaders) == 1 else (loaders or None))
+        return self._loaders[1]
+
+    def fetch_seconds(self) -> float | None:
+        if not self._timed:
+            return None
+        return sum(t.fetch_seconds for t in self._timed.values())
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        loader = first_loader(self.train_loaders)
+        try:
+            batches = len(loader) if loader is not None else None
+        except TypeError:  # an iterable loader without a length
+            return None
+        return batches if batches else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
+        return self.batches_per_epoch
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        return None  # Fabric has no logging interval of its own
+
+    @property
+    def monitor(self) -> GPUStatsMonitor | None:
+        return self._monitor
+
+    @property
+    def precision_plugin(self) -> Any:
+        return getattr(self.fabric.strategy, "precision", None)
+
+    @property
+    def precision(self) -> str | None:
+        value = getattr(self.precision_plugin, "precision", None)
+        return str(value) if value is not None else None
+
+    @property
+    def optimizers(self) -> Sequence[Any] | None:
+        return self._optimizers
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        return None  # Fabric clips where the loop calls fabric.clip_gradients; nothing to read
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.fabric.all_gather(tensor)  # type: ignore[no-any-return]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.fabric.log_dict(dict(metrics), step=step)
+
+
+class FabricObserver:
+    """Run ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric training loop.
+
+    Configure the observers exactly as for a Trainer and hand them to one ``FabricObserver``. Register it
+    with Fabric, call Fabric's hooks where the loop is, and iterate the training loader through ``timed``::
+
+        observer = FabricObserver(GPUStatsMonitor(), BottleneckAdvisor(), NVTXRanges())
+        fabric = Fabric(loggers=CSVLogger("logs"), callbacks=[observer])
+        ...
+        loader = fabric.setup_dataloaders(train_loader)
+        fabric.call("on_train_start", fabric=fabric, model=model, optimizers=optimizer)
+        for epoch in range(epochs):
+            for batch in observer.timed(loader):
+                fabric.call("on_train_batch_start", batch=batch)
+                ...                                   # forward, fabric.backward(loss), optimizer step
+                fabric.call("on_train_batch_end", batch=batch)
+        fabric.call("on_train_end")
+
+    or call the same methods on the observer (``observer.on_train_batch_start(batch)``). Fabric passes each
+    callback only the keyword arguments its method names, so the observer sits beside callbacks of your own.
+
+    ==================================== ======== ===========================================================
+    call                                 needed   what it does
+    ==================================== ======== ===========================================================
+    ``on_train_start(fabric, model,      yes      start: NVML sampler, host CPU reader, NVTX range stack and
+    optimizers)``                                 module ranges, the advisor's windows; the first data wait
+                                                  counts from here
+    ``timed(loader)``                    no       iterate the training loader through it: an epoch starts,
+                                                  the time inside its ``next()`` is kept, and the advisor
+                                                  reads how it feeds the GPU (workers, pinning, batch size)
+    ``on_train_batch_start(batch)``      yes      a step starts (the batch is on the device)
+    ``on_train_batch_end(batch, step)``  yes      the step's work is queued; ``step``: optimizer steps taken
+                                                  so far (default: one more than before, a step a batch)
+    ``on_train_end()``                   yes      the last window, the advisor's summary, then release
+    ``on_train_epoch_start()``           no       the next data wait counts from now (``timed`` calls it)
+    ``on_validation_start()`` / ``_end`` no       validation is not data wait; NVTX "validation" range
+    ``on_validation_batch_start          no       NVTX "validation step" ranges
+    (batch_idx)`` / ``_end()``
+    ``on_before_backward()``,            no       NVTX phases inside a step ("backward", "optimizer step",
+    ``on_after_backward()``,                      "zero_grad"); under DDP ``on_after_backward`` also times
+    ``on_before_optimizer_step()``,               each rank's wait in the all-reduce for the advisor
+    ``on_before_zero_grad()``
+    ``on_exception(exception)``          no       release everything (threads, hooks, ranges) without a last
+                                                  window; call it where the loop raised
+    ==================================== ======== ===========================================================
+
+    Data wait, from the end of one batch to the start of the next, is timed whatever the loop iterates. The
+    part spent inside the loader's ``next()`` (``time/loader_wait_frac``, and the advisor's split between
+    waiting for data and other host work) is timed by ``timed``, which also tells the monitor and the advisor
+    how long an epoch is. Without it those figures are absent, not guessed.
+
+    Steps: windows end when ``step`` is a multiple of the monitor's ``log_every_n_steps`` (``None``: 50, or
+    the batches of one epoch where the loader has a length and an epoch is shorter). Rows are logged with
+    ``fabric.log_dict(metrics, step=step - 1)``, the step of the batch that ended the window when a loop
+    logs its batch ``i`` (from 0) at step ``i``.
+
+    On a CPU run the GPU parts warn once and step aside (no NVML, no CUDA events, NVTX only where a backend
+    records); host timing, CPU use and the advisor's verdict from host figures still work.
+
+    Args:
+        *observers: at most one each of ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges``. Their
+            results are read on them as under a Trainer (``monitor.history``, ``advisor.verdicts``).
+
+    Example:
+        >>> from lightning_gpuopt import BottleneckAdvisor, GPUStatsMonitor
+        >>> monitor, advisor = GPUStatsMonitor(log_every_n_steps=20), BottleneckAdvisor()
+        >>> observer = FabricObserver(monitor, advisor)
+        >>> fabric = Fabric(loggers=CSVLogger("logs"), callbacks=[observer])  # doctest: +SKIP
+        >>> fabric.call("on_train_start", fabric=fabric, model=model, optimizers=optimizer)  # doctest: +SKIP
+        >>> [v.label for v in advisor.verdicts]  # after training  # doctest: +SKIP
+        ['input-bound (too-few-workers)']
+    """
+
+    def __init__(self, *observers: GPUStatsMonitor | BottleneckAdvisor | NVTXRanges) -> None:
+        seen: dict[type, Any] = {}
+        for obs in observers:
+            kind = next((k for k in _KINDS if isinstance(obs, k)), None)
+            check_arg(
+                kind is not None,
+                "FabricObserver's observers",
+                type(obs).__name__,
+                "GPUStatsMonitor, BottleneckAdvisor or NVTXRanges instances",
+                fix="e.g. FabricObserver(GPUStatsMonitor(), BottleneckAdvisor())",
+                error=TypeError,
+            )
+            check_arg(
+                kind not in seen,
+                "FabricObserver's observers",
+                f"two {type(obs).__name__}",
+                "at most one of each kind",
+                fix="use one FabricObserver per monitor",
+            )
+            seen[kind] = obs  # type: ignore[index]
+        self.monitor: GPUStatsMonitor | None = seen.get(GPUStatsMonitor)
+        self.advisor: BottleneckAdvisor | None = seen.get(BottleneckAdvisor)
+        self.ranges: NVTXRanges | None = seen.get(NVTXRanges)
+        self._loop: FabricLoop | None = None
+        self._timed: dict[int, TimedLoader] = {}
+
+    @property
+    def loop(self) -> FabricLoop | None:
+        """The running loop between ``on_train_start`` and ``on_train_end`` (None outside)."""
+        return self._loop
+
+    def _running(self, hook: str) -> FabricLoop:
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(
+                f"FabricObserver.{hook} was called before on_train_start; call "
+                "on_train_start(fabric, model, optimizers) once before the first batch"
+            )
+        return loop
+
+    # ------------------------------------------------------------------------------------------ training
+    def on_train_start(self, fabric: Any, model: nn.Module, optimizers: Any = None) -> None:
+        """Training starts: acquire what the observers need; the first data wait counts from here.
+
+        Args:
+            fabric: the ``lightning.fabric.Fabric`` running the loop (launched).
+            model: the model being trained (as ``fabric.setup`` returned it, or the module itself).
+            optimizers: the optimizer, or a list of them (for the advisor's mixed-precision checks).
+        """
+        from lightning.fabric import Fabric
+
+        check_arg(
+            isinstance(fabric, Fabric),
+            "fabric",
+            type(fabric).__name__,
+            "the lightning.fabric.Fabric running the loop",
+            fix="fabric.call('on_train_start', fabric=fabric, model=model, optimizers=optimizer)",
+            error=TypeError,
+        )
+        check_arg(
+            isinstance(model, nn.Module),
+            "model",
+            type(model).__name__,
+            "the torch.nn.Module being trained",
+            fix="pass the model fabric.setup returned",
+            error=TypeError,
+        )
+        if optimizers is not None and not isinstance(optimizers, (list, tuple)):
+            optimizers = [optimizers]
+        if self._loop is not None:  # a loop that ended without on_train_end
+            self._release()
+        self._timed = {}  # a new run counts its loaders' time from zero
+        loop = self._loop = FabricLoop(fabric, model, optimizers, self._timed, self.monitor)
+        try:
+            if self.monitor is not None:
+                self.monitor._begin(loop)
+            if self.advisor is not None:
+                self.advisor._begin(loop)
+            if self.ranges is not None:
+                self.ranges._begin()
+                self.ranges._add_module_hooks(loop.module)
+            if self.monitor is not None:
+                self.monitor._start(loop)
+            if self.advisor is not None:
+                self.advisor._start(loop)
+        except BaseException:
+            self._release()
+            raise
+        self.on_train_epoch_start()
+
+    def timed(self, loader: Any) -> Iterator[Any]:
+        """Iterate ``loader`` (the training loader, as ``fabric.setup_dataloaders`` returned it) for one epoch.
+
+        An epoch starts (``on_train_epoch_start``) when the iteration does, and the time inside the loader's
+        ``next()`` is kept for ``time/loader_wait_frac`` and the advisor, which also reads from the loader how
+        it feeds the GPU. Call it after ``on_train_start``, once an epoch: ``for batch in observer.timed(loader)``.
+        """
+        return self._epoch(loader)
+
+    def _epoch(self, loader: Any) -> Iterator[Any]:
+        loop = self._running("timed")
+        timed = self._timed.get(id(loader))
+        if timed is None or timed.loader is not loader:
+            timed = self._timed[id(loader)] = TimedLoader(loader)
+            if self.monitor is not None:
+                self.monitor._read_loader_wait(loop)  # its time inside next() counts from here
+            if self.advisor is not None and self.advisor._batches == 0:
+                self.advisor._fit_epochs(loop.batches_per_epoch)  # the epoch's length is known from here
+        self.on_train_epoch_start()
+        yield from timed.batches()
+
+    def on_train_epoch_start(self) -> None:
+        """The next batch's data wait counts from now (an epoch starts after other work)."""
+        loop = self._running("on_train_epoch_start")
+        if self.monitor is not None:
+            self.monitor._epoch_start(loop)
+        if self.advisor is not None:
+            self.advisor._resume()
+        if self.ranges is not None:
+            self.ranges._epoch_start()
+
+    def on_train_batch_start(self, batch: Any) -> None:
+        """A training step starts; ``batch`` is the batch it trains on (already on the device)."""
+        loop = self._running("on_train_batch_start")
+        if self.monitor is not None:
+            self.monitor._batch_start()
+        if self.advisor is not None:
+            self.advisor._batch_start(batch)
+        if self.ranges is not None:
+            self.ranges._batch_start(loop)
+
+    def on_before_zero_grad(self) -> None:
+        """NVTX: the step's "zero_grad" phase starts."""
+        if self.ranges is not None:
+            self.ranges._phase("zero_grad")
+
+    def on_before_backward(self) -> None:
+        """NVTX: the step's "backward" phase starts."""
+        if self.ranges is not None:
+            self.ranges._phase("backward")
+
+    def on_after_backward(self) -> None:
+        """Backward returned (under DDP, after the gradient all-reduce): NVTX phase end, all-reduce timing."""
+        if self.ranges is not None:
+            self.ranges._after_backward()
+        if self.advisor is not None:
+            self.advisor._after_backward()
+
+    def on_before_optimizer_step(self) -> None:
+        """NVTX: the step's "optimizer step" phase starts."""
+        if self.ranges is not None:
+            self.ranges._phase("optimizer step")
+
+    def on_train_batch_end(self, batch: Any, step: int | None = None) -> None:
+        """The training step has queued its work; a window that ends here is logged.
+
+        Args:
+            batch: the batch the step trained on (its leading dimension counts the samples).
+            step: optimizer steps taken so far, this one included; ``None`` counts one step a batch. Pass it
+                under gradient accumulation (it then stays the same for the batches of one step).
+        """
+        loop = self._running("on_train_batch_end")
+        check_int(step, "step", low=0, none_ok=True, what="(optimizer steps taken so far)")
+        loop.step = loop.step + 1 if step is None else step
+        if self.ranges is not None:
+            self.ranges._batch_end(loop)
+        if self.monitor is not None:
+            self.monitor._batch_end(loop, batch)
+        if self.advisor is not None:
+            self.advisor._batch_end(loop, batch)
+
+    def on_train_end(self) -> None:
+        """Training ends: the last window is logged, the advisor prints its summary, everything is released."""
+        loop = self._running("on_train_end")
+        try:
+            if self.ranges is not None:
+                self.ranges._epoch_end()
+                self.ranges._close_everything()
+            if self.monitor is not None:
+                self.monitor._end(loop)
+            if self.advisor is not None:
+                self.advisor._end(loop)
+        finally:
+            self._release()
+
+    def on_exception(self, exception: BaseException | None = None) -> None:
+        """The loop raised: release everything (threads, CUDA events, hooks, open ranges), log nothing more."""
+        self._release()
+
+    # ------------------------------------------------------------------------------------------ validation
+    # outside training (between on_train_end and the next on_train_start) these do nothing
+    def on_validation_start(self) -> None:
+        """A validation run inside training starts (NVTX "validation"; its time is not data wait)."""
+        if self.ranges is not None and self._loop is not None:
+            self.ranges._validation_start()
+
+    def on_validation_batch_start(self, batch_idx: int) -> None:
+        """NVTX: "validation step {batch_idx}" starts."""
+        if self.ranges is not None and self._loop is not None:
+            self.ranges._validation_batch_start(batch_idx)
+
+    def on_validation_batch_end(self) -> None:
+        if self.ranges is not None and self._loop is not None:
+            self.ranges._validation_batch_end()
+
+    def on_validation_end(self) -> None:
+        """The validation run ends; the next batch's data wait counts from now."""
+        if self._loop is None:
+            return
+        if self.ranges is not None:
+            self.ranges._validation_end(fitting=True)
+        if self.monitor is not None:
+            self.monitor._resume()
+        if self.advisor is not None:
+            self.advisor._resume()
+
+    # ------------------------------------------------------------------------------------------ state
+    def _release(self) -> None:
+        self._loop = None
+        for obs in (self.ranges, self.monitor, self.advisor):
+            if obs is not None:
+                obs._release()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step count and each observer's ``state_dict`` by its class name (for ``fabric.save``)."""
+        state: dict[str, Any] = {"step": self._loop.step if self._loop is not None else 0}
+        for obs in (self.monitor, self.advisor, self.ranges):
+            if obs is not None:
+                state[type(obs).__name__] = obs.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` saved; call it after ``on_train_start`` when a loop resumes."""
+        self._running("load_state_dict").step = int(state_dict.get("step", 0))
+        for obs in (self.monitor, self.advisor, self.ranges):
+            if obs is not None and type(obs).__name__ in state_dict:
+                obs.load_state_dict(dict(state_dict[type(obs).__name__]))
