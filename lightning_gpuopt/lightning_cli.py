@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -493,7 +494,7 @@ class GPUOptCLI(LightningCLI):
             super().parse_arguments(parser, args)
             return
         rest = [a for a in argv if a not in flags]
-        parser.exit_on_error = False
+        exit_on_error, parser.exit_on_error = parser.exit_on_error, False
         try:
             self.config = parser.parse_args(rest)
         except Exception as err:  # an incomplete config (or a bad one): LightningCLI's own path reports it
@@ -502,11 +503,11 @@ class GPUOptCLI(LightningCLI):
                     f"{parser.prog}: the config is incomplete ({_one_line(str(err))}); printing it without the "
                     "preset's choices\n"
                 )
-            parser.exit_on_error = True
+            parser.exit_on_error = exit_on_error
             self.config = parser.parse_args(argv)
             return
         finally:
-            parser.exit_on_error = True
+            parser.exit_on_error = exit_on_error
         self._print_flags = [f for flag in flags for f in flag.partition("=")[2].split(",") if f]
 
     @override
@@ -578,7 +579,9 @@ class GPUOptCLI(LightningCLI):
 
     def _print_config(self, flags: list[str]) -> NoReturn:
         """Print the subcommand's config as ``--print_config`` does, and exit."""
-        known = {"skip_default", "skip_unset", "comments"}
+        known = {"skip_default", "skip_unset"}
+        if importlib.util.find_spec("ruamel") is not None:  # jsonargparse writes comments with ruamel.yaml
+            known.add("comments")
         unknown = [f for f in flags if f not in known]
         if unknown:
             _fail(
