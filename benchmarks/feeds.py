@@ -7,6 +7,8 @@ feed differs. A feed is ``backend[:setting]``:
 
     resident        one uint8 batch kept on the GPU: the preset with a free feed
     hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (default "auto")
+    hdf5:pread      the same store read with one positional read an image, as a store whose images are
+                    not at equal strides is read (one converted by an earlier version)
     folder[:N]      OptimizedDataModule("jpegs/"): PIL decode in N worker processes (default "auto", tuned)
     dali[:cpu|gpu]  OptimizedDataModule("jpegs/", backend="dali"): DALI decodes on its CPU threads or with
                     nvJPEG (default: the decoder its rule picks for the cores a GPU has)
@@ -17,16 +19,18 @@ repetition is one fit measured by ``StepClock`` after ``--warmup`` steps, past e
 
     python3 benchmarks/feeds.py                               # one H200: about 9 minutes
     python3 benchmarks/feeds.py --feeds hdf5,hdf5:1,hdf5:8    # the store's reading threads
+    python3 benchmarks/feeds.py --feeds resident,hdf5,hdf5:pread  # one gather a batch against a read an image
     python3 benchmarks/feeds.py --quick                       # CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,10 @@ def parse_feed(spec: str) -> tuple[str, int | str | None]:
         return backend, setting
     if backend in ("hdf5", "folder") and setting.isdigit():
         return backend, int(setting)
-    raise ValueError(f"feed {spec!r}: hdf5:N and folder:N take a count, dali:cpu|gpu a decoder")
+    if backend == "hdf5" and setting == "pread":
+        return backend, setting
+    raise ValueError(f"feed {spec!r}: hdf5:N and folder:N take a count, hdf5:pread a read an image, "
+                     "dali:cpu|gpu a decoder")
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,9 +106,33 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
     }
     if backend == "dali":
         kwargs["dali"] = DALIOptions(decoder=setting) if setting else None
+    elif setting == "pread":
+        pass  # the store's own thread count; ``reading`` makes each image one pread
     elif setting is not None:
         kwargs["num_workers"] = setting
     return {"datamodule": OptimizedDataModule(str(info[backend]), **kwargs)}
+
+
+@contextlib.contextmanager
+def reading(spec: str) -> Iterator[None]:
+    """Inside, stores opened for ``hdf5:pread`` read one image a positional read (their images taken as
+    not lying at equal strides); other feeds are left as they are."""
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+    if parse_feed(spec) != ("hdf5", "pread"):
+        yield
+        return
+    header = HDF5ImageDataset._read_header
+
+    def scattered(self: Any, f: Any) -> None:
+        header(self, f)
+        self._block_start = None
+
+    HDF5ImageDataset._read_header = scattered  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        HDF5ImageDataset._read_header = header  # type: ignore[method-assign]
 
 
 def alone(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:
@@ -110,11 +141,12 @@ def alone(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> float | 
     dm = feed(spec, args, info).get("datamodule")
     if dm is None or not args.loader_batches:
         return None
-    dm.setup("fit")
-    try:
-        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)
-    finally:
-        dm.teardown("fit")
+    with reading(spec):
+        dm.setup("fit")
+        try:
+            return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)
+        finally:
+            dm.teardown("fit")
 
 
 def skip_reason(spec: str, device: str) -> str | None:
@@ -139,8 +171,9 @@ def run(args: argparse.Namespace, feeds: list[str]) -> dict[str, Any]:
 
     def variant(spec: str) -> Callable[[], Measurement]:
         def go() -> Measurement:
-            m = measured_fit(model, args.warmup, args.steps, device=args.device, compile=args.compile,
-                             **feed(spec, args, info))  # fmt: skip
+            with reading(spec):
+                m = measured_fit(model, args.warmup, args.steps, device=args.device, compile=args.compile,
+                                 **feed(spec, args, info))  # fmt: skip
             free()
             return m
 

@@ -502,7 +502,6 @@ class _StoreWriter:
             images = f.create_dataset(
                 "images",
                 shape=(n, ch, cw, 3),
-                maxshape=(None, ch, cw, 3),
                 dtype=np.uint8,
                 chunks=(1, ch, cw, 3),
                 dcpl=self._allocated(),
@@ -538,7 +537,9 @@ class _StoreWriter:
         """Open ``tmp`` with HDF5 in ``mode``, run ``work(file)``, close; a failed write raises ``OSError``."""
         fh = HDF5Writes(self.tmp)
         try:
-            with self.h5py.File(fh, mode) as f:
+            # HDF5 1.10's fixed-array chunk index keeps a fixed-size dataset's chunks back to back: the
+            # images are one run of equal strides, which a reader gathers a batch from in one copy
+            with self.h5py.File(fh, mode, libver=("v110", "latest")) as f:
                 work(f)
         except RuntimeError as err:  # HDF5's own failure, e.g. a metadata write refused
             failed = fh.error or OSError(errno.EIO, f"{type(err).__name__}: {err}")
@@ -579,8 +580,8 @@ class _StoreWriter:
             self.written += 1
 
     def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
-        """Write ``meta`` and flush every image, then set the completeness mark (shortening the store when
-        images were skipped) and make the file durable."""
+        """Write ``meta`` and flush every image, then set the completeness mark (the per-image tables
+        shortened to the kept images when some were skipped) and make the file durable."""
         w = self.written
         if not skipped:
             self._pwrite(self.meta, self.meta_offset)
@@ -591,7 +592,8 @@ class _StoreWriter:
 
         def complete(f: Any) -> None:
             if skipped:
-                f["images"].resize(w, axis=0)
+                # the images dataset keeps its rows (the kept images are its first w; the rest is never
+                # read): a fixed-size dataset keeps its chunks back to back
                 for name, data, dtype in (
                     ("meta", self.meta[:w], None),
                     ("labels", self.labels[keep], None),

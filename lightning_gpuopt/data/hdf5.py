@@ -2,8 +2,10 @@
 
 Layout written by ``convert_folder_to_hdf5`` (``lightning_gpuopt.data.convert``), format version 3::
 
-    /images          uint8 (N, S, ceil(1.5 S), 3): each image resized like torchvision's Resize(S) and
-                     placed on a canvas (lightning_gpuopt.data.layout); one image a chunk, unfiltered
+    /images          uint8 (N', S, ceil(1.5 S), 3): each image resized like torchvision's Resize(S) and
+                     placed on a canvas (lightning_gpuopt.data.layout); one image a chunk, unfiltered, the
+                     chunks back to back (HDF5 1.10's fixed-array index); N' = N + num_skipped (the
+                     kept images are its first N rows)
     /meta            int32 (N, 3): h, w, transposed -- the valid region of each canvas
     /labels          int64 (N,)
     /classes         UTF-8 strings (C,), index = label
@@ -17,10 +19,12 @@ A store without ``complete`` is a conversion that did not finish (a copy of its 
 refused; so is format version 2, the same layout written without that mark.
 
 Every image is plain bytes at a known offset of the file: no HDF5 work and no decompression per image.
-``read_into`` reads a batch straight into a caller's array (a pinned host buffer) with one positional read
-per image, which threads of the training process run in parallel (``OptimizedDataModule`` does; no worker
-processes, no copy between processes); ``__getitems__`` copies a batch out of a read-only memory map, for
-``DataLoader`` workers.
+``read_into`` reads a batch straight into a caller's array (a pinned host buffer), which threads of the
+training process run in parallel (``OptimizedDataModule`` does; no worker processes, no copy between
+processes): where the images lie at equal strides (every store this version writes) with one gather out of
+a read-only memory map, holding the GIL only to start it, so reading threads never hold up the training
+loop's Python; otherwise with one positional read per image. ``__getitems__`` copies a batch out of the
+memory map, for ``DataLoader`` workers.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ class HDF5ImageDataset(Dataset):
             )
         self.feed_info = FeedInfo(backend="hdf5")
         self._win: np.ndarray | None = None  # (file bytes - image bytes + 1, S, W, 3) window on the map
+        self._rows: np.ndarray | None = None  # (N, image bytes) rows of the map (images at equal strides)
         self._buf: np.ndarray | None = None  # recycled batch array (large batches)
         self._pid: int | None = None
         self._file: Any = None  # this process's unbuffered file for read_into
@@ -197,11 +202,13 @@ class HDF5ImageDataset(Dataset):
         self.storage_size = int(attrs["storage_size"])
         self.uuid = str(attrs["uuid"])
         images, meta, labels = f["images"], f["meta"], f["labels"]
-        n = int(images.shape[0])
+        n = int(labels.shape[0])
+        skipped = int(attrs.get("num_skipped", 0))
         canvas = (*layout.canvas_shape(self.storage_size), 3)
         consistent = (
             images.dtype == np.uint8
             and tuple(images.shape[1:]) == canvas
+            and int(images.shape[0]) in (n, n + skipped)  # a skipped image's row is kept, or cut off
             and images.chunks == (1, *canvas)
             and images.id.get_create_plist().get_nfilters() == 0
             and float(attrs.get("max_aspect", 0)) == layout.MAX_ASPECT
@@ -222,6 +229,9 @@ class HDF5ImageDataset(Dataset):
         self.meta: np.ndarray = meta[()].astype(np.int32, copy=False)
         self.classes: list[str] = [c.decode() if isinstance(c, bytes) else str(c) for c in f["classes"][()]]
         self._offsets: np.ndarray = f["chunk_offsets"][()].astype(np.int64)
+        # images at equal strides are rows of one (N, image bytes) block of the file: a batch is one gather
+        regular = np.array_equal(np.diff(self._offsets), np.full(n - 1, self._image_bytes))
+        self._block_start: int | None = int(self._offsets[0]) if regular else None
         # the table must agree with HDF5 (a file rewritten in place would not); check a spread of images
         dsid = images.id
         for i in sorted({0, n // 2, n - 1}):
@@ -264,7 +274,7 @@ class HDF5ImageDataset(Dataset):
         if self._pid == pid and self._win is not None:
             return self._win
         # a map inherited through fork is the parent's: drop it (unmapped when unused) and map our own
-        self._win = self._buf = None
+        self._win = self._buf = self._rows = None
         fd = self._open_checked()
         try:
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -280,6 +290,9 @@ class HDF5ImageDataset(Dataset):
             strides=(1, w * c, c, 1),
             writeable=False,
         )
+        if self._block_start is not None:
+            start, size = self._block_start, len(self) * self._image_bytes
+            self._rows = flat[start : start + size].reshape(len(self), self._image_bytes)
         self._pid = pid
         return self._win
 
@@ -296,13 +309,13 @@ class HDF5ImageDataset(Dataset):
         """Drop this process's mapping and file (opened again on the next read)."""
         # the map is unmapped when the last array using it goes (closing it under live arrays would fail);
         # the file closes when no read holds it any more (a read in flight keeps its own reference)
-        self._win = self._buf = self._pid = None
+        self._win = self._buf = self._rows = self._pid = None
         with self._file_lock:
             self._file = self._file_pid = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_win=None, _buf=None, _pid=None, _file=None, _file_pid=None, _file_lock=None)
+        state.update(_win=None, _buf=None, _rows=None, _pid=None, _file=None, _file_pid=None, _file_lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -355,8 +368,10 @@ class HDF5ImageDataset(Dataset):
         """Read the images at ``indices`` into ``images``; return their ``(labels, meta)``.
 
         ``images`` must be a C-contiguous uint8 array of shape ``(len(indices), *image_shape)`` (for example
-        the ``.numpy()`` of a pinned tensor). Each image is one positional read from the file into its row,
-        with the GIL released, so several threads reading batches run in parallel.
+        the ``.numpy()`` of a pinned tensor). Images at equal strides in the file (every store this version
+        writes) are gathered out of the read-only memory map in one copy that runs without the GIL; others
+        are read with one positional read each (the GIL released during each). Several threads reading
+        batches run in parallel either way.
 
         Returns:
             int64 ``(B,)`` labels and int32 ``(B, 3)`` meta ``(h, w, transposed)``, new arrays.
@@ -377,6 +392,18 @@ class HDF5ImageDataset(Dataset):
         reader = self._reader()  # held for the whole batch: close() cannot release it under these reads
         fd = reader.fileno()
         rows = images.reshape(shape[0], self._image_bytes)
+        if self._block_start is not None:
+            self._ensure_open()
+            block = self._rows
+            if block is not None:
+                if os.fstat(fd).st_size < self._raw_end():  # a map read past the file's end would crash
+                    raise RuntimeError(
+                        f"HDF5 store {self.path!r} was truncated while open; {_convert_fix(self.path)}"
+                    )
+                # one gather for the batch, the GIL released inside; "clip" writes straight into ``images``
+                # (the indices are checked above), where the default mode copies through a buffer
+                np.take(block, idx, axis=0, out=rows, mode="clip")
+                return self.labels[idx], self.meta[idx]
         for j, offset in enumerate(self._offsets[idx].tolist()):
             row, done = rows[j], 0
             while done < self._image_bytes:

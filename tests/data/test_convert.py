@@ -120,6 +120,10 @@ def test_corrupt_image_skipped_and_listed(jpeg_folder, tmp_path):
         expected, expected_meta = load_canvas(path, 8)
         np.testing.assert_array_equal(canvas, expected)
         np.testing.assert_array_equal(meta, expected_meta)
+    assert ds._block_start is not None  # the skipped image's row stays: the kept images are still one block
+    out = np.empty((len(ds), *ds.image_shape), np.uint8)
+    ds.read_into(np.arange(len(ds)), out)
+    np.testing.assert_array_equal(out, np.stack([ds[i][0] for i in range(len(ds))]))
 
 
 def test_converter_validates_inputs(jpeg_folder, tmp_path):

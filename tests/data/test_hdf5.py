@@ -67,13 +67,24 @@ def test_getitems_matches_the_file_and_items_stay_valid(store, monkeypatch, fanc
     np.testing.assert_array_equal(clone.__getitems__([47, 0])[1][0], images[0])
 
 
-def test_read_into_fills_a_batch_array_from_many_threads_at_once(store):
+def test_convert_lays_the_images_out_back_to_back(store):
+    path, *_ = store
+    ds = HDF5ImageDataset(path)
+    offsets = ds._offsets
+    assert (np.diff(offsets) == ds._image_bytes).all()  # one (N, image bytes) block: a batch is one gather
+    assert ds._block_start == offsets[0]
+
+
+@pytest.mark.parametrize("gather", [True, False])  # False: a store whose images are not at equal strides
+def test_read_into_fills_a_batch_array_from_many_threads_at_once(store, gather):
     from concurrent.futures import ThreadPoolExecutor
 
     from lightning_gpuopt.data.loader import BatchReader
 
     path, images, meta, labels = store
     ds = HDF5ImageDataset(path)
+    if not gather:
+        ds._block_start = None  # read as a store with gaps between its images: one pread an image
     assert isinstance(ds, BatchReader)
     rng = np.random.default_rng(0)
     batches = [rng.integers(-48, 48, size=int(rng.integers(1, 20))) for _ in range(64)]
@@ -95,9 +106,24 @@ def test_read_into_fills_a_batch_array_from_many_threads_at_once(store):
     ds.read_into([1, 0], out)
     np.testing.assert_array_equal(out, images[[1, 0]])
     clone = pickle.loads(pickle.dumps(ds))  # the open file does not travel
-    assert clone._file is None
+    assert clone._file is None and clone._rows is None
     clone.read_into([47, 3], out)
     np.testing.assert_array_equal(out, images[[47, 3]])
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_read_into_a_store_truncated_while_open_raises_naming_it(store, tmp_path, gather):
+    path, *_ = store
+    live = tmp_path / "cut.h5"
+    shutil.copy(path, live)
+    ds = HDF5ImageDataset(live)
+    if not gather:
+        ds._block_start = None
+    out = np.empty((1, *ds.image_shape), np.uint8)
+    ds.read_into([0], out)  # open (and mapped) before the cut
+    os.truncate(live, int(ds._offsets[40]))
+    with pytest.raises(RuntimeError, match=r"cut\.h5.*truncated while open.*--overwrite"):
+        ds.read_into([47], out)
 
 
 def test_read_into_checks_its_arguments(store, tmp_path):
