@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "fast_trainer_kwargs": "lightning_gpuopt.compute.preset",
     "choose_precision": "lightning_gpuopt.compute.precision",
     "GPUOptCLI": "lightning_gpuopt.lightning_cli",
+    "FabricObserver": "lightning_gpuopt.observe.fabric",
     # data/: feed it
     "OptimizedDataModule": "lightning_gpuopt.data.datamodule",
     "AugmentConfig": "lightning_gpuopt.data.transforms",
@@ -78,5 +79,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.data.tuning import TuningConfig, WorkerTuner, tune_num_workers
     from lightning_gpuopt.lightning_cli import GPUOptCLI
     from lightning_gpuopt.observe.advisor import BottleneckAdvisor, Verdict
+    from lightning_gpuopt.observe.fabric import FabricObserver
     from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
     from lightning_gpuopt.observe.nvtx import NVTXRanges

@@ -46,7 +46,7 @@ class GPUStatsMonitor(ReleasingCallback):
       training stream sat idle between steps (``gpu/idle_frac``: the starvation metric).
     - ``time.perf_counter`` around each batch: step time, the host's wait for the next batch, and how that
       wait splits into time inside the loader and time spent while the GPU was still busy (``time/``).
-    - Linux ``/proc`` at window ends: CPU use of the training thread, of workers and other threads, and of
+    - psutil at window ends: CPU use of the training thread, of workers and other threads, and of
       the cores the process may use (``host/``).
 
     Args:
@@ -63,7 +63,7 @@ class GPUStatsMonitor(ReleasingCallback):
 
     Logged keys (one value per window; a key is absent where its source does not report it: ``gpu/`` on a
     CPU run, ``gpu/sm_*`` before Hopper, ``time/loader_wait_frac`` for a loader without ``fetch_seconds``,
-    ``host/`` off Linux):
+    ``host/`` where psutil cannot read the process):
 
     ========================== ====== ==================================================================
     key                        unit   meaning
