@@ -9,6 +9,8 @@ feed differs. A feed is ``backend[:setting]``:
     hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (default "auto")
     hdf5:pread      the same store read with one positional read an image, as a store whose images are
                     not at equal strides is read (one converted by an earlier version)
+    hdf5:inline     the same store with each batch copied and transformed by the training thread itself,
+                    one step ahead, instead of by the loader's staging thread
     folder[:N]      OptimizedDataModule("jpegs/"): PIL decode in N worker processes (default "auto", tuned)
     dali[:cpu|gpu]  OptimizedDataModule("jpegs/", backend="dali"): DALI decodes on its CPU threads or with
                     nvJPEG (default: the decoder its rule picks for the cores a GPU has)
@@ -67,7 +69,7 @@ def parse_feed(spec: str) -> tuple[str, int | str | None]:
         return backend, setting
     if backend in ("hdf5", "folder") and setting.isdigit():
         return backend, int(setting)
-    if backend == "hdf5" and setting == "pread":
+    if backend == "hdf5" and setting in ("pread", "inline"):
         return backend, setting
     raise ValueError(f"feed {spec!r}: hdf5:N and folder:N take a count, hdf5:pread a read an image, "
                      "dali:cpu|gpu a decoder")
@@ -106,19 +108,57 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
     }
     if backend == "dali":
         kwargs["dali"] = DALIOptions(decoder=setting) if setting else None
-    elif setting == "pread":
-        pass  # the store's own thread count; ``reading`` makes each image one pread
+    elif setting in ("pread", "inline"):
+        pass  # the store's own thread count; ``reading`` changes how it is read or staged
     elif setting is not None:
         kwargs["num_workers"] = setting
     return {"datamodule": OptimizedDataModule(str(info[backend]), **kwargs)}
 
 
+def _inline_staged(source: Iterator[Any], device: Any, transform: Callable[[Any], Any]) -> Iterator[Any]:
+    """Staging on the training thread: each batch copied and transformed on a side stream one step ahead."""
+    import torch
+
+    from lightning_gpuopt.data.loader import StagedBatch, _record, _to_device
+
+    side = torch.cuda.Stream(device)
+
+    def stage(batch: Any) -> Any:
+        with torch.cuda.stream(side):
+            out = transform(_to_device(batch, device))
+        return StagedBatch(out) if isinstance(out, (list, tuple)) else out
+
+    ready = stage(next(source))
+    while True:
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(side)
+        _record(ready, current)
+        batch = ready
+        try:
+            ready = stage(next(source))
+        except StopIteration:
+            yield batch
+            return
+        yield batch
+
+
 @contextlib.contextmanager
 def reading(spec: str) -> Iterator[None]:
     """Inside, stores opened for ``hdf5:pread`` read one image a positional read (their images taken as
-    not lying at equal strides); other feeds are left as they are."""
+    not lying at equal strides), and ``hdf5:inline`` stages batches on the training thread; other feeds
+    are left as they are."""
     from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
+    if parse_feed(spec) == ("hdf5", "inline"):
+        from lightning_gpuopt.data import loader
+
+        staged = loader._staged
+        loader._staged = _inline_staged  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            loader._staged = staged  # type: ignore[assignment]
+        return
     if parse_feed(spec) != ("hdf5", "pread"):
         yield
         return

@@ -215,6 +215,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         self.on_corrupt = on_corrupt
         self.tuning = tuning
         self.gpu_augment = GPUAugment(image_size, self.augment, self.mean, self.std)
+        self._stage_seed = 0  # drawn for each training loader (train_dataloader)
+        self._stage_generator: torch.Generator | None = None
         self.tuning_result: Any = None
         self._auto_workers = num_workers == "auto"
         self._split_workers: dict[str, int] = {}
@@ -463,6 +465,9 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     @override
     def train_dataloader(self) -> Any:
+        self._stage_seed = int(torch.randint(0, 2**62, ()).item())  # the staged crops' seed (CPU generator)
+        if self._stage_generator is not None and self.gpu_augment.generator is self._stage_generator:
+            self.gpu_augment.generator = self._stage_generator = None  # a fresh one from the new seed
         return self._split_loader("train")
 
     @override
@@ -497,6 +502,15 @@ class OptimizedDataModule(pl.LightningDataModule):
     def _stage_train_batch(self, batch: Any) -> Any:
         """The training transform, applied by ``ContinuousDataLoader`` ahead of time on a side stream."""
         images, labels, meta = batch
+        if self.augment is not None and images.is_cuda:
+            # the crops are drawn on the staging thread: from a generator of their own, so the draws of the
+            # training thread (dropout, ...) and of the staging thread never interleave and a seeded run
+            # repeats; seeded from torch's CPU generator (``seed_everything``) when first used
+            gen = self.gpu_augment.generator
+            if gen is None or gen.device != images.device:
+                gen = torch.Generator(images.device)
+                gen.manual_seed(self._stage_seed)
+                self.gpu_augment.generator = self._stage_generator = gen
         return (self.gpu_augment(images, meta, train=self.augment is not None), labels)
 
     @override

@@ -19,18 +19,21 @@ this epoch's last ones train (the idea of timm's ``MultiEpochsDataLoader``). It 
 the sampler's epoch itself (``set_epoch``), because the next pass starts before Lightning calls
 ``set_epoch`` for that epoch.
 
-With ``device_transform`` on a CUDA run, it also stages the next batch on the GPU ahead of time: the pinned
-host batch is copied on a side CUDA stream and transformed there (GPU crop/flip/normalize) while the
-current step computes, so neither the copy nor the augmentation waits behind the step (apex's
-``data_prefetcher`` idea). Training that syncs the host every step (GradScaler's inf check with an unfused
-optimizer) leaves the GPU idle for whatever the host still does after that sync, so doing it one step
-early matters.
+With ``device_transform`` on a CUDA run, it also stages batches on the GPU ahead of time: a staging thread
+copies each pinned host batch on a side CUDA stream and transforms it there (GPU crop/flip/normalize) while
+the current step computes, so neither the copy nor the augmentation waits behind the step (apex's
+``data_prefetcher`` idea), and the thread that launches the training step spends no time on the feed:
+a compiled step's launches keep only a few milliseconds of work queued on the GPU, so any host time the
+feed takes from that thread shows up as GPU idle time.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -573,24 +576,80 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
             _record(b, stream)
 
 
+#: batches the staging thread keeps copied and transformed ahead of the training step.
+STAGED_AHEAD = 2
+
+
+class _Failed:
+    """What ended the staging thread, re-raised on the thread that iterates the batches."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """Yield ``transform(batch on device)`` one batch ahead, copied and transformed on a side stream."""
+    """Yield ``transform(batch on device)``, copied and transformed on a side stream by a staging thread.
+
+    The thread takes each batch from ``source``, copies it to ``device`` and applies ``transform`` on its
+    own CUDA stream, records an event and queues the result, ``STAGED_AHEAD`` batches ahead. The training
+    thread only makes its stream wait for that event, so neither the loader's work nor the copy and the
+    transform's kernel launches take time from the thread that launches the training step. An error in the
+    thread is raised here, on the next batch; closing this generator stops the thread and closes
+    ``source``.
+    """
     side = torch.cuda.Stream(device)
+    ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
+    stop = threading.Event()
 
-    def stage(batch: Any) -> Any:
-        with torch.cuda.stream(side):
-            out = transform(_to_device(batch, device))
-        return StagedBatch(out) if isinstance(out, (list, tuple)) else out
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
 
-    ready = stage(next(source))
-    while True:
-        current = torch.cuda.current_stream(device)
-        current.wait_stream(side)  # the step's stream waits for this batch's copy and transform only
-        _record(ready, current)
-        batch = ready
+    def stage() -> None:
         try:
-            ready = stage(next(source))  # the next batch's copy runs while this one trains
-        except StopIteration:
+            torch.cuda.set_device(device)  # the current device is per thread
+            for batch in source:
+                if stop.is_set():
+                    return
+                with torch.cuda.stream(side):
+                    out = transform(_to_device(batch, device))
+                    done = torch.cuda.Event()
+                    done.record(side)
+                del batch  # the pinned host batch goes back to PyTorch's cache once its copy has run
+                if not put((StagedBatch(out) if isinstance(out, (list, tuple)) else out, done)):
+                    return
+            put(_END)
+        except BaseException as err:  # re-raised on the training thread
+            put(_Failed(err))
+
+    thread = threading.Thread(target=stage, name="lightning_gpuopt-stage", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            batch, done = item
+            current = torch.cuda.current_stream(device)
+            current.wait_event(done)  # the step's stream waits for this batch's copy and transform only
+            _record(batch, current)
             yield batch
-            return
-        yield batch
+    finally:
+        stop.set()
+        while thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                ready.get(timeout=0.05)  # unblock a thread waiting to queue a batch
+            thread.join(timeout=0.05)
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
