@@ -37,7 +37,7 @@ class Phases(pl.Callback):
         self.start, self.steps, self.n = start, steps, 0
         self.t: dict[str, list[float]] = {k: [] for k in self.HOOKS}
         self.events: list[Any] = []
-        self.last = self.mark = 0.0
+        self.mark = 0.0
 
     def _lap(self, key: str) -> None:
         now = time.perf_counter()
@@ -118,16 +118,13 @@ def analyse(trace: Path, steps: int) -> dict[str, Any]:
                 end = b
         streams[str(s)] = {"busy_ms_per_step": busy / 1e3 / steps, "ops": len(spans)}
     main = max(streams, key=lambda s: streams[s]["ops"])
-    api = collections.Counter()
+    api: collections.Counter[str] = collections.Counter()
+    launch: dict[Any, float] = {}  # correlation id -> when the host launched it
     for e in events:
-        if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
             api[e["name"]] += e["dur"]
-    cpu_ops = collections.Counter()
-    for e in events:
-        if e.get("cat") == "cpu_op":
-            cpu_ops[e["name"]] += e["dur"]
-    launch = {e["args"]["correlation"]: e["ts"] for e in events
-              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+            if "correlation" in e.get("args", {}):
+                launch[e["args"]["correlation"]] = e["ts"]
     lags = sorted((e["ts"] - launch[c]) / 1e3 for e in kernels
                   if (c := e["args"].get("correlation")) in launch)  # fmt: skip
     main_spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels if str(e["args"].get("stream")) == main)
@@ -140,7 +137,6 @@ def analyse(trace: Path, steps: int) -> dict[str, Any]:
         "streams": streams,
         "main_idle_ms_per_step": (hi - lo) / 1e3 / steps - streams[main]["busy_ms_per_step"],
         "host_cuda_api_ms_per_step": {k: v / 1e3 / steps for k, v in api.most_common(8)},
-        "host_ops_ms_per_step": {k: v / 1e3 / steps for k, v in cpu_ops.most_common(8)},
     }
 
 
