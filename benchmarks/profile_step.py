@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import collections
 import gzip
+import itertools
 import json
-import time
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ class Phases(pl.Callback):
             trainer.should_stop = True
 
     def summary(self) -> dict[str, Any]:
-        gpu = sorted(a.elapsed_time(b) for a, b in zip(self.events, self.events[1:]))
+        gpu = sorted(a.elapsed_time(b) for a, b in itertools.pairwise(self.events))
         q = lambda v, f: round(sorted(v)[int(f * (len(v) - 1))], 2)  # noqa: E731
         out = {f"host_{k}_ms": [q(v, 0.5), q(v, 0.9)] for k, v in self.t.items() if v}
         out["gpu_step_ms"] = [q(gpu, 0.5), q(gpu, 0.9)]
@@ -128,7 +129,7 @@ def analyse(trace: Path, steps: int) -> dict[str, Any]:
     lags = sorted((e["ts"] - launch[c]) / 1e3 for e in kernels
                   if (c := e["args"].get("correlation")) in launch)  # fmt: skip
     main_spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels if str(e["args"].get("stream")) == main)
-    gaps = sorted(((b[0] - a[1]) / 1e3 for a, b in zip(main_spans, main_spans[1:])), reverse=True)
+    gaps = sorted(((b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(main_spans)), reverse=True)
     return {
         "launch_to_start_ms_p10_p50_p90": [round(lags[int(f * (len(lags) - 1))], 2) for f in (0.1, 0.5, 0.9)],
         "main_stream_largest_gaps_ms": [round(g, 2) for g in gaps[:12]],
