@@ -1,8 +1,12 @@
 """Generated image folders for demos, benchmarks and tests.
 
-The images are shaped like ImageNet's (default 500x375 JPEG, about 110 kB at quality 90) so that decoding
-costs what it costs on real data: smooth colour fields (which JPEG compresses well) plus per-pixel texture
-(which it does not). Each class has its own hue, so a model can actually learn the labels.
+The images look like ImageNet's to a decoder, so that decoding costs what it costs on real data. By default
+(``image_size="imagenet"``) each image's size, orientation and mode are drawn from a distribution like
+ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects), the rest
+with a shorter side spread from 300 to 800 px, a quarter portrait, and a few grey and CMYK JPEGs. A fixed
+``image_size=(width, height)`` gives every image that size, in RGB. The content is photo-like: smooth colour
+fields (which JPEG compresses well), a few sharp-edged shapes, and per-pixel texture whose strength varies
+across the image (which JPEG does not compress). Each class has its own hue, so a model can learn the labels.
 """
 
 from __future__ import annotations
@@ -14,13 +18,57 @@ import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from lightning_gpuopt._common import available_cpus
 
 _MANIFEST = "lightning_gpuopt_synthetic.json"
+#: ``image_size`` value that draws each image's size and mode from ``imagenet_like``
+IMAGENET = "imagenet"
+_IMAGENET_TEXTURE = 22.0
+#: shares of grey and CMYK images among ``imagenet_like``'s (ImageNet holds a few of each)
+GREY_SHARE, CMYK_SHARE = 0.02, 0.02
+#: the long side of most ImageNet images (Flickr's 500 px download size) and the share of images at it
+_CAPPED_LONG, _CAPPED_SHARE = 500, 0.55
+#: aspect ratios (long / short) and their weights; the last entry stands for a continuous spread
+_ASPECTS = ((4 / 3, 0.6), (3 / 2, 0.2), (1.0, 0.06), (16 / 9, 0.04), (None, 0.1))
+_PORTRAIT_SHARE = 0.25
+
+
+class ImageSpec(NamedTuple):
+    """One generated image's ``width``, ``height`` and PIL ``mode`` (``"RGB"``, ``"L"`` or ``"CMYK"``)."""
+
+    width: int
+    height: int
+    mode: str
+
+
+def imagenet_like(seed: int, index: int) -> ImageSpec:
+    """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``).
+
+    Drawn from a distribution like ImageNet's: with probability 0.55 the long side is 500 px (ImageNet's
+    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 300-800.
+    The aspect ratio is 4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images
+    are portrait. ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same ``(seed, index)``
+    always gives the same spec, whatever the folder's size.
+    """
+    rng = np.random.default_rng((seed, index, 0x1A6E))
+    weights = np.array([w for _, w in _ASPECTS])
+    pick = int(rng.choice(len(_ASPECTS), p=weights / weights.sum()))
+    aspect = _ASPECTS[pick][0] or float(rng.uniform(1.1, 2.0))
+    if rng.random() < _CAPPED_SHARE:
+        long_side = _CAPPED_LONG
+        short = round(long_side / aspect)
+    else:
+        short = int(np.clip(round(400 * np.exp(rng.normal(0.0, 0.25))), 300, 800))
+        long_side = round(short * aspect)
+    portrait = rng.random() < _PORTRAIT_SHARE
+    width, height = (short, long_side) if portrait else (long_side, short)
+    u = rng.random()
+    mode = "L" if u < GREY_SHARE else "CMYK" if u < GREY_SHARE + CMYK_SHARE else "RGB"
+    return ImageSpec(int(width), int(height), mode)
 
 
 def _class_color(label: int, num_classes: int) -> np.ndarray:
@@ -31,34 +79,66 @@ def _class_color(label: int, num_classes: int) -> np.ndarray:
 
 
 def _make_image(
-    seed: int, label: int, num_classes: int, width: int, height: int, texture: float
+    seed: int, label: int, num_classes: int, width: int, height: int, texture: float, photo: bool = False
 ) -> np.ndarray:
     rng = np.random.default_rng(seed)
     base = _class_color(label, num_classes)
     # low-frequency field: a coarse random grid upsampled bilinearly
-    coarse = rng.normal(0.0, 40.0, size=(6, 8, 3)).astype(np.float32)
+    field = _bilinear(rng.normal(0.0, 40.0, size=(6, 8, 3)).astype(np.float32), height, width)
+    img = base[None, None, :] + field
+    if photo:
+        _add_shapes(img, rng)
+        # texture strength varies across the image, as detail does in a photo (smooth sky, busy grass)
+        amp = _bilinear(rng.uniform(0.35, 1.65, size=(4, 5, 1)).astype(np.float32), height, width)
+        noise = rng.standard_normal(size=(height, width, 3), dtype=np.float32)
+        noise *= amp * np.float32(texture)
+        img += noise
+    else:
+        img += rng.normal(0.0, texture, size=(height, width, 3)).astype(np.float32)
+    return img.clip(0, 255).astype(np.uint8)
+
+
+def _bilinear(coarse: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``coarse`` (``(rows, cols, channels)``) upsampled bilinearly to ``(height, width, channels)``."""
     ys = np.linspace(0, coarse.shape[0] - 1, height, dtype=np.float32)
     xs = np.linspace(0, coarse.shape[1] - 1, width, dtype=np.float32)
     y0 = np.floor(ys).astype(int).clip(0, coarse.shape[0] - 2)
     x0 = np.floor(xs).astype(int).clip(0, coarse.shape[1] - 2)
     wy = (ys - y0)[:, None, None]
     wx = (xs - x0)[None, :, None]
-    c00 = coarse[y0][:, x0]
-    c01 = coarse[y0][:, x0 + 1]
-    c10 = coarse[y0 + 1][:, x0]
-    c11 = coarse[y0 + 1][:, x0 + 1]
-    field = (c00 * (1 - wx) + c01 * wx) * (1 - wy) + (c10 * (1 - wx) + c11 * wx) * wy
-    noise = rng.normal(0.0, texture, size=(height, width, 3)).astype(np.float32)
-    img = base[None, None, :] + field + noise
-    return img.clip(0, 255).astype(np.uint8)
+    rows = coarse[:, x0] * (1 - wx) + coarse[:, x0 + 1] * wx  # (rows, width, channels): along x first
+    top = rows[y0]
+    return top + (rows[y0 + 1] - top) * wy
 
 
-def _write_one(job: tuple[str, int, int, int, int, int, float, int, str]) -> int:
+def _add_shapes(img: np.ndarray, rng: np.random.Generator) -> None:
+    """A few sharp-edged discs and boxes of random colours (the edges a photo's objects give)."""
+    height, width = img.shape[:2]
+    for _ in range(int(rng.integers(2, 6))):
+        cy, cx = rng.uniform(0, height), rng.uniform(0, width)
+        ry, rx = rng.uniform(0.05, 0.3) * height, rng.uniform(0.05, 0.3) * width
+        colour = rng.normal(0.0, 60.0, size=3).astype(np.float32)
+        disc = rng.random() < 0.5
+        y0, y1 = max(0, int(cy - ry)), min(height, int(cy + ry) + 1)
+        x0, x1 = max(0, int(cx - rx)), min(width, int(cx + rx) + 1)
+        if y0 >= y1 or x0 >= x1:
+            continue
+        region = img[y0:y1, x0:x1]
+        if disc:
+            yy, xx = np.ogrid[y0:y1, x0:x1]
+            region[((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1.0] += colour
+        else:
+            region += colour
+
+
+def _write_one(job: tuple[str, int, int, int, int, int, float, int, str, str, bool]) -> int:
     from PIL import Image
 
-    path, seed, label, num_classes, width, height, texture, quality, fmt = job
-    arr = _make_image(seed, label, num_classes, width, height, texture)
+    path, seed, label, num_classes, width, height, texture, quality, fmt, mode, photo = job
+    arr = _make_image(seed, label, num_classes, width, height, texture, photo)
     img = Image.fromarray(arr)
+    if mode != "RGB":
+        img = img.convert(mode)
     if fmt == "JPEG":
         img.save(path, format="JPEG", quality=quality)
     else:
@@ -70,9 +150,9 @@ def make_jpeg_folder(
     root: str | os.PathLike[str],
     num_images: int = 1024,
     num_classes: int = 10,
-    image_size: Sequence[int] = (500, 375),
+    image_size: Sequence[int] | str = IMAGENET,
     quality: int = 90,
-    texture: float = 28.0,
+    texture: float | None = None,
     seed: int = 0,
     workers: int | None = None,
     image_format: str = "JPEG",
@@ -81,22 +161,34 @@ def make_jpeg_folder(
 
     A manifest makes the call idempotent: a folder already made with the same arguments is reused, so
     benchmarks pay the generation once. A folder with other contents raises instead of being mixed into.
+    The same arguments always give the same files.
 
     Args:
         root: output folder (created).
         num_images: images in total, spread evenly over the classes.
         num_classes: subfolders.
-        image_size: ``(width, height)`` in pixels; ImageNet's median is about 500x375.
+        image_size: ``"imagenet"`` (default): each image's size, orientation and mode drawn from
+            ``imagenet_like`` (mixed sizes and aspects, a quarter portrait, ``GREY_SHARE`` grey and
+            ``CMYK_SHARE`` CMYK JPEGs; with ``image_format="PNG"`` the CMYK ones are RGB), with photo-like
+            content; or ``(width, height)`` in pixels for every image, in RGB.
         quality: JPEG quality.
-        texture: standard deviation of per-pixel noise; 28 gives about 110 kB per 500x375 image.
+        texture: standard deviation of per-pixel noise (default 28 for a fixed size: about 110 kB per
+            500x375 image at quality 90; 22 for ``"imagenet"``, whose mean file is then about ImageNet's).
         seed: base seed; image ``i`` uses ``seed + i``.
         workers: processes used to encode (default: the CPUs this process may use).
         image_format: ``"JPEG"`` or ``"PNG"``.
     """
     if num_images < 1 or num_classes < 1:
         raise ValueError(f"num_images ({num_images}) and num_classes ({num_classes}) must be >= 1")
-    if len(image_size) != 2 or min(image_size) < 8:
-        raise ValueError(f"image_size must be (width, height) with both >= 8, got {tuple(image_size)}")
+    if isinstance(image_size, str):
+        if image_size != IMAGENET:
+            raise ValueError(f"image_size must be {IMAGENET!r} or (width, height), got {image_size!r}")
+    elif len(image_size) != 2 or min(image_size) < 8:
+        raise ValueError(
+            f"image_size must be {IMAGENET!r} or (width, height) with both >= 8, got {tuple(image_size)}"
+        )
+    if texture is None:
+        texture = _IMAGENET_TEXTURE if image_size == IMAGENET else 28.0
     image_format = image_format.upper()
     if image_format not in ("JPEG", "PNG"):
         raise ValueError(f"image_format must be 'JPEG' or 'PNG', got {image_format!r}")
@@ -104,7 +196,7 @@ def make_jpeg_folder(
     spec = {
         "num_images": num_images,
         "num_classes": num_classes,
-        "image_size": list(image_size),
+        "image_size": image_size if isinstance(image_size, str) else list(image_size),
         "quality": quality,
         "texture": texture,
         "seed": seed,
@@ -142,14 +234,19 @@ def make_jpeg_folder(
 def _write_all(
     folder: Path, spec: dict[str, Any], num_images: int, num_classes: int, workers: int | None
 ) -> list[int]:
-    width, height = spec["image_size"]
     image_format = spec["format"]
     ext = ".jpg" if image_format == "JPEG" else ".png"
+    mixed = spec["image_size"] == IMAGENET
     jobs = []
     for i in range(num_images):
         label = i % num_classes
         sub = folder / f"class_{label:02d}"
         sub.mkdir(parents=True, exist_ok=True)
+        if mixed:
+            width, height, mode = imagenet_like(spec["seed"], i)
+            mode = "RGB" if mode == "CMYK" and image_format != "JPEG" else mode
+        else:
+            (width, height), mode = spec["image_size"], "RGB"
         jobs.append(
             (
                 str(sub / f"img_{i:06d}{ext}"),
@@ -161,6 +258,8 @@ def _write_all(
                 spec["texture"],
                 spec["quality"],
                 image_format,
+                mode,
+                mixed,
             )
         )
     workers = workers or available_cpus()
@@ -177,29 +276,35 @@ def cached_jpeg_folder(
     parent: str | os.PathLike[str],
     num_images: int,
     num_classes: int,
-    image_size: Sequence[int],
+    image_size: Sequence[int] | str,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """The generated folder for these settings under ``parent`` (``jpeg_<N>_<C>c_<W>x<H>``), made on first use.
+    """The generated folder for these settings under ``parent`` (``jpeg_<N>_<C>c_<W>x<H>``, or
+    ``jpeg_<N>_<C>c_imagenet``), made on first use.
 
     Args:
         parent: cache folder (``_common.cache_dir()`` in the commands).
         num_images: images in total.
         num_classes: classes (at most ``num_images``).
-        image_size: ``(width, height)`` in pixels.
+        image_size: ``(width, height)`` in pixels, or ``"imagenet"`` (``make_jpeg_folder``).
         progress: called with one line when the folder is generated or reused.
     """
     import time
 
     say = progress or (lambda _msg: None)
-    w, h = int(image_size[0]), int(image_size[1])
+    size: Sequence[int] | str
+    if isinstance(image_size, str):
+        size, shape = image_size, image_size
+    else:
+        size = (int(image_size[0]), int(image_size[1]))
+        shape = f"{size[0]}x{size[1]}"
     classes = min(num_classes, num_images)
-    root = Path(parent).expanduser() / f"jpeg_{num_images}_{classes}c_{w}x{h}"
+    root = Path(parent).expanduser() / f"jpeg_{num_images}_{classes}c_{shape}"
     if (root / _MANIFEST).is_file():
         say(f"using cached generated images {root}")
-        return make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=(w, h))
-    say(f"generating {num_images} {w}x{h} JPEGs in {classes} classes under {root} (once, cached)...")
+        return make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
+    say(f"generating {num_images} {shape} JPEGs in {classes} classes under {root} (once, cached)...")
     t0 = time.perf_counter()
-    make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=(w, h))
+    make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
     say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
