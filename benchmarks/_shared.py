@@ -202,9 +202,10 @@ def report(
 
 
 def hdf5_store(
-    src: str | os.PathLike[str], path: str | os.PathLike[str], storage_size: int
+    src: str | os.PathLike[str], path: str | os.PathLike[str], storage_size: int, format: str = "raw"
 ) -> dict[str, Any]:
-    """Make ``path`` a store of the JPEG folder ``src`` at ``storage_size``; return what the conversion cost.
+    """Make ``path`` a store of the JPEG folder ``src`` at ``storage_size`` (``format``: ``"raw"`` or
+    ``"jpeg"``, as ``convert --format``); return what the conversion cost.
 
     A store already there is reused when this version of the package reads it at that size; one of an
     older format (or another size) is converted again, so a data folder kept between runs never breaks a
@@ -214,16 +215,21 @@ def hdf5_store(
         ``{"cached": True}`` for a reused store, else ``{"cached": False, "seconds", "images_per_sec"}``.
     """
     from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+    from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
 
     path = Path(path)
     if path.exists():
         try:
-            if HDF5ImageDataset(path).storage_size == storage_size:
+            store = HDF5ImageDataset(path)
+            jpeg = isinstance(store, JPEGStoreDataset)
+            if store.storage_size == storage_size and jpeg == (format == "jpeg"):
                 return {"cached": True}
         except (ValueError, RuntimeError):  # another format version, or damaged: convert again below
             pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    res = convert_folder_to_hdf5(src, path, storage_size=storage_size, progress=False, overwrite=True)
+    res = convert_folder_to_hdf5(
+        src, path, storage_size=storage_size, progress=False, overwrite=True, format=format
+    )
     return {
         "cached": False,
         "seconds": res.seconds,

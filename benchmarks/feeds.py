@@ -11,7 +11,11 @@ feed differs. A feed is ``backend[:setting]``:
                     not at equal strides is read (one converted by an earlier version)
     hdf5:inline     the same store with each batch copied and transformed by the training thread itself,
                     one step ahead, instead of by the loader's staging thread
-    folder[:N]      OptimizedDataModule("jpegs/"): PIL decode in N worker processes (default "auto", tuned)
+    jpegstore[:N]   OptimizedDataModule("store_jpeg.h5"): the compact JPEG store (convert --format jpeg),
+                    decoded by N threads (default "auto": one a CPU)
+    folder[:N]      OptimizedDataModule("jpegs/"): decoded by N threads of the training process (default
+                    "auto": one a CPU)
+    folder:workers  the same folder through DataLoader worker processes (num_workers="auto", measured)
     dali[:cpu|gpu]  OptimizedDataModule("jpegs/", backend="dali"): DALI decodes on its CPU threads or with
                     nvJPEG (default: the decoder its rule picks for the cores a GPU has)
 
@@ -22,6 +26,7 @@ repetition is one fit measured by ``StepClock`` after ``--warmup`` steps, past e
     python3 benchmarks/feeds.py                               # one H200: about 9 minutes
     python3 benchmarks/feeds.py --feeds hdf5,hdf5:1,hdf5:8    # the store's reading threads
     python3 benchmarks/feeds.py --feeds resident,hdf5,hdf5:pread  # one gather a batch against a read an image
+    python3 benchmarks/feeds.py --feeds resident,folder,folder:workers,jpegstore  # JPEGs: threads or workers
     python3 benchmarks/feeds.py --quick                       # CPU smoke run
 """
 
@@ -50,10 +55,12 @@ from _shared import (
 )
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 
+from torch.utils.data import Dataset
+
 from lightning_gpuopt.bench.steady import Measurement, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
-BACKENDS = ("resident", "hdf5", "folder", "dali")
+BACKENDS = ("resident", "hdf5", "jpegstore", "folder", "dali")
 DEFAULT_FEEDS = "resident,hdf5,hdf5:1,folder,dali,dali:cpu,dali:gpu"
 
 
@@ -67,12 +74,14 @@ def parse_feed(spec: str) -> tuple[str, int | str | None]:
         return backend, None
     if backend == "dali" and setting in ("cpu", "gpu"):
         return backend, setting
-    if backend in ("hdf5", "folder") and setting.isdigit():
+    if backend in ("hdf5", "jpegstore", "folder") and setting.isdigit():
         return backend, int(setting)
     if backend == "hdf5" and setting in ("pread", "inline"):
         return backend, setting
-    raise ValueError(f"feed {spec!r}: hdf5:N and folder:N take a count, hdf5:pread a read an image, "
-                     "dali:cpu|gpu a decoder")
+    if backend == "folder" and setting == "workers":
+        return backend, setting
+    raise ValueError(f"feed {spec!r}: hdf5:N, jpegstore:N and folder:N take a count, hdf5:pread a read an "
+                     "image, folder:workers DataLoader worker processes, dali:cpu|gpu a decoder")
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,7 +100,39 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     store = root / f"{name}_{args.storage}.h5"
     info["store"] = hdf5_store(jpegs, store, args.storage)
     info["hdf5"] = store
+    if any(parse_feed(f)[0] == "jpegstore" for f in args.feeds.split(",") if f):
+        compact = root / f"{name}_{args.storage}_jpeg.h5"
+        info["jpeg_store"] = hdf5_store(jpegs, compact, args.storage, format="jpeg")
+        info["jpegstore"] = compact
     return info
+
+
+class _PerImage(Dataset):
+    """An image folder seen through ``__getitem__`` only, so the DataModule feeds it through DataLoader
+    worker processes (``folder:workers``) instead of reading threads."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.folder[i]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self.folder.fingerprint(), "class": type(self).__name__}
+
+
+def _per_image_module() -> type:
+    from lightning_gpuopt import OptimizedDataModule
+
+    class PerImageDataModule(OptimizedDataModule):
+        def _default_dataset(self, split: str) -> Any:
+            folder = super()._default_dataset(split)
+            return None if folder is None else _PerImage(folder)
+
+    return PerImageDataModule
 
 
 def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
@@ -106,10 +147,14 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
         "batch_size": args.batch_size,
         "image_size": args.image_size,
     }
+    if backend == "jpegstore":
+        kwargs["backend"] = "hdf5"
     if backend == "dali":
         kwargs["dali"] = DALIOptions(decoder=setting) if setting else None
     elif setting in ("pread", "inline"):
         pass  # the store's own thread count; ``reading`` changes how it is read or staged
+    elif setting == "workers":
+        return {"datamodule": _per_image_module()(str(info[backend]), **kwargs)}
     elif setting is not None:
         kwargs["num_workers"] = setting
     return {"datamodule": OptimizedDataModule(str(info[backend]), **kwargs)}

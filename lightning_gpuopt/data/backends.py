@@ -6,7 +6,7 @@ to build a split's default dataset, to name a split's classes (``classes``: the 
 split by the training split's class indices), to prepare a stage, to build a split's loader and to
 describe the feed (``FeedInfo``):
 
-- ``FolderBackend``: ``UInt8ImageFolder`` decoded by DataLoader worker processes (``num_workers``).
+- ``FolderBackend``: ``UInt8ImageFolder`` decoded by threads of the training process (``num_workers``).
 - ``HDF5Backend``: ``HDF5ImageDataset``, a uint8 store read by threads of the training process.
 - ``DALIBackend``: DALI lists and decodes the folders itself and delivers normalized batches on the device
   (``build_dali_loader``); no dataset, no host batches.
@@ -159,7 +159,8 @@ class HostBackend(Backend):
 
 
 class FolderBackend(HostBackend):
-    """Class-per-subfolder image folders decoded by DataLoader workers (``UInt8ImageFolder``).
+    """Class-per-subfolder image folders (``UInt8ImageFolder``) decoded by threads of the training process
+    straight into pinned batches.
 
     Example:
         >>> FolderBackend().dataset("data/train", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,6 +21,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._common import available_cpus
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -34,6 +36,8 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
 )
 
 ON_CORRUPT = ("raise", "skip")
+#: serializes appends to a skip log from the reading threads of one process.
+_SKIP_LOG_LOCK = threading.Lock()
 
 
 def _is_hidden(name: str) -> bool:
@@ -242,13 +246,39 @@ def decode_canvas(
                     drafted = img.draft("RGB", draft)
                     box = drafted[1] if drafted is not None else None
             rgb = layout.to_rgb8(img)
-            resized = rgb.resize(target, Image.Resampling.BILINEAR, box=box)  # type: ignore[attr-defined]
-            return layout.place_on_canvas(np.asarray(resized, dtype=np.uint8), storage_size, out)
+            return layout.place_on_canvas(_resized(rgb, target, box), storage_size, out)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise ValueError(
             f"cannot decode image {label!r} ({type(err).__name__}: {err}); remove or replace the "
             "file, or pass on_corrupt='skip' to skip unreadable images"
         ) from err
+
+
+def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
+    """``rgb`` (an 8-bit RGB PIL image) resized to ``target`` ``(width, height)`` with antialiased bilinear
+    interpolation, as uint8 ``(h, w, 3)``.
+
+    The whole image goes through ``torch.nn.functional.interpolate(..., antialias=True)`` on uint8, whose
+    weights are PIL's bilinear ones (results within one level of ``Image.resize``) at a fraction of its
+    cost; a JPEG decoded at a reduced scale keeps PIL's resize, which reads the exact region ``box`` of the
+    original. The GIL is released while either resizes.
+    """
+    from PIL import Image
+
+    if box is not None:
+        return np.asarray(rgb.resize(target, Image.Resampling.BILINEAR, box=box), dtype=np.uint8)
+    pixels = np.asarray(rgb, dtype=np.uint8)
+    if (pixels.shape[1], pixels.shape[0]) == tuple(target):
+        return pixels
+    import torch
+    from torch.nn import functional as F
+
+    if not pixels.flags.writeable:  # PIL hands out its bytes read-only; torch takes only writable arrays
+        pixels = pixels.copy()
+    nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view
+    size = (target[1], target[0])
+    resized = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return resized[0].permute(1, 2, 0).numpy()
 
 
 def load_canvas(
@@ -270,11 +300,6 @@ def load_canvas(
     return decode_canvas(path, storage_size, out)
 
 
-def _item(path: str, size: int, label: int) -> tuple[np.ndarray, int, np.ndarray]:
-    canvas, meta = load_canvas(path, size)
-    return canvas, label, meta
-
-
 class UInt8ImageFolder(Dataset):
     """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
 
@@ -282,6 +307,12 @@ class UInt8ImageFolder(Dataset):
     ``layout.canvas_shape(size)`` uint8 canvas (``load_canvas``); ``meta`` is int32 ``(h, w, transposed)``.
     Random crops and flips happen later on the GPU, from the whole image. The object holds only paths and
     plain values, so it pickles cheaply for ``spawn`` workers and DDP.
+
+    It is a ``loader.BatchReader``: ``read_into`` decodes a batch straight onto the rows of a caller's
+    (pinned) array, so ``OptimizedDataModule`` reads it on threads of the training process, one thread a
+    CPU with ``num_workers="auto"`` (``auto_read_threads``). PIL releases the GIL while it decodes and
+    torch while it resizes, so the threads decode in parallel, and no decoded image is copied between
+    processes. A plain ``DataLoader`` takes it through ``__getitem__`` as any map-style dataset.
 
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
@@ -317,19 +348,63 @@ class UInt8ImageFolder(Dataset):
         """Shorter side of the stored images (the canvas height), as the DataModule reads it from any store."""
         return self.size
 
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """Every sample's canvas ``(H, W, 3)`` (``layout.canvas_shape(size)``)."""
+        from lightning_gpuopt.data import layout
+
+        return (*layout.canvas_shape(self.size), 3)
+
+    @property
+    def auto_read_threads(self) -> int:
+        """Reading threads ``num_workers="auto"`` gives this dataset: one a CPU this process may use (each
+        decodes; the DataModule divides the CPUs among the processes of a node)."""
+        return available_cpus()
+
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
+        canvas = np.empty(self.image_shape, dtype=np.uint8)
+        label, meta = self._decode_into(index, canvas)
+        return canvas, label, meta
+
+    def read_into(
+        self, indices: Sequence[int] | np.ndarray, images: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode the images at ``indices`` onto the rows of ``images``; return their ``(labels, meta)``.
+
+        ``images`` must be a writable C-contiguous uint8 ``(len(indices), *image_shape)`` array (a pinned
+        tensor's ``.numpy()``). Safe to call from several threads at once; ``on_corrupt="skip"`` puts the
+        next readable image in an unreadable one's place, as ``__getitem__`` does.
+        """
+        idx = [int(i) for i in indices]
+        shape = (len(idx), *self.image_shape)
+        array = isinstance(images, np.ndarray)
+        check_arg(
+            array and images.dtype == np.uint8 and images.shape == shape and images.flags.c_contiguous
+            and images.flags.writeable,
+            "UInt8ImageFolder.read_into's images",
+            f"{images.dtype} {images.shape}" if array else type(images).__name__,
+            f"a writable C-contiguous uint8 array of shape {shape}",
+        )  # fmt: skip
+        labels = np.empty(len(idx), dtype=np.int64)
+        meta = np.empty((len(idx), 3), dtype=np.int32)
+        for row, index in enumerate(idx):
+            labels[row], meta[row] = self._decode_into(index, images[row])
+        return labels, meta
+
+    def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
+        """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""
         if self.on_corrupt == "raise":
             path, label = self.samples[index]
-            return _item(path, self.size, label)
+            return label, load_canvas(path, self.size, out)[1]
         n = len(self.samples)
         # try the following images in turn; give up if a long run is unreadable (a broken folder)
         for offset in range(min(n, 64)):
             path, label = self.samples[(index + offset) % n]
             try:
-                return _item(path, self.size, label)
+                return label, load_canvas(path, self.size, out)[1]
             except ValueError:
                 self._record_skip(path)
         raise ValueError(
@@ -340,9 +415,11 @@ class UInt8ImageFolder(Dataset):
     def _record_skip(self, path: str) -> None:
         self._skipped_here.append(path)
         if self.skip_log is not None:
-            os.makedirs(self.skip_log, exist_ok=True)
-            with open(os.path.join(self.skip_log, f"skipped-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
-                fh.write(path + "\n")
+            with _SKIP_LOG_LOCK:
+                os.makedirs(self.skip_log, exist_ok=True)
+                log = os.path.join(self.skip_log, f"skipped-{os.getpid()}.txt")
+                with open(log, "a", encoding="utf-8") as fh:
+                    fh.write(path + "\n")
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
         """Label each sample of class ``self.classes[i]`` with ``indices[i]``; ``classes`` (whose names those

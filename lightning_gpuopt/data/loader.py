@@ -4,8 +4,8 @@ its workers prefetching across epoch boundaries.
 ``UInt8Collate`` stacks ``(image, label[, meta])`` samples into ``(uint8 NHWC, int64 labels, int32 meta)``.
 ``HostDataLoader`` is a ``DataLoader`` that carries a ``feed_info`` (``_common.FeedInfo``) and counts
 ``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch. Given
-``read_threads``, it reads a dataset that can fill a batch array itself (``BatchReader``: the HDF5 store)
-on threads of this process, straight into pinned memory: one copy from the page cache a batch, where worker
+``read_threads``, it reads a dataset that can fill a batch array itself (``BatchReader``: the HDF5 stores,
+an image folder) on threads of this process, straight into pinned memory: one copy a batch, where worker
 processes copy it three times (into the worker, into shared memory, into pinned memory) and fault in fresh
 shared memory every batch.
 
@@ -176,7 +176,8 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 @runtime_checkable
 class BatchReader(Protocol):
-    """A dataset that fills a batch array itself (``HDF5ImageDataset``), so threads can read it.
+    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``), so threads can
+    read it.
 
     ``image_shape`` is every sample's ``(H, W, C)``; ``read_into(indices, images)`` fills the C-contiguous
     uint8 ``(len(indices), H, W, C)`` array ``images`` and returns int64 labels ``(B,)`` and int32 meta
@@ -287,7 +288,11 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
         meta.numpy()[...] = got_meta
         return out
 
-    pool = ThreadPoolExecutor(loader.read_threads, thread_name_prefix="lightning_gpuopt-read")
+    # one intra-op thread a reader: a reader's torch work (an image folder's resizes) stays on its own core
+    pool = ThreadPoolExecutor(
+        loader.read_threads, thread_name_prefix="lightning_gpuopt-read", initializer=torch.set_num_threads,
+        initargs=(1,),
+    )  # fmt: skip
     pending: collections.deque[Future[Any]] = collections.deque()
 
     def submit() -> bool:

@@ -56,6 +56,30 @@ class IndexData(OptimizedDataModule):
         return IndexDataset(self.n)
 
 
+class PerImage(Dataset):
+    """An image folder seen through ``__getitem__`` only (a user's map-style dataset: worker processes)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self):
+        return len(self.folder)
+
+    def __getitem__(self, i):
+        return self.folder[i]
+
+    def fingerprint(self):
+        return {**self.folder.fingerprint(), "class": type(self).__name__}
+
+
+class PerImageData(OptimizedDataModule):
+    """Each split's folder as a ``PerImage`` dataset, so ``num_workers="auto"`` measures worker processes."""
+
+    def _default_dataset(self, split):
+        folder = super()._default_dataset(split)
+        return None if folder is None else PerImage(folder)
+
+
 class IndexReader(IndexDataset):
     """The same samples, read a batch at a time by threads (a ``BatchReader``, as the HDF5 store is)."""
 
@@ -224,14 +248,13 @@ def test_loaders_per_stage_describe_their_feed(jpeg_folder):
     evaluation = (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader())
     for loader in (train, *evaluation):
         assert isinstance(loader, HostDataLoader)
-        assert loader.num_workers == 2 and loader.persistent_workers
-        assert loader.prefetch_factor == PREFETCH_FACTOR == 4
+        # the folder is read by two threads of this process, no worker processes
+        assert loader.read_threads == 2 and loader.num_workers == 0
         assert loader.pin_memory is False  # CPU trainer
         assert loader.batch_size == 8
-        assert isinstance(loader.collate_fn, UInt8Collate)
         info = loader.feed_info
-        assert (info.backend, info.num_workers, info.pin_memory, info.batch_size) == ("folder", 2, False, 8)
-        assert info.host_batches is True and info.decoder == "cpu"
+        assert (info.backend, info.threads, info.pin_memory, info.batch_size) == ("folder", 2, False, 8)
+        assert info.num_workers is None and info.host_batches is True and info.decoder == "cpu"
         assert loader.fetch_seconds == 0.0
     for loader in evaluation:
         assert not isinstance(loader, ContinuousDataLoader)
@@ -338,12 +361,12 @@ def test_auto_workers_tuned_and_cached(jpeg_folder, tmp_path):
     kw = dict(
         batch_size=4, num_workers="auto", image_size=16, tuning=TuningConfig(budget_s=2.0, cache_dir=tmp_path)
     )
-    dm = OptimizedDataModule(jpeg_folder, **kw)  # 48 images = 12 batches: measured
+    dm = PerImageData(jpeg_folder, **kw)  # 48 images = 12 batches: measured
     dm.setup("fit")
     assert dm.num_workers in (1, 2)
     assert dm.tuning_result.table and not dm.tuning_result.cached
     assert (tmp_path / "workers.json").is_file()
-    dm2 = OptimizedDataModule(jpeg_folder, **kw)
+    dm2 = PerImageData(jpeg_folder, **kw)
     dm2.setup("fit")
     assert dm2.tuning_result.cached and dm2.num_workers == dm.num_workers
     assert dm2.train_dataloader().num_workers == dm.num_workers
@@ -376,7 +399,7 @@ def test_auto_workers_measured_once_per_dataset(jpeg_folder, tmp_path, monkeypat
 
     monkeypatch.setattr(datamodule_module, "tune_num_workers", counting)
     tuning = TuningConfig(budget_s=1.0, cache_dir=tmp_path)
-    dm = OptimizedDataModule(
+    dm = PerImageData(
         jpeg_folder, jpeg_folder, jpeg_folder, batch_size=4, num_workers="auto", image_size=8, tuning=tuning
     )
     trainer = _trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)

@@ -103,8 +103,8 @@ def test_validation_pixels_match_torchvision_end_to_end(tmp_path):
         expected = torch.from_numpy(_torchvision_eval(path, image_size).copy()).permute(2, 0, 1).float()
         mad = (pixels[i] - expected).abs().mean().item()
         assert mad <= 2.0, (sizes[i], mad)  # 2/255 on the 0..1 scale
-        if max(sizes[i]) < 1000:  # decoded at full scale: the same PIL resize, so the same pixels
-            assert mad < 0.01, (sizes[i], mad)
+        if max(sizes[i]) < 1000:  # decoded at full scale: PIL's bilinear weights, so within a level
+            assert mad < 0.05 and (pixels[i] - expected).abs().max().item() <= 1.01, (sizes[i], mad)
 
 
 def test_load_canvas_keeps_the_whole_image(tmp_path):

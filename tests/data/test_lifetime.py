@@ -156,7 +156,12 @@ def test_teardown_stops_every_loaders_persistent_workers(jpeg_folder):
     from lightning_gpuopt import OptimizedDataModule
     from lightning_gpuopt.bench.models import ImageClassifier
 
-    dm = OptimizedDataModule(jpeg_folder, jpeg_folder, batch_size=8, num_workers=1, image_size=16)
+    class PerImage(OptimizedDataModule):  # datasets read by worker processes (a folder is read by threads)
+        def _default_dataset(self, split):
+            folder = super()._default_dataset(split)
+            return None if folder is None else torch.utils.data.Subset(folder, range(len(folder)))
+
+    dm = PerImage(jpeg_folder, jpeg_folder, batch_size=8, num_workers=1, image_size=16)
     trainer = quiet_trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, limit_val_batches=2)
     trainer.fit(ImageClassifier("small", num_classes=3), datamodule=dm)
     val = trainer.val_dataloaders
