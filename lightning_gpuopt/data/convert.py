@@ -50,12 +50,14 @@ FORMAT = "lightning-gpuopt/uint8-images"
 FORMAT_VERSION = 3
 #: root attribute set last, after every image and ``meta`` are written and flushed.
 COMPLETE_ATTR = "complete"
-#: version of ``lightning_gpuopt.data.layout``'s canvas rule the store was written with.
-LAYOUT_VERSION = 1
+#: version of ``lightning_gpuopt.data.layout``'s canvas rule the store was written with. 1: an image more
+#: elongated than the canvas shrunk until it fits (no longer read); 2: its shorter side kept at
+#: storage_size and its long side cut to the canvas (``layout.cut_window``).
+LAYOUT_VERSION = 2
 RESIZE_DOC = (
-    "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), shrunk further "
-    "to fit a storage_size x ceil(1.5 storage_size) canvas, portrait images transposed; "
-    "meta = (h, w, transposed)"
+    "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), a long side "
+    "longer than the storage_size x ceil(1.5 storage_size) canvas cut to its centre, portrait images "
+    "transposed; meta = (h, w, transposed)"
 )
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
 _PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name

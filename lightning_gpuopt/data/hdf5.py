@@ -80,6 +80,13 @@ def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+#: why a store of layout version 1 is refused (its elongated images differ from what is read now).
+LAYOUT_1 = (
+    "has layout version 1: images more elongated than 3:2 were shrunk to fit the canvas, where they are now "
+    "cut to it (their evaluation crop is torchvision's Resize + CenterCrop); convert it again"
+)
+
+
 def _convert_fix(path: str) -> str:
     return f"re-run `lightning-gpuopt convert SRC_FOLDER {path} --overwrite`"
 
@@ -185,11 +192,14 @@ class HDF5ImageDataset(Dataset):
                 f"{self.path!r} has format version 2, written without the mark of a finished conversion "
                 f"(it cannot be told from one that stopped midway): {fix}"
             )
-        if version != FORMAT_VERSION or int(attrs.get("layout_version", 0)) != LAYOUT_VERSION:
+        layout_version = int(attrs.get("layout_version", 0))
+        if version == FORMAT_VERSION and layout_version == 1:
+            raise ValueError(f"{self.path!r} {LAYOUT_1}: {fix}")
+        if version != FORMAT_VERSION or layout_version != LAYOUT_VERSION:
             raise ValueError(
-                f"{self.path!r} has format version {version}, layout version "
-                f"{attrs.get('layout_version')!r}; this lightning-gpuopt reads "
-                f"{FORMAT_VERSION}/{LAYOUT_VERSION}: {fix} (or upgrade lightning-gpuopt)"
+                f"{self.path!r} has format version {version}, layout version {layout_version}; this "
+                f"lightning-gpuopt reads {FORMAT_VERSION}/{LAYOUT_VERSION}: {fix} "
+                "(or upgrade lightning-gpuopt)"
             )
         if not attrs.get(COMPLETE_ATTR, False):
             raise ValueError(

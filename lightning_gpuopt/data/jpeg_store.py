@@ -15,7 +15,8 @@ format ``lightning-gpuopt/jpeg-images`` version 1::
 What an image's bytes are (``encode_for_store``): a JPEG source in RGB or grey whose size is no larger than
 the store needs (``layout.resized_size`` at ``S`` would not shrink it) is kept byte for byte. Any other
 image (a larger JPEG, CMYK, PNG and the other formats) is decoded and resized exactly as the raw store does
-(``folder.load_canvas``'s routine: the DCT-scaled draft, 8-bit RGB, PIL bilinear to the size the raw store
+(``folder.load_canvas``'s routine: the DCT-scaled draft of ``layout.draft_size``, 8-bit RGB, PIL bilinear
+to ``layout.resized_size``, then cut to the canvas by ``layout.cut_to_canvas``: the part the raw store
 keeps) and encoded at ``JPEG_QUALITY`` as an RGB JPEG (a grey source as a grey one); a JPEG source whose
 re-encoding would be larger than the file is kept as it is. Every image therefore decodes with the one
 routine of the folder backend, onto the same canvas the raw store holds.
@@ -45,7 +46,7 @@ from lightning_gpuopt._common import FeedInfo, available_cpus
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data.convert import COMPLETE_ATTR, LAYOUT_VERSION, RESIZE_DOC
-from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, _convert_fix
+from lightning_gpuopt.data.hdf5 import LAYOUT_1, HDF5ImageDataset, _convert_fix
 
 JPEG_FORMAT = "lightning-gpuopt/jpeg-images"
 #: 1: the first JPEG store layout (a contiguous blob with offsets), with the completeness mark.
@@ -60,11 +61,8 @@ _Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]
 
 
 def _meta_of(width: int, height: int, storage_size: int) -> np.ndarray:
-    """``(h, w, transposed)`` of a ``width x height`` image on the canvas (``layout.place_on_canvas``)."""
-    rw, rh = layout.resized_size(width, height, storage_size)
-    transposed = rh > rw
-    h, w = (rw, rh) if transposed else (rh, rw)
-    return np.array([h, w, int(transposed)], dtype=np.int32)
+    """``(h, w, transposed)`` of a ``width x height`` image on the canvas (``layout.stored_meta``)."""
+    return layout.stored_meta(width, height, storage_size)
 
 
 def encode_for_store(path: str, storage_size: int, quality: int = JPEG_QUALITY) -> tuple[bytes, np.ndarray, bool]:
@@ -91,11 +89,14 @@ def encode_for_store(path: str, storage_size: int, quality: int = JPEG_QUALITY) 
                 return source, meta, True
             grey = img.mode in _GREY_MODES or img.mode.startswith("I;16")
             box = None
-            if img.format == "JPEG" and width >= 2 * target[0] and height >= 2 * target[1]:
-                drafted = img.draft("RGB", target)
+            draft = layout.draft_size(width, height, target) if img.format == "JPEG" else None
+            if draft is not None:
+                drafted = img.draft("RGB", draft)
                 box = drafted[1] if drafted is not None else None
             rgb = layout.to_rgb8(img)
             resized = rgb.resize(target, Image.Resampling.BILINEAR, box=box)  # type: ignore[attr-defined]
+            # the part the canvas keeps (an image longer than the canvas is cut to its centre)
+            resized = Image.fromarray(layout.cut_to_canvas(np.asarray(resized), storage_size))
             if grey:
                 resized = resized.getchannel(0)
             out = io.BytesIO()
@@ -317,10 +318,13 @@ class JPEGStoreDataset(HDF5ImageDataset):
         fix = _convert_fix(self.path)
         attrs = f.attrs
         version = int(attrs.get("format_version", 0))
-        if version != JPEG_FORMAT_VERSION or int(attrs.get("layout_version", 0)) != LAYOUT_VERSION:
+        layout_version = int(attrs.get("layout_version", 0))
+        if version == JPEG_FORMAT_VERSION and layout_version == 1:
+            raise ValueError(f"{self.path!r} {LAYOUT_1}: {fix} --format jpeg")
+        if version != JPEG_FORMAT_VERSION or layout_version != LAYOUT_VERSION:
             raise ValueError(
                 f"{self.path!r} is a JPEG store of format version {version}, layout version "
-                f"{attrs.get('layout_version')!r}; this lightning-gpuopt reads {JPEG_FORMAT_VERSION}/"
+                f"{layout_version}; this lightning-gpuopt reads {JPEG_FORMAT_VERSION}/"
                 f"{LAYOUT_VERSION}: {fix} --format jpeg (or upgrade lightning-gpuopt)"
             )
         if not attrs.get(COMPLETE_ATTR, False):

@@ -1,14 +1,21 @@
-"""How a decoded image is kept on the host: the whole image, resized, on a fixed-size uint8 canvas.
+"""How a decoded image is kept on the host: resized as torchvision's ``Resize`` does, on a uint8 canvas.
 
-Training crops are drawn from the whole image (torchvision's ``RandomResizedCrop``) and validation is
-``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)`` of the whole image, so the host must not
-cut anything off. Batches still need one shape, so each image is resized like torchvision's
-``Resize(storage_size)`` (shorter side to ``storage_size``) and placed at the top-left of a landscape canvas
-of ``storage_size x ceil(storage_size * MAX_ASPECT)``; a portrait image is stored transposed so its long side
-lies along the canvas width. An image more elongated than ``MAX_ASPECT`` is shrunk until its long side fits.
+Training crops are drawn from the stored image (torchvision's ``RandomResizedCrop``) and validation is
+``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)``. Batches need one shape, so each image is
+resized like torchvision's ``Resize(storage_size)`` (shorter side to ``storage_size``, the longer one
+truncated as torchvision truncates it) and placed at the top-left of a landscape canvas of
+``storage_size x ceil(storage_size * MAX_ASPECT)``; a portrait image is stored transposed so its long side
+lies along the canvas width. An image whose resized long side is longer than the canvas (more elongated
+than ``MAX_ASPECT``) keeps its shorter side at ``storage_size`` and is cut to the canvas along its long side:
+the stored part is the centre of the resized image (``cut_window``), on torchvision's pixel grid, so its
+evaluation centre crop is exactly torchvision's wherever ``storage_size`` is the evaluation resize size.
+Training crops of such an image are drawn from that central part (at most 3:2) rather than from its whole
+length. Every backend (the folder, the raw and the JPEG HDF5 stores) stores an image with this rule; DALI
+decodes the original file and follows torchvision on the whole image.
+
 Each sample carries ``meta = (h, w, transposed)``: the valid region of the canvas and whether it holds the
 image transposed. The GPU side (``GPUAugment``) samples crops inside that region, in the image's own
-orientation, so the result is what torchvision would produce from the original image.
+orientation, so the result is what torchvision would produce from the stored image.
 
 A canvas costs ``3 * storage_size * ceil(storage_size * 1.5)`` bytes (294,912 at 256), read at a fixed cost.
 """
@@ -37,16 +44,60 @@ def canvas_shape(storage_size: int) -> tuple[int, int]:
 def resized_size(width: int, height: int, storage_size: int) -> tuple[int, int]:
     """``(width, height)`` an image of ``width x height`` is resized to before it is placed on the canvas.
 
-    The shorter side becomes ``storage_size`` and the longer ``int(storage_size * long / short)`` exactly as
-    torchvision's ``Resize(storage_size)`` computes it; when that exceeds the canvas's long side, the image
-    is scaled down further so it fits (aspect kept).
+    torchvision's ``Resize(storage_size)``: the shorter side becomes ``storage_size`` and the longer
+    ``int(storage_size * long / short)``. ``place_on_canvas`` cuts a long side longer than the canvas
+    (``cut_window``); ``stored_meta`` is what the canvas then holds.
     """
+    check_arg(
+        is_int(width) and is_int(height) and width >= 1 and height >= 1,
+        "width/height",
+        (width, height),
+        "positive ints (pixels)",
+    )
+    canvas_shape(storage_size)  # checks storage_size
     short, long = min(width, height), max(width, height)
-    cap = canvas_shape(storage_size)[1]
     new_short, new_long = storage_size, int(storage_size * long / short)
-    if new_long > cap:
-        new_short, new_long = max(1, int(cap * short / long)), cap
     return (new_long, new_short) if width >= height else (new_short, new_long)
+
+
+def cut_window(long: int, storage_size: int) -> tuple[int, int]:
+    """``(start, length)`` of the part of a resized image's long side (``long`` pixels) the canvas keeps.
+
+    A long side that fits the canvas is kept whole: ``(0, long)``. A longer one is cut to its centre,
+    ``length`` the canvas width or up to 3 pixels less so that ``long - length`` is a multiple of 4: the cut
+    is then centred exactly and starts at an even pixel, which makes torchvision's ``CenterCrop`` offset in
+    the whole resized image (``round((long - crop) / 2)``, halves to even) the cut's start plus the same
+    offset in the cut, for every crop size. Where that would leave the cut shorter than the canvas is high
+    (a ``storage_size`` under 5), the cut is the canvas width.
+    """
+    ch, cw = canvas_shape(storage_size)
+    check_arg(is_int(long) and long >= 1, "long", long, "a positive int (pixels)")
+    if long <= cw:
+        return 0, long
+    length = cw - (cw - long) % 4
+    if length < ch:
+        length = cw
+    return (long - length) // 2, length
+
+
+def stored_meta(width: int, height: int, storage_size: int) -> np.ndarray:
+    """int32 ``(h, w, transposed)`` a ``width x height`` image gets on the canvas, as ``place_on_canvas``
+    gives it for the image resized to ``resized_size``, without decoding it."""
+    rw, rh = resized_size(width, height, storage_size)
+    transposed = rh > rw
+    short, long = (rw, rh) if transposed else (rh, rw)
+    return np.array([short, cut_window(long, storage_size)[1], int(transposed)], dtype=np.int32)
+
+
+def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
+    """The part of a resized ``(h, w, C)`` image the canvas keeps, in its own orientation (a view): its
+    longer side cut to ``cut_window``, the image itself where it fits."""
+    h, w = rgb.shape[:2]
+    if h > w:
+        start, length = cut_window(h, storage_size)
+        return rgb[start : start + length]
+    start, length = cut_window(w, storage_size)
+    return rgb[:, start : start + length]
 
 
 def to_rgb8(img: object) -> object:
@@ -82,12 +133,14 @@ def to_rgb8(img: object) -> object:
 def place_on_canvas(
     rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Put an already resized ``(h, w, 3)`` uint8 image on a canvas; return ``(canvas, meta)``.
+    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas; return ``(canvas, meta)``.
 
-    A portrait image (``h > w``) is transposed first. ``out`` (canvas-shaped, uint8) is filled in place
-    when given; the area outside the image is zero.
+    A long side longer than the canvas is cut to its centre (``cut_to_canvas``); a portrait image
+    (``h > w``) is transposed. ``out`` (canvas-shaped, uint8) is filled in place when given; the area outside
+    the image is zero.
     """
     ch, cw = canvas_shape(storage_size)
+    rgb = cut_to_canvas(rgb, storage_size)
     transposed = rgb.shape[0] > rgb.shape[1]
     if transposed:
         rgb = rgb.transpose(1, 0, 2)
@@ -96,7 +149,7 @@ def place_on_canvas(
         h <= ch and w <= cw,
         "rgb",
         f"{h}x{w}",
-        f"an image that fits a {ch}x{cw} canvas",
+        f"an image whose shorter side fits a {ch}x{cw} canvas",
         "resize it with resized_size()",
     )
     canvas = np.zeros((ch, cw, 3), dtype=np.uint8) if out is None else out
@@ -110,10 +163,11 @@ def place_on_canvas(
 def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, int] | None:
     """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for, or ``None`` to decode in full.
 
-    The DCT-scaled decode is kept at least twice ``target`` (``(width, height)`` after the resize) on both
-    sides, so the bilinear resize that follows still averages over several source pixels; an image whose
-    resized shorter side is under 8 pixels (a very elongated one) is decoded in full, where a reduced
-    decode would change its few output pixels visibly.
+    A JPEG at least four times ``target`` (``(width, height)`` after the resize, ``resized_size``) on both
+    sides is decoded at a reduced DCT scale, kept at least twice ``target`` on both sides, so the bilinear
+    resize that follows still averages over several decoded pixels: the resized image then stays within
+    2/255 (mean absolute) of the full decode's, noise included. A target under 8 pixels on a side (a
+    ``storage_size`` under 8) is decoded in full, where the reduced decode would change its few pixels.
     """
     tw, th = target
     if min(tw, th) < 8 or width < 4 * tw or height < 4 * th:
