@@ -200,9 +200,10 @@ def decode_canvas(
     The image is decoded to 8-bit RGB (``layout.to_rgb8``: 16-bit and float images are scaled, not
     clipped), resized like torchvision's ``Resize(storage_size)`` (``layout.resized_size``, PIL bilinear,
     which is antialiased when shrinking) and placed on the canvas (``layout.place_on_canvas``; portrait images
-    are stored transposed). Nothing is cut off. A JPEG at least twice the target size is decoded at a reduced
-    DCT scale first (``Image.draft``, still at least twice the target size), and the resize reads exactly the
-    region of the original image.
+    are stored transposed; a long side longer than the canvas is cut to its centre, ``layout.cut_window``).
+    A JPEG at least four times the target size is decoded at a reduced DCT scale first (``Image.draft``, still
+    at least twice the target size: ``layout.draft_size``), and the resize reads exactly the region of the
+    original image.
 
     Args:
         source: an image file's path, its encoded bytes, or a binary file object positioned at its start.
