@@ -10,7 +10,9 @@ taken against the ceiling of its own turn; the table shows the median repetition
 Feeds (each set up as its own docs recommend; ``--only`` picks some):
   ours_resident     one batch kept on the GPU (what the preset reaches with a free feed)
   ours_hdf5         ``OptimizedDataModule("train.h5", num_workers="auto")`` (``lightning-gpuopt convert --size 256``)
-  ours_folder       ``OptimizedDataModule("train/", num_workers="auto")``
+  ours_jpeg_store   the compact JPEG store (``convert --size 256 --format jpeg``), ``num_workers="auto"``
+  ours_folder       ``OptimizedDataModule("train/", num_workers="auto")`` (decoded by threads)
+  ours_folder_workers  the same folder through DataLoader worker processes (only with ``--only``)
   ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder)
   torchvision_v2    ``ImageFolder`` + ``decode_jpeg`` + ``transforms.v2`` on uint8 tensors, normalized on the GPU
   torchvision_pil   the classic recipe: PIL, ``RandomResizedCrop``, ``ToTensor``, ``Normalize``
@@ -50,8 +52,8 @@ from lightning_gpuopt.bench.rows import DeviceBatches
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
-ROWS = ("ours_resident", "ours_hdf5", "ours_folder", "ours_dali", "torchvision_v2", "torchvision_pil",
-        "litdata_jpeg", "litdata_jpeg256", "webdataset", "dali_native")
+ROWS = ("ours_resident", "ours_hdf5", "ours_jpeg_store", "ours_folder", "ours_dali", "torchvision_v2",
+        "torchvision_pil", "litdata_jpeg", "litdata_jpeg256", "webdataset", "dali_native")
 CEILING = "ceiling_compiled"
 
 
@@ -98,7 +100,8 @@ def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
     files = files_of(jpegs)
     info: dict[str, Any] = {"train": jpegs, "files": files, "bytes": {}, "convert_s": {}}
     jpeg_bytes = folder_bytes(jpegs) / len(files)
-    for name in ("ours_folder", "ours_dali", "torchvision_v2", "torchvision_pil", "dali_native"):
+    for name in ("ours_folder", "ours_folder_workers", "ours_dali", "torchvision_v2", "torchvision_pil",
+                 "dali_native"):
         info["bytes"][name] = jpeg_bytes
     if "ours_hdf5" in rows:
         h5 = root / f"train_{args.storage}.h5"
@@ -106,6 +109,12 @@ def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
         info.update(h5=h5)
         info["bytes"]["ours_hdf5"] = h5.stat().st_size / len(files)
         info["convert_s"]["ours_hdf5"] = cost.get("seconds")
+    if "ours_jpeg_store" in rows:
+        compact = root / f"train_{args.storage}_jpeg.h5"
+        cost = hdf5_store(jpegs, compact, args.storage, format="jpeg")
+        info.update(h5jpeg=compact)
+        info["bytes"]["ours_jpeg_store"] = compact.stat().st_size / len(files)
+        info["convert_s"]["ours_jpeg_store"] = cost.get("seconds")
     for name, fn in (("litdata_jpeg", _litdata_jpeg), ("litdata_jpeg256", _litdata_jpeg256)):
         if name in rows:
             info[name] = _optional(info, name, lambda n=name, f=fn: _litdata_optimize(root / n, files, f))
@@ -292,6 +301,14 @@ def _datamodule(path_key: str, **kw: Any) -> Callable[[argparse.Namespace, dict[
     return feed
 
 
+def feed_folder_workers(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    """The folder through DataLoader worker processes (``num_workers="auto"``, measured), not threads."""
+    from feeds import _per_image_module
+
+    return {"datamodule": _per_image_module()(str(info["train"]), batch_size=args.batch_size,
+                                               image_size=args.image_size, num_workers="auto")}
+
+
 def feed_resident(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     return {"train_dataloaders": resident(args.batch_size, args.image_size, args.device)}
 
@@ -299,8 +316,10 @@ def feed_resident(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, A
 FEEDS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {
     "ours_resident": feed_resident,
     "ours_hdf5": _datamodule("h5", num_workers="auto"),
+    "ours_jpeg_store": _datamodule("h5jpeg", num_workers="auto"),
     "ours_folder": _datamodule("train", num_workers="auto"),
     "ours_dali": _datamodule("train", backend="dali"),
+    "ours_folder_workers": feed_folder_workers,  # not a default row: the folder's threads against workers
     "torchvision_v2": feed_torchvision_v2,
     "torchvision_pil": feed_torchvision_pil,
     "litdata_jpeg": _litdata_feed("litdata_jpeg"),
@@ -396,9 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loader-batches", type=int, default=30, help="batches timed for the loader alone (0: skip)")
     p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
     args = p.parse_args(argv)
-    bad = sorted(set(args.only or ()) - set(ROWS))
+    bad = sorted(set(args.only or ()) - set(FEEDS))
     if bad:
-        p.error(f"--only: unknown rows {bad}; choose from {', '.join(ROWS)}")
+        p.error(f"--only: unknown rows {bad}; choose from {', '.join(FEEDS)}")
     args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:
         args.images, args.storage, args.image_size, args.batch_size = 64, 40, 32, 8
