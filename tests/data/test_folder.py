@@ -7,11 +7,11 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader
 
-from lightning_gpuopt._common import eval_resize_size
+from lightning_gpuopt._common import available_cpus, eval_resize_size
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.folder import UInt8ImageFolder, load_canvas, scan_image_folder
-from lightning_gpuopt.data.loader import UInt8Collate
+from lightning_gpuopt.data.loader import BatchReader, UInt8Collate
 
 
 def _write(path, arr):
@@ -215,3 +215,72 @@ def test_an_unreadable_folder_is_named_as_unreadable(jpeg_folder, monkeypatch):
     refused.add(str(jpeg_folder))
     with pytest.raises(PermissionError, match=r"cannot read folder '.*jpegs\d*' \(Permission denied\)"):
         scan_image_folder(jpeg_folder)
+
+
+def _mixed_folder(root):
+    """JPEGs of several sizes and aspects, a grey JPEG, a CMYK JPEG, a palette PNG and an RGBA PNG."""
+    specs = [("a", "0.jpg", "RGB", (64, 48)), ("a", "1.jpg", "RGB", (30, 52)), ("a", "2.jpg", "L", (40, 40)),
+             ("b", "3.jpg", "CMYK", (50, 36)), ("b", "4.png", "P", (28, 36)), ("b", "5.png", "RGBA", (90, 60))]
+    for i, (cls, name, mode, size) in enumerate(specs):
+        path = root / cls / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _natural(*size, seed=i).convert(mode).save(path)
+    return root
+
+
+def test_read_into_fills_the_rows_as_getitem_does(tmp_path):
+    ds = UInt8ImageFolder(_mixed_folder(tmp_path / "data"), size=16)
+    assert ds.image_shape == (16, 24, 3) and ds.auto_read_threads >= 1
+    order = [5, 0, 3, 2, 4, 1]
+    images = np.full((len(order), *ds.image_shape), 7, np.uint8)  # stale bytes everywhere
+    labels, meta = ds.read_into(order, images)
+    for row, index in enumerate(order):
+        canvas, label, m = ds[index]
+        assert np.array_equal(images[row], canvas) and labels[row] == label and meta[row].tolist() == m.tolist()
+    assert labels.dtype == np.int64 and meta.dtype == np.int32
+    with pytest.raises(ValueError, match=r"read_into's images.*writable C-contiguous uint8"):
+        ds.read_into([0, 1], np.zeros((2, 16, 24, 3), np.float32))
+
+
+def test_reading_threads_feed_every_mode_and_skip_bad_files(tmp_path):
+    from lightning_gpuopt.data.loader import HostDataLoader
+
+    root = _mixed_folder(tmp_path / "data")
+    (root / "b" / "6.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    ds = UInt8ImageFolder(root, size=16, on_corrupt="skip")
+    loader = HostDataLoader(ds, batch_size=2, read_threads=3, shuffle=False)
+    assert isinstance(ds, BatchReader) and loader.read_threads == 3 and loader.num_workers == 0
+    batches = list(loader)
+    assert [len(b[0]) for b in batches] == [2, 2, 2, 1]  # seven files, seven images
+    labels = torch.cat([b[1] for b in batches]).tolist()
+    assert labels == [0, 0, 0, 1, 1, 1, 0]  # 6.jpg replaced by the next readable image (0.jpg)
+    assert [p.rsplit("/", 1)[-1] for p in ds.skipped()] == ["6.jpg"]
+    grey = batches[1][0][0].numpy()  # 2.jpg, grey: three equal channels
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 1] == grey[..., 2]).all()
+    strict = HostDataLoader(UInt8ImageFolder(root, size=16), batch_size=2, read_threads=2, shuffle=False)
+    with pytest.raises(ValueError, match=r"6\.jpg.*on_corrupt='skip'"):
+        list(strict)
+
+
+@pytest.mark.parametrize("size", [(500, 375), (375, 500), (37, 29), (640, 64)])
+def test_resize_keeps_pils_bilinear_within_a_level(size):
+    from lightning_gpuopt.data.folder import _resized
+
+    image = _natural(*size, seed=3)
+    for target in (layout.resized_size(*size, 256), layout.resized_size(*size, 24)):
+        ours = _resized(image, target, None).astype(int)
+        pil = np.asarray(image.resize(target, Image.Resampling.BILINEAR)).astype(int)
+        assert ours.shape == pil.shape == (target[1], target[0], 3)
+        assert np.abs(ours - pil).max() <= 1 and np.abs(ours - pil).mean() < 0.05, (size, target)
+
+
+def test_datamodule_reads_a_folder_on_threads(jpeg_folder):
+    dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers="auto", image_size=16)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert dm.tuning_result is None  # nothing measured: a thread a CPU
+    assert loader.read_threads == dm.num_workers == min(UInt8ImageFolder(jpeg_folder).auto_read_threads,
+                                                        available_cpus()) and loader.num_workers == 0
+    assert loader.feed_info.threads == dm.num_workers and loader.feed_info.decoder == "cpu"
+    images, labels, meta = next(iter(loader))
+    assert images.shape == (8, 18, 27, 3) and images.dtype == torch.uint8  # storage size 18 at 16
