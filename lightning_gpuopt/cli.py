@@ -34,7 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "lightning_gpuopt.commands.convert",
         "convert a class-per-subfolder image folder to uint8 HDF5",
     ),
-    "tune": ("lightning_gpuopt.commands.tune", "measure DataLoader throughput per num_workers for a folder"),
+    "tune": (
+        "lightning_gpuopt.commands.tune",
+        "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
+    ),
 }
 
 EXIT_USAGE = 2

@@ -142,7 +142,7 @@ def test_tune_refuses_bad_arguments_before_importing_the_data_stack(
 def test_tune_says_which_count_it_measures(small_folder, capsys):
     argv = ["tune", str(small_folder), "--budget", "0.5", "--candidates", "0", "--batch-size", "2"]
     assert main([*argv, "--no-cache", "--size", "16"]) == 0
-    assert "measuring num_workers=0 ..." in capsys.readouterr().out
+    assert "measuring num_workers=0 (1 of 1) ..." in capsys.readouterr().out
 
 
 def test_tune_size_help_describes_the_stored_whole_image(capsys):

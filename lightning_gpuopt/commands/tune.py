@@ -1,8 +1,12 @@
-"""``lightning-gpuopt tune PATH``: loader throughput per ``num_workers`` and the suggested count.
+"""``lightning-gpuopt tune PATH``: the ``num_workers`` that ``OptimizedDataModule(num_workers="auto")`` uses.
 
-An image folder is measured with DataLoader worker processes; an HDF5 store with reading threads of this
-process (``HostDataLoader(read_threads=n)``, how ``OptimizedDataModule`` reads a store), where
-``num_workers`` counts threads.
+The command asks what the DataModule asks, through the same functions of ``lightning_gpuopt.data.tuning``:
+a dataset read by threads of the training process (an image folder, an HDF5 or JPEG store: a
+``BatchReader``) gets its reading threads without measuring (``unmeasured_workers``); other data is
+measured with ``tune_num_workers(**auto_tuning_arguments(...))``, the DataModule's loaders, candidates,
+budget rule and cache entry, so on the same data and machine both give the same count (the second one
+reads it from the cache). ``--candidates`` measures the counts given instead (reading threads for a
+``BatchReader``). Pinning follows ``torch.cuda.is_available()``, as a fit on a GPU pins.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from lightning_gpuopt._checks import check_arg
 
-HELP = "measure loader throughput per num_workers (an HDF5 store: reading threads)"
+HELP = "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +58,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="raise",
         help="stop at an unreadable image (raise) or measure without it (skip); image folders only",
     )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="training processes on this machine (the GPUs of a DDP run); they share its CPUs (default 1)",
+    )
     parser.add_argument("--no-cache", action="store_true", help="measure even if a cached result exists")
     parser.add_argument(
         "--json", default=None, help="also write the result as JSON to this file (checked before measuring)"
@@ -67,6 +77,7 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
     check_arg(args.batch_size >= 1, "--batch-size", args.batch_size, "a positive number of samples")
+    check_arg(args.devices >= 1, "--devices", args.devices, "a positive number of training processes")
     check_arg(math.isfinite(args.budget) and args.budget > 0, "--budget", args.budget, "> 0 seconds")
     check_arg(
         args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops"
@@ -97,23 +108,7 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
 
 
 def _say(message: str) -> None:
-    print(message, flush=True)  # beside the header and the table (stderr: errors only)
-
-
-class _Announced:
-    """A loader that says which count is being measured when the tuner starts reading it."""
-
-    def __init__(self, loader: Any, n: int, what: str) -> None:
-        self._loader, self._n, self._what = loader, n, what
-
-    def __getattr__(self, name: str) -> Any:  # dataset, batch_size: the tuner's cache key
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._loader, name)
-
-    def __iter__(self) -> Any:
-        _say(f"  measuring {self._what}={self._n} ...")
-        return iter(self._loader)
+    print(f"  {message}", flush=True)  # beside the header and the table (stderr: errors only)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,10 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
     # a result that cannot be saved is found out now, not after the measurement
     json_path = check_writable_file(args.json, "--json") if args.json else None
-
     from lightning_gpuopt.data.folder import UInt8ImageFolder
     from lightning_gpuopt.data.loader import BatchReader
-    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
     dataset: Any
     if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
@@ -135,39 +128,80 @@ def run(args: argparse.Namespace) -> int:
         dataset = HDF5ImageDataset(str(path))
     else:
         dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
-    threads = isinstance(dataset, BatchReader)
-    what = "reading threads (num_workers)" if threads else "num_workers"
-    print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:.0f} s ...")
-    measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
-    make = _thread_loaders(dataset, measure_bs) if threads else _worker_loaders(dataset, measure_bs)
-    label = "read_threads" if threads else "num_workers"
-
-    def announced(n: int) -> Any:
-        return _Announced(make(n), n, label)
-
-    result = tune_num_workers(
-        announced,
-        candidates=candidates,
-        budget_s=args.budget,
-        target_samples_per_sec=args.target,
-        tolerance=args.tolerance,
-        batch_size=measure_bs,
-        cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
-        cache=not args.no_cache,
-    )
+    result = workers_for(dataset, args, candidates)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    print(result.format_table())
-    if threads:
+    if isinstance(dataset, BatchReader):
         print(
             f"suggestion: OptimizedDataModule(..., num_workers={result.best})  (reading threads)  or  "
             f"HostDataLoader(..., read_threads={result.best})"
         )
     else:
         print(
-            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  DataLoader(..., num_workers={result.best})"
+            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  "
+            f"DataLoader(..., num_workers={result.best})"
         )
     return 0
+
+
+def workers_for(dataset: Any, args: argparse.Namespace, candidates: list[int] | None = None) -> Any:
+    """The ``TuningResult`` ``tune`` reports for ``dataset``: without ``candidates`` what
+    ``OptimizedDataModule(num_workers="auto", batch_size=args.batch_size)`` resolves (``unmeasured_workers``,
+    else ``tune_num_workers(**auto_tuning_arguments(...))``); with them, those counts measured (reading
+    threads for a ``BatchReader``). Prints the header, a line as each count starts and the table."""
+    import torch
+
+    from lightning_gpuopt.data.datamodule import MIN_TUNE_BATCHES, READ_THREADS
+    from lightning_gpuopt.data.loader import BatchReader
+    from lightning_gpuopt.data.tuning import (
+        MEASURE_BATCH_SIZE,
+        TuningConfig,
+        TuningResult,
+        auto_tuning_arguments,
+        tune_num_workers,
+        unmeasured_workers,
+    )
+
+    threads = isinstance(dataset, BatchReader)
+    if candidates is None:
+        fixed = unmeasured_workers(
+            dataset,
+            batch_size=args.batch_size,
+            read_threads=READ_THREADS,
+            min_batches=MIN_TUNE_BATCHES,
+            local_world_size=args.devices,
+        )
+        if fixed is not None:
+            unit = "reading threads" if threads else "workers"
+            print(f"num_workers='auto' for {dataset!r}: {fixed[0]} {unit} ({fixed[1]})")
+            return TuningResult(best=fixed[0], stop_reason=fixed[1])
+    what = "reading threads (num_workers)" if threads else "num_workers"
+    print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
+    arguments: dict[str, Any]
+    if threads:  # the counts given, as reading threads of this process
+        measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
+        arguments = {
+            "loader": _thread_loaders(dataset, measure_bs),
+            "budget_s": args.budget,
+            "target_samples_per_sec": args.target,
+            "cache_key": {"train_batch_size": args.batch_size, "reader": "threads"},
+            "progress": _say,
+        }
+    else:
+        arguments = auto_tuning_arguments(
+            dataset,
+            batch_size=args.batch_size,
+            pin_memory=torch.cuda.is_available(),
+            local_world_size=args.devices,
+            tuning=TuningConfig(budget_s=args.budget, target_samples_per_sec=args.target),
+            source="the folder",
+            progress=_say,
+        )
+    if candidates is not None:
+        arguments["candidates"] = candidates
+    result = tune_num_workers(**arguments, tolerance=args.tolerance, cache=not args.no_cache)
+    print(result.format_table())
+    return result
 
 
 def _int_or_none(text: str) -> int | None:
@@ -175,28 +209,6 @@ def _int_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
-
-
-def _worker_loaders(dataset: Any, batch_size: int) -> Any:
-    """``n -> DataLoader`` reading ``dataset`` with ``n`` worker processes, as ``tune_num_workers`` builds
-    it from a dataset (the same cache key: the dataset's fingerprint and the batch size)."""
-    from torch.utils.data import DataLoader
-
-    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, UInt8Collate
-    from lightning_gpuopt.data.tuning import endless_sampler
-
-    def make(n: int) -> DataLoader:
-        extra: dict[str, Any] = {"prefetch_factor": PREFETCH_FACTOR} if n > 0 else {}
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            num_workers=n,
-            sampler=endless_sampler(dataset, batch_size),
-            collate_fn=UInt8Collate("the folder"),
-            **extra,
-        )
-
-    return make
 
 
 def _thread_loaders(dataset: Any, batch_size: int) -> Any:

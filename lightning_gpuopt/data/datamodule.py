@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, is_int
@@ -25,7 +25,6 @@ from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.backends import BACKENDS, resolve_backend
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder, class_indices
 from lightning_gpuopt.data.loader import (
-    PREFETCH_FACTOR,
     SPLITS,
     BatchReader,
     StagedBatch,
@@ -34,12 +33,12 @@ from lightning_gpuopt.data.loader import (
 )
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
 from lightning_gpuopt.data.tuning import (
-    MEASURE_BATCH_SIZE,
     TuningConfig,
     _node_best,
+    auto_tuning_arguments,
     dataset_fingerprint,
-    endless_sampler,
     tune_num_workers,
+    unmeasured_workers,
 )
 
 if TYPE_CHECKING:
@@ -395,22 +394,22 @@ class OptimizedDataModule(pl.LightningDataModule):
         dataset = self._dataset(split)
         if dataset is None:
             return 0
-        cpus = max(1, available_cpus() // self._local_world_size())
-        if isinstance(dataset, BatchReader):
-            # reading a batch is one copy from the page cache: a few threads feed any GPU (no measuring)
-            return self._resolved(split, min(getattr(dataset, "auto_read_threads", READ_THREADS), cpus))
-        try:
-            batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
-        except TypeError:
-            batches = MIN_TUNE_BATCHES
         trained = self._split_workers.get("train")
-        if split != "train" and trained is not None:
-            workers = min(trained, batches if batches > 1 else 0)
-        elif batches < MIN_TUNE_BATCHES:
-            # measuring would cost more than the whole split; a worker per batch, none for a single batch
-            workers = min(cpus, batches) if batches > 1 else 0
+        if split == "train" or trained is None or isinstance(dataset, BatchReader):
+            fixed = unmeasured_workers(
+                dataset,
+                batch_size=self.batch_size,
+                read_threads=READ_THREADS,
+                min_batches=MIN_TUNE_BATCHES,
+                local_world_size=self._local_world_size(),
+            )
+            workers = fixed[0] if fixed is not None else self._measure(dataset, split)
         else:
-            workers = self._measure(dataset, split, cpus)
+            try:
+                batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
+            except TypeError:
+                batches = MIN_TUNE_BATCHES
+            workers = min(trained, batches if batches > 1 else 0)
         return self._resolved(split, workers)
 
     def _resolved(self, split: str, workers: int) -> int:
@@ -421,35 +420,26 @@ class OptimizedDataModule(pl.LightningDataModule):
             self.num_workers = workers
         return workers
 
-    def _measure(self, dataset: Dataset, split: str, cpus: int) -> int:
+    def _measure(self, dataset: Dataset, split: str) -> int:
+        """Measure ``dataset``'s count with ``tune_num_workers`` (``auto_tuning_arguments``: the arguments
+        ``lightning-gpuopt tune`` measures with too), a progress line as each count starts."""
         key = json.dumps(dataset_fingerprint(dataset), sort_keys=True, default=str)
         if key in self._measured:  # the same data under another split or stage
             return self._measured[key]
-        measure_bs = min(self.batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
-        pin = self._pin()
 
-        def make(n: int) -> DataLoader:
-            return DataLoader(
-                dataset,
-                batch_size=measure_bs,
-                sampler=endless_sampler(dataset, measure_bs),
-                num_workers=n,
-                pin_memory=pin,
-                prefetch_factor=PREFETCH_FACTOR if n > 0 else None,
-                collate_fn=UInt8Collate(f"{split}_dataset()"),
-            )
+        def progress(line: str) -> None:
+            rank_zero_info(f"OptimizedDataModule: num_workers='auto' for {split}: {line}")
 
         result = tune_num_workers(
-            make,
-            budget_s=self.tuning.budget_s,
-            target_samples_per_sec=self.tuning.target_samples_per_sec,
-            max_workers=cpus,
-            cache_dir=self.tuning.cache_dir,
-            cache_key={
-                "local_world_size": self._local_world_size(),
-                "pin_memory": pin,
-                "train_batch_size": self.batch_size,
-            },
+            **auto_tuning_arguments(
+                dataset,
+                batch_size=self.batch_size,
+                pin_memory=self._pin(),
+                local_world_size=self._local_world_size(),
+                tuning=self.tuning,
+                source=f"{split}_dataset()",
+                progress=progress,
+            )
         )
         result.best = _node_best(self.trainer, result.best)
         self.tuning_result = result

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,15 +27,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int, is_number
-from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table
+from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
-from lightning_gpuopt.data.loader import PREFETCH_FACTOR
+from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
 # smaller batches each worker delivers several batches a second, so the rate settles within a short budget
@@ -42,26 +43,40 @@ from lightning_gpuopt.data.loader import PREFETCH_FACTOR
 MEASURE_BATCH_SIZE = 64
 CACHE_FILE = "workers.json"
 # bump when what is measured changes, so old cache entries are not reused
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 
 #: ``tune_num_workers`` stops at ``headroom * target``: a loader measured alone must be this much faster than
 #: the model consumes to keep up once it shares the CPUs with training (see ``headroom``).
 TARGET_HEADROOM = 2.0
+#: ``tune_num_workers`` spends at most this share of an epoch (the dataset read once at the best rate
+#: measured so far) on measuring, and at least ``MIN_BUDGET_S``; ``budget_s`` stays the upper bound.
+EPOCH_SHARE = 0.25
+#: seconds of measuring the epoch share never cuts below: enough for a few counts to start their workers.
+MIN_BUDGET_S = 2.0
+#: a count's measurement ends once the rate of its batches' second half is within this share of the first
+#: half's (the figure has settled; more batches would not change the answer).
+STEADY_TOLERANCE = 0.1
 
 
 __all__ = [
     "CACHE_ENV",
+    "EPOCH_SHARE",
     "MEASURE_BATCH_SIZE",
+    "MIN_BUDGET_S",
+    "STEADY_TOLERANCE",
     "TARGET_HEADROOM",
+    "DatasetLoaders",
     "TuningConfig",
     "TuningResult",
     "WorkerTuner",
+    "auto_tuning_arguments",
     "available_cpus",
     "dataset_fingerprint",
     "default_cache_path",
     "default_candidates",
     "endless_sampler",
     "tune_num_workers",
+    "unmeasured_workers",
 ]
 
 
@@ -137,8 +152,10 @@ class TuningResult:
     Attributes:
         best: the chosen ``num_workers``.
         table: one row per measured count: ``num_workers``, ``samples_per_sec`` (after warm-up),
-            ``startup_s`` (iterator creation to the first batch), ``batches`` (measured), ``seconds``
-            (wall time spent on this count, shutdown included).
+            ``startup_s`` (iterator creation to the first batch), ``batches`` (measured), ``until`` (what
+            ended it: ``"steady"``, ``"one pass"`` over the data, ``"slot"``: its share of the budget),
+            ``seconds`` (wall time spent on this count, shutdown included). Empty where the count was not
+            measured (``stop_reason`` says why).
         seconds: total wall time of the tuning.
         cached: True when the answer came from the cache (``table`` is the cached table).
         stop_reason: why measuring stopped (``"all candidates"``, ``"no improvement"``, ``"target reached"``,
@@ -158,9 +175,12 @@ class TuningResult:
     key: str | None = None
 
     def format_table(self) -> str:
-        """The table as fixed-width text with the choice marked."""
+        """The table as fixed-width text with the choice marked (one line where nothing was measured)."""
+        if not self.table:
+            return f"num_workers={self.best} ({self.stop_reason})"
         rows = [{**r, "chosen": "<-" if r["num_workers"] == self.best else ""} for r in self.table]
-        head = format_table(rows, ["num_workers", "samples_per_sec", "startup_s", "batches", "chosen"])
+        columns = ["num_workers", "samples_per_sec", "startup_s", "batches", "until", "chosen"]
+        head = format_table([{"until": "", **r} for r in rows], columns)
         src = "cached" if self.cached else f"measured in {self.seconds:.1f} s, stopped: {self.stop_reason}"
         return f"{head}\nnum_workers={self.best} ({src})"
 
@@ -187,41 +207,88 @@ def _batch_len(batch: Any) -> int:
         return 1
 
 
-def _measure(loader: Iterable[Any], warmup_batches: int, deadline: float) -> tuple[float, float, int]:
+def _steady(times: Sequence[float], samples: Sequence[int], group: int) -> bool:
+    """Whether the rate of the measured batches' second half is within ``STEADY_TOLERANCE`` of the first
+    half's; the halves split at a multiple of ``group`` (batches arrive in rounds of one per worker)."""
+    k = len(times) - 1
+    half = (k // group // 2) * group
+    first, second = times[half] - times[0], times[k] - times[half]
+    if half <= 0 or first <= 0 or second <= 0:
+        return False
+    r1, r2 = samples[half] / first, (samples[k] - samples[half]) / second
+    return abs(r1 - r2) <= STEADY_TOLERANCE * max(r1, r2)
+
+
+def _measure(
+    loader: Iterable[Any],
+    warmup_batches: int,
+    deadline: Callable[[float], float],
+    max_batches: int | None = None,
+) -> tuple[float, float, int, str]:
     """Iterate ``loader``: skip ``warmup_batches`` (workers starting, first round of batches), then count
-    samples until ``deadline``. Returns ``(samples_per_sec, startup_s, measured_batches)``."""
+    samples until the rate is steady (``_steady``), the loader has given ``max_batches`` batches (one pass
+    over the data) or ends, or ``deadline(rate so far)`` (a ``time.perf_counter()`` instant) passes,
+    whichever comes first. Returns ``(samples_per_sec, startup_s, measured_batches, until)``, ``until`` one
+    of ``"steady"``, ``"one pass"``, ``"slot"``, ``"no batch"`` (the loader yielded nothing)."""
     t0 = time.perf_counter()
     it = iter(loader)
     startup = None
-    warm_samples, measured, samples = 0, 0, 0
-    t_measure = None
+    delivered = 0  # every sample, warm-up included
+    times: list[float] = []  # arrival time of each measured batch; the first is the origin
+    samples: list[int] = []  # samples delivered since the origin, at each of them
+    group = max(2, warmup_batches)
+    until = "one pass"
+    end = t0
     try:
         for i, batch in enumerate(it):
             now = time.perf_counter()
             if startup is None:
                 startup = now - t0
-            if i < warmup_batches:
-                warm_samples += _batch_len(batch)
-                # warm-up may eat at most ~60% of the slot, so something is left to measure
-                if now - t0 < 0.6 * (deadline - t0):
-                    continue
-            if t_measure is None:
-                t_measure = now
+            size = _batch_len(batch)
+            delivered += size
+            last = max_batches is not None and i + 1 >= max_batches
+            if times and now > times[0]:
+                until_s = deadline(samples[-1] / (now - times[0]))
+            else:
+                until_s = deadline(delivered / (now - t0) if now > t0 else 0.0)
+            # warm-up may eat at most ~60% of the slot, so something is left to measure
+            if i < warmup_batches and not last and now - t0 < 0.6 * (until_s - t0):
                 continue
-            samples += _batch_len(batch)
-            measured += 1
-            if now >= deadline:
+            times.append(now)
+            samples.append(samples[-1] + size if samples else 0)
+            k = len(times) - 1
+            if k >= 2 * group and k % group == 0 and _steady(times, samples, group):
+                until = "steady"
+                break
+            if now >= until_s:
+                until = "slot"
+                break
+            if last:
                 break
         end = time.perf_counter()
     finally:
         # shuts worker processes down now rather than at garbage collection (counted in the slot)
         _compat.shutdown_workers(it)
         del it
-    if measured and t_measure is not None and end > t_measure:
-        return samples / (end - t_measure), startup or 0.0, measured
-    # too slow to measure after warm-up within the slot: fall back to the pessimistic overall rate
-    total = time.perf_counter() - t0
-    return (warm_samples + samples) / total if total > 0 else 0.0, startup or 0.0, measured
+    if startup is None:
+        return 0.0, 0.0, 0, "no batch"
+    measured = len(times) - 1
+    if measured > 0 and end > times[0]:
+        return samples[-1] / (end - times[0]), startup, measured, until
+    # too slow (or too little data) to measure after warm-up: the pessimistic overall rate
+    total = end - t0
+    return delivered / total if total > 0 else 0.0, startup, 0, until
+
+
+def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int | None:
+    """Batches in one pass over ``dataset`` (None: not known, e.g. an iterable dataset)."""
+    if not is_int(batch_size) or batch_size < 1:
+        return None
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -231,7 +298,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        rank_zero_warn(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
+        warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
         return {}
 
 
@@ -275,7 +342,7 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _cache_lock(path) as locked:
             if not locked:
-                rank_zero_warn(
+                warn_once(
                     f"the worker-tuning cache {path} stayed locked by another process for "
                     f"{_LOCK_WAIT_S:.0f} s; this result was not saved (tuning will run again next time)"
                 )
@@ -286,7 +353,7 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
             os.replace(tmp, path)  # atomic: readers never see half a file
     except OSError as err:
-        rank_zero_warn(
+        warn_once(
             f"could not write the worker-tuning cache {path} ({err}); tuning will run again next time"
         )
 
@@ -333,19 +400,26 @@ def tune_num_workers(
     cache_key: dict[str, Any] | None = None,
     patience: int = 2,
     headroom: float = TARGET_HEADROOM,
+    epoch_share: float | None = EPOCH_SHARE,
+    progress: Callable[[str], None] | None = None,
 ) -> TuningResult:
     """Measure loader throughput for candidate ``num_workers`` and return the smallest good one.
 
     Candidates are measured in ascending order; each gets an equal share of the budget left. A count's
     figure is taken after its warm-up (the first ``num_workers`` batches, one per worker, which include
-    process start-up). Measuring stops early when ``patience`` counts in a row fail to beat the best by
-    more than ``tolerance``, or when a count reaches ``headroom * target_samples_per_sec``. The answer is the
-    smallest count reaching that if one did, else the smallest within ``tolerance`` of the best.
+    process start-up) and ends as soon as it is steady (``STEADY_TOLERANCE``), after one pass over the data
+    (when the loader's dataset has a length) or at the end of the count's share. The measurement as a whole
+    takes at most ``epoch_share`` of an epoch at the best rate measured so far (at least ``MIN_BUDGET_S``)
+    and at most ``budget_s``, so its cost scales with the data. Measuring stops early when ``patience``
+    counts in a row fail to beat the best by more than ``tolerance``, or when a count reaches ``headroom *
+    target_samples_per_sec``. The answer is the smallest count reaching that if one did, else the smallest
+    within ``tolerance`` of the best.
 
     Args:
-        loader: ``make_loader(num_workers) -> iterable of batches`` (typically a ``DataLoader``; it should
-            hold more batches than the budget can consume, e.g. with ``endless_sampler``), or a map-style
-            dataset (then ``DataLoader(dataset, batch_size, sampler=endless_sampler(...), **loader_kwargs)``).
+        loader: ``make_loader(num_workers) -> iterable of batches`` (typically a ``DataLoader``; it may
+            hold more batches than the budget can consume, e.g. with ``endless_sampler``: a pass over its
+            ``dataset`` ends the count's measurement), or a map-style dataset (then ``DataLoader(dataset,
+            batch_size, sampler=endless_sampler(...), **loader_kwargs)``).
         candidates: worker counts to try (default ``default_candidates(max_workers)``).
         budget_s: wall-clock budget for all measurements (worker start-up and shutdown included).
         target_samples_per_sec: what the consumer (the model) can take; reaching it ends the search.
@@ -362,13 +436,20 @@ def tune_num_workers(
             training the same workers share the CPUs with the process driving the GPU (and its pin-memory
             thread), so they deliver less than alone; a loader just faster than the model alone leaves it
             waiting in training (docs/worker_tuning.md).
+        epoch_share: the largest share of an epoch the measurement may take (None: ``budget_s`` alone).
+        progress: called with a line (``"measuring num_workers=2 (2 of 4) ..."``) as each count starts.
 
     Returns:
         ``TuningResult`` (``best``, ``table``, ...).
+
+    Raises:
+        ValueError: a bad argument, or a loader that yields no batch.
     """
     _check_budget_tolerance(budget_s, tolerance)
     _check_target(target_samples_per_sec, "target_samples_per_sec")
     check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
+    check_float(epoch_share, "epoch_share", low=0, low_open=True, none_ok=True, what="(0.25 = a quarter)",
+                fix="None bounds the measurement by budget_s alone")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
     if candidates is None:
@@ -388,16 +469,24 @@ def tune_num_workers(
             return DataLoader(dataset, batch_size=batch_size, num_workers=n, **extra, **kwargs)
 
         make_loader: Callable[[int], Iterable[Any]] = from_dataset
-
+        data = dataset
+        pass_batches = _pass_batches(dataset, batch_size, bool(kwargs.get("drop_last")))
         key_info: dict[str, Any] = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size}
     else:
         make_loader = loader
         probe = make_loader(cands[0])  # a DataLoader is cheap to build; it is not iterated
+        data = getattr(probe, "dataset", None)
+        drop_last = bool(getattr(probe, "drop_last", False))
+        pass_batches = _pass_batches(data, getattr(probe, "batch_size", None), drop_last)
         key_info = {
-            "dataset": dataset_fingerprint(getattr(probe, "dataset", probe)),
+            "dataset": dataset_fingerprint(data if data is not None else probe),
             "batch_size": getattr(probe, "batch_size", None),
         }
         del probe
+    try:
+        samples_per_pass: int | None = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        samples_per_pass = None
     key_info.update(
         cpus=cpus,
         candidates=cands,
@@ -417,9 +506,15 @@ def tune_num_workers(
                 stop_reason=str(hit.get("stop_reason", "")), key=key,
             )  # fmt: skip
         if problem is not None:
-            rank_zero_warn(
+            warn_once(
                 f"ignoring the entry {key} of the worker-tuning cache {path} ({problem}); measuring again"
             )
+
+    def allowed_s(best_sps: float) -> float:
+        """The whole measurement's budget: ``budget_s``, cut to the epoch share once a rate is known."""
+        if epoch_share is None or not samples_per_pass or best_sps <= 0:
+            return budget_s
+        return min(budget_s, max(MIN_BUDGET_S, epoch_share * samples_per_pass / best_sps))
 
     t_start = time.perf_counter()
     table: list[dict[str, Any]] = []
@@ -427,20 +522,37 @@ def tune_num_workers(
     since_improved = 0
     stop_reason = "all candidates"
     for i, n in enumerate(cands):
-        remaining = budget_s - (time.perf_counter() - t_start)
-        if remaining <= 0.05 * budget_s and table:
+        allowed = allowed_s(best_sps)
+        remaining = allowed - (time.perf_counter() - t_start)
+        if remaining <= 0.05 * allowed and table:
             stop_reason = "budget"
             break
-        slot = remaining / (len(cands) - i)
+        if progress is not None:
+            progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
         t_c = time.perf_counter()
-        # the slot covers shutdown too: leave a little of it for joining the workers
-        sps, startup, batches = _measure(make_loader(n), warmup_batches=max(1, n), deadline=t_c + 0.85 * slot)
+        left = len(cands) - i
+
+        def deadline(rate: float, t_c: float = t_c, left: int = left, best: float = best_sps) -> float:
+            """This count's end: its share of what is left of the budget, cut once its own rate shortens
+            the epoch estimate; the slot covers shutdown too, so a little of it is left for joining."""
+            allowed = allowed_s(max(best, rate))
+            return t_c + 0.85 * max(0.0, allowed - (t_c - t_start)) / left
+
+        sps, startup, batches, until = _measure(
+            make_loader(n), warmup_batches=max(1, n), deadline=deadline, max_batches=pass_batches
+        )
+        if until == "no batch":
+            raise ValueError(
+                f"the loader built with num_workers={n} yielded no batch, so nothing could be measured; "
+                "give a dataset of at least one batch"
+            )
         table.append(
             {
                 "num_workers": n,
                 "samples_per_sec": sps,
                 "startup_s": startup,
                 "batches": batches,
+                "until": until,
                 "seconds": time.perf_counter() - t_c,
             }
         )
@@ -488,6 +600,116 @@ def _check_target(target: float | None, name: str) -> None:
 def _check_cache_dir(cache_dir: Any, name: str) -> None:
     check_arg(cache_dir is None or isinstance(cache_dir, (str, os.PathLike)), name, cache_dir,
               "None or a folder path", error=TypeError)
+
+
+@dataclass(frozen=True)
+class DatasetLoaders:
+    """``n -> DataLoader`` reading ``dataset`` on ``n`` worker processes, as ``num_workers="auto"`` measures
+    it: batches of ``batch_size`` in an endless random order (``endless_sampler``), ``UInt8Collate``,
+    ``prefetch_factor=PREFETCH_FACTOR``, pinned with ``pin_memory``. Two are equal when they read the same
+    dataset object the same way (``source`` only names the dataset in a collate error).
+
+    Example:
+        >>> make = DatasetLoaders(dataset, batch_size=64)  # doctest: +SKIP
+        >>> tune_num_workers(make, budget_s=10.0).best  # doctest: +SKIP
+    """
+
+    dataset: Any
+    batch_size: int
+    pin_memory: bool = False
+    source: str = field(default="dataset", compare=False)
+
+    def __call__(self, n: int) -> DataLoader:
+        return DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=endless_sampler(self.dataset, self.batch_size),
+            num_workers=n,
+            pin_memory=self.pin_memory,
+            prefetch_factor=PREFETCH_FACTOR if n > 0 else None,
+            collate_fn=UInt8Collate(self.source),
+        )
+
+
+def _cpus_per_process(local_world_size: int) -> int:
+    return max(1, available_cpus() // max(1, local_world_size))
+
+
+def unmeasured_workers(
+    dataset: Any, *, batch_size: int, read_threads: int, min_batches: int, local_world_size: int = 1
+) -> tuple[int, str] | None:
+    """The count ``num_workers="auto"`` gives ``dataset`` without measuring it, and why; None: it is measured.
+
+    A ``BatchReader`` (read by threads of the training process) gets its ``auto_read_threads``, else
+    ``read_threads``; a dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker per
+    batch (none for a single batch): measuring would cost more than reading it. Either is at most the CPUs
+    of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
+    ``lightning-gpuopt tune`` both decide through this function.
+
+    Example:
+        >>> unmeasured_workers(list(range(30)), batch_size=32, read_threads=4, min_batches=8)
+        (0, '1 batch, under 8: one worker a batch, not measured')
+    """
+    cpus = _cpus_per_process(local_world_size)
+    if isinstance(dataset, BatchReader):
+        threads = min(int(getattr(dataset, "auto_read_threads", read_threads)), cpus)
+        return threads, "reading threads of the training process, not measured"
+    batches = _pass_batches(dataset, batch_size)
+    if batches is not None and batches < min_batches:
+        workers = min(cpus, batches) if batches > 1 else 0
+        plural = "es" if batches != 1 else ""
+        return workers, f"{batches} batch{plural}, under {min_batches}: one worker a batch, not measured"
+    return None
+
+
+def auto_tuning_arguments(
+    dataset: Any,
+    *,
+    batch_size: int,
+    pin_memory: bool,
+    local_world_size: int = 1,
+    tuning: TuningConfig | None = None,
+    source: str = "dataset",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The arguments ``tune_num_workers`` measures ``dataset`` with under ``num_workers="auto"``.
+
+    ``OptimizedDataModule`` and ``lightning-gpuopt tune`` both call ``tune_num_workers(**arguments)``, so on
+    the same data and machine they measure the same loaders (``DatasetLoaders`` at ``min(batch_size,
+    MEASURE_BATCH_SIZE)``), the same candidates (up to the CPUs per process, at most a worker per training
+    batch) and share one cache entry (keyed by ``local_world_size``, ``pin_memory`` and the training
+    ``batch_size``).
+
+    Args:
+        dataset: the map-style dataset to read.
+        batch_size: the training batch size (per process).
+        pin_memory: whether training pins its batches (the DataModule pins on a CUDA device).
+        local_world_size: training processes on this node (they share its CPUs).
+        tuning: the budget, target and cache folder (``TuningConfig``; None: its defaults).
+        source: names the dataset in a collate error (``"train_dataset()"``).
+        progress: called with a line as each count starts (``tune_num_workers``'s ``progress``).
+
+    Example:
+        >>> args = auto_tuning_arguments(dataset, batch_size=256, pin_memory=True)  # doctest: +SKIP
+        >>> tune_num_workers(**args).best  # doctest: +SKIP
+    """
+    tuning = tuning or TuningConfig()
+    cpus = _cpus_per_process(local_world_size)
+    batches = _pass_batches(dataset, batch_size)
+    measure_bs = min(batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
+    return {
+        "loader": DatasetLoaders(dataset, measure_bs, pin_memory, source),
+        "budget_s": tuning.budget_s,
+        "target_samples_per_sec": tuning.target_samples_per_sec,
+        "max_workers": min(cpus, batches) if batches else cpus,
+        "cache_dir": tuning.cache_dir,
+        "cache_key": {
+            "local_world_size": local_world_size,
+            "pin_memory": pin_memory,
+            "train_batch_size": batch_size,
+        },
+        "progress": progress,
+    }
 
 
 def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Callable[[int], DataLoader]:
@@ -602,7 +824,7 @@ class WorkerTuner(pl.Callback):
         else:
             flat = []
         if not flat:
-            rank_zero_warn("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
+            warn_once("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
             return
         local_world = max(1, trainer.num_devices)
         max_workers = max(1, available_cpus() // local_world)

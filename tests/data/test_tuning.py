@@ -1,11 +1,15 @@
+import argparse
 import json
 import multiprocessing
 import re
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpuopt.data import tuning as tuning_mod
@@ -297,3 +301,139 @@ def test_cli_tune_prints_table_and_suggestion(jpeg_folder, tmp_path, monkeypatch
     assert json.loads((tmp_path / "r.json").read_text())["best"] in (1, 2)
     assert main(["tune", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# -- num_workers="auto" on a small dataset: cost that scales with the data; tune gives the same answer ------
+
+
+class _FolderImages(Dataset):
+    """A user Dataset over a folder of JPEGs: ``(uint8 HWC image, label)`` decoded by PIL."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.files = sorted(p for p in Path(root).rglob("*.jpg"))
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        with Image.open(self.files[i]) as im:
+            return np.asarray(im.convert("RGB")), int(self.files[i].parent.name)
+
+
+@pytest.fixture(scope="module")
+def eight_batches(tmp_path_factory):
+    """8 batches of 64 images of 64x48 (4 classes of 128 JPEGs)."""
+    root = tmp_path_factory.mktemp("eight_batches")
+    rng = np.random.default_rng(0)
+    for c in range(4):
+        (root / str(c)).mkdir()
+        for i in range(128):
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), np.uint8)).save(root / str(c) / f"{i}.jpg")
+    return root
+
+
+def _recording(monkeypatch, modules):
+    """Record the keyword arguments of every tune_num_workers call made through ``modules``."""
+    calls = []
+    real = tuning_mod.tune_num_workers
+
+    def recorder(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    for module in modules:
+        monkeypatch.setattr(module, "tune_num_workers", recorder)
+    return calls
+
+
+def test_auto_on_eight_small_batches_is_quick_and_tune_gives_the_same_answer(
+    eight_batches, tmp_path, monkeypatch
+):
+    from lightning_gpuopt.commands import tune
+    from lightning_gpuopt.data import datamodule as datamodule_module
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    calls = _recording(monkeypatch, [datamodule_module, tuning_mod])
+
+    class Data(OptimizedDataModule):
+        def train_dataset(self):
+            return _FolderImages(eight_batches)
+
+    lines = []
+    monkeypatch.setattr(datamodule_module, "rank_zero_info", lines.append)
+    dm = Data(batch_size=64, num_workers="auto", image_size=32)
+    t0 = time.perf_counter()
+    dm.setup("fit")
+    took = time.perf_counter() - t0
+    assert took < 5.0, dm.tuning_result.format_table()
+    assert not dm.tuning_result.cached and dm.tuning_result.table
+    assert all(row["until"] in ("steady", "one pass") for row in dm.tuning_result.table)
+    assert dm.num_workers == dm.tuning_result.best
+    assert any("measuring num_workers=1 (1 of" in line for line in lines)  # progress while it measures
+
+    # tune's path for a dataset that is not a BatchReader: the same function, the same arguments
+    parser = argparse.ArgumentParser()
+    tune.configure(parser)
+    args = parser.parse_args([str(eight_batches), "--batch-size", "64"])
+    result = tune.workers_for(dm._dataset("train"), args)
+    assert result.cached and result.best == dm.num_workers  # the DataModule's measurement, from the cache
+    ours, theirs = calls
+    assert theirs.pop("tolerance") == 0.05 and theirs.pop("cache") is True  # tune_num_workers' defaults
+    ours.pop("progress"), theirs.pop("progress")
+    assert theirs == ours  # loaders (DatasetLoaders compare by what they read), budget, candidates, cache key
+
+
+def test_tune_on_an_image_folder_reports_the_datamodules_reading_threads(eight_batches, capsys):
+    from lightning_gpuopt.cli import main
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+    dm = OptimizedDataModule(eight_batches, batch_size=64, num_workers="auto", image_size=32, storage_size=48)
+    dm.setup("fit")
+    t0 = time.perf_counter()
+    assert main(["tune", str(eight_batches), "--batch-size", "64", "--size", "48"]) == 0
+    out = capsys.readouterr().out
+    assert f": {dm.num_workers} reading threads (" in out and "not measured" in out
+    assert f"suggestion: OptimizedDataModule(..., num_workers={dm.num_workers})" in out
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_measuring_ends_after_one_pass_over_the_data():
+    loads = []
+
+    class Counted(_CostlyDataset):
+        def __getitem__(self, i):
+            loads.append(i)
+            return super().__getitem__(i)
+
+    ds = Counted(n=64, cost_s=0.0)
+    res = tune_num_workers(ds, candidates=[0], budget_s=20.0, batch_size=8, cache=False)
+    assert res.table[0]["until"] in ("steady", "one pass") and res.seconds < 2.0
+    assert len(loads) <= 64  # never more than the dataset once
+
+
+class _Slowing:
+    """Batches of 4 that come ever slower (never a steady rate), over a dataset of ``n`` samples."""
+
+    def __init__(self, n: int) -> None:
+        self.dataset, self.batch_size = list(range(n)), 4
+
+    def __iter__(self):
+        for k in range(10**6):
+            time.sleep(0.01 * (1 + 0.2 * k))
+            yield torch.zeros(4, 1)
+
+
+def test_measurement_is_bounded_by_a_share_of_an_epoch(monkeypatch):
+    monkeypatch.setattr(tuning_mod, "MIN_BUDGET_S", 0.3)
+    # about 100 samples/s: an epoch of 800 samples takes about 8 s, a quarter of it 2 s (budget_s: 30 s)
+    t0 = time.perf_counter()
+    res = tune_num_workers(lambda n: _Slowing(800), candidates=[1, 2, 3, 4], budget_s=30.0, cache=False)
+    assert time.perf_counter() - t0 < 3.5, res.format_table()
+    assert {row["until"] for row in res.table} == {"slot"}
+
+
+def test_a_loader_that_yields_nothing_is_refused():
+    with pytest.raises(ValueError, match="yielded no batch, so nothing could be measured"):
+        tune_num_workers(lambda n: [], candidates=[0], budget_s=1.0, cache=False)
