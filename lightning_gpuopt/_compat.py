@@ -65,6 +65,11 @@ _INTERNALS: tuple[_Internal, ...] = (
         "under DDP the SIGTERM check runs every step without blocking the host",
     ),
     _Internal(
+        "torch.ops.aten._upsample_bilinear2d_aa",
+        "out",
+        "an image folder's resizes write interleaved RGB straight into their result",
+    ),
+    _Internal(
         "multiprocessing.process._current_process",
         "_config",
         "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it",
@@ -154,6 +159,25 @@ def shared_uint8(numel: int) -> torch.Tensor:
         _fallback("UntypedStorage._new_shared (batches are copied once more)")
         return torch.empty(numel, dtype=torch.uint8)
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(numel))
+
+
+def resize_rgb_uint8(pixels: Any, height: int, width: int) -> Any:
+    """Antialiased bilinear resize of a uint8 ``(H, W, 3)`` numpy image to ``(height, width, 3)`` (numpy,
+    C-contiguous): ``F.interpolate(..., antialias=True)``'s kernel, with its result written interleaved;
+    the public call's planar result and an interleaving copy where torch lacks the ``out`` overload."""
+    from torch.nn import functional as F
+
+    nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view of the pixels
+    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
+    out_overload = getattr(packet, "out", None) if packet is not None else None
+    if out_overload is None:
+        _fallback("aten._upsample_bilinear2d_aa.out (each resize is copied once more)")
+        size = (height, width)
+        resized = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)
+        return resized[0].permute(1, 2, 0).contiguous().numpy()
+    out = torch.empty((height, width, 3), dtype=torch.uint8)
+    out_overload(nchw, [height, width], False, None, None, out=out.permute(2, 0, 1).unsqueeze(0))
+    return out.numpy()
 
 
 def supports_amp_scaling(optimizer: Any) -> bool:

@@ -259,9 +259,9 @@ def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
     """``rgb`` (an 8-bit RGB PIL image) resized to ``target`` ``(width, height)`` with antialiased bilinear
     interpolation, as uint8 ``(h, w, 3)``.
 
-    The whole image goes through ``torch.nn.functional.interpolate(..., antialias=True)`` on uint8, whose
-    weights are PIL's bilinear ones (results within one level of ``Image.resize``) at a fraction of its
-    cost; a JPEG decoded at a reduced scale keeps PIL's resize, which reads the exact region ``box`` of the
+    The whole image goes through torch's antialiased bilinear kernel on uint8 (``F.interpolate(...,
+    antialias=True)``, ``_compat.resize_rgb_uint8``), whose weights are PIL's bilinear ones (results within
+    one level of ``Image.resize``) at a fraction of its cost; a JPEG decoded at a reduced scale keeps PIL's resize, which reads the exact region ``box`` of the
     original. The GIL is released while either resizes.
     """
     from PIL import Image
@@ -271,15 +271,11 @@ def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
     pixels = np.asarray(rgb, dtype=np.uint8)
     if (pixels.shape[1], pixels.shape[0]) == tuple(target):
         return pixels
-    import torch
-    from torch.nn import functional as F
+    from lightning_gpuopt import _compat
 
     if not pixels.flags.writeable:  # PIL hands out its bytes read-only; torch takes only writable arrays
         pixels = pixels.copy()
-    nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view
-    size = (target[1], target[0])
-    resized = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)
-    return resized[0].permute(1, 2, 0).numpy()
+    return _compat.resize_rgb_uint8(pixels, target[1], target[0])
 
 
 def load_canvas(
