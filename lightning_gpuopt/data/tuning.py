@@ -17,10 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
-from lightning_gpuopt import _compat
-from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int, is_number
+from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
+from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
+from lightning_gpuopt.data._tuning_measure import _measure, _pass_batches
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
@@ -194,197 +194,6 @@ def endless_sampler(dataset: Any, batch_size: int) -> RandomSampler:
     return RandomSampler(dataset, replacement=False, num_samples=max(len(dataset), batch_size * 100_000))
 
 
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    try:
-        return len(batch)
-    except TypeError:
-        return 1
-
-
-def _steady(times: Sequence[float], samples: Sequence[int], group: int) -> bool:
-    """Whether the rate of the measured batches' second half is within ``STEADY_TOLERANCE`` of the first
-    half's; the halves split at a multiple of ``group`` (batches arrive in rounds of one per worker)."""
-    k = len(times) - 1
-    half = (k // group // 2) * group
-    first, second = times[half] - times[0], times[k] - times[half]
-    if half <= 0 or first <= 0 or second <= 0:
-        return False
-    r1, r2 = samples[half] / first, (samples[k] - samples[half]) / second
-    return abs(r1 - r2) <= STEADY_TOLERANCE * max(r1, r2)
-
-
-def _measure(
-    loader: Iterable[Any],
-    warmup_batches: int,
-    deadline: Callable[[float], float],
-    max_batches: int | None = None,
-) -> tuple[float, float, int, str]:
-    """Iterate ``loader``: skip ``warmup_batches`` (workers starting, first round of batches), then count
-    samples until the rate is steady (``_steady``), the loader has given ``max_batches`` batches (one pass
-    over the data) or ends, or ``deadline(rate so far)`` (a ``time.perf_counter()`` instant) passes,
-    whichever comes first. Returns ``(samples_per_sec, startup_s, measured_batches, until)``, ``until`` one
-    of ``"steady"``, ``"one pass"``, ``"slot"``, ``"no batch"`` (the loader yielded nothing)."""
-    t0 = time.perf_counter()
-    it = iter(loader)
-    startup = None
-    delivered = 0  # every sample, warm-up included
-    times: list[float] = []  # arrival time of each measured batch; the first is the origin
-    samples: list[int] = []  # samples delivered since the origin, at each of them
-    group = max(2, warmup_batches)
-    until = "one pass"
-    end = t0
-    try:
-        for i, batch in enumerate(it):
-            now = time.perf_counter()
-            if startup is None:
-                startup = now - t0
-            size = _batch_len(batch)
-            delivered += size
-            last = max_batches is not None and i + 1 >= max_batches
-            if times and now > times[0]:
-                until_s = deadline(samples[-1] / (now - times[0]))
-            else:
-                until_s = deadline(delivered / (now - t0) if now > t0 else 0.0)
-            # warm-up may eat at most ~60% of the slot, so something is left to measure
-            if i < warmup_batches and not last and now - t0 < 0.6 * (until_s - t0):
-                continue
-            times.append(now)
-            samples.append(samples[-1] + size if samples else 0)
-            k = len(times) - 1
-            if k >= 2 * group and k % group == 0 and _steady(times, samples, group):
-                until = "steady"
-                break
-            if now >= until_s:
-                until = "slot"
-                break
-            if last:
-                break
-        end = time.perf_counter()
-    finally:
-        # shuts worker processes down now rather than at garbage collection (counted in the slot)
-        _compat.shutdown_workers(it)
-        del it
-    if startup is None:
-        return 0.0, 0.0, 0, "no batch"
-    measured = len(times) - 1
-    if measured > 0 and end > times[0]:
-        return samples[-1] / (end - times[0]), startup, measured, until
-    # too slow (or too little data) to measure after warm-up: the pessimistic overall rate
-    total = end - t0
-    return delivered / total if total > 0 else 0.0, startup, 0, until
-
-
-def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int | None:
-    """Batches in one pass over ``dataset`` (None: not known, e.g. an iterable dataset)."""
-    if not is_int(batch_size) or batch_size < 1:
-        return None
-    try:
-        n = len(dataset)
-    except TypeError:
-        return None
-    return n // batch_size if drop_last else math.ceil(n / batch_size)
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
-        return {}
-
-
-#: seconds a cache write waits for another process's write to finish before giving up (a write takes ms)
-_LOCK_WAIT_S = 10.0
-
-
-@contextlib.contextmanager
-def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold ``fcntl.flock`` on ``.<cache name>.lock`` beside the cache; yields False when it cannot be had.
-
-    Writers read, change and replace the cache inside it, so entries written at once by several processes
-    are all kept. Readers need no lock: the file is only ever replaced whole. Without ``fcntl`` (not POSIX)
-    nothing is locked.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover -- not POSIX
-        yield True
-        return
-    lock = path.with_name(f".{path.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.01)
-        yield True
-    finally:
-        os.close(fd)  # drops the lock
-
-
-def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _cache_lock(path) as locked:
-            if not locked:
-                warn_once(
-                    f"the worker-tuning cache {path} stayed locked by another process for "
-                    f"{_LOCK_WAIT_S:.0f} s; this result was not saved (tuning will run again next time)"
-                )
-                return
-            data = _read_cache(path)
-            data[key] = entry
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-            os.replace(tmp, path)  # atomic: readers never see half a file
-    except OSError as err:
-        warn_once(
-            f"could not write the worker-tuning cache {path} ({err}); tuning will run again next time"
-        )
-
-
-def _cached_problem(hit: Any, candidates: Sequence[int]) -> str | None:
-    """Why a cache entry cannot be used as a result (None: it can), checked as an argument would be.
-
-    ``best`` must be one of the candidates and a measured row, every row a candidate with a non-negative
-    rate: values ``tune_num_workers`` itself can return.
-    """
-    if not isinstance(hit, dict):
-        return f"the entry is a {type(hit).__name__}, not an object"
-    best, table = hit.get("best"), hit.get("table")
-    if not is_int(best) or best not in candidates:
-        return f"best={best!r} is not one of the candidate worker counts {list(candidates)}"
-    if not isinstance(table, list) or not table:
-        return "its table of measurements is missing"
-    for row in table:
-        if not (
-            isinstance(row, dict)
-            and is_int(row.get("num_workers"))
-            and row["num_workers"] in candidates
-            and is_number(row.get("samples_per_sec"))
-            and row["samples_per_sec"] >= 0
-        ):
-            return f"its table holds a row that is not a measurement: {row!r}"
-    if best not in {row["num_workers"] for row in table}:
-        return f"best={best!r} was not measured in its table"
-    return None
-
-
 def tune_num_workers(
     loader: Callable[[int], Iterable[Any]] | Dataset,
     candidates: Sequence[int] | None = None,
@@ -539,7 +348,7 @@ def tune_num_workers(
             return t_c + 0.85 * max(0.0, allowed - (t_c - t_start)) / left
 
         sps, startup, batches, until = _measure(
-            make_loader(n), warmup_batches=max(1, n), deadline=deadline, max_batches=pass_batches
+            make_loader(n), max(1, n), deadline, max_batches=pass_batches, steady=STEADY_TOLERANCE
         )
         if until == "no batch":
             raise ValueError(
