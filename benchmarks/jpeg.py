@@ -1,0 +1,310 @@
+"""JPEGs at full speed: the folder backend and the stores against torchvision v2 and the host's decode limit.
+
+The same generated ImageNet-like JPEGs (``make_jpeg_folder``: sizes and aspects spread as ImageNet's, a few
+grey and CMYK images) feed one ``UserClassifier`` (torchvision's ResNet-50, its own SGD) through
+``Trainer(**fast_trainer_kwargs(model, compile=True, max_epochs=-1))``; rows and the compiled plain loop
+take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at every batch end after
+``--warmup`` steps (``peers.py``'s measurement). Rows that train:
+
+    ours_folder          OptimizedDataModule("train/", num_workers="auto"): decoded by reading threads
+    torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
+    raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
+                         the page cache every ``--evict-every`` seconds while it trains (a store bigger than
+                         memory): ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the file and ``madvise
+                         (MADV_DONTNEED)`` on the store's memory map
+    compact_store_warm   OptimizedDataModule("train_jpeg.h5") (``convert --format jpeg``), page cache warm
+    compact_store_cold   the same store evicted as ``raw_store_cold``
+
+Rows with no model (images a second, median of ``--repeats``, spread beside):
+
+    decode_limit         the same JPEG files decoded to RGB by one process a CPU, nothing else: the host's limit
+    loader_cpu_threads   the folder backend's training loader alone onto the GPU (reading threads)
+    loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
+
+Cold rows carry ``disk_read_bytes_per_image``: bytes the block devices read during the repetitions over the
+images trained, which is about ``bytes_per_image`` when the eviction kept the store out of memory.
+``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
+
+    python3 benchmarks/jpeg.py --out benchmarks/results/jpeg_h200.json   # one H200: about 9 minutes
+    python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2         # some rows (the ceiling always runs)
+    python3 benchmarks/jpeg.py --quick                                   # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import mmap
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from _shared import free, hdf5_store, loader_rate, measured_fit, say
+from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from peers import feed_torchvision_v2, files_of, folder_bytes
+
+from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+
+TRAINING = ("ours_folder", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
+ALONE = ("decode_limit", "loader_cpu_threads", "loader_gpu_decode")
+ROWS = (*TRAINING, *ALONE)
+CEILING = "ceiling_compiled"
+#: the store each training row reads (``None``: the JPEG folder or the peer's own loader) and whether it is
+#: evicted while it trains
+STORE_OF = {"raw_store_cold": ("raw", True), "compact_store_warm": ("jpeg", False),
+            "compact_store_cold": ("jpeg", True)}
+
+
+# ------------------------------------------------------------------------------------------------ the data
+def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
+    """The JPEG folder and the stores the rows read; bytes an image and conversion seconds of each."""
+    root = Path(args.data)
+    size: Any = (96, 72) if args.quick else "imagenet"
+    jpegs = make_jpeg_folder(root / "train", num_images=args.images, num_classes=10, image_size=size)
+    files = files_of(jpegs)
+    info: dict[str, Any] = {"train": jpegs, "files": files, "bytes": {}, "convert_s": {},
+                            "source_bytes_per_image": folder_bytes(jpegs) / len(files)}
+    for fmt in sorted({STORE_OF[r][0] for r in rows if r in STORE_OF}):
+        path = root / f"train_{args.storage}_{fmt}.h5"
+        cost = hdf5_store(jpegs, path, args.storage, format=fmt)
+        info[fmt] = path
+        info["bytes"][fmt] = path.stat().st_size / len(files)
+        info["convert_s"][fmt] = cost.get("seconds")
+    return info
+
+
+# ----------------------------------------------------------------------------------------------- eviction
+def _maps_of(dm: Any) -> list[mmap.mmap]:
+    """The memory maps under the training dataset's arrays (the raw store reads through one)."""
+    dataset = getattr(dm, "_datasets", {}).get("train")
+    found: list[mmap.mmap] = []
+    for array in (getattr(dataset, "_win", None), getattr(dataset, "_rows", None)):
+        base = array
+        while base is not None and not isinstance(base, mmap.mmap):
+            base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
+        if isinstance(base, mmap.mmap) and all(base is not m for m in found):
+            found.append(base)
+    return found
+
+
+@contextlib.contextmanager
+def evicting(path: Path, dm: Any, every_s: float) -> Iterator[None]:
+    """While inside, drop ``path``'s pages from the page cache every ``every_s`` seconds: the pages mapped by
+    the DataModule's store are unmapped first (``MADV_DONTNEED``), which a mapped page needs to be dropped."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            for mapped in _maps_of(dm):
+                with contextlib.suppress(ValueError, OSError):  # closed under us: nothing left to drop
+                    mapped.madvise(mmap.MADV_DONTNEED)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    thread = threading.Thread(target=run, name="jpeg-bench-evict", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def disk_read_bytes() -> int | None:
+    """Bytes read by every block device so far (psutil), or ``None`` where the platform does not say."""
+    import psutil
+
+    counters = psutil.disk_io_counters()
+    return None if counters is None else int(counters.read_bytes)
+
+
+# ------------------------------------------------------------------------------------------------ the rows
+def _datamodule(path: Path, args: argparse.Namespace, **kw: Any) -> Any:
+    from lightning_gpuopt import OptimizedDataModule
+
+    return OptimizedDataModule(str(path), batch_size=args.batch_size, image_size=args.image_size,
+                               num_workers="auto", **kw)
+
+
+def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict[str, Any],
+                     disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
+    def go() -> Any:
+        if name == "ours_folder":
+            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args)}
+        elif name == "torchvision_v2":
+            feed = feed_torchvision_v2(args, info)
+        else:
+            fmt, cold = STORE_OF[name]
+            feed = {"datamodule": _datamodule(info[fmt], args)}
+        cold = name in STORE_OF and STORE_OF[name][1]
+        before = disk_read_bytes()
+        try:
+            with evicting(info[STORE_OF[name][0]], feed["datamodule"], args.evict_every) if cold else (
+                    contextlib.nullcontext()):
+                m = measured_fit(model, args.warmup, args.steps, device=args.device,
+                                 compile=args.device == "cuda", settle=True, **feed)
+            after = disk_read_bytes()
+            if cold and before is not None and after is not None:
+                disk.setdefault(name, []).append((after - before, (args.warmup + args.steps) * args.batch_size))
+            return m
+        finally:
+            del feed
+            free()
+
+    return go
+
+
+def _decode_files(paths: list[str]) -> int:
+    from PIL import Image
+
+    for path in paths:
+        with Image.open(path) as img:
+            img.convert("RGB").load()
+    return len(paths)
+
+
+def decode_limit(files: list[str], processes: int) -> float:
+    """Images a second ``processes`` processes decode ``files`` to RGB (PIL), after a warm pass of the page
+    cache: the host's decode limit with nothing else running."""
+    chunks = [files[i::processes] for i in range(processes)]
+    with ProcessPoolExecutor(processes) as pool:
+        list(pool.map(_decode_files, [c[:8] for c in chunks]))  # the processes started, PIL imported
+        t0 = time.perf_counter()
+        done = sum(pool.map(_decode_files, chunks))
+        return done / (time.perf_counter() - t0)
+
+
+def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:
+    """One repetition of a row with no model."""
+    if name == "decode_limit":
+        return decode_limit([p for p, _ in info["files"]], available_cpus())
+    if name == "loader_gpu_decode":
+        if args.device != "cuda":
+            raise RuntimeError("nvJPEG decoding needs a CUDA GPU")
+        from lightning_gpuopt import DALIOptions
+
+        dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder="gpu"))
+    else:
+        dm = _datamodule(info["train"], args)
+    dm.setup("fit")
+    try:
+        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)
+    finally:
+        dm.teardown("fit")
+        free()
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"samples_per_sec": statistics.median(values), "samples_per_sec_min": min(values),
+            "samples_per_sec_max": max(values), "repeats": [{"samples_per_sec": v} for v in values]}
+
+
+# -------------------------------------------------------------------------------------------------- the run
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = list(args.only or ROWS)
+    info = prepare(args, rows)
+    out: dict[str, Any] = {"source_bytes_per_image": info["source_bytes_per_image"], "images": len(info["files"]),
+                           "cpus": available_cpus()}
+    table: list[dict[str, Any]] = []
+    training = [r for r in rows if r in TRAINING]
+    if training:
+        model = UserClassifier(args.arch, num_classes=10)
+        ceiling, compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device)
+        out["ceiling_compile_seconds"] = compile_s
+        disk: dict[str, list[tuple[int, int]]] = {}
+        variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps),
+                    **{r: training_variant(r, model, args, info, disk) for r in training}}
+        done: dict[str, list[Any]] = {}
+
+        def keep(name: str, turn: int, m: Any) -> None:
+            say(name, turn, m)
+            done.setdefault(name, []).append(m)
+            write_results(args.out + ".partial", summarize(done, CEILING), **out)
+
+        table = summarize(take_turns(variants, args.repeats, on_result=keep), CEILING)
+        for row in table:
+            name = row["name"]
+            row["of_compiled_ceiling"] = row["of_ceiling"]
+            if name in STORE_OF:
+                row["bytes_per_image"] = info["bytes"][STORE_OF[name][0]]
+                row["convert_seconds"] = info["convert_s"][STORE_OF[name][0]]
+            elif name != CEILING:
+                row["bytes_per_image"] = info["source_bytes_per_image"]
+            if disk.get(name):
+                row["disk_read_bytes_per_image"] = statistics.median(b / n for b, n in disk[name])
+    for name in (r for r in rows if r in ALONE):
+        rates: list[float] = []
+        try:
+            for _ in range(args.repeats):
+                rate = alone_rate(name, args, info)
+                if rate is not None:
+                    rates.append(rate)
+            table.append({"name": name, **_spread(rates)} if rates else {"name": name, "error": "no figure"})
+        except Exception as err:  # noqa: BLE001 - a row that cannot run here says why; the others go on
+            table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
+            print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
+    limit = next((r for r in table if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
+    threads = next((r for r in table if r["name"] == "loader_cpu_threads" and "samples_per_sec" in r), None)
+    if limit and threads:
+        threads["of_decode_limit"] = threads["samples_per_sec"] / limit["samples_per_sec"]
+    out["rows"] = table
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpuopt_jpeg"))
+    p.add_argument("--out", default="benchmarks/results/jpeg_h200.json")
+    p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
+                   help=f"comma-separated rows (default all: {','.join(ROWS)})")
+    p.add_argument("--images", type=int, default=8192)
+    p.add_argument("--storage", type=int, default=256, help="the stores' shorter side (convert --size)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=available_cpus() - 1, help="torchvision_v2's workers")
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--warmup", type=int, default=40, help="steps before each window (past the prefetch)")
+    p.add_argument("--steps", type=int, default=200, help="steps a window")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--loader-batches", type=int, default=30, help="batches timed for a loader alone")
+    p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
+    p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
+    args = p.parse_args(argv)
+    bad = sorted(set(args.only or ()) - set(ROWS))
+    if bad:
+        p.error(f"--only: unknown rows {bad}; choose from {', '.join(ROWS)}")
+    args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    if args.quick:
+        args.images, args.storage, args.batch_size, args.image_size = 64, 40, 8, 32
+        args.arch, args.warmup, args.steps, args.repeats, args.loader_batches = "small", 2, 4, 2, 3
+        args.workers = min(args.workers, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = run(args)
+    write_results(args.out, out["rows"], **{k: v for k, v in out.items() if k != "rows"},
+                  settings={k: v for k, v in vars(args).items()}, quick=args.quick)
+    print(f"{out['images']} images, {out['source_bytes_per_image']:,.0f} JPEG bytes an image, "
+          f"{out['cpus']} CPUs")
+    print(format_rows(out["rows"], "of compiled ceiling median (worst)"))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

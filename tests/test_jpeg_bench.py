@@ -1,0 +1,50 @@
+"""``benchmarks/jpeg.py``: its ``--quick`` CPU run (a few rows, one turn) and the eviction of a raw store's
+memory map."""
+
+from __future__ import annotations
+
+import json
+import mmap
+
+import numpy as np
+
+from tests.test_benchmarks import load
+
+
+def test_quick_run_writes_the_rows(tmp_path):
+    jpeg = load("jpeg.py")
+    out = tmp_path / "jpeg.json"
+    rows = "ours_folder,compact_store_cold,decode_limit,loader_cpu_threads"
+    assert jpeg.main(["--quick", "--only", rows, "--repeats", "1", "--data", str(tmp_path / "data"),
+                      "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    by_name = {r["name"]: r for r in doc["rows"]}
+    assert set(by_name) == {"ceiling_compiled", *rows.split(",")}
+    assert all(by_name[n]["samples_per_sec"] > 0 for n in by_name)
+    assert doc["source_bytes_per_image"] > 0 and doc["quick"] is True
+    store = by_name["compact_store_cold"]
+    assert 0 < store["bytes_per_image"] and store["of_compiled_ceiling"] > 0
+    assert by_name["ours_folder"]["bytes_per_image"] == doc["source_bytes_per_image"]
+    threads = by_name["loader_cpu_threads"]
+    assert threads["of_decode_limit"] == threads["samples_per_sec"] / by_name["decode_limit"]["samples_per_sec"]
+
+
+def test_the_raw_stores_map_is_found_and_evicted(tmp_path):
+    jpeg = load("jpeg.py")
+    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+    from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+
+    src = make_jpeg_folder(tmp_path / "jpegs", num_images=8, num_classes=2, image_size=(40, 30))
+    store = tmp_path / "s.h5"
+    convert_folder_to_hdf5(src, store, storage_size=16, progress=False)
+    dm = OptimizedDataModule(str(store), batch_size=4, num_workers=0, image_size=16)
+    dm.setup("fit")
+    first = next(iter(dm.train_dataloader()))[0].numpy().copy()
+    maps = jpeg._maps_of(dm)
+    assert len(maps) == 1 and isinstance(maps[0], mmap.mmap)
+    with jpeg.evicting(store, dm, every_s=0.01):
+        batches = [b[0].numpy() for b in dm.train_dataloader()]
+    assert len(batches) == 2 and all(np.any(b) for b in batches)  # evicted pages read back from the file
+    assert first.shape == batches[0].shape
+    dm.teardown("fit")
