@@ -94,9 +94,9 @@ def _convert_fix(path: str) -> str:
 class HDF5ImageDataset(Dataset):
     """Map-style dataset over a store written by ``convert_folder_to_hdf5``: ``(canvas, label, meta)``.
 
-    ``canvas`` is a uint8 ``(S, ceil(1.5 S), 3)`` array holding the whole image resized like
-    torchvision's ``Resize(S)`` (``S = storage_size``) at its top-left, transposed when the image is
-    portrait; ``meta`` is int32 ``(h, w, transposed)``, the valid region (``lightning_gpuopt.data.layout``).
+    ``canvas`` is a uint8 ``(S, ceil(1.5 S), 3)`` array holding the image resized like torchvision's
+    ``Resize(S)`` (``S = storage_size``) at its top-left, transposed when the image is portrait, a long side
+    longer than the canvas cut to its centre (``layout.cut_window``); ``meta`` is int32 ``(h, w, transposed)``, the valid region (``lightning_gpuopt.data.layout``).
     ``OptimizedDataModule``'s collate and ``GPUAugment`` crop from that region on the GPU.
 
     ``read_into(indices, images)`` fills a caller's ``(B, S, W, 3)`` array with a batch (one ``pread`` per
