@@ -4,9 +4,15 @@ Each subcommand lives in ``lightning_gpuopt/commands/<name>.py`` and defines ``H
 ``configure(parser)`` and ``run(args) -> int``. The module is imported only when its subcommand runs, so
 ``lightning-gpuopt --help`` stays fast.
 
-A user error (a bad value, a missing file, a path that cannot be written, a missing optional package) ends
-the command with one line, ``lightning-gpuopt <cmd>: error: ...``, and exit code 2; Ctrl-C ends it with
-``lightning-gpuopt <cmd>: interrupted`` and exit code 130. Neither prints a traceback.
+Exit codes, one per kind of failure, each with one line on stderr and no traceback:
+
+- 0: done.
+- 1: the command ran but could not measure what was asked (``bench`` or ``demo``: no requested row ran, or a
+  row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``.
+- 2: a user error, found before any work where it can be: a bad option or value (``CommandParser``), a
+  missing file, a path that cannot be written, a missing optional package, data that cannot be read:
+  ``lightning-gpuopt <cmd>: error: ...`` with the fix, advice spelled as the command's options.
+- 130: Ctrl-C, ``lightning-gpuopt <cmd>: interrupted``.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import re
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from typing_extensions import override
 
 from lightning_gpuopt import __version__
 
@@ -54,9 +62,52 @@ _OS_FIXES = {
     errno.ENOSPC: "the disk is full; free some space or choose another disk",
     errno.ENOENT: "check the path",
 }
-# a decode error names the Python argument; the command line has a flag for it, or none
-_PY_ON_CORRUPT = re.compile(r"""on_corrupt\s*=\s*['"]skip['"]""")
-_PY_ON_CORRUPT_CLAUSE = re.compile(r""",?\s*or pass on_corrupt\s*=\s*['"]skip['"][^;]*""")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: a usage error is one line, ``<prog>: error: <message> (see <prog> --help)``,
+    exit status 2; it remembers its options so that advice written for the Python API can name them.
+
+    Example:
+        >>> parser = CommandParser(prog="lightning-gpuopt tune")
+        >>> _ = parser.add_argument("--on-corrupt", choices=("raise", "skip"))
+        >>> parser.cli_advice("an unreadable image; remove it, or pass on_corrupt='skip' to skip such images")
+        'an unreadable image; remove it, or pass --on-corrupt skip to skip such images'
+        >>> CommandParser(prog="bench").cli_advice("remove it, or pass on_corrupt='skip' to skip it; or not")
+        'remove it; or not'
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._options: list[argparse.Action] = []
+        super().__init__(*args, **kwargs)
+
+    @override
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.option_strings:
+            self._options.append(action)
+        return action
+
+    @override
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def cli_advice(self, message: str) -> str:
+        """``message`` with a Python keyword argument it advises (``on_corrupt='skip'``) spelled as this
+        command's option (``--on-corrupt skip``); a clause ``, or pass name=value ...`` (up to the next
+        ``;``) naming an argument the command has no option for is left out."""
+        for action in self._options:
+            for choice in action.choices or ():
+                flag = f"{action.option_strings[-1]} {choice}"
+                for spelled in (f"{action.dest}={choice!r}", f'{action.dest}="{choice}"'):
+                    message = message.replace(spelled, flag)
+        start = message.find(", or pass ")
+        if start >= 0:
+            name, equals, _ = message[start + len(", or pass ") :].partition(" ")[0].partition("=")
+            if equals and name.isidentifier():
+                end = message.find(";", start)
+                message = message[:start] + (message[end:] if end >= 0 else "")
+        return message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,20 +133,14 @@ def describe_os_error(err: OSError) -> str:
 
 def _one_line(err: BaseException) -> str:
     """The message of ``err`` on one line; for an error re-raised from a DataLoader worker, the worker's own
-    message rather than the traceback text torch wraps around it."""
+    message rather than the traceback text torch wraps around it (its last line, ``ValueError: ...``)."""
     text = str(err).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and "Original Traceback" in text:
-        last = lines[-1]
-        return last.split(": ", 1)[1] if re.match(r"^[\w.]+(Error|Exception): ", last) else last
+        kind, sep, message = lines[-1].partition(": ")
+        named = kind.replace(".", "_").isidentifier() and kind.endswith(("Error", "Exception"))
+        return message if sep and named else lines[-1]
     return lines[0] if lines else type(err).__name__
-
-
-def _message(err: BaseException, args: argparse.Namespace) -> str:
-    message = describe_os_error(err) if isinstance(err, OSError) else _one_line(err)
-    if hasattr(args, "on_corrupt"):
-        return _PY_ON_CORRUPT.sub("--on-corrupt skip", message)
-    return _PY_ON_CORRUPT_CLAUSE.sub("", message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,10 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = argv[0]
     module_name, help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
-    args = argparse.Namespace()
+    sub_parser = CommandParser(prog=prefix, description=help_text)
     try:
         module = importlib.import_module(module_name)
-        sub_parser = argparse.ArgumentParser(prog=prefix, description=help_text)
         module.configure(sub_parser)
         args = sub_parser.parse_args(argv[1:])
         return int(module.run(args) or 0)
@@ -120,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ValueError, OSError, ModuleNotFoundError) as err:
         # user errors: one clear line, no traceback
-        print(f"{prefix}: error: {_message(err, args)}", file=sys.stderr)
+        message = describe_os_error(err) if isinstance(err, OSError) else _one_line(err)
+        print(f"{prefix}: error: {sub_parser.cli_advice(message)}", file=sys.stderr)
         return EXIT_USAGE
 
 

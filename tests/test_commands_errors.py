@@ -212,3 +212,114 @@ def test_bench_failed_run_leaves_no_empty_version_folder(small_folder, tmp_path,
     assert main(["bench", "--data", str(small_folder), "--rows", "naive", "--out", str(out), *BENCH]) == 2
     assert "the data could not be read" in capsys.readouterr().err
     assert list(out.iterdir()) == []
+
+
+def test_bench_exits_1_naming_the_rows_that_failed(small_folder, tmp_path, monkeypatch, capsys):
+    from lightning_gpuopt.bench import runner
+
+    rows = [
+        {"name": "naive", "status": "failed", "reason": "RuntimeError: out of memory"},
+        {"name": "ceiling_eager", "status": "ok", "reason": None},
+    ]
+    monkeypatch.setattr(runner, "run_ladder", lambda config, progress=None: rows)
+    _fake_outputs(monkeypatch)
+    argv = ["bench", "--data", str(small_folder), "--rows", "naive,ceiling_eager", "--out", str(tmp_path)]
+    assert main([*argv, *BENCH]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "lightning-gpuopt bench: error: 1 row failed (naive: RuntimeError: out of memory)"
+
+
+def test_bench_run_that_raised_leaves_not_even_its_partial_logs(small_folder, tmp_path, monkeypatch, capsys):
+    from lightning_gpuopt.bench import runner
+
+    out = tmp_path / "out"
+
+    def half_way(config, progress=None):
+        (out / "version_0" / "tensorboard").mkdir(parents=True)
+        (out / "version_0" / "tensorboard" / "events.out").write_text("a row's logs")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_ladder", half_way)
+    assert main(["bench", "--data", str(small_folder), "--rows", "naive", "--out", str(out), *BENCH]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "lightning-gpuopt bench: interrupted"
+    assert list(out.iterdir()) == []
+
+
+# -- demo: a ladder that measured nothing fails -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rows", "code", "words"),
+    [
+        ([{"name": "+dali", "status": "cannot run", "reason": "needs a CUDA GPU"}], 1, "no row ran (+dali:"),
+        ([{"name": "naive", "status": "ok", "reason": None}], 0, None),
+    ],
+)
+def test_demo_exits_1_when_its_ladder_measured_nothing(tmp_path, monkeypatch, capsys, rows, code, words):
+    import json
+
+    from lightning_gpuopt.bench import demo
+
+    def run_demo(options, say=print):
+        run = tmp_path / "out" / "version_0"
+        run.mkdir(parents=True)
+        (run / "ladder.json").write_text(json.dumps({"rows": rows}))
+        return run
+
+    monkeypatch.setattr(demo, "run_demo", run_demo)
+    assert main(["demo", "--out", str(tmp_path / "out")]) == code
+    err = capsys.readouterr().err
+    if words is None:
+        assert err == ""
+    else:
+        assert _one_error_line(err, "demo").startswith(f"lightning-gpuopt demo: error: {words}")
+
+
+# -- the parser: usage errors in one line; Python advice spelled as the command's options -----------------
+
+
+def test_a_usage_error_is_one_line_naming_the_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "somewhere", "--budget", "soon"])
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys.readouterr().err, "tune")
+    assert "argument --budget: invalid float value: 'soon'" in line
+    assert line.endswith("(see lightning-gpuopt tune --help)")
+
+
+_DECODE = (
+    "cannot decode image 'a/1.jpg' (OSError: truncated); remove or replace the file, or pass "
+    "on_corrupt='skip' to skip unreadable images"
+)
+
+
+def test_a_worker_error_is_its_own_message_with_the_commands_flag(monkeypatch, capsys):
+    """An error re-raised from a DataLoader worker: the worker's message, advice as the command's option."""
+    from lightning_gpuopt.commands import tune
+
+    wrapped = "Caught ValueError in DataLoader worker process 0.\n"
+    wrapped += "Original Traceback (most recent call last):\n"
+    wrapped += f'  File "folder.py", line 3, in decode\n    raise ValueError(...)\nValueError: {_DECODE}'
+
+    def fail(args):
+        raise ValueError(wrapped)
+
+    monkeypatch.setattr(tune, "run", fail)
+    assert main(["tune", "somewhere"]) == 2
+    line = _one_error_line(capsys.readouterr().err, "tune")
+    assert line == (
+        "lightning-gpuopt tune: error: cannot decode image 'a/1.jpg' (OSError: truncated); remove or replace "
+        "the file, or pass --on-corrupt skip to skip unreadable images"
+    )
+
+
+def test_python_advice_a_command_has_no_option_for_is_left_out(monkeypatch, capsys):
+    from lightning_gpuopt.commands import bench
+
+    def fail(args):
+        raise ValueError(f"{_DECODE}; or regenerate the folder")
+
+    monkeypatch.setattr(bench, "run", fail)
+    assert main(["bench"]) == 2
+    line = _one_error_line(capsys.readouterr().err, "bench")
+    assert line.endswith("(OSError: truncated); remove or replace the file; or regenerate the folder")

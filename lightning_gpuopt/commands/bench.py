@@ -74,8 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rows",
         default=",".join(ROW_NAMES),
         help=f"comma-separated rows to run, in any order (default all: {','.join(ROW_NAMES)}); "
-        "ceiling_eager always runs; ceiling_compiled (the ratios' ceiling) runs on CUDA or with +compile; on a CPU "
-        "the compiled rows run only when named",
+        "ceiling_eager always runs; ceiling_compiled (the ratios' ceiling) runs on CUDA or with +compile; "
+        "on a CPU the compiled rows run only when named",
     )
     parser.add_argument(
         "--seconds",
@@ -121,7 +121,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default="lightning_gpuopt_bench",
-        help="output folder; each run writes into a new version_<n> folder inside it (default ./lightning_gpuopt_bench)",
+        help="output folder; each run writes into a new version_<n> folder inside it "
+        "(default ./lightning_gpuopt_bench)",
     )
     parser.add_argument(
         "--cache-dir",
@@ -158,22 +159,24 @@ def _check_model(model: str) -> None:
         )
 
 
-def _holds_files(folder: Path) -> bool:
-    return any(p.is_file() for p in folder.rglob("*"))
-
-
-def _none_ran(results: list[dict[str, Any]], requested: set[str]) -> str | None:
-    """Why no requested row was measured (one line), or ``None`` when one was."""
-    from lightning_gpuopt.bench.rows import OK
+def ladder_failure(results: list[dict[str, Any]], requested: set[str]) -> str | None:
+    """Why a ladder run failed, in one line with each row's reason: no requested row was measured (all
+    rows when ``requested`` is empty), or rows raised; ``None`` when it did not fail. ``bench`` and
+    ``demo`` exit 1 with it."""
+    from lightning_gpuopt.bench.rows import FAILED, OK
 
     asked = [r for r in results if r["name"] in requested] or results
-    if any(r["status"] == OK for r in asked):
-        return None
-    reasons: dict[str, list[str]] = {}
-    for r in asked:
-        reasons.setdefault(f"{r['status']}: {r.get('reason') or 'no reason given'}", []).append(r["name"])
-    why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
-    return f"no row ran ({why})"
+    if not any(r["status"] == OK for r in asked):
+        reasons: dict[str, list[str]] = {}
+        for r in asked:
+            reasons.setdefault(f"{r['status']}: {r.get('reason') or 'no reason given'}", []).append(r["name"])
+        why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        return f"no row ran ({why})"
+    failed = [r for r in results if r["status"] == FAILED]
+    if failed:
+        why = "; ".join(f"{r['name']}: {r.get('reason') or 'no reason given'}" for r in failed)
+        return f"{len(failed)} row{'s' if len(failed) > 1 else ''} failed ({why})"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         code = _run_in(run, args, config)
     except BaseException:
-        if not _holds_files(run):  # a run that failed before writing anything leaves no empty version_<n>
+        # a run that raised before its results were written leaves no version_<n> (nor half its logs)
+        if not (run / "ladder.json").is_file():
             shutil.rmtree(run, ignore_errors=True)
         raise
     return code
@@ -222,7 +226,7 @@ def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
     import torch
 
     from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
-    from lightning_gpuopt.bench import report, rows
+    from lightning_gpuopt.bench import report
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.runner import run_ladder
     if args.no_tensorboard:
@@ -231,7 +235,8 @@ def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
         config.tb_dir = run / "tensorboard"
     else:
         _progress(
-            "TensorBoard logs skipped: tensorboard is not installed (pip install 'lightning-gpuopt[tensorboard]')"
+            "TensorBoard logs skipped: tensorboard is not installed "
+            "(pip install 'lightning-gpuopt[tensorboard]')"
         )
     _progress(f"this run writes to {run}")
     with quiet_lightning():
@@ -250,8 +255,8 @@ def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
     print(report.format_ladder_table(results))
     for line in report.noise_notes(results, marks=False):
         print(line)
-    none_ran = _none_ran(results, set(config.rows))
-    if none_ran is not None:
-        print(f"lightning-gpuopt bench: error: {none_ran}", file=sys.stderr)
+    failure = ladder_failure(results, set(config.rows))
+    if failure is not None:
+        print(f"lightning-gpuopt bench: error: {failure}", file=sys.stderr)
         return 1
-    return 1 if any(r["status"] == rows.FAILED for r in results) else 0
+    return 0

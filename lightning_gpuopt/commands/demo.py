@@ -46,9 +46,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_gpuopt.bench.demo import DemoOptions, run_demo
+    """Run the demo; exit 1 with the reasons when its ladder measured no row or a row failed."""
+    import json
+    import sys
 
-    run_demo(
+    from lightning_gpuopt.bench.demo import DemoOptions, run_demo
+    from lightning_gpuopt.commands.bench import ladder_failure
+
+    run = run_demo(
         DemoOptions(
             out=args.out,
             steps=args.steps,
@@ -60,4 +65,10 @@ def run(args: argparse.Namespace) -> int:
             accelerator=args.accelerator,
         )
     )
+    ladder = run / "ladder.json"
+    if ladder.is_file():  # the ladder ran (--ladder-seconds > 0)
+        failure = ladder_failure(json.loads(ladder.read_text())["rows"], set())
+        if failure is not None:
+            print(f"lightning-gpuopt demo: error: {failure}", file=sys.stderr)
+            return 1
     return 0
