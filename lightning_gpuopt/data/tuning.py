@@ -649,6 +649,7 @@ class WorkerTuner(pl.Callback):
                 cache=self.cache,
                 cache_dir=self.cache_dir,
                 cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
+                progress=lambda line: rank_zero_info(f"WorkerTuner: {line}"),
             )
             best = _node_best(trainer, result.best)
             result.best = best
