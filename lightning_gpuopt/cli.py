@@ -111,7 +111,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="lightning-gpuopt",
         description="Keep the GPU busy in PyTorch Lightning training.",
     )
