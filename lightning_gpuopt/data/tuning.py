@@ -2,14 +2,16 @@
 
 More workers is not always faster: past the point where decoding stops being the limit, extra workers
 compete for cores, memory bandwidth and the main process's collation/pinning, and throughput flattens or
-drops. So
-``tune_num_workers`` measures candidate counts in ascending order, stops when throughput stops improving
-(or once the loader outruns what the model consumes), and returns the *smallest* count within
-``tolerance`` of the best: fewer processes, less memory, same speed.
+drops. So ``tune_num_workers`` measures candidate counts in ascending order, each until its rate is steady
+or one pass over the data is read, stops when throughput stops improving (or once the loader outruns what
+the model consumes), and returns the *smallest* count within ``tolerance`` of the best: fewer processes,
+less memory, same speed. The whole measurement takes at most a share of an epoch (``EPOCH_SHARE``), so
+its cost follows the size of the data.
 
 ``tune_num_workers`` is a plain function (no Lightning). ``WorkerTuner`` applies it to loaders that
-``OptimizedDataModule`` did not build; ``OptimizedDataModule(num_workers="auto")`` calls it in ``setup``
-with the settings of a ``TuningConfig``.
+``OptimizedDataModule`` did not build. ``OptimizedDataModule(num_workers="auto")`` and ``lightning-gpuopt
+tune`` decide through ``unmeasured_workers`` (a dataset read by threads, a split too small to measure)
+and otherwise call ``tune_num_workers(**auto_tuning_arguments(...))``, so both give the same answer.
 """
 
 from __future__ import annotations
