@@ -1,4 +1,16 @@
-"""``lightning-gpuopt convert SRC OUT.h5``: a class-per-subfolder image folder to a uint8 HDF5 store."""
+"""``lightning-gpuopt convert SRC OUT.h5``: a class-per-subfolder image folder to an HDF5 store.
+
+``--format raw`` (default) writes uint8 canvases, ``--format jpeg`` the compact JPEG store, ``--format auto``
+the one ``lightning_gpuopt.data.store_choice`` picks for this machine (stated before converting). After
+converting the command prints the store's bytes (total, an image, against the source files') and its
+expected read rate (page cache, or the disk's ``O_DIRECT`` bandwidth measured on the written file), and,
+when ``--format`` is not given, which store the rule recommends here.
+
+Exit codes: 0 written; 2 the user's to fix (bad arguments, an unreadable image, an existing or busy output,
+a missing, read-only, forbidden or full destination); 1 a failure of the machine (a write that failed with an
+I/O error, a decode worker that died); 130 interrupted. A failed run leaves no output, temporary file or
+lock behind.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +19,15 @@ import errno
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_gpuopt._checks import check_arg
 
+if TYPE_CHECKING:
+    from lightning_gpuopt.data.convert import ConversionResult
+
 HELP = "convert a class-per-subfolder image folder to uint8 HDF5"
+EXIT_USER, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +38,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="storage size: the shorter side of each stored whole image, in pixels (256 for 224 crops)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("raw", "jpeg", "auto"),
+        default=None,
+        help="raw (default): uint8 canvases, no decoding when read; jpeg: the compact store, JPEG bytes "
+        "an image (no more than the source's), decoded by a thread a CPU; auto: the one the rule in "
+        "docs/hdf5.md picks for this machine (from the store's size against memory, the disk's bandwidth "
+        "and the cores a GPU has)",
     )
     parser.add_argument("--workers", type=int, default=None, help="decode processes (default: all CPUs)")
     parser.add_argument(
@@ -137,16 +163,93 @@ def _os_error_message(err: OSError, out: str) -> str:
     return describe_os_error(err)
 
 
+def _source_sizes(src: str) -> list[int]:
+    """Bytes of each image file of the folder ``src`` (listed as the conversion lists them)."""
+    from lightning_gpuopt.data.folder import scan_image_folder
+
+    _, samples = scan_image_folder(Path(src).expanduser())
+    return [os.stat(p).st_size for p, _ in samples]
+
+
+def _raw_bytes(num_images: int, size: int) -> int:
+    from lightning_gpuopt.data import layout
+
+    ch, cw = layout.canvas_shape(size)
+    return num_images * ch * cw * 3
+
+
+def _auto_format(args: argparse.Namespace) -> str:
+    """``--format auto``: the store the rule picks, stated in one line before converting. The disk is
+    measured (a probe file written beside OUT, then removed) only where the raw store would not fit in
+    memory."""
+    from lightning_gpuopt.data import store_choice
+
+    sizes = _source_sizes(args.src)
+    raw = _raw_bytes(len(sizes), args.size)
+    disk = None
+    if not store_choice.fits(raw, store_choice.memory_bytes()):
+        out = Path(args.out).expanduser()
+        disk = store_choice.probe_disk_gbps(_folder_of(args.out), f"{out.name}.tmp-probe-{os.getpid()}")
+    choice = store_choice.choose_store_format(len(sizes), raw, sum(sizes), disk_gbps=disk)
+    print(f"--format auto: the {'JPEG' if choice.format == 'jpeg' else 'raw'} store: {choice.reason}")
+    return choice.format
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f} GB"
+
+
+def _consequences(result: ConversionResult, given: str | None) -> list[str]:
+    """What the written store costs and delivers, and (``--format`` not given) the rule's recommendation."""
+    from lightning_gpuopt.data import store_choice
+
+    n = max(1, result.num_images)
+    stored, source = result.bytes_written, result.source_bytes
+    fmt = result.format
+    per, source_per = stored / n / 1e3, source / n / 1e3
+    lines = [
+        f"bytes: {_gb(stored)} of images, {per:,.1f} kB an image: {stored / max(1, source):.2f}x the source "
+        f"files ({_gb(source)}, {source_per:,.1f} kB an image)"
+    ]
+    disk = store_choice.disk_read_gbps(result.path)
+    raw = stored if fmt == "raw" else _raw_bytes(n, result.storage_size)
+    jpeg = stored if fmt == "jpeg" else source  # the JPEG store holds no more than the sources
+    choice = store_choice.choose_store_format(n, raw, jpeg, disk_gbps=disk)
+    disk_text = f"the disk: {choice.disk_gbps:.2f} GB/s, " + ("O_DIRECT, measured" if disk else "assumed")
+    cold = choice.disk_gbps * 1e9 / (stored / n)
+    if fmt == "raw":
+        size = f"{_gb(stored)} against {_gb(choice.memory)} memory"
+        if store_choice.fits(stored, choice.memory):
+            rate = f"about {choice.raw_rate:,.0f} img/s while the page cache holds it ({size})"
+        else:
+            rate = f"the disk's, the store being over half the memory ({size})"
+        lines.append(f"expected read rate: {rate}; from a cold cache about {cold:,.0f} img/s ({disk_text})")
+    else:
+        cores = choice.cores_per_gpu
+        lines.append(
+            f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({cores} cores a GPU decoding x "
+            f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core); its bytes come from a cold cache at "
+            f"about {cold:,.0f} img/s ({disk_text})"
+        )
+    if given is None:
+        lines.append(f"recommended here: --format {choice.format}: {choice.reason} (docs/hdf5.md, "
+                     '"Raw or JPEG store")')  # fmt: skip
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.data.convert import (
         CorruptImageError,
+        DecodeWorkerError,
         OutputExistsError,
         OutputInUseError,
         convert_folder_to_hdf5,
     )
 
     check_args(args)
+    given = args.format
     try:
+        fmt = _auto_format(args) if given == "auto" else given or "raw"
         result = convert_folder_to_hdf5(
             args.src,
             args.out,
@@ -155,32 +258,39 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             on_corrupt=args.on_corrupt,
             overwrite=args.overwrite,
+            format=fmt,
         )
     except CorruptImageError as err:
         _fail(
             f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, "
             "or pass --on-corrupt skip"
         )
-        return 2
+        return EXIT_USER
     except OutputExistsError:  # appeared after the check above, e.g. written by another conversion
         _fail(f"output {args.out!r} already exists; pass --overwrite or another name")
-        return 2
+        return EXIT_USER
     except OutputInUseError as err:
         _fail(str(err))
-        return 2
+        return EXIT_USER
+    except DecodeWorkerError as err:
+        _fail(f"{err.what}; {args.out} was not written. Convert again with --workers 1 to find the image")
+        return EXIT_FAILED
     except OSError as err:
         # a read-only, forbidden, missing or full destination is the user's to fix (2); a failed device
         # write (EIO) is not (1). The message names the path and the fix.
         _fail(_os_error_message(err, args.out))
-        return 1 if err.errno == errno.EIO else 2
+        return EXIT_FAILED if err.errno == errno.EIO else EXIT_USER
     except KeyboardInterrupt:
         _fail(f"interrupted; {args.out} was not written")
-        return 130
+        return EXIT_INTERRUPTED
     rate = result.num_images / result.seconds if result.seconds > 0 else float("nan")
+    kind = "JPEG store" if result.format == "jpeg" else "raw store"
     print(
-        f"wrote {result.path}: {result.num_images} images, stored at {result.storage_size} px, "
+        f"wrote {result.path}: {kind}, {result.num_images} images, stored at {result.storage_size} px, "
         f"{len(result.classes)} classes, {result.seconds:.1f} s ({rate:,.0f} img/s)"
     )
+    for line in _consequences(result, given):
+        print(f"  {line}")
     if result.skipped:
         shown = ", ".join(result.skipped[:5]) + (" ..." if len(result.skipped) > 5 else "")
         print(f"skipped {len(result.skipped)} unreadable image(s): {shown}", file=sys.stderr)

@@ -75,6 +75,19 @@ class CorruptImageError(ValueError):
         self.reason = reason
 
 
+class DecodeWorkerError(RuntimeError):
+    """A decode worker process died (killed, out of memory, or crashed inside an image library): ``what``
+    says which and how, without the Python-API advice of the message."""
+
+    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+        self.what = (
+            f"a decode worker (pid {pid}) died with exit code {exitcode} (killed, out of memory, or crashed "
+            "in an image library)"
+        )
+        super().__init__(f"{self.what}; convert again with workers=1 to find the image")
+        self.pid, self.exitcode = pid, exitcode
+
+
 @dataclass
 class ConversionResult:
     """What ``convert_folder_to_hdf5`` wrote.
@@ -224,10 +237,7 @@ class _Decoder:
     def _check_workers(self) -> None:
         for proc in self.procs:
             if proc.exitcode is not None:
-                raise RuntimeError(
-                    f"a decode worker (pid {proc.pid}) died with exit code {proc.exitcode} (killed, out of "
-                    "memory, or crashed in an image library); convert again with workers=1 to find the image"
-                )
+                raise DecodeWorkerError(proc.pid, proc.exitcode)
 
     def close(self, abort: bool) -> None:
         if not self.procs:

@@ -28,16 +28,14 @@ decodes and resizes).
 
 from __future__ import annotations
 
-import io
-import os
-from collections.abc import Sequence
-from typing import Any
-
 import contextlib
 import errno
+import io
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +173,7 @@ class _Spill:
             except OSError:
                 n = os.pwrite(fd, os.pread(self.fd, min(self.size - done, 8 << 20), done), offset + done)
             if n <= 0:
-                raise OSError(f"copying the JPEG bytes into the store stopped at byte {done}")
+                raise OSError(errno.EIO, f"copying the JPEG bytes into the store stopped at byte {done}")
             done += n
 
     def close(self) -> None:

@@ -535,6 +535,22 @@ def test_ctrl_c_in_the_cli_stops_the_workers_and_prints_one_line(jpeg_folder, tm
         held.cleanup()
 
 
+def test_a_worker_that_dies_in_the_cli_exits_1_with_the_flag_to_find_the_image(jpeg_folder, tmp_path):
+    held = _HeldConversion(tmp_path, jpeg_folder, cli=True)
+    try:
+        for pid in held.workers:
+            os.kill(pid, signal.SIGKILL)
+        code, err = held.finish()
+        assert code == 1, err
+        line = err.strip()
+        assert line.startswith("lightning-gpuopt convert: error: a decode worker")
+        assert len(line.splitlines()) == 1
+        assert "--workers 1" in line and "workers=1" not in line and "was not written" in line
+        assert not list(tmp_path.glob("o.h5*")) and not list(tmp_path.glob(".o.h5.lock"))
+    finally:
+        held.cleanup()
+
+
 def test_a_worker_that_dies_is_an_error_not_a_hang(jpeg_folder, tmp_path):
     held = _HeldConversion(tmp_path, jpeg_folder)
     try:
