@@ -53,6 +53,12 @@ def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
     if message in cache:
         return
     cache.add(message)
+    warn_at_user(message, category)
+
+
+def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn on rank zero only, attributed to the user's line as ``warn_once`` attributes it (a warning that
+    may come again, such as one a fit's end reports)."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     if getattr(rank_zero_only, "rank", 0) != 0:

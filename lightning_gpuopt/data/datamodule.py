@@ -15,12 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, is_int
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size, warn_once
+from lightning_gpuopt._common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    available_cpus,
+    eval_resize_size,
+    warn_at_user,
+    warn_once,
+)
 from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.backends import BACKENDS, resolve_backend
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder, class_indices
@@ -532,7 +539,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         new = self._current_skips()
         if new:
             shown = ", ".join(repr(p) for p in sorted(set(new))[:5])
-            rank_zero_warn(
+            warn_at_user(
                 f"OptimizedDataModule skipped {len(new)} unreadable image(s) during {stage or 'the run'} "
                 f"({len(set(new))} distinct), e.g. {shown}; each was replaced by the next readable image"
             )

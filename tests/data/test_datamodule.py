@@ -454,8 +454,9 @@ def test_corrupt_images_raise_or_skip(tmp_path):
 
     dm = OptimizedDataModule(root, batch_size=4, num_workers=0, image_size=8, on_corrupt="skip")
     model = Recorder()
-    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\).*4\.png"):
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\).*4\.png") as said:
         _trainer(max_epochs=2).fit(model, datamodule=dm)
+    assert [w.filename for w in said if "unreadable" in str(w.message)] == [__file__]  # the user's fit line
     assert len(model.train_labels) == 32  # batches kept their size
     assert dm.num_skipped == 2 and all(p.endswith("4.png") for p in dm.skipped_images)
     assert model.skip_dirs[0] is not None and not os.path.exists(model.skip_dirs[0])  # removed at teardown
