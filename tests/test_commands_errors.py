@@ -275,6 +275,19 @@ def test_demo_exits_1_when_its_ladder_measured_nothing(tmp_path, monkeypatch, ca
         assert _one_error_line(err, "demo").startswith(f"lightning-gpuopt demo: error: {words}")
 
 
+def test_a_demo_that_raises_leaves_no_run_folder(tmp_path, monkeypatch):
+    from lightning_gpuopt.bench import demo
+
+    def broken_fit(*args, **kwargs):
+        raise RuntimeError("the fit broke")
+
+    monkeypatch.setattr(demo, "_fit", broken_fit)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="the fit broke"):
+        demo.run_demo(demo.DemoOptions(out=str(out), images=8, batch_size=4, ladder_seconds=0), say=lambda line: None)
+    assert list(out.iterdir()) == []  # no version_<n> left behind
+
+
 # -- the parser: usage errors in one line; Python advice spelled as the command's options -----------------
 
 

@@ -13,6 +13,7 @@ where the fits of a row or two rows overlap the numbers are called noise-level. 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,6 +217,23 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
     busy = _busy_note()
     import torch
 
+    use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
+    if use_gpu and not torch.cuda.is_available():
+        raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
+    run = new_run_dir(opts.out)
+    try:
+        return _run_in(run, opts, use_gpu, busy, say)
+    except BaseException:
+        # a run that raised before its results were written leaves no version_<n> (nor half its logs)
+        if not (run / "ladder.json").is_file():
+            shutil.rmtree(run, ignore_errors=True)
+        raise
+
+
+def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: Say) -> Path:
+    """The demo's work in its run folder ``run``; returns ``run``."""
+    import torch
+
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.report import (
         compile_note,
@@ -227,10 +245,6 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
     )
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
-    use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
-    if use_gpu and not torch.cuda.is_available():
-        raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
-    run = new_run_dir(opts.out)
     say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
     if busy:
         say(busy)
