@@ -55,6 +55,19 @@ _ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers aligned to the logical b
 _BLOCK = 16 << 20  # bytes an O_DIRECT read
 
 
+def filesystem(path: Path) -> str:
+    """The type of the file system holding ``path`` (the longest mount point above it in /proc/mounts)."""
+    best, kind = "", "unknown"
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError), open("/proc/mounts") as fh:
+        for line in fh:
+            parts = line.split()
+            above = len(parts) > 2 and (real == parts[1] or real.startswith(parts[1].rstrip("/") + "/"))
+            if above and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    return kind
+
+
 def evict(path: Path) -> None:
     """Drop ``path``'s pages from the page cache (clean pages only: the conversion flushed them)."""
     fd = os.open(path, os.O_RDONLY)
@@ -213,7 +226,11 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     files = [p for p in jpegs.rglob("*") if p.suffix.lower() in (".jpg", ".png")]
     source = sum(p.stat().st_size for p in files) / len(files)
     info: dict[str, Any] = {"folder": str(jpegs), "generate_seconds": round(time.perf_counter() - t0, 1),
-                            "source_bytes_per_image": source, "stores": {}}  # fmt: skip
+                            "source_bytes_per_image": source, "stores": {},
+                            "filesystem": filesystem(root)}  # fmt: skip
+    if info["filesystem"] in ("tmpfs", "ramfs"):
+        print(f"note: {root} is on {info['filesystem']} (memory): its pages cannot be evicted and it takes "
+              "no O_DIRECT reads; pass --data on a disk for the cold rows", flush=True)  # fmt: skip
     for row, fmt in STORES.items():
         path = root / f"stores_{args.images}_{args.storage}_{fmt}.h5"
         with contextlib.suppress(FileNotFoundError):
