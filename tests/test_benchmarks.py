@@ -56,6 +56,7 @@ OTHERS = {
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it; --help here",
     "profile_step.py": "CUDA only: its trace analysis runs on a made-up trace here",
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
+    "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
     "jpeg.py": "tests/test_jpeg_bench.py runs its --quick and its eviction of a memory-mapped store",
 }
 

@@ -1,0 +1,409 @@
+"""Models: each model of the zoo against its own ceiling, the fastest plain PyTorch loop found for it, and the
+preset through Lightning on the same batches.
+
+For each model (``_zoo.ZOO``: ResNet-50 at batch 256 and 512, ViT-B/16, ConvNeXt-T, EfficientNet-B0,
+FCN-ResNet50 on 512x512 masks, a GPT-2-small-shaped causal LM on 1024-token sequences; random weights, one
+batch kept on the GPU):
+
+1. the ceiling search: the plain loop (``_zoo.ZooLoop``) under each configuration of ``--search``, one
+   window each; a compile that takes longer than ``--compile-timeout`` is abandoned and recorded as such.
+   ``quick`` tries the likely winners: compiled bf16 (channels_last for the conv nets), its CUDA-graph
+   variant (``reduce-overhead``), and the plain-loop twin of what the preset picks; ``full`` the grid of
+   compile modes (eager, default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune) x fp16/bf16 x
+   channels_last on/off (conv nets) with a fused optimizer, and eager with the unfused one; a
+   comma-separated list of ``mode:dtype[:cl][:unfused]`` names tries those. The fastest is the ceiling.
+2. ``Trainer(**fast_trainer_kwargs(model, ...))`` fitting the user's module (``_zoo.ZooModule``: SGD with
+   momentum for conv nets, AdamW for transformers) on the same batch, configured as a long run (90 epochs of
+   the model's data set, 100,000 steps for the LM: the preset judges that run) and stopped after
+   ``StepClock``'s window; what the preset chose is read back from the fit (``preset_config``).
+3. the ceiling's configuration and the preset take turns ``--repeats`` times; each row holds both medians,
+   their range, p50/p90 and ``ratio`` = preset / ceiling (medians).
+
+    python3 benchmarks/models.py                                  # the zoo on one H200
+    python3 benchmarks/models.py --models gpt2 --update           # one model, the file's other rows kept
+    python3 benchmarks/models.py --models vit_b_16 --search full  # the whole grid (long: compiles)
+    python3 benchmarks/models.py --quick --models resnet50,gpt2   # CPU smoke run: the stand-ins, eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from _shared import RESULTS, add_common, device_of, free, machine_tag, measured_fit, results_path, say
+from _zoo import COMPILE_MODES, ZOO, Config, Spec, ZooLoop, ZooModule, batches
+from typing_extensions import override
+
+from lightning_gpuopt._common import format_table
+from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.rows import DeviceBatches
+from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize, take_turns
+
+#: the preset's target: its share of each model's ceiling
+TARGET = 0.97
+#: ResNet-50's record: MLPerf Training v4.0, H200 system, images a second a GPU (MXNet, DALI, CUDA graphs)
+RESNET50_RECORD = 7950.0
+#: families whose convolutions make channels_last a candidate of the search
+CONV_FAMILIES = ("conv", "depthwise", "segmentation")
+
+
+# ---------------------------------------------------------------------------------------------- the search
+def preset_twin(model: torch.nn.Module, device: str) -> Config:
+    """The plain-loop configuration of what ``fast_trainer_kwargs(model)`` picks for a long run on ``device``:
+    its precision, ``ChannelsLast``, ``CompileModel`` (the default mode) and ``FusedOptimizer``."""
+    from lightning_gpuopt import ChannelsLast, CompileModel, FusedOptimizer, fast_trainer_kwargs
+
+    kw = fast_trainer_kwargs(model, device)
+    has = {
+        t: any(isinstance(c, t) for c in kw["callbacks"])
+        for t in (ChannelsLast, CompileModel, FusedOptimizer)
+    }
+    dtype = {"16-mixed": "fp16", "bf16-mixed": "bf16"}.get(str(kw["precision"]), "fp32")
+    return Config("default" if has[CompileModel] else "eager", dtype, has[ChannelsLast], has[FusedOptimizer])
+
+
+def search_configs(spec: Spec, search: str, twin: Config, device: str) -> tuple[list[Config], str | None]:
+    """The configurations ``--search`` asks for on this model, and a note when some were left out.
+
+    On a CPU, ``quick`` and ``full`` keep their eager configurations (inductor's CPU build takes minutes a
+    model): a compiled one runs there only when named.
+    """
+    layouts = (True, False) if spec.family in CONV_FAMILIES else (False,)
+    cl = layouts[0]
+    if search == "quick":
+        configs = [Config("default", "bf16", cl), Config("reduce-overhead", "bf16", cl), twin]
+    elif search == "full":
+        configs = [Config(m, d, c) for m in COMPILE_MODES for d in ("bf16", "fp16") for c in layouts]
+        configs += [Config("eager", d, c, fused=False) for d in ("bf16", "fp16") for c in layouts] + [twin]
+    else:
+        return list(dict.fromkeys(Config.parse(n) for n in search.split(",") if n)), None
+    note = None
+    if device == "cpu":
+        kept = [Config("eager", c.dtype, c.channels_last, c.fused) for c in configs]
+        configs, note = kept, "on a CPU compiled configurations run eager (name them in --search to compile)"
+    return list(dict.fromkeys(configs)), note
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise ``TimeoutError`` in the block after ``seconds`` (SIGALRM; the main thread only; 0: no limit)."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"{what} took longer than --compile-timeout {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def try_config(spec: Spec, config: Config, args: argparse.Namespace) -> tuple[ZooLoop | None, dict[str, Any]]:
+    """Build and compile ``config``'s loop (within ``--compile-timeout``) and measure one window."""
+    out: dict[str, Any] = {"config": config.to_dict(), "samples_per_sec": None, "error": None}
+    try:
+        loop = ZooLoop(spec, config, args.device, quick=args.quick)
+        with deadline(args.compile_timeout if config.compile != "eager" else 0, f"compiling {config.name}"):
+            out["compile_seconds"] = loop.warm(3)
+        m = measure_loop(loop.step, loop.device, args.warmup, args.steps, loop.batch_size)
+    except Exception as err:  # a configuration that fails is recorded; the search goes on
+        out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        if config.compile != "eager":
+            torch._dynamo.reset()  # a half-built compile leaves nothing behind for the next configuration
+        return None, out
+    out.update(samples_per_sec=m.samples_per_sec, p50_ms=m.p50_ms, p90_ms=m.p90_ms)
+    return loop, out
+
+
+def find_ceiling(
+    spec: Spec, configs: list[Config], args: argparse.Namespace
+) -> tuple[ZooLoop | None, list[dict[str, Any]]]:
+    """Each configuration once, in order; the fastest loop is kept (the others freed) with every result."""
+    best: ZooLoop | None = None
+    best_rate = 0.0
+    tried = []
+    for config in configs:
+        loop, result = try_config(spec, config, args)
+        tried.append(result)
+        rate = result["samples_per_sec"] or 0.0
+        error = (result["error"] or "").strip().split("\n")[0]
+        print(f"  search {config.name:34s} {rate:10,.0f}/s  {error}", flush=True)
+        if loop is not None and rate > best_rate:
+            best, best_rate = loop, rate
+        del loop
+        free()
+    return best, tried
+
+
+# ------------------------------------------------------------------------------------------------ the preset
+class PresetReadBack(pl.Callback):
+    """What the preset's ``Trainer`` ran with, read at the end of training (before its callbacks tear down):
+    precision, channels_last, compile and its decision, the optimizers and whether they are fused."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {}
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from lightning_gpuopt import ChannelsLast, CompileModel, FusedOptimizer
+        from lightning_gpuopt.compute.optimizer import is_fused
+
+        cbs = list(trainer.callbacks)  # type: ignore[attr-defined]
+        channels = [c for c in cbs if isinstance(c, ChannelsLast)]
+        compiles = [c for c in cbs if isinstance(c, CompileModel)]
+        decision = compiles[0].decision if compiles else None
+        self.config = {
+            "precision": str(trainer.precision),
+            "channels_last": bool(channels and channels[0].active),
+            "compile": bool(compiles and compiles[0].compiled),
+            "compile_mode": "default" if compiles and compiles[0].compiled else None,
+            "compile_reason": decision.reason if decision is not None else None,
+            "fused_optimizer_callback": any(isinstance(c, FusedOptimizer) for c in cbs),
+            "optimizers": [type(getattr(o, "optimizer", o)).__name__ for o in trainer.optimizers],
+            "fused": [is_fused(o) for o in trainer.optimizers],
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "callbacks": sorted({type(c).__name__ for c in cbs} - {"StepClock", "PresetReadBack"}),
+        }
+
+
+def preset_variant(spec: Spec, args: argparse.Namespace, readback: PresetReadBack) -> Any:
+    """One fit of the user's module through ``fast_trainer_kwargs`` on the model's long run, stopped after
+    the window. The module and its batch are kept across the turns (a compiled forward compiles once)."""
+    module = ZooModule(spec, quick=args.quick)
+    x, ys = batches(spec, args.quick, args.device)
+    length = max(1, spec.epoch_samples // spec.shape(args.quick)[0])
+
+    def run() -> Measurement:
+        loader = DeviceBatches(x, ys, length=length)
+        return measured_fit(
+            module,
+            args.warmup,
+            args.steps,
+            device=args.device,
+            compile=None,
+            settle=True,
+            callbacks=[readback],
+            trainer=dict(spec.run),
+            train_dataloaders=loader,
+        )
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------- a model
+def model_row(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The search, then the ceiling and the preset taking turns: one row of the results."""
+    spec = ZOO[name]
+    torch._dynamo.reset()  # each model starts with no compiled code from the last one
+    batch, size, _ = spec.shape(args.quick)
+    print(f"{name}: batch {batch}, {'sequence' if spec.family == 'lm' else 'image'} {size}", flush=True)
+    twin = preset_twin(spec.make(args.quick), args.device)
+    configs, note = search_configs(spec, args.search, twin, args.device)
+    loop, tried = find_ceiling(spec, configs, args)
+    row: dict[str, Any] = {
+        "name": name,
+        "family": spec.family,
+        "batch_size": batch,
+        "size": size,
+        "search": tried,
+        "search_note": note,
+        "preset_twin": twin.name,
+    }
+    if loop is None:
+        return {**row, "error": "no configuration of the search ran"}
+    variants = {"ceiling": lambda: measure_loop(loop.step, loop.device, args.warmup, args.steps, batch)}
+    readback = PresetReadBack()
+    if not args.only_ceiling:
+        variants["preset"] = preset_variant(spec, args, readback)
+    results = take_turns(variants, args.repeats, on_result=say)
+    summary = {r["name"]: r for r in summarize(results, "ceiling")}
+    row.update(ceiling_config=loop.config.to_dict(), preset_config=readback.config or None)
+    for side in ("ceiling", "preset"):
+        r = summary.get(side, {})
+        row.update(
+            {
+                f"{side}_samples_per_sec": r.get("samples_per_sec"),
+                f"{side}_min": r.get("samples_per_sec_min"),
+                f"{side}_max": r.get("samples_per_sec_max"),
+                f"{side}_spread": r.get("spread"),
+                f"{side}_p50_ms": r.get("p50_ms"),
+                f"{side}_p90_ms": r.get("p90_ms"),
+                f"{side}_repeats": r.get("repeats"),
+                f"{side}_error": r.get("error"),
+            }
+        )
+    return finish_row(row, spec, summary.get("preset", {}), args)
+
+
+def finish_row(
+    row: dict[str, Any], spec: Spec, preset: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """``ratio`` (preset over ceiling, medians), its turn-by-turn median and worst, the target, the record."""
+    ceiling, got = row["ceiling_samples_per_sec"], row["preset_samples_per_sec"]
+    ratio = got / ceiling if got and ceiling else None
+    row.update(
+        ratio=ratio,
+        ratio_turns=preset.get("of_ceiling"),
+        ratio_worst=preset.get("of_ceiling_worst"),
+        target_met=None if ratio is None else ratio >= TARGET,
+        repeats=args.repeats,
+        samples_per_sec=got,
+        ratio_to_ceiling=ratio,
+        error=row.get("ceiling_error") or row.get("preset_error"),
+    )
+    if spec.family == "lm" and ceiling:
+        row.update(
+            ceiling_tokens_per_sec=ceiling * row["size"], preset_tokens_per_sec=(got or 0) * row["size"]
+        )
+    if row["name"].startswith("resnet50") and ceiling and not args.quick:
+        row["ceiling_of_record"] = ceiling / RESNET50_RECORD  # MLPerf v4.0's 7,950 img/s a GPU
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ the output
+def table(rows: list[dict[str, Any]]) -> str:
+    """The printed summary: each model's ceiling and preset, medians [range], ratio, configurations."""
+
+    def rate(r: dict[str, Any], side: str) -> str | None:
+        v = r.get(f"{side}_samples_per_sec")
+        return None if v is None else f"{v:,.0f} [{r[f'{side}_min']:,.0f}-{r[f'{side}_max']:,.0f}]"
+
+    def preset(c: dict[str, Any] | None) -> str | None:
+        if not c:
+            return None
+        parts = [
+            c["precision"],
+            "cl" if c["channels_last"] else "",
+            "compiled" if c["compile"] else "eager",
+            "fused" if all(c["fused"]) else "unfused",
+        ]
+        return " ".join(p for p in parts if p)
+
+    cols = [
+        "model",
+        "ceiling/s [range]",
+        "ceiling config",
+        "preset/s [range]",
+        "preset config",
+        "ratio",
+        "worst",
+        "p50 ms c/p",
+        "spread c/p",
+    ]
+    body = [
+        {
+            "model": r["name"],
+            "ceiling/s [range]": rate(r, "ceiling") or r.get("error"),
+            "ceiling config": (r.get("ceiling_config") or {}).get("name"),
+            "preset/s [range]": rate(r, "preset"),
+            "preset config": preset(r.get("preset_config")),
+            "ratio": r.get("ratio"),
+            "worst": r.get("ratio_worst"),
+            "p50 ms c/p": _pair(r, "p50_ms", 2),
+            "spread c/p": _pair(r, "spread", 3),
+        }
+        for r in rows
+    ]
+    return format_table(body, cols)
+
+
+def _pair(r: dict[str, Any], key: str, digits: int) -> str:
+    vals = [r.get(f"{side}_{key}") for side in ("ceiling", "preset")]
+    return "/".join("-" if v is None else f"{v:.{digits}f}" for v in vals)
+
+
+def out_path(args: argparse.Namespace) -> Path:
+    """``--out``; else ``results/models_<gpu>.json`` (a ``--quick`` run: the temp folder)."""
+    if args.out or args.quick:
+        return results_path(args.out, "models", args.quick)
+    return RESULTS / f"models_{machine_tag()}.json"
+
+
+def kept_rows(path: Path, names: list[str]) -> list[dict[str, Any]]:
+    """With ``--update``: the rows of models not run now, from the file already at ``path``."""
+    if not path.is_file():
+        return []
+    return [r for r in json.loads(path.read_text()).get("rows", []) if r.get("name") not in names]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common(p, warmup=50, steps=200)
+    p.add_argument("--models", default=",".join(ZOO), help=f"comma-separated: {', '.join(ZOO)}")
+    p.add_argument(
+        "--search",
+        default="quick",
+        help="quick, full, or comma-separated mode:dtype[:cl][:unfused] configurations",
+    )
+    p.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a configuration may spend compiling (its first steps); 0: no limit",
+    )
+    p.add_argument("--only-ceiling", action="store_true", help="the search and the ceiling; no preset fit")
+    p.add_argument("--update", action="store_true", help="keep the --out file's rows of models not run now")
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    if unknown := sorted(set(args.models) - set(ZOO)):
+        p.error(f"--models: unknown {unknown}; choose from {', '.join(ZOO)}")
+    if args.search not in ("quick", "full"):
+        try:
+            [Config.parse(n) for n in args.search.split(",") if n]
+        except ValueError as err:
+            p.error(str(err))
+    args.device = device_of(args)
+    if args.quick:
+        args.warmup, args.steps, args.repeats = 2, 4, min(args.repeats, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    if args.device == "cuda":
+        torch.backends.cudnn.benchmark = True  # as the preset's Trainer(benchmark=True)
+        torch.set_float32_matmul_precision("high")  # TF32, as the preset sets it
+    # every configuration of the search compiles the model's forward again, a new module each time
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    rows = []
+    with torch._dynamo.config.patch(**{limit: 64}):
+        for name in args.models:
+            rows.append(model_row(name, args))
+            free()
+    path = out_path(args)
+    kept = kept_rows(path, args.models) if args.update else []
+    ratios = [r["ratio"] for r in rows if r.get("ratio") is not None]
+    write_results(
+        path,
+        kept + rows,
+        quick=args.quick,
+        settings={**vars(args), "models": args.models},
+        target=TARGET,
+        min_ratio=min(ratios, default=None),
+        median_ratio=statistics.median(ratios) if ratios else None,
+        seconds=time.perf_counter() - t0,
+    )
+    print(table(kept + rows))
+    print(f"wrote {path}")
+    return 0 if all(r.get("error") is None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""benchmarks/models.py: its --quick CPU run on two stand-ins (the search, the turns, the preset read back,
+the JSON), the configurations each --search tries, and the zoo's stand-ins and plain loop."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.test_benchmarks import load
+
+
+def modules() -> tuple[Any, Any]:
+    """The script and the ``_zoo`` it imports (one module, so its classes are the script's)."""
+    models = load("models.py")
+    return models, importlib.import_module("_zoo")
+
+
+ROW_KEYS = {
+    "name", "family", "batch_size", "search", "ceiling_samples_per_sec", "ceiling_config", "ceiling_p50_ms",
+    "ceiling_p90_ms", "ceiling_spread", "preset_samples_per_sec", "preset_config", "preset_p50_ms",
+    "preset_p90_ms", "preset_spread", "ratio", "ratio_worst", "target_met", "repeats",
+}  # fmt: skip
+PRESET_KEYS = {"precision", "channels_last", "compile", "compile_mode", "optimizers", "fused", "callbacks"}
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_quick_run_writes_a_row_a_model(tmp_path: Path, one_thread: Any) -> None:
+    models = load("models.py")
+    out = tmp_path / "models.json"
+    assert models.main(["--quick", "--models", "resnet50,gpt2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {"machine", "command", "date", "rows", "target", "min_ratio"} <= set(doc)
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert list(rows) == ["resnet50", "gpt2"]
+    for row in rows.values():
+        assert set(row) >= ROW_KEYS, ROW_KEYS - set(row)
+        assert row["error"] is None and row["repeats"] == 2
+        ceiling, preset = row["ceiling_samples_per_sec"], row["preset_samples_per_sec"]
+        assert ceiling > 0 and preset > 0
+        assert row["ratio"] == pytest.approx(preset / ceiling) and row["ratio_to_ceiling"] == row["ratio"]
+        assert row["ceiling_min"] <= ceiling <= row["ceiling_max"] and row["ceiling_p50_ms"] > 0
+        assert len(row["ceiling_repeats"]) == len(row["preset_repeats"]) == 2
+        # the ceiling is the search's fastest configuration; on a CPU the search runs eager
+        fastest = max((s for s in row["search"] if s["samples_per_sec"]), key=lambda s: s["samples_per_sec"])
+        assert row["ceiling_config"]["name"] == fastest["config"]["name"]
+        assert all(s["config"]["compile"] == "eager" for s in row["search"]) and row["search_note"]
+        assert set(row["preset_config"]) >= PRESET_KEYS, row["preset_config"]
+        assert row["preset_config"]["compile"] is False  # CompileModel(when="auto") compiles on CUDA only
+    # the user's optimizers, as the preset left them: SGD for the conv net, AdamW for the LM
+    assert rows["resnet50"]["preset_config"]["optimizers"] == ["SGD"]
+    assert rows["gpt2"]["preset_config"]["optimizers"] == ["AdamW"]
+    assert rows["resnet50"]["preset_config"]["channels_last"] is True
+    assert rows["gpt2"]["preset_config"]["channels_last"] is False
+    assert rows["gpt2"]["ceiling_tokens_per_sec"] == pytest.approx(
+        32 * rows["gpt2"]["ceiling_samples_per_sec"]
+    )
+
+
+def test_update_keeps_the_rows_of_models_not_run(tmp_path: Path) -> None:
+    models = load("models.py")
+    path = tmp_path / "m.json"
+    path.write_text(
+        json.dumps({"rows": [{"name": "gpt2", "ratio": 0.9}, {"name": "vit_b_16", "ratio": 1.0}]})
+    )
+    assert models.kept_rows(path, ["gpt2"]) == [{"name": "vit_b_16", "ratio": 1.0}]
+    assert models.kept_rows(tmp_path / "none.json", ["gpt2"]) == []
+
+
+def test_search_configurations() -> None:
+    models, zoo = modules()
+    config = zoo.Config
+    twin = config("default", "fp16", True, True)
+    quick, note = models.search_configs(zoo.ZOO["resnet50"], "quick", twin, "cuda")
+    assert [c.name for c in quick] == ["default:bf16:cl", "reduce-overhead:bf16:cl", "default:fp16:cl"]
+    assert note is None
+    lm, _ = models.search_configs(zoo.ZOO["gpt2"], "quick", config("eager", "bf16", False, False), "cuda")
+    assert [c.name for c in lm] == ["default:bf16", "reduce-overhead:bf16", "eager:bf16:unfused"]
+    full, _ = models.search_configs(zoo.ZOO["convnext_tiny"], "full", twin, "cuda")
+    assert len(full) == 5 * 2 * 2 + 4 and {c.compile for c in full} == set(zoo.COMPILE_MODES)
+    full_lm, _ = models.search_configs(zoo.ZOO["gpt2"], "full", twin, "cuda")
+    assert not any(c.channels_last for c in full_lm if c != twin)
+    cpu, note = models.search_configs(zoo.ZOO["resnet50"], "quick", twin, "cpu")
+    assert {c.compile for c in cpu} == {"eager"} and "CPU" in note
+    named, _ = models.search_configs(zoo.ZOO["resnet50"], "max-autotune:fp16:cl,eager:bf16", twin, "cpu")
+    assert [c.name for c in named] == ["max-autotune:fp16:cl", "eager:bf16"]  # named: run as named
+
+
+def test_config_names_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    models, zoo = modules()
+    for name in ("eager:bf16", "default:fp16:cl", "max-autotune-no-cudagraphs:bf16:cl:unfused", "eager:fp32"):
+        assert zoo.Config.parse(name).name == name
+    for bad in ("default", "jit:bf16", "default:int8", "default:bf16:nhwc"):
+        with pytest.raises(ValueError, match="mode:dtype"):
+            zoo.Config.parse(bad)
+    with pytest.raises(SystemExit):
+        models.parse_args(["--search", "fast"])
+    assert "--search" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        models.parse_args(["--models", "resnet50,bert"])
+    assert "unknown ['bert']" in capsys.readouterr().err
+
+
+def test_a_compile_past_its_deadline_is_stopped() -> None:
+    import time
+
+    models = load("models.py")
+    with pytest.raises(TimeoutError, match="--compile-timeout"), models.deadline(0.05, "compiling x"):
+        time.sleep(2)
+    with models.deadline(0, "no limit"):
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "vit_b_16", "convnext_tiny", "efficientnet_b0", "fcn_resnet50",
+                                  "gpt2"])  # fmt: skip
+def test_each_stand_in_trains_a_step(name: str) -> None:
+    zoo = modules()[1]
+    spec = zoo.ZOO[name]
+    x, ys = zoo.batches(spec, True, "cpu")
+    module = zoo.ZooModule(spec, quick=True)
+    loss = zoo.task_loss(module(x), ys[0])
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in module.parameters() if p.requires_grad)
+    expected = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[spec.optimizer]
+    assert type(module.configure_optimizers()) is expected
+    loop = zoo.ZooLoop(spec, zoo.Config("eager", "fp32", spec.images), "cpu", quick=True)
+    assert loop.warm(2) > 0 and loop.x.shape == x.shape
+
+
+def test_full_models_name_what_to_install() -> None:
+    zoo = modules()[1]
+    for name, module in (("resnet50", "torchvision"), ("gpt2", "transformers")):
+        if importlib.util.find_spec(module) is None:
+            with pytest.raises(ModuleNotFoundError, match=f"pip install.*{module}|{module}.*pip install"):
+                zoo.ZOO[name].make(quick=False)
+
+
+def test_zoo_examples_run() -> None:
+    zoo = modules()[1]
+    results = [doctest.DocTestRunner().run(t) for t in doctest.DocTestFinder().find(zoo, zoo.__name__)]
+    assert sum(r.attempted for r in results) >= 4 and sum(r.failed for r in results) == 0
