@@ -22,7 +22,10 @@ is the disk, not pages that read-ahead brought in before the timing started. Row
 (median of ``--repeats``, spread ``min``-``max`` beside), ``bytes_per_image`` (the store file's bytes over its
 images) and, for the disk, ``GBps``; each store row also has ``disk_bound_per_sec``, the images a second the
 disk's bandwidth allows at the store's bytes an image.
-``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
+Each store row also has ``per_thread_per_sec`` (its rate over its reading threads: a core's decode rate for
+the compact store) and ``rule_expected_per_sec``, what ``lightning_gpuopt.data.store_choice``'s rule expects
+of it here (``rule`` in the JSON: the cold rows as if neither store fitted in memory, and the store the rule
+picks). ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
 
     python3 benchmarks/stores.py                       # 8,192 images; about 2 minutes on one H200 host
     python3 benchmarks/stores.py --data /mnt/nvme/x    # the stores on another disk
@@ -244,20 +247,38 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], source: float) -> str:
-    """The short text table: rate, spread, bytes an image (and against the JPEGs), the disk's bound."""
-    lines = [f"{'row':20s} {'img/s':>10s} {'spread':>17s} {'kB/img':>8s} {'x JPEG':>7s} {'disk-bound':>11s}"]
+    """The short text table: rate, spread, bytes an image (and against the JPEGs), the disk's bound, the
+    rule's expectation."""
+    head = f"{'row':20s} {'img/s':>10s} {'spread':>17s} {'kB/img':>8s} {'x JPEG':>7s} {'disk-bound':>11s}"
+    lines = [f"{head} {'rule':>8s}"]
     for r in rows:
         if r["name"] == "disk_odirect":
             gbps = "n/a" if r["GBps"] is None else f"{r['GBps']:.2f} GB/s"
             lines.append(f"{r['name']:20s} {gbps:>10s} {'(1 stream: ' + str(r['GBps_1_stream']) + ')':>17s}")
             continue
-        bound = r.get("disk_bound_per_sec")
+        bound, rule = r.get("disk_bound_per_sec"), r.get("rule_expected_per_sec")
         lines.append(
             f"{r['name']:20s} {r['samples_per_sec']:10,.0f} {r['min']:8,.0f}-{r['max']:<8,.0f} "
             f"{r['bytes_per_image'] / 1e3:8.1f} {r['bytes_per_image'] / source:7.2f} "
-            f"{'' if bound is None else f'{bound:11,.0f}'}"
+            f"{'' if bound is None else f'{bound:11,.0f}':>11s} {'' if rule is None else f'{rule:8,.0f}':>8s}"
         )
     return "\n".join(lines)
+
+
+def rule_check(stores: dict[str, Any], gbps: float | None, images: int) -> dict[str, Any]:
+    """What ``store_choice``'s rule expects of these stores on this machine, beside the measured rows:
+    warm (the machine's memory) and cold (as if neither store fitted), with the disk's measured bandwidth."""
+    from lightning_gpuopt.data import store_choice as rule
+
+    raw, jpeg = (stores[k]["bytes_per_image"] * images for k in ("raw_store", "compact_store"))
+    disk = gbps or rule.ASSUMED_DISK_GBPS
+    cores, memory = rule.cores_per_gpu(), rule.memory_bytes()
+    warm = rule.read_rates(images, int(raw), int(jpeg), memory, disk, cores)
+    cold = rule.read_rates(images, int(raw), int(jpeg), 0, disk, cores)
+    choice = rule.choose_store_format(images, int(raw), int(jpeg), memory=memory, disk_gbps=disk, cores=cores)
+    return {"raw_store_warm": warm[0], "compact_store_warm": warm[1], "raw_store_cold": cold[0],
+            "compact_store_cold": cold[1], "cores_per_gpu": cores, "memory_bytes": memory,
+            "disk_GBps": disk, "choice": choice.format, "reason": choice.reason}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -283,8 +304,14 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             row["bytes_per_image"] = store["bytes_per_image"]
             if disk["GBps"]:
                 row["disk_bound_per_sec"] = disk["GBps"] * 1e9 / store["bytes_per_image"]
+            row["per_thread_per_sec"] = row["samples_per_sec"] / max(1, row["read_threads"])
             measured[row["name"]] = row
     measured["disk_odirect"] = disk
+    info["rule"] = rule_check(stores, disk["GBps"], args.images)
+    for name, expected in info["rule"].items():
+        if name in measured:
+            measured[name]["rule_expected_per_sec"] = expected
+    print(f"the rule here: --format {info['rule']['choice']}: {info['rule']['reason']}", flush=True)
     info["stores"] = {k: {**v, "path": str(v["path"])} for k, v in stores.items()}
     return [measured[n] for n in ROWS], info
 

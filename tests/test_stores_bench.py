@@ -31,6 +31,8 @@ def test_quick_run_writes_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         row = rows[name]
         assert row["samples_per_sec"] > 0 and row["min"] <= row["samples_per_sec"] <= row["max"], row
         assert len(row["repeats"]) == 2 and row["read_threads"] >= 1
+        assert row["per_thread_per_sec"] == row["samples_per_sec"] / row["read_threads"]
+        assert row["rule_expected_per_sec"] == doc["data"]["rule"][name] > 0
         if name.endswith("_cold"):
             assert row["evicted"] is True and len(row["eviction"]) == 2, row
     # the raw store holds canvases, larger than the JPEGs; the compact one no more than the JPEGs
@@ -39,6 +41,7 @@ def test_quick_run_writes_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     if disk["GBps"] is not None:  # None where the file system takes no O_DIRECT reads (tmpfs)
         assert disk["GBps"] > 0 and rows["raw_store_cold"]["disk_bound_per_sec"] > 0
     assert doc["data"]["stores"]["compact_store"]["format"] == "jpeg"
+    assert doc["data"]["rule"]["choice"] in ("raw", "jpeg")
     assert doc["data"]["stores"]["raw_store"]["seconds"] > 0
 
 
