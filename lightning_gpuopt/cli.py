@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "convert": (
         "lightning_gpuopt.commands.convert",
-        "convert a class-per-subfolder image folder to uint8 HDF5",
+        "convert a class-per-subfolder image folder to an HDF5 store (raw uint8 or JPEG)",
     ),
     "tune": (
         "lightning_gpuopt.commands.tune",

@@ -224,8 +224,10 @@ def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     for line in lines:
         scripts = [w for w in line.split(": ", 1)[1].split() if w.endswith(".py")]
         assert all((REPO / s).is_file() for s in scripts), line
-    named = _run_all(tmp_path, "ddp_scaling", "parity")
+    named = _run_all(tmp_path, "ddp_scaling", "parity", "jpeg", "stores", "models", "ceiling_frac")
     assert "skipped (needs two GPUs" in named[0] and "accuracy_parity.py --size gpu" in named[1]
+    for line, script in zip(named[2:], ("jpeg", "stores", "models", "ceiling_frac"), strict=True):
+        assert f"benchmarks/{script}.py --out /tmp/run_all/results/" in line, line
 
 
 def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
