@@ -18,8 +18,9 @@ model                         family             stand-in
 
 Every model trains on ``loss(model(x), y)`` with cross-entropy: labels for a classifier, a mask for the
 segmentation net, next tokens for the language model. ``ZooModule`` is the user's LightningModule (SGD with
-momentum for the conv nets, AdamW for the transformers); ``ZooLoop`` is the same model, loss and optimizer in
-a plain loop under one ``Config`` (compile mode, autocast dtype, channels_last, fused optimizer).
+momentum for the conv nets, AdamW for the transformers and ConvNeXt, whose recipe uses it); ``ZooLoop`` is
+the same model, loss and optimizer in a plain loop under one ``Config`` (compile mode, autocast dtype,
+channels_last, fused optimizer).
 """
 
 from __future__ import annotations
@@ -205,7 +206,9 @@ _EFFICIENTNET = Spec("depthwise", 256, 224, 1000, _torchvision("efficientnet_b0"
 #: the zoo, by the name ``--models`` takes
 ZOO: dict[str, Spec] = {
     "resnet50": Spec("conv", 256, 224, 1000, _torchvision("resnet50"), SmallResNet, "sgd"),
-    "resnet50_bs512": Spec("conv", 512, 224, 1000, _torchvision("resnet50"), SmallResNet, "sgd"),
+    "resnet50_bs512": Spec(
+        "conv", 512, 224, 1000, _torchvision("resnet50"), SmallResNet, "sgd", quick_batch=8
+    ),
     "vit_b_16": Spec("vit", 128, 224, 1000, _torchvision("vit_b_16"), TinyViT, "adamw"),
     "convnext_tiny": Spec(
         "depthwise", 256, 224, 1000, _torchvision("convnext_tiny"), TinyDepthwiseNet, "adamw"

@@ -13,9 +13,10 @@ batch kept on the GPU):
    channels_last on/off (conv nets) with a fused optimizer, and eager with the unfused one; a
    comma-separated list of ``mode:dtype[:cl][:unfused]`` names tries those. The fastest is the ceiling.
 2. ``Trainer(**fast_trainer_kwargs(model, ...))`` fitting the user's module (``_zoo.ZooModule``: SGD with
-   momentum for conv nets, AdamW for transformers) on the same batch, configured as a long run (90 epochs of
-   the model's data set, 100,000 steps for the LM: the preset judges that run) and stopped after
-   ``StepClock``'s window; what the preset chose is read back from the fit (``preset_config``).
+   momentum for conv nets, AdamW for transformers and ConvNeXt, as its recipe has it) on a batch of the
+   same shape kept on the GPU, configured as a long run (90 epochs of the model's data set, 100,000 steps
+   for the LM: the preset judges that run) and stopped after ``StepClock``'s window; what the preset chose
+   is read back from the fit (``preset_config``).
 3. the ceiling's configuration and the preset take turns ``--repeats`` times; each row holds both medians,
    their range, p50/p90 and ``ratio`` = preset / ceiling (medians).
 
@@ -55,6 +56,13 @@ TARGET = 0.97
 RESNET50_RECORD = 7950.0
 #: families whose convolutions make channels_last a candidate of the search
 CONV_FAMILIES = ("conv", "depthwise", "segmentation")
+#: a row's ``ceiling_<key>`` and ``preset_<key>``: ``summarize``'s field of that side
+SIDE_FIELDS = {
+    "samples_per_sec": "samples_per_sec",
+    "min": "samples_per_sec_min",
+    "max": "samples_per_sec_max",
+}
+SIDE_FIELDS |= {k: k for k in ("spread", "p50_ms", "p90_ms", "repeats", "error")}
 
 
 # ---------------------------------------------------------------------------------------------- the search
@@ -120,7 +128,7 @@ def try_config(spec: Spec, config: Config, args: argparse.Namespace) -> tuple[Zo
         loop = ZooLoop(spec, config, args.device, quick=args.quick)
         with deadline(args.compile_timeout if config.compile != "eager" else 0, f"compiling {config.name}"):
             out["compile_seconds"] = loop.warm(3)
-        m = measure_loop(loop.step, loop.device, args.warmup, args.steps, loop.batch_size)
+        m = measure_loop(loop.step, loop.device, args.warmup, args.search_steps, loop.batch_size)
     except Exception as err:  # a configuration that fails is recorded; the search goes on
         out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         if config.compile != "eager":
@@ -236,18 +244,7 @@ def model_row(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row.update(ceiling_config=loop.config.to_dict(), preset_config=readback.config or None)
     for side in ("ceiling", "preset"):
         r = summary.get(side, {})
-        row.update(
-            {
-                f"{side}_samples_per_sec": r.get("samples_per_sec"),
-                f"{side}_min": r.get("samples_per_sec_min"),
-                f"{side}_max": r.get("samples_per_sec_max"),
-                f"{side}_spread": r.get("spread"),
-                f"{side}_p50_ms": r.get("p50_ms"),
-                f"{side}_p90_ms": r.get("p90_ms"),
-                f"{side}_repeats": r.get("repeats"),
-                f"{side}_error": r.get("error"),
-            }
-        )
+        row.update({f"{side}_{key}": r.get(field) for key, field in SIDE_FIELDS.items()})
     return finish_row(row, spec, summary.get("preset", {}), args)
 
 
@@ -295,17 +292,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ]
         return " ".join(p for p in parts if p)
 
-    cols = [
-        "model",
-        "ceiling/s [range]",
-        "ceiling config",
-        "preset/s [range]",
-        "preset config",
-        "ratio",
-        "worst",
-        "p50 ms c/p",
-        "spread c/p",
-    ]
+    cols = "model|ceiling/s [range]|ceiling config|preset/s [range]|preset config|ratio|worst|p50 ms c/p"
     body = [
         {
             "model": r["name"],
@@ -320,7 +307,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         }
         for r in rows
     ]
-    return format_table(body, cols)
+    return format_table(body, [*cols.split("|"), "spread c/p"])
 
 
 def _pair(r: dict[str, Any], key: str, digits: int) -> str:
@@ -357,6 +344,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=600.0,
         help="seconds a configuration may spend compiling (its first steps); 0: no limit",
     )
+    p.add_argument("--search-steps", type=int, default=100, help="steps of a configuration's search window")
     p.add_argument("--only-ceiling", action="store_true", help="the search and the ceiling; no preset fit")
     p.add_argument("--update", action="store_true", help="keep the --out file's rows of models not run now")
     args = p.parse_args(argv)
@@ -370,7 +358,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(str(err))
     args.device = device_of(args)
     if args.quick:
-        args.warmup, args.steps, args.repeats = 2, 4, min(args.repeats, 2)
+        args.warmup, args.steps, args.search_steps, args.repeats = 2, 4, 4, min(args.repeats, 2)
     return args
 
 
