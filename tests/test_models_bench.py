@@ -154,3 +154,13 @@ def test_zoo_examples_run() -> None:
     zoo = modules()[1]
     results = [doctest.DocTestRunner().run(t) for t in doctest.DocTestFinder().find(zoo, zoo.__name__)]
     assert sum(r.attempted for r in results) >= 4 and sum(r.failed for r in results) == 0
+
+
+def test_the_preset_twin_is_what_the_preset_picks_on_a_cpu() -> None:
+    models, zoo = modules()
+    from lightning_gpuopt import choose_precision
+
+    for name, channels_last in (("resnet50", True), ("gpt2", False)):
+        twin = models.preset_twin(zoo.ZOO[name].make(quick=True), "cpu")
+        dtype = {"bf16-mixed": "bf16", "32-true": "fp32"}[choose_precision("cpu")]
+        assert twin == zoo.Config("eager", dtype, channels_last, fused=False), twin  # no compile on a CPU
