@@ -13,17 +13,30 @@ from typing_extensions import override
 from lightning_gpuopt._checks import check_bool, check_float, check_int
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
+from lightning_gpuopt.observe.ceiling import (
+    CEILING_KEY,
+    CEILING_RATE_KEY,
+    Ceiling,
+    ReplayCeiling,
+    ceiling_frac,
+)
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
-__all__ = ["METRIC_KEYS", "GPUStatsMonitor"]
+__all__ = ["METRIC_KEYS", "STEP_IDLE_KEY", "GPUStatsMonitor"]
+
+#: Key of the GPU's idle share inside steps: NVML's idle share less the idle share between steps.
+STEP_IDLE_KEY = "gpu/step_idle_frac"
 
 #: Every key the monitor can log, in a fixed order (the ``all_ranks`` gather relies on it).
 METRIC_KEYS: tuple[str, ...] = (
     *GPU_KEYS,
     IDLE_KEY,
+    STEP_IDLE_KEY,
+    CEILING_KEY,
+    CEILING_RATE_KEY,
     *HOST_KEYS,
     LOADER_KEY,
     BLOCKED_KEY,
@@ -47,7 +60,12 @@ class GPUStatsMonitor(ReleasingCallback):
     - ``time.perf_counter`` around each batch: step time, the host's wait for the next batch, and how that
       wait splits into time inside the loader and time spent while the GPU was still busy (``time/``).
     - psutil at window ends: CPU use of the training thread, of workers and other threads, and of
-      the cores the process may use (``host/``).
+      the cores the process may use, and the bytes the process read from storage (``host/``).
+    - Once a fit, after the first window: a few training steps replayed on a copy of the batch just trained
+      on, kept on the device (``observe.ceiling.ReplayCeiling``), the model's own ceiling; every later window
+      logs the run's samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the
+      next window's end. Cost: about ``ceiling_steps + 2`` steps' time and one copy of the weights,
+      gradients and optimizer state, excluded from every window's figures.
 
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
@@ -60,6 +78,9 @@ class GPUStatsMonitor(ReleasingCallback):
             each under a ``/rank{r}`` suffix. Without it the logged values are global rank zero's own.
         nvml_index: NVML device to sample instead of the one mapped from the Trainer's device (rarely
             needed: the mapping already follows ``CUDA_VISIBLE_DEVICES`` and device UUIDs).
+        ceiling: measure ``gpu/ceiling_frac``: ``None`` on single-process CUDA runs (with ``gpu=True``),
+            ``True`` also on a CPU run (the host clock then times the replay), ``False`` never.
+        ceiling_steps: replayed steps timed for the ceiling (after two untimed ones).
 
     Logged keys (one value per window; a key is absent where its source does not report it: ``gpu/`` on a
     CPU run, ``gpu/sm_*`` before Hopper, ``time/loader_wait_frac`` for a loader without ``fetch_seconds``,
@@ -80,6 +101,10 @@ class GPUStatsMonitor(ReleasingCallback):
     gpu/sm_occupancy           %      GPM: resident warps vs the maximum, mean (Hopper+)
     gpu/tensor_active          %      GPM: share of time tensor cores were busy, mean (Hopper+)
     gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
+    gpu/step_idle_frac         0..1   GPU idle inside steps: 1 - gpu/util/100 - gpu/idle_frac (NVML, events)
+    gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
+    throughput/ceiling_samples_per_sec
+                               1/s    the model's rate replayed on a batch kept on the device
     time/step_ms               ms     host wall time a training step, data wait included, mean
     time/data_wait_ms          ms     end of one training batch to the start of the next, mean
     time/data_wait_frac        0..1   data wait / step time
@@ -90,6 +115,8 @@ class GPUStatsMonitor(ReleasingCallback):
     host/cpu_workers_pct       %      CPU of other threads and child processes (100 = one core)
     host/cpu_busy_frac         0..1   busy share of the cores this process may run on (all processes)
     host/cpu_cores             count  cores this process may run on
+    host/read_mb_s             MB/s   bytes this process and its children read from storage (page-cache
+                                      misses; ``psutil`` ``io_counters``, Linux) / window time
     ========================== ====== ==================================================================
 
     With ``all_ranks=True`` each key is also logged as ``<key>/rank{r}`` for every global rank ``r``.
@@ -118,9 +145,13 @@ class GPUStatsMonitor(ReleasingCallback):
         gpm: bool = True,
         all_ranks: bool = False,
         nvml_index: int | None = None,
+        ceiling: bool | None = None,
+        ceiling_steps: int = 8,
     ) -> None:
         super().__init__()
-        check_float(sample_period_s, "sample_period_s", low=0, low_open=True, what="(seconds)", fix="e.g. 0.1")
+        check_float(
+            sample_period_s, "sample_period_s", low=0, low_open=True, what="(seconds)", fix="e.g. 0.1"
+        )
         check_int(
             log_every_n_steps,
             "log_every_n_steps",
@@ -130,6 +161,9 @@ class GPUStatsMonitor(ReleasingCallback):
             fix="None uses the Trainer's log_every_n_steps",
         )
         check_int(nvml_index, "nvml_index", low=0, none_ok=True, what="(an NVML device index)")
+        check_int(ceiling_steps, "ceiling_steps", low=2, what="(replayed steps timed)")
+        if ceiling is not None:
+            check_bool(ceiling, "ceiling")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
             check_bool(value, name)
         self.sample_period_s = float(sample_period_s)
@@ -138,6 +172,14 @@ class GPUStatsMonitor(ReleasingCallback):
         self.gpm = gpm
         self.all_ranks = all_ranks
         self.nvml_index = nvml_index
+        self.ceiling = ceiling
+        self.ceiling_steps = ceiling_steps
+        #: the latest replayed ceiling of this fit (None before the first, or where it is not measured)
+        self.last_ceiling: Ceiling | None = None
+        #: host time ``(start, end)`` of the latest pause in which the monitor did its own work (the replay);
+        #: the advisor leaves it out of its step timing
+        self.pause: tuple[float, float] | None = None
+        self._ceiling_due = False
         self.history: list[dict[str, float]] = []
         self.last_window: dict[str, float] = {}
         self._sampler: NVMLSampler | None = None
@@ -213,6 +255,9 @@ class GPUStatsMonitor(ReleasingCallback):
         self._timer = StepTimer()
         self._fetch = None
         self._last_logged_step = 0  # a new fit counts from its own first step (a resume restores it later)
+        self.last_ceiling = None
+        self.pause = None
+        self._ceiling_due = self._ceiling_wanted(loop)
         if not loop.loggers:
             warn_once(
                 f"GPUStatsMonitor: the {loop.name} has no logger, so the metrics are kept in "
@@ -228,11 +273,54 @@ class GPUStatsMonitor(ReleasingCallback):
         if self._sampler is None:
             self._start_sampler(device)
 
+    def _ceiling_wanted(self, loop: Loop) -> bool:
+        if self.ceiling is False or (self.ceiling is None and (not self.gpu or loop.device.type != "cuda")):
+            return False
+        if loop.world_size > 1:
+            warn_once(
+                "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
+                "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
+            )
+            return False
+        return True
+
+    def measure_ceiling(self) -> None:
+        """Measure the ceiling again at the end of the next window (``gpu/ceiling_frac`` of the windows after
+        it uses the new figure); for a run whose model or batch changed."""
+        self._ceiling_due = self.ceiling is not False
+
+    def _measure_ceiling(self, loop: Loop, batch: Any) -> None:
+        """Replay a few steps on a copy of ``batch``; the replay's time is left out of the next window."""
+        self._ceiling_due = False
+        why = ReplayCeiling.unsupported(loop.module, loop.optimizers)
+        if why is not None:
+            warn_once(f"GPUStatsMonitor: gpu/ceiling_frac is not measured: {why}.")
+            return
+        start = time.perf_counter()
+        result = ReplayCeiling(self.ceiling_steps).measure(
+            loop.module,
+            list(loop.optimizers or ()),
+            batch,
+            loop.precision_plugin,
+            loop.device,
+            loop.global_step,
+        )
+        if result is not None:
+            self.last_ceiling = result
+        self.pause = (start, time.perf_counter())
+        # the replay is none of the next window's time: data wait, GPU idle, GPU-Util and CPU use restart here
+        self._mark()
+        if self._sampler is not None:
+            self._sampler.window()
+        if self._cpu is not None:
+            self._cpu.read()
+
     def _start_sampler(self, device: torch.device) -> None:
         if device.type != "cuda" and self.nvml_index is None:
             warn_once(
                 f"GPUStatsMonitor: the training device is {device.type!r}, not CUDA, so there is no GPU to "
-                "measure; logging host metrics only (pass gpu=False to silence this)."
+                "measure; logging host metrics only, without gpu/ceiling_frac unless ceiling=True "
+                "(pass gpu=False to silence this)."
             )
             return
         why = ""
@@ -294,6 +382,8 @@ class GPUStatsMonitor(ReleasingCallback):
         step = loop.global_step
         if step > self._last_logged_step and step % self._interval(loop) == 0:
             self._log_window(loop)
+            if self._ceiling_due:
+                self._measure_ceiling(loop, batch)
 
     def _end(self, loop: Loop) -> None:
         """Training ends: the last, possibly shorter window."""
@@ -337,6 +427,7 @@ class GPUStatsMonitor(ReleasingCallback):
             metrics.update(self._cpu.window())
         if self._sampler is not None:
             metrics.update(self._sampler.window())
+        self._derived(metrics)
         metrics = {k: metrics[k] for k in METRIC_KEYS if k in metrics}
         if self.all_ranks and loop.world_size > 1:
             metrics = self._gather(loop, metrics)
@@ -349,6 +440,17 @@ class GPUStatsMonitor(ReleasingCallback):
         self.history.append(self.last_window)
         if loop.is_global_zero and (self.log_every_n_steps is not None or loop.log_every_n_steps != 0):
             loop.log_metrics(metrics, log_step)
+
+    def _derived(self, metrics: dict[str, float]) -> None:
+        """Add the figures computed from others: the ceiling fraction and the GPU's idle share inside steps."""
+        if self.last_ceiling is not None:
+            frac = ceiling_frac(metrics.get("throughput/samples_per_sec"), self.last_ceiling.samples_per_sec)
+            if frac is not None:
+                metrics[CEILING_KEY] = frac
+                metrics[CEILING_RATE_KEY] = self.last_ceiling.samples_per_sec
+        util, idle = metrics.get("gpu/util"), metrics.get(IDLE_KEY)
+        if util is not None and idle is not None:
+            metrics[STEP_IDLE_KEY] = min(max(1.0 - util / 100.0 - idle, 0.0), 1.0)
 
     def _gather(self, loop: Loop, metrics: dict[str, float]) -> dict[str, float]:
         values = torch.tensor([metrics.get(k, math.nan) for k in METRIC_KEYS], dtype=torch.float64)

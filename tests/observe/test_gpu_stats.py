@@ -27,7 +27,13 @@ from tests.observe.fake_pynvml import install
 
 # host/ keys come from Linux /proc; elsewhere they are absent
 HOST_ONLY = {*HOST_KEYS, *CPU_KEYS} if Path("/proc/self/stat").exists() else set(HOST_KEYS)
-CUDA_ONLY = {"gpu/idle_frac", "time/gpu_blocked_frac"}
+CUDA_ONLY = {
+    "gpu/idle_frac",
+    "time/gpu_blocked_frac",
+    "gpu/step_idle_frac",
+    "gpu/ceiling_frac",
+    "throughput/ceiling_samples_per_sec",
+}
 NO_LOGGER = "GPUStatsMonitor: the Trainer has no logger"
 
 
