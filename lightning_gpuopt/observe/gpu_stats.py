@@ -22,6 +22,7 @@ from lightning_gpuopt.observe.ceiling import (
 )
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
+from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, check_steps, user_sites
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
@@ -37,6 +38,7 @@ METRIC_KEYS: tuple[str, ...] = (
     STEP_IDLE_KEY,
     CEILING_KEY,
     CEILING_RATE_KEY,
+    SYNCS_KEY,
     *HOST_KEYS,
     LOADER_KEY,
     BLOCKED_KEY,
@@ -66,6 +68,10 @@ class GPUStatsMonitor(ReleasingCallback):
       logs the run's samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the
       next window's end. Cost: about ``ceiling_steps + 2`` steps' time and one copy of the weights,
       gradients and optimizer state, excluded from every window's figures.
+    - Once a fit, after a window whose ``gpu/step_idle_frac`` reaches ``sync_idle_frac`` (CUDA): the
+      host-sync locator (``observe.host_sync.SyncLocator``) for ``sync_steps`` steps, which names the lines
+      that make the host wait for the GPU (``host_syncs``; ``gpu/host_syncs_per_step`` in the next window).
+      ``locate_syncs()`` runs it from the next window's end.
 
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
@@ -81,6 +87,8 @@ class GPUStatsMonitor(ReleasingCallback):
         ceiling: measure ``gpu/ceiling_frac``: ``None`` on single-process CUDA runs (with ``gpu=True``),
             ``True`` also on a CPU run (the host clock then times the replay), ``False`` never.
         ceiling_steps: replayed steps timed for the ceiling (after two untimed ones).
+        sync_steps: training steps the host-sync locator watches (``0``: never run it).
+        sync_idle_frac: ``gpu/step_idle_frac`` of a window from which the locator runs.
 
     Logged keys (one value per window; a key is absent where its source does not report it: ``gpu/`` on a
     CPU run, ``gpu/sm_*`` before Hopper, ``time/loader_wait_frac`` for a loader without ``fetch_seconds``,
@@ -105,6 +113,8 @@ class GPUStatsMonitor(ReleasingCallback):
     gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
     throughput/ceiling_samples_per_sec
                                1/s    the model's rate replayed on a batch kept on the device
+    gpu/host_syncs_per_step    count  synchronizing CUDA calls a step from the user's lines (the
+                                      window after the locator ran; the lines: ``host_syncs``)
     time/step_ms               ms     host wall time a training step, data wait included, mean
     time/data_wait_ms          ms     end of one training batch to the start of the next, mean
     time/data_wait_frac        0..1   data wait / step time
@@ -147,6 +157,8 @@ class GPUStatsMonitor(ReleasingCallback):
         nvml_index: int | None = None,
         ceiling: bool | None = None,
         ceiling_steps: int = 8,
+        sync_steps: int = 5,
+        sync_idle_frac: float = 0.10,
     ) -> None:
         super().__init__()
         check_float(
@@ -164,6 +176,9 @@ class GPUStatsMonitor(ReleasingCallback):
         check_int(ceiling_steps, "ceiling_steps", low=2, what="(replayed steps timed)")
         if ceiling is not None:
             check_bool(ceiling, "ceiling")
+        if sync_steps:
+            check_steps(sync_steps)
+        check_float(sync_idle_frac, "sync_idle_frac", low=0, high=1, what="(a fraction)", fix="e.g. 0.1")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
             check_bool(value, name)
         self.sample_period_s = float(sample_period_s)
@@ -180,6 +195,14 @@ class GPUStatsMonitor(ReleasingCallback):
         #: the advisor leaves it out of its step timing
         self.pause: tuple[float, float] | None = None
         self._ceiling_due = False
+        self.sync_steps = sync_steps
+        self.sync_idle_frac = float(sync_idle_frac)
+        #: the lines that synchronized the host with the GPU, most frequent first, from the latest run of
+        #: the host-sync locator in this fit (empty before it ran, or where it found none)
+        self.host_syncs: list[SyncSite] = []
+        self._locator: SyncLocator | None = None
+        self._locate: str | None = None  # None: not yet; "due": from the next window's end; "done"
+        self._syncs_per_step: float | None = None
         self.history: list[dict[str, float]] = []
         self.last_window: dict[str, float] = {}
         self._sampler: NVMLSampler | None = None
@@ -258,6 +281,9 @@ class GPUStatsMonitor(ReleasingCallback):
         self.last_ceiling = None
         self.pause = None
         self._ceiling_due = self._ceiling_wanted(loop)
+        self.host_syncs = []
+        self._locate = None if self.sync_steps and self.gpu and loop.device.type == "cuda" else "done"
+        self._syncs_per_step = None
         if not loop.loggers:
             warn_once(
                 f"GPUStatsMonitor: the {loop.name} has no logger, so the metrics are kept in "
@@ -283,6 +309,33 @@ class GPUStatsMonitor(ReleasingCallback):
             )
             return False
         return True
+
+    def locate_syncs(self) -> None:
+        """Run the host-sync locator from the end of the next window (CUDA runs; ``host_syncs`` after it)."""
+        if self.sync_steps:
+            self._locate = "due"
+
+    def _locator_step(self) -> None:
+        locator = self._locator
+        if locator is None:
+            return
+        locator.step()
+        if locator.steps >= self.sync_steps:
+            self._stop_locator()
+
+    def _stop_locator(self) -> None:
+        locator, self._locator = self._locator, None
+        if locator is None:
+            return
+        self.host_syncs = locator.stop()
+        mine = user_sites(self.host_syncs)
+        self._syncs_per_step = sum(s.count for s in mine) / locator.steps if locator.steps else None
+
+    def _start_locator(self) -> None:
+        self._locate = "done"
+        locator = SyncLocator()
+        if locator.start():
+            self._locator = locator
 
     def measure_ceiling(self) -> None:
         """Measure the ceiling again at the end of the next window (``gpu/ceiling_frac`` of the windows after
@@ -338,6 +391,9 @@ class GPUStatsMonitor(ReleasingCallback):
             warn_once(f"GPUStatsMonitor: {why} Logging without the NVML metrics (gpu/util, power, ...).")
 
     def _release(self) -> None:
+        if self._locator is not None:
+            self._locator.stop()
+            self._locator = None
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.stop()
@@ -379,11 +435,15 @@ class GPUStatsMonitor(ReleasingCallback):
         if self._idle is not None:
             self._idle.step_end(t)
         self._timer.batch_end(t, batch_size_of(batch))
+        self._locator_step()
         step = loop.global_step
         if step > self._last_logged_step and step % self._interval(loop) == 0:
+            self._stop_locator()  # the window's end and the replay synchronize: not the user's
             self._log_window(loop)
             if self._ceiling_due:
                 self._measure_ceiling(loop, batch)
+            if self._locate == "due":
+                self._start_locator()
 
     def _end(self, loop: Loop) -> None:
         """Training ends: the last, possibly shorter window."""
@@ -451,6 +511,11 @@ class GPUStatsMonitor(ReleasingCallback):
         util, idle = metrics.get("gpu/util"), metrics.get(IDLE_KEY)
         if util is not None and idle is not None:
             metrics[STEP_IDLE_KEY] = min(max(1.0 - util / 100.0 - idle, 0.0), 1.0)
+            # the first window holds the warm-up; a later one whose GPU waits inside steps gets the locator
+            if self._locate is None and self.history and metrics[STEP_IDLE_KEY] >= self.sync_idle_frac:
+                self._locate = "due"
+        if self._syncs_per_step is not None:
+            metrics[SYNCS_KEY], self._syncs_per_step = self._syncs_per_step, None
 
     def _gather(self, loop: Loop, metrics: dict[str, float]) -> dict[str, float]:
         values = torch.tensor([metrics.get(k, math.nan) for k in METRIC_KEYS], dtype=torch.float64)

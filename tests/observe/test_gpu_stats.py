@@ -33,6 +33,7 @@ CUDA_ONLY = {
     "gpu/step_idle_frac",
     "gpu/ceiling_frac",
     "throughput/ceiling_samples_per_sec",
+    "gpu/host_syncs_per_step",
 }
 NO_LOGGER = "GPUStatsMonitor: the Trainer has no logger"
 

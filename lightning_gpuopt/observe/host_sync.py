@@ -1,0 +1,233 @@
+"""Which lines of the user's code make the host wait for the GPU, and how often a step.
+
+``SyncLocator`` turns on ``torch.cuda.set_sync_debug_mode("warn")`` for a few training steps: torch then
+warns at every synchronizing CUDA call (``.item()``, ``.cpu()``, printing a CUDA tensor, a blocking copy to
+the host, ``torch.nonzero``...). The locator catches those warnings as they are raised, takes the Python
+stack of each and names the line it comes from (``attribute``): the innermost frame outside torch, Lightning
+and this package, that is the user's line that called into them, unless Lightning's training loop runs
+between that line and the sync (then the sync is Lightning's own and is named by Lightning's frame; the
+user's line is only ``trainer.fit``). A sync on a thread without user code (a loader's staging thread) is
+named by the innermost frame of this package or Lightning. ``stop()`` turns the mode back and returns one
+``SyncSite`` a line with its count.
+
+The stack attribution is plain Python on frames (``attribute`` takes ``traceback.FrameSummary`` objects or
+anything with ``filename``, ``lineno`` and ``line``), so it is tested without a GPU; on a CPU run torch's
+sync debug mode reports nothing. Cost while on: a warning and a stack walk at each sync (tens of
+microseconds each); the monitor keeps it on for ``steps`` steps once a fit, then off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sysconfig
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_gpuopt._checks import check_int
+
+__all__ = ["SYNCS_KEY", "SYNC_MESSAGE", "SyncLocator", "SyncSite", "attribute", "owner_of", "user_sites"]
+
+#: The text of torch's warning at a synchronizing call under ``set_sync_debug_mode("warn")``.
+SYNC_MESSAGE = "synchronizing CUDA operation"
+#: Key of the synchronizing calls a step found in the user's code (``GPUStatsMonitor``).
+SYNCS_KEY = "gpu/host_syncs_per_step"
+
+_LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities", "torchmetrics")
+#: Lightning's own training loop: a sync under these frames is the loop's, not the user's line above them
+_LOOP_PARTS = (f"{os.sep}loops{os.sep}", f"{os.sep}trainer{os.sep}trainer.py")
+_DIRS: dict[str, tuple[str, ...]] | None = None
+
+
+def _package_dirs() -> dict[str, tuple[str, ...]]:
+    global _DIRS
+    if _DIRS is None:
+        groups = {"lightning-gpuopt": ("lightning_gpuopt",), "lightning": _LIGHTNING, "torch": ("torch",)}
+        out: dict[str, tuple[str, ...]] = {}
+        for owner, names in groups.items():
+            dirs = []
+            for name in names:
+                try:
+                    spec = importlib.util.find_spec(name)
+                except (ImportError, ValueError):
+                    spec = None
+                for location in (spec.submodule_search_locations or ()) if spec is not None else ():
+                    dirs.append(os.path.join(os.path.realpath(location), ""))
+            out[owner] = tuple(dirs)
+        paths = sysconfig.get_paths()
+        out["python"] = tuple(
+            os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib") if k in paths
+        )
+        _DIRS = out
+    return _DIRS
+
+
+def owner_of(filename: str) -> str:
+    """``"user"``, ``"lightning-gpuopt"``, ``"lightning"``, ``"torch"`` or ``"python"`` (the standard
+    library, and frames without a file such as ``<frozen ...>``)."""
+    if filename.startswith("<"):
+        return "python"
+    path = os.path.realpath(filename)
+    for owner, dirs in _package_dirs().items():
+        if dirs and path.startswith(dirs):
+            return owner
+    return "user"
+
+
+@dataclass(frozen=True)
+class SyncSite:
+    """A line where the host waited for the GPU, and how often it did in the located steps.
+
+    Attributes:
+        filename: the file (as Python names it).
+        lineno: the line.
+        code: the line's source, stripped (empty where not readable).
+        owner: whose line it is: ``"user"``, ``"lightning"``, ``"lightning-gpuopt"``, ``"torch"``.
+        count: synchronizing calls from it while the locator was on.
+        steps: training steps the locator was on for.
+    """
+
+    filename: str
+    lineno: int
+    code: str
+    owner: str
+    count: int
+    steps: int
+
+    @property
+    def where(self) -> str:
+        """``file.py:42``: the file's name and the line."""
+        return f"{os.path.basename(self.filename)}:{self.lineno}"
+
+    @property
+    def per_step(self) -> float:
+        return self.count / self.steps if self.steps else float(self.count)
+
+    def describe(self) -> str:
+        """``"`model.py:42` synchronizes every step (`loss.item()`)"``."""
+        n = self.per_step
+        if 0.95 <= n < 1.5:
+            often = "every step"
+        elif n >= 1.5:
+            often = f"{n:.0f} times a step"
+        else:
+            often = f"in {n:.0%} of steps"
+        code = self.code if len(self.code) <= 60 else self.code[:57] + "..."
+        whose = "" if self.owner == "user" else f" ({self.owner}'s own)"
+        return f"`{self.where}`{whose} synchronizes {often}" + (f" (`{code}`)" if code else "")
+
+
+def attribute(stack: Sequence[Any]) -> tuple[str, int, str, str] | None:
+    """``(filename, lineno, code, owner)`` of the line a synchronizing call is charged to.
+
+    Args:
+        stack: the frames, outermost first (as ``traceback.extract_stack`` gives them), ending at the call
+            that synchronized; each with ``filename``, ``lineno`` and ``line``.
+    """
+    frames = [(f, owner_of(f.filename)) for f in stack]
+    frames = [(f, o) for f, o in frames if o != "python"] or frames
+    if not frames:
+        return None
+    user = next((i for i in range(len(frames) - 1, -1, -1) if frames[i][1] == "user"), None)
+    inner = frames[user + 1 :] if user is not None else frames
+    in_loop = any(o == "lightning" and any(p in f.filename for p in _LOOP_PARTS) for f, o in inner)
+    if user is not None and not in_loop:
+        f, o = frames[user]
+    else:
+        libs = [(f, o) for f, o in inner if o in ("lightning", "lightning-gpuopt")]
+        f, o = libs[-1] if libs else inner[-1] if inner else frames[-1]
+    return f.filename, int(f.lineno or 0), (f.line or "").strip(), o
+
+
+class SyncLocator:
+    """Counts synchronizing CUDA calls by the line they come from, between ``start()`` and ``stop()``.
+
+    Call ``start()``, ``step()`` after each training step, and ``stop()`` to turn it off and get the sites,
+    most frequent first. ``record(stack)`` counts one sync at ``stack`` (what the warning hook does; tests
+    feed stacks directly).
+
+    Example:
+        >>> from traceback import FrameSummary
+        >>> locator = SyncLocator()
+        >>> locator.record([FrameSummary("/home/me/model.py", 42, "training_step", line="loss.item()")])
+        >>> locator.step()
+        >>> locator.sites()[0].describe()
+        '`model.py:42` synchronizes every step (`loss.item()`)'
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, int, str, str]] = Counter()
+        self.steps = 0
+        self._catch: Any = None
+        self._previous_mode: int | None = None
+        self._showwarning: Any = None
+
+    @property
+    def running(self) -> bool:
+        return self._catch is not None
+
+    def record(self, stack: Sequence[Any]) -> None:
+        """Count one synchronizing call made at ``stack`` (outermost frame first)."""
+        site = attribute(stack)
+        if site is not None:
+            self.counts[site] += 1
+
+    def step(self) -> None:
+        """A training step ended."""
+        self.steps += 1
+
+    def _hook(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+              line: Any = None) -> None:  # fmt: skip
+        if SYNC_MESSAGE in str(message):
+            here = os.path.realpath(__file__)
+            stack = [f for f in traceback.extract_stack() if os.path.realpath(f.filename) != here]
+            self.record(stack)
+        elif self._showwarning is not None:
+            self._showwarning(message, category, filename, lineno, file, line)
+
+    def start(self) -> bool:
+        """Turn the sync debug mode on (CUDA only); ``False`` where there is no CUDA to watch."""
+        if self.running or not torch.cuda.is_available():
+            return False
+        self.counts.clear()
+        self.steps = 0
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.filterwarnings("always", message=f".*{SYNC_MESSAGE}")
+        self._showwarning = warnings.showwarning
+        warnings.showwarning = self._hook
+        self._previous_mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        return True
+
+    def stop(self) -> list[SyncSite]:
+        """Turn the mode back to what it was; the sites counted since ``start()``."""
+        if self.running:
+            torch.cuda.set_sync_debug_mode(self._previous_mode or 0)
+            catch, self._catch = self._catch, None
+            catch.__exit__(None, None, None)  # restores the filters and showwarning
+            self._showwarning = None
+        return self.sites()
+
+    def sites(self) -> list[SyncSite]:
+        """The sites counted so far, most frequent first."""
+        return [
+            SyncSite(filename, lineno, code, owner, count, self.steps)
+            for (filename, lineno, code, owner), count in self.counts.most_common()
+        ]
+
+
+def user_sites(sites: Sequence[SyncSite]) -> list[SyncSite]:
+    """The sites in the user's own code."""
+    return [s for s in sites if s.owner == "user"]
+
+
+def check_steps(steps: int) -> None:
+    """Check a ``sync_steps`` argument: training steps the locator watches, at least one."""
+    check_int(steps, "sync_steps", low=1, what="(training steps the sync locator watches)")
