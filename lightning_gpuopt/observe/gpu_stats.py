@@ -372,8 +372,7 @@ class GPUStatsMonitor(ReleasingCallback):
         if device.type != "cuda" and self.nvml_index is None:
             warn_once(
                 f"GPUStatsMonitor: the training device is {device.type!r}, not CUDA, so there is no GPU to "
-                "measure; logging host metrics only, without gpu/ceiling_frac unless ceiling=True "
-                "(pass gpu=False to silence this)."
+                "measure; logging host metrics only (pass gpu=False to silence this)."
             )
             return
         why = ""

@@ -1,4 +1,5 @@
-"""Where the host's CPU time goes during training, from psutil (Linux, macOS, Windows), read once a window.
+"""Where the host's CPU time goes during training, and how much it reads from storage, from psutil (Linux,
+macOS, Windows), read once a window.
 
 ``HostCPUReader.read()`` takes a snapshot of cumulative CPU times; ``HostCPUReader.window()`` returns the
 rates since the previous snapshot. Nothing is read per step. Where psutil cannot read this process both
@@ -16,7 +17,10 @@ from typing import Any
 
 from lightning_gpuopt._common import available_cpus
 
-__all__ = ["CPU_KEYS", "HostCPUReader", "cpu_busy_total"]
+__all__ = ["CPU_KEYS", "READ_KEY", "HostCPUReader", "cpu_busy_total"]
+
+#: Key of the bytes this process and its children read from storage, MB/s (``HostCPUReader.window()``).
+READ_KEY = "host/read_mb_s"
 
 #: Keys ``HostCPUReader.window()`` returns.
 CPU_KEYS: tuple[str, ...] = (
@@ -24,6 +28,7 @@ CPU_KEYS: tuple[str, ...] = (
     "host/cpu_workers_pct",
     "host/cpu_busy_frac",
     "host/cpu_cores",
+    READ_KEY,
 )
 
 #: fields of ``psutil.cpu_times()`` that are not busy time (idle, waiting for I/O) or that are already
@@ -57,6 +62,7 @@ class _Snapshot:
     children: float  # live descendants (with their reaped children) + this process's reaped children
     cpu_busy: float
     cpu_total: float
+    read_bytes: float | None = None  # bytes read from storage by this process and its live descendants
 
 
 class HostCPUReader:
@@ -75,6 +81,9 @@ class HostCPUReader:
       out where some cores are offline and the affinity is a subset of the others (psutil's list of cores
       then does not say which entry is which core).
     - ``host/cpu_cores``: how many cores that is.
+    - ``host/read_mb_s``: bytes this process and its live descendants read from storage (``read_bytes`` of
+      ``psutil.Process.io_counters``: what the page cache did not hold), MB/s. Left out where the platform
+      does not count them (macOS); a worker that exited inside the window takes its reads with it.
 
     The training thread's time is ``time.thread_time()`` when the reader is read on that thread (as
     ``GPUStatsMonitor`` and the benchmark clock do), else its entry in ``psutil.Process.threads()``; where
@@ -149,12 +158,13 @@ class HostCPUReader:
             except (psutil.Error, OSError):  # exited since it was listed: its time is in a reaped total
                 continue
             children += t.user + t.system + t.children_user + t.children_system
+        read = _read_bytes(proc, descendants, psutil)
         busy = total = 0.0
         cores = psutil.cpu_times(percpu=True)
         for index in _entries(self.cpus, len(cores)):
             b, t = cpu_busy_total(cores[index])
             busy, total = busy + b, total + t
-        return _Snapshot(time.monotonic(), main, own.user + own.system, children, busy, total)
+        return _Snapshot(time.monotonic(), main, own.user + own.system, children, busy, total, read)
 
     def window(self) -> dict[str, float]:
         """Rates since the previous snapshot, then start a new window; empty where psutil cannot read this
@@ -175,7 +185,23 @@ class HostCPUReader:
         if cur.cpu_total > prev.cpu_total:
             out["host/cpu_busy_frac"] = (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total)
         out["host/cpu_cores"] = float(self.cores)
+        if cur.read_bytes is not None and prev.read_bytes is not None:
+            out[READ_KEY] = max(cur.read_bytes - prev.read_bytes, 0.0) / wall / 1e6
         return out
+
+
+def _read_bytes(proc: Any, descendants: list[Any], psutil: Any) -> float | None:
+    """Bytes ``proc`` and ``descendants`` read from storage so far; ``None`` where ``proc``'s are not counted."""
+    try:
+        total = float(proc.io_counters().read_bytes)
+    except (AttributeError, psutil.Error, OSError):  # macOS has no io_counters
+        return None
+    for child in descendants:
+        try:
+            total += float(child.io_counters().read_bytes)
+        except (psutil.Error, OSError):  # exited since it was listed
+            continue
+    return total
 
 
 def _affinity() -> list[int]:

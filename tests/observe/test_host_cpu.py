@@ -5,12 +5,13 @@ import sys
 import threading
 import time
 from collections import namedtuple
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from lightning_gpuopt.observe import host_cpu
-from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader, cpu_busy_total
+from lightning_gpuopt.observe.host_cpu import CPU_KEYS, READ_KEY, HostCPUReader, cpu_busy_total
 
 # psutil's own shapes: a process's cpu_times, a thread, a Linux core's cpu_times
 ProcTimes = namedtuple("ProcTimes", "user system children_user children_system iowait")
@@ -33,6 +34,7 @@ class FakePsutil:
     def __init__(self) -> None:
         self.set(main=0, process=0, reaped=0, worker=0, grandchild=0, busy=0, idle=0)
         self.gone: set[int] = set()
+        self.read_bytes = {100: 0, 200: 0, 300: 0}  # bytes each process read from storage
 
     def set(self, main, process, reaped, worker, grandchild, busy, idle) -> None:
         self.times = {
@@ -63,6 +65,11 @@ class _FakeProcess:
     def threads(self):
         return self.ps.threads
 
+    def io_counters(self):
+        if self.pid in self.ps.gone:
+            raise psutil.NoSuchProcess(self.pid)
+        return SimpleNamespace(read_bytes=self.ps.read_bytes[self.pid])
+
     def children(self, recursive=False):
         assert recursive
         return [_FakeProcess(self.ps, 200), _FakeProcess(self.ps, 300)]
@@ -85,8 +92,10 @@ def test_reader_rates_from_psutil(monkeypatch):
     # in 2 s: main thread 1.5 s, pin thread 0.5 s, worker 3 s, its child 1 s, one reaped child 0.2 s; the two
     # cores were busy 3.2 of 4 s
     fake.set(main=1.5, process=2.0, reaped=0.2, worker=3.0, grandchild=1.0, busy=3.2, idle=0.8)
+    fake.read_bytes = {100: 10e6, 200: 50e6, 300: 0}  # the trainer's threads and a worker read 60 MB
     w = reader.window()
     assert set(w) == set(CPU_KEYS)
+    assert w[READ_KEY] == pytest.approx(30.0)  # MB/s over the two seconds
     assert w["host/cpu_main_pct"] == pytest.approx(75.0)
     assert w["host/cpu_workers_pct"] == pytest.approx(100.0 * (0.5 + 3.0 + 1.0 + 0.2) / 2)
     assert w["host/cpu_busy_frac"] == pytest.approx(0.8)
@@ -118,7 +127,7 @@ def test_a_main_thread_psutil_cannot_name_leaves_out_the_thread_split(monkeypatc
     reader.main_tid = 4242  # e.g. macOS, whose thread ids are not native ids
     reader.read()
     fake.set(main=1.0, process=1.0, reaped=0.0, worker=1.0, grandchild=0.0, busy=1.0, idle=1.0)
-    assert set(reader.window()) == {"host/cpu_busy_frac", "host/cpu_cores"}
+    assert set(reader.window()) == {"host/cpu_busy_frac", "host/cpu_cores", READ_KEY}
 
 
 def test_a_process_psutil_cannot_read_reports_nothing(monkeypatch):

@@ -21,6 +21,7 @@ __all__ = [
     "nchw_convolutions",
     "pageable_copies",
     "straggler",
+    "sync_sentence",
 ]
 
 _STORE = "Store decoded uint8 images once with `lightning-gpuopt convert` and read them with "
@@ -28,6 +29,18 @@ _STORE += 'OptimizedDataModule(backend="hdf5")'
 _HDF5 = _STORE + ', or decode on the GPU with backend="dali".'
 
 _HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
+
+
+def sync_sentence(ev: Evidence) -> str:
+    """The host-sync locator's lines, as one sentence; empty where it did not run or found none."""
+    if not ev.sync_sites:
+        return ""
+    sites = list(ev.sync_sites[:3]) + ([f"{len(ev.sync_sites) - 3} more"] if len(ev.sync_sites) > 3 else [])
+    return (
+        "; ".join(sites) + ": the host waits there until the GPU has finished all queued work, and the GPU "
+        "then idles while Python launches the next kernels. Keep those values on the GPU (log the tensor, "
+        "read it on the host every log_every_n_steps)."
+    )
 
 
 def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
@@ -110,6 +123,24 @@ def input_bound(
                 'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
                 '(backend="hdf5").'
             )
+    elif cause == "store-bound" and ev.read_mb_s is not None:
+        per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
+        text = (
+            f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
+            "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
+            "loader. "
+        )
+        if cfg.decoder is None:
+            text += (
+                "Convert to the compact store, about the size of the source JPEGs "
+                "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
+                "store on a faster local NVMe disk, or give the page cache room for it."
+            )
+        else:
+            text += (
+                "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
+                "(/dev/shm), or give the page cache room for it."
+            )
     elif cause == "store-bound":
         text = (
             f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
@@ -148,6 +179,8 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
         f"not the data. Lightning's hooks and callbacks, per-step host syncs ({_HOST_SYNCS}) and launching "
         "many small kernels all run on the training process's one Python thread."
     )
+    if ev.sync_sites:
+        text += " " + sync_sentence(ev)
     if ev.cpu_main_pct is not None and ev.cpu_main_pct >= 90:
         text += f" That thread keeps a core busy ({ev.cpu_main_pct:.0f}%): Python overhead is the limit."
     if cfg.grad_scaler and cfg.unfused_optimizers:
@@ -210,6 +243,15 @@ def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
         "(or while the host synchronizes)."
     )
     grow = f"Grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "Grow the batch"
+    if ev.sync_sites:
+        inside = (
+            f" ({ev.step_idle_frac:.0%} of its time inside steps)" if ev.step_idle_frac is not None else ""
+        )
+        return (
+            f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%. Then {grow.lower()} "
+            'so each kernel does more work; torch.compile(model) fuses kernels and mode="reduce-overhead" '
+            "replays them as CUDA graphs."
+        )
     return (
         f"{why} {grow} so each kernel does more work; remove per-step host syncs ({_HOST_SYNCS}); "
         'torch.compile(model) fuses kernels and mode="reduce-overhead" replays them as CUDA graphs.'

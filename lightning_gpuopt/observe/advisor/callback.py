@@ -169,6 +169,8 @@ class BottleneckAdvisor(ReleasingCallback):
         self._input_channels_last: bool | None = None
         self._feed: tuple[int, FeedInfo] | None = None  # (id of the loader, its description)
         self._fetch_s: float | None = None  # the loader's fetch_seconds at the window's start
+        #: the latest judged window's ``gpu/ceiling_frac`` (None where the monitor did not measure it)
+        self.ceiling_frac: float | None = None
         if self._reduce is not None:
             self._reduce.detach()
         self._reduce = None
@@ -185,7 +187,7 @@ class BottleneckAdvisor(ReleasingCallback):
 
     def summary(self) -> str:
         """The concise text printed at the end of fit."""
-        return format_summary(self.verdicts, self.windows, self._window_len, self._warmup)
+        return format_summary(self.verdicts, self.windows, self._window_len, self._warmup, self.ceiling_frac)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -283,9 +285,18 @@ class BottleneckAdvisor(ReleasingCallback):
         if self._timer is not None:
             self._timer.mark(time.perf_counter())
 
+    def _paused(self) -> tuple[float, float] | None:
+        """The monitor's latest pause for its own work (the ceiling's replay), left out of our timing."""
+        pause = getattr(self._monitor, "pause", None) if self._monitor is not None else None
+        return pause if isinstance(pause, tuple) else None
+
     def _batch_start(self, batch: Any) -> None:
         if self._timer is None:
             return
+        pause = self._paused()
+        last_end = self._timer._prev_end
+        if pause is not None and last_end is not None and pause[1] > last_end:
+            self._timer.mark(pause[1])  # the wait for this batch counts from the pause's end
         self._timer.batch_start(time.perf_counter())
         if self._probe_input and self._batches >= self._warmup:
             # memory format of the batch is stride metadata: no GPU work
@@ -301,7 +312,10 @@ class BottleneckAdvisor(ReleasingCallback):
     def _batch_end(self, loop: Loop, batch: Any) -> None:
         if self._timer is None:
             return
-        self._timer.batch_end(time.perf_counter(), batch_size_of(batch))
+        t, pause, started = time.perf_counter(), self._paused(), self._timer._start
+        if pause is not None and started is not None and pause[0] >= started:
+            t -= pause[1] - pause[0]  # the monitor paused inside this batch's end: not the step's time
+        self._timer.batch_end(t, batch_size_of(batch))
         self._batches += 1
         if self._follow:
             history = self._monitor_history()
@@ -392,6 +406,13 @@ class BottleneckAdvisor(ReleasingCallback):
         # host figures from our own timer cover exactly this window; the monitor adds the GPU side (and the
         # host side only where ours is empty)
         evidence = self._host_evidence(loop).merged_with(gpu)
+        syncs = getattr(self._monitor, "host_syncs", None) if self._monitor is not None else None
+        if syncs:
+            from lightning_gpuopt.observe.host_sync import user_sites
+
+            mine = user_sites(syncs)
+            evidence.sync_sites = tuple(s.describe() for s in mine) or None
+        self.ceiling_frac = evidence.ceiling_frac
         if loop.world_size > 1:
             wait = self._reduce.window() if self._reduce is not None else None
             # the loader's own wait where it is timed: a fast rank's host can block behind its GPU (waiting in

@@ -34,6 +34,10 @@ METRIC_FIELDS: dict[str, str] = {
     "host/cpu_workers_pct": "cpu_workers_pct",
     "host/cpu_busy_frac": "cpu_busy_frac",
     "host/cpu_cores": "cpu_cores",
+    "host/read_mb_s": "read_mb_s",
+    "gpu/step_idle_frac": "step_idle_frac",
+    "gpu/ceiling_frac": "ceiling_frac",
+    "gpu/host_syncs_per_step": "host_syncs_per_step",
 }
 
 # keys merged across windows by their minimum rather than their mean
@@ -107,6 +111,13 @@ class Evidence:
         cpu_workers_pct: CPU time of the loader's workers (worker processes, DALI threads) together (%).
         cpu_busy_frac: share of the cores this process may use that were busy (0-1).
         cpu_cores: cores this process may use.
+        read_mb_s: bytes the process and its children read from storage (page-cache misses), MB/s.
+        step_idle_frac: share of the GPU's time idle inside steps (0-1): NVML's idle share less
+            ``gpu_idle_frac``.
+        ceiling_frac: the run's samples/s over the model's own rate on a batch kept on the device (0-1).
+        host_syncs_per_step: synchronizing CUDA calls a step from the user's lines (the host-sync locator).
+        sync_sites: the host-sync locator's sentences for those lines (``"`model.py:42` synchronizes every
+            step (`loss.item()`)"``), most frequent first; ``None`` where it did not run.
         ranks: every rank's timing under DDP, else ``None``.
     """
 
@@ -128,18 +139,27 @@ class Evidence:
     cpu_workers_pct: float | None = None
     cpu_busy_frac: float | None = None
     cpu_cores: float | None = None
+    read_mb_s: float | None = None
+    step_idle_frac: float | None = None
+    ceiling_frac: float | None = None
+    host_syncs_per_step: float | None = None
+    sync_sites: tuple[str, ...] | None = None
     ranks: RankEvidence | None = None
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> Evidence:
         """Build from logged keys (``"gpu/idle_frac"``...) or field names (``"gpu_idle_frac"``...); other keys
-        are ignored. ``"ranks"`` takes a :class:`RankEvidence` or its dict."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"ranks"}
+        are ignored. ``"ranks"`` takes a :class:`RankEvidence` or its dict, ``"sync_sites"`` a list of
+        sentences."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"ranks", "sync_sites"}
         kwargs: dict[str, Any] = {}
         for key, value in metrics.items():
             name = METRIC_FIELDS.get(key, key)
             if name in names and finite(value):
                 kwargs[name] = float(value)
+        sites = metrics.get("sync_sites")
+        if isinstance(sites, (list, tuple)):
+            kwargs["sync_sites"] = tuple(str(x) for x in sites)
         ranks = metrics.get("ranks")
         if isinstance(ranks, RankEvidence):
             kwargs["ranks"] = ranks

@@ -52,6 +52,9 @@ class AdvisorThresholds:
         rank_wait_frac: under DDP, all-reduce wait as a share of the step: the spread between ranks from
             which one straggles, and the least wait of every rank from which the run is communication-bound.
         rank_wait_min_ms: and that wait must be at least this long (ms).
+        store_read_mb_s: an HDF5 store's loader starving the GPU while the process reads at least this many
+            MB/s from storage (page-cache misses) is disk-bound (``store-bound``); below it the store is
+            served from memory.
     """
 
     gpu_idle_frac: float = 0.10
@@ -71,6 +74,7 @@ class AdvisorThresholds:
     host_sync_busy_util: float = 97.0
     rank_wait_frac: float = 0.10
     rank_wait_min_ms: float = 2.0
+    store_read_mb_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in _FRACTIONS:
@@ -79,6 +83,7 @@ class AdvisorThresholds:
             check_float(getattr(self, name), name, low=0, high=100, what="(%)")
         for name in _MILLISECONDS:
             check_float(getattr(self, name), name, low=0, what="(ms)")
+        check_float(self.store_read_mb_s, "store_read_mb_s", low=0, what="(MB/s)")
         check_int(self.small_batch, "small_batch", low=0, what="(samples)")
         cap = self.tensor_core_capability
         must = "a (major, minor) tuple of ints >= 0"
@@ -105,6 +110,33 @@ _MILLISECONDS = ("input_wait_min_ms", "rank_wait_min_ms")
 
 def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
+
+
+_MAX_GAIN = 100.0
+
+
+def gain_of_frac(frac: float | None) -> float | None:
+    """The speed-up from removing a share ``frac`` (0-1) of the time: ``1 / (1 - frac)``; ``None`` if unknown.
+
+    Example:
+        >>> gain_of_frac(0.375)
+        1.6
+    """
+    if frac is None or frac < 0:
+        return None
+    return min(1.0 / (1.0 - frac), _MAX_GAIN) if frac < 1 else _MAX_GAIN
+
+
+def gain_of_ceiling(ceiling_frac: float | None) -> float | None:
+    """The speed-up to the model's own ceiling: ``1 / ceiling_frac`` (at least 1); ``None`` if unmeasured.
+
+    Example:
+        >>> gain_of_ceiling(0.625)
+        1.6
+    """
+    if ceiling_frac is None or ceiling_frac <= 0:
+        return None
+    return min(max(1.0 / ceiling_frac, 1.0), _MAX_GAIN)
 
 
 def _precision_family(precision: str | None) -> str | None:
@@ -154,6 +186,10 @@ class Context:
             return "input"
         return None
 
+    def gain(self, frac: float | None) -> float | None:
+        """The gain to the model's ceiling where it is measured, else from removing ``frac`` of the time."""
+        return gain_of_ceiling(self.ev.ceiling_frac) or gain_of_frac(frac)
+
     @property
     def compute_severity(self) -> str:
         """Compute verdicts are an opportunity, not the bottleneck, while the loader starves the GPU."""
@@ -183,6 +219,9 @@ _CPU_FIGURES = ("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores")
 
 def _input_cause(c: Context) -> str:
     w, cpp, cfg = c.cfg.num_workers, c.cores_per_process, c.cfg
+    if cfg.backend == "hdf5" and c.ev.read_mb_s is not None:
+        # measured: a store read from the disk is bound by it, one served from the page cache is not
+        return "store-bound" if c.ev.read_mb_s >= c.t.store_read_mb_s else "slow-loader"
     if w is not None and cpp is not None and w > cpp:
         return "too-many-workers"
     if w is not None and cpp is not None and (w == 0 or w < cpp * c.t.few_workers_frac):
@@ -201,7 +240,7 @@ def input_bound(c: Context) -> Verdict | None:
     if c.starved != "input" or c.wait is None:
         return None
     ev = c.ev
-    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac")
+    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "ceiling_frac")
     figs.update(c.figures("data_wait_ms", "step_ms", "samples_per_sec", nd=2))
     figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
     figs.update(c.figures(*_CPU_FIGURES, nd=2))
@@ -214,6 +253,8 @@ def input_bound(c: Context) -> Verdict | None:
         figs.update(c.settings("decoder", "decode_threads"))
     if cause == "store-bound" and c.cfg.decode_threads is not None:
         figs["read_threads"] = c.cfg.decode_threads
+    if c.cfg.backend == "hdf5":
+        figs.update(c.figures("read_mb_s", nd=1))
     # the headline figure is the logged time/data_wait_frac; the loader's own share, where known, beside it
     wait = ev.data_wait_frac if ev.data_wait_frac is not None else c.wait
     waits = f"waits for data {wait:.0%} of each step"
@@ -230,21 +271,25 @@ def input_bound(c: Context) -> Verdict | None:
         )
     head += advice.cpu_sentence(ev, c.cfg, c.t.cores_full_frac)
     text = advice.input_bound(cause, ev, c.cfg, c.cores_per_process, c.cores_full, head)
-    return Verdict("input-bound", figs, text, "warning", cause)
+    gain = c.gain(ev.gpu_idle_frac if ev.gpu_idle_frac is not None else wait)
+    return Verdict("input-bound", figs, text, "warning", cause, gain)
 
 
 def host_bound(c: Context) -> Verdict | None:
     """The GPU idles between steps while the loader is quick: the host itself is late."""
     if c.starved != "host" or c.ev.gpu_idle_frac is None:
         return None
-    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac")
+    figs = c.figures(
+        "gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac", "ceiling_frac"
+    )
     figs.update(c.figures("step_ms", nd=2))
     figs.update(c.figures("gpu_util", "sm_active", "cpu_main_pct", nd=1))
     figs.update(c.settings("batch_size"))
     small = (c.cfg.batch_size is not None and c.cfg.batch_size <= c.t.small_batch) or (
         c.ev.sm_active is not None and c.ev.sm_active < c.t.launch_sm_active
     )
-    return Verdict("host-bound", figs, advice.host_bound(c.ev, c.cfg, c.ev.gpu_idle_frac, c.wait, small))
+    text = advice.host_bound(c.ev, c.cfg, c.ev.gpu_idle_frac, c.wait, small)
+    return Verdict("host-bound", figs, text, gain=c.gain(c.ev.gpu_idle_frac))
 
 
 def _rank_waits(ranks: RankEvidence | None) -> tuple[list[float], float] | None:
@@ -295,7 +340,7 @@ def straggler(c: Context) -> Verdict | None:
     figs.update(_rank_figures(c.ev.ranks))
     waits_text = ", ".join(f"{w:.1f}" for w in waits)
     text = advice.straggler(late, cause, waits_text, late_ms, late_ms / step)
-    return Verdict("straggler", figs, text, "warning", cause)
+    return Verdict("straggler", figs, text, "warning", cause, gain_of_frac(late_ms / step))
 
 
 def comm_bound(c: Context) -> Verdict | None:
@@ -310,7 +355,8 @@ def comm_bound(c: Context) -> Verdict | None:
         return None
     figs: dict[str, EvidenceValue] = {"least_allreduce_wait_ms": _r(least, 2), "wait_frac": _r(least / step)}
     figs.update(_rank_figures(c.ev.ranks))
-    return Verdict("comm-bound", figs, advice.comm_bound(least, least / step, c.ev.ranks.world_size))
+    text = advice.comm_bound(least, least / step, c.ev.ranks.world_size)
+    return Verdict("comm-bound", figs, text, gain=gain_of_frac(least / step))
 
 
 def pageable_copies(c: Context) -> Verdict | None:
@@ -322,7 +368,7 @@ def pageable_copies(c: Context) -> Verdict | None:
     figs: dict[str, EvidenceValue] = {"pin_memory": "False"}
     figs.update(c.figures("data_wait_frac", "gpu_blocked_frac"))
     figs.update(c.settings("num_workers", "batch_size"))
-    return Verdict("pageable-copies", figs, advice.pageable_copies())
+    return Verdict("pageable-copies", figs, advice.pageable_copies(), gain=c.gain(c.ev.data_wait_frac))
 
 
 def launch_bound(c: Context) -> Verdict | None:
@@ -334,12 +380,16 @@ def launch_bound(c: Context) -> Verdict | None:
     small_batch = (
         c.cfg.batch_size is not None and c.cfg.batch_size <= t.small_batch and util < t.gpu_busy_util
     )
-    if not (util < t.launch_util or small_kernels or small_batch):
+    # the locator named lines of the user's that make the GPU wait inside steps
+    syncing = bool(ev.sync_sites) and (ev.step_idle_frac or 0.0) >= t.gpu_idle_frac
+    if not (util < t.launch_util or small_kernels or small_batch or syncing):
         return None
     figs = c.figures("gpu_util", "sm_active", "tensor_active", "gpu_util_min", nd=1)
-    figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac", "samples_per_sec"))
+    figs.update(c.figures("gpu_idle_frac", "step_idle_frac", "ceiling_frac", "host_syncs_per_step"))
+    figs.update(c.figures("step_ms", "data_wait_frac", "samples_per_sec"))
     figs.update(c.settings("batch_size"))
-    return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util))
+    idle = None if ev.step_idle_frac is None else ev.step_idle_frac + (ev.gpu_idle_frac or 0.0)
+    return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util), gain=c.gain(idle))
 
 
 def amp_host_sync(c: Context) -> Verdict | None:
@@ -364,7 +414,9 @@ def amp_host_sync(c: Context) -> Verdict | None:
         or (ev.data_wait_frac is not None and ev.data_wait_frac >= t.host_sync_wait_frac)
     )
     text = advice.amp_host_sync(cfg.unfused_optimizers, cfg.precision, clip, cfg.capability)
-    return Verdict("amp-host-sync", figs, text, "warning" if costly else "info")
+    # the replayed ceiling steps through the same GradScaler, sync included: only the idle share bounds it
+    gain = gain_of_frac(ev.step_idle_frac)
+    return Verdict("amp-host-sync", figs, text, "warning" if costly else "info", gain=gain)
 
 
 def fp32_on_tensor_cores(c: Context) -> Verdict | None:

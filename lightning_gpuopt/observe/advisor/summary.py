@@ -8,7 +8,7 @@ from typing import Any
 from lightning_gpuopt._checks import check_int
 from lightning_gpuopt.observe.advisor.verdict import Verdict, sort_verdicts
 
-__all__ = ["Hysteresis", "format_summary", "markdown"]
+__all__ = ["Hysteresis", "ceiling_sentence", "format_summary", "markdown"]
 
 
 class Hysteresis:
@@ -73,20 +73,41 @@ class Hysteresis:
         self.windows = int(state.get("windows", 0))
 
 
-def format_summary(verdicts: Sequence[Verdict], windows: int, window_steps: int, warmup_steps: int) -> str:
-    """Concise multi-line text: one line a verdict with its evidence, then the advice."""
+def ceiling_sentence(ceiling_frac: float | None) -> str:
+    """``"this run gets 0.62 of its ceiling ..."``; empty where the ceiling was not measured.
+
+    Example:
+        >>> ceiling_sentence(0.62)
+        'this run trains at 0.62 of its own ceiling (the model replayed on a batch kept on the device).'
+    """
+    if ceiling_frac is None:
+        return ""
+    return f"this run trains at {ceiling_frac:.2f} of its own ceiling (the model replayed on a batch kept on the device)."
+
+
+def format_summary(
+    verdicts: Sequence[Verdict],
+    windows: int,
+    window_steps: int,
+    warmup_steps: int,
+    ceiling_frac: float | None = None,
+) -> str:
+    """Concise multi-line text: the run's share of its ceiling where measured, then one line a verdict with
+    the gain its fix is worth at most and its evidence, then the advice."""
     if windows == 0:
         return (
             f"BottleneckAdvisor: no verdict - the run ended before the first window after {warmup_steps} "
             "warm-up steps was over."
         )
     head = f"BottleneckAdvisor after {windows} window(s) of {window_steps} steps:"
+    ceiling = ceiling_sentence(ceiling_frac)
     if not verdicts:
-        return f"{head} no bottleneck found."
-    lines = [head]
+        return f"{head} no bottleneck found" + (f"; {ceiling}" if ceiling else ".")
+    lines = [head] + ([f"  {ceiling[0].upper()}{ceiling[1:]}"] if ceiling else [])
     for v in verdicts:
         figs = ", ".join(f"{k}={val}" for k, val in v.evidence.items())
-        lines.append(f"  [{v.severity}] {v.label}: {figs}")
+        gain = f" {v.gain_text};" if v.severity == "warning" else ""
+        lines.append(f"  [{v.severity}] {v.label}:{gain} {figs}")
         lines.append(f"      -> {v.advice}")
     return "\n".join(lines)
 
@@ -95,8 +116,9 @@ def markdown(verdicts: Sequence[Verdict], windows: int, step: int) -> str:
     """A markdown table of ``verdicts`` (the TensorBoard text summary)."""
     if not verdicts:
         return f"**No bottleneck found** (window {windows}, step {step})."
-    rows = ["| severity | verdict | evidence | advice |", "|---|---|---|---|"]
+    rows = ["| severity | verdict | gain | evidence | advice |", "|---|---|---|---|---|"]
     for v in verdicts:
         figs = "<br>".join(f"{k}={val}" for k, val in v.evidence.items())
-        rows.append(f"| {v.severity} | {v.label} | {figs} | {v.advice.replace('|', '/')} |")
+        gain = v.gain_text if v.severity == "warning" else ""
+        rows.append(f"| {v.severity} | {v.label} | {gain} | {figs} | {v.advice.replace('|', '/')} |")
     return f"Window {windows}, step {step}:\n\n" + "\n".join(rows)

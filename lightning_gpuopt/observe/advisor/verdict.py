@@ -58,6 +58,8 @@ class Verdict:
         severity: ``"warning"`` (costs throughput now) or ``"info"`` (an opportunity or a blind spot).
         cause: refinement of the kind (``input-bound``: one of :data:`INPUT_CAUSES`; ``straggler``: one of
             :data:`RANK_CAUSES`), else ``None``.
+        gain: the most the fix can speed the run up (``1.6``: up to 1.6x the samples/s), from the figure
+            the verdict rests on (``docs/advisor.md`` says which); ``None`` where no figure bounds it.
     """
 
     kind: str
@@ -65,11 +67,25 @@ class Verdict:
     advice: str
     severity: str = "warning"
     cause: str | None = None
+    gain: float | None = None
 
     @property
     def label(self) -> str:
         """``kind`` or ``kind (cause)``."""
         return f"{self.kind} ({self.cause})" if self.cause else self.kind
+
+    @property
+    def gain_text(self) -> str:
+        """``"up to 1.6x"``, or ``"gain not bounded by these figures"`` where ``gain`` is ``None``.
+
+        Example:
+            >>> Verdict("input-bound", {}, "", gain=1.6).gain_text
+            'up to 1.60x'
+        """
+        if self.gain is None:
+            return "gain not bounded by these figures"
+        digits = 2 if self.gain < 2 else 1 if self.gain < 10 else 0
+        return f"up to {self.gain:.{digits}f}x"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready dict."""
@@ -84,6 +100,7 @@ class Verdict:
             advice=str(d.get("advice", "")),
             severity=str(d.get("severity", "warning")),
             cause=d.get("cause"),
+            gain=d.get("gain"),
         )
 
 
