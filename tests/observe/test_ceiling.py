@@ -208,3 +208,34 @@ def test_benchmark_quick_run(tmp_path, monkeypatch):
         row = rows[name]
         assert row["monitor_ceiling_frac"] > 0 and row["separate_ceiling_frac"] > 0, row
         assert row["difference"] == pytest.approx(row["monitor_ceiling_frac"] - row["separate_ceiling_frac"])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_replay_leaves_a_16_mixed_fit_where_it_was():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+    def fit(ceiling: bool) -> tuple[Net, GPUStatsMonitor]:
+        torch.manual_seed(0)
+        model = Net()
+        data = [
+            (torch.randn(64, 8, device="cuda"), torch.randint(0, 2, (64,), device="cuda")) for _ in range(4)
+        ]
+        monitor = GPUStatsMonitor(log_every_n_steps=5, ceiling=ceiling)
+        trainer = pl.Trainer(max_steps=20, callbacks=[monitor], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False, accelerator="gpu",
+                             devices=1, precision="16-mixed")  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, data * 10)
+        return model, monitor
+
+    replayed, monitor = fit(True)
+    plain, _ = fit(False)
+    c = monitor.last_ceiling
+    assert c is not None and c.on_device and c.samples_per_sec > 0 and len(c.step_ms) == 8
+    assert all(CEILING_KEY in w for w in monitor.history[1:])
+    for a, b in zip(replayed.state_dict().values(), plain.state_dict().values(), strict=True):
+        assert torch.allclose(
+            a.float(), b.float(), rtol=0, atol=1e-6
+        )  # a step of the replay moves them ~1e-2
