@@ -251,6 +251,8 @@ class ReplayCeiling:
             device: the device the steps run on (default: the first tensor's in ``batch``).
             batch_idx: passed to ``training_step``.
         """
+        # a Fabric optimizer steps through the precision plugin itself: the replay steps the one it wraps
+        optimizers = [getattr(opt, "optimizer", opt) for opt in optimizers]
         tensors = list(_tensors(batch))
         size = int(tensors[0].shape[0]) if tensors and tensors[0].ndim else 0
         dev = (

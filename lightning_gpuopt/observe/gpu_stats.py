@@ -350,14 +350,21 @@ class GPUStatsMonitor(ReleasingCallback):
             warn_once(f"GPUStatsMonitor: gpu/ceiling_frac is not measured: {why}.")
             return
         start = time.perf_counter()
-        result = ReplayCeiling(self.ceiling_steps).measure(
-            loop.module,
-            list(loop.optimizers or ()),
-            batch,
-            loop.precision_plugin,
-            loop.device,
-            loop.global_step,
-        )
+        try:
+            result = ReplayCeiling(self.ceiling_steps).measure(
+                loop.module,
+                list(loop.optimizers or ()),
+                batch,
+                loop.precision_plugin,
+                loop.device,
+                loop.global_step,
+            )
+        except Exception as err:  # the training state is restored; the run goes on without the figure
+            warn_once(
+                f"GPUStatsMonitor: gpu/ceiling_frac is not measured: replaying training_step raised "
+                f"{type(err).__name__}: {err}. Training continues unchanged (pass ceiling=False to skip it)."
+            )
+            result = None
         if result is not None:
             self.last_ceiling = result
         self.pause = (start, time.perf_counter())

@@ -239,3 +239,24 @@ def test_on_a_gpu_the_replay_leaves_a_16_mixed_fit_where_it_was():
         assert torch.allclose(
             a.float(), b.float(), rtol=0, atol=1e-6
         )  # a step of the replay moves them ~1e-2
+
+
+def test_a_replay_that_raises_warns_and_training_goes_on():
+    class Fragile(Net):
+        def training_step(self, batch, batch_idx):
+            if "log" in self.__dict__:  # inside the replay, which drops self.log
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    from lightning_gpuopt._common import _warnings
+
+    _warnings().clear()
+    monitor = GPUStatsMonitor(log_every_n_steps=4, ceiling=True)
+    model = Fragile()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(monitor, model, steps=12, quiet=False)
+    said = [str(w.message) for w in caught]
+    assert any("replaying training_step raised RuntimeError: boom" in m for m in said), said
+    assert monitor.last_ceiling is None and len(monitor.history) == 3 and model.trainer.global_step == 12
+    assert "log" not in model.__dict__
