@@ -85,7 +85,8 @@ class GPUStatsMonitor(ReleasingCallback):
         nvml_index: NVML device to sample instead of the one mapped from the Trainer's device (rarely
             needed: the mapping already follows ``CUDA_VISIBLE_DEVICES`` and device UUIDs).
         ceiling: measure ``gpu/ceiling_frac``: ``None`` on single-process CUDA runs (with ``gpu=True``),
-            ``True`` also on a CPU run (the host clock then times the replay), ``False`` never.
+            ``True`` also on a CPU run (the host clock then times the replay), ``False`` never. Runs of
+            several processes are not measured (``True`` says so once).
         ceiling_steps: replayed steps timed for the ceiling (after two untimed ones).
         sync_steps: training steps the host-sync locator watches (``0``: never run it).
         sync_idle_frac: ``gpu/step_idle_frac`` of a window from which the locator runs.
@@ -303,6 +304,8 @@ class GPUStatsMonitor(ReleasingCallback):
         if self.ceiling is False or (self.ceiling is None and (not self.gpu or loop.device.type != "cuda")):
             return False
         if loop.world_size > 1:
+            if self.ceiling is None:  # the default steps aside quietly; asked for, it says why not
+                return False
             warn_once(
                 "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
                 "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
