@@ -131,9 +131,14 @@ def test_a_fit_names_the_users_sync(kind, tmp_path, capsys):
     from lightning_gpuopt import BottleneckAdvisor, GPUStatsMonitor
     from tests.observe._sync_model import LINES, SyncingModule, batches
 
-    monitor = GPUStatsMonitor(log_every_n_steps=10, sync_idle_frac=0.0)  # locate whatever the idle share
+    monitor = GPUStatsMonitor(log_every_n_steps=10)
     advisor = BottleneckAdvisor(warmup_steps=10, verbose=False)
-    trainer = pl.Trainer(max_steps=60, callbacks=[monitor, advisor], logger=False, enable_progress_bar=False,
+
+    class Locate(pl.Callback):  # whatever the idle share (and without NVML): from the first window's end
+        def on_train_start(self, trainer, pl_module):
+            monitor.locate_syncs()
+
+    trainer = pl.Trainer(max_steps=60, callbacks=[monitor, advisor, Locate()], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, accelerator="gpu", devices=1)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -149,3 +154,56 @@ def test_a_fit_names_the_users_sync(kind, tmp_path, capsys):
     assert mine[0].per_step >= 0.95
     assert any(w.get("gpu/host_syncs_per_step", 0) >= 0.95 for w in monitor.history)
     assert torch.cuda.get_sync_debug_mode() == 0  # off again
+
+
+def test_the_monitor_runs_the_locator_for_a_few_steps_from_a_windows_end(monkeypatch):
+    """The wiring, on any machine: a stand-in for torch's sync warnings records one user sync a step."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_gpuopt.observe import gpu_stats
+    from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
+    started = []
+
+    class OneSyncAStep(SyncLocator):
+        def start(self):
+            started.append(True)
+            self._catch = object()  # running
+            return True
+
+        def step(self):
+            self.record([frame(f"{USER}/model.py", 42, "loss.item()")])
+            super().step()
+
+        def stop(self):
+            self._catch = None
+            return self.sites()
+
+    monkeypatch.setattr(gpu_stats, "SyncLocator", OneSyncAStep)
+    monitor = GPUStatsMonitor(log_every_n_steps=6, sync_steps=3)
+
+    class Locate(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            monitor.locate_syncs()
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = pl.Trainer(max_steps=18, callbacks=[monitor, Locate()], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
+    assert started == [True]  # once, from the first window's end
+    (site,) = monitor.host_syncs
+    assert site.describe() == "`model.py:42` synchronizes every step (`loss.item()`)" and site.steps == 3
+    assert [w.get("gpu/host_syncs_per_step") for w in monitor.history] == [None, 1.0, None]
