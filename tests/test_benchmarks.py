@@ -58,6 +58,7 @@ OTHERS = {
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
     "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
     "jpeg.py": "tests/test_jpeg_bench.py runs its --quick and its eviction of a memory-mapped store",
+    "ceiling_frac.py": "tests/observe/test_ceiling.py runs its --quick; --help here",
 }
 
 
