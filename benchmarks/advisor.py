@@ -12,7 +12,7 @@ known problem, with ``GPUStatsMonitor`` first and the advisor judging the monito
     host-bound       the preset with a callback that syncs and sleeps 30 ms after each step: host-bound
     too-few-workers  the preset fed by OptimizedDataModule(jpegs, num_workers=2), batch 64: input-bound
     decode-bound     1,536 JPEGs of 1360x1020 at quality 95 (about 1.2 MB: PIL draft mode can only halve
-                     them) decoded in a worker a core, batch 128: input-bound (decode-bound)
+                     them) decoded on a reading thread a core, batch 128: input-bound (decode-bound)
 
 A row holds the verdicts raised, whether the expected one is among them (``pass``; null where the verdict
 needs a GPU and the run has none), the monitor's means and the expected verdict's evidence. What the

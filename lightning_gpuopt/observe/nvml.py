@@ -11,13 +11,13 @@ import math
 import os
 import threading
 import time
-import warnings
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_float, check_int
+from lightning_gpuopt._common import warn_at_user
 from lightning_gpuopt._imports import require
 
 __all__ = [
@@ -386,11 +386,10 @@ class NVMLSampler:
         if self.index in _GPM_WARNED:
             return
         _GPM_WARNED.add(self.index)
-        warnings.warn(
+        warn_at_user(
             f"NVML GPM metrics ({', '.join(GPM_KEYS)}) are not available on NVML "
             f"device {self.index}: {err}. Continuing without them.",
             RuntimeWarning,
-            stacklevel=2,
         )
 
     # ----------------------------------------------------------------------------------------- sampling

@@ -188,6 +188,7 @@ def test_without_a_logger_it_says_so_once_and_still_prints(tmp_path, caplog):
         cpu_trainer(tmp_path, [advisor], steps=5).fit(TinyClassifier(), fast_loader())
     said = [w for w in caught if "BottleneckAdvisor: the Trainer has no logger" in str(w.message)]
     assert len(said) == 1 and "printed at the end of fit" in str(said[0].message)
+    assert said[0].filename == __file__  # the user's fit line, not the package's
     assert caplog.text.count("BottleneckAdvisor after 2 window(s)") == 2
     # with a logger there is nothing to say
     logged = BottleneckAdvisor(warmup_steps=1, window_steps=2, verbose=False)

@@ -79,6 +79,21 @@ def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
 
 
 @pytest.mark.parametrize(
+    ("threads", "cause", "words"),
+    [
+        (2, "too-few-workers", "num_workers=2 gives the folder 2 reading threads, few of the 16 cores"),
+        (16, "decode-bound", "16 reading threads on 16 cores cannot decode JPEGs"),
+        (40, "too-many-workers", "40 reading threads x 1 process(es) oversubscribe 16 cores"),
+    ],
+)
+def test_input_bound_folder_read_by_threads_counts_its_threads(threads, cause, words):
+    wait = {"time/data_wait_frac": 0.45, "time/data_wait_ms": 40.0, "gpu/util": 55.0}
+    out = diagnose(ev(**wait), cfg(backend="folder", num_workers=None, decode_threads=threads))
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", cause)]
+    assert words in out[0].advice and "workers cannot" not in out[0].advice
+
+
+@pytest.mark.parametrize(
     ("decoder", "remedy"),
     [
         ("cpu", "nvJPEG trains slower still"),

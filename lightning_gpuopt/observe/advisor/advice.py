@@ -72,6 +72,30 @@ def _cpu_decoding_is_the_default(cores_per_process: int | None) -> bool:
     return choose_decoder(cores_per_process, 1)[0] == "cpu"
 
 
+def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None) -> str:
+    """Advice for an image folder decoded by ``cfg.decode_threads`` reading threads of the training process."""
+    n, cores = cfg.decode_threads, cores_per_process
+    if cause == "too-many-workers":
+        return (
+            f"{n} reading threads x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so the "
+            'threads and the training loop compete. Use OptimizedDataModule(num_workers="auto") (a thread a '
+            "CPU of the process)."
+        )
+    if cause == "too-few-workers":
+        return (
+            f"num_workers={n} gives the folder {n} reading threads, few of the {cores} cores this process has, "
+            'and each decodes JPEGs. Use OptimizedDataModule(num_workers="auto") (a thread a CPU). '
+            f"{_HDF5}"
+        )
+    on = f"on {cores} cores " if cores else ""
+    if cores_full is False:
+        return (
+            f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more "
+            f'threads can use them (num_workers="auto": one a CPU). {_HDF5}'
+        )
+    return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
+
+
 def input_bound(
     cause: str,
     ev: Evidence,
@@ -84,6 +108,9 @@ def input_bound(
     w = cfg.num_workers
     suggest = max(1, (cores_per_process or 2) - 1)
     threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
+    folder_threads = cfg.backend == "folder" and w is None and cfg.decode_threads is not None
+    if folder_threads and cause in ("too-many-workers", "too-few-workers", "decode-bound"):
+        return _folder_threads(cause, cfg, cores_per_process, cores_full)
     if cause == "too-many-workers":
         text = (
             f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_int
-from lightning_gpuopt._common import FeedInfo
+from lightning_gpuopt._common import FeedInfo, warn_at_user
 from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop, first_loader
 from lightning_gpuopt.observe.advisor.config import (
     describe_feed,
@@ -258,7 +258,7 @@ class BottleneckAdvisor(ReleasingCallback):
         if not loop.loggers and not self._said_no_logger:
             self._said_no_logger = True
             where = "printed at the end of fit and kept" if self.verbose else "kept"
-            rank_zero_warn(
+            warn_at_user(
                 f"BottleneckAdvisor: the {loop.name} has no logger, so its verdicts are not logged; they are "
                 f"{where} in `advisor.verdicts`. Pass a logger to the {loop.name} to see advisor/<kind> flags."
             )

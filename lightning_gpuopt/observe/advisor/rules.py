@@ -219,6 +219,8 @@ _CPU_FIGURES = ("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores")
 
 def _input_cause(c: Context) -> str:
     w, cpp, cfg = c.cfg.num_workers, c.cores_per_process, c.cfg
+    if w is None and cfg.backend == "folder" and cfg.decode_threads is not None:
+        w = cfg.decode_threads  # a folder decoded by reading threads: each thread takes a worker's place
     if cfg.backend == "hdf5" and c.ev.read_mb_s is not None:
         # measured: a store read from the disk is bound by it, one served from the page cache is not
         return "store-bound" if c.ev.read_mb_s >= c.t.store_read_mb_s else "slow-loader"
