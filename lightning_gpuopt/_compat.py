@@ -70,6 +70,11 @@ _INTERNALS: tuple[_Internal, ...] = (
         "an image folder's resizes write interleaved RGB straight into their result",
     ),
     _Internal(
+        "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector",
+        "_sigterm_notifier_fn",
+        "under DDP the SIGTERM handler issues no collective of its own (the per-step check carries the flag)",
+    ),
+    _Internal(
         "multiprocessing.process._current_process",
         "_config",
         "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it",
@@ -225,3 +230,49 @@ def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:
         return False
     loop._broadcast_sigterm_tensor = check
     return True
+
+
+class _SigtermNotifier:
+    """Lightning's SIGTERM notifier without its broadcast: it forwards the signal to the launcher's child
+    processes once and sets the flag the per-step check broadcasts."""
+
+    def __init__(self, connector: Any) -> None:
+        self.connector = connector
+
+    def __call__(self, signum: Any, frame: Any) -> None:
+        connector = self.connector
+        if not connector.received_sigterm:
+            launcher = getattr(connector.trainer.strategy, "launcher", None)
+            if launcher is not None:
+                launcher.kill(signum)
+        connector.received_sigterm = True
+
+
+def drop_sigterm_broadcast(trainer: Any) -> bool:
+    """Make the SIGTERM handler Lightning registered for ``trainer``'s fit stop issuing a collective.
+
+    Lightning's handler broadcasts from inside the signal handler, on whichever rank the signal reaches and
+    at whatever point that rank is: a rank inside the gradient all-reduce then waits for a broadcast the
+    other never matches, and the run hangs. Where the per-step check broadcasts rank zero's flag every step
+    (``replace_sigterm_check``), the handler's own broadcast adds nothing; it is taken out of the handler
+    Lightning registered (restored with the others at the end of the fit).
+
+    Returns:
+        Whether it was taken out (``False``, warning once, where this Lightning handles SIGTERM otherwise).
+    """
+    import signal
+    import threading
+
+    connector = getattr(trainer, "_signal_connector", None)
+    notifier = getattr(type(connector), "_sigterm_notifier_fn", None) if connector is not None else None
+    if notifier is None or threading.current_thread() is not threading.main_thread():
+        _fallback("Lightning's _SignalConnector._sigterm_notifier_fn (its SIGTERM handler broadcasts)")
+        return False
+    handlers = getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", None)
+    if not isinstance(handlers, list):
+        return False  # no handler of Lightning's registered (Windows): nothing broadcasts
+    for i, handler in enumerate(handlers):
+        if getattr(handler, "__func__", None) is notifier and getattr(handler, "__self__", None) is connector:
+            handlers[i] = _SigtermNotifier(connector)
+            return True
+    return False

@@ -34,12 +34,17 @@ def nonblocking_sigterm_check(trainer: Any) -> bool:
     ``.item()``. The replacement still broadcasts the flag every step (every rank issues the same collectives
     in the same order), into one of a few reused device/pinned-host buffers, and reads each result once its
     copy has completed, without waiting: a SIGTERM stops all ranks a step or two later than before. Only this
-    trainer's loop is changed.
+    trainer's loop is changed. Lightning's SIGTERM handler then issues no broadcast of its own (one issued
+    from a signal handler, mid-step, can meet the other rank inside the gradient all-reduce and hang the
+    run); it still forwards the signal to the launched ranks and sets the flag the check broadcasts.
 
     Returns:
         Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
     """
-    return _compat.replace_sigterm_check(trainer, _NonBlockingSigterm(trainer))
+    if not _compat.replace_sigterm_check(trainer, _NonBlockingSigterm(trainer)):
+        return False
+    _compat.drop_sigterm_broadcast(trainer)  # the per-step check now carries rank zero's flag
+    return True
 
 
 def _sigterm_slots(device: torch.device) -> list[_Slot]:

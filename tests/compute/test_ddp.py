@@ -50,6 +50,11 @@ class RecordActive(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         checks = next(c for c in trainer.callbacks if isinstance(c, NonBlockingStepChecks))
         (out / f"replaced{trainer.global_rank}").write_text(str(checks.active))
+        # Lightning's SIGTERM handler no longer broadcasts from inside the signal handler (which could meet
+        # the other rank inside the gradient all-reduce and hang)
+        handlers = getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", [])
+        quiet = any(type(h).__name__ == "_SigtermNotifier" for h in handlers)
+        (out / f"quiet{trainer.global_rank}").write_text(str(quiet))
 
 
 if __name__ == "__main__":
@@ -83,6 +88,7 @@ def _check_sigterm_run(tmp_path: Path, stop_at: int, accelerator: str) -> None:
     proc = _fit(tmp_path, stop_at, accelerator)
     for rank in (0, 1):
         assert (tmp_path / f"replaced{rank}").read_text() == "True", proc.stderr[-2000:]
+        assert (tmp_path / f"quiet{rank}").read_text() == "True", proc.stderr[-2000:]
         last = json.loads((tmp_path / f"rank{rank}.json").read_text())["last"]
         if stop_at < 0:
             assert last == 7, proc.stderr[-2000:]  # 64 samples / batch 4 / 2 ranks, all steps ran
