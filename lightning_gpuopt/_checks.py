@@ -133,3 +133,18 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], *, fix: str = 
     must = "one of " + ", ".join(repr(c) for c in choices)
     check_arg(isinstance(value, str), name, value, must, fix, TypeError)
     check_arg(value in choices, name, value, must, fix)
+
+
+def check_batch_array(images: Any, shape: tuple[int, ...], name: str) -> None:
+    """``images`` must be a writable C-contiguous uint8 numpy array of ``shape`` (a batch a ``read_into``
+    fills, such as a pinned tensor's ``.numpy()``); ``name`` is what the error calls it."""
+    import numpy as np
+
+    array = isinstance(images, np.ndarray)
+    check_arg(
+        array and images.dtype == np.uint8 and images.shape == shape and images.flags.c_contiguous
+        and images.flags.writeable,
+        name,
+        f"{images.dtype} {images.shape}" if array else type(images).__name__,
+        f"a writable C-contiguous uint8 array of shape {shape}",
+    )  # fmt: skip

@@ -94,20 +94,26 @@ _INTERNAL_PACKAGES = (
 _INTERNAL_DIRS: tuple[str, ...] | None = None
 
 
+def package_dirs(names: Sequence[str]) -> tuple[str, ...]:
+    """The folders (real paths, ending in a separator) of the importable packages ``names``; a missing one
+    adds none."""
+    import importlib.util
+
+    dirs = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for location in (spec.submodule_search_locations or ()) if spec is not None else ():
+            dirs.append(os.path.join(os.path.realpath(location), ""))
+    return tuple(dirs)
+
+
 def _internal_dirs() -> tuple[str, ...]:
     global _INTERNAL_DIRS
     if _INTERNAL_DIRS is None:
-        import importlib.util
-
-        dirs = []
-        for name in _INTERNAL_PACKAGES:
-            try:
-                spec = importlib.util.find_spec(name)
-            except (ImportError, ValueError):
-                spec = None
-            for location in (spec.submodule_search_locations or ()) if spec is not None else ():
-                dirs.append(os.path.join(os.path.realpath(location), ""))
-        _INTERNAL_DIRS = tuple(dirs)
+        _INTERNAL_DIRS = package_dirs(_INTERNAL_PACKAGES)
     return _INTERNAL_DIRS
 
 

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_batch_array, is_int
 from lightning_gpuopt._common import available_cpus
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
@@ -377,14 +377,7 @@ class UInt8ImageFolder(Dataset):
         """
         idx = [int(i) for i in indices]
         shape = (len(idx), *self.image_shape)
-        array = isinstance(images, np.ndarray)
-        check_arg(
-            array and images.dtype == np.uint8 and images.shape == shape and images.flags.c_contiguous
-            and images.flags.writeable,
-            "UInt8ImageFolder.read_into's images",
-            f"{images.dtype} {images.shape}" if array else type(images).__name__,
-            f"a writable C-contiguous uint8 array of shape {shape}",
-        )  # fmt: skip
+        check_batch_array(images, shape, "UInt8ImageFolder.read_into's images")
         labels = np.empty(len(idx), dtype=np.int64)
         meta = np.empty((len(idx), 3), dtype=np.int32)
         for row, index in enumerate(idx):

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_arg, check_batch_array
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
@@ -388,17 +388,7 @@ class HDF5ImageDataset(Dataset):
         """
         idx = self._indices(indices)
         shape = (int(idx.size), *self.image_shape)
-        array = isinstance(images, np.ndarray)
-        check_arg(
-            array
-            and images.dtype == np.uint8
-            and images.shape == shape
-            and images.flags.c_contiguous
-            and images.flags.writeable,
-            "HDF5ImageDataset.read_into's images",
-            f"{images.dtype} {images.shape}" if array else type(images).__name__,
-            f"a writable C-contiguous uint8 array of shape {shape}",
-        )
+        check_batch_array(images, shape, "HDF5ImageDataset.read_into's images")
         reader = self._reader()  # held for the whole batch: close() cannot release it under these reads
         fd = reader.fileno()
         rows = images.reshape(shape[0], self._image_bytes)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_batch_array
 from lightning_gpuopt._common import FeedInfo, available_cpus
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
@@ -394,14 +394,7 @@ class JPEGStoreDataset(HDF5ImageDataset):
         """
         idx = self._indices(indices)
         shape = (int(idx.size), *self.image_shape)
-        array = isinstance(images, np.ndarray)
-        check_arg(
-            array and images.dtype == np.uint8 and images.shape == shape and images.flags.c_contiguous
-            and images.flags.writeable,
-            "JPEGStoreDataset.read_into's images",
-            f"{images.dtype} {images.shape}" if array else type(images).__name__,
-            f"a writable C-contiguous uint8 array of shape {shape}",
-        )  # fmt: skip
+        check_batch_array(images, shape, "JPEGStoreDataset.read_into's images")
         fd = self._reader().fileno()
         meta = np.empty((shape[0], 3), dtype=np.int32)
         for j, i in enumerate(idx.tolist()):

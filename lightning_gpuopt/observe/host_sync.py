@@ -18,7 +18,6 @@ microseconds each); the monitor keeps it on for ``steps`` steps once a fit, then
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sysconfig
 import traceback
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from lightning_gpuopt._checks import check_int
+from lightning_gpuopt._common import package_dirs
 
 __all__ = ["SYNCS_KEY", "SYNC_MESSAGE", "SyncLocator", "SyncSite", "attribute", "owner_of", "user_sites"]
 
@@ -51,15 +51,7 @@ def _package_dirs() -> dict[str, tuple[str, ...]]:
         groups = {"lightning-gpuopt": ("lightning_gpuopt",), "lightning": _LIGHTNING, "torch": ("torch",)}
         out: dict[str, tuple[str, ...]] = {}
         for owner, names in groups.items():
-            dirs = []
-            for name in names:
-                try:
-                    spec = importlib.util.find_spec(name)
-                except (ImportError, ValueError):
-                    spec = None
-                for location in (spec.submodule_search_locations or ()) if spec is not None else ():
-                    dirs.append(os.path.join(os.path.realpath(location), ""))
-            out[owner] = tuple(dirs)
+            out[owner] = package_dirs(names)
         paths = sysconfig.get_paths()
         out["python"] = tuple(
             os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib") if k in paths

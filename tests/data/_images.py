@@ -12,7 +12,23 @@ import random
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
+
+
+def natural(width: int, height: int, seed: int) -> Image.Image:
+    """A photo-like test image: smooth multi-scale texture with a few hard-edged shapes."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((height, width, 3), np.float64)
+    for cells, weight in ((3, 0.5), (12, 0.3), (48, 0.2)):
+        small = Image.fromarray(rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8))
+        out += weight * np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float64)
+    image = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(6):
+        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
+        box = (x0, y0, x0 + int(rng.integers(8, width // 3)), y0 + int(rng.integers(8, height // 3)))
+        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return image
 
 
 def smooth_rgb(height: int, width: int, seed: int) -> np.ndarray:

@@ -4,7 +4,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from lightning_gpuopt._common import available_cpus, eval_resize_size
@@ -12,6 +12,7 @@ from lightning_gpuopt.data import layout
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.folder import UInt8ImageFolder, load_canvas, scan_image_folder
 from lightning_gpuopt.data.loader import BatchReader, UInt8Collate
+from tests.data._images import natural as _natural
 
 
 def _write(path, arr):
@@ -48,22 +49,6 @@ def test_scan_errors(tmp_path):
     (empty / "cat" / "notes.csv").write_text("a,b")
     with pytest.raises(ValueError, match=r"non-image.*notes\.csv"):
         scan_image_folder(empty)
-
-
-def _natural(width, height, seed):
-    """A natural-looking test image: smooth multi-scale texture with a few hard-edged shapes."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((height, width, 3), np.float64)
-    for cells, weight in ((3, 0.5), (12, 0.3), (48, 0.2)):
-        small = Image.fromarray(rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8))
-        out += weight * np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float64)
-    image = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    for _ in range(6):
-        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
-        box = (x0, y0, x0 + int(rng.integers(8, width // 3)), y0 + int(rng.integers(8, height // 3)))
-        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-    return image
 
 
 def _torchvision_eval(path, image_size):

@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 pytest.importorskip("h5py")
 
@@ -25,6 +25,7 @@ from lightning_gpuopt.data.hdf5 import HDF5ImageDataset  # noqa: E402
 from lightning_gpuopt.data.jpeg_store import JPEG_QUALITY, JPEGStoreDataset  # noqa: E402
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment  # noqa: E402
 from tests.data._images import mad, tv_center_crop, tv_resize  # noqa: E402
+from tests.data._images import natural as _natural  # noqa: E402
 from tests.data.test_transforms import _coverage, _ks, tv_random_resized_crop  # noqa: E402
 
 FORMATS = ["raw", "jpeg"]
@@ -32,20 +33,6 @@ FORMATS = ["raw", "jpeg"]
 SHAPES = [(500, 375), (375, 500), (300, 300), (450, 300), (1280, 960)]
 
 
-def _natural(width: int, height: int, seed: int) -> Image.Image:
-    """A photo-like image: smooth multi-scale texture and a few hard-edged shapes."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((height, width, 3), np.float64)
-    for cells, weight in ((3, 0.5), (12, 0.3), (48, 0.2)):
-        small = Image.fromarray(rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8))
-        out += weight * np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float64)
-    image = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    for _ in range(6):
-        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
-        box = (x0, y0, x0 + int(rng.integers(8, width // 3)), y0 + int(rng.integers(8, height // 3)))
-        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-    return image
 
 
 @pytest.fixture(scope="module")
