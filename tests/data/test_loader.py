@@ -322,16 +322,21 @@ def test_read_threads_follow_a_distributed_sampler_and_survive_lightnings_recrea
 def test_read_threads_errors_reach_the_consumer_and_the_threads_stop():
     import threading
 
+    before = set(threading.enumerate())  # other tests' loaders may wait for the garbage collector
+
+    def ours() -> list[str]:
+        return [
+            t.name for t in set(threading.enumerate()) - before if t.name.startswith("lightning_gpuopt-read")
+        ]
+
     loader = ContinuousDataLoader(_Reader(64, fail_at=40), batch_size=8, read_threads=2)
     with pytest.raises(OSError, match=r"image 40 cannot be read from reader\.bin"):
         list(loader)
     loader.close()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-        t.name.startswith("lightning_gpuopt-read") for t in threading.enumerate()
-    ):
+    while time.monotonic() < deadline and ours():
         time.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("lightning_gpuopt-read")]
+    assert not ours()
 
 
 def test_read_threads_prefetch_across_the_epoch_boundary():
