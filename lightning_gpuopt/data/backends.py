@@ -34,6 +34,8 @@ from lightning_gpuopt.data.loader import (
     ContinuousDataLoader,
     HostDataLoader,
     UInt8Collate,
+    WholeBatches,
+    reads_in_workers,
 )
 
 __all__ = [
@@ -132,7 +134,7 @@ class HostBackend(Backend):
             )
             return []  # Lightning skips a stage whose loader list is empty
         workers, pin = dm._workers(split), dm._pin()
-        threads = workers if isinstance(dataset, BatchReader) else 0
+        threads = workers if isinstance(dataset, BatchReader) and not reads_in_workers(dataset) else 0
         if threads:
             workers = 0  # the loader reads on threads of this process; no worker processes
         return host_loader(
@@ -159,8 +161,8 @@ class HostBackend(Backend):
 
 
 class FolderBackend(HostBackend):
-    """Class-per-subfolder image folders (``UInt8ImageFolder``) decoded by threads of the training process
-    straight into pinned batches.
+    """Class-per-subfolder image folders (``UInt8ImageFolder``) decoded by worker processes, a whole batch
+    each into shared memory.
 
     Example:
         >>> FolderBackend().dataset("data/train", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
@@ -336,6 +338,8 @@ def host_loader(
     ordered pass (``HostDataLoader``) otherwise; persistent workers prefetching ``PREFETCH_FACTOR`` batches
     each, or ``threads`` reading a ``BatchReader`` dataset (then ``workers`` is 0)."""
     train = split == "train"
+    if workers and reads_in_workers(dataset):
+        dataset = WholeBatches(dataset)  # each worker decodes a whole batch into shared memory
     if threads:
         # Lightning's "does not have many workers": this loader reads on threads instead
         warnings.filterwarnings(

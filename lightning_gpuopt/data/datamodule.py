@@ -63,7 +63,7 @@ MAX_WORKERS_PER_CPU = 4
 #: ``num_workers="auto"`` measures a split only when it holds at least this many batches; a smaller split
 #: (a quick ``trainer.validate``, a toy dataset) gets one worker per batch up to the CPUs, none for one batch.
 MIN_TUNE_BATCHES = 8
-#: threads reading a raw HDF5 store (a ``BatchReader`` without ``auto_read_threads``) per training process
+#: threads reading a raw HDF5 store (a ``BatchReader`` without ``auto_readers``) per training process
 #: under ``num_workers="auto"``.
 READ_THREADS = 4
 
@@ -75,8 +75,9 @@ class OptimizedDataModule(pl.LightningDataModule):
     a fixed uint8 canvas (``lightning_gpuopt.data.layout``), a quarter of float32's bytes. Batches are pinned
     when the Trainer runs on CUDA; the training loader keeps prefetching across epochs and stages the next
     batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
-    ``DistributedSampler`` under DDP as usual. An image folder and an HDF5 store are read by threads of the
-    training process straight into pinned memory (``read_threads``; no worker processes); for other
+    ``DistributedSampler`` under DDP as usual. A raw HDF5 store is read by threads of the training process
+    straight into pinned memory (``read_threads``; no worker processes); an image folder and a JPEG store by
+    worker processes that each decode a whole batch into shared memory (``loader.read_batch``); for other
     datasets ``num_workers="auto"`` is measured in ``setup`` (``tune_num_workers``, cached). Device side,
     ``on_after_batch_transfer`` turns ``(images, labels, meta)``
     into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
@@ -96,11 +97,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
             dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
-            ``MAX_WORKERS_PER_CPU`` per CPU. With an image folder or an HDF5 store (any ``BatchReader``
-            dataset): threads of the training process that read batches straight into pinned memory
-            (``"auto"``: the dataset's ``auto_read_threads``, else ``READ_THREADS``: one a CPU where each
-            thread decodes, a folder or a JPEG store, four for a raw store; at most the CPUs per process;
-            0: read in the loop). With ``backend="dali"``: DALI's CPU threads
+            ``MAX_WORKERS_PER_CPU`` per CPU. With an image folder or a JPEG store: worker processes that each
+            decode whole batches (``"auto"``: the dataset's ``auto_readers``, one a CPU, not measured). With
+            a raw HDF5 store: threads of the training process that read batches straight into pinned memory
+            (``"auto"``: ``READ_THREADS``; at most the CPUs per process; 0: read in the loop). With ``backend="dali"``: DALI's CPU threads
             (``"auto"``: chosen from the cores per GPU). After ``setup("fit")`` the attribute holds the
             training split's resolved count (DALI's stays ``"auto"``: ``loader.feed_info.threads``).
         image_size: side of the square images the model receives.

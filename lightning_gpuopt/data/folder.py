@@ -305,11 +305,12 @@ class UInt8ImageFolder(Dataset):
     Random crops and flips happen later on the GPU, from the whole image. The object holds only paths and
     plain values, so it pickles cheaply for ``spawn`` workers and DDP.
 
-    It is a ``loader.BatchReader``: ``read_into`` decodes a batch straight onto the rows of a caller's
-    (pinned) array, so ``OptimizedDataModule`` reads it on threads of the training process, one thread a
-    CPU with ``num_workers="auto"`` (``auto_read_threads``). PIL releases the GIL while it decodes and
-    torch while it resizes, so the threads decode in parallel, and no decoded image is copied between
-    processes. A plain ``DataLoader`` takes it through ``__getitem__`` as any map-style dataset.
+    It is a ``loader.BatchReader`` read in worker processes (``read_in_workers``): ``read_into`` decodes a
+    batch straight onto the rows of one array; ``OptimizedDataModule``'s workers do so into shared memory
+    (``loader.WholeBatches``), each reading a whole batch in one call and handing it over without a copy.
+    ``OptimizedDataModule`` gives it one worker a CPU with ``num_workers="auto"`` (``auto_readers``): part of
+    each image's decoding holds the GIL, so threads of one process would not decode in parallel. A plain
+    ``DataLoader`` takes it through ``__getitem__`` as any map-style dataset.
 
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
@@ -352,9 +353,12 @@ class UInt8ImageFolder(Dataset):
 
         return (*layout.canvas_shape(self.size), 3)
 
+    #: read by DataLoader worker processes, a whole batch a call (``loader.reads_in_workers``)
+    read_in_workers = True
+
     @property
-    def auto_read_threads(self) -> int:
-        """Reading threads ``num_workers="auto"`` gives this dataset: one a CPU this process may use (each
+    def auto_readers(self) -> int:
+        """Worker processes ``num_workers="auto"`` gives this dataset: one a CPU this process may use (each
         decodes; the DataModule divides the CPUs among the processes of a node)."""
         return available_cpus()
 

@@ -143,8 +143,9 @@ def decode_into(data: bytes, storage_size: int, out: np.ndarray, name: str) -> n
         raise ValueError(f"cannot decode {name} ({err.__cause__ or err})") from err
 
 
-def read_threads() -> int:
-    """Reading threads ``num_workers="auto"`` gives a JPEG store a process: every CPU (each decodes)."""
+def readers() -> int:
+    """Worker processes ``num_workers="auto"`` gives a JPEG store a training process: every CPU (each
+    decodes)."""
     return max(1, available_cpus())
 
 
@@ -295,7 +296,9 @@ class JPEGStoreDataset(HDF5ImageDataset):
     (``OptimizedDataModule``, ``HDF5Backend``, ``tune``) reads it unchanged. ``read_into(indices, images)``
     reads each image's bytes with one ``pread`` and decodes them onto its row of ``images`` (the folder
     backend's routine: whole image, resized like ``Resize(S)``, on the canvas); threads calling it at once
-    decode in parallel. ``num_workers="auto"`` gives it a reading thread per CPU (``read_threads``).
+    decode in parallel. Like an image folder it is read by DataLoader worker processes, a whole batch a call
+    (``read_in_workers``; ``loader.WholeBatches``), one a CPU with ``num_workers="auto"``
+    (``auto_readers``).
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert SRC OUT.h5 --format jpeg`` makes one).
@@ -309,7 +312,7 @@ class JPEGStoreDataset(HDF5ImageDataset):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self.feed_info = FeedInfo(backend="hdf5")
-        self.auto_read_threads = read_threads()
+        self.auto_readers = readers()
 
     def _read_header(self, f: Any) -> None:
         h5py = self._h5py()
@@ -406,6 +409,9 @@ class JPEGStoreDataset(HDF5ImageDataset):
         canvas = np.empty(self.image_shape, dtype=np.uint8)
         meta = self._decode(self._reader().fileno(), i, canvas)
         return canvas, int(self.labels[i]), meta
+
+    #: read by DataLoader worker processes, a whole batch a call (``loader.reads_in_workers``)
+    read_in_workers = True
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int, np.ndarray]]:
         """A batch as a list of ``(canvas, label, meta)`` in request order (canvases rows of one array)."""

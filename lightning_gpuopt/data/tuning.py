@@ -37,7 +37,7 @@ from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, wa
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
 from lightning_gpuopt.data._tuning_measure import _measure, _pass_batches
-from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate
+from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate, reads_in_workers
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
 # smaller batches each worker delivers several batches a second, so the rate settles within a short budget
@@ -451,8 +451,8 @@ def unmeasured_workers(
 ) -> tuple[int, str] | None:
     """The count ``num_workers="auto"`` gives ``dataset`` without measuring it, and why; None: it is measured.
 
-    A ``BatchReader`` (read by threads of the training process) gets its ``auto_read_threads``, else
-    ``read_threads``; a dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker per
+    A ``BatchReader`` gets its ``auto_readers`` (worker processes where it ``reads_in_workers``, else reading
+    threads of the training process), else ``read_threads``; a dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker per
     batch (none for a single batch): measuring would cost more than reading it. Either is at most the CPUs
     of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
     ``lightning-gpuopt tune`` both decide through this function.
@@ -463,8 +463,10 @@ def unmeasured_workers(
     """
     cpus = _cpus_per_process(local_world_size)
     if isinstance(dataset, BatchReader):
-        threads = min(int(getattr(dataset, "auto_read_threads", read_threads)), cpus)
-        return threads, "reading threads of the training process, not measured"
+        readers = min(int(getattr(dataset, "auto_readers", read_threads)), cpus)
+        if reads_in_workers(dataset):
+            return readers, "worker processes reading whole batches, one a CPU, not measured"
+        return readers, "reading threads of the training process, not measured"
     batches = _pass_batches(dataset, batch_size)
     if batches is not None and batches < min_batches:
         workers = min(cpus, batches) if batches > 1 else 0

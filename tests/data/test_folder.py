@@ -215,7 +215,7 @@ def _mixed_folder(root):
 
 def test_read_into_fills_the_rows_as_getitem_does(tmp_path):
     ds = UInt8ImageFolder(_mixed_folder(tmp_path / "data"), size=16)
-    assert ds.image_shape == (16, 24, 3) and ds.auto_read_threads >= 1
+    assert ds.image_shape == (16, 24, 3) and ds.auto_readers >= 1 and ds.read_in_workers
     order = [5, 0, 3, 2, 4, 1]
     images = np.full((len(order), *ds.image_shape), 7, np.uint8)  # stale bytes everywhere
     labels, meta = ds.read_into(order, images)
@@ -259,13 +259,27 @@ def test_resize_keeps_pils_bilinear_within_a_level(size):
         assert np.abs(ours - pil).max() <= 1 and np.abs(ours - pil).mean() < 0.05, (size, target)
 
 
-def test_datamodule_reads_a_folder_on_threads(jpeg_folder):
+def test_datamodule_reads_a_folder_in_workers_a_batch_a_call(jpeg_folder):
     dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers="auto", image_size=16)
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert dm.tuning_result is None  # nothing measured: a thread a CPU
-    assert loader.read_threads == dm.num_workers == min(UInt8ImageFolder(jpeg_folder).auto_read_threads,
-                                                        available_cpus()) and loader.num_workers == 0
-    assert loader.feed_info.threads == dm.num_workers and loader.feed_info.decoder == "cpu"
+    assert dm.tuning_result is None  # nothing measured: a worker a CPU
+    assert loader.num_workers == dm.num_workers == min(UInt8ImageFolder(jpeg_folder).auto_readers,
+                                                       available_cpus()) and loader.read_threads == 0
+    assert loader.feed_info.num_workers == dm.num_workers and loader.feed_info.decoder == "cpu"
     images, labels, meta = next(iter(loader))
     assert images.shape == (8, 18, 27, 3) and images.dtype == torch.uint8  # storage size 18 at 16
+
+
+def test_workers_read_whole_batches_as_the_main_process_reads_them(jpeg_folder):
+    from lightning_gpuopt.data.loader import HostDataLoader, ReadBatch, UInt8Collate, WholeBatches, read_batch
+
+    ds = UInt8ImageFolder(jpeg_folder, size=18)
+    whole = WholeBatches(ds)
+    assert isinstance(whole.__getitems__([0, 1, 2, 3]), ReadBatch) and whole.image_shape == ds.image_shape
+    assert len(whole) == len(ds) and whole[1][1] == ds[1][1]
+    loader = HostDataLoader(whole, batch_size=4, num_workers=2, collate_fn=UInt8Collate("folder"))
+    for start, (images, labels, meta) in zip(range(0, len(ds) - 3, 4), loader, strict=False):
+        expected = read_batch(ds, list(range(start, start + 4)))
+        assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+        assert torch.equal(meta, expected[2]) and images.dtype == torch.uint8 and labels.dtype == torch.int64

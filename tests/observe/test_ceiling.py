@@ -227,7 +227,7 @@ def test_on_a_gpu_the_replay_leaves_a_16_mixed_fit_where_it_was():
                              devices=1, precision="16-mixed")  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer.fit(model, data * 10)
+            trainer.fit(model, DataLoader(data * 10, batch_size=None))  # each item a whole batch
         return model, monitor
 
     replayed, monitor = fit(True)
