@@ -6,7 +6,7 @@ grey and CMYK images) feed one ``UserClassifier`` (torchvision's ResNet-50, its 
 take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at every batch end after
 ``--warmup`` steps (``peers.py``'s measurement). Rows that train:
 
-    ours_folder          OptimizedDataModule("train/", num_workers="auto"): decoded by reading threads
+    ours_folder          OptimizedDataModule("train/", num_workers="auto"): whole-batch worker processes
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -18,7 +18,7 @@ take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at
 Rows with no model (images a second, median of ``--repeats``, spread beside):
 
     decode_limit         the same JPEG files decoded to RGB by one process a CPU, nothing else: the host's limit
-    loader_cpu_threads   the folder backend's training loader alone onto the GPU (reading threads)
+    loader_cpu_workers   the folder backend's training loader alone onto the GPU (its worker processes)
     loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
 
 Cold rows carry ``disk_read_bytes_per_image``: bytes the block devices read during the repetitions over the
@@ -56,7 +56,7 @@ from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 TRAINING = ("ours_folder", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
-ALONE = ("decode_limit", "loader_cpu_threads", "loader_gpu_decode")
+ALONE = ("decode_limit", "loader_cpu_workers", "loader_gpu_decode")
 ROWS = (*TRAINING, *ALONE)
 CEILING = "ceiling_compiled"
 #: the store each training row reads (``None``: the JPEG folder or the peer's own loader) and whether it is
@@ -257,9 +257,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
             print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
     limit = next((r for r in table if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
-    threads = next((r for r in table if r["name"] == "loader_cpu_threads" and "samples_per_sec" in r), None)
-    if limit and threads:
-        threads["of_decode_limit"] = threads["samples_per_sec"] / limit["samples_per_sec"]
+    cpu_loader = next((r for r in table if r["name"] == "loader_cpu_workers" and "samples_per_sec" in r), None)
+    if limit and cpu_loader:
+        cpu_loader["of_decode_limit"] = cpu_loader["samples_per_sec"] / limit["samples_per_sec"]
     out["rows"] = table
     return out
 

@@ -14,7 +14,7 @@ from tests.test_benchmarks import load
 def test_quick_run_writes_the_rows(tmp_path):
     jpeg = load("jpeg.py")
     out = tmp_path / "jpeg.json"
-    rows = "ours_folder,compact_store_cold,decode_limit,loader_cpu_threads"
+    rows = "ours_folder,compact_store_cold,decode_limit,loader_cpu_workers"
     assert jpeg.main(["--quick", "--only", rows, "--repeats", "1", "--data", str(tmp_path / "data"),
                       "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -25,8 +25,8 @@ def test_quick_run_writes_the_rows(tmp_path):
     store = by_name["compact_store_cold"]
     assert 0 < store["bytes_per_image"] and store["of_compiled_ceiling"] > 0
     assert by_name["ours_folder"]["bytes_per_image"] == doc["source_bytes_per_image"]
-    threads = by_name["loader_cpu_threads"]
-    assert threads["of_decode_limit"] == threads["samples_per_sec"] / by_name["decode_limit"]["samples_per_sec"]
+    cpu_loader = by_name["loader_cpu_workers"]
+    assert cpu_loader["of_decode_limit"] == cpu_loader["samples_per_sec"] / by_name["decode_limit"]["samples_per_sec"]
 
 
 def test_the_raw_stores_map_is_found_and_evicted(tmp_path):

@@ -1,12 +1,14 @@
 """``lightning-gpuopt tune PATH``: the ``num_workers`` that ``OptimizedDataModule(num_workers="auto")`` uses.
 
 The command asks what the DataModule asks, through the same functions of ``lightning_gpuopt.data.tuning``:
-a dataset read by threads of the training process (an image folder, an HDF5 or JPEG store: a
-``BatchReader``) gets its reading threads without measuring (``unmeasured_workers``); other data is
+a ``BatchReader`` (an image folder or a JPEG store, read by worker processes a whole batch each; a raw
+HDF5 store, read by threads of the training process) gets its readers without measuring
+(``unmeasured_workers``); other data is
 measured with ``tune_num_workers(**auto_tuning_arguments(...))``, the DataModule's loaders, candidates,
 budget rule and cache entry, so on the same data and machine both give the same count (the second one
-reads it from the cache). ``--candidates`` measures the counts given instead (reading threads for a
-``BatchReader``). Pinning follows ``torch.cuda.is_available()``, as a fit on a GPU pins.
+reads it from the cache). ``--candidates`` measures the counts given instead (for a ``BatchReader`` its own
+readers: worker processes reading whole batches, or reading threads). Pinning follows
+``torch.cuda.is_available()``, as a fit on a GPU pins.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     # a result that cannot be saved is found out now, not after the measurement
     json_path = check_writable_file(args.json, "--json") if args.json else None
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.loader import BatchReader
+    from lightning_gpuopt.data.loader import BatchReader, reads_in_workers
 
     dataset: Any
     if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
@@ -131,7 +133,13 @@ def run(args: argparse.Namespace) -> int:
     result = workers_for(dataset, args, candidates)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    if isinstance(dataset, BatchReader):
+    if reads_in_workers(dataset):
+        print(
+            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  (worker processes, a batch "
+            f"each)  or  HostDataLoader(WholeBatches(dataset), num_workers={result.best}, "
+            "collate_fn=UInt8Collate())"
+        )
+    elif isinstance(dataset, BatchReader):
         print(
             f"suggestion: OptimizedDataModule(..., num_workers={result.best})  (reading threads)  or  "
             f"HostDataLoader(..., read_threads={result.best})"
@@ -152,7 +160,7 @@ def workers_for(dataset: Any, args: argparse.Namespace, candidates: list[int] | 
     import torch
 
     from lightning_gpuopt.data.datamodule import MIN_TUNE_BATCHES, READ_THREADS
-    from lightning_gpuopt.data.loader import BatchReader
+    from lightning_gpuopt.data.loader import BatchReader, reads_in_workers
     from lightning_gpuopt.data.tuning import (
         MEASURE_BATCH_SIZE,
         TuningConfig,
@@ -162,7 +170,8 @@ def workers_for(dataset: Any, args: argparse.Namespace, candidates: list[int] | 
         unmeasured_workers,
     )
 
-    threads = isinstance(dataset, BatchReader)
+    whole = reads_in_workers(dataset)  # worker processes reading whole batches
+    threads = isinstance(dataset, BatchReader) and not whole
     if candidates is None:
         fixed = unmeasured_workers(
             dataset,
@@ -172,19 +181,19 @@ def workers_for(dataset: Any, args: argparse.Namespace, candidates: list[int] | 
             local_world_size=args.devices,
         )
         if fixed is not None:
-            unit = "reading threads" if threads else "workers"
+            unit = "reading threads" if threads else "worker processes" if whole else "workers"
             print(f"num_workers='auto' for {dataset!r}: {fixed[0]} {unit} ({fixed[1]})")
             return TuningResult(best=fixed[0], stop_reason=fixed[1])
     what = "reading threads (num_workers)" if threads else "num_workers"
     print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
     arguments: dict[str, Any]
-    if threads:  # the counts given, as reading threads of this process
+    if threads or whole:  # the counts given, as this reader's threads or whole-batch worker processes
         measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
         arguments = {
-            "loader": _thread_loaders(dataset, measure_bs),
+            "loader": _reader_loaders(dataset, measure_bs, workers=whole),
             "budget_s": args.budget,
             "target_samples_per_sec": args.target,
-            "cache_key": {"train_batch_size": args.batch_size, "reader": "threads"},
+            "cache_key": {"train_batch_size": args.batch_size, "reader": "workers" if whole else "threads"},
             "progress": _say,
         }
     else:
@@ -211,18 +220,24 @@ def _int_or_none(text: str) -> int | None:
         return None
 
 
-def _thread_loaders(dataset: Any, batch_size: int) -> Any:
-    """``n -> loader`` reading ``dataset`` (a ``BatchReader``) on ``n`` threads (0: in the loop)."""
+def _reader_loaders(dataset: Any, batch_size: int, *, workers: bool) -> Any:
+    """``n -> loader`` reading ``dataset`` (a ``BatchReader``) on ``n`` threads, or with ``workers`` in ``n``
+    worker processes a whole batch each (0: in the loop)."""
     import torch
     from torch.utils.data import DataLoader
 
-    from lightning_gpuopt.data.loader import HostDataLoader, UInt8Collate
+    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, HostDataLoader, UInt8Collate, WholeBatches
     from lightning_gpuopt.data.tuning import endless_sampler
 
     pin = torch.cuda.is_available()
 
     def make(n: int) -> DataLoader:
         sampler = endless_sampler(dataset, batch_size)
+        if workers:
+            return HostDataLoader(
+                WholeBatches(dataset), batch_size=batch_size, sampler=sampler, pin_memory=pin, num_workers=n,
+                prefetch_factor=PREFETCH_FACTOR if n else None, collate_fn=UInt8Collate(),
+            )  # fmt: skip
         if n == 0:
             return DataLoader(
                 dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin, collate_fn=UInt8Collate()

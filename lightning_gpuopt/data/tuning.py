@@ -465,6 +465,10 @@ def unmeasured_workers(
     if isinstance(dataset, BatchReader):
         readers = min(int(getattr(dataset, "auto_readers", read_threads)), cpus)
         if reads_in_workers(dataset):
+            batches = _pass_batches(dataset, batch_size)
+            if batches is not None and batches < readers:  # a worker a batch at most, none for one batch
+                why = f"{batches} batch{'es' if batches != 1 else ''} a pass: a worker a batch at most"
+                return (batches if batches > 1 else 0), why
             return readers, "worker processes reading whole batches, one a CPU, not measured"
         return readers, "reading threads of the training process, not measured"
     batches = _pass_batches(dataset, batch_size)

@@ -13,7 +13,14 @@ from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.data import datamodule as datamodule_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
-from lightning_gpuopt.data.loader import PREFETCH_FACTOR, ContinuousDataLoader, HostDataLoader, UInt8Collate
+from lightning_gpuopt.data.folder import UInt8ImageFolder
+from lightning_gpuopt.data.loader import (
+    PREFETCH_FACTOR,
+    ContinuousDataLoader,
+    HostDataLoader,
+    UInt8Collate,
+    WholeBatches,
+)
 from lightning_gpuopt.data.transforms import AugmentConfig
 from lightning_gpuopt.data.tuning import TuningConfig
 from tests._ddp import CloseProcessGroup
@@ -248,13 +255,15 @@ def test_loaders_per_stage_describe_their_feed(jpeg_folder):
     evaluation = (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader())
     for loader in (train, *evaluation):
         assert isinstance(loader, HostDataLoader)
-        # the folder is read by two threads of this process, no worker processes
-        assert loader.read_threads == 2 and loader.num_workers == 0
+        # the folder is read by two worker processes, a whole batch a call
+        assert loader.read_threads == 0 and loader.num_workers == 2
+        assert isinstance(loader.dataset, WholeBatches)
+        assert isinstance(loader.dataset.dataset, UInt8ImageFolder)
         assert loader.pin_memory is False  # CPU trainer
         assert loader.batch_size == 8
         info = loader.feed_info
-        assert (info.backend, info.threads, info.pin_memory, info.batch_size) == ("folder", 2, False, 8)
-        assert info.num_workers is None and info.host_batches is True and info.decoder == "cpu"
+        assert (info.backend, info.num_workers, info.pin_memory, info.batch_size) == ("folder", 2, False, 8)
+        assert info.threads is None and info.host_batches is True and info.decoder == "cpu"
         assert loader.fetch_seconds == 0.0
     for loader in evaluation:
         assert not isinstance(loader, ContinuousDataLoader)
@@ -379,7 +388,7 @@ def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
     _trainer().validate(Recorder(), datamodule=dm)
     assert time.perf_counter() - start < 10  # measuring would take the whole 30 s budget
     assert dm.tuning_result is None
-    assert dm.val_dataloader().num_workers == 0  # one batch: a worker would only add its start-up
+    assert dm.val_dataloader().num_workers == 0 and dm.val_dataloader().read_threads == 0  # one batch
     assert dm.num_workers == "auto"  # a later fit still measures its training data
 
     small = OptimizedDataModule(

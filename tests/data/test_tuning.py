@@ -385,7 +385,7 @@ def test_auto_on_eight_small_batches_is_quick_and_tune_gives_the_same_answer(
     assert theirs == ours  # loaders (DatasetLoaders compare by what they read), budget, candidates, cache key
 
 
-def test_tune_on_an_image_folder_reports_the_datamodules_reading_threads(eight_batches, capsys):
+def test_tune_on_an_image_folder_reports_the_datamodules_worker_processes(eight_batches, capsys):
     from lightning_gpuopt.cli import main
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
@@ -394,7 +394,8 @@ def test_tune_on_an_image_folder_reports_the_datamodules_reading_threads(eight_b
     t0 = time.perf_counter()
     assert main(["tune", str(eight_batches), "--batch-size", "64", "--size", "48"]) == 0
     out = capsys.readouterr().out
-    assert f": {dm.num_workers} reading threads (" in out and "not measured" in out
+    assert f": {dm.num_workers} worker processes (" in out and "not measured" in out
+    assert "(worker processes, a batch each)  or  HostDataLoader(WholeBatches(dataset)" in out
     assert f"suggestion: OptimizedDataModule(..., num_workers={dm.num_workers})" in out
     assert time.perf_counter() - t0 < 5.0
 
@@ -437,3 +438,18 @@ def test_measurement_is_bounded_by_a_share_of_an_epoch(monkeypatch):
 def test_a_loader_that_yields_nothing_is_refused():
     with pytest.raises(ValueError, match="yielded no batch, so nothing could be measured"):
         tune_num_workers(lambda n: [], candidates=[0], budget_s=1.0, cache=False)
+
+
+def test_tune_candidates_on_an_image_folder_measure_whole_batch_workers(eight_batches, tmp_path, capsys):
+    import json
+
+    from lightning_gpuopt.cli import main
+
+    out_json = tmp_path / "tune.json"
+    argv = ["tune", str(eight_batches), "--candidates", "0,1", "--budget", "3", "--batch-size", "16"]
+    assert main([*argv, "--size", "48", "--no-cache", "--json", str(out_json)]) == 0
+    assert "tuning num_workers for UInt8ImageFolder" in capsys.readouterr().out
+    table = json.loads(out_json.read_text())["table"]
+    assert {row["num_workers"] for row in table} == {0, 1} and all(
+        row["samples_per_sec"] > 0 for row in table
+    )

@@ -110,7 +110,9 @@ class Timeline(pl.Callback):
 
 def fit_and_compare(loader: DataLoader, p: int, trace: Path) -> dict[str, Any]:
     """A fit of ``2 p`` steps: the monitor's second window and the timeline's idle shares of those steps."""
-    monitor = GPUStatsMonitor(log_every_n_steps=p)
+    # no ceiling replay and no sync locator: their kernels, run between two steps at a window's end, are
+    # no training step's, and the timeline would count them as the steps' busy time
+    monitor = GPUStatsMonitor(log_every_n_steps=p, ceiling=False, sync_steps=0)
     probe = Timeline(monitor, p, trace)
     module = ImageClassifier(build_model("resnet50" if _TORCHVISION_AVAILABLE else "small", CLASSES))
     module = module.to(memory_format=torch.channels_last)
