@@ -156,7 +156,7 @@ def test_teardown_stops_every_loaders_persistent_workers(jpeg_folder):
     from lightning_gpuopt import OptimizedDataModule
     from lightning_gpuopt.bench.models import ImageClassifier
 
-    class PerImage(OptimizedDataModule):  # datasets read by worker processes (a folder is read by threads)
+    class PerImage(OptimizedDataModule):  # per-image datasets read by worker processes
         def _default_dataset(self, split):
             folder = super()._default_dataset(split)
             return None if folder is None else torch.utils.data.Subset(folder, range(len(folder)))
