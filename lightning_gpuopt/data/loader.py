@@ -4,10 +4,10 @@ its workers prefetching across epoch boundaries.
 ``UInt8Collate`` stacks ``(image, label[, meta])`` samples into ``(uint8 NHWC, int64 labels, int32 meta)``.
 ``HostDataLoader`` is a ``DataLoader`` that carries a ``feed_info`` (``_common.FeedInfo``) and counts
 ``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch. Given
-``read_threads``, it reads a dataset that can fill a batch array itself (``BatchReader``: the HDF5 stores,
-an image folder) on threads of this process, straight into pinned memory: one copy a batch, where worker
-processes copy it three times (into the worker, into shared memory, into pinned memory) and fault in fresh
-shared memory every batch.
+``read_threads``, it reads a dataset that can fill a batch array itself (``readers.BatchReader``: the raw
+HDF5 store) on threads of this process, straight into pinned memory: one copy a batch. A reader whose
+decoding holds the GIL for part of each image (an image folder, a JPEG store) is read instead by worker
+processes a whole batch a call (``readers.WholeBatches``).
 
 ``ContinuousDataLoader``: a plain DataLoader stops handing out work at the end of an epoch and restarts at
 the next ``iter()``, so the first batch of every epoch waits for one worker to build a whole batch from
