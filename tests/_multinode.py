@@ -104,6 +104,8 @@ def launch_two_nodes(args: list[str], workdir: Path, timeout_s: float = 150.0) -
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the torchrun agent and the training process it started
             proc.wait()
+        if timed_out:  # a training process (and its loader workers) the agent's end left behind
+            _kill_processes_naming(str(workdir))
     outputs = []
     for log in logs:
         log.seek(0)
@@ -114,6 +116,16 @@ def launch_two_nodes(args: list[str], workdir: Path, timeout_s: float = 150.0) -
     assert not timed_out, f"the two-node run outlasted {timeout_s:.0f} s\n{shown}"
     assert all(p.returncode == 0 for p in procs), shown
     return outputs
+
+
+def _kill_processes_naming(text: str) -> None:
+    """SIGKILL every process of this machine whose command line contains ``text`` (Linux ``/proc``)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------- node side

@@ -165,7 +165,10 @@ def test_monitor_and_advisor_on_every_rank(run: dict[str, Any]) -> None:
     summaries = [out.count("BottleneckAdvisor after") for out in run["outputs"]]
     assert summaries == [len(_fits()), 0], summaries  # the summary, printed on global rank zero only
     for out in run["outputs"]:
-        assert "Traceback" not in out
+        # torchrun's agents meet at an exit barrier after the training processes ended; the node whose agent
+        # holds the store may leave first, and the other agent logs that as a traceback of its own
+        ours = [line for line in out.splitlines() if "elastic/agent/server/api.py" not in line]
+        assert not [line for line in ours if "Traceback" in line], out
 
 
 def test_each_node_keeps_its_local_rank_zeros_count() -> None:
