@@ -410,6 +410,8 @@ class OptimizedDataModule(pl.LightningDataModule):
                 min_batches=MIN_TUNE_BATCHES,
                 local_world_size=self._local_world_size(),
             )
+            if fixed is not None and split == "train":  # say what the machine chose, as a measurement says
+                rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {fixed[0]} ({fixed[1]})")
             workers = fixed[0] if fixed is not None else self._measure(dataset, split)
         else:
             try:

@@ -259,9 +259,14 @@ def test_resize_keeps_pils_bilinear_within_a_level(size):
         assert np.abs(ours - pil).max() <= 1 and np.abs(ours - pil).mean() < 0.05, (size, target)
 
 
-def test_datamodule_reads_a_folder_in_workers_a_batch_a_call(jpeg_folder):
+def test_datamodule_reads_a_folder_in_workers_a_batch_a_call(jpeg_folder, caplog):
+    import logging
+
     dm = OptimizedDataModule(jpeg_folder, batch_size=8, num_workers="auto", image_size=16)
-    dm.setup("fit")
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        dm.setup("fit")
+    # the choice is stated: how many, and why
+    assert f"num_workers='auto' -> {dm.num_workers} (" in caplog.text and "not measured" in caplog.text
     loader = dm.train_dataloader()
     assert dm.tuning_result is None  # nothing measured: a worker a CPU
     assert loader.num_workers == dm.num_workers == min(UInt8ImageFolder(jpeg_folder).auto_readers,
