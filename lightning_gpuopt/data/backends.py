@@ -198,7 +198,8 @@ class FolderBackend(HostBackend):
 
 
 class HDF5Backend(HostBackend):
-    """A uint8 store (``HDF5ImageDataset``) read by threads of the training process into pinned memory.
+    """A store (``HDF5ImageDataset``): a raw uint8 store read by threads of the training process into pinned
+    memory, a JPEG store decoded by worker processes a whole batch each.
 
     Example:
         >>> HDF5Backend().dataset("train.h5", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP

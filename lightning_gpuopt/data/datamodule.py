@@ -77,7 +77,7 @@ class OptimizedDataModule(pl.LightningDataModule):
     batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
     ``DistributedSampler`` under DDP as usual. A raw HDF5 store is read by threads of the training process
     straight into pinned memory (``read_threads``; no worker processes); an image folder and a JPEG store by
-    worker processes that each decode a whole batch into shared memory (``loader.read_batch``); for other
+    worker processes that each decode a whole batch into shared memory (``readers.WholeBatches``); for other
     datasets ``num_workers="auto"`` is measured in ``setup`` (``tune_num_workers``, cached). Device side,
     ``on_after_batch_transfer`` turns ``(images, labels, meta)``
     into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
@@ -100,8 +100,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             ``MAX_WORKERS_PER_CPU`` per CPU. With an image folder or a JPEG store: worker processes that each
             decode whole batches (``"auto"``: the dataset's ``auto_readers``, one a CPU, not measured). With
             a raw HDF5 store: threads of the training process that read batches straight into pinned memory
-            (``"auto"``: ``READ_THREADS``; at most the CPUs per process; 0: read in the loop). With ``backend="dali"``: DALI's CPU threads
-            (``"auto"``: chosen from the cores per GPU). After ``setup("fit")`` the attribute holds the
+            (``"auto"``: ``READ_THREADS``; at most the CPUs per process; 0: read in the loop). With
+            ``backend="dali"``: DALI's CPU threads (``"auto"``: chosen from the cores per GPU). After ``setup("fit")`` the attribute holds the
             training split's resolved count (DALI's stays ``"auto"``: ``loader.feed_info.threads``).
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default

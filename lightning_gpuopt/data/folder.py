@@ -305,9 +305,9 @@ class UInt8ImageFolder(Dataset):
     Random crops and flips happen later on the GPU, from the whole image. The object holds only paths and
     plain values, so it pickles cheaply for ``spawn`` workers and DDP.
 
-    It is a ``loader.BatchReader`` read in worker processes (``read_in_workers``): ``read_into`` decodes a
+    It is a ``readers.BatchReader`` read in worker processes (``read_in_workers``): ``read_into`` decodes a
     batch straight onto the rows of one array; ``OptimizedDataModule``'s workers do so into shared memory
-    (``loader.WholeBatches``), each reading a whole batch in one call and handing it over without a copy.
+    (``readers.WholeBatches``), each reading a whole batch in one call and handing it over without a copy.
     ``OptimizedDataModule`` gives it one worker a CPU with ``num_workers="auto"`` (``auto_readers``): part of
     each image's decoding holds the GIL, so threads of one process would not decode in parallel. A plain
     ``DataLoader`` takes it through ``__getitem__`` as any map-style dataset.
@@ -353,7 +353,7 @@ class UInt8ImageFolder(Dataset):
 
         return (*layout.canvas_shape(self.size), 3)
 
-    #: read by DataLoader worker processes, a whole batch a call (``loader.reads_in_workers``)
+    #: read by DataLoader worker processes, a whole batch a call (``readers.reads_in_workers``)
     read_in_workers = True
 
     @property

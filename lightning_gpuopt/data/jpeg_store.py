@@ -22,8 +22,8 @@ re-encoding would be larger than the file is kept as it is. Every image therefor
 routine of the folder backend, onto the same canvas the raw store holds.
 
 Reading (``JPEGStoreDataset``): one positional read an image, decoded onto its canvas row of the caller's
-batch (a pinned buffer) by the reading threads of the training process (PIL releases the GIL while it
-decodes and resizes).
+batch; ``OptimizedDataModule`` has DataLoader worker processes read it, a whole batch each into shared
+memory (``readers.WholeBatches``).
 """
 
 from __future__ import annotations
@@ -141,12 +141,6 @@ def decode_into(data: bytes, storage_size: int, out: np.ndarray, name: str) -> n
         return folder.load_canvas(io.BytesIO(data), storage_size, out=out)[1]  # type: ignore[arg-type]
     except ValueError as err:
         raise ValueError(f"cannot decode {name} ({err.__cause__ or err})") from err
-
-
-def readers() -> int:
-    """Worker processes ``num_workers="auto"`` gives a JPEG store a training process: every CPU (each
-    decodes)."""
-    return max(1, available_cpus())
 
 
 class _Spill:
@@ -297,7 +291,7 @@ class JPEGStoreDataset(HDF5ImageDataset):
     reads each image's bytes with one ``pread`` and decodes them onto its row of ``images`` (the folder
     backend's routine: whole image, resized like ``Resize(S)``, on the canvas); threads calling it at once
     decode in parallel. Like an image folder it is read by DataLoader worker processes, a whole batch a call
-    (``read_in_workers``; ``loader.WholeBatches``), one a CPU with ``num_workers="auto"``
+    (``read_in_workers``; ``readers.WholeBatches``), one a CPU with ``num_workers="auto"``
     (``auto_readers``).
 
     Args:
@@ -312,7 +306,6 @@ class JPEGStoreDataset(HDF5ImageDataset):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self.feed_info = FeedInfo(backend="hdf5")
-        self.auto_readers = readers()
 
     def _read_header(self, f: Any) -> None:
         h5py = self._h5py()
@@ -410,8 +403,14 @@ class JPEGStoreDataset(HDF5ImageDataset):
         meta = self._decode(self._reader().fileno(), i, canvas)
         return canvas, int(self.labels[i]), meta
 
-    #: read by DataLoader worker processes, a whole batch a call (``loader.reads_in_workers``)
+    #: read by DataLoader worker processes, a whole batch a call (``readers.reads_in_workers``)
     read_in_workers = True
+
+    @property
+    def auto_readers(self) -> int:
+        """Worker processes ``num_workers="auto"`` gives this store: one a CPU this process may use (each
+        decodes)."""
+        return available_cpus()
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int, np.ndarray]]:
         """A batch as a list of ``(canvas, label, meta)`` in request order (canvases rows of one array)."""

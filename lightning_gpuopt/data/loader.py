@@ -120,7 +120,7 @@ class UInt8Collate:
         )
 
     def __call__(self, batch: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if isinstance(batch, ReadBatch):  # a BatchReader's __getitems__ read it whole: nothing to stack
+        if isinstance(batch, ReadBatch):  # WholeBatches read it in one read_into: nothing to stack
             return tuple(batch)  # type: ignore[return-value]
         check_arg(bool(batch), "batch", batch, f"a non-empty list of samples from {self.source}")
         first = batch[0]

@@ -32,8 +32,8 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 @runtime_checkable
 class BatchReader(Protocol):
-    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``), so threads can
-    read it.
+    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``), so a batch is
+    read in one call, by a thread of the training process or a DataLoader worker.
 
     ``image_shape`` is every sample's ``(H, W, C)``; ``read_into(indices, images)`` fills the C-contiguous
     uint8 ``(len(indices), H, W, C)`` array ``images`` and returns int64 labels ``(B,)`` and int32 meta

@@ -451,9 +451,10 @@ def unmeasured_workers(
 ) -> tuple[int, str] | None:
     """The count ``num_workers="auto"`` gives ``dataset`` without measuring it, and why; None: it is measured.
 
-    A ``BatchReader`` gets its ``auto_readers`` (worker processes where it ``reads_in_workers``, else reading
-    threads of the training process), else ``read_threads``; a dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker per
-    batch (none for a single batch): measuring would cost more than reading it. Either is at most the CPUs
+    A ``BatchReader`` gets its ``auto_readers`` (worker processes where it ``reads_in_workers``, at most one a
+    batch of the pass; else reading threads of the training process), else ``read_threads``; a dataset of
+    fewer than ``min_batches`` batches of ``batch_size`` gets a worker per batch (none for a single batch):
+    measuring would cost more than reading it. Either is at most the CPUs
     of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
     ``lightning-gpuopt tune`` both decide through this function.
 
