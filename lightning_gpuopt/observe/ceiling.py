@@ -17,8 +17,9 @@ replay.
 The replay leaves the training exactly where it was: parameters, buffers (BatchNorm statistics), gradients,
 every optimizer's state, the GradScaler's scale and the CPU and CUDA random number generators are copied
 before and put back after (on the device where its free memory holds twice the copy, else in host memory).
-Cost, once a measurement: ``warmup + steps`` training steps (10 by default) plus one copy of the weights,
-gradients and optimizer state there and back.
+Cost, once a measurement: ``warmup + steps`` training steps (19 by default) plus one copy of the weights,
+gradients and optimizer state there and back. The rate is the batch over the median timed step, so a step
+the host or another process delayed does not move it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Ceiling:
     """One replay: ``samples_per_sec`` of ``batch_size`` samples a step, each step's time, and its cost.
 
     Attributes:
-        samples_per_sec: batch size over the mean replayed step time.
+        samples_per_sec: batch size over the median replayed step time.
         step_ms: each timed step (device clock on CUDA, host clock on a CPU).
         batch_size: samples a replayed step.
         seconds: host time the whole measurement took (copies, warm-up and timed steps).
@@ -212,7 +213,7 @@ class ReplayCeiling:
         (8, 3, True)
     """
 
-    def __init__(self, steps: int = 8, warmup: int = 2) -> None:
+    def __init__(self, steps: int = 16, warmup: int = 3) -> None:
         check_int(steps, "steps", low=2, what="(replayed steps timed)")
         check_int(warmup, "warmup", low=0, what="(replayed steps before the timed ones)")
         self.steps = steps
@@ -278,8 +279,8 @@ class ReplayCeiling:
                 step_ms = self._elapsed(marks, dev)
         finally:
             saved.restore()
-        mean_ms = statistics.fmean(step_ms)
-        rate = size / (mean_ms / 1000.0) if mean_ms > 0 and size else 0.0
+        median_ms = statistics.median(step_ms)
+        rate = size / (median_ms / 1000.0) if median_ms > 0 and size else 0.0
         return Ceiling(rate, tuple(step_ms), size, time.perf_counter() - t0, saved.on_device)
 
     @staticmethod

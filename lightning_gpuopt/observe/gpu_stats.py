@@ -66,7 +66,7 @@ class GPUStatsMonitor(ReleasingCallback):
     - Once a fit, after the first window: a few training steps replayed on a copy of the batch just trained
       on, kept on the device (``observe.ceiling.ReplayCeiling``), the model's own ceiling; every later window
       logs the run's samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the
-      next window's end. Cost: about ``ceiling_steps + 2`` steps' time and one copy of the weights,
+      next window's end. Cost: about ``ceiling_steps + 3`` steps' time and one copy of the weights,
       gradients and optimizer state, excluded from every window's figures.
     - Once a fit, after a window whose ``gpu/step_idle_frac`` reaches ``sync_idle_frac`` (CUDA): the
       host-sync locator (``observe.host_sync.SyncLocator``) for ``sync_steps`` steps, which names the lines
@@ -87,7 +87,8 @@ class GPUStatsMonitor(ReleasingCallback):
         ceiling: measure ``gpu/ceiling_frac``: ``None`` on single-process CUDA runs (with ``gpu=True``),
             ``True`` also on a CPU run (the host clock then times the replay), ``False`` never. Runs of
             several processes are not measured (``True`` says so once).
-        ceiling_steps: replayed steps timed for the ceiling (after two untimed ones).
+        ceiling_steps: replayed steps timed for the ceiling (after three untimed ones; the median step
+            sets the rate).
         sync_steps: training steps the host-sync locator watches (``0``: never run it).
         sync_idle_frac: ``gpu/step_idle_frac`` of a window from which the locator runs.
 
@@ -157,7 +158,7 @@ class GPUStatsMonitor(ReleasingCallback):
         all_ranks: bool = False,
         nvml_index: int | None = None,
         ceiling: bool | None = None,
-        ceiling_steps: int = 8,
+        ceiling_steps: int = 16,
         sync_steps: int = 5,
         sync_idle_frac: float = 0.10,
     ) -> None:

@@ -38,6 +38,10 @@ def test_host_bound_launch_bound_and_ranks_gains():
         "time/data_wait_frac": 0.01,
     }
     assert _one(launch, CUDA, "launch-bound").gain == pytest.approx(1 / (1 - 0.64))
+    # the replay holds the same syncs: a ceiling at 1.10 does not hide the idle share inside steps
+    assert _one({**launch, "gpu/ceiling_frac": 1.1}, CUDA, "launch-bound").gain == pytest.approx(1 / 0.36)
+    unmeasured = {k: v for k, v in launch.items() if k != "gpu/step_idle_frac"}
+    assert _one({**unmeasured, "gpu/ceiling_frac": 0.5}, CUDA, "launch-bound").gain == pytest.approx(2.0)
     ranks = {"step_ms": [100.0, 100.0], "data_wait_ms": [1.0, 1.0], "allreduce_wait_ms": [30.0, 5.0]}
     late = _one({"ranks": ranks}, {"device_type": "cuda", "world_size": 2}, "straggler")
     assert late.gain == pytest.approx(1 / (1 - 0.25))
@@ -69,4 +73,5 @@ def test_the_summary_states_the_ceiling_and_each_warnings_gain():
     assert format_summary([], 3, 50, 20, ceiling_frac=0.97).endswith("no bottleneck found; this run trains at "
                                                                      "0.97 of its own ceiling (the model "
                                                                      "replayed on a batch kept on the device).")  # fmt: skip
+    assert "trains at its own ceiling (1.10 of" in format_summary([], 3, 50, 20, ceiling_frac=1.1)
     assert Verdict.from_dict(v.to_dict()) == v

@@ -391,7 +391,10 @@ def launch_bound(c: Context) -> Verdict | None:
     figs.update(c.figures("step_ms", "data_wait_frac", "samples_per_sec"))
     figs.update(c.settings("batch_size"))
     idle = None if ev.step_idle_frac is None else ev.step_idle_frac + (ev.gpu_idle_frac or 0.0)
-    return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util), gain=c.gain(idle))
+    # the replay runs the same training_step, its syncs and launches included: the GPU's idle share inside
+    # and between steps bounds the fix; the ceiling only where that share is not measured
+    gain = gain_of_frac(idle) or c.gain(None)
+    return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util), gain=gain)
 
 
 def amp_host_sync(c: Context) -> Verdict | None:

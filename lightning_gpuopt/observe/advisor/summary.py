@@ -79,9 +79,13 @@ def ceiling_sentence(ceiling_frac: float | None) -> str:
     Example:
         >>> ceiling_sentence(0.62)
         'this run trains at 0.62 of its own ceiling (the model replayed on a batch kept on the device).'
+        >>> ceiling_sentence(1.04)
+        'this run trains at its own ceiling (1.04 of the model replayed on a batch kept on the device).'
     """
     if ceiling_frac is None:
         return ""
+    if ceiling_frac >= 1.0:  # the loop around the step costs nothing the replay can tell apart
+        return f"this run trains at its own ceiling ({ceiling_frac:.2f} of the model replayed on a batch kept on the device)."
     return f"this run trains at {ceiling_frac:.2f} of its own ceiling (the model replayed on a batch kept on the device)."
 
 
