@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
 import statistics
 import sys
@@ -140,7 +141,13 @@ def _litdata_optimize(out: Path, files: list[tuple[str, int]], fn: Callable[...,
     from litdata import optimize
 
     shutil.rmtree(out, ignore_errors=True)
-    optimize(fn=fn, inputs=files, output_dir=str(out), chunk_bytes="64MB", num_workers=available_cpus())
+    # optimize() sets the whole process's start method (spawn by default): a user converts in a script of
+    # its own, so the start method every later loader of this run forks with is put back
+    previous = multiprocessing.get_start_method(allow_none=True)
+    try:
+        optimize(fn=fn, inputs=files, output_dir=str(out), chunk_bytes="64MB", num_workers=available_cpus())
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
     return out
 
 
@@ -206,6 +213,16 @@ def feed_torchvision_pil(args: argparse.Namespace, info: dict[str, Any]) -> dict
     return {"train_dataloaders": _loader(ImageFolder(str(info["train"]), transform=tf), args, shuffle=True)}
 
 
+class _RgbTransform:
+    """``transform(_rgb(x))``: a picklable map for WebDataset's workers."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.transform(_rgb(x))
+
+
 def _litdata_feed(name: str) -> Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]:
     def feed(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
         if isinstance(info.get(name), BaseException):
@@ -243,7 +260,7 @@ def feed_webdataset(args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
         .shuffle(1000)
         .decode("torchrgb8")
         .to_tuple("jpg", "cls")
-        .map_tuple(lambda x: transform(_rgb(x)), int)
+        .map_tuple(_RgbTransform(transform), int)
         .batched(args.batch_size, partial=False)
     )
     loader = wds.WebLoader(ds, batch_size=None, num_workers=args.workers, pin_memory=True,
