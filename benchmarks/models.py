@@ -24,6 +24,9 @@ batch kept on the GPU):
     python3 benchmarks/models.py --models gpt2 --update           # one model, the file's other rows kept
     python3 benchmarks/models.py --models vit_b_16 --search full  # the whole grid (long: compiles)
     python3 benchmarks/models.py --quick --models resnet50,gpt2   # CPU smoke run: the stand-ins, eager
+
+The results file is written after each model (``complete``: false and ``models_left`` until the last), so
+a run stopped by a time limit keeps the models it finished; ``--update`` with the models left goes on.
 """
 
 from __future__ import annotations
@@ -370,24 +373,30 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_float32_matmul_precision("high")  # TF32, as the preset sets it
     # every configuration of the search compiles the model's forward again, a new module each time
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    rows = []
+    rows: list[dict[str, Any]] = []
+    path = out_path(args)
+    kept = kept_rows(path, args.models) if args.update else []
+
+    def write(done: bool) -> None:
+        ratios = [r["ratio"] for r in kept + rows if r.get("ratio") is not None]
+        write_results(
+            path,
+            kept + rows,
+            quick=args.quick,
+            settings={**vars(args), "models": args.models},
+            target=TARGET,
+            min_ratio=min(ratios, default=None),
+            median_ratio=statistics.median(ratios) if ratios else None,
+            seconds=time.perf_counter() - t0,
+            complete=done,
+            models_left=args.models[len(rows) :],
+        )
+
     with torch._dynamo.config.patch(**{limit: 64}):
         for name in args.models:
             rows.append(model_row(name, args))
             free()
-    path = out_path(args)
-    kept = kept_rows(path, args.models) if args.update else []
-    ratios = [r["ratio"] for r in rows if r.get("ratio") is not None]
-    write_results(
-        path,
-        kept + rows,
-        quick=args.quick,
-        settings={**vars(args), "models": args.models},
-        target=TARGET,
-        min_ratio=min(ratios, default=None),
-        median_ratio=statistics.median(ratios) if ratios else None,
-        seconds=time.perf_counter() - t0,
-    )
+            write(done=len(rows) == len(args.models))  # a run stopped by a time limit keeps its models
     print(table(kept + rows))
     print(f"wrote {path}")
     return 0 if all(r.get("error") is None for r in rows) else 1

@@ -45,6 +45,7 @@ def test_quick_run_writes_a_row_a_model(tmp_path: Path, one_thread: Any) -> None
     assert models.main(["--quick", "--models", "resnet50,gpt2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert {"machine", "command", "date", "rows", "target", "min_ratio"} <= set(doc)
+    assert doc["complete"] is True and doc["models_left"] == []
     rows = {r["name"]: r for r in doc["rows"]}
     assert list(rows) == ["resnet50", "gpt2"]
     for row in rows.values():
@@ -69,6 +70,25 @@ def test_quick_run_writes_a_row_a_model(tmp_path: Path, one_thread: Any) -> None
     assert rows["gpt2"]["ceiling_tokens_per_sec"] == pytest.approx(
         32 * rows["gpt2"]["ceiling_samples_per_sec"]
     )
+
+
+def test_each_finished_model_is_written_before_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = load("models.py")
+    out = tmp_path / "models.json"
+
+    def row(name: str, args: Any) -> dict[str, Any]:
+        if name == "gpt2":  # a run stopped by its time limit during the second model
+            raise KeyboardInterrupt
+        return {"name": name, "ratio": 0.95, "error": None}
+
+    monkeypatch.setattr(models, "model_row", row)
+    with pytest.raises(KeyboardInterrupt):
+        models.main(["--quick", "--models", "resnet50,gpt2", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert [r["name"] for r in doc["rows"]] == ["resnet50"]
+    assert doc["complete"] is False and doc["models_left"] == ["gpt2"] and doc["min_ratio"] == 0.95
 
 
 def test_update_keeps_the_rows_of_models_not_run(tmp_path: Path) -> None:
