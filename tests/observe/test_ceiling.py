@@ -80,6 +80,31 @@ def test_the_replay_leaves_training_exactly_where_it_was():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
 
 
+def test_the_replay_puts_a_grad_scalers_scale_back():
+    """Under a GradScaler (``16-mixed``'s) every replayed step scales, unscales and updates: the scale, its
+    growth tracker and the weights are as before, with the replay's steps run through the scaler."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = model.configure_optimizers()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)  # grows at every step
+    plugin = SimpleNamespace(scaler=scaler, forward_context=lambda: torch.autocast("cpu", torch.bfloat16))
+    batch = (torch.randn(16, 8), torch.randint(0, 2, (16,)))
+    scaler.scale(model.training_step(batch, 0)).backward()
+    scaler.step(opt)
+    scaler.update()
+    before, scale = _state(model, opt), scaler.get_scale()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = ReplayCeiling(steps=3, warmup=1).measure(model, [opt], batch, precision_plugin=plugin)
+    assert c is not None and len(c.step_ms) == 3
+    assert scaler.get_scale() == scale == 2.0**11
+    assert scaler.state_dict()["_growth_tracker"] == 0
+    after = _state(model, opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 def test_the_replay_says_what_it_cannot_replay():
     assert (
         ReplayCeiling.unsupported(nn.Linear(2, 2), [object()]) == "the module has no training_step to replay"
