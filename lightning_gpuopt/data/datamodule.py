@@ -101,8 +101,9 @@ class OptimizedDataModule(pl.LightningDataModule):
             decode whole batches (``"auto"``: the dataset's ``auto_readers``, one a CPU, not measured). With
             a raw HDF5 store: threads of the training process that read batches straight into pinned memory
             (``"auto"``: ``READ_THREADS``; at most the CPUs per process; 0: read in the loop). With
-            ``backend="dali"``: DALI's CPU threads (``"auto"``: chosen from the cores per GPU). After ``setup("fit")`` the attribute holds the
-            training split's resolved count (DALI's stays ``"auto"``: ``loader.feed_info.threads``).
+            ``backend="dali"``: DALI's CPU threads (``"auto"``: chosen from the cores per GPU). After
+            ``setup("fit")`` the attribute holds the training split's resolved count (DALI's stays
+            ``"auto"``: ``loader.feed_info.threads``).
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default
             ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A

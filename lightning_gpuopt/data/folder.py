@@ -21,7 +21,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from lightning_gpuopt._checks import check_arg, check_batch_array, is_int
-from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.data.readers import DecodesInWorkers
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -297,7 +297,7 @@ def load_canvas(
     return decode_canvas(path, storage_size, out)
 
 
-class UInt8ImageFolder(Dataset):
+class UInt8ImageFolder(DecodesInWorkers, Dataset):
     """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
 
     Every image is decoded whole, resized so its shorter side is ``size`` and placed on a
@@ -352,15 +352,6 @@ class UInt8ImageFolder(Dataset):
         from lightning_gpuopt.data import layout
 
         return (*layout.canvas_shape(self.size), 3)
-
-    #: read by DataLoader worker processes, a whole batch a call (``readers.reads_in_workers``)
-    read_in_workers = True
-
-    @property
-    def auto_readers(self) -> int:
-        """Worker processes ``num_workers="auto"`` gives this dataset: one a CPU this process may use (each
-        decodes; the DataModule divides the CPUs among the processes of a node)."""
-        return available_cpus()
 
     def __len__(self) -> int:
         return len(self.samples)

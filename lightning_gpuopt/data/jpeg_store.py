@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 
 from lightning_gpuopt._checks import check_batch_array
-from lightning_gpuopt._common import FeedInfo, available_cpus
+from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data.convert import COMPLETE_ATTR, LAYOUT_VERSION, RESIZE_DOC
 from lightning_gpuopt.data.hdf5 import LAYOUT_1, HDF5ImageDataset, _convert_fix
+from lightning_gpuopt.data.readers import DecodesInWorkers
 
 JPEG_FORMAT = "lightning-gpuopt/jpeg-images"
 #: 1: the first JPEG store layout (a contiguous blob with offsets), with the completeness mark.
@@ -282,7 +283,7 @@ class JPEGStoreWriter:
             self.spill = None
 
 
-class JPEGStoreDataset(HDF5ImageDataset):
+class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
     """Map-style dataset over a JPEG store (``convert_folder_to_hdf5(..., format="jpeg")``):
     ``(canvas, label, meta)`` exactly as ``HDF5ImageDataset`` gives them.
 
@@ -402,15 +403,6 @@ class JPEGStoreDataset(HDF5ImageDataset):
         canvas = np.empty(self.image_shape, dtype=np.uint8)
         meta = self._decode(self._reader().fileno(), i, canvas)
         return canvas, int(self.labels[i]), meta
-
-    #: read by DataLoader worker processes, a whole batch a call (``readers.reads_in_workers``)
-    read_in_workers = True
-
-    @property
-    def auto_readers(self) -> int:
-        """Worker processes ``num_workers="auto"`` gives this store: one a CPU this process may use (each
-        decodes)."""
-        return available_cpus()
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int, np.ndarray]]:
         """A batch as a list of ``(canvas, label, meta)`` in request order (canvases rows of one array)."""

@@ -17,8 +17,24 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from lightning_gpuopt import _compat
+from lightning_gpuopt._common import available_cpus
 
-__all__ = ["BatchReader", "ReadBatch", "WholeBatches", "read_batch", "reads_in_workers"]
+__all__ = ["BatchReader", "DecodesInWorkers", "ReadBatch", "WholeBatches", "read_batch", "reads_in_workers"]
+
+
+class DecodesInWorkers:
+    """Mixin of a ``BatchReader`` whose decoding holds the GIL for part of each image (an image folder, a
+    JPEG store): read by DataLoader worker processes a whole batch a call (``read_in_workers``;
+    ``WholeBatches``), one a CPU under ``num_workers="auto"`` (``auto_readers``)."""
+
+    #: read by DataLoader worker processes, a whole batch a call (``reads_in_workers``)
+    read_in_workers = True
+
+    @property
+    def auto_readers(self) -> int:
+        """Worker processes ``num_workers="auto"`` gives this dataset: one a CPU this process may use (each
+        decodes; the DataModule divides the CPUs among the processes of a node)."""
+        return available_cpus()
 
 
 def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:

@@ -393,7 +393,7 @@ def launch_bound(c: Context) -> Verdict | None:
     idle = None if ev.step_idle_frac is None else ev.step_idle_frac + (ev.gpu_idle_frac or 0.0)
     # the replay runs the same training_step, its syncs and launches included: the GPU's idle share inside
     # and between steps bounds the fix; the ceiling only where that share is not measured
-    gain = gain_of_frac(idle) or c.gain(None)
+    gain = gain_of_frac(idle) or gain_of_ceiling(ev.ceiling_frac)
     return Verdict("launch-bound", figs, advice.launch_bound(ev, c.cfg, util), gain=gain)
 
 

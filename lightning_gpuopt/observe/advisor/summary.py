@@ -84,9 +84,10 @@ def ceiling_sentence(ceiling_frac: float | None) -> str:
     """
     if ceiling_frac is None:
         return ""
+    replay = "the model replayed on a batch kept on the device"
     if ceiling_frac >= 1.0:  # the loop around the step costs nothing the replay can tell apart
-        return f"this run trains at its own ceiling ({ceiling_frac:.2f} of the model replayed on a batch kept on the device)."
-    return f"this run trains at {ceiling_frac:.2f} of its own ceiling (the model replayed on a batch kept on the device)."
+        return f"this run trains at its own ceiling ({ceiling_frac:.2f} of {replay})."
+    return f"this run trains at {ceiling_frac:.2f} of its own ceiling ({replay})."
 
 
 def format_summary(
