@@ -8,7 +8,8 @@ batch kept on the GPU):
 1. the ceiling search: the plain loop (``_zoo.ZooLoop``) under each configuration of ``--search``, one
    window each; a compile that takes longer than ``--compile-timeout`` is abandoned and recorded as such.
    ``quick`` tries the likely winners: compiled bf16 (channels_last for the conv nets), its CUDA-graph
-   variant (``reduce-overhead``), and the plain-loop twin of what the preset picks; ``full`` the grid of
+   variant (``reduce-overhead``), the same eager (what compiling saves on this model), and the plain-loop
+   twin of what the preset picks; ``full`` the grid of
    compile modes (eager, default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune) x fp16/bf16 x
    channels_last on/off (conv nets) with a fused optimizer, and eager with the unfused one; a
    comma-separated list of ``mode:dtype[:cl][:unfused]`` names tries those. The fastest is the ceiling.
@@ -92,7 +93,8 @@ def search_configs(spec: Spec, search: str, twin: Config, device: str) -> tuple[
     layouts = (True, False) if spec.family in CONV_FAMILIES else (False,)
     cl = layouts[0]
     if search == "quick":
-        configs = [Config("default", "bf16", cl), Config("reduce-overhead", "bf16", cl), twin]
+        configs = [Config("eager", "bf16", cl), Config("default", "bf16", cl)]
+        configs += [Config("reduce-overhead", "bf16", cl), twin]
     elif search == "full":
         configs = [Config(m, d, c) for m in COMPILE_MODES for d in ("bf16", "fp16") for c in layouts]
         configs += [Config("eager", d, c, fused=False) for d in ("bf16", "fp16") for c in layouts] + [twin]

@@ -106,10 +106,11 @@ def test_search_configurations() -> None:
     config = zoo.Config
     twin = config("default", "fp16", True, True)
     quick, note = models.search_configs(zoo.ZOO["resnet50"], "quick", twin, "cuda")
-    assert [c.name for c in quick] == ["default:bf16:cl", "reduce-overhead:bf16:cl", "default:fp16:cl"]
+    names = ["eager:bf16:cl", "default:bf16:cl", "reduce-overhead:bf16:cl", "default:fp16:cl"]
+    assert [c.name for c in quick] == names
     assert note is None
     lm, _ = models.search_configs(zoo.ZOO["gpt2"], "quick", config("eager", "bf16", False, False), "cuda")
-    assert [c.name for c in lm] == ["default:bf16", "reduce-overhead:bf16", "eager:bf16:unfused"]
+    assert [c.name for c in lm] == ["eager:bf16", "default:bf16", "reduce-overhead:bf16", "eager:bf16:unfused"]
     full, _ = models.search_configs(zoo.ZOO["convnext_tiny"], "full", twin, "cuda")
     assert len(full) == 5 * 2 * 2 + 4 and {c.compile for c in full} == set(zoo.COMPILE_MODES)
     full_lm, _ = models.search_configs(zoo.ZOO["gpt2"], "full", twin, "cuda")
