@@ -1,8 +1,10 @@
-"""What the compute rules read off a model: whether it has convolutions, and of which dimensionality."""
+"""What the compute rules read off a model: whether it has convolutions (and of which dimensionality) or
+attention layers, and so its family: a conv net or a transformer."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from torch import nn
 
@@ -37,3 +39,32 @@ def has_conv(model: nn.Module, dims: int | Iterable[int] = (1, 2, 3)) -> bool:
     )
     layers = tuple(layer for d in wanted for layer in CONV_LAYERS[d])
     return any(isinstance(m, layers) for m in model.modules())
+
+
+#: The families the precision and compile rules tell apart.
+Family = Literal["conv", "transformer"]
+
+
+def has_attention(model: nn.Module) -> bool:
+    """Whether ``model`` has an attention layer: ``nn.MultiheadAttention`` (torchvision's ViT,
+    ``nn.TransformerEncoderLayer``) or a module whose class name ends in ``Attention`` (``transformers``'
+    ``GPT2Attention``, ``BertSelfAttention``, timm's ``Attention``)."""
+    return any(
+        isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention") for m in model.modules()
+    )
+
+
+def family(model: nn.Module) -> Family | None:
+    """The model's family for the precision and compile rules: ``"transformer"`` when it has an attention
+    layer (a ViT's patch convolution does not make it a conv net), else ``"conv"`` when it has a convolution,
+    else ``None`` (an MLP, a model of another shape: no rule was measured on it).
+
+    Example::
+
+        family(torchvision.models.resnet50())    # "conv"
+        family(torchvision.models.vit_b_16())    # "transformer"
+        family(nn.Sequential(nn.Linear(4, 4)))   # None
+    """
+    if has_attention(model):
+        return "transformer"
+    return "conv" if has_conv(model) else None

@@ -37,6 +37,7 @@ from lightning_gpuopt.compute import _model
 
 __all__ = [
     "BREAK_EVEN_SECONDS",
+    "COMPILE_COST",
     "COMPILE_SECONDS",
     "COMPILE_STEP_SAVING",
     "MIN_CAPABILITY",
@@ -47,10 +48,17 @@ __all__ = [
 
 #: Share of an eager training step's time that compiling a convolutional network saves.
 COMPILE_STEP_SAVING = 0.15
-#: Seconds ``torch.compile`` (inductor, default mode) spends before the first compiled training step.
+#: Seconds ``torch.compile`` (inductor, default mode) spends before a conv net's first compiled step.
 COMPILE_SECONDS = 45.0
 #: Eager training time after which compiling has paid for itself: ``COMPILE_SECONDS / COMPILE_STEP_SAVING``.
 BREAK_EVEN_SECONDS = COMPILE_SECONDS / COMPILE_STEP_SAVING
+#: Per family (``_model.family``): (seconds compiling costs, share of an eager step it saves). Conv nets:
+#: ResNet-50's figures (the smallest saving of the conv nets measured); transformers: the longer compile and
+#: the smaller saving of ViT-B/16 and a GPT-2-small-shaped model (``docs/compute.md``).
+COMPILE_COST: dict[str, tuple[float, float]] = {
+    "conv": (COMPILE_SECONDS, COMPILE_STEP_SAVING),
+    "transformer": (35.0, 0.30),
+}
 #: Lowest CUDA compute capability inductor generates GPU kernels for (Triton).
 MIN_CAPABILITY = (7, 0)
 
@@ -80,7 +88,8 @@ class CompileDecision:
 
 def should_compile(
     *,
-    has_conv: bool,
+    has_conv: bool | None = None,
+    family: str | None = None,
     device: torch.device | str,
     capability: tuple[int, int] | None = None,
     steps_left: float | None = None,
@@ -91,17 +100,19 @@ def should_compile(
 
     Compile when all hold:
 
-    1. the model has a convolution (the gain measured for compiled convolutional networks; other models
-       are not judged),
+    1. the model is of a family the rule has measured (``COMPILE_COST``): a conv net or a transformer
+       (``_model.family``: attention layers make a transformer, else a convolution a conv net); other models
+       are not judged,
     2. the device is CUDA with compute capability >= ``MIN_CAPABILITY`` (7.0),
-    3. the eager training time left exceeds ``BREAK_EVEN_SECONDS``: compiled steps save
-       ``COMPILE_STEP_SAVING`` (15%) of an eager step, compiling costs ``COMPILE_SECONDS`` (45 s) once, so it
-       pays after 45 / 0.15 = 300 s of eager training. That time is ``steps_left * step_seconds`` when the
-       run has a known length, capped by ``time_left`` (``Trainer(max_time=...)``); a run with neither
-       (``max_epochs=-1``, an endless loader) is taken as long and compiled.
+    3. the eager training time left exceeds the family's break-even, compile seconds over the share of an
+       eager step compiled steps save: a conv net 45 s / 0.15 = 300 s (``BREAK_EVEN_SECONDS``), a transformer
+       35 s / 0.30 = 117 s. That time is ``steps_left * step_seconds`` when the run has a known length,
+       capped by ``time_left`` (``Trainer(max_time=...)``); a run with neither (``max_epochs=-1``, an
+       endless loader) is taken as long and compiled.
 
     Args:
-        has_conv: the model has a ``Conv*d`` layer.
+        has_conv: the model has a ``Conv*d`` layer (a conv net); read when ``family`` is not given.
+        family: ``"conv"``, ``"transformer"`` or ``None`` (not judged); wins over ``has_conv``.
         device: the training device.
         capability: the CUDA device's compute capability; ``None`` reads it from ``device``.
         steps_left: training batches left (``float("inf")`` or ``None``: unknown).
@@ -113,14 +124,19 @@ def should_compile(
 
     Example::
 
-        should_compile(has_conv=True, device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
+        should_compile(family="conv", device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
         # CompileDecision(compile=True, reason='... 2000 s of eager training ...', eager_seconds=2000.0)
     """
     dev = torch.device(device)
-    if not has_conv:
+    if family is None and has_conv:
+        family = "conv"
+    if family not in COMPILE_COST:
         return CompileDecision(
-            False, "the model has no convolution layer: the rule judges convolutional networks"
+            False,
+            "the model has no convolution or attention layer: the rule judges conv nets and transformers",
         )
+    compile_seconds, saving = COMPILE_COST[family]
+    break_even = compile_seconds / saving
     if dev.type != "cuda":
         return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
     major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
@@ -131,8 +147,8 @@ def should_compile(
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
-            if time_left is not None and time_left <= BREAK_EVEN_SECONDS:
-                return _by_time(time_left)
+            if time_left is not None and time_left <= break_even:
+                return _by_time(time_left, break_even)
             return CompileDecision(None, "the run's length depends on the eager step time: time a few steps")
         estimates.append(max(0.0, steps_left) * step_seconds)
     if time_left is not None:
@@ -142,23 +158,23 @@ def should_compile(
             True, "the run has no set length (max_steps, max_epochs, max_time): taken as long"
         )
     eager = min(estimates)
-    if eager > BREAK_EVEN_SECONDS:
+    if eager > break_even:
         return CompileDecision(
             True,
-            f"{eager:.0f} s of eager training left exceeds the {BREAK_EVEN_SECONDS:.0f} s break-even",
+            f"{eager:.0f} s of eager training left exceeds the {family}'s {break_even:.0f} s break-even",
             eager,
         )
     return CompileDecision(
         False,
-        f"{eager:.0f} s of eager training left is below the {BREAK_EVEN_SECONDS:.0f} s break-even",
+        f"{eager:.0f} s of eager training left is below the {family}'s {break_even:.0f} s break-even",
         eager,
     )
 
 
-def _by_time(time_left: float) -> CompileDecision:
+def _by_time(time_left: float, break_even: float) -> CompileDecision:
     return CompileDecision(
         False,
-        f"max_time leaves {time_left:.0f} s, below the {BREAK_EVEN_SECONDS:.0f} s break-even",
+        f"max_time leaves {time_left:.0f} s, below the {break_even:.0f} s break-even",
         max(0.0, time_left),
     )
 
@@ -240,6 +256,7 @@ class CompileModel(pl.Callback):
         self._batches = 0
         self._t0: float | None = None
         self._aside = False
+        self._family: str | None = None
         self._module: pl.LightningModule | None = None
         self._wrapper: Callable[..., Any] | None = None
         self._shapes: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
@@ -269,8 +286,9 @@ class CompileModel(pl.Callback):
         if self.when == "always":
             self._install(pl_module, CompileDecision(True, "when='always'"))
             return
+        self._family = _model.family(pl_module)
         decision = should_compile(
-            has_conv=_model.has_conv(pl_module),
+            family=self._family,
             device=trainer.strategy.root_device,
             steps_left=self._batches_left(trainer),
             time_left=self._time_left(trainer),
@@ -303,7 +321,7 @@ class CompileModel(pl.Callback):
             self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
             self._timing = False
             decision = should_compile(
-                has_conv=True,  # checked at on_train_start, which asked for timing
+                family=self._family,  # read at on_train_start, which asked for timing
                 device=trainer.strategy.root_device,
                 steps_left=self._batches_left(trainer),
                 step_seconds=self.step_seconds,

@@ -15,7 +15,7 @@ from torch import nn
 
 from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._compat import cpu_has_fast_bf16
-from lightning_gpuopt.compute._model import has_conv
+from lightning_gpuopt.compute import _model
 
 ModelFamily = Literal["conv", "transformer"]
 _FAMILIES = ("conv", "transformer")
@@ -60,7 +60,7 @@ def _family(model: nn.Module | None, model_family: str | None) -> str | None:
     if model is None:
         return None
     check_arg(isinstance(model, nn.Module), "model", model, "a torch.nn.Module or None", error=TypeError)
-    return "conv" if has_conv(model) else "transformer"
+    return "conv" if _model.family(model) == "conv" else "transformer"
 
 
 def choose_precision(
@@ -77,8 +77,9 @@ def choose_precision(
     CUDA 7.x (Volta, Turing)      any                ``"16-mixed"`` (no bf16 hardware)
     CUDA >= 8.0 (Ampere, Hopper)  conv net           ``"16-mixed"``: fp16 convolutions train faster than bf16
                                                      ones (``docs/compute.md``)
-    CUDA >= 8.0                   no convolution,    ``"bf16-mixed"``: same tensor-core rate for matmuls, fp32's
-                                  or unknown         range (no loss scaling, no overflow in attention logits)
+    CUDA >= 8.0                   transformer (ViT   ``"bf16-mixed"``: same tensor-core rate for matmuls, fp32's
+                                  too), no conv,     range (no loss scaling, no overflow in attention logits)
+                                  or unknown
     CPU with AVX512-BF16 or AMX   any                ``"bf16-mixed"``
     other CPU, other devices      any                ``"32-true"``
     ============================  =================  ==========================================================
@@ -86,7 +87,8 @@ def choose_precision(
     Args:
         device: the training device (``"cuda:0"``, an index, a ``torch.device``); ``None`` is the current CUDA
             device if there is one, else the CPU. Under multi-GPU, pass one of them (devices are assumed alike).
-        model: the model; any ``Conv*d`` layer makes it a conv net.
+        model: the model; an attention layer makes it a transformer (a ViT's patch convolution does not make
+            it a conv net), else any ``Conv*d`` layer a conv net (``_model.family``).
         model_family: ``"conv"`` or ``"transformer"``; overrides what ``model`` suggests.
 
     Example::

@@ -42,7 +42,13 @@ def test_break_even_follows_from_the_constants():
 @pytest.mark.parametrize(
     ("kwargs", "expected", "reason"),
     [
-        ({"has_conv": False, **H200}, False, "no convolution"),
+        ({"has_conv": False, **H200}, False, "no convolution or attention"),
+        ({"family": None, **H200}, False, "conv nets and transformers"),
+        # a transformer: 35 s of compiling against 30% faster steps, a 117 s break-even
+        ({"family": "transformer", **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, "transformer's"),
+        ({"family": "transformer", **H200, "steps_left": 2_000, "step_seconds": 0.04}, False, "117 s"),
+        ({"family": "conv", **H200, "steps_left": 4_000, "step_seconds": 0.04}, False, "conv's 300 s"),
+        ({"family": "transformer", "has_conv": True, **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, ""),
         ({"has_conv": True, "device": "cpu"}, False, "CUDA devices only"),
         ({"has_conv": True, "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
         # steps known: eager time = steps * step time against the 300 s break-even

@@ -58,11 +58,28 @@ def test_fast_trainer_kwargs_user_choices_win(fake_gpu, restore_backends):
     assert torch.get_float32_matmul_precision() == "highest"
 
 
-def test_fast_trainer_kwargs_without_conv(fake_gpu, restore_backends):
+def test_fast_trainer_kwargs_for_a_transformer(fake_gpu, restore_backends):
     fake_gpu((8, 0))
     kwargs = fast_trainer_kwargs(TRANSFORMER)
     assert kwargs["precision"] == "bf16-mixed"
-    assert kwargs["callbacks"] == []  # no convolution: no channels_last, and the compile rule does not apply
+    # no convolution: no channels_last; a transformer is judged by the compile rule
+    assert [type(c) for c in kwargs["callbacks"]] == [CompileModel]
+    assert kwargs["callbacks"][0].when == "auto"
+
+
+def test_a_vit_is_a_transformer_with_channels_last_for_its_patches(fake_gpu, restore_backends):
+    fake_gpu((9, 0))
+    vit = nn.Sequential(nn.Conv2d(3, 16, 4, 4), nn.Flatten(2), TRANSFORMER)
+    kwargs = fast_trainer_kwargs(vit)
+    assert kwargs["precision"] == "bf16-mixed"  # the patch convolution does not make it a conv net
+    assert [type(c) for c in kwargs["callbacks"]] == [ChannelsLast, CompileModel]
+
+
+def test_a_model_of_no_measured_family_is_left_alone(fake_gpu, restore_backends):
+    fake_gpu((9, 0))
+    kwargs = fast_trainer_kwargs(mlp())
+    assert kwargs["precision"] == "bf16-mixed"
+    assert kwargs["callbacks"] == []  # no convolution, no attention: the compile rule does not judge it
 
 
 def test_a_conv1d_model_is_a_conv_net_without_channels_last(fake_gpu, restore_backends):
