@@ -108,7 +108,7 @@ def measured_fit(
     *,
     device: str,
     preset: bool = True,
-    compile: bool = False,
+    compile: bool | None = False,
     settle: bool = False,
     callbacks: Sequence[pl.Callback] = (),
     trainer: Mapping[str, Any] | None = None,

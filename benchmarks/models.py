@@ -20,11 +20,15 @@ batch kept on the GPU):
    is read back from the fit (``preset_config``).
 3. the ceiling's configuration and the preset take turns ``--repeats`` times; each row holds both medians,
    their range, p50/p90 and ``ratio`` = preset / ceiling (medians).
+4. with ``--advise``, ``_zoo_advice``'s scenarios on the same module: ``GPUStatsMonitor``, ``NVTXRanges``
+   and ``BottleneckAdvisor`` on a healthy fit (no warning), a starved one (``input-bound``) and an fp32 one
+   (``fp32-on-tensor-cores``); the row's ``advisor`` holds each one's verdicts and ``pass``.
 
     python3 benchmarks/models.py                                  # the zoo on one H200
     python3 benchmarks/models.py --models gpt2 --update           # one model, the file's other rows kept
     python3 benchmarks/models.py --models vit_b_16 --search full  # the whole grid (long: compiles)
     python3 benchmarks/models.py --quick --models resnet50,gpt2   # CPU smoke run: the stand-ins, eager
+    python3 benchmarks/models.py --models vit_b_16 --advise       # and the advisor's three scenarios
 
 The results file is written after each model (``complete``: false and ``models_left`` until the last), so
 a run stopped by a time limit keeps the models it finished; ``--update`` with the models left goes on.
@@ -47,6 +51,7 @@ import lightning.pytorch as pl
 import torch
 from _shared import RESULTS, add_common, device_of, free, machine_tag, measured_fit, results_path, say
 from _zoo import COMPILE_MODES, ZOO, Config, Spec, ZooLoop, ZooModule, batches
+from _zoo_advice import advise
 from typing_extensions import override
 
 from lightning_gpuopt._common import format_table
@@ -56,6 +61,8 @@ from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize, 
 
 #: the preset's target: its share of each model's ceiling
 TARGET = 0.97
+#: steps of each window the advisor's scenarios judge (``--advise``)
+ADVISE_WINDOW = 20
 #: ResNet-50's record: MLPerf Training v4.0, H200 system, images a second a GPU (MXNet, DALI, CUDA graphs)
 RESNET50_RECORD = 7950.0
 #: families whose convolutions make channels_last a candidate of the search
@@ -195,12 +202,14 @@ class PresetReadBack(pl.Callback):
         }
 
 
-def preset_variant(spec: Spec, args: argparse.Namespace, readback: PresetReadBack) -> Any:
+def preset_variant(
+    spec: Spec, args: argparse.Namespace, readback: PresetReadBack, module: ZooModule, data: Any
+) -> Any:
     """One fit of the user's module through ``fast_trainer_kwargs`` on the model's long run, stopped after
-    the window. The module and its batch are kept across the turns (a compiled forward compiles once)."""
-    module = ZooModule(spec, quick=args.quick)
-    x, ys = batches(spec, args.quick, args.device)
-    length = max(1, spec.epoch_samples // spec.shape(args.quick)[0])
+    the window. The module and its batch (``data``: the input and its targets) are kept across the turns
+    (a compiled forward compiles once)."""
+    x, ys = data
+    length = epoch_batches(spec, args)
 
     def run() -> Measurement:
         loader = DeviceBatches(x, ys, length=length)
@@ -217,6 +226,11 @@ def preset_variant(spec: Spec, args: argparse.Namespace, readback: PresetReadBac
         )
 
     return run
+
+
+def epoch_batches(spec: Spec, args: argparse.Namespace) -> int:
+    """Batches in an epoch of the model's data set: the length of the loader its long run is judged on."""
+    return max(1, spec.epoch_samples // spec.shape(args.quick)[0])
 
 
 # ------------------------------------------------------------------------------------------------- a model
@@ -242,14 +256,22 @@ def model_row(name: str, args: argparse.Namespace) -> dict[str, Any]:
         return {**row, "error": "no configuration of the search ran"}
     variants = {"ceiling": lambda: measure_loop(loop.step, loop.device, args.warmup, args.steps, batch)}
     readback = PresetReadBack()
+    module = ZooModule(spec, quick=args.quick)
+    data = batches(spec, args.quick, args.device)
     if not args.only_ceiling:
-        variants["preset"] = preset_variant(spec, args, readback)
+        variants["preset"] = preset_variant(spec, args, readback, module, data)
     results = take_turns(variants, args.repeats, on_result=say)
     summary = {r["name"]: r for r in summarize(results, "ceiling")}
     row.update(ceiling_config=loop.config.to_dict(), preset_config=readback.config or None)
     for side in ("ceiling", "preset"):
         r = summary.get(side, {})
         row.update({f"{side}_{key}": r.get(field) for key, field in SIDE_FIELDS.items()})
+    del loop, variants
+    free()
+    if args.advise and row["preset_p50_ms"]:
+        row["advisor"] = advise(module, *data, row["preset_p50_ms"], device=args.device,
+                                window=3 if args.quick else ADVISE_WINDOW, run=dict(spec.run),
+                                length=epoch_batches(spec, args))  # fmt: skip
     return finish_row(row, spec, summary.get("preset", {}), args)
 
 
@@ -352,6 +374,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--search-steps", type=int, default=100, help="steps of a configuration's search window")
     p.add_argument("--only-ceiling", action="store_true", help="the search and the ceiling; no preset fit")
     p.add_argument("--update", action="store_true", help="keep the --out file's rows of models not run now")
+    p.add_argument(
+        "--advise",
+        action="store_true",
+        help="after the turns: the monitor, NVTX ranges and the advisor on a healthy, a starved and an fp32 fit",
+    )
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     if unknown := sorted(set(args.models) - set(ZOO)):

@@ -185,3 +185,19 @@ def test_the_preset_twin_is_what_the_preset_picks_on_a_cpu() -> None:
         twin = models.preset_twin(zoo.ZOO[name].make(quick=True), "cpu")
         dtype = {"bf16-mixed": "bf16", "32-true": "fp32"}[choose_precision("cpu")]
         assert twin == zoo.Config("eager", dtype, channels_last, fused=False), twin  # no compile on a CPU
+
+
+def test_advise_runs_the_monitor_and_advisor_on_a_zoo_model(tmp_path: Path, one_thread: Any) -> None:
+    models = load("models.py")
+    out = tmp_path / "models.json"
+    assert models.main(["--quick", "--models", "gpt2", "--advise", "--out", str(out)]) == 0
+    advice = json.loads(out.read_text())["rows"][0]["advisor"]
+    assert list(advice) == ["healthy", "starved", "fp32"]
+    assert advice["healthy"]["pass"] is True and advice["healthy"]["got"] == []
+    # the starved loader waits two preset steps before each batch: the advisor names the loader
+    starved = advice["starved"]
+    assert starved["pass"] is True and any(g.startswith("input-bound") for g in starved["got"])
+    assert starved["loader_delay_ms"] > 0 and starved["p50_ms"] > advice["healthy"]["p50_ms"]
+    assert starved["data_wait_frac"] > 0.3
+    assert advice["fp32"]["pass"] is None  # fp32 on tensor cores needs a GPU to be judged
+    assert {"samples_per_sec", "gpu_util_mean", "verdicts", "seconds"} <= set(advice["fp32"])
