@@ -60,7 +60,7 @@ def _family(model: nn.Module | None, model_family: str | None) -> str | None:
     if model is None:
         return None
     check_arg(isinstance(model, nn.Module), "model", model, "a torch.nn.Module or None", error=TypeError)
-    return "conv" if _model.family(model) == "conv" else "transformer"
+    return _model.family(model)
 
 
 def choose_precision(
@@ -95,18 +95,36 @@ def choose_precision(
 
         choose_precision("cuda:0", model)   # "16-mixed" for a conv net on compute capability >= 7.0
     """
+    return precision_and_reason(device, model, model_family)[0]
+
+
+def precision_and_reason(
+    device: str | int | torch.device | None = None,
+    model: nn.Module | None = None,
+    model_family: ModelFamily | None = None,
+) -> tuple[str, str]:
+    """``choose_precision``'s answer and the fact that decided it, in a few words (what the preset logs)."""
     dev = resolve_device(device)
     family = _family(model, model_family)
     if dev.type == "cpu":
-        return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
+        if cpu_has_fast_bf16():
+            return "bf16-mixed", "a CPU with AVX512-BF16 or AMX"
+        return "32-true", "a CPU without fast bf16"
     if dev.type != "cuda":
-        return "32-true"
-    major, _minor = torch.cuda.get_device_capability(dev)
+        return "32-true", f"a {dev.type!r} device"
+    major, minor = torch.cuda.get_device_capability(dev)
+    gpu = f"compute capability {major}.{minor}"
     if major < 7:
-        return "32-true"
+        return "32-true", f"{gpu}: no tensor cores"
     if major < 8:
-        return "16-mixed"
-    return "16-mixed" if family == "conv" else "bf16-mixed"
+        return "16-mixed", f"{gpu}: no bf16 hardware"
+    if family == "conv":
+        return "16-mixed", f"a conv net on {gpu}"
+    if family == "transformer":
+        what = "a transformer"
+    else:
+        what = "no model given" if model is None else "a model with no convolution or attention layer"
+    return "bf16-mixed", f"{what} on {gpu}"
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,16 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt.compute._model import family, has_conv
 from lightning_gpuopt.compute.channels_last import ChannelsLast
-from lightning_gpuopt.compute.compile import MIN_CAPABILITY, CompileModel
+from lightning_gpuopt.compute.compile import COMPILE_COST, MIN_CAPABILITY, CompileModel
 from lightning_gpuopt.compute.ddp import NonBlockingStepChecks
 from lightning_gpuopt.compute.optimizer import FusedOptimizer
-from lightning_gpuopt.compute.precision import choose_precision, configure_backends, resolve_device
+from lightning_gpuopt.compute.precision import configure_backends, precision_and_reason, resolve_device
 
 __all__ = ["PRESET_DDP_KWARGS", "fast_trainer_kwargs"]
 
@@ -68,6 +69,8 @@ def fast_trainer_kwargs(
       callback (under DDP, Lightning's per-step SIGTERM check no longer makes the host wait for the GPU),
     - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
 
+    It logs one line (rank zero) naming each choice and the fact behind it, and what it left out.
+
     Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a callback
     of a class the preset adds is not added twice; a ``Strategy`` object or another strategy name is kept).
     From ``LightningCLI``, write the same in the config; see ``docs/compute.md``.
@@ -93,7 +96,9 @@ def fast_trainer_kwargs(
         error=TypeError,
     )
     dev = resolve_device(device)
-    kwargs: dict[str, Any] = {"precision": choose_precision(dev, model)}
+    precision, why = precision_and_reason(dev, model)
+    kwargs: dict[str, Any] = {"precision": precision}
+    said = [f"precision={precision!r} ({why})"]
     if dev.type == "cuda":
         if not trainer_kwargs.get("deterministic"):
             kwargs["benchmark"] = True
@@ -109,25 +114,32 @@ def fast_trainer_kwargs(
         callbacks = [callbacks]
     callbacks = list(callbacks)
 
-    def add(callback_type: type, make: Any) -> None:
+    def add(callback_type: type, make: Any, why: str) -> None:
         if not any(isinstance(c, callback_type) for c in callbacks):
             callbacks.append(make())
+            said.append(f"{callback_type.__name__} ({why})")
 
+    kind = None if model is None else family(model)
     if (model is None or has_conv(model, dims=2)) and dev.type in ("cuda", "cpu"):
-        add(ChannelsLast, ChannelsLast)
+        add(ChannelsLast, ChannelsLast, "Conv2d layers" if model is not None else "no model given")
+    elif dev.type in ("cuda", "cpu"):
+        said.append("no ChannelsLast (no Conv2d layer)")
     if isinstance(trainer_kwargs.get("strategy"), DDPStrategy):
-        add(NonBlockingStepChecks, NonBlockingStepChecks)
+        add(NonBlockingStepChecks, NonBlockingStepChecks, "DDP")
     kwargs["callbacks"] = callbacks
+    if "precision" in trainer_kwargs and str(trainer_kwargs["precision"]) != precision:
+        said[0] = f"precision={trainer_kwargs['precision']!r} (yours)"
     kwargs.update(trainer_kwargs)
     if fused_optimizer and str(kwargs.get("precision")) in ("16-mixed", "16"):
-        add(FusedOptimizer, FusedOptimizer)
+        add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
     if compile:
-        add(CompileModel, CompileModel)
-    elif (
-        compile is None
-        and dev.type == "cuda"
-        and (model is None or family(model) is not None)
-        and _cuda_capability(dev) >= MIN_CAPABILITY
-    ):
-        add(CompileModel, lambda: CompileModel(when="auto"))
+        add(CompileModel, CompileModel, "compile=True")
+    elif compile is None and dev.type == "cuda" and _cuda_capability(dev) >= MIN_CAPABILITY:
+        if model is None or kind is not None:
+            seconds, saving = COMPILE_COST[kind or "conv"]
+            why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"
+            add(CompileModel, lambda: CompileModel(when="auto"), why + " is left")
+        else:
+            said.append("no CompileModel (no convolution or attention layer: not judged by the compile rule)")
+    rank_zero_info("fast_trainer_kwargs: " + ", ".join(said))
     return kwargs
