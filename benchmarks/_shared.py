@@ -27,6 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import quiet_lightning, write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
 from lightning_gpuopt.bench.steady import Measurement, StepClock, format_rows, summarize
@@ -74,6 +75,40 @@ def add_model(p: argparse.ArgumentParser, rows: Sequence[str]) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--rows", default=",".join(rows), help="comma-separated rows")
+
+
+def add_feed(p: argparse.ArgumentParser, data: str, out: str, rows: Sequence[str], workers: str) -> None:
+    """A feed benchmark's arguments: ``--data`` (the temp folder's ``data``), ``--out``, ``--only`` (some of
+    ``rows``), the images and stores, the model, the windows, ``--loader-batches`` and ``--quick``."""
+    p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), data))
+    p.add_argument("--out", default=out)
+    p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
+                   help=f"comma-separated rows (default all: {','.join(rows)})")
+    p.add_argument("--images", type=int, default=8192)
+    p.add_argument("--storage", type=int, default=256, help="the stores' shorter side (convert --size)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=available_cpus() - 1, help=workers)
+    p.add_argument("--arch", default="resnet50")
+    p.add_argument("--warmup", type=int, default=40, help="steps before each window (past the prefetch)")
+    p.add_argument("--steps", type=int, default=200, help="steps a window")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--loader-batches", type=int, default=30, help="batches timed for a loader alone (0: skip)")
+    p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
+
+
+def feed_args(p: argparse.ArgumentParser, argv: list[str] | None, rows: Sequence[str]) -> argparse.Namespace:
+    """Parse ``add_feed``'s arguments (an unknown ``--only`` row stops the script, naming the choices); sets
+    ``args.device`` and, with ``--quick``, 64 tiny images, a small model and a few steps."""
+    args = p.parse_args(argv)
+    if bad := sorted(set(args.only or ()) - set(rows)):
+        p.error(f"--only: unknown rows {bad}; choose from {', '.join(rows)}")
+    args.device = device_of(args)
+    if args.quick:
+        args.images, args.storage, args.batch_size, args.image_size = 64, 40, 8, 32
+        args.arch, args.warmup, args.steps, args.repeats = "small", 2, 4, 2
+        args.loader_batches, args.workers = min(args.loader_batches, 3), min(args.workers, 2)
+    return args
 
 
 def chosen_rows(p: argparse.ArgumentParser, args: argparse.Namespace, rows: Sequence[str]) -> list[str]:

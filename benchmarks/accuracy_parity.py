@@ -64,13 +64,8 @@ CONTROL = "centre-square"
 CODE_RUN = ("../lightning_gpuopt/data", "../lightning_gpuopt/compute", "../lightning_gpuopt/_common.py")
 DEFAULT_ROWS = {"photos": list(ROWS), "border": [*ROWS, CONTROL]}
 CRITERION = "each backend within max(2 x reference std, 1 point) of reference"
-QUIET = {
-    "logger": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "enable_checkpointing": False,
-    "num_sanity_val_steps": 0,
-}
+QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False,
+         "enable_checkpointing": False, "num_sanity_val_steps": 0}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -114,36 +109,14 @@ class ParityConfig:
 
 
 SIZES: dict[str, ParityConfig] = {
-    "cpu": ParityConfig(
-        image_size=32,
-        width=16,
-        blocks=0,
-        batch_size=32,
-        epochs=16,
-        lr=0.05,
-        workers=0,
-        seeds=(0, 1, 2),
-        train_per_class={"photos": 80, "border": 160},
-        val_per_class={"photos": 40, "border": 80},
-        image_long_side=64,
-        accelerator="cpu",
-    ),
-    "gpu": ParityConfig(
-        image_size=96,
-        width=32,
-        blocks=1,
-        batch_size=128,
-        epochs=20,
-        lr=0.1,
-        workers=3,
-        seeds=(0, 1, 2),
-        train_per_class={"photos": 500, "border": 800},
-        val_per_class={"photos": 100, "border": 200},
-        image_long_side=192,
-        accelerator="gpu",
-        jobs=4,
-    ),
-}
+    "cpu": ParityConfig(image_size=32, width=16, blocks=0, batch_size=32, epochs=16, lr=0.05, workers=0,
+                        seeds=(0, 1, 2), train_per_class={"photos": 80, "border": 160},
+                        val_per_class={"photos": 40, "border": 80}, image_long_side=64, accelerator="cpu"),
+    "gpu": ParityConfig(image_size=96, width=32, blocks=1, batch_size=128, epochs=20, lr=0.1, workers=3,
+                        seeds=(0, 1, 2), train_per_class={"photos": 500, "border": 800},
+                        val_per_class={"photos": 100, "border": 200}, image_long_side=192, accelerator="gpu",
+                        jobs=4),
+}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -472,16 +445,9 @@ def machine_info() -> dict[str, Any]:
             pass
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", *CODE_RUN],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        git = {"cwd": here, "capture_output": True, "text": True, "check": True}
+        head = subprocess.run(["git", "rev-parse", "HEAD"], **git)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE_RUN], **git)
         info["commit"] = head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):  # not a git checkout
         pass

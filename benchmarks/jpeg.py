@@ -45,8 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-from _shared import free, hdf5_store, loader_rate, measured_fit, say
+from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
 
@@ -266,32 +265,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpuopt_jpeg"))
-    p.add_argument("--out", default="benchmarks/results/jpeg_h200.json")
-    p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
-                   help=f"comma-separated rows (default all: {','.join(ROWS)})")
-    p.add_argument("--images", type=int, default=8192)
-    p.add_argument("--storage", type=int, default=256, help="the stores' shorter side (convert --size)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--workers", type=int, default=available_cpus() - 1, help="torchvision_v2's workers")
-    p.add_argument("--arch", default="resnet50")
-    p.add_argument("--warmup", type=int, default=40, help="steps before each window (past the prefetch)")
-    p.add_argument("--steps", type=int, default=200, help="steps a window")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--loader-batches", type=int, default=30, help="batches timed for a loader alone")
+    add_feed(p, "gpuopt_jpeg", "benchmarks/results/jpeg_h200.json", ROWS, "torchvision_v2's workers")
     p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
-    p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
-    args = p.parse_args(argv)
-    bad = sorted(set(args.only or ()) - set(ROWS))
-    if bad:
-        p.error(f"--only: unknown rows {bad}; choose from {', '.join(ROWS)}")
-    args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
-    if args.quick:
-        args.images, args.storage, args.batch_size, args.image_size = 64, 40, 8, 32
-        args.arch, args.warmup, args.steps, args.repeats, args.loader_batches = "small", 2, 4, 2, 3
-        args.workers = min(args.workers, 2)
-    return args
+    return feed_args(p, argv, ROWS)
 
 
 def main(argv: list[str] | None = None) -> int:

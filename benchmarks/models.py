@@ -213,17 +213,8 @@ def preset_variant(
 
     def run() -> Measurement:
         loader = DeviceBatches(x, ys, length=length)
-        return measured_fit(
-            module,
-            args.warmup,
-            args.steps,
-            device=args.device,
-            compile=None,
-            settle=True,
-            callbacks=[readback],
-            trainer=dict(spec.run),
-            train_dataloaders=loader,
-        )
+        return measured_fit(module, args.warmup, args.steps, device=args.device, compile=None, settle=True,
+                            callbacks=[readback], trainer=dict(spec.run), train_dataloaders=loader)  # fmt: skip
 
     return run
 
@@ -360,25 +351,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common(p, warmup=50, steps=200)
     p.add_argument("--models", default=",".join(ZOO), help=f"comma-separated: {', '.join(ZOO)}")
-    p.add_argument(
-        "--search",
-        default="quick",
-        help="quick, full, or comma-separated mode:dtype[:cl][:unfused] configurations",
-    )
-    p.add_argument(
-        "--compile-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a configuration may spend compiling (its first steps); 0: no limit",
-    )
+    p.add_argument("--search", default="quick",
+                   help="quick, full, or comma-separated mode:dtype[:cl][:unfused] configurations")
+    p.add_argument("--compile-timeout", type=float, default=600.0,
+                   help="seconds a configuration may spend compiling (its first steps); 0: no limit")
     p.add_argument("--search-steps", type=int, default=100, help="steps of a configuration's search window")
     p.add_argument("--only-ceiling", action="store_true", help="the search and the ceiling; no preset fit")
     p.add_argument("--update", action="store_true", help="keep the --out file's rows of models not run now")
-    p.add_argument(
-        "--advise",
-        action="store_true",
-        help="after the turns: the monitor, NVTX ranges and the advisor on a healthy, a starved and an fp32 fit",
-    )
+    p.add_argument("--advise", action="store_true",
+                   help="after the turns: the monitor, NVTX ranges and the advisor on a healthy, a starved and an fp32 fit")
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     if unknown := sorted(set(args.models) - set(ZOO)):
@@ -408,18 +389,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(done: bool) -> None:
         ratios = [r["ratio"] for r in kept + rows if r.get("ratio") is not None]
-        write_results(
-            path,
-            kept + rows,
-            quick=args.quick,
-            settings={**vars(args), "models": args.models},
-            target=TARGET,
-            min_ratio=min(ratios, default=None),
-            median_ratio=statistics.median(ratios) if ratios else None,
-            seconds=time.perf_counter() - t0,
-            complete=done,
-            models_left=args.models[len(rows) :],
-        )
+        write_results(path, kept + rows, quick=args.quick, settings={**vars(args), "models": args.models},
+                      target=TARGET, min_ratio=min(ratios, default=None),
+                      median_ratio=statistics.median(ratios) if ratios else None,
+                      seconds=time.perf_counter() - t0, complete=done, models_left=args.models[len(rows):])  # fmt: skip
 
     with torch._dynamo.config.patch(**{limit: 64}):
         for name in args.models:

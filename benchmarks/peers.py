@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _shared import free, hdf5_store, loader_rate, measured_fit, resident, say
+from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, resident, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import available_cpus
@@ -416,32 +416,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpuopt_peers"))
-    p.add_argument("--out", default="benchmarks/results/peers_h200.json")
-    p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
-                   help=f"comma-separated rows (default all: {','.join(ROWS)})")
-    p.add_argument("--images", type=int, default=8192)
-    p.add_argument("--storage", type=int, default=256, help="the store's shorter side (convert --size)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--workers", type=int, default=available_cpus() - 1, help="peers' DataLoader workers")
-    p.add_argument("--arch", default="resnet50")
-    p.add_argument("--warmup", type=int, default=40, help="steps before each window (past the prefetch)")
-    p.add_argument("--steps", type=int, default=200, help="steps a window")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--loader-batches", type=int, default=30, help="batches timed for the loader alone (0: skip)")
-    p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
-    args = p.parse_args(argv)
-    bad = sorted(set(args.only or ()) - set(FEEDS))
-    if bad:
-        p.error(f"--only: unknown rows {bad}; choose from {', '.join(FEEDS)}")
-    args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
-    if args.quick:
-        args.images, args.storage, args.image_size, args.batch_size = 64, 40, 32, 8
-        args.arch, args.warmup, args.steps, args.repeats, args.loader_batches = "small", 2, 4, 2, 2
-        args.workers = min(args.workers, 2)
-        if args.out == p.get_default("out"):
-            args.out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers_quick.json")
+    add_feed(p, "gpuopt_peers", "benchmarks/results/peers_h200.json", FEEDS, "peers' DataLoader workers")
+    args = feed_args(p, argv, FEEDS)
+    if args.quick and args.out == p.get_default("out"):
+        args.out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers_quick.json")
     return args
 
 

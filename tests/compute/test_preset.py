@@ -158,6 +158,23 @@ def test_ddp_preset_adds_nonblocking_step_checks():
     assert not any(isinstance(c, NonBlockingStepChecks) for c in single["callbacks"])
 
 
+def test_the_preset_says_what_it_chose_and_why(fake_gpu, restore_backends, caplog):
+    fake_gpu((9, 0))
+    with caplog.at_level(logging.INFO):
+        fast_trainer_kwargs(TRANSFORMER)
+        fast_trainer_kwargs(convnet(), precision="32-true")
+        fast_trainer_kwargs(mlp())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast_trainer_kwargs:")]
+    assert len(lines) == 3
+    transformer, conv, other = lines
+    assert "precision='bf16-mixed' (a transformer on compute capability 9.0)" in transformer
+    assert "no ChannelsLast (no Conv2d layer)" in transformer
+    assert "CompileModel (transformer: compiles when over 117 s of eager training is left)" in transformer
+    assert "precision='32-true' (yours)" in conv and "ChannelsLast (Conv2d layers)" in conv
+    assert "CompileModel (conv: compiles when over 300 s" in conv and "FusedOptimizer" not in conv
+    assert "no CompileModel (no convolution or attention layer" in other
+
+
 # --- on a GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_preset_on_this_gpu(restore_backends):
@@ -183,20 +200,3 @@ def test_gpu_preset_compiles_with_fp16_channels_last_and_fused_sgd(tmp_path, res
     trainer.save_checkpoint(tmp_path / "gpu.ckpt")
     state = torch.load(tmp_path / "gpu.ckpt", weights_only=False)["state_dict"]
     assert list(state) == list(ImageClassifier(convnet()).state_dict())
-
-
-def test_the_preset_says_what_it_chose_and_why(fake_gpu, restore_backends, caplog):
-    fake_gpu((9, 0))
-    with caplog.at_level(logging.INFO):
-        fast_trainer_kwargs(TRANSFORMER)
-        fast_trainer_kwargs(convnet(), precision="32-true")
-        fast_trainer_kwargs(mlp())
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast_trainer_kwargs:")]
-    assert len(lines) == 3
-    transformer, conv, other = lines
-    assert "precision='bf16-mixed' (a transformer on compute capability 9.0)" in transformer
-    assert "no ChannelsLast (no Conv2d layer)" in transformer
-    assert "CompileModel (transformer: compiles when over 117 s of eager training is left)" in transformer
-    assert "precision='32-true' (yours)" in conv and "ChannelsLast (Conv2d layers)" in conv
-    assert "CompileModel (conv: compiles when over 300 s" in conv and "FusedOptimizer" not in conv
-    assert "no CompileModel (no convolution or attention layer" in other
