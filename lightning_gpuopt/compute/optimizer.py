@@ -48,15 +48,17 @@ def _set_amp_scaling(optimizer: torch.optim.Optimizer, value: bool) -> None:
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
 
 
-def fuse_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
+def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -> str | None:
     """Switch ``optimizer`` to its fused kernel in place; return ``None``, or why it was left alone.
 
     torch validates the switch first: a throwaway optimizer of the same class is built over the same
     parameter groups with ``fused=True`` (no state, no step), which raises where fused kernels do not apply.
+    ``amp_scaling=False`` (a run without a GradScaler, such as ``bf16-mixed``) keeps the optimizer marked as
+    one that does not unscale inside its step, so Lightning's gradient clipping still accepts it.
     """
     inner: Any = getattr(optimizer, "optimizer", optimizer)
     cls = type(inner)
-    if is_fused(inner):
+    if is_fused(inner) or (not amp_scaling and getattr(inner, "defaults", {}).get("fused")):
         return None
     if not isinstance(inner, torch.optim.Optimizer):
         return f"{cls.__name__} is not a torch.optim.Optimizer"
@@ -78,14 +80,16 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
         group["foreach"] = None  # fused and foreach are exclusive
     inner.defaults["fused"] = True
     inner.defaults["foreach"] = None
-    _set_amp_scaling(inner, supports_amp_scaling(probe))
+    _set_amp_scaling(inner, amp_scaling and supports_amp_scaling(probe))
     return None
 
 
 class FusedOptimizer(pl.Callback):
     """Run the Trainer's optimizers with their fused kernels (no per-step host sync under ``16-mixed``).
 
-    Add it to ``Trainer(callbacks=[...])`` (``fast_trainer_kwargs`` adds it when it picks ``"16-mixed"``).
+    Add it to ``Trainer(callbacks=[...])`` (``fast_trainer_kwargs`` adds it when it picks ``"16-mixed"``, and
+    ``"bf16-mixed"`` on CUDA). Without a GradScaler (``bf16-mixed``, ``32-true``) there is no host sync to
+    remove: the fused kernel updates each parameter group in one launch, and gradient clipping keeps working.
     After fitting, ``fused`` lists the optimizers switched (class names) and ``skipped`` those left alone
     with the reason (also named in one warning). On a run whose optimizers are already fused it does nothing.
 
@@ -104,7 +108,12 @@ class FusedOptimizer(pl.Callback):
         self.fused, self.skipped = [], []
         optimizers = list(trainer.optimizers)
         clip = trainer.gradient_clip_val
-        if clip and float(clip) > 0 and isinstance(trainer.precision_plugin, MixedPrecision):
+        plugin = trainer.precision_plugin
+        mixed = isinstance(plugin, MixedPrecision)
+        scaled = mixed and getattr(plugin, "scaler", None) is not None
+        # bf16-mixed: Lightning's MixedPrecision refuses to clip for an optimizer marked as unscaling itself
+        amp_scaling = scaled or not mixed
+        if clip and float(clip) > 0 and scaled:
             pending = [type(getattr(o, "optimizer", o)).__name__ for o in optimizers if not is_fused(o)]
             if pending:
                 self.skipped = [(name, "gradient clipping under mixed precision") for name in pending]
@@ -118,16 +127,14 @@ class FusedOptimizer(pl.Callback):
             name = type(getattr(opt, "optimizer", opt)).__name__
             if is_fused(opt):
                 continue
-            why = fuse_optimizer(opt)
+            why = fuse_optimizer(opt, amp_scaling=amp_scaling)
             if why is None:
                 self.fused.append(name)
             else:
                 self.skipped.append((name, why))
         if self.skipped:
-            warn_once(
-                "FusedOptimizer: left unfused (GradScaler syncs the host every step for these under 16-mixed): "
-                + "; ".join(f"{n}: {why}" for n, why in self.skipped)
-            )
+            cost = " (GradScaler syncs the host every step for these under 16-mixed)" if scaled else ""
+            warn_once(f"FusedOptimizer: left unfused{cost}: " + "; ".join(f"{n}: {w}" for n, w in self.skipped))
 
     @override
     def state_dict(self) -> dict[str, Any]:

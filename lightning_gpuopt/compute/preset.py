@@ -57,8 +57,9 @@ def fast_trainer_kwargs(
       ``"bf16-mixed"`` for a transformer, a ViT included),
     - ``benchmark=True`` on CUDA (Lightning sets ``cudnn.benchmark``), unless ``deterministic`` is asked for,
     - a ``ChannelsLast()`` callback when the model has a Conv2d (or is not given), on CUDA and CPU,
-    - a ``FusedOptimizer()`` callback when the precision is ``"16-mixed"``: the optimizers run their fused
-      kernels, so the GradScaler never makes the host wait for the GPU,
+    - a ``FusedOptimizer()`` callback when the precision is ``"16-mixed"`` (the optimizers run their fused
+      kernels, so the GradScaler never makes the host wait for the GPU), or ``"bf16-mixed"`` on CUDA (one
+      kernel updates a parameter group instead of one for each tensor and operation),
     - a ``CompileModel`` callback (``torch.compile`` of ``forward``): ``compile=None`` adds
       ``CompileModel(when="auto")`` for a conv net or a transformer (or no model given) on a CUDA device of
       compute capability >= 7.0, which compiles where ``should_compile`` finds that the run is long enough
@@ -80,7 +81,8 @@ def fast_trainer_kwargs(
             and whether channels_last and compiling can pay.
         device: the training device; ``None`` is the current CUDA device if any, else the CPU.
         tf32: enable TF32 on CUDA (process-wide side effect); ``False`` leaves the flags alone.
-        fused_optimizer: add ``FusedOptimizer()`` under ``"16-mixed"``; ``False`` leaves optimizers alone.
+        fused_optimizer: add ``FusedOptimizer()`` under ``"16-mixed"``, and ``"bf16-mixed"`` on CUDA;
+            ``False`` leaves optimizers alone.
         compile: ``None`` compile where the rule says it pays, ``True`` always, ``False`` never.
         **trainer_kwargs: any other ``Trainer`` arguments, returned merged.
 
@@ -130,8 +132,11 @@ def fast_trainer_kwargs(
     if "precision" in trainer_kwargs and str(trainer_kwargs["precision"]) != precision:
         said[0] = f"precision={trainer_kwargs['precision']!r} (yours)"
     kwargs.update(trainer_kwargs)
-    if fused_optimizer and str(kwargs.get("precision")) in ("16-mixed", "16"):
+    chosen = str(kwargs.get("precision"))
+    if fused_optimizer and chosen in ("16-mixed", "16"):
         add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
+    elif fused_optimizer and chosen == "bf16-mixed" and dev.type == "cuda":
+        add(FusedOptimizer, FusedOptimizer, "bf16-mixed on CUDA: one kernel for each parameter group's update")
     if compile:
         add(CompileModel, CompileModel, "compile=True")
     elif compile is None and dev.type == "cuda" and _cuda_capability(dev) >= MIN_CAPABILITY:

@@ -167,6 +167,30 @@ def test_clipping_in_full_precision_still_fuses() -> None:
     assert is_fused(trainer.optimizers[0]) and cb.fused == ["SGD"]
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_bf16_mixed_fuses_adamw_and_keeps_gradient_clipping(clip) -> None:
+    # no GradScaler under bf16-mixed: the switch changes the kernel only, and Lightning still clips
+    cb = FusedOptimizer()
+    mod = _Module(torch.optim.AdamW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*(does not have many workers|LeafSpec).*")
+        trainer = _fit(mod, [cb], precision="bf16-mixed", gradient_clip_val=clip)
+    inner = trainer.optimizers[0]
+    assert cb.fused == ["AdamW"] and cb.skipped == []
+    assert inner.defaults["fused"] and all(g["fused"] for g in inner.param_groups)
+    assert not is_fused(inner)  # not marked as unscaling inside its step: clip_gradients accepts it
+
+    class Native(_Module):
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=0.1, fused=True)
+
+    ref = Native(torch.optim.AdamW)
+    if clip is None:  # Lightning refuses to clip a natively fused optimizer under mixed precision
+        _fit(ref, [], precision="bf16-mixed")
+        torch.testing.assert_close(mod.lin.weight, ref.lin.weight, rtol=0, atol=0)
+
+
 def test_resume_keeps_the_switch(tmp_path) -> None:
     def trainer(max_steps: int, cb: FusedOptimizer) -> pl.Trainer:
         return quiet_trainer(

@@ -64,9 +64,11 @@ def test_fast_trainer_kwargs_for_a_transformer(fake_gpu, restore_backends):
     fake_gpu((8, 0))
     kwargs = fast_trainer_kwargs(TRANSFORMER)
     assert kwargs["precision"] == "bf16-mixed"
-    # no convolution: no channels_last; a transformer is judged by the compile rule
-    assert [type(c) for c in kwargs["callbacks"]] == [CompileModel]
-    assert kwargs["callbacks"][0].when == "auto"
+    # no convolution: no channels_last; fused updates under bf16-mixed; judged by the compile rule
+    assert [type(c) for c in kwargs["callbacks"]] == [FusedOptimizer, CompileModel]
+    assert kwargs["callbacks"][1].when == "auto"
+    unfused = fast_trainer_kwargs(TRANSFORMER, fused_optimizer=False)
+    assert [type(c) for c in unfused["callbacks"]] == [CompileModel]
 
 
 def test_a_vit_is_a_transformer_with_channels_last_for_its_patches(fake_gpu, restore_backends):
@@ -74,14 +76,15 @@ def test_a_vit_is_a_transformer_with_channels_last_for_its_patches(fake_gpu, res
     vit = nn.Sequential(nn.Conv2d(3, 16, 4, 4), nn.Flatten(2), TRANSFORMER)
     kwargs = fast_trainer_kwargs(vit)
     assert kwargs["precision"] == "bf16-mixed"  # the patch convolution does not make it a conv net
-    assert [type(c) for c in kwargs["callbacks"]] == [ChannelsLast, CompileModel]
+    assert [type(c) for c in kwargs["callbacks"]] == [ChannelsLast, FusedOptimizer, CompileModel]
 
 
 def test_a_model_of_no_measured_family_is_left_alone(fake_gpu, restore_backends):
     fake_gpu((9, 0))
     kwargs = fast_trainer_kwargs(mlp())
     assert kwargs["precision"] == "bf16-mixed"
-    assert kwargs["callbacks"] == []  # no convolution, no attention: the compile rule does not judge it
+    # no convolution, no attention: the compile rule does not judge it; the update is fused all the same
+    assert [type(c) for c in kwargs["callbacks"]] == [FusedOptimizer]
 
 
 def test_a_conv1d_model_is_a_conv_net_without_channels_last(fake_gpu, restore_backends):
@@ -170,6 +173,7 @@ def test_the_preset_says_what_it_chose_and_why(fake_gpu, restore_backends, caplo
     assert "precision='bf16-mixed' (a transformer on compute capability 9.0)" in transformer
     assert "no ChannelsLast (no Conv2d layer)" in transformer
     assert "CompileModel (transformer: compiles when over 117 s of eager training is left)" in transformer
+    assert "FusedOptimizer (bf16-mixed on CUDA: one kernel for each parameter group's update)" in transformer
     assert "precision='32-true' (yours)" in conv and "ChannelsLast (Conv2d layers)" in conv
     assert "CompileModel (conv: compiles when over 300 s" in conv and "FusedOptimizer" not in conv
     assert "no CompileModel (no convolution or attention layer" in other
