@@ -6,7 +6,7 @@ grey and CMYK images) feed one ``UserClassifier`` (torchvision's ResNet-50, its 
 take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at every batch end after
 ``--warmup`` steps (``peers.py``'s measurement). Rows that train:
 
-    ours_folder          OptimizedDataModule("train/", num_workers="auto"): whole-batch worker processes
+    ours_folder          OptimizedDataModule("train/", backend="folder"): whole-batch worker processes
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -142,7 +142,7 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
         if name == "ours_folder":
-            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args)}
+            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, backend="folder")}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
         else:
@@ -197,7 +197,7 @@ def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> flo
 
         dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder="gpu"))
     else:
-        dm = _datamodule(info["train"], args)
+        dm = _datamodule(info["train"], args, backend="folder")
     dm.setup("fit")
     try:
         return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)

@@ -11,9 +11,9 @@ Feeds (each set up as its own docs recommend; ``--only`` picks some):
   ours_resident     one batch kept on the GPU (what the preset reaches with a free feed)
   ours_hdf5         ``OptimizedDataModule("train.h5", num_workers="auto")`` (``lightning-gpuopt convert --size 256``)
   ours_jpeg_store   the compact JPEG store (``convert --size 256 --format jpeg``), ``num_workers="auto"``
-  ours_folder       ``OptimizedDataModule("train/", num_workers="auto")`` (decoded by threads)
+  ours_folder       ``OptimizedDataModule("train/", backend="folder")`` (worker processes)
   ours_folder_workers  the same folder through DataLoader worker processes (only with ``--only``)
-  ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder)
+  ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder; what "auto" reads folders with where DALI is installed)
   torchvision_v2    ``ImageFolder`` + ``decode_jpeg`` + ``transforms.v2`` on uint8 tensors, normalized on the GPU
   torchvision_pil   the classic recipe: PIL, ``RandomResizedCrop``, ``ToTensor``, ``Normalize``
   litdata_jpeg      ``litdata.optimize`` of the JPEGs as they are, ``StreamingDataLoader``, v2 on uint8
@@ -334,7 +334,7 @@ FEEDS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]]
     "ours_resident": feed_resident,
     "ours_hdf5": _datamodule("h5", num_workers="auto"),
     "ours_jpeg_store": _datamodule("h5jpeg", num_workers="auto"),
-    "ours_folder": _datamodule("train", num_workers="auto"),
+    "ours_folder": _datamodule("train", backend="folder", num_workers="auto"),
     "ours_dali": _datamodule("train", backend="dali"),
     "ours_folder_workers": feed_folder_workers,  # not a default row: the folder's threads against workers
     "torchvision_v2": feed_torchvision_v2,

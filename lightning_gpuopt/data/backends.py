@@ -1,7 +1,8 @@
 """Where an ``OptimizedDataModule`` reads its data: one ``Backend`` object per kind of source.
 
-``backend="folder" | "hdf5" | "dali" | "auto"`` names one (``resolve_backend``; ``"auto"`` picks folder or
-HDF5 from the paths). The DataModule asks it, instead of testing the name, to check the paths it was given,
+``backend="folder" | "hdf5" | "dali" | "auto"`` names one (``resolve_backend``; ``"auto"`` picks HDF5 for
+store files and, for image folders, DALI where it can decode them on a CUDA machine, else the folder backend:
+``choose_backend``). The DataModule asks it, instead of testing the name, to check the paths it was given,
 to build a split's default dataset, to name a split's classes (``classes``: the DataModule labels every
 split by the training split's class indices), to prepare a stage, to build a split's loader and to
 describe the feed (``FeedInfo``):
@@ -18,6 +19,7 @@ its batches on the GPU (``ContinuousDataLoader``); the others are ``HostDataLoad
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +49,8 @@ __all__ = [
     "HostBackend",
     "Owner",
     "host_loader",
+    "choose_backend",
+    "dali_installed",
     "resolve_backend",
 ]
 
@@ -321,6 +325,51 @@ def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
         "give all splits in one format or pass backend='hdf5'/'folder'",
     )
     return _BACKENDS[next(iter(kinds.values()), "folder")]()
+
+
+def dali_installed() -> bool:
+    """Whether ``nvidia.dali`` can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no ``nvidia`` namespace package at all
+        return False
+
+
+def choose_backend(
+    backend: str, paths: dict[str, str | None], *, on_corrupt: str = "raise", own_datasets: bool = False
+) -> tuple[Backend, str | None]:
+    """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
+
+    ``"auto"`` on image folders chooses ``DALIBackend`` when this machine has a CUDA GPU and DALI is
+    installed: DALI decodes the JPEGs on its CPU threads or with nvJPEG, whichever ``choose_decoder`` picks
+    from the cores a GPU has, straight into batches on the GPU, and crops from the original image as
+    torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
+    do, or a ``<split>_dataset`` hook of the user's: ``own_datasets``) the folder backend's worker processes.
+    A store file is read by the HDF5 backend. An explicit name is taken as given (reason ``None``).
+
+    Example:
+        >>> choose_backend("auto", {"train": "data/train"})  # doctest: +SKIP
+        (DALIBackend(), 'image folders, a CUDA GPU and DALI installed: DALI decodes them')
+    """
+    chosen = resolve_backend(backend, paths)
+    if backend != "auto":
+        return chosen, None
+    if not isinstance(chosen, FolderBackend):
+        return chosen, "a store file"
+    if own_datasets:
+        return chosen, "a <split>_dataset hook of yours gives the data"
+    if on_corrupt != "raise":
+        return chosen, f"on_corrupt={on_corrupt!r}: DALI cannot skip unreadable files"
+    import torch
+
+    if not torch.cuda.is_available():
+        return chosen, "image folders, no CUDA GPU: worker processes decode them"
+    if not dali_installed():
+        return chosen, (
+            "image folders, worker processes decode them; DALI is not installed "
+            "(pip install 'lightning-gpuopt[dali]' decodes them with DALI instead, on its threads or nvJPEG)"
+        )
+    return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
 
 
 def host_loader(

@@ -29,7 +29,7 @@ from lightning_gpuopt._common import (
     warn_once,
 )
 from lightning_gpuopt.data._lifetime import Janitor
-from lightning_gpuopt.data.backends import BACKENDS, resolve_backend
+from lightning_gpuopt.data.backends import BACKENDS, choose_backend
 from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder, class_indices
 from lightning_gpuopt.data.loader import (
     SPLITS,
@@ -90,10 +90,12 @@ class OptimizedDataModule(pl.LightningDataModule):
             (``class_indices``); a class the training split lacks raises ``ValueError`` in ``setup``.
         test_dir: test folder or HDF5 file.
         predict_dir: prediction folder or HDF5 file.
-        backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``, a folder -> ``"folder"``), ``"folder"``
-            (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI decodes JPEG folders;
-            ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the resolved name; the object behind
-            it (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
+        backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``; folders -> ``"dali"`` on a machine with
+            a CUDA GPU and DALI installed, else ``"folder"``: ``backends.choose_backend``, logged with its
+            reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI
+            decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the resolved
+            name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
+            (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
             dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
@@ -210,8 +212,13 @@ class OptimizedDataModule(pl.LightningDataModule):
         check_arg(
             isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
         )
-        self._backend = resolve_backend(backend, paths)
+        own = any(
+            getattr(type(self), f"{s}_dataset") is not getattr(OptimizedDataModule, f"{s}_dataset") for s in SPLITS
+        )
+        self._backend, self.backend_reason = choose_backend(backend, paths, on_corrupt=on_corrupt, own_datasets=own)
         self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
+        if self.backend_reason is not None and any(v is not None for v in paths.values()):
+            rank_zero_info(f"OptimizedDataModule: backend='auto' -> {self._backend.name!r} ({self.backend_reason})")
         self.dali: DALIOptions | None = dali
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]

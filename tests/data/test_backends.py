@@ -12,6 +12,8 @@ from lightning_gpuopt.data.backends import (
     FolderBackend,
     HDF5Backend,
     HostBackend,
+    choose_backend,
+    dali_installed,
     host_loader,
     resolve_backend,
 )
@@ -44,6 +46,54 @@ def test_backend_names_resolve_to_objects(jpeg_folder, tmp_path):
         dm = OptimizedDataModule(jpeg_folder, backend=name)
         assert dm.backend == name and isinstance(dm.backend, str)  # the documented string
     assert OptimizedDataModule(h5).backend == "hdf5"
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Say whether this machine has a CUDA GPU and DALI, for ``backend="auto"``."""
+    import lightning_gpuopt.data.backends as backends
+
+    def set_machine(cuda: bool, dali: bool) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(backends, "dali_installed", lambda: dali)
+
+    return set_machine
+
+
+def test_auto_reads_folders_with_dali_on_a_cuda_machine_that_has_it(jpeg_folder, machine, caplog):
+    import logging
+
+    machine(cuda=True, dali=True)
+    with caplog.at_level(logging.INFO):
+        dm = OptimizedDataModule(jpeg_folder)
+    assert dm.backend == "dali" and "DALI installed" in dm.backend_reason
+    said = [r.getMessage() for r in caplog.records if "backend='auto'" in r.getMessage()]
+    assert said == ["OptimizedDataModule: backend='auto' -> 'dali' (image folders, a CUDA GPU and DALI "
+                    "installed: DALI decodes them)"]
+    # what DALI cannot do, or data the user's hooks give, keeps the folder backend
+    assert OptimizedDataModule(jpeg_folder, on_corrupt="skip").backend == "folder"
+
+    class Mine(OptimizedDataModule):
+        def train_dataset(self):  # type: ignore[no-untyped-def]
+            return _Images()
+
+    mine = Mine(jpeg_folder)
+    assert mine.backend == "folder" and "hook of yours" in mine.backend_reason
+    assert OptimizedDataModule(jpeg_folder, backend="folder").backend_reason is None  # asked for: no reason
+
+
+def test_auto_keeps_the_folder_backend_without_a_gpu_or_without_dali(jpeg_folder, machine, tmp_path):
+    machine(cuda=True, dali=False)
+    backend, why = choose_backend("auto", {"train": str(jpeg_folder)})
+    assert isinstance(backend, FolderBackend) and "pip install 'lightning-gpuopt[dali]'" in why
+    machine(cuda=False, dali=True)
+    backend, why = choose_backend("auto", {"train": str(jpeg_folder)})
+    assert isinstance(backend, FolderBackend) and "no CUDA GPU" in why
+    h5 = tmp_path / "train.h5"
+    h5.write_bytes(b"")
+    machine(cuda=True, dali=True)
+    assert isinstance(choose_backend("auto", {"train": str(h5)})[0], HDF5Backend)
+    assert isinstance(dali_installed(), bool)
 
 
 def test_each_backend_builds_and_describes_its_own_data(jpeg_folder):

@@ -82,6 +82,35 @@ def test_the_datamodule_builds_float32_loaders_labelled_as_the_folder_backend(jp
     assert train_labels.dtype == torch.int64
 
 
+def test_mixed_sizes_and_modes_decode_like_the_folder_backend(tmp_path):
+    # what backend="auto" may hand DALI: grey and CMYK JPEGs, palette and RGBA PNGs among RGB JPEGs
+    from lightning_gpuopt.data.folder import UInt8ImageFolder
+    from tests.data.test_folder import _mixed_folder
+
+    root = _mixed_folder(tmp_path / "mixed")
+    files, labels = _indexed(root)
+    (images, got), *rest = list(_loader(files, labels, batch_size=6, image_size=16, train=False,
+                                        dtype=torch.float32))
+    assert rest == [] and images.shape == (6, 3, 16, 16) and torch.isfinite(images).all()
+    # the evaluation view of each image against the folder backend's (Resize + CenterCrop of its canvas)
+    folder = UInt8ImageFolder(root, size=16)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    for i in range(6):
+        canvas, _, meta = folder[i]
+        h, w, transposed = (int(v) for v in meta)
+        ref = torch.from_numpy(canvas[:h, :w]).permute(2, 0, 1).float() / 255
+        if transposed:
+            ref = ref.transpose(1, 2)
+        top, left = (ref.shape[1] - 16) // 2, (ref.shape[2] - 16) // 2
+        ref = (ref[:, top : top + 16, left : left + 16] - mean) / std
+        # the same colours: an image read wrong (inverted CMYK, palette indices) is off by a whole unit;
+        # resampling at 16 px moves a channel's mean up to about 0.1 and the CMYK conversions differ by
+        # about 10 of 255 levels (0.17 here)
+        colours = (images[i].mean((1, 2)) - ref.mean((1, 2))).abs().max()
+        assert colours < 0.25, (files[i], images[i].mean((1, 2)), ref.mean((1, 2)))
+
+
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_epoch_lengths_and_coverage(jpeg_folder, train, num_shards):
