@@ -133,8 +133,8 @@ class FusedOptimizer(pl.Callback):
             else:
                 self.skipped.append((name, why))
         if self.skipped:
-            cost = " (GradScaler syncs the host every step for these under 16-mixed)" if scaled else ""
-            warn_once(f"FusedOptimizer: left unfused{cost}: " + "; ".join(f"{n}: {w}" for n, w in self.skipped))
+            cost = " (the GradScaler syncs the host every step for these)" if scaled else ""
+            warn_once("FusedOptimizer: left unfused: " + "; ".join(f"{n}: {w}" for n, w in self.skipped) + cost)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -297,7 +297,7 @@ def test_cli_tune_prints_table_and_suggestion(jpeg_folder, tmp_path, monkeypatch
     ]
     assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "samples_per_sec" in out and "suggestion: OptimizedDataModule(..., num_workers=" in out
+    assert "samples_per_sec" in out and "suggestion: OptimizedDataModule(..., backend=\"folder\", num_workers=" in out
     assert json.loads((tmp_path / "r.json").read_text())["best"] in (1, 2)
     assert main(["tune", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -396,7 +396,7 @@ def test_tune_on_an_image_folder_reports_the_datamodules_worker_processes(eight_
     out = capsys.readouterr().out
     assert f": {dm.num_workers} worker processes (" in out and "not measured" in out
     assert "(worker processes, a batch each)  or  HostDataLoader(WholeBatches(dataset)" in out
-    assert f"suggestion: OptimizedDataModule(..., num_workers={dm.num_workers})" in out
+    assert f'suggestion: OptimizedDataModule(..., backend="folder", num_workers={dm.num_workers})' in out
     assert time.perf_counter() - t0 < 5.0
 
 
