@@ -7,8 +7,9 @@ to build a split's default dataset, to name a split's classes (``classes``: the 
 split by the training split's class indices), to prepare a stage, to build a split's loader and to
 describe the feed (``FeedInfo``):
 
-- ``FolderBackend``: ``UInt8ImageFolder`` decoded by threads of the training process (``num_workers``).
-- ``HDF5Backend``: ``HDF5ImageDataset``, a uint8 store read by threads of the training process.
+- ``FolderBackend``: ``UInt8ImageFolder`` decoded by worker processes, a whole batch each (``num_workers``).
+- ``HDF5Backend``: ``HDF5ImageDataset``: a raw store read by threads of the training process, a JPEG store
+  decoded by worker processes.
 - ``DALIBackend``: DALI lists and decodes the folders itself and delivers normalized batches on the device
   (``build_dali_loader``); no dataset, no host batches.
 
