@@ -217,7 +217,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         )
         self._backend, self.backend_reason = choose_backend(backend, paths, on_corrupt=on_corrupt, own_datasets=own)
         self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
-        if self.backend_reason is not None and any(v is not None for v in paths.values()):
+        if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
             rank_zero_info(f"OptimizedDataModule: backend='auto' -> {self._backend.name!r} ({self.backend_reason})")
         self.dali: DALIOptions | None = dali
         self.train_dir, self.val_dir = paths["train"], paths["val"]
