@@ -13,7 +13,7 @@ Feeds (each set up as its own docs recommend; ``--only`` picks some):
   ours_jpeg_store   the compact JPEG store (``convert --size 256 --format jpeg``), ``num_workers="auto"``
   ours_folder       ``OptimizedDataModule("train/", backend="folder")`` (worker processes)
   ours_folder_workers  the same folder through DataLoader worker processes (only with ``--only``)
-  ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder; what "auto" reads folders with where DALI is installed)
+  ours_dali         ``OptimizedDataModule("train/", backend="dali")`` (the default decoder; "auto" with DALI)
   torchvision_v2    ``ImageFolder`` + ``decode_jpeg`` + ``transforms.v2`` on uint8 tensors, normalized on the GPU
   torchvision_pil   the classic recipe: PIL, ``RandomResizedCrop``, ``ToTensor``, ``Normalize``
   litdata_jpeg      ``litdata.optimize`` of the JPEGs as they are, ``StreamingDataLoader``, v2 on uint8

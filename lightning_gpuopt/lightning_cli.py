@@ -418,15 +418,16 @@ class GPUOptCLI(LightningCLI):
 
     - After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
       the precision for that model and device, ``benchmark`` on CUDA, ``ChannelsLast``, ``FusedOptimizer``
-      under ``16-mixed`` (and ``bf16-mixed`` on CUDA), ``CompileModel(when="auto")`` on CUDA, and under ``strategy: ddp`` a tuned
-      ``DDPStrategy`` with ``NonBlockingStepChecks``. What it chooses is written into the config
-      (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy``, ``trainer.callbacks``), so the
-      saved ``config.yaml`` and ``--print_config`` show it, and one log line says it.
+      under ``16-mixed`` (and ``bf16-mixed`` on CUDA), ``CompileModel(when="auto")`` on CUDA, and under
+      ``strategy: ddp`` a tuned ``DDPStrategy`` with ``NonBlockingStepChecks``. What it chooses is written
+      into the config (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy``,
+      ``trainer.callbacks``), so the saved ``config.yaml`` and ``--print_config`` show it, and one log line
+      says it.
     - The config wins: a ``trainer.precision`` or ``trainer.benchmark`` it sets is kept, and a callback of a
       class it lists is not added again. An accelerator other than CPU and CUDA gets nothing.
     - A ``preset:`` section holds the preset's own options: ``tf32`` (enable TF32 on CUDA), ``fused_optimizer``
-      (add ``FusedOptimizer`` under ``16-mixed``, and ``bf16-mixed`` on CUDA) and ``compile`` (``null``: where it pays, ``true``, ``false``),
-      as ``fast_trainer_kwargs`` takes them.
+      (add ``FusedOptimizer`` under ``16-mixed``, and ``bf16-mixed`` on CUDA) and ``compile`` (``null``:
+      where it pays, ``true``, ``false``), as ``fast_trainer_kwargs`` takes them.
     - ``--print_config`` prints once the model and the DataModule are built (the Trainer is not), so the
       preset's choices are in it and a value the classes refuse is refused there too.
     - A bad value for one of this package's classes ends the command with one line (``<prog> fit: error: ...``,
@@ -473,7 +474,7 @@ class GPUOptCLI(LightningCLI):
             "--preset.fused_optimizer",
             type=bool,
             default=True,
-            help="Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer: the optimizers run fused kernels.",
+            help="Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer: the optimizers run fused.",
         )
         parser.add_argument(
             "--preset.compile",

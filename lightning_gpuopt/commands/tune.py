@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         # a folder under backend="auto" goes to DALI where it is installed on a CUDA machine
         named = ', backend="folder"' if isinstance(dataset, UInt8ImageFolder) else ""
         print(
-            f"suggestion: OptimizedDataModule(...{named}, num_workers={result.best})  (worker processes, a batch "
-            f"each)  or  HostDataLoader(WholeBatches(dataset), num_workers={result.best}, "
+            f"suggestion: OptimizedDataModule(...{named}, num_workers={result.best})  (worker processes, a "
+            f"batch each)  or  HostDataLoader(WholeBatches(dataset), num_workers={result.best}, "
             "collate_fn=UInt8Collate())"
         )
     elif isinstance(dataset, BatchReader):

@@ -134,7 +134,8 @@ class FusedOptimizer(pl.Callback):
                 self.skipped.append((name, why))
         if self.skipped:
             cost = " (the GradScaler syncs the host every step for these)" if scaled else ""
-            warn_once("FusedOptimizer: left unfused: " + "; ".join(f"{n}: {w}" for n, w in self.skipped) + cost)
+            which = "; ".join(f"{n}: {w}" for n, w in self.skipped)
+            warn_once(f"FusedOptimizer: left unfused: {which}{cost}")
 
     @override
     def state_dict(self) -> dict[str, Any]:

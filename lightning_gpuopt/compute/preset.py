@@ -136,7 +136,8 @@ def fast_trainer_kwargs(
     if fused_optimizer and chosen in ("16-mixed", "16"):
         add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
     elif fused_optimizer and chosen == "bf16-mixed" and dev.type == "cuda":
-        add(FusedOptimizer, FusedOptimizer, "bf16-mixed on CUDA: one kernel for each parameter group's update")
+        why = "bf16-mixed on CUDA: one kernel for each parameter group's update"
+        add(FusedOptimizer, FusedOptimizer, why)
     if compile:
         add(CompileModel, CompileModel, "compile=True")
     elif compile is None and dev.type == "cuda" and _cuda_capability(dev) >= MIN_CAPABILITY:

@@ -92,9 +92,9 @@ class OptimizedDataModule(pl.LightningDataModule):
         predict_dir: prediction folder or HDF5 file.
         backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``; folders -> ``"dali"`` on a machine with
             a CUDA GPU and DALI installed, else ``"folder"``: ``backends.choose_backend``, logged with its
-            reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"`` (DALI
-            decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the resolved
-            name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
+            reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"``
+            (DALI decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the
+            resolved name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
             (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
@@ -212,13 +212,15 @@ class OptimizedDataModule(pl.LightningDataModule):
         check_arg(
             isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
         )
-        own = any(
-            getattr(type(self), f"{s}_dataset") is not getattr(OptimizedDataModule, f"{s}_dataset") for s in SPLITS
+        hooks = [f"{s}_dataset" for s in SPLITS]
+        own = any(getattr(type(self), h) is not getattr(OptimizedDataModule, h) for h in hooks)
+        self._backend, self.backend_reason = choose_backend(
+            backend, paths, on_corrupt=on_corrupt, own_datasets=own
         )
-        self._backend, self.backend_reason = choose_backend(backend, paths, on_corrupt=on_corrupt, own_datasets=own)
         self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
         if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
-            rank_zero_info(f"OptimizedDataModule: backend='auto' -> {self._backend.name!r} ({self.backend_reason})")
+            name, why = self._backend.name, self.backend_reason
+            rank_zero_info(f"OptimizedDataModule: backend='auto' -> {name!r} ({why})")
         self.dali: DALIOptions | None = dali
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]

@@ -297,7 +297,8 @@ def test_cli_tune_prints_table_and_suggestion(jpeg_folder, tmp_path, monkeypatch
     ]
     assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "samples_per_sec" in out and "suggestion: OptimizedDataModule(..., backend=\"folder\", num_workers=" in out
+    assert "samples_per_sec" in out
+    assert 'suggestion: OptimizedDataModule(..., backend="folder", num_workers=' in out
     assert json.loads((tmp_path / "r.json").read_text())["best"] in (1, 2)
     assert main(["tune", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
