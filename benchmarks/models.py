@@ -79,8 +79,9 @@ SIDE_FIELDS |= {k: k for k in ("spread", "p50_ms", "p90_ms", "repeats", "error")
 # ---------------------------------------------------------------------------------------------- the search
 def preset_twin(model: torch.nn.Module, device: str) -> Config:
     """The plain-loop configuration of what ``fast_trainer_kwargs(model)`` picks for a long run on ``device``:
-    its precision, ``ChannelsLast``, ``CompileModel`` (the default mode) and ``FusedOptimizer``."""
+    its precision, ``ChannelsLast``, ``CompileModel`` (``choose_mode``'s mode) and ``FusedOptimizer``."""
     from lightning_gpuopt import ChannelsLast, CompileModel, FusedOptimizer, fast_trainer_kwargs
+    from lightning_gpuopt.compute import _model, compile
 
     kw = fast_trainer_kwargs(model, device)
     has = {
@@ -88,7 +89,8 @@ def preset_twin(model: torch.nn.Module, device: str) -> Config:
         for t in (ChannelsLast, CompileModel, FusedOptimizer)
     }
     dtype = {"16-mixed": "fp16", "bf16-mixed": "bf16"}.get(str(kw["precision"]), "fp32")
-    return Config("default" if has[CompileModel] else "eager", dtype, has[ChannelsLast], has[FusedOptimizer])
+    mode = compile.choose_mode(family=_model.family(model), device=device)[0]
+    return Config(mode if has[CompileModel] else "eager", dtype, has[ChannelsLast], has[FusedOptimizer])
 
 
 def search_configs(spec: Spec, search: str, twin: Config, device: str) -> tuple[list[Config], str | None]:
@@ -191,7 +193,7 @@ class PresetReadBack(pl.Callback):
             "precision": str(trainer.precision),
             "channels_last": bool(channels and channels[0].active),
             "compile": bool(compiles and compiles[0].compiled),
-            "compile_mode": "default" if compiles and compiles[0].compiled else None,
+            "compile_mode": compiles[0].mode_used if compiles and compiles[0].compiled else None,
             "compile_reason": decision.reason if decision is not None else None,
             "fused_optimizer_callback": any(isinstance(c, FusedOptimizer) for c in cbs),
             "optimizers": [type(getattr(o, "optimizer", o)).__name__ for o in trainer.optimizers],

@@ -16,6 +16,14 @@ Input shapes: each mode (training, evaluation) is compiled for the first input s
 another shape (a last partial batch, a validation set's remainder, a variable image size) runs eagerly
 instead of recompiling for it; for training batches a warning says so once and names the fix
 (``drop_last=True``, fixed image sizes). ``OptimizedDataModule`` drops the last partial training batch.
+
+CUDA graphs: ``CompileModel(mode=None)`` picks the ``torch.compile`` mode with ``choose_mode``: a conv net
+trained on one CUDA device with one optimizer step a batch compiles with ``mode="reduce-overhead"``, which
+records each step's kernels as CUDA graphs and replays them, so the host no longer launches them one by one
+and the time it spends on the loader, the loop and the callbacks overlaps the GPU's work instead of
+stretching the step. Other runs compile in the default mode. Under CUDA graphs the outputs of ``forward``
+live in memory the next step reuses: compute what you need from them in the same step (a loss, a metric's
+update), or ``.clone()`` what you keep across steps.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
@@ -43,6 +52,8 @@ __all__ = [
     "MIN_CAPABILITY",
     "CompileDecision",
     "CompileModel",
+    "GRAPH_MODES",
+    "choose_mode",
     "should_compile",
 ]
 
@@ -62,11 +73,17 @@ COMPILE_COST: dict[str, tuple[float, float]] = {
 #: Lowest CUDA compute capability inductor generates GPU kernels for (Triton).
 MIN_CAPABILITY = (7, 0)
 
+#: ``torch.compile`` modes ``CompileModel(mode=...)`` accepts; ``None`` lets ``choose_mode`` pick.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: the modes that record CUDA graphs
+GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 When = Literal["always", "auto"]
 _WHEN = ("always", "auto")
 # auto mode times batches [_WARMUP_BATCHES, _WARMUP_BATCHES + _TIMED_BATCHES): the first ones autotune
 # cuDNN and fill the allocator's cache
 _WARMUP_BATCHES = 5
+_LOGGED: set[str] = set()  # mode reasons already logged in this process
 _TIMED_BATCHES = 10
 
 
@@ -171,6 +188,41 @@ def should_compile(
     )
 
 
+def choose_mode(
+    *,
+    family: str | None,
+    device: torch.device | str,
+    world_size: int = 1,
+    accumulate_grad_batches: int = 1,
+    automatic_optimization: bool = True,
+) -> tuple[str, str]:
+    """The ``torch.compile`` mode ``CompileModel(mode=None)`` compiles with, and why: ``(mode, reason)``.
+
+    ``"reduce-overhead"`` (CUDA graphs) for a conv net on one CUDA device, optimized automatically with one
+    optimizer step a batch; ``"default"`` otherwise: CPUs have no CUDA graphs, a transformer gains nothing
+    measurable from them (``docs/compute.md``), several processes (DDP) and gradient accumulation keep
+    gradients across graph replays, and manual optimization steps the graphs where the rule cannot see.
+
+    Example:
+        >>> choose_mode(family="conv", device="cuda")[0], choose_mode(family="transformer", device="cuda")[0]
+        ('reduce-overhead', 'default')
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "default", f"CUDA graphs need a CUDA device, not {dev.type!r}"
+    if family != "conv":
+        return "default", f"{'a transformer' if family else 'not a conv net'}: compiled without CUDA graphs"
+    if world_size > 1:
+        return "default", f"{world_size} processes: CUDA graphs are used on one device"
+    if accumulate_grad_batches > 1:
+        return "default", f"accumulate_grad_batches={accumulate_grad_batches}: graphs need a step a batch"
+    if not automatic_optimization:
+        return "default", "manual optimization: CUDA graphs need Lightning's own optimizer steps"
+    return "reduce-overhead", (
+        "a conv net on one CUDA device: CUDA graphs (mode='reduce-overhead') replay each step's kernels"
+    )
+
+
 def _by_time(time_left: float, break_even: float) -> CompileDecision:
     return CompileDecision(
         False,
@@ -210,6 +262,9 @@ class CompileModel(pl.Callback):
         when: ``"always"`` compile; ``"auto"`` compile where ``should_compile`` says it pays.
         backend: ``torch.compile``'s backend; ``"inductor"`` generates the faster kernels, ``"aot_eager"``
             and ``"eager"`` help to tell a compile problem from a kernel problem.
+        mode: ``torch.compile``'s mode (one of ``MODES``); ``None`` (default): ``choose_mode`` picks CUDA
+            graphs (``"reduce-overhead"``) or the default mode for the run. With CUDA graphs the callback
+            marks the start of every step (``torch.compiler.cudagraph_mark_step_begin``).
 
     Attributes:
         decision: the ``CompileDecision`` of the last run (``None`` before one, or while timing).
@@ -217,8 +272,9 @@ class CompileModel(pl.Callback):
         step_seconds: the eager batch time ``"auto"`` measured, or ``None``.
         compiled_calls: ``forward`` calls that ran compiled.
         eager_calls: ``forward`` calls of another input shape that ran eagerly.
+        mode_used: the mode ``forward`` was compiled with (``None`` before it is), and ``mode_reason``.
 
-    Logs nothing.
+    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``.
 
     Example::
 
@@ -232,8 +288,9 @@ class CompileModel(pl.Callback):
         #       init_args: {when: auto}
     """
 
-    def __init__(self, when: When = "always", backend: str = "inductor") -> None:
+    def __init__(self, when: When = "always", backend: str = "inductor", mode: str | None = None) -> None:
         super().__init__()
+        check_arg(mode is None or mode in MODES, "mode", mode, f"None or one of {MODES}")
         check_arg(isinstance(when, str), "when", when, "'always' or 'auto'", error=TypeError)
         check_arg(when in _WHEN, "when", when, "'always' or 'auto'")
         for ok, error in ((isinstance(backend, str), TypeError), (bool(backend), ValueError)):
@@ -247,6 +304,9 @@ class CompileModel(pl.Callback):
             )
         self.when: When = when
         self.backend = backend
+        self.mode = mode
+        self.mode_used: str | None = None
+        self.mode_reason: str | None = None
         self.decision: CompileDecision | None = None
         self.compiled = False
         self.step_seconds: float | None = None
@@ -261,6 +321,7 @@ class CompileModel(pl.Callback):
         self._wrapper: Callable[..., Any] | None = None
         self._shapes: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
         self._warned_shape = False
+        self._run: tuple[torch.device, int, int] = (torch.device("cpu"), 1, 1)  # set at setup
 
     # --- hooks -------------------------------------------------------------------------------------------
     @override
@@ -269,6 +330,8 @@ class CompileModel(pl.Callback):
         self._batches = 0
         self._aside = False
         device = trainer.strategy.root_device
+        accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+        self._run = (device, getattr(trainer, "world_size", 1), accumulate)
         if self.when == "auto" and device.type != "cuda":
             self._aside = True
             warn_once(
@@ -304,6 +367,7 @@ class CompileModel(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batches += 1
+        self._mark_step()
         calls = self.compiled_calls + self.eager_calls
         if self._batches == _WARMUP_BATCHES + _TIMED_BATCHES + 1 and self.compiled and calls == 0:
             warn_once(
@@ -329,6 +393,44 @@ class CompileModel(pl.Callback):
             )
             # every rank must run the same code: rank zero's timing decides
             self._decide(pl_module, trainer.strategy.broadcast(decision, src=0))
+
+    @override
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._mark_step()
+
+    @override
+    def on_test_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._mark_step()
+
+    @override
+    def on_predict_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._mark_step()
+
+    def _mark_step(self) -> None:
+        # a new step for CUDA graph trees: the previous step's graph outputs may be overwritten from here
+        if self.compiled and self.mode_used in GRAPH_MODES:
+            torch.compiler.cudagraph_mark_step_begin()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -357,7 +459,8 @@ class CompileModel(pl.Callback):
             )
             return
         original = pl_module.forward
-        compiled = torch.compile(original, dynamic=False, backend=self.backend)
+        mode = self._choose_mode(pl_module)
+        compiled = torch.compile(original, dynamic=False, backend=self.backend, mode=mode)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)
@@ -381,6 +484,28 @@ class CompileModel(pl.Callback):
         self._module, self._wrapper = pl_module, forward
         self._shapes = {}
         self.compiled = True
+
+    def _choose_mode(self, pl_module: pl.LightningModule) -> str:
+        if self.mode is not None:
+            self.mode_used, self.mode_reason = self.mode, f"CompileModel(mode={self.mode!r})"
+            return self.mode
+        if self.backend != "inductor":
+            self.mode_used, self.mode_reason = "default", f"backend={self.backend!r}: modes are inductor's"
+            return self.mode_used
+        device, world, accumulate = self._run
+        self.mode_used, self.mode_reason = choose_mode(
+            family=_model.family(pl_module),
+            device=device,
+            world_size=world,
+            accumulate_grad_batches=accumulate,
+            automatic_optimization=pl_module.automatic_optimization,
+        )
+        if self.mode_reason not in _LOGGED:
+            _LOGGED.add(self.mode_reason)
+            rank_zero_info(
+                f"CompileModel: mode={self.mode_used!r} ({self.mode_reason}); CompileModel(mode=...) sets it"
+            )
+        return self.mode_used
 
     def _uninstall(self) -> None:
         module, wrapper = self._module, self._wrapper
@@ -414,6 +539,8 @@ class CompileModel(pl.Callback):
             "compile": None if decision is None else decision.compile,
             "reason": None if decision is None else decision.reason,
             "step_seconds": self.step_seconds,
+            "mode": self.mode_used,
+            "mode_reason": self.mode_reason,
         }
 
     def __getstate__(self) -> dict[str, Any]:
@@ -423,4 +550,4 @@ class CompileModel(pl.Callback):
         return state
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(when={self.when!r}, backend={self.backend!r})"
+        return f"{type(self).__name__}(when={self.when!r}, backend={self.backend!r}, mode={self.mode!r})"

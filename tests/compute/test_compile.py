@@ -18,6 +18,7 @@ from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.compute import compile as compile_mod
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
 from lightning_gpuopt.compute.compile import (
+    choose_mode,
     BREAK_EVEN_SECONDS,
     COMPILE_SECONDS,
     COMPILE_STEP_SAVING,
@@ -192,6 +193,56 @@ def test_arguments_are_checked():
         CompileModel(backend="")
     with pytest.raises(TypeError, match="backend"):
         CompileModel(backend=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mode must be None or one of"):
+        CompileModel(mode="fast")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "mode", "reason"),
+    [
+        ({"family": "conv", "device": "cuda"}, "reduce-overhead", "a conv net on one CUDA device"),
+        ({"family": "conv", "device": "cpu"}, "default", "need a CUDA device, not 'cpu'"),
+        ({"family": "transformer", "device": "cuda"}, "default", "a transformer"),
+        ({"family": None, "device": "cuda"}, "default", "not a conv net"),
+        ({"family": "conv", "device": "cuda", "world_size": 2}, "default", "2 processes"),
+        ({"family": "conv", "device": "cuda", "accumulate_grad_batches": 4}, "default", "batches=4"),
+        ({"family": "conv", "device": "cuda", "automatic_optimization": False}, "default", "manual"),
+    ],
+)
+def test_choose_mode_takes_cuda_graphs_only_where_they_apply(kwargs, mode, reason):
+    chosen, why = choose_mode(**kwargs)
+    assert chosen == mode and reason in why
+
+
+def test_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch):
+    seen: list[dict] = []
+    real = torch.compile
+
+    def spy(fn, **kw):
+        seen.append(kw)
+        return real(fn, dynamic=False, backend="eager")  # the CPU cannot record CUDA graphs
+
+    marks: list[int] = []
+    monkeypatch.setattr(torch, "compile", spy)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    cb = CompileModel(mode="reduce-overhead")
+    model = ImageClassifier(convnet())
+    _fit(model, [cb], _data(8, 4), _data(8, 4), max_steps=3)
+    assert seen and seen[0]["mode"] == "reduce-overhead" and cb.mode_used == "reduce-overhead"
+    assert len(marks) == 5  # one a batch: 2 + 1 training, 2 validation after the first epoch
+    assert cb.state_dict()["mode_reason"] == "CompileModel(mode='reduce-overhead')"
+
+
+def test_mode_none_on_cpu_compiles_in_the_default_mode_and_marks_nothing(monkeypatch, caplog):
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    seen: list[dict] = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or real(fn, backend="eager"))
+    cb = CompileModel()
+    _fit(ImageClassifier(convnet()), [cb], _data(8, 4), max_steps=2)
+    assert seen[0]["mode"] == "default" and cb.mode_used == "default" and not marks
+    assert "CUDA graphs need a CUDA device" in cb.mode_reason
 
 
 def test_second_fit_state_dict_and_pickle():
@@ -201,12 +252,13 @@ def test_second_fit_state_dict_and_pickle():
     _fit(model, [cb], _data(8, 4), max_steps=2)
     assert cb.compiled_calls == 4 and not cb.compiled
     state = cb.state_dict()
-    assert state == {"when": "always", "compile": True, "reason": "when='always'", "step_seconds": None}
+    mode = {"mode": "default", "mode_reason": "backend='eager': modes are inductor's"}
+    assert state == {"when": "always", "compile": True, "reason": "when='always'", "step_seconds": None, **mode}
     fresh = CompileModel()
     fresh.load_state_dict(state)
     clone = pickle.loads(pickle.dumps(cb))
     assert clone.when == "always" and clone.backend == "eager" and clone._wrapper is None
-    assert repr(clone) == "CompileModel(when='always', backend='eager')"
+    assert repr(clone) == "CompileModel(when='always', backend='eager', mode=None)"
 
 
 def test_pickle_while_compiled():
@@ -370,3 +422,26 @@ def test_gpu_auto_times_a_short_run_and_stays_eager():
     assert cb.step_seconds is not None and cb.step_seconds > 0
     assert cb.decision is not None and cb.decision.compile is False and "below" in cb.decision.reason
     assert cb.compiled_calls == 0
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graphs_train_and_validate_like_eager():
+    """mode=None on one CUDA device compiles a conv net with CUDA graphs; 12 training steps (a last partial
+    batch included, run eagerly) and two validations end on the eager run's weights."""
+    torch.manual_seed(0)
+    initial = ImageClassifier(convnet(), lr=0.05, fused=False)
+
+    def run(callbacks: list) -> ImageClassifier:
+        model = copy.deepcopy(initial)
+        trainer = quiet_trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=callbacks,
+                                num_sanity_val_steps=0, deterministic=False)
+        trainer.fit(model, _data(52, 8), _data(20, 8, seed=1))
+        return model.cpu()
+
+    cb = CompileModel()
+    graphs, eager = run([cb]), run([])
+    assert cb.mode_used == "reduce-overhead" and "CUDA graphs" in (cb.mode_reason or "")
+    # an epoch: 6 full training batches and a partial one, 2 full validation batches and a partial one
+    assert cb.compiled_calls == 12 + 2 * 2 and cb.eager_calls == 2 + 2
+    for a, b in zip(graphs.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
