@@ -116,6 +116,8 @@ BAD: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
     (AdvisorThresholds, {"host_sync_busy_util": 101}, ValueError, "host_sync_busy_util"),
     (AdvisorThresholds, {"rank_wait_frac": -0.5}, ValueError, "rank_wait_frac"),
     (AdvisorThresholds, {"rank_wait_min_ms": "2"}, TypeError, "rank_wait_min_ms"),
+    (AdvisorThresholds, {"fp16_scale_floor": -1.0}, ValueError, "fp16_scale_floor"),
+    (AdvisorThresholds, {"fp16_scale_falls": 0}, ValueError, "fp16_scale_falls"),
     # ChannelsLast
     (ChannelsLast, {"memory_format": "nchw"}, ValueError, "memory_format"),
     (ChannelsLast, {"memory_format": torch.contiguous_format}, ValueError, "memory_format"),
@@ -129,6 +131,7 @@ BAD: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
     (CompileModel, {"when": None}, TypeError, "when"),
     (CompileModel, {"backend": ""}, ValueError, "backend"),
     (CompileModel, {"backend": None}, TypeError, "backend"),
+    (CompileModel, {"mode": "fast"}, ValueError, "mode"),
     # the parts the callbacks build on, also public
     (Hysteresis, {"raise_after": 0}, ValueError, "raise_after"),
     (Hysteresis, {"clear_after": 1.0}, TypeError, "clear_after"),
@@ -204,6 +207,7 @@ GOOD: list[tuple[Any, dict[str, Any]]] = [
     (ChannelsLast, {"memory_format": "torch.channels_last_3d"}),
     (CompileModel, {}),
     (CompileModel, {"when": "auto", "backend": "aot_eager"}),
+    (CompileModel, {"mode": "reduce-overhead"}),
     (FusedOptimizer, {}),
     (NonBlockingStepChecks, {}),
     (Hysteresis, {"raise_after": 1, "clear_after": 5}),

@@ -10,7 +10,8 @@ verdict raised only once it held for ``min_windows`` windows (``Hysteresis``).
 
 Modules: ``verdict`` (the finding and its kinds), ``evidence`` (what is judged), ``config`` (reading a run's
 configuration), ``rules`` (one function a kind, ``diagnose``), ``advice`` (the text), ``summary``
-(hysteresis and the end-of-fit text), ``ranks`` (per-rank all-reduce wait under DDP), ``callback``.
+(hysteresis and the end-of-fit text), ``ranks`` (per-rank all-reduce wait under DDP), ``scale`` (the
+GradScaler's scale at window ends, read without a sync), ``callback``.
 """
 
 from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor

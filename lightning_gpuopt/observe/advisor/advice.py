@@ -12,6 +12,7 @@ __all__ = [
     "comm_bound",
     "cpu_sentence",
     "cudnn_benchmark_off",
+    "fp16_overflow",
     "fp32_on_tensor_cores",
     "gpu_metrics_missing",
     "host_bound",
@@ -341,6 +342,45 @@ def amp_host_sync(
         f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
         "(no GradScaler)."
     )
+
+
+def fp16_overflow(
+    start: float,
+    end: float,
+    falls: int,
+    steps: int,
+    low: bool,
+    floor: float,
+    cap: tuple[int, int] | None,
+) -> str:
+    """``fp16-overflow``: what the GradScaler's falls mean; bf16 as the fix (fp32 where bf16 is slow)."""
+    if falls:
+        text = (
+            f"The GradScaler backed off at least {falls} time(s) in {steps} optimizer steps since warm-up, "
+            f"its scale falling from {start:g} to {end:g}: each fall is a step whose fp16 gradients held inf "
+            "or NaN, which the scaler skipped (the weights did not change)."
+        )
+    else:
+        text = f"The GradScaler's scale is {end:g} after warm-up."
+    if low:
+        text += (
+            f" Below {floor:g} the scale no longer lifts small gradients: the model's values overflow fp16 "
+            "(largest 65504) without any scaling, and no scale makes them fit."
+        )
+    fix = (
+        'Train with precision="bf16-mixed": bf16 has fp32\'s exponent range, so nothing overflows and no '
+        "GradScaler is needed (no step skipped), and on compute capability >= 8.0 (Ampere, Hopper) it trains "
+        "about as fast as fp16 for most models: "
+        '`Trainer(**fast_trainer_kwargs(model, precision="bf16-mixed"))`.'
+    )
+    if cap is not None and cap < (8, 0):
+        fix = (
+            f"bf16-mixed is the fix on compute capability >= 8.0, but {cap[0]}.{cap[1]} has no fast bf16: "
+            "keep the layers that overflow in fp32 "
+            '(`with torch.autocast("cuda", enabled=False):` around them, their inputs cast with .float()), '
+            'or train in precision="32-true".'
+        )
+    return f"{text} {fix}"
 
 
 def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> str:

@@ -23,6 +23,7 @@ from lightning_gpuopt.observe.advisor.config import (
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
 from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
+from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
@@ -67,6 +68,8 @@ class BottleneckAdvisor(ReleasingCallback):
                                           activity < 25% or batch <= 16 with GPU-Util < 90%
     ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer; a warning
                                           when GPU idle >= 2%, GPU-Util < 97% or data wait >= 2%
+    ``fp16-overflow``        warning      fp16 with a GradScaler whose scale fell >= 3 times in a window
+                                          or is below 1 (read at window ends, without a sync)
     ``fp32-on-tensor-cores`` warning      CUDA >= 7.0 training in fp32/fp64
     ``nchw-convolutions``    warning      < 50% of convolutions channels_last under tensor-core math
     ``cudnn-benchmark-off``  info         convolutions with ``cudnn.benchmark`` off
@@ -156,6 +159,7 @@ class BottleneckAdvisor(ReleasingCallback):
         self.config: RunConfig | None = None
         self._said_no_logger = False
         self._reduce: AllReduceWaitTimer | None = None
+        self._scale: ScaleWatch | None = None
         self._reset_run()
 
     # -- state -----------------------------------------------------------------------------------------------
@@ -180,6 +184,7 @@ class BottleneckAdvisor(ReleasingCallback):
         if self._reduce is not None:
             self._reduce.detach()
         self._reduce = None
+        self._scale = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -207,6 +212,7 @@ class BottleneckAdvisor(ReleasingCallback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_reduce"] = None  # hooks and CUDA events do not pickle; a copy starts without them
+        state["_scale"] = None
         return state
 
     # -- hooks -----------------------------------------------------------------------------------------------
@@ -271,6 +277,10 @@ class BottleneckAdvisor(ReleasingCallback):
         self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
         self._follow = self.window_steps is None and self._monitor is not None
         self._fit_epochs(loop.batches_per_epoch)
+        # the GradScaler's scale, read at window ends (fp16-overflow); from here where there is no warm-up
+        self._scale = ScaleWatch.of(loop.precision_plugin, loop.device)
+        if self._warm and self._scale is not None:
+            self._scale.sample(loop.global_step)
         if loop.world_size > 1:
             self._reduce = AllReduceWaitTimer(loop.device)
             if not self._reduce.attach(loop.module):
@@ -356,6 +366,9 @@ class BottleneckAdvisor(ReleasingCallback):
     def _release(self) -> None:
         self._timer = None
         self._monitor = None
+        if self._scale is not None:
+            self._scale.release()
+            self._scale = None
         if self._reduce is not None:
             self._reduce.detach()
             self._reduce = None
@@ -368,6 +381,8 @@ class BottleneckAdvisor(ReleasingCallback):
             self._reduce.window()
         self._last_eval_batch = self._batches
         self._fetch_s = loop.fetch_seconds()
+        if self._scale is not None:
+            self._scale.sample(loop.global_step)  # the scale the judged windows start from
 
     def _monitor_history(self) -> list[Mapping[str, Any]]:
         history = self._monitor.history if self._monitor is not None else []
@@ -412,6 +427,9 @@ class BottleneckAdvisor(ReleasingCallback):
         # host figures from our own timer cover exactly this window; the monitor adds the GPU side (and the
         # host side only where ours is empty)
         evidence = self._host_evidence(loop).merged_with(gpu)
+        if self._scale is not None:
+            self._scale.sample(step)
+            evidence = evidence.merged_with(self._scale.evidence())
         syncs = getattr(self._monitor, "host_syncs", None) if self._monitor is not None else None
         if syncs:
             from lightning_gpuopt.observe.host_sync import user_sites

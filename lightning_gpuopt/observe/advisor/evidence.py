@@ -118,6 +118,12 @@ class Evidence:
         host_syncs_per_step: synchronizing CUDA calls a step from the user's lines (the host-sync locator).
         sync_sites: the host-sync locator's sentences for those lines (``"`model.py:42` synchronizes every
             step (`loss.item()`)"``), most frequent first; ``None`` where it did not run.
+        grad_scale_start / grad_scale: the GradScaler's scale at the first read after warm-up and at the
+            latest read (the advisor's own, at window ends: ``scale.ScaleWatch``).
+        grad_scale_falls: times the scale fell between those reads, across the fit (each at least one step
+            skipped for an fp16 overflow).
+        grad_scale_window_falls: of those, the falls read in this window.
+        grad_scale_steps: optimizer steps between the first and the latest read.
         ranks: every rank's timing under DDP, else ``None``.
     """
 
@@ -144,6 +150,11 @@ class Evidence:
     ceiling_frac: float | None = None
     host_syncs_per_step: float | None = None
     sync_sites: tuple[str, ...] | None = None
+    grad_scale_start: float | None = None
+    grad_scale: float | None = None
+    grad_scale_falls: float | None = None
+    grad_scale_window_falls: float | None = None
+    grad_scale_steps: float | None = None
     ranks: RankEvidence | None = None
 
     @classmethod

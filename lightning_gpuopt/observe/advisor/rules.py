@@ -55,6 +55,12 @@ class AdvisorThresholds:
         store_read_mb_s: an HDF5 store's loader starving the GPU while the process reads at least this many
             MB/s from storage (page-cache misses) is disk-bound (``store-bound``); below it the store is
             served from memory.
+        fp16_scale_floor: under ``16-mixed``, a GradScaler scale below this (``fp16-overflow``): at 1 the
+            scaler no longer lifts small gradients at all, so only values that overflow fp16 unscaled keep
+            it falling there.
+        fp16_scale_falls: under ``16-mixed``, backoffs of the GradScaler in one window from which the model
+            overflows fp16 (``fp16-overflow``); a healthy scaler backs off about once every
+            ``growth_interval`` (2000) steps, after each growth.
     """
 
     gpu_idle_frac: float = 0.10
@@ -75,6 +81,8 @@ class AdvisorThresholds:
     rank_wait_frac: float = 0.10
     rank_wait_min_ms: float = 2.0
     store_read_mb_s: float = 10.0
+    fp16_scale_floor: float = 1.0
+    fp16_scale_falls: int = 3
 
     def __post_init__(self) -> None:
         for name in _FRACTIONS:
@@ -85,6 +93,8 @@ class AdvisorThresholds:
             check_float(getattr(self, name), name, low=0, what="(ms)")
         check_float(self.store_read_mb_s, "store_read_mb_s", low=0, what="(MB/s)")
         check_int(self.small_batch, "small_batch", low=0, what="(samples)")
+        check_float(self.fp16_scale_floor, "fp16_scale_floor", low=0, what="(a GradScaler scale)")
+        check_int(self.fp16_scale_falls, "fp16_scale_falls", low=1, what="(backoffs a window)")
         cap = self.tensor_core_capability
         must = "a (major, minor) tuple of ints >= 0"
         ok_type = isinstance(cap, tuple) and len(cap) == 2 and all(is_int(v) for v in cap)
@@ -424,6 +434,37 @@ def amp_host_sync(c: Context) -> Verdict | None:
     return Verdict("amp-host-sync", figs, text, "warning" if costly else "info", gain=gain)
 
 
+def _sig(x: float) -> float:
+    """``x`` to 6 significant digits: a scale of 2**16 stays whole, one of 2**-10 readable."""
+    return float(f"{x:.6g}")
+
+
+def fp16_overflow(c: Context) -> Verdict | None:
+    """fp16 mixed precision whose GradScaler keeps backing off: the model overflows fp16, steps skipped."""
+    cfg, ev, t = c.cfg, c.ev, c.t
+    fp16 = str(cfg.precision).lower().startswith(("16", "fp16"))
+    if not (cfg.grad_scaler and fp16 and ev.grad_scale is not None):
+        return None
+    window = int(ev.grad_scale_window_falls or 0)
+    low = ev.grad_scale < t.fp16_scale_floor
+    if not (low or window >= t.fp16_scale_falls):
+        return None
+    start = ev.grad_scale_start if ev.grad_scale_start is not None else ev.grad_scale
+    falls, steps = int(ev.grad_scale_falls or 0), int(ev.grad_scale_steps or 0)
+    figs: dict[str, EvidenceValue] = {
+        "precision": str(cfg.precision),
+        "grad_scale_start": _sig(start),
+        "grad_scale_end": _sig(ev.grad_scale),
+        "scale_falls": falls,
+        "window_falls": window,
+        "steps_observed": steps,
+    }
+    if cfg.capability is not None:
+        figs["capability"] = f"{cfg.capability[0]}.{cfg.capability[1]}"
+    text = advice.fp16_overflow(start, ev.grad_scale, falls, steps, low, t.fp16_scale_floor, cfg.capability)
+    return Verdict("fp16-overflow", figs, text, "warning")
+
+
 def fp32_on_tensor_cores(c: Context) -> Verdict | None:
     """Full precision on a GPU with tensor cores."""
     cap = c.cfg.capability
@@ -515,6 +556,7 @@ RULES: tuple[Callable[[Context], Verdict | None], ...] = (
     pageable_copies,
     launch_bound,
     amp_host_sync,
+    fp16_overflow,
     fp32_on_tensor_cores,
     nchw_convolutions,
     cudnn_benchmark_off,

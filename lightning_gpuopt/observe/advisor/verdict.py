@@ -19,6 +19,7 @@ KINDS: tuple[str, ...] = (
     "pageable-copies",
     "launch-bound",
     "amp-host-sync",
+    "fp16-overflow",
     "fp32-on-tensor-cores",
     "nchw-convolutions",
     "cudnn-benchmark-off",
