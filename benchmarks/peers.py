@@ -401,8 +401,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  loader alone {r}: {type(err).__name__}: {err}", file=sys.stderr)
     for row in table:
         name = row["name"]
-        row["of_compiled_ceiling"] = row["of_ceiling"]
-        row["ratio_to_ceiling"] = row["of_ceiling"]
+        row["of_compiled_ceiling"] = row["ratio_to_ceiling"] = row["of_ceiling"]
+        for rep in row["repeats"]:
+            rep["of_compiled_ceiling"] = rep.get("of_ceiling")
         row["bytes_per_image"] = info["bytes"].get(name)
         row["convert_seconds"] = info["convert_s"].get(name)
         row["loader_alone_per_sec"] = alone.get(name)
