@@ -6,18 +6,21 @@ grey and CMYK images) feed one ``UserClassifier`` (torchvision's ResNet-50, its 
 take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at every batch end after
 ``--warmup`` steps (``peers.py``'s measurement). Rows that train:
 
-    ours_folder          OptimizedDataModule("train/", backend="folder"): whole-batch worker processes
+    ours_folder          OptimizedDataModule("train/"), the default backend ("auto": DALI with a CUDA GPU and
+                         DALI installed, else whole-batch worker processes; the row records which)
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
                          memory): ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the file and ``madvise
                          (MADV_DONTNEED)`` on the store's memory map
-    compact_store_warm   OptimizedDataModule("train_jpeg.h5") (``convert --format jpeg``), page cache warm
+    compact_store_warm   OptimizedDataModule("train_jpeg.h5") (``convert --format jpeg``, the default backend:
+                         DALI decodes its training batches where it would a folder's), page cache warm
     compact_store_cold   the same store evicted as ``raw_store_cold``
 
 Rows with no model (images a second, median of ``--repeats``, spread beside):
 
     decode_limit         the same JPEG files decoded to RGB by one process a CPU, nothing else: the host's limit
+    loader_cpu_threads   the DALI backend decoding on its CPU threads (``DALIOptions(decoder="cpu")``) alone
     loader_cpu_workers   the folder backend's training loader alone onto the GPU (its worker processes)
     loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
 
@@ -55,7 +58,7 @@ from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 TRAINING = ("ours_folder", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
-ALONE = ("decode_limit", "loader_cpu_workers", "loader_gpu_decode")
+ALONE = ("decode_limit", "loader_cpu_threads", "loader_cpu_workers", "loader_gpu_decode")
 ROWS = (*TRAINING, *ALONE)
 CEILING = "ceiling_compiled"
 #: the store each training row reads (``None``: the JPEG folder or the peer's own loader) and whether it is
@@ -142,12 +145,14 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
         if name == "ours_folder":
-            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, backend="folder")}
+            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args)}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
         else:
             fmt, cold = STORE_OF[name]
             feed = {"datamodule": _datamodule(info[fmt], args)}
+        if (dm := feed.get("datamodule")) is not None:
+            info.setdefault("backend", {})[name] = [dm.backend, dm.backend_reason]
         cold = name in STORE_OF and STORE_OF[name][1]
         before = disk_read_bytes()
         try:
@@ -190,12 +195,13 @@ def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> flo
     """One repetition of a row with no model."""
     if name == "decode_limit":
         return decode_limit([p for p, _ in info["files"]], available_cpus())
-    if name == "loader_gpu_decode":
+    if name in ("loader_gpu_decode", "loader_cpu_threads"):
         if args.device != "cuda":
-            raise RuntimeError("nvJPEG decoding needs a CUDA GPU")
+            raise RuntimeError("the DALI rows need a CUDA GPU")
         from lightning_gpuopt import DALIOptions
 
-        dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder="gpu"))
+        decoder = "gpu" if name == "loader_gpu_decode" else "cpu"
+        dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder=decoder))
     else:
         dm = _datamodule(info["train"], args, backend="folder")
     dm.setup("fit")
@@ -244,6 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["bytes_per_image"] = info["source_bytes_per_image"]
             if disk.get(name):
                 row["disk_read_bytes_per_image"] = statistics.median(b / n for b, n in disk[name])
+            row["backend"], row["backend_reason"] = info.get("backend", {}).get(name, [None, None])
     for name in (r for r in rows if r in ALONE):
         rates: list[float] = []
         try:
@@ -256,9 +263,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
             print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
     limit = next((r for r in table if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
-    cpu_loader = next((r for r in table if r["name"] == "loader_cpu_workers" and "samples_per_sec" in r), None)
-    if limit and cpu_loader:
-        cpu_loader["of_decode_limit"] = cpu_loader["samples_per_sec"] / limit["samples_per_sec"]
+    for cpu_loader in (r for r in table if r["name"].startswith("loader_cpu") and "samples_per_sec" in r):
+        if limit:
+            cpu_loader["of_decode_limit"] = cpu_loader["samples_per_sec"] / limit["samples_per_sec"]
     out["rows"] = table
     return out
 

@@ -298,6 +298,46 @@ class DALIBackend(Backend):
         return loader
 
 
+class DALIStoreBackend(HDF5Backend):
+    """A compact JPEG store whose training batches DALI decodes on the device (``dali_store.DALIStoreLoader``,
+    with the DataModule's ``dali`` options); its evaluation splits are read as ``HDF5Backend`` reads them.
+
+    Example:
+        >>> DALIStoreBackend().name, DALIStoreBackend().device_batches
+        ('dali', False)
+    """
+
+    name = "dali"
+
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+        from lightning_gpuopt.data.dali import DALIOptions
+        from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+        train = paths.get("train")
+        check_arg(
+            train is None or _is_jpeg_store(train),
+            "train_dir",
+            train,
+            "a JPEG folder or a JPEG store (lightning-gpuopt convert --format jpeg) with backend='dali'",
+            "read a raw store with backend='hdf5' (or 'auto'), or convert the JPEGs with --format jpeg",
+        )
+        check_arg(
+            dali is None or isinstance(dali, DALIOptions),
+            "dali",
+            dali,
+            "None or a DALIOptions",
+            "e.g. dali=DALIOptions(decoder='cpu')",
+            error=TypeError,
+        )
+
+    def loader(self, dm: Owner, split: str) -> Any:
+        if split != "train" or dm._dataset("train") is None:
+            return super().loader(dm, split)
+        from lightning_gpuopt.data.dali_store import build_dali_store_loader
+
+        return build_dali_store_loader(dm)
+
+
 _BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (FolderBackend, HDF5Backend, DALIBackend)}
 #: what ``OptimizedDataModule(backend=...)`` accepts.
 BACKENDS = ("auto", *_BACKENDS)
@@ -311,6 +351,8 @@ def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
         >>> resolve_backend("auto", {"train": None}), resolve_backend("dali", {})
         (FolderBackend(), DALIBackend())
     """
+    if backend == "dali" and _store_file(paths.get("train")):
+        return DALIStoreBackend()
     if backend != "auto":
         return _BACKENDS[backend]()
     kinds = {
@@ -326,6 +368,10 @@ def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
         "give all splits in one format or pass backend='hdf5'/'folder'",
     )
     return _BACKENDS[next(iter(kinds.values()), "folder")]()
+
+
+def _store_file(path: str | None) -> bool:
+    return path is not None and Path(path).is_file() and Path(path).suffix.lower() in _HDF5_SUFFIXES
 
 
 def dali_installed() -> bool:
@@ -346,7 +392,9 @@ def choose_backend(
     from the cores a GPU has, straight into batches on the GPU, and crops from the original image as
     torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
     do, or a ``<split>_dataset`` hook of the user's: ``own_datasets``) the folder backend's worker processes.
-    A store file is read by the HDF5 backend. An explicit name is taken as given (reason ``None``).
+    A store file is read by the HDF5 backend, except a JPEG store's training split on such a machine, which
+    DALI decodes (``DALIStoreBackend``; ``backend="dali"`` asks for it on a JPEG store anywhere). An explicit
+    name is taken as given (reason ``None``).
 
     Example:
         >>> choose_backend("auto", {"train": "data/train"})  # doctest: +SKIP
@@ -355,10 +403,10 @@ def choose_backend(
     chosen = resolve_backend(backend, paths)
     if backend != "auto":
         return chosen, None
-    if not isinstance(chosen, FolderBackend):
-        return chosen, "a store file"
     if own_datasets:
         return chosen, "a <split>_dataset hook of yours gives the data"
+    if not isinstance(chosen, FolderBackend):
+        return _store_backend(chosen, paths.get("train"))
     if on_corrupt != "raise":
         return chosen, f"on_corrupt={on_corrupt!r}: DALI cannot skip unreadable files"
     import torch
@@ -371,6 +419,28 @@ def choose_backend(
             "(pip install 'lightning-gpuopt[dali]' decodes them with DALI instead, on its threads or nvJPEG)"
         )
     return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
+
+
+def _store_backend(chosen: Backend, train: str | None) -> tuple[Backend, str]:
+    """A JPEG store's training split goes to DALI where a CUDA GPU and DALI are there; any other store (and
+    a JPEG store elsewhere) to the HDF5 backend."""
+    from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+    if train is None or not _is_jpeg_store(train):
+        return chosen, "a store file"
+    import torch
+
+    if not torch.cuda.is_available():
+        return chosen, "a JPEG store, no CUDA GPU: worker processes decode it"
+    if not dali_installed():
+        return chosen, (
+            "a JPEG store, worker processes decode it; DALI is not installed (pip install "
+            "'lightning-gpuopt[dali]' decodes its training batches with DALI instead)"
+        )
+    return DALIStoreBackend(), (
+        "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes its "
+        "evaluation splits"
+    )
 
 
 def host_loader(

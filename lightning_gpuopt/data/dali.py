@@ -370,9 +370,13 @@ class DALILoader:
             self._pulled = 0
             return None
         except RuntimeError as err:
-            raise decode_error(err, self.files) from err
+            raise self._decode_error(err) from err
         self._pulled += 1
         return out
+
+    def _decode_error(self, err: RuntimeError) -> Exception:
+        """The error to raise for DALI's ``err``: the file it names or an undecodable one, where found."""
+        return decode_error(err, self.files)
 
     def _convert(self, out: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         images = out[0]["images"].permute(0, 3, 1, 2)  # NHWC storage -> NCHW channels_last view
@@ -509,21 +513,9 @@ def build_dali_loader(
         "pass train_dir to OptimizedDataModule",
     )
     _, samples = scan_image_folder(source)
-    trainer = dm.trainer
-    if trainer is not None:
-        root = trainer.strategy.root_device
-        rank, world, local_world = trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
-    else:
-        root = (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
-        rank, world, local_world = 0, 1, 1
-    options = options if options is not None else dm.dali or DALIOptions()
-    if options.threads is None and is_int(dm.num_workers) and dm.num_workers > 0:  # "auto": the default
-        options = dataclasses.replace(options, threads=int(dm.num_workers))
     train = split == "train"
+    root, rank, world, local_world, epoch_batches = loader_placement(dm, train=train)
+    options = dm_options(dm, options)
     return DALILoader(
         [p for p, _ in samples],
         [y for _, y in samples],
@@ -538,5 +530,28 @@ def build_dali_loader(
         std=dm.std,
         options=options,
         local_world_size=local_world,
-        epoch_batches=(lambda: trainer.num_training_batches) if train and trainer is not None else None,
+        epoch_batches=epoch_batches,
     )
+
+
+def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, int, Any]:
+    """Where a DataModule's DALI loader runs: ``(root device, global rank, world size, local ranks,
+    epoch_batches)`` from its Trainer, or the current device as rank 0 of 1 standalone; ``epoch_batches``
+    reads the Trainer's ``num_training_batches`` for a training loader (else ``None``)."""
+    trainer = dm.trainer
+    if trainer is None:
+        cuda = torch.cuda.is_available()
+        root = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        return root, 0, 1, 1, None
+    batches = (lambda: trainer.num_training_batches) if train else None
+    local = max(1, trainer.num_devices)
+    return trainer.strategy.root_device, trainer.global_rank, trainer.world_size, local, batches
+
+
+def dm_options(dm: Any, options: DALIOptions | None = None) -> DALIOptions:
+    """``options``, else the DataModule's ``dali`` (or the defaults), with ``num_workers`` as the thread count
+    when it is an int and the options leave ``threads`` unset (``"auto"``: the default count)."""
+    options = options if options is not None else dm.dali or DALIOptions()
+    if options.threads is None and is_int(dm.num_workers) and dm.num_workers > 0:
+        options = dataclasses.replace(options, threads=int(dm.num_workers))
+    return options

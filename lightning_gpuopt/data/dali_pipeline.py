@@ -16,7 +16,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -173,11 +173,12 @@ def build_dali_pipeline(
     seed: int = 0,
     checkpointing: bool = False,
     checkpoint: bytes | str | None = None,
+    source: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Define (not build) the DALI pipeline for one rank.
 
     Args:
-        files: image paths (the whole data set: the reader picks this rank's shard).
+        files: image paths (the whole data set: the reader picks this rank's shard); ignored with ``source``.
         labels: class index of each file.
         batch_size: samples per batch on this rank.
         image_size: output height and width.
@@ -195,6 +196,9 @@ def build_dali_pipeline(
         seed: seed of the random crops and flips.
         checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
+        source: instead of reading ``files``, a batch callback for ``fn.external_source`` (``batch_info``:
+            called with DALI's ``BatchInfo``) returning ``(JPEG byte arrays, int32 labels (n, 1))`` of this
+            rank, raising ``StopIteration`` at the end of an epoch (``dali_store.StoreBatches``).
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
@@ -221,17 +225,8 @@ def build_dali_pipeline(
         decode_kw["device"] = "cpu"
     op_device = "gpu" if gpu else "cpu"
 
-    @dali.pipeline_def(
-        batch_size=batch_size,
-        num_threads=num_threads,
-        device_id=device_id,
-        seed=seed,
-        prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
-        enable_checkpointing=checkpointing,
-        checkpoint=checkpoint,
-    )
-    def pipeline() -> Any:
-        jpegs, label = fn.readers.file(
+    def _read_files(fn: Any) -> Any:
+        return fn.readers.file(
             files=list(files),
             labels=[int(v) for v in labels],
             shard_id=shard_id,
@@ -245,6 +240,23 @@ def build_dali_pipeline(
             stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
             name=READER_NAME,
         )
+
+    @dali.pipeline_def(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
+        enable_checkpointing=checkpointing,
+        checkpoint=checkpoint,
+    )
+    def pipeline() -> Any:
+        if source is not None:
+            jpegs, label = fn.external_source(
+                source=source, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32]
+            )
+        else:
+            jpegs, label = _read_files(fn)
         if augment is not None:
             images = fn.decoders.image_random_crop(
                 jpegs,

@@ -367,6 +367,11 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
         """Mean JPEG bytes an image of this store."""
         return float(self._offsets[-1]) / len(self)
 
+    def byte_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(first byte in the file, byte count)`` of every image's JPEG, int64 each (one ``pread`` an image
+        reads it: ``os.pread(fd, count, first)``)."""
+        return self._base + self._offsets[:-1], np.diff(self._offsets)
+
     def _bytes(self, fd: int, i: int) -> bytes:
         start, end = int(self._offsets[i]), int(self._offsets[i + 1])
         data = os.pread(fd, end - start, self._base + start)

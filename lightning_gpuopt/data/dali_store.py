@@ -1,0 +1,323 @@
+"""Training batches of a compact JPEG store, decoded by DALI.
+
+``OptimizedDataModule("train_jpeg.h5")`` on a machine with a CUDA GPU and DALI installed reads a JPEG store
+(``lightning-gpuopt convert --format jpeg``) this way; ``backend="dali"`` asks for it anywhere:
+
+- ``StoreBatches`` is the pipeline's source (``fn.external_source``): this rank's share of a new permutation
+  of the store every epoch (seeded by the epoch and the same on every rank, so the shards stay disjoint),
+  whole batches only, each image's JPEG bytes read with one ``pread`` by threads a few batches ahead, so the
+  training thread hands DALI batches already in memory.
+- ``DALIStoreLoader`` is a ``DALILoader`` over that source: DALI decodes each image's training crop
+  (``fn.decoders.image_random_crop``: torchvision's ``RandomResizedCrop`` over the stored image, the crop the
+  store's other readers draw) on its CPU threads or with nvJPEG, as ``DALIOptions`` resolves, then resizes,
+  flips and normalizes on the GPU; batches reach the DataModule staged (``StagedBatch``).
+
+Evaluation splits are read as the HDF5 backend reads a JPEG store (worker processes, the store's evaluation
+transform), so validation pixels do not depend on the decoder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
+from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement
+from lightning_gpuopt.data.dali_pipeline import (
+    PREFETCH_QUEUE_DEPTH,
+    SHUFFLE_SEED,
+    build_dali_pipeline,
+    dali_modules,
+    renice_dali_workers,
+    thread_ids,
+)
+from lightning_gpuopt.data.loader import StagedBatch
+
+__all__ = ["READ_AHEAD", "DALIStoreLoader", "StoreBatches", "build_dali_store_loader"]
+
+#: batches read ahead of the one DALI asks for, one reading thread each
+READ_AHEAD = 4
+
+
+class StoreBatches:
+    """``fn.external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` of one rank, as
+    ``(list of uint8 JPEG byte arrays, int32 labels (n, 1))``; ``StopIteration`` past an epoch's last batch.
+
+    An epoch is ``num_shards * batches * batch_size`` images of a permutation seeded by ``(seed, epoch)``:
+    rank ``r`` takes the ``r``-th run of ``batches * batch_size`` of them, whole batches only
+    (``batches = (N // num_shards) // batch_size``), so the few images left over change every epoch.
+
+    Args:
+        path: the store file.
+        starts: each image's first byte in the file.
+        lengths: each image's byte count.
+        labels: each image's class index.
+        batch_size: images a batch.
+        shard_id: this rank.
+        num_shards: ranks.
+        seed: permutation seed, the same on every rank.
+        first_epoch: the epoch DALI's first (``epoch_idx`` 0) is: a resumed fit's.
+        skip: batches of ``first_epoch`` already trained on (a resumed fit's).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        labels: np.ndarray,
+        *,
+        batch_size: int,
+        shard_id: int = 0,
+        num_shards: int = 1,
+        seed: int = SHUFFLE_SEED,
+        first_epoch: int = 0,
+        skip: int = 0,
+    ) -> None:
+        self.path = str(path)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int32)
+        self.n = int(self.starts.shape[0])
+        check_arg(
+            self.lengths.shape == (self.n,) and self.labels.shape == (self.n,),
+            "lengths and labels",
+            f"{self.lengths.shape} and {self.labels.shape}",
+            f"one of each per image ({self.n})",
+        )
+        self.batch_size, self.shard_id, self.num_shards = int(batch_size), int(shard_id), int(num_shards)
+        self.per_rank = self.n // self.num_shards
+        self.batches = self.per_rank // self.batch_size
+        check_arg(
+            self.batches >= 1,
+            "batch_size",
+            batch_size,
+            f"at most the {self.per_rank} images a rank of {self.path!r} has ({self.num_shards} ranks)",
+            "lower batch_size",
+        )
+        self.seed, self.first_epoch, self.skip = int(seed), int(first_epoch), int(skip)
+        self._orders: dict[int, np.ndarray] = {}
+        self._pending: dict[tuple[int, int], Future[tuple[list[np.ndarray], np.ndarray]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._fd: int | None = None
+        self._kept: deque[Any] = deque(maxlen=PREFETCH_QUEUE_DEPTH + 2)  # batches DALI may still hold
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's image indices of ``epoch``: ``batches * batch_size`` of them, in training order."""
+        found = self._orders.get(epoch)
+        if found is None:
+            perm = np.random.default_rng((self.seed, int(epoch))).permutation(self.n)
+            first = self.shard_id * self.per_rank
+            found = perm[first : first + self.batches * self.batch_size]
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = found
+        return found
+
+    def read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """The JPEG bytes (one ``pread`` an image) and labels of the images at ``indices``."""
+        fd = self._open()
+        images: list[np.ndarray] = []
+        for i in indices.tolist():
+            length = int(self.lengths[i])
+            data = os.pread(fd, length, int(self.starts[i]))
+            if len(data) != length:
+                raise RuntimeError(
+                    f"JPEG store {self.path!r} ended inside image {i} (the file was truncated while open); "
+                    "convert it again: lightning-gpuopt convert SRC OUT.h5 --format jpeg"
+                )
+            images.append(np.frombuffer(data, dtype=np.uint8))
+        return images, self.labels[indices].reshape(-1, 1)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return self._fd
+
+    def _submit(self, epoch: int, iteration: int) -> None:
+        if (epoch, iteration) not in self._pending:
+            rows = self.order(epoch)[iteration * self.batch_size : (iteration + 1) * self.batch_size]
+            assert self._pool is not None
+            self._pending[(epoch, iteration)] = self._pool.submit(self.read, rows)
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:
+        first = int(info.epoch_idx) == 0
+        epoch = self.first_epoch + int(info.epoch_idx)
+        iteration = int(info.iteration) + (self.skip if first else 0)
+        if iteration >= self.batches:
+            raise StopIteration
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="lightning-gpuopt-store")
+        e, i = epoch, iteration
+        for _ in range(READ_AHEAD + 1):  # this batch and the next ones, into the next epoch at the end
+            self._submit(e, i)
+            e, i = (e, i + 1) if i + 1 < self.batches else (e + 1, 0)
+        batch = self._pending.pop((epoch, iteration)).result()
+        self._kept.append(batch)
+        return batch
+
+    def close(self) -> None:
+        """Stop the reading threads and close the file (a later call opens them again)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class DALIStoreLoader(DALILoader):
+    """``DALILoader`` over a JPEG store's training split (``StoreBatches`` as the pipeline's source).
+
+    Yields ``StagedBatch((images, labels))`` on the device: ``images`` a normalized channels_last NCHW view,
+    ``labels`` int64. Training semantics are ``DALILoader``'s (whole batches, a partial epoch continued by
+    the next ``__iter__``); ``state_dict`` holds the epoch and the batch the stream has reached, so a resumed
+    fit continues the same sample order (the crops are drawn afresh).
+
+    Args:
+        store: the training ``JPEGStoreDataset``.
+        **kwargs: ``DALILoader``'s (``batch_size``, ``image_size``, ``augment``, ``device``, ``shard_id``,
+            ``num_shards``, ``dtype``, ``mean``, ``std``, ``options``, ``local_world_size``,
+            ``epoch_batches``); ``train`` is always true.
+
+    Example:
+        >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
+        ...                          device="cuda")  # doctest: +SKIP
+    """
+
+    def __init__(self, store: Any, **kwargs: Any) -> None:
+        starts, lengths = store.byte_ranges()
+        self.store_path = str(store.path)
+        self._starts, self._lengths = starts, lengths
+        super().__init__([self.store_path] * len(store), store.labels, train=True, **kwargs)
+        self._epoch = 0  # the stream's epoch
+        self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
+        self._source: StoreBatches | None = None
+
+    def _build(self) -> None:
+        if self._iterator is not None:
+            return
+        dali_modules()  # a missing DALI names the extras before the store is read
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        self._source = StoreBatches(
+            self.store_path,
+            self._starts,
+            self._lengths,
+            np.asarray(self.labels),
+            batch_size=self.batch_size,
+            shard_id=self.shard_id,
+            num_shards=self.num_shards,
+            first_epoch=self._epoch,
+            skip=self._position,
+        )
+        pipe = build_dali_pipeline(
+            [],
+            [],
+            batch_size=self.batch_size,
+            image_size=self.image_size,
+            train=True,
+            device_id=self.device.index if self.device.type == "cuda" else None,
+            decoder=self._decoder,
+            num_threads=self._threads,
+            augment=self.augment,
+            mean=self.mean,
+            std=self.std,
+            half=self.dtype == torch.float16,
+            seed=self.seed,
+            source=self._source,
+        )
+        threads_before = thread_ids()
+        try:
+            self._iterator = DALIGenericIterator(
+                pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+            )
+        except RuntimeError as err:
+            raise self._decode_error(err) from err
+        if self.worker_nice:
+            renice_dali_workers(threads_before, self.worker_nice)
+
+    def _pull(self) -> list[dict[str, torch.Tensor]] | None:
+        out = super()._pull()
+        if out is None:  # DALI's epoch ended: the stream is in the next one, from its first batch
+            self._epoch, self._position = self._epoch + 1, 0
+        return out
+
+    def _decode_error(self, err: RuntimeError) -> Exception:
+        return RuntimeError(
+            f"DALI could not decode a batch of the JPEG store {self.store_path!r} ({err}); read it with "
+            "OptimizedDataModule(..., backend='hdf5'), which names the image, or convert it again"
+        )
+
+    def _convert(self, out: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return StagedBatch(super()._convert(out))  # type: ignore[return-value]
+
+    def _reached(self) -> tuple[int, int]:
+        return self._epoch, self._position + self._pulled
+
+    def close(self) -> None:
+        """Release the pipeline and the reading threads; the next ``__iter__`` continues the stream."""
+        if self._iterator is not None:
+            self._epoch, self._position = self._reached()
+            self._pulled = 0
+        self._iterator = None
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's epoch and batch, and the batches yielded in the consumer's epoch."""
+        epoch, position = self._reached()
+        return {"epoch": epoch, "position": position, "yielded": self._yielded, "num_shards": self.num_shards}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict``; the pipeline is rebuilt at that batch on the next ``__iter__``."""
+        shards = state_dict.get("num_shards", self.num_shards)
+        check_arg(
+            shards == self.num_shards,
+            "the DALI store state's num_shards (ranks)",
+            shards,
+            f"this run's {self.num_shards}",
+            "resume with the same number of devices or drop the loader state",
+        )
+        self.close()
+        self._epoch, self._position = int(state_dict.get("epoch", 0)), int(state_dict.get("position", 0))
+        self._skip_on_resume = int(state_dict.get("yielded", 0))
+
+    def __repr__(self) -> str:
+        return (
+            f"DALIStoreLoader(store={self.store_path!r}, images={len(self.files)}, "
+            f"batch_size={self.batch_size}, device={self.device}, shard={self.shard_id}/{self.num_shards}, "
+            f"options={self.options})"
+        )
+
+
+def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None) -> DALIStoreLoader:
+    """The training ``DALIStoreLoader`` of an ``OptimizedDataModule`` over a JPEG store, after its ``setup``:
+    its training dataset, ``batch_size``, ``image_size``, ``augment``, ``mean``, ``std`` and ``dali``
+    options, on the Trainer's root device as rank ``global_rank`` of ``world_size`` (standalone: rank 0 of 1
+    on the current device)."""
+    store = dm._dataset("train")
+    root, rank, world, local_world, epoch_batches = loader_placement(dm, train=True)
+    options = dm_options(dm)
+    return DALIStoreLoader(
+        store,
+        batch_size=dm.batch_size,
+        image_size=dm.image_size,
+        augment=dm.augment,
+        device=root if device is None else device,
+        shard_id=rank,
+        num_shards=world,
+        mean=getattr(dm, "mean", IMAGENET_MEAN),
+        std=getattr(dm, "std", IMAGENET_STD),
+        options=options,
+        local_world_size=local_world,
+        epoch_batches=epoch_batches,
+    )
+
