@@ -198,7 +198,8 @@ def build_dali_pipeline(
         checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
         source: instead of reading ``files``, a batch callback for ``fn.external_source`` (``batch_info``:
             called with DALI's ``BatchInfo``) returning ``(JPEG byte arrays, int32 labels (n, 1))`` of this
-            rank, raising ``StopIteration`` at the end of an epoch (``dali_store.StoreBatches``).
+            rank, raising ``StopIteration`` at the end of an epoch (``dali_store.StoreBatches``). DALI reads
+            the arrays in place: the callback keeps each batch alive for ``PREFETCH_QUEUE_DEPTH`` more calls.
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
@@ -253,7 +254,8 @@ def build_dali_pipeline(
     def pipeline() -> Any:
         if source is not None:
             jpegs, label = fn.external_source(
-                source=source, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32]
+                source=source, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32],
+                no_copy=True,  # the source keeps each batch alive until DALI has consumed it
             )
         else:
             jpegs, label = _read_files(fn)

@@ -106,7 +106,8 @@ class StoreBatches:
         self._pending: dict[tuple[int, int], Future[tuple[list[np.ndarray], np.ndarray]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._fd: int | None = None
-        self._kept: deque[Any] = deque(maxlen=PREFETCH_QUEUE_DEPTH + 2)  # batches DALI may still hold
+        # DALI reads a batch's arrays in place (no_copy) until PREFETCH_QUEUE_DEPTH batches after it
+        self._kept: deque[Any] = deque(maxlen=2 * PREFETCH_QUEUE_DEPTH + 2)
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's image indices of ``epoch``: ``batches * batch_size`` of them, in training order."""
