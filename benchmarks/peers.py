@@ -17,7 +17,7 @@ Feeds (each set up as its own docs recommend; ``--only`` picks some):
   torchvision_v2    ``ImageFolder`` + ``decode_jpeg`` + ``transforms.v2`` on uint8 tensors, normalized on the GPU
   torchvision_pil   the classic recipe: PIL, ``RandomResizedCrop``, ``ToTensor``, ``Normalize``
   litdata_jpeg      ``litdata.optimize`` of the JPEGs as they are, ``StreamingDataLoader``, v2 on uint8
-  litdata_jpeg256   litdata's documented fast format: shorter side 256, JPEG quality 90
+  litdata_jpeg256   litdata's fast format: shorter side 256 (its serializer re-encodes it at quality 75)
   webdataset        tar shards of the JPEGs, ``WebDataset(resampled=True)`` + ``WebLoader``, v2 on uint8
   dali_native       DALI's own pipeline: ``fn.readers.file`` + ``fn.decoders.image_random_crop(device="mixed")``
                     + ``DALIGenericIterator``
