@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, Timer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
@@ -331,6 +331,9 @@ class CompileModel(pl.Callback):
         self._aside = False
         device = trainer.strategy.root_device
         accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+        for cb in getattr(trainer, "callbacks", None) or ():  # accumulation a scheduler turns on later
+            if isinstance(cb, GradientAccumulationScheduler):
+                accumulate = max([accumulate, *cb.scheduling.values()])
         self._run = (device, getattr(trainer, "world_size", 1), accumulate)
         if self.when == "auto" and device.type != "cuda":
             self._aside = True

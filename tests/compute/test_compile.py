@@ -233,6 +233,20 @@ def test_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch):
     assert cb.state_dict()["mode_reason"] == "CompileModel(mode='reduce-overhead')"
 
 
+def test_a_gradient_accumulation_schedule_keeps_cuda_graphs_off():
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    cb = CompileModel()
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), world_size=1, accumulate_grad_batches=1,
+        callbacks=[GradientAccumulationScheduler({0: 1, 4: 8})],
+    )  # fmt: skip
+    cb.setup(trainer, ImageClassifier(convnet()), "fit")  # type: ignore[arg-type]
+    mode, why = choose_mode(family="conv", device=cb._run[0], world_size=cb._run[1],
+                            accumulate_grad_batches=cb._run[2])  # fmt: skip
+    assert mode == "default" and "accumulate_grad_batches=8" in why
+
+
 def test_mode_none_on_cpu_compiles_in_the_default_mode_and_marks_nothing(monkeypatch, caplog):
     marks: list[int] = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
