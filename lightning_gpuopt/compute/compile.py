@@ -21,9 +21,9 @@ CUDA graphs: ``CompileModel(mode=None)`` picks the ``torch.compile`` mode with `
 trained on one CUDA device with one optimizer step a batch compiles with ``mode="reduce-overhead"``, which
 records each step's kernels as CUDA graphs and replays them, so the host no longer launches them one by one
 and the time it spends on the loader, the loop and the callbacks overlaps the GPU's work instead of
-stretching the step. Other runs compile in the default mode. Under CUDA graphs the outputs of ``forward``
-live in memory the next step reuses: compute what you need from them in the same step (a loss, a metric's
-update), or ``.clone()`` what you keep across steps.
+stretching the step. Other runs compile in the default mode. The graphs reuse their outputs' memory every
+step, so ``forward`` hands out copies of its outputs (one copy a step, small beside the step's work): what
+``training_step`` keeps across steps (``self.outputs.append(logits)``) stays valid.
 """
 
 from __future__ import annotations
@@ -464,6 +464,7 @@ class CompileModel(pl.Callback):
         original = pl_module.forward
         mode = self._choose_mode(pl_module)
         compiled = torch.compile(original, dynamic=False, backend=self.backend, mode=mode)
+        graphs = mode in GRAPH_MODES
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)
@@ -472,7 +473,9 @@ class CompileModel(pl.Callback):
             first = self._shapes.setdefault(mode, signature)
             if signature == first:
                 self.compiled_calls += 1
-                return compiled(*args, **kwargs)
+                out = compiled(*args, **kwargs)
+                # CUDA graphs reuse their outputs' memory next step: hand out copies the caller may keep
+                return apply_to_collection(out, torch.Tensor, torch.Tensor.clone) if graphs else out
             self.eager_calls += 1
             if pl_module.training and not self._warned_shape:
                 self._warned_shape = True

@@ -233,6 +233,34 @@ def test_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch):
     assert cb.state_dict()["mode_reason"] == "CompileModel(mode='reduce-overhead')"
 
 
+def test_outputs_under_cuda_graphs_are_copies_the_caller_may_keep(monkeypatch):
+    returned: list[torch.Tensor] = []
+    real = torch.compile
+
+    def spy(fn, **kw):
+        inner = real(fn, dynamic=False, backend="eager")
+
+        def run(*a, **k):
+            out = inner(*a, **k)
+            returned.append(out)
+            return out
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", spy)
+    for mode, copied in (("reduce-overhead", True), ("default", False)):
+        returned.clear()
+        cb = CompileModel(mode=mode)
+        model = ImageClassifier(convnet())
+        cb.setup(quiet_trainer(accelerator="cpu", devices=1), model, "validate")
+        try:
+            out = model(torch.randn(2, 3, 8, 8))
+        finally:
+            cb._uninstall()
+        assert len(returned) == 1 and torch.equal(out, returned[0])
+        assert (out.data_ptr() != returned[0].data_ptr()) is copied
+
+
 def test_a_gradient_accumulation_schedule_keeps_cuda_graphs_off():
     from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
@@ -459,3 +487,26 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
     assert cb.compiled_calls == 12 + 2 * 2 and cb.eager_calls == 2 + 2
     for a, b in zip(graphs.parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_outputs_kept_across_cuda_graph_steps_stay_valid():
+    """A module keeping its logits for the epoch's end (Lightning's documented pattern) reads them back
+    intact after later steps replayed the graphs."""
+    import torch.nn.functional as F
+
+    class Keeps(ImageClassifier):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            self.kept.append((logits.detach(), logits.detach().clone()))  # the second: an eager copy
+            return F.cross_entropy(logits, y)
+
+    model = Keeps(convnet())
+    model.kept = []
+    cb = CompileModel()
+    trainer = quiet_trainer(accelerator="gpu", devices=1, max_steps=8, callbacks=[cb], num_sanity_val_steps=0)
+    trainer.fit(model, _data(64, 8))
+    assert cb.mode_used == "reduce-overhead" and len(model.kept) == 8
+    for kept, copy_at_the_time in model.kept:  # read after every later step ran
+        torch.testing.assert_close(kept, copy_at_the_time)
