@@ -229,3 +229,26 @@ def test_dali_on_a_raw_store_names_the_fix(tmp_path):
     convert_folder_to_hdf5(tmp_path / "src", raw, 32, workers=1, progress=False)
     with pytest.raises(ValueError, match="backend='hdf5'"):
         OptimizedDataModule(str(raw), backend="dali", batch_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder", ["cpu", "gpu"])
+def test_gpu_store_batches_decode_on_the_device_in_the_sources_order(store, decoder):
+    loader = DALIStoreLoader(store, batch_size=4, image_size=32, device="cuda",
+                             options=DALIOptions(decoder=decoder, threads=2))  # fmt: skip
+    order = StoreBatches(store.path, *store.byte_ranges(), store.labels, batch_size=4)
+    try:
+        batches = list(loader)
+        assert len(batches) == 9 and all(x.is_cuda and y.is_cuda for x, y in batches)
+        labels = torch.cat([y for _, y in batches]).cpu().numpy()
+        np.testing.assert_array_equal(labels, store.labels[order.order(0)])
+        assert batches[0][0].is_contiguous(memory_format=torch.channels_last)
+    finally:
+        loader.close()
+        order.close()
+
+
+@pytest.mark.gpu
+def test_gpu_auto_reads_a_jpeg_store_with_dali(store):
+    dm = OptimizedDataModule(store.path, batch_size=4, image_size=32)
+    assert dm.backend == "dali" and "DALI decodes its training batches" in (dm.backend_reason or "")
