@@ -195,13 +195,17 @@ def choose_mode(
     world_size: int = 1,
     accumulate_grad_batches: int = 1,
     automatic_optimization: bool = True,
+    gpu_decoding: bool = False,
 ) -> tuple[str, str]:
     """The ``torch.compile`` mode ``CompileModel(mode=None)`` compiles with, and why: ``(mode, reason)``.
 
     ``"reduce-overhead"`` (CUDA graphs) for a conv net on one CUDA device, optimized automatically with one
     optimizer step a batch; ``"default"`` otherwise: CPUs have no CUDA graphs, a transformer gains nothing
     measurable from them (``docs/compute.md``), several processes (DDP) and gradient accumulation keep
-    gradients across graph replays, and manual optimization steps the graphs where the rule cannot see.
+    gradients across graph replays, manual optimization steps the graphs where the rule cannot see, and a
+    loader decoding JPEGs with nvJPEG on the same GPU (``gpu_decoding``: a DALI loader's ``feed_info``
+    decoder ``"gpu"``) fed a model replaying graphs more slowly than one launching its kernels
+    (``docs/dali.md``).
 
     Example:
         >>> choose_mode(family="conv", device="cuda")[0], choose_mode(family="transformer", device="cuda")[0]
@@ -218,6 +222,8 @@ def choose_mode(
         return "default", f"accumulate_grad_batches={accumulate_grad_batches}: graphs need a step a batch"
     if not automatic_optimization:
         return "default", "manual optimization: CUDA graphs need Lightning's own optimizer steps"
+    if gpu_decoding:
+        return "default", "nvJPEG decodes the training batches on this GPU: compiled without CUDA graphs"
     return "reduce-overhead", (
         "a conv net on one CUDA device: CUDA graphs (mode='reduce-overhead') replay each step's kernels"
     )
@@ -322,6 +328,7 @@ class CompileModel(pl.Callback):
         self._shapes: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
         self._warned_shape = False
         self._run: tuple[torch.device, int, int] = (torch.device("cpu"), 1, 1)  # set at setup
+        self._gpu_decoding = False  # set at on_train_start
 
     # --- hooks -------------------------------------------------------------------------------------------
     @override
@@ -347,6 +354,8 @@ class CompileModel(pl.Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        info = getattr(getattr(trainer, "train_dataloader", None), "feed_info", None)
+        self._gpu_decoding = getattr(info, "decoder", None) == "gpu"  # the training loader's own nvJPEG
         if self._aside or self.compiled:
             return
         if self.when == "always":
@@ -505,6 +514,7 @@ class CompileModel(pl.Callback):
             world_size=world,
             accumulate_grad_batches=accumulate,
             automatic_optimization=pl_module.automatic_optimization,
+            gpu_decoding=self._gpu_decoding,
         )
         if self.mode_reason not in _LOGGED:
             _LOGGED.add(self.mode_reason)

@@ -207,6 +207,7 @@ def test_arguments_are_checked():
         ({"family": "conv", "device": "cuda", "world_size": 2}, "default", "2 processes"),
         ({"family": "conv", "device": "cuda", "accumulate_grad_batches": 4}, "default", "batches=4"),
         ({"family": "conv", "device": "cuda", "automatic_optimization": False}, "default", "manual"),
+        ({"family": "conv", "device": "cuda", "gpu_decoding": True}, "default", "nvJPEG"),
     ],
 )
 def test_choose_mode_takes_cuda_graphs_only_where_they_apply(kwargs, mode, reason):
@@ -266,13 +267,38 @@ def test_a_gradient_accumulation_schedule_keeps_cuda_graphs_off():
 
     cb = CompileModel()
     trainer = SimpleNamespace(
-        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), world_size=1, accumulate_grad_batches=1,
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        world_size=1,
+        accumulate_grad_batches=1,
         callbacks=[GradientAccumulationScheduler({0: 1, 4: 8})],
     )  # fmt: skip
     cb.setup(trainer, ImageClassifier(convnet()), "fit")  # type: ignore[arg-type]
     mode, why = choose_mode(family="conv", device=cb._run[0], world_size=cb._run[1],
                             accumulate_grad_batches=cb._run[2])  # fmt: skip
     assert mode == "default" and "accumulate_grad_batches=8" in why
+
+
+@pytest.mark.parametrize(
+    ("decoder", "mode"), [("gpu", "default"), ("cpu", "reduce-overhead"), (None, "reduce-overhead")]
+)
+def test_a_training_loader_decoding_with_nvjpeg_keeps_cuda_graphs_off(monkeypatch, decoder, mode):
+    from lightning_gpuopt._common import FeedInfo
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    loader = SimpleNamespace(feed_info=FeedInfo(backend="dali", decoder=decoder))
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        world_size=1,
+        accumulate_grad_batches=1,
+        callbacks=[], train_dataloader=loader,
+    )  # fmt: skip
+    cb, model = CompileModel(), ImageClassifier(convnet())
+    cb.setup(trainer, model, "fit")  # type: ignore[arg-type]
+    cb.on_train_start(trainer, model)  # type: ignore[arg-type]
+    try:
+        assert cb.compiled and cb.mode_used == mode
+    finally:
+        cb._uninstall()
 
 
 def test_mode_none_on_cpu_compiles_in_the_default_mode_and_marks_nothing(monkeypatch, caplog):
