@@ -301,6 +301,19 @@ def test_a_training_loader_decoding_with_nvjpeg_keeps_cuda_graphs_off(monkeypatc
         cb._uninstall()
 
 
+def test_the_training_loaders_decoder_is_read_from_a_real_fit():
+    from lightning_gpuopt._common import FeedInfo
+
+    class Decoding(DataLoader):
+        feed_info = FeedInfo(backend="dali", decoder="gpu")
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 4, (8,), generator=g))
+    cb = CompileModel(backend="eager")
+    _fit(ImageClassifier(convnet()), [cb], Decoding(data, batch_size=4), max_steps=1)
+    assert cb._gpu_decoding is True
+
+
 def test_mode_none_on_cpu_compiles_in_the_default_mode_and_marks_nothing(monkeypatch, caplog):
     marks: list[int] = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
