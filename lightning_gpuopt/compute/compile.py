@@ -83,8 +83,8 @@ _WHEN = ("always", "auto")
 # auto mode times batches [_WARMUP_BATCHES, _WARMUP_BATCHES + _TIMED_BATCHES): the first ones autotune
 # cuDNN and fill the allocator's cache
 _WARMUP_BATCHES = 5
-_LOGGED: set[str] = set()  # mode reasons already logged in this process
 _TIMED_BATCHES = 10
+_LOGGED: set[str] = set()  # mode reasons already logged in this process
 
 
 @dataclass(frozen=True)
@@ -471,9 +471,9 @@ class CompileModel(pl.Callback):
             )
             return
         original = pl_module.forward
-        mode = self._choose_mode(pl_module)
-        compiled = torch.compile(original, dynamic=False, backend=self.backend, mode=mode)
-        graphs = mode in GRAPH_MODES
+        compile_mode = self._choose_mode(pl_module)
+        compiled = torch.compile(original, dynamic=False, backend=self.backend, mode=compile_mode)
+        graphs = compile_mode in GRAPH_MODES
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)
