@@ -19,6 +19,7 @@ transform), so validation pixels do not depend on the decoder.
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -106,6 +107,7 @@ class StoreBatches:
         self._pending: dict[tuple[int, int], Future[tuple[list[np.ndarray], np.ndarray]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._fd: int | None = None
+        self._lock = threading.Lock()
         # DALI reads a batch's arrays in place (no_copy) until PREFETCH_QUEUE_DEPTH batches after it
         self._kept: deque[Any] = deque(maxlen=2 * PREFETCH_QUEUE_DEPTH + 2)
 
@@ -136,9 +138,10 @@ class StoreBatches:
         return images, self.labels[indices].reshape(-1, 1)
 
     def _open(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        return self._fd
+        with self._lock:  # reading threads may ask at once
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            return self._fd
 
     def _submit(self, epoch: int, iteration: int) -> None:
         if (epoch, iteration) not in self._pending:
@@ -168,9 +171,10 @@ class StoreBatches:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._pending.clear()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class DALIStoreLoader(DALILoader):
