@@ -164,3 +164,14 @@ def test_tune_measures_reading_threads_for_an_hdf5_store(jpeg_folder, tmp_path, 
     assert all(row["samples_per_sec"] > 0 for row in result["table"])
     # no worker process was started: the store is read on threads
     assert [p for p in multiprocessing.active_children() if p.pid not in before] == []
+
+
+def test_tune_on_a_jpeg_store_names_the_backend_that_keeps_worker_processes(jpeg_folder, tmp_path, capsys):
+    pytest.importorskip("h5py")
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+
+    store = tmp_path / "s_jpeg.h5"
+    convert_folder_to_hdf5(jpeg_folder, store, 32, workers=1, progress=False, format="jpeg")
+    assert main(["tune", str(store), "--batch-size", "8"]) == 0
+    # under backend="auto" DALI would decode the store's training batches where it is installed on a GPU
+    assert 'suggestion: OptimizedDataModule(..., backend="hdf5", num_workers=' in capsys.readouterr().out

@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     if reads_in_workers(dataset):
-        # a folder under backend="auto" goes to DALI where it is installed on a CUDA machine
-        named = ', backend="folder"' if isinstance(dataset, UInt8ImageFolder) else ""
+        # a folder or a JPEG store under backend="auto" goes to DALI where it is installed on a CUDA machine
+        named = ', backend="folder"' if isinstance(dataset, UInt8ImageFolder) else ', backend="hdf5"'
         print(
             f"suggestion: OptimizedDataModule(...{named}, num_workers={result.best})  (worker processes, a "
             f"batch each)  or  HostDataLoader(WholeBatches(dataset), num_workers={result.best}, "
