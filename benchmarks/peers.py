@@ -425,8 +425,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def merge(paths: list[str], out: str) -> Path:
-    """One results file of several runs of this script on one machine: each row keeps the ratio to the
-    ceiling measured in its own run (``ceiling_run``), and every run's ceiling is kept."""
+    """One results file of several runs of this script (or ``jpeg.py``) on one machine: each row keeps the
+    ratio to the ceiling of its own run (``ceiling_run``), every run's ceiling is kept, and the first run's
+    other top-level keys (``images``, ``source_bytes_per_image``, ...)."""
     import json
 
     docs = [json.loads(Path(p).read_text()) for p in paths]
@@ -437,8 +438,9 @@ def merge(paths: list[str], out: str) -> Path:
                 row = {**row, "name": f"{CEILING}_run{i + 1}"}
             rows.append({**row, "ceiling_run": i + 1})
     runs = [{"command": d["command"], "date": d["date"], "seconds": d.get("seconds")} for d in docs]
-    return write_results(out, rows, command=" && ".join(r["command"] for r in runs), runs=runs,
-                         machine_runs=[d["machine"] for d in docs], images=docs[0].get("images"))
+    keep = {k: v for k, v in docs[0].items() if k not in ("rows", "command", "date", "seconds")}
+    return write_results(out, rows, **{**keep, "command": " && ".join(r["command"] for r in runs),
+                                       "runs": runs, "machine_runs": [d["machine"] for d in docs]})
 
 
 def main(argv: list[str] | None = None) -> int:

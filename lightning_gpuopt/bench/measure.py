@@ -118,10 +118,12 @@ def command_line() -> str:
 
 
 def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], **extra: Any) -> Path:
-    """Write ``{"machine", "command", "date", "rows", **extra}`` as JSON; missing row keys become null."""
+    """Write ``{"machine", "command", "date", "rows", **extra}`` as JSON; missing row keys become null.
+    ``machine`` defaults to this one's (``machine_info``); a file merged from other machines' runs passes
+    theirs."""
     full_rows = [{**{k: None for k in ROW_KEYS}, **row} for row in rows]
     doc = {
-        "machine": machine_info(),
+        "machine": extra.pop("machine", None) or machine_info(),
         "command": extra.pop("command", command_line()),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "rows": full_rows,
