@@ -358,7 +358,10 @@ class DALILoader:
     def close(self) -> None:
         """Release the DALI pipeline (device memory, threads); the next ``__iter__`` builds a new one."""
         if self._iterator is not None and self.train:
-            self._checkpoint = self._iterator.checkpoints()[0]
+            try:
+                self._checkpoint = self._iterator.checkpoints()[0]
+            except RuntimeError:  # a pipeline that failed keeps no place to resume from
+                self._checkpoint = None
         self._iterator = None
 
     # ------------------------------------------------------------------ iteration

@@ -527,7 +527,8 @@ class ContinuousDataLoader(HostDataLoader):
 
 
 def close_workers(loader: Any) -> None:
-    """Stop the persistent workers of ``loader`` now and drop its iterator (the next ``iter()`` starts afresh).
+    """Stop the persistent workers of ``loader`` now and drop its iterator (the next ``iter()`` starts
+    afresh); a ``DALILoader`` releases its pipeline (a training loader keeps its place in the stream).
 
     Workers otherwise run until the loader is garbage collected; left running when the interpreter exits,
     ``multiprocessing`` terminates them and each leaves its ``pymp-*`` folder in the temporary folder. Loaders
@@ -548,6 +549,11 @@ def close_workers(loader: Any) -> None:
         iterator = _compat.persistent_iterator(loader)
         _compat.drop_persistent_iterator(loader)
         _compat.shutdown_workers(iterator)
+    else:
+        from lightning_gpuopt.data.dali import DALILoader  # DALI itself is imported by its pipelines only
+
+        if isinstance(loader, DALILoader):
+            loader.close()  # its pipeline's threads and memory now; the next iter() builds it again
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -252,3 +252,26 @@ def test_gpu_store_batches_decode_on_the_device_in_the_sources_order(store, deco
 def test_gpu_auto_reads_a_jpeg_store_with_dali(store):
     dm = OptimizedDataModule(store.path, batch_size=4, image_size=32)
     assert dm.backend == "dali" and "DALI decodes its training batches" in (dm.backend_reason or "")
+
+
+def test_teardown_releases_the_pipeline_and_the_reading_threads(store):
+    import lightning.pytorch as pl
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Conv2d(3, 2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    dm = OptimizedDataModule(store.path, backend="dali", batch_size=4, image_size=32, num_workers=0,
+                             dali=DALIOptions(threads=2))  # fmt: skip
+    trainer = quiet_trainer(accelerator="cpu", devices=1, max_steps=3)
+    trainer.fit(Tiny(), datamodule=dm)
+    loader = trainer.train_dataloader
+    assert isinstance(loader, DALIStoreLoader) and loader._iterator is None and loader._source is None
+    assert loader.state_dict()["position"] == 3  # its place in the stream is kept
