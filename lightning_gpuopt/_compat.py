@@ -75,7 +75,9 @@ _INTERNALS: tuple[_Internal, ...] = (
         "under DDP the SIGTERM handler issues no collective of its own (the per-step check carries the flag)",
     ),
     _Internal(
-        "torch.amp.GradScaler", "_get_scale_async", "the advisor reads the GradScaler's scale without a host sync"
+        "torch.amp.GradScaler",
+        "_get_scale_async",
+        "the advisor reads the GradScaler's scale without a host sync",
     ),
     _Internal(
         "multiprocessing.process._current_process",
@@ -282,7 +284,8 @@ def drop_sigterm_broadcast(trainer: Any) -> bool:
 
 
 def async_scale_reader(scaler: Any) -> Callable[[], Any] | None:
-    """``scaler``'s ``_get_scale_async``: its scale as a device tensor read without a host sync (``None`` before
-    its first scaled step); ``None`` where this torch lacks it (the caller then decides what reading costs)."""
+    """``scaler``'s ``_get_scale_async``: its scale as a device tensor read without a host sync
+    (``None`` before its first scaled step); ``None`` where this torch lacks it (the caller decides what
+    reading then costs)."""
     get = getattr(scaler, "_get_scale_async", None)
     return get if callable(get) else None

@@ -417,27 +417,8 @@ class CompileModel(pl.Callback):
     ) -> None:
         self._mark_step()
 
-    @override
-    def on_test_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._mark_step()
-
-    @override
-    def on_predict_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._mark_step()
+    # evaluation steps of the other stages replay graphs the same way
+    on_test_batch_start = on_predict_batch_start = on_validation_batch_start
 
     def _mark_step(self) -> None:
         # a new step for CUDA graph trees: the previous step's graph outputs may be overwritten from here

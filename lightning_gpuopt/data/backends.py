@@ -234,6 +234,19 @@ class HDF5Backend(HostBackend):
         return info
 
 
+def _check_dali_options(dali: Any) -> None:
+    from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only by its loaders
+
+    check_arg(
+        dali is None or isinstance(dali, DALIOptions),
+        "dali",
+        dali,
+        "None or a DALIOptions",
+        "e.g. dali=DALIOptions(decoder='cpu')",
+        error=TypeError,
+    )
+
+
 class DALIBackend(Backend):
     """DALI reads and decodes JPEG folders itself and delivers normalized batches on the device
     (``build_dali_loader``, with the DataModule's ``dali`` options); DALI is imported when a loader is built.
@@ -247,8 +260,6 @@ class DALIBackend(Backend):
     device_batches = True
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
-        from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only by its loaders
-
         check_arg(
             any(v is not None for v in paths.values()),
             "train_dir",
@@ -262,14 +273,7 @@ class DALIBackend(Backend):
             "'raise' with backend='dali' (DALI cannot skip unreadable files)",
             "use backend='folder' to skip them, or remove them",
         )
-        check_arg(
-            dali is None or isinstance(dali, DALIOptions),
-            "dali",
-            dali,
-            "None or a DALIOptions",
-            "e.g. dali=DALIOptions(decoder='cpu')",
-            error=TypeError,
-        )
+        _check_dali_options(dali)
 
     def classes(self, path: str) -> list[str] | None:
         return folder_classes(path)
@@ -310,7 +314,6 @@ class DALIStoreBackend(HDF5Backend):
     name = "dali"
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
-        from lightning_gpuopt.data.dali import DALIOptions
         from lightning_gpuopt.data.hdf5 import _is_jpeg_store
 
         train = paths.get("train")
@@ -321,14 +324,7 @@ class DALIStoreBackend(HDF5Backend):
             "a JPEG folder or a JPEG store (lightning-gpuopt convert --format jpeg) with backend='dali'",
             "read a raw store with backend='hdf5' (or 'auto'), or convert the JPEGs with --format jpeg",
         )
-        check_arg(
-            dali is None or isinstance(dali, DALIOptions),
-            "dali",
-            dali,
-            "None or a DALIOptions",
-            "e.g. dali=DALIOptions(decoder='cpu')",
-            error=TypeError,
-        )
+        _check_dali_options(dali)
 
     def loader(self, dm: Owner, split: str) -> Any:
         if split != "train" or dm._dataset("train") is None:
@@ -356,7 +352,7 @@ def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
     if backend != "auto":
         return _BACKENDS[backend]()
     kinds = {
-        k: ("hdf5" if Path(v).is_file() and Path(v).suffix.lower() in _HDF5_SUFFIXES else "folder")
+        k: ("hdf5" if _store_file(v) else "folder")
         for k, v in paths.items()
         if v is not None
     }
@@ -438,8 +434,8 @@ def _store_backend(chosen: Backend, train: str | None) -> tuple[Backend, str]:
             "'lightning-gpuopt[dali]' decodes its training batches with DALI instead)"
         )
     return DALIStoreBackend(), (
-        "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes its "
-        "evaluation splits"
+        "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes "
+        "its evaluation splits"
     )
 
 

@@ -315,38 +315,54 @@ class DALILoader:
         if self._iterator is not None:
             return
         dali_modules()  # a missing DALI names the extras before any file is read
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        pipe, iterator_kwargs = self._pipeline()
+        threads_before = thread_ids()
+        try:
+            self._iterator = DALIGenericIterator(
+                pipe, ["images", "labels"], auto_reset=True, **iterator_kwargs
+            )
+        except RuntimeError as err:
+            raise self._decode_error(err) from err
+        if self.worker_nice:
+            renice_dali_workers(threads_before, self.worker_nice)
+        self._built()
+
+    def _pipeline_kwargs(self) -> dict[str, Any]:
+        """``build_dali_pipeline``'s arguments that do not depend on where the JPEGs come from."""
+        return {
+            "batch_size": self.batch_size,
+            "image_size": self.image_size,
+            "device_id": self.device.index if self.device.type == "cuda" else None,
+            "decoder": self._decoder,
+            "num_threads": self._threads,
+            "augment": self.augment,
+            "mean": self.mean,
+            "std": self.std,
+            "half": self.dtype == torch.float16,
+            "seed": self.seed,
+        }
+
+    def _pipeline(self) -> tuple[Any, dict[str, Any]]:
+        """The pipeline over the files (checked first), and the ``DALIGenericIterator`` arguments for it."""
+        from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
         validate_image_files(self.files, num_threads=self._threads)
         pipe = build_dali_pipeline(
             self.files,
             self.labels,
-            batch_size=self.batch_size,
-            image_size=self.image_size,
             train=self.train,
-            device_id=self.device.index if self.device.type == "cuda" else None,
-            decoder=self._decoder,
-            num_threads=self._threads,
-            augment=self.augment,
             shard_id=self.shard_id,
             num_shards=self.num_shards,
-            mean=self.mean,
-            std=self.std,
-            half=self.dtype == torch.float16,
-            seed=self.seed,
             checkpointing=self.train,
             checkpoint=self._checkpoint,
+            **self._pipeline_kwargs(),
         )
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.PARTIAL
-        threads_before = thread_ids()
-        try:
-            self._iterator = DALIGenericIterator(
-                pipe, ["images", "labels"], reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True
-            )
-        except RuntimeError as err:
-            raise decode_error(err, self.files) from err
-        if self.worker_nice:
-            renice_dali_workers(threads_before, self.worker_nice)
+        return pipe, {"reader_name": READER_NAME, "last_batch_policy": policy}
+
+    def _built(self) -> None:
         self._checkpoint = None
         if len(self._iterator) != len(self):
             raise RuntimeError(

@@ -34,9 +34,6 @@ from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
     SHUFFLE_SEED,
     build_dali_pipeline,
-    dali_modules,
-    renice_dali_workers,
-    thread_ids,
 )
 from lightning_gpuopt.data.loader import StagedBatch
 
@@ -200,16 +197,15 @@ class DALIStoreLoader(DALILoader):
         starts, lengths = store.byte_ranges()
         self.store_path = str(store.path)
         self._starts, self._lengths = starts, lengths
+        # one entry an image: DALILoader counts its batches and shards from its files
         super().__init__([self.store_path] * len(store), store.labels, train=True, **kwargs)
         self._epoch = 0  # the stream's epoch
         self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
         self._source: StoreBatches | None = None
 
-    def _build(self) -> None:
-        if self._iterator is not None:
-            return
-        dali_modules()  # a missing DALI names the extras before the store is read
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    def _pipeline(self) -> tuple[Any, dict[str, Any]]:
+        """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""
+        from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
         self._source = StoreBatches(
             self.store_path,
@@ -222,31 +218,11 @@ class DALIStoreLoader(DALILoader):
             first_epoch=self._epoch,
             skip=self._position,
         )
-        pipe = build_dali_pipeline(
-            [],
-            [],
-            batch_size=self.batch_size,
-            image_size=self.image_size,
-            train=True,
-            device_id=self.device.index if self.device.type == "cuda" else None,
-            decoder=self._decoder,
-            num_threads=self._threads,
-            augment=self.augment,
-            mean=self.mean,
-            std=self.std,
-            half=self.dtype == torch.float16,
-            seed=self.seed,
-            source=self._source,
-        )
-        threads_before = thread_ids()
-        try:
-            self._iterator = DALIGenericIterator(
-                pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-            )
-        except RuntimeError as err:
-            raise self._decode_error(err) from err
-        if self.worker_nice:
-            renice_dali_workers(threads_before, self.worker_nice)
+        pipe = build_dali_pipeline([], [], train=True, source=self._source, **self._pipeline_kwargs())
+        return pipe, {"last_batch_policy": LastBatchPolicy.DROP}
+
+    def _built(self) -> None:
+        """Nothing to check: the source ends each epoch itself."""
 
     def _pull(self) -> list[dict[str, torch.Tensor]] | None:
         out = super()._pull()
