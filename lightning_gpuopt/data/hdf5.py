@@ -91,6 +91,19 @@ def _convert_fix(path: str) -> str:
     return f"re-run `lightning-gpuopt convert SRC_FOLDER {path} --overwrite`"
 
 
+def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
+    """Ask the kernel to read each image's ``size`` bytes at ``offsets`` now (``POSIX_FADV_WILLNEED``): the
+    reads of a batch go to the device together, and only the bytes the batch uses are read. Pages already
+    cached cost a lookup; platforms without ``posix_fadvise`` read on demand."""
+    if _FADVISE is None:
+        return
+    for off in offsets.tolist():
+        _FADVISE(fd, off, size, os.POSIX_FADV_WILLNEED)  # releases the GIL
+
+
+_FADVISE = getattr(os, "posix_fadvise", None)
+
+
 class HDF5ImageDataset(Dataset):
     """Map-style dataset over a store written by ``convert_folder_to_hdf5``: ``(canvas, label, meta)``.
 
@@ -290,6 +303,11 @@ class HDF5ImageDataset(Dataset):
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)  # the mapping stays valid without the descriptor
+        if hasattr(mmap, "MADV_RANDOM"):
+            # batches gather images at random offsets: a page missing from the cache is read alone (its image's
+            # bytes were asked for ahead, ``_will_need``), not with the device's read-around window of up to
+            # several MB, which for a store bigger than memory would read many times the bytes it uses
+            mapped.madvise(mmap.MADV_RANDOM)
         flat = np.frombuffer(mapped, dtype=np.uint8)
         h, w, c = self.image_shape
         # row k of this window is the image whose bytes start at file offset k: one integer index gives a
@@ -400,6 +418,7 @@ class HDF5ImageDataset(Dataset):
                     raise RuntimeError(
                         f"HDF5 store {self.path!r} was truncated while open; {_convert_fix(self.path)}"
                     )
+                _will_need(fd, self._block_start + idx * self._image_bytes, self._image_bytes)
                 # one gather for the batch, the GIL released inside; "clip" writes straight into ``images``
                 # (the indices are checked above), where the default mode copies through a buffer
                 np.take(block, idx, axis=0, out=rows, mode="clip")
@@ -429,6 +448,7 @@ class HDF5ImageDataset(Dataset):
         win = self._ensure_open()
         offsets = self._offsets[idx]
         count = int(idx.size)
+        _will_need(self._reader().fileno(), offsets, self._image_bytes)
         if count * self._image_bytes <= _FANCY_MAX_BYTES:
             batch = win[offsets]  # one gather: a memcpy per image inside numpy, no Python loop
         else:

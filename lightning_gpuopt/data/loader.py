@@ -307,7 +307,9 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
     finally:
         for future in pending:
             future.cancel()
-        pool.shutdown(wait=True)
+        # no join: the garbage collector may close this generator inside a lock a reading thread is waiting
+        # for (h5py's, when a store is opened as the last loader goes); the threads end after their read
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class StagedBatch(tuple):

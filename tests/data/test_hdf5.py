@@ -273,3 +273,22 @@ def test_a_store_without_the_completeness_mark_is_refused(store, tmp_path):
     older_fix = r"older\.h5.* has format version 2.*SRC_FOLDER .*older\.h5 --overwrite"
     with pytest.raises(ValueError, match=older_fix):
         HDF5ImageDataset(older)
+
+
+def test_a_batch_asks_the_kernel_for_exactly_its_images_bytes(store, monkeypatch):
+    # a store bigger than memory is read from the disk: each image's bytes are asked for ahead, and no more
+    path, images, _meta, _labels = store
+    ds = HDF5ImageDataset(path)
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(hdf5_mod, "_FADVISE", lambda fd, off, n, advice: calls.append((off, n, advice)))
+    idx = np.array([5, 1, 47, 1])
+    wanted = [(int(ds._offsets[i]), ds._image_bytes, os.POSIX_FADV_WILLNEED) for i in idx]
+    out = np.empty((len(idx), *ds.image_shape), np.uint8)
+    ds.read_into(idx, out)  # the reading threads' path
+    assert calls == wanted
+    np.testing.assert_array_equal(out, images[idx])
+    calls.clear()
+    got = ds.__getitems__(idx.tolist())  # the worker processes' path
+    assert calls == wanted
+    np.testing.assert_array_equal(np.stack([c for c, _, _ in got]), images[idx])
+    ds.close()

@@ -398,6 +398,34 @@ def test_an_abandoned_epoch_stops_its_reading_threads():
     assert not readers()
 
 
+def test_closing_an_epoch_inside_a_lock_its_reads_wait_for_returns_at_once():
+    # the garbage collector can close an epoch's generator inside h5py's lock while a reading thread waits
+    # for that lock to open the store: closing must not wait for those reads
+    import threading
+
+    lock = threading.Lock()
+
+    class Locked(_Reader):
+        def read_into(self, indices, images):
+            time.sleep(0.2)
+            got = lock.acquire(timeout=5)  # a close that waited for this read would take these 5 s
+            try:
+                return super().read_into(indices, images)
+            finally:
+                if got:
+                    lock.release()
+
+    loader = HostDataLoader(Locked(64), batch_size=4, read_threads=2)
+    it = iter(loader)
+    next(it)
+    with lock:
+        time.sleep(0.5)  # the reads in flight now wait for the lock
+        t0 = time.monotonic()
+        it.close()
+        took = time.monotonic() - t0
+    assert took < 2, f"closing the epoch waited {took:.1f} s for reads blocked on the closer's lock"
+
+
 def test_an_epoch_after_a_read_error_starts_afresh():
     ds = _Reader(32, fail_at=20)
     loader = ContinuousDataLoader(ds, batch_size=4, read_threads=2)
