@@ -303,11 +303,14 @@ class HDF5ImageDataset(Dataset):
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)  # the mapping stays valid without the descriptor
-        if hasattr(mmap, "MADV_RANDOM"):
+        if hasattr(mmap, "MADV_RANDOM") and _FADVISE is not None:
             # batches gather images at random offsets: a page missing from the cache is read alone (its image's
             # bytes were asked for ahead, ``_will_need``), not with the device's read-around window of up to
             # several MB, which for a store bigger than memory would read many times the bytes it uses
-            mapped.madvise(mmap.MADV_RANDOM)
+            try:
+                mapped.madvise(mmap.MADV_RANDOM)
+            except OSError:  # a file system that takes no advice is read as before
+                pass
         flat = np.frombuffer(mapped, dtype=np.uint8)
         h, w, c = self.image_shape
         # row k of this window is the image whose bytes start at file offset k: one integer index gives a
