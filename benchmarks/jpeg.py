@@ -28,8 +28,11 @@ Cold rows carry ``disk_read_bytes_per_image``: bytes the block devices read duri
 images trained, which is about ``bytes_per_image`` when the eviction kept the store out of memory.
 ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
 
-    python3 benchmarks/jpeg.py --out benchmarks/results/jpeg_h200.json   # one H200: about 9 minutes
-    python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2         # some rows (the ceiling always runs)
+    python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
+        loader_cpu_workers,loader_gpu_decode --out a.json                # one GPU host: about 7 minutes
+    python3 benchmarks/jpeg.py --only raw_store_cold,compact_store_warm,compact_store_cold --out b.json
+    python3 benchmarks/peers.py merge a.json b.json --out benchmarks/results/jpeg_h200.json
+    python3 benchmarks/jpeg.py                                           # every row: over 10 minutes
     python3 benchmarks/jpeg.py --quick                                   # a CPU smoke run
 """
 
