@@ -31,8 +31,7 @@ images trained, which is about ``bytes_per_image`` when the eviction kept the st
     python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
         loader_cpu_workers,loader_gpu_decode --out a.json                # one GPU host: about 7 minutes
     python3 benchmarks/jpeg.py --only raw_store_cold,compact_store_warm,compact_store_cold --out b.json
-    python3 benchmarks/peers.py merge a.json b.json --out benchmarks/results/jpeg_h200.json
-    python3 benchmarks/jpeg.py                                           # every row: over 10 minutes
+    python3 benchmarks/peers.py merge a.json b.json --out benchmarks/results/jpeg_h200.json  # all: > 10 min
     python3 benchmarks/jpeg.py --quick                                   # a CPU smoke run
 """
 
@@ -265,6 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as err:  # noqa: BLE001 - a row that cannot run here says why; the others go on
             table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
             print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
+        write_results(args.out + ".partial", table, **out)  # a run stopped by its time limit keeps these
     limit = next((r for r in table if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
     for cpu_loader in (r for r in table if r["name"].startswith("loader_cpu") and "samples_per_sec" in r):
         if limit:
