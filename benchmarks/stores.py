@@ -5,8 +5,7 @@ own ``O_DIRECT`` read bandwidth.
 For a folder of generated JPEGs (``make_jpeg_folder``'s ImageNet-like images) the script converts to both
 stores (``convert --format raw`` and ``--format jpeg``: seconds, bytes an image against the source JPEGs'),
 then times ``OptimizedDataModule(store, num_workers="auto")``'s training loader onto the device, one whole
-epoch a repetition (from the loader's start: its first batch's latency included), after one unmeasured
-epoch:
+epoch a repetition (from the loader's start: its first batch's latency included), after an unmeasured one:
 
     raw_store_warm, compact_store_warm   the store's pages already in the page cache (read once before)
     raw_store_cold, compact_store_cold   the store evicted before each repetition with
@@ -20,12 +19,10 @@ epoch:
 A cold repetition reads each image once (one epoch), all of it inside the timed window, so what it measures
 is the disk, not pages that read-ahead brought in before the timing started. Rows carry ``samples_per_sec``
 (median of ``--repeats``, spread ``min``-``max`` beside), ``bytes_per_image`` (the store file's bytes over its
-images) and, for the disk, ``GBps``; each store row also has ``disk_bound_per_sec``, the images a second the
-disk's bandwidth allows at the store's bytes an image.
-Each store row also has ``per_thread_per_sec`` (its rate over its reading threads: a core's decode rate for
-the compact store) and ``rule_expected_per_sec``, what ``lightning_gpuopt.data.store_choice``'s rule expects
-of it here (``rule`` in the JSON: the cold rows as if neither store fitted in memory, and the store the rule
-picks). ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
+images) and, for the disk, ``GBps``; each store row also has ``disk_bound_per_sec`` (the images a second the
+disk allows at its bytes an image), ``per_thread_per_sec`` (its rate over its reading threads) and
+``rule_expected_per_sec``, what ``store_choice``'s rule expects of it here (``rule`` in the JSON: the cold rows
+as if neither store fitted in memory). ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
 
     python3 benchmarks/stores.py                       # 8,192 images; about 2 minutes on one H200 host
     python3 benchmarks/stores.py --data /mnt/nvme/x    # the stores on another disk
@@ -165,11 +162,12 @@ def loader_epoch_rate(store: Path, args: argparse.Namespace) -> tuple[float, int
     import torch
 
     from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.data.loader import close_workers
 
     dm = OptimizedDataModule(str(store), batch_size=args.batch_size, image_size=args.image_size)
     dm.setup("fit")
+    loader = dm.train_dataloader()
     try:
-        loader = dm.train_dataloader()
         n, t0 = 0, time.perf_counter()
         for batch in loader:
             n += batch[0].to(args.device, non_blocking=True).shape[0]
@@ -177,8 +175,9 @@ def loader_epoch_rate(store: Path, args: argparse.Namespace) -> tuple[float, int
             torch.cuda.synchronize()
         return n / (time.perf_counter() - t0), int(dm.num_workers)
     finally:
+        close_workers(loader)  # its reads ahead into the next epoch end first: they would map the store again
         dm.teardown("fit")
-        del dm
+        del dm, loader
         gc.collect()  # no memory map of the store outlives the repetition (mapped pages are not evicted)
 
 

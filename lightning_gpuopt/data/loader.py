@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,9 @@ class UInt8Collate:
 
 #: batches a reading thread has in flight (read or waiting to be consumed).
 READS_PER_THREAD = 2
+#: seconds closing an epoch waits for the reads in flight (a store's memory map goes with the last of them);
+#: bounded, as the garbage collector may close an epoch inside a lock such a read waits for (h5py's)
+CLOSE_WAIT_S = 2.0
 
 
 class HostDataLoader(DataLoader):
@@ -305,11 +309,9 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
                 more = submit()
             yield done
     finally:
-        for future in pending:
-            future.cancel()
-        # no join: the garbage collector may close this generator inside a lock a reading thread is waiting
-        # for (h5py's, when a store is opened as the last loader goes); the threads end after their read
+        in_flight = [future for future in pending if not future.cancel()]
         pool.shutdown(wait=False, cancel_futures=True)
+        wait_futures(in_flight, timeout=CLOSE_WAIT_S)
 
 
 class StagedBatch(tuple):

@@ -7,7 +7,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
-from lightning_gpuopt.data.loader import ContinuousDataLoader, HostDataLoader, UInt8Collate, close_workers
+from lightning_gpuopt.data.loader import (
+    CLOSE_WAIT_S,
+    ContinuousDataLoader,
+    HostDataLoader,
+    UInt8Collate,
+    close_workers,
+)
 from tests._lightning import quiet_trainer
 
 
@@ -408,7 +414,7 @@ def test_closing_an_epoch_inside_a_lock_its_reads_wait_for_returns_at_once():
     class Locked(_Reader):
         def read_into(self, indices, images):
             time.sleep(0.2)
-            got = lock.acquire(timeout=5)  # a close that waited for this read would take these 5 s
+            got = lock.acquire(timeout=10)  # a close that waited for this read would take these 10 s
             try:
                 return super().read_into(indices, images)
             finally:
@@ -423,7 +429,30 @@ def test_closing_an_epoch_inside_a_lock_its_reads_wait_for_returns_at_once():
         t0 = time.monotonic()
         it.close()
         took = time.monotonic() - t0
-    assert took < 2, f"closing the epoch waited {took:.1f} s for reads blocked on the closer's lock"
+    assert took < CLOSE_WAIT_S + 1.5, f"closing the epoch waited {took:.1f} s for reads blocked on the closer's lock"
+
+
+def test_closing_an_epoch_lets_its_reads_in_flight_finish():
+    # a read in flight holds the store's memory map: once the epoch is closed none may still run
+    import threading
+
+    active = []
+
+    class Slow(_Reader):
+        def read_into(self, indices, images):
+            active.append(threading.current_thread().name)
+            try:
+                time.sleep(0.3)
+                return super().read_into(indices, images)
+            finally:
+                active.pop()
+
+    it = iter(HostDataLoader(Slow(64), batch_size=4, read_threads=2))
+    next(it)
+    time.sleep(0.05)  # the next reads have started
+    assert active
+    it.close()
+    assert not active
 
 
 def test_an_epoch_after_a_read_error_starts_afresh():
