@@ -198,7 +198,8 @@ class PresetReadBack(pl.Callback):
             "fused_optimizer_callback": any(isinstance(c, FusedOptimizer) for c in cbs),
             "optimizers": [type(getattr(o, "optimizer", o)).__name__ for o in trainer.optimizers],
             # fused kernels: under bf16-mixed a switched optimizer is not marked as unscaling itself
-            "fused": [is_fused(o) or bool(getattr(o, "optimizer", o).defaults.get("fused")) for o in trainer.optimizers],
+            "fused": [is_fused(o) or bool(getattr(o, "optimizer", o).defaults.get("fused"))
+                      for o in trainer.optimizers],
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "callbacks": sorted({type(c).__name__ for c in cbs} - {"StepClock", "PresetReadBack"}),

@@ -21,8 +21,8 @@ is the disk, not pages that read-ahead brought in before the timing started. Row
 (median of ``--repeats``, spread ``min``-``max`` beside), ``bytes_per_image`` (the store file's bytes over its
 images) and, for the disk, ``GBps``; each store row also has ``disk_bound_per_sec`` (the images a second the
 disk allows at its bytes an image), ``per_thread_per_sec`` (its rate over its reading threads) and
-``rule_expected_per_sec``, what ``store_choice``'s rule expects of it here (``rule`` in the JSON: the cold rows
-as if neither store fitted in memory). ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
+``rule_expected_per_sec``, what ``store_choice``'s rule expects of it here (``rule`` in the JSON: the cold
+rows as if neither store fitted in memory). ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
 
     python3 benchmarks/stores.py                       # 8,192 images; about 2 minutes on one H200 host
     python3 benchmarks/stores.py --data /mnt/nvme/x    # the stores on another disk

@@ -304,9 +304,9 @@ class HDF5ImageDataset(Dataset):
         finally:
             os.close(fd)  # the mapping stays valid without the descriptor
         if hasattr(mmap, "MADV_RANDOM") and _FADVISE is not None:
-            # batches gather images at random offsets: a page missing from the cache is read alone (its image's
-            # bytes were asked for ahead, ``_will_need``), not with the device's read-around window of up to
-            # several MB, which for a store bigger than memory would read many times the bytes it uses
+            # batches gather images at random offsets: a page missing from the cache is read alone (its
+            # image's bytes were asked for ahead, ``_will_need``), not with the device's read-around window
+            # of up to several MB, which for a store bigger than memory reads many times the bytes it uses
             try:
                 mapped.madvise(mmap.MADV_RANDOM)
             except OSError:  # a file system that takes no advice is read as before

@@ -429,7 +429,7 @@ def test_closing_an_epoch_inside_a_lock_its_reads_wait_for_returns_at_once():
         t0 = time.monotonic()
         it.close()
         took = time.monotonic() - t0
-    assert took < CLOSE_WAIT_S + 1.5, f"closing the epoch waited {took:.1f} s for reads blocked on the closer's lock"
+    assert took < CLOSE_WAIT_S + 1.5, f"closing waited {took:.1f} s for reads blocked on the closer's lock"
 
 
 def test_closing_an_epoch_lets_its_reads_in_flight_finish():

@@ -25,9 +25,9 @@ __all__ = [
     "sync_sentence",
 ]
 
-_STORE = "Convert the images once with `lightning-gpuopt convert SRC OUT.h5 --format auto` (decoded uint8 where "
-_STORE += "the store fits in memory, else the compact JPEG store, about a quarter of the source's bytes) and "
-_STORE += 'read it with OptimizedDataModule("OUT.h5")'
+_STORE = "Convert the images once with `lightning-gpuopt convert SRC OUT.h5 --format auto` (decoded uint8 "
+_STORE += "where the store fits in memory, else the compact JPEG store, about a quarter of the source's "
+_STORE += 'bytes) and read it with OptimizedDataModule("OUT.h5")'
 _HDF5 = _STORE + ', or decode on the GPU with backend="dali".'
 
 _HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
