@@ -8,6 +8,8 @@ take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at
 
     ours_folder          OptimizedDataModule("train/"), the default backend ("auto": DALI with a CUDA GPU and
                          DALI installed, else whole-batch worker processes; the row records which)
+    ours_folder_gpu_decode  the same with ``DALIOptions(decoder="gpu")``: nvJPEG beside the model, the
+                         alternative to the default's choice (skipped without DALI)
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -47,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +62,7 @@ from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
-TRAINING = ("ours_folder", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
+TRAINING = ("ours_folder", "ours_folder_gpu_decode", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
 ALONE = ("decode_limit", "loader_cpu_threads", "loader_cpu_workers", "loader_gpu_decode")
 ROWS = (*TRAINING, *ALONE)
 CEILING = "ceiling_compiled"
@@ -143,11 +146,20 @@ def _datamodule(path: Path, args: argparse.Namespace, **kw: Any) -> Any:
                                num_workers="auto", **kw)
 
 
+def _decoder_of(name: str) -> dict[str, Any]:
+    """``ours_folder_gpu_decode``: the folder backend with nvJPEG named, the alternative to the default's."""
+    if not name.endswith("gpu_decode"):
+        return {}
+    from lightning_gpuopt.data.dali import DALIOptions
+
+    return {"dali": DALIOptions(decoder="gpu")}
+
+
 def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict[str, Any],
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
-        if name == "ours_folder":
-            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args)}
+        if name.startswith("ours_folder"):
+            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **_decoder_of(name))}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
         else:
@@ -227,6 +239,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "cpus": available_cpus()}
     table: list[dict[str, Any]] = []
     training = [r for r in rows if r in TRAINING]
+    if "ours_folder_gpu_decode" in training and (args.device != "cuda" or find_spec("nvidia.dali") is None):
+        training.remove("ours_folder_gpu_decode")
+        print("  ours_folder_gpu_decode: skipped (needs a CUDA GPU and DALI)", file=sys.stderr)
     if training:
         model = UserClassifier(args.arch, num_classes=10)
         ceiling, compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device)

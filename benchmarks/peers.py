@@ -427,7 +427,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def merge(paths: list[str], out: str) -> Path:
     """One results file of several runs of this script (or ``jpeg.py``) on one machine: each row keeps the
     ratio to the ceiling of its own run (``ceiling_run``), every run's ceiling is kept, and the first run's
-    other top-level keys (``images``, ``source_bytes_per_image``, ...)."""
+    other top-level keys (``images``, ``source_bytes_per_image``, ...); a CPU loader's ``of_decode_limit`` is
+    taken against the ``decode_limit`` row of whichever run measured it."""
     import json
 
     docs = [json.loads(Path(p).read_text()) for p in paths]
@@ -438,6 +439,10 @@ def merge(paths: list[str], out: str) -> Path:
                 row = {**row, "name": f"{CEILING}_run{i + 1}"}
             rows.append({**row, "ceiling_run": i + 1})
     runs = [{"command": d["command"], "date": d["date"], "seconds": d.get("seconds")} for d in docs]
+    limit = next((r for r in rows if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
+    for row in rows:  # one machine: a loader of one run against the decode limit of another
+        if limit and row["name"].startswith("loader_cpu") and "samples_per_sec" in row:
+            row["of_decode_limit"] = row["samples_per_sec"] / limit["samples_per_sec"]
     keep = {k: v for k, v in docs[0].items() if k not in ("rows", "command", "date", "seconds")}
     return write_results(out, rows, **{**keep, "command": " && ".join(r["command"] for r in runs),
                                        "runs": runs, "machine_runs": [d["machine"] for d in docs]})

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpuopt._checks import check_arg, check_choice, check_int, is_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt.data.dali_pipeline import (
+    CPU_DECODE_RATE_PER_THREAD,
     DALI_HW_DECODER_LOAD,
     DECODERS,
     READER_NAME,
@@ -70,7 +71,7 @@ class DALIOptions:
     Attributes:
         decoder: ``None`` (default): chosen per run from the cores per GPU by ``choose_decoder``: CPU
             threads where the rank's cores decode at least as fast as a GPU trains with nvJPEG decoding
-            beside it (from 16 cores a GPU), nvJPEG otherwise;
+            beside it (from 19 cores a GPU), nvJPEG otherwise;
             the choice and its reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
             nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
             newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for
@@ -104,23 +105,28 @@ class DALIOptions:
             fix="the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
         )
 
-    def resolved_decoder(self, local_world_size: int = 1, *, cuda: bool = True) -> tuple[str, str]:
+    def resolved_decoder(
+        self, local_world_size: int = 1, *, cuda: bool = True, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+    ) -> tuple[str, str]:
         """``(decoder, reason)`` for a run with ``local_world_size`` ranks on this machine.
 
         ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on
-        ``available_cpus()`` shared by the local ranks.
+        ``available_cpus()`` shared by the local ranks, a CPU thread decoding ``rate_per_thread`` of the
+        source's images a second.
         """
         if not cuda:
             return "cpu", "no CUDA device: the pipeline runs on the CPU"
         if self.decoder is not None:
             return self.decoder, f"DALIOptions(decoder={self.decoder!r})"
-        return choose_decoder(available_cpus(), local_world_size)
+        return choose_decoder(available_cpus(), local_world_size, rate_per_thread)
 
     def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
         """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
         return self.resolved(local_world_size, cuda=cuda)[1]
 
-    def resolved(self, local_world_size: int = 1, *, cuda: bool = True) -> tuple[str, int, str]:
+    def resolved(
+        self, local_world_size: int = 1, *, cuda: bool = True, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+    ) -> tuple[str, int, str]:
         """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder``, then ``threads`` or
         ``default_num_threads`` for that decoder; the plain values a pipeline is built with.
 
@@ -128,7 +134,7 @@ class DALIOptions:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
             ('cpu', 4, "DALIOptions(decoder='cpu')")
         """
-        decoder, reason = self.resolved_decoder(local_world_size, cuda=cuda)
+        decoder, reason = self.resolved_decoder(local_world_size, cuda=cuda, rate_per_thread=rate_per_thread)
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
@@ -204,6 +210,9 @@ class DALILoader:
         >>> images, labels = next(iter(loader))  # doctest: +SKIP
     """
 
+    #: images of this source one CPU thread decodes a second: what ``choose_decoder`` weighs for the default
+    decode_rate_per_thread = CPU_DECODE_RATE_PER_THREAD
+
     def __init__(
         self,
         files: Sequence[str],
@@ -271,7 +280,9 @@ class DALILoader:
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         options = options or DALIOptions()
         cuda = self.device.type == "cuda"
-        decoder, threads, reason = options.resolved(local_world_size, cuda=cuda)
+        decoder, threads, reason = options.resolved(
+            local_world_size, cuda=cuda, rate_per_thread=self.decode_rate_per_thread
+        )
         self.options = DALIOptions(decoder, threads)
         self._decoder, self._threads = decoder, threads  # what the pipeline is built with
         if options.decoder is None and cuda and reason not in _LOGGED:

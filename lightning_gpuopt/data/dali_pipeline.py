@@ -84,38 +84,47 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 #: ImageNet-sized JPEGs one DALI CPU thread decodes a second (libjpeg-turbo, the random crop only): the low
 #: end of what 14 threads decoded on a 16-core H200 host (5,943-6,456 img/s, docs/dali.md)
 CPU_DECODE_RATE_PER_THREAD = 420
+#: a JPEG store's images (re-encoded at most at its storage size, 256 px on the shorter side by default) one
+#: thread decodes a second at least: 14 threads fed a compiled ResNet-50 7,346 img/s, the model's own rate,
+#: on a 16-core H200 host (benchmarks/results/jpeg_h200.json)
+STORE_DECODE_RATE_PER_THREAD = 525
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
-#: images a second an H200 trains ResNet-50 while nvJPEG decodes its JPEGs beside it (eager and compiled alike:
-#: the pipeline beside it, not the model, sets the pace): CPU threads decoding at least this many cost the model
-#: less and train faster (docs/dali.md)
-NVJPEG_TRAINING_RATE = 5_600
+#: images a second a compiled ResNet-50 trains on an H200 while nvJPEG decodes its JPEGs beside it: the low end
+#: of 6,188-6,441 on 16-core hosts, whatever the files' size (the pipeline beside it, not the decoding, sets the
+#: pace); CPU threads decoding at least this many train as fast and leave the GPU to the model (docs/dali.md)
+NVJPEG_TRAINING_RATE = 6_200
 
 
-def choose_decoder(cpus: int, local_ranks: int = 1) -> tuple[str, str]:
+def choose_decoder(
+    cpus: int, local_ranks: int = 1, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+) -> tuple[str, str]:
     """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``.
 
     CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
-    decode at least ``NVJPEG_TRAINING_RATE`` images a second at ``CPU_DECODE_RATE_PER_THREAD`` each: the rate
+    decode at least ``NVJPEG_TRAINING_RATE`` images a second at ``rate_per_thread`` each
+    (``CPU_DECODE_RATE_PER_THREAD`` for ImageNet-sized files, ``STORE_DECODE_RATE_PER_THREAD`` for a JPEG
+    store's smaller ones): the rate
     a GPU trains at while nvJPEG decodes beside it, so CPU decoding then trains faster; nvJPEG otherwise,
-    which decodes several times that rate but costs the model more beside it (docs/dali.md). From 16 cores a
-    GPU, the CPU threads.
+    which decodes several times that rate but costs the model more beside it (docs/dali.md). From 19 cores a
+    GPU, the CPU threads; a 16-core host decodes with nvJPEG.
 
     Args:
         cpus: CPUs this process may use (``_common.available_cpus()``).
         local_ranks: training processes on this machine sharing them.
+        rate_per_thread: images one CPU thread decodes a second.
 
     Example:
-        >>> choose_decoder(16, 1)[0], choose_decoder(16, 2)[0], choose_decoder(64, 2)[0]
-        ('cpu', 'gpu', 'cpu')
+        >>> choose_decoder(16, 1)[0], choose_decoder(19, 1)[0], choose_decoder(64, 2)[0]
+        ('gpu', 'cpu', 'cpu')
     """
     share = max(1, int(cpus)) // max(1, int(local_ranks))
     threads = max(1, share - RESERVED_CORES)
-    rate = threads * CPU_DECODE_RATE_PER_THREAD
+    rate = threads * int(rate_per_thread)
     fits = rate >= NVJPEG_TRAINING_RATE
     sign = ">=" if fits else "<"
     reason = (
-        f"{share} cores a rank: {threads} decoding threads x {CPU_DECODE_RATE_PER_THREAD} img/s = {rate:,} "
+        f"{share} cores a rank: {threads} decoding threads x {int(rate_per_thread)} img/s = {rate:,} "
         f"img/s {sign} {NVJPEG_TRAINING_RATE:,} img/s, the rate a GPU trains at with nvJPEG decoding beside it"
     )
     return ("cpu", reason) if fits else ("gpu", reason)

@@ -33,6 +33,7 @@ from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
     SHUFFLE_SEED,
+    STORE_DECODE_RATE_PER_THREAD,
     build_dali_pipeline,
 )
 from lightning_gpuopt.data.loader import StagedBatch
@@ -192,6 +193,9 @@ class DALIStoreLoader(DALILoader):
         >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
         ...                          device="cuda")  # doctest: +SKIP
     """
+
+    #: the store's images are at most its storage size: smaller to decode than a folder's
+    decode_rate_per_thread = STORE_DECODE_RATE_PER_THREAD
 
     def __init__(self, store: Any, **kwargs: Any) -> None:
         starts, lengths = store.byte_ranges()

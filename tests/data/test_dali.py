@@ -266,12 +266,13 @@ def test_decoder_rule_follows_the_cores_per_gpu():
     assert dali_pipeline.choose_decoder(2 * enough, 2)[0] == "cpu"  # ranks share the machine's cores
     assert dali_pipeline.choose_decoder(2 * enough - 1, 2)[0] == "gpu"
     assert dali_pipeline.choose_decoder(enough * 8, 8)[0] == "cpu"
-    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: CPU threads
-    assert decoder == "cpu"
+    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: nvJPEG
+    assert decoder == "gpu"
     assert reason == (
-        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s >= {needed:,} img/s, "
+        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < {needed:,} img/s, "
         "the rate a GPU trains at with nvJPEG decoding beside it"
     )
+    assert dali_pipeline.choose_decoder(19, 1)[0] == "cpu"  # 17 threads keep up with what nvJPEG feeds
     assert dali_pipeline.choose_decoder(8, 1)[0] == "gpu"  # 6 threads: nvJPEG trains faster
     assert dali_pipeline.choose_decoder(1, 4)[0] == "gpu"  # fewer cores than ranks: still a valid answer
 
@@ -283,7 +284,8 @@ def test_options_resolve_the_decoder_per_run(monkeypatch):
     monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
     assert DALIOptions().decoder is None
     assert DALIOptions().resolved_decoder(1)[0] == "cpu"  # 62 threads decode well past the need
-    assert DALIOptions().resolved_decoder(4)[0] == "cpu"  # 16 cores a GPU: CPU threads
+    assert DALIOptions().resolved_decoder(3)[0] == "cpu"  # 21 cores a GPU: CPU threads
+    assert DALIOptions().resolved_decoder(4)[0] == "gpu"  # 16 cores a GPU: nvJPEG
     assert DALIOptions().resolved_decoder(8)[0] == "gpu"  # 8 cores a GPU: nvJPEG
     assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(8) == 4
     assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
@@ -604,3 +606,17 @@ def test_a_decompression_bomb_png_is_refused_at_pils_default_limit(tmp_path):
     assert bomb.stat().st_size < 64_000
     with pytest.raises(ValueError, match=r"bomb\.png.* 13400x13400 = 179,560,000 pixels"):
         dali_pipeline.validate_image_files([str(bomb)], num_threads=1)
+
+
+def test_a_store_of_smaller_images_keeps_cpu_threads_where_a_folder_takes_nvjpeg():
+    rate = dali_pipeline.STORE_DECODE_RATE_PER_THREAD
+    assert rate > dali_pipeline.CPU_DECODE_RATE_PER_THREAD
+    assert dali_pipeline.choose_decoder(16, 1)[0] == "gpu"  # a folder's ImageNet-sized JPEGs, 16 cores
+    decoder, reason = dali_pipeline.choose_decoder(16, 1, rate)  # the store's, same cores
+    assert decoder == "cpu" and f"14 decoding threads x {rate} img/s = {14 * rate:,} img/s >=" in reason
+    from lightning_gpuopt.data.dali_store import DALIStoreLoader
+
+    assert DALIStoreLoader.decode_rate_per_thread == rate
+    assert DALILoader.decode_rate_per_thread == dali_pipeline.CPU_DECODE_RATE_PER_THREAD
+    assert DALIOptions().resolved_decoder(1, rate_per_thread=10**6)[0] == "cpu"  # threads that keep up
+    assert DALIOptions("gpu").resolved_decoder(1, rate_per_thread=10**6)[0] == "gpu"  # the user's choice wins

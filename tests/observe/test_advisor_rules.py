@@ -94,25 +94,27 @@ def test_input_bound_folder_read_by_threads_counts_its_threads(threads, cause, w
 
 
 @pytest.mark.parametrize(
-    ("decoder", "remedy"),
+    ("decoder", "cpus", "remedy"),
     [
-        ("cpu", "nvJPEG trains slower still"),
-        ("gpu", 'DALIOptions(decoder="cpu")'),
-        (None, "more CPU threads"),
+        ("cpu", 20, "nvJPEG trains slower still"),
+        ("cpu", 16, 'DALIOptions(decoder="gpu")'),
+        ("gpu", 16, 'DALIOptions(decoder="cpu")'),
+        (None, 16, "more CPU threads"),
     ],
 )
-def test_input_bound_dali_names_the_other_decoder(decoder, remedy):
+def test_input_bound_dali_names_the_other_decoder(decoder, cpus, remedy):
     wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
-    out = diagnose(ev(**wait), cfg(backend="dali", decoder=decoder, decode_threads=14, pin_memory=None))
+    config = cfg(backend="dali", decoder=decoder, decode_threads=14, pin_memory=None, cpus=cpus)
+    out = diagnose(ev(**wait), config)
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
     store = "--format auto" if decoder == "cpu" else 'backend="hdf5"'  # the cores' own remedy: a store
     assert remedy in out[0].advice and store in out[0].advice
     assert out[0].evidence.get("decoder") == decoder and out[0].evidence["decode_threads"] == 14
 
 
-@pytest.mark.parametrize(("cpus", "nvjpeg_advised"), [(16, False), (64, False), (8, True)])
+@pytest.mark.parametrize(("cpus", "nvjpeg_advised"), [(20, False), (64, False), (16, True), (8, True)])
 def test_cpu_decoding_advice_follows_the_cores(cpus, nvjpeg_advised):
-    # from 16 cores a process nvJPEG trains slower than CPU threads: the store is the remedy there
+    # from 19 cores a process nvJPEG trains slower than CPU threads: the store is the remedy there
     wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
     out = diagnose(
         ev(**wait), cfg(backend="dali", decoder="cpu", decode_threads=cpus - 2, cpus=cpus, num_workers=None)

@@ -144,7 +144,7 @@ def input_bound(
             text = (
                 f"{slow_threads} "
                 '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
-                'these few cores a GPU, or store decoded uint8 once (backend="hdf5").'
+                f"these few cores a GPU. {_STORE}."
             )
         else:
             text = (
