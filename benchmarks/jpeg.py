@@ -8,8 +8,8 @@ take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at
 
     ours_folder          OptimizedDataModule("train/"), the default backend ("auto": DALI with a CUDA GPU and
                          DALI installed, else whole-batch worker processes; the row records which)
-    ours_folder_gpu_decode  the same with ``DALIOptions(decoder="gpu")``: nvJPEG beside the model, the
-                         alternative to the default's choice (skipped without DALI)
+    ours_folder_cpu_decode, ours_folder_gpu_decode   the same with ``DALIOptions(decoder="cpu")`` (DALI's
+                         CPU threads) or ``"gpu"`` (nvJPEG): either decoder, whatever the default picks
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import mmap
-import os
 import statistics
 import sys
 import threading
@@ -56,13 +55,18 @@ from typing import Any
 from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
+from stores import evict
+
+from lightning_gpuopt import DALIOptions
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
-TRAINING = ("ours_folder", "ours_folder_gpu_decode", "torchvision_v2", "raw_store_cold", "compact_store_warm", "compact_store_cold")
+DECODER_ROWS = ("ours_folder_cpu_decode", "ours_folder_gpu_decode")
+TRAINING = ("ours_folder", *DECODER_ROWS, "torchvision_v2", "raw_store_cold", "compact_store_warm",
+            "compact_store_cold")
 ALONE = ("decode_limit", "loader_cpu_threads", "loader_cpu_workers", "loader_gpu_decode")
 ROWS = (*TRAINING, *ALONE)
 CEILING = "ceiling_compiled"
@@ -115,11 +119,7 @@ def evicting(path: Path, dm: Any, every_s: float) -> Iterator[None]:
             for mapped in _maps_of(dm):
                 with contextlib.suppress(ValueError, OSError):  # closed under us: nothing left to drop
                     mapped.madvise(mmap.MADV_DONTNEED)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            evict(path)
 
     thread = threading.Thread(target=run, name="jpeg-bench-evict", daemon=True)
     thread.start()
@@ -146,20 +146,12 @@ def _datamodule(path: Path, args: argparse.Namespace, **kw: Any) -> Any:
                                num_workers="auto", **kw)
 
 
-def _decoder_of(name: str) -> dict[str, Any]:
-    """``ours_folder_gpu_decode``: the folder backend with nvJPEG named, the alternative to the default's."""
-    if not name.endswith("gpu_decode"):
-        return {}
-    from lightning_gpuopt.data.dali import DALIOptions
-
-    return {"dali": DALIOptions(decoder="gpu")}
-
-
 def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict[str, Any],
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
-        if name.startswith("ours_folder"):
-            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **_decoder_of(name))}
+        if name.startswith("ours_folder"):  # the default decoder, or the one the row names
+            kw = {"dali": DALIOptions(decoder=name.split("_")[2])} if name in DECODER_ROWS else {}
+            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **kw)}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
         else:
@@ -212,8 +204,6 @@ def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> flo
     if name in ("loader_gpu_decode", "loader_cpu_threads"):
         if args.device != "cuda":
             raise RuntimeError("the DALI rows need a CUDA GPU")
-        from lightning_gpuopt import DALIOptions
-
         decoder = "gpu" if name == "loader_gpu_decode" else "cpu"
         dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder=decoder))
     else:
@@ -239,9 +229,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "cpus": available_cpus()}
     table: list[dict[str, Any]] = []
     training = [r for r in rows if r in TRAINING]
-    if "ours_folder_gpu_decode" in training and (args.device != "cuda" or find_spec("nvidia.dali") is None):
-        training.remove("ours_folder_gpu_decode")
-        print("  ours_folder_gpu_decode: skipped (needs a CUDA GPU and DALI)", file=sys.stderr)
+    no_dali = args.device != "cuda" or not find_spec("nvidia.dali")
+    if skipped := [r for r in DECODER_ROWS if r in training and no_dali]:
+        training = [r for r in training if r not in skipped]
+        print(f"  {', '.join(skipped)}: skipped (they need a CUDA GPU and DALI)", file=sys.stderr)
     if training:
         model = UserClassifier(args.arch, num_classes=10)
         ceiling, compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device)

@@ -306,29 +306,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     def preset(c: dict[str, Any] | None) -> str | None:
         if not c:
             return None
-        parts = [
-            c["precision"],
-            "cl" if c["channels_last"] else "",
-            "compiled" if c["compile"] else "eager",
-            "fused" if all(c["fused"]) else "unfused",
-        ]
+        parts = [c["precision"], "cl" if c["channels_last"] else "", "compiled" if c["compile"] else "eager",
+                 "fused" if all(c["fused"]) else "unfused"]  # fmt: skip
         return " ".join(p for p in parts if p)
 
     cols = "model|ceiling/s [range]|ceiling config|preset/s [range]|preset config|ratio|worst|p50 ms c/p"
-    body = [
-        {
-            "model": r["name"],
-            "ceiling/s [range]": rate(r, "ceiling") or r.get("error"),
-            "ceiling config": (r.get("ceiling_config") or {}).get("name"),
-            "preset/s [range]": rate(r, "preset"),
-            "preset config": preset(r.get("preset_config")),
-            "ratio": r.get("ratio"),
-            "worst": r.get("ratio_worst"),
-            "p50 ms c/p": _pair(r, "p50_ms", 2),
-            "spread c/p": _pair(r, "spread", 3),
-        }
-        for r in rows
-    ]
+    body = [{"model": r["name"], "ceiling/s [range]": rate(r, "ceiling") or r.get("error"),
+             "ceiling config": (r.get("ceiling_config") or {}).get("name"),
+             "preset/s [range]": rate(r, "preset"), "preset config": preset(r.get("preset_config")),
+             "ratio": r.get("ratio"), "worst": r.get("ratio_worst"), "p50 ms c/p": _pair(r, "p50_ms", 2),
+             "spread c/p": _pair(r, "spread", 3)} for r in rows]  # fmt: skip
     return format_table(body, [*cols.split("|"), "spread c/p"])
 
 

@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -296,3 +297,27 @@ def test_profile_step_reads_streams_gaps_and_launch_lead_from_a_trace(tmp_path: 
     assert got["main_stream_largest_gaps_ms"][:2] == [0.4, 0.35]
     assert got["launch_to_start_ms_p10_p50_p90"] == [0.05, 0.05, 0.05]
     assert got["host_cuda_api_ms_per_step"]["cudaLaunchKernel"] == pytest.approx(0.0125)
+
+
+#: a results file as the docs name it: ``<date>-<subject>-<machine>.json|log`` or ``<subject>_<machine>.json``
+_RESULT_NAME = re.compile(r"(?:benchmarks/results/)?((?:\d{4}-\d{2}-\d{2}-[\w.-]+|[a-z0-9_]+_(?:h200|h100|cpu)"
+                          r"[a-z0-9_]*)\.(?:json|log))$")  # fmt: skip
+
+
+def test_every_results_file_a_document_names_is_kept_in_git() -> None:
+    """A figure's source travels with the repository: each results file named in a code span or a link of
+    README.md, CHANGELOG.md or docs/ is tracked (``git add -f``: results are ignored until cited)."""
+    root = BENCH.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+    kept = {Path(t).name for t in tracked} | {Path(t).parent.name for t in tracked}
+    missing = set()
+    for doc in [root / "README.md", root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for span in re.findall(r"`([^`\s]+)`|\]\(([^)\s]+)\)", text):
+            m = _RESULT_NAME.search(span[0] or span[1])
+            if m and Path(m.group(0)).name not in kept:
+                missing.add(f"{doc.relative_to(root)}: {m.group(0)}")
+    assert not missing, sorted(missing)
