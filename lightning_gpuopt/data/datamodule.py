@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,11 +246,17 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._skip_dir: str | None = None
         self._skip_janitor: Janitor | None = None
         self._skipped_reported: list[str] = []
+        self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders of the split hooks, for teardown
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_skip_janitor"] = None  # a process handle; the original keeps removing the folder
+        state["_handed_out"] = None  # the loaders stay with the original; a copy tracks its own
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._handed_out = weakref.WeakSet()
 
     @property
     def backend(self) -> str:
@@ -474,7 +481,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         return torch.cuda.is_available()
 
     def _split_loader(self, split: str) -> Any:
-        return self._backend.loader(self, split)
+        loader = self._backend.loader(self, split)
+        with contextlib.suppress(TypeError):  # a loader type without weak references is left to its owner
+            self._handed_out.add(loader)
+        return loader
 
     @override
     def train_dataloader(self) -> Any:
@@ -541,6 +551,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             # persistent workers left running at interpreter exit are terminated and leave their pymp-* folders
             for name in ("train_dataloader", "val_dataloaders", "test_dataloaders", "predict_dataloaders"):
                 close_workers(getattr(self.trainer, name, None))
+        # and the loaders a loop of the user's own took from the split hooks: their workers and reads ahead
+        close_workers(list(self._handed_out))
         for split, dataset in list(self._datasets.items()):
             close = getattr(dataset, "close", None)
             if callable(close):

@@ -178,3 +178,35 @@ def test_close_workers_stops_a_plain_loaders_workers():
     assert loader._iterator is None
     assert _gone_within(pids, 5.0) == []
     close_workers(loader)  # closing again is harmless
+
+
+def test_teardown_stops_the_workers_of_a_loader_the_users_own_loop_took(jpeg_folder):
+    import pickle
+
+    from lightning_gpuopt import OptimizedDataModule
+
+    dm = OptimizedDataModule(jpeg_folder, batch_size=4, num_workers=1, image_size=16, backend="folder")
+    dm.setup("fit")
+    loader = dm.train_dataloader()  # no Trainer: a loop of the user's own
+    next(iter(loader))
+    iterator = loader._iterator
+    pids = [w.pid for w in iterator._workers]
+    assert pids and all(_alive(p) for p in pids)
+    assert pickle.loads(pickle.dumps(dm))._handed_out is not dm._handed_out  # a copy tracks its own loaders
+    dm.teardown("fit")
+    assert loader._iterator is None
+    assert _gone_within(pids, 5.0) == []
+
+
+def test_teardown_closes_a_stores_reading_threads_the_users_own_loop_took(jpeg_folder, tmp_path):
+    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+
+    store = tmp_path / "train.h5"
+    convert_folder_to_hdf5(jpeg_folder, store, storage_size=32)
+    dm = OptimizedDataModule(str(store), batch_size=4, image_size=16)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    next(iter(loader))
+    dm.teardown("fit")  # the store's reads ahead stop: its file and map can go
+    assert getattr(loader, "_continuous_iter", None) is None
