@@ -145,6 +145,8 @@ class DALIFeedInfo(FeedInfo):
     Attributes:
         decoder_reason: ``choose_decoder``'s reason when ``DALIOptions.decoder`` was ``None``, else what
             set it (the option, or a CPU run).
+        decode_rate_per_thread: images of this source a CPU thread decodes a second, as ``choose_decoder``
+            weighs them (``DALILoader.decode_rate_per_thread``).
 
     Example:
         >>> DALIFeedInfo(backend="dali", decoder="gpu", decoder_reason="DALIOptions(decoder='gpu')").decoder
@@ -152,6 +154,7 @@ class DALIFeedInfo(FeedInfo):
     """
 
     decoder_reason: str | None = None
+    decode_rate_per_thread: int | None = None
 
 
 class DALILoader:
@@ -303,6 +306,7 @@ class DALILoader:
             decoder=decoder,
             threads=threads,
             decoder_reason=reason,
+            decode_rate_per_thread=self.decode_rate_per_thread,
         )
         self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
         self._iterator: Any = None

@@ -310,6 +310,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
         decoder="cpu",
         threads=14,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
+        decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
     )
     assert isinstance(loader.feed_info, FeedInfo)  # the advisor reads it as any feed
     # no GPU here: the default decodes on the CPU threads, whose thread default follows
@@ -333,6 +334,7 @@ def test_feed_info_and_fetch_seconds(jpeg_folder):
         decoder="cpu",
         threads=2,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
+        decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
     )
     assert getattr(loader, FETCH_SECONDS_ATTR) == 0.0
     it = iter(loader)

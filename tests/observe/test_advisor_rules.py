@@ -112,13 +112,17 @@ def test_input_bound_dali_names_the_other_decoder(decoder, cpus, remedy):
     assert out[0].evidence.get("decoder") == decoder and out[0].evidence["decode_threads"] == 14
 
 
-@pytest.mark.parametrize(("cpus", "nvjpeg_advised"), [(20, False), (64, False), (16, True), (8, True)])
-def test_cpu_decoding_advice_follows_the_cores(cpus, nvjpeg_advised):
-    # from 19 cores a process nvJPEG trains slower than CPU threads: the store is the remedy there
+@pytest.mark.parametrize(
+    ("cpus", "rate", "nvjpeg_advised"),
+    [(20, None, False), (64, None, False), (16, None, True), (8, None, True), (16, 525, False), (8, 525, True)],
+)
+def test_cpu_decoding_advice_follows_the_cores(cpus, rate, nvjpeg_advised):
+    # from 19 cores a process nvJPEG trains slower than CPU threads on a folder's JPEGs (from 14 on a JPEG
+    # store's smaller ones, ``rate``): the store is the remedy there
     wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
-    out = diagnose(
-        ev(**wait), cfg(backend="dali", decoder="cpu", decode_threads=cpus - 2, cpus=cpus, num_workers=None)
-    )
+    config = cfg(backend="dali", decoder="cpu", decode_threads=cpus - 2, cpus=cpus, num_workers=None,
+                 decode_rate_per_thread=rate)  # fmt: skip
+    out = diagnose(ev(**wait), config)
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
     advice = out[0].advice
     assert ('DALIOptions(decoder="gpu")' in advice) is nvjpeg_advised

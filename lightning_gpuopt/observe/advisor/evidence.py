@@ -223,6 +223,8 @@ class RunConfig:
             ``"dali"``, or ``None``.
         decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None``.
         decode_threads: the loader's threads (DALI's decoding pool, the HDF5 store's reading threads).
+        decode_rate_per_thread: images of the loader's source one DALI CPU thread decodes a second, as the
+            decoder rule weighs them (a folder's or a JPEG store's), or ``None``.
         conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
         conv_channels_last: how many of those are channels_last.
         input_channels_last: whether the 4-D input batch is channels_last.
@@ -252,6 +254,7 @@ class RunConfig:
     backend: str | None = None
     decoder: str | None = None
     decode_threads: int | None = None
+    decode_rate_per_thread: int | None = None
     conv_layers: int = 0
     conv_channels_last: int = 0
     input_channels_last: bool | None = None
