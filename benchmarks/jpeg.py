@@ -27,7 +27,8 @@ Rows with no model (images a second, median of ``--repeats``, spread beside):
     loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
 
 Cold rows carry ``disk_read_bytes_per_image``: bytes the block devices read during the repetitions over the
-images trained, which is about ``bytes_per_image`` when the eviction kept the store out of memory.
+images trained, which is about ``bytes_per_image`` when the eviction kept the store out of memory; the disk's
+own rate (``disk_read_gbps_o_direct``: 2 GiB of the store read with ``O_DIRECT``) is at the top beside them.
 ``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
 
     python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
@@ -63,6 +64,7 @@ from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
+from lightning_gpuopt.data.store_choice import disk_read_gbps
 
 DECODER_ROWS = ("ours_folder_cpu_decode", "ours_folder_gpu_decode")
 TRAINING = ("ours_folder", *DECODER_ROWS, "torchvision_v2", "raw_store_cold", "compact_store_warm",
@@ -216,17 +218,14 @@ def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> flo
         free()
 
 
-def _spread(values: list[float]) -> dict[str, Any]:
-    return {"samples_per_sec": statistics.median(values), "samples_per_sec_min": min(values),
-            "samples_per_sec_max": max(values), "repeats": [{"samples_per_sec": v} for v in values]}
-
-
 # -------------------------------------------------------------------------------------------------- the run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = list(args.only or ROWS)
     info = prepare(args, rows)
     out: dict[str, Any] = {"source_bytes_per_image": info["source_bytes_per_image"], "images": len(info["files"]),
                            "cpus": available_cpus()}
+    if cold := [info[STORE_OF[r][0]] for r in rows if r in STORE_OF and STORE_OF[r][1]]:  # the disk, beside
+        out["disk_read_gbps_o_direct"] = disk_read_gbps(cold[0], 2 << 30)  # the cold rows: 2 GiB, O_DIRECT
     table: list[dict[str, Any]] = []
     training = [r for r in rows if r in TRAINING]
     no_dali = args.device != "cuda" or not find_spec("nvidia.dali")
@@ -260,13 +259,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["disk_read_bytes_per_image"] = statistics.median(b / n for b, n in disk[name])
             row["backend"], row["backend_reason"] = info.get("backend", {}).get(name, [None, None])
     for name in (r for r in rows if r in ALONE):
-        rates: list[float] = []
         try:
-            for _ in range(args.repeats):
-                rate = alone_rate(name, args, info)
-                if rate is not None:
-                    rates.append(rate)
-            table.append({"name": name, **_spread(rates)} if rates else {"name": name, "error": "no figure"})
+            rates = [r for r in (alone_rate(name, args, info) for _ in range(args.repeats)) if r is not None]
+            table.append({"name": name, "error": "no figure"} if not rates else {
+                "name": name, "samples_per_sec": statistics.median(rates), "samples_per_sec_min": min(rates),
+                "samples_per_sec_max": max(rates), "repeats": [{"samples_per_sec": v} for v in rates]})
         except Exception as err:  # noqa: BLE001 - a row that cannot run here says why; the others go on
             table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
             print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
