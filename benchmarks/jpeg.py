@@ -9,7 +9,8 @@ take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at
     ours_folder          OptimizedDataModule("train/"), the default backend ("auto": DALI with a CUDA GPU and
                          DALI installed, else whole-batch worker processes; the row records which)
     ours_folder_cpu_decode, ours_folder_gpu_decode   the same with ``DALIOptions(decoder="cpu")`` (DALI's
-                         CPU threads) or ``"gpu"`` (nvJPEG): either decoder, whatever the default picks
+                         CPU threads) or ``"gpu"`` (nvJPEG): either decoder, whatever the default picks;
+                         ``--decode-threads`` sets their DALI threads (beside ``ours_folder``'s default)
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -152,7 +153,8 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
         if name.startswith("ours_folder"):  # the default decoder, or the one the row names
-            kw = {"dali": DALIOptions(decoder=name.split("_")[2])} if name in DECODER_ROWS else {}
+            named = DALIOptions(decoder=name.split("_")[2], threads=args.decode_threads)
+            kw = {"dali": named} if name in DECODER_ROWS else {}
             feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **kw)}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
@@ -280,6 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_feed(p, "gpuopt_jpeg", "benchmarks/results/jpeg_h200.json", ROWS, "torchvision_v2's workers")
     p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
+    p.add_argument("--decode-threads", type=int, help="DALI threads of the ours_folder_*_decode rows")
     return feed_args(p, argv, ROWS)
 
 
