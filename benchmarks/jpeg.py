@@ -153,8 +153,8 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
         if name.startswith("ours_folder"):  # the default decoder, or the one the row names
-            named = DALIOptions(decoder=name.split("_")[2], threads=args.decode_threads)
-            kw = {"dali": named} if name in DECODER_ROWS else {}
+            decoder = name.split("_")[2] if name in DECODER_ROWS else None  # None: the default's choice
+            kw = {"dali": DALIOptions(decoder, args.decode_threads)} if decoder else {}
             feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **kw)}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
