@@ -106,26 +106,36 @@ class DALIOptions:
         )
 
     def resolved_decoder(
-        self, local_world_size: int = 1, *, cuda: bool = True, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+        self,
+        local_world_size: int = 1,
+        *,
+        cuda: bool = True,
+        rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
+        compiled: bool = False,
     ) -> tuple[str, str]:
         """``(decoder, reason)`` for a run with ``local_world_size`` ranks on this machine.
 
         ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on
         ``available_cpus()`` shared by the local ranks, a CPU thread decoding ``rate_per_thread`` of the
-        source's images a second.
+        source's images a second, for a compiled model or an eager one (``compiled``).
         """
         if not cuda:
             return "cpu", "no CUDA device: the pipeline runs on the CPU"
         if self.decoder is not None:
             return self.decoder, f"DALIOptions(decoder={self.decoder!r})"
-        return choose_decoder(available_cpus(), local_world_size, rate_per_thread)
+        return choose_decoder(available_cpus(), local_world_size, rate_per_thread, compiled=compiled)
 
     def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
         """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
         return self.resolved(local_world_size, cuda=cuda)[1]
 
     def resolved(
-        self, local_world_size: int = 1, *, cuda: bool = True, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+        self,
+        local_world_size: int = 1,
+        *,
+        cuda: bool = True,
+        rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
+        compiled: bool = False,
     ) -> tuple[str, int, str]:
         """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder``, then ``threads`` or
         ``default_num_threads`` for that decoder; the plain values a pipeline is built with.
@@ -134,7 +144,9 @@ class DALIOptions:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
             ('cpu', 4, "DALIOptions(decoder='cpu')")
         """
-        decoder, reason = self.resolved_decoder(local_world_size, cuda=cuda, rate_per_thread=rate_per_thread)
+        decoder, reason = self.resolved_decoder(
+            local_world_size, cuda=cuda, rate_per_thread=rate_per_thread, compiled=compiled
+        )
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
@@ -147,6 +159,7 @@ class DALIFeedInfo(FeedInfo):
             set it (the option, or a CPU run).
         decode_rate_per_thread: images of this source a CPU thread decodes a second, as ``choose_decoder``
             weighs them (``DALILoader.decode_rate_per_thread``).
+        compiled: the loader was built for a compiled model (``choose_decoder``'s ``compiled``).
 
     Example:
         >>> DALIFeedInfo(backend="dali", decoder="gpu", decoder_reason="DALIOptions(decoder='gpu')").decoder
@@ -155,6 +168,7 @@ class DALIFeedInfo(FeedInfo):
 
     decoder_reason: str | None = None
     decode_rate_per_thread: int | None = None
+    compiled: bool | None = None
 
 
 class DALILoader:
@@ -204,6 +218,8 @@ class DALILoader:
         options: ``DALIOptions`` (decoder, threads); a ``None`` decoder or thread count is resolved for
             ``local_world_size`` ranks on this machine.
         local_world_size: training processes on this machine (they share its CPUs).
+        compiled: the model this loader feeds is compiled, so trains faster: the default decoder weighs the
+            CPU threads against what a compiled model trains at (``choose_decoder``).
         epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
 
@@ -234,6 +250,7 @@ class DALILoader:
         options: DALIOptions | None = None,
         local_world_size: int = 1,
         epoch_batches: Callable[[], int | float] | None = None,
+        compiled: bool = False,
     ) -> None:
         check_arg(
             len(files) == len(labels), "labels", f"{len(labels)} labels", f"one per file ({len(files)})"
@@ -284,7 +301,7 @@ class DALILoader:
         options = options or DALIOptions()
         cuda = self.device.type == "cuda"
         decoder, threads, reason = options.resolved(
-            local_world_size, cuda=cuda, rate_per_thread=self.decode_rate_per_thread
+            local_world_size, cuda=cuda, rate_per_thread=self.decode_rate_per_thread, compiled=compiled
         )
         self.options = DALIOptions(decoder, threads)
         self._decoder, self._threads = decoder, threads  # what the pipeline is built with
@@ -307,6 +324,7 @@ class DALILoader:
             threads=threads,
             decoder_reason=reason,
             decode_rate_per_thread=self.decode_rate_per_thread,
+            compiled=bool(compiled),
         )
         self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
         self._iterator: Any = None
@@ -565,7 +583,18 @@ def build_dali_loader(
         options=options,
         local_world_size=local_world,
         epoch_batches=epoch_batches,
+        compiled=trainer_compiles(dm.trainer),
     )
+
+
+def trainer_compiles(trainer: Any) -> bool:
+    """Whether ``trainer`` (or ``None``: a loop of the user's own) compiles its model: a ``CompileModel``
+    among its callbacks, as ``fast_trainer_kwargs`` adds on a CUDA device."""
+    if trainer is None:
+        return False
+    from lightning_gpuopt.compute.compile import CompileModel  # the preset's callback; no DALI import
+
+    return any(isinstance(cb, CompileModel) for cb in getattr(trainer, "callbacks", ()))
 
 
 def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, int, Any]:

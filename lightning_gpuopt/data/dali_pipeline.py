@@ -90,42 +90,53 @@ CPU_DECODE_RATE_PER_THREAD = 420
 STORE_DECODE_RATE_PER_THREAD = 525
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
-#: images a second a compiled ResNet-50 trains on an H200 while nvJPEG decodes its JPEGs beside it: the low end
-#: of 6,188-6,441 on 16-core hosts, whatever the files' size (the pipeline beside it, not the decoding, sets the
-#: pace); CPU threads decoding at least this many train as fast and leave the GPU to the model (docs/dali.md)
+#: images a second a compiled ResNet-50 trains on an H200 while nvJPEG decodes its JPEGs beside it: the low
+#: end of 6,188-6,441 on 16-core hosts, whatever the files' size (the pipeline beside it, not the decoding,
+#: sets the pace); CPU threads decoding at least this many train as fast and leave the GPU to the model
+#: (docs/dali.md)
 NVJPEG_TRAINING_RATE = 6_200
+#: the same for an eager ResNet-50 (5,600-5,880 on 16-core H200 hosts): an eager model trains slower, so
+#: fewer CPU threads keep up with it
+NVJPEG_EAGER_TRAINING_RATE = 5_600
 
 
 def choose_decoder(
-    cpus: int, local_ranks: int = 1, rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD
+    cpus: int,
+    local_ranks: int = 1,
+    rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
+    *,
+    compiled: bool = False,
 ) -> tuple[str, str]:
     """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``.
 
     CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
-    decode at least ``NVJPEG_TRAINING_RATE`` images a second at ``rate_per_thread`` each
+    decode at least what the model trains at with nvJPEG decoding beside it (``NVJPEG_TRAINING_RATE`` for a
+    compiled model, ``NVJPEG_EAGER_TRAINING_RATE`` for an eager one), each at ``rate_per_thread``
     (``CPU_DECODE_RATE_PER_THREAD`` for ImageNet-sized files, ``STORE_DECODE_RATE_PER_THREAD`` for a JPEG
-    store's smaller ones): the rate
-    a GPU trains at while nvJPEG decodes beside it, so CPU decoding then trains faster; nvJPEG otherwise,
-    which decodes several times that rate but costs the model more beside it (docs/dali.md). From 19 cores a
-    GPU, the CPU threads; a 16-core host decodes with nvJPEG.
+    store's smaller ones): CPU decoding then trains as fast and costs the model less; nvJPEG otherwise,
+    which decodes several times that rate but costs the model more beside it (docs/dali.md). A folder on a
+    16-core host: CPU threads for an eager model, nvJPEG for a compiled one (CPU threads from 19 cores).
 
     Args:
         cpus: CPUs this process may use (``_common.available_cpus()``).
         local_ranks: training processes on this machine sharing them.
         rate_per_thread: images one CPU thread decodes a second.
+        compiled: the model the loader feeds is compiled (``CompileModel``): it trains faster.
 
     Example:
-        >>> choose_decoder(16, 1)[0], choose_decoder(19, 1)[0], choose_decoder(64, 2)[0]
-        ('gpu', 'cpu', 'cpu')
+        >>> choose_decoder(16)[0], choose_decoder(16, compiled=True)[0], choose_decoder(19, compiled=True)[0]
+        ('cpu', 'gpu', 'cpu')
     """
     share = max(1, int(cpus)) // max(1, int(local_ranks))
     threads = max(1, share - RESERVED_CORES)
     rate = threads * int(rate_per_thread)
-    fits = rate >= NVJPEG_TRAINING_RATE
+    needed = NVJPEG_TRAINING_RATE if compiled else NVJPEG_EAGER_TRAINING_RATE
+    fits = rate >= needed
     sign = ">=" if fits else "<"
     reason = (
         f"{share} cores a rank: {threads} decoding threads x {int(rate_per_thread)} img/s = {rate:,} "
-        f"img/s {sign} {NVJPEG_TRAINING_RATE:,} img/s, the rate a GPU trains at with nvJPEG decoding beside it"
+        f"img/s {sign} {needed:,} img/s, the rate a GPU trains {'a compiled' if compiled else 'an eager'} "
+        "model at with nvJPEG decoding beside it"
     )
     return ("cpu", reason) if fits else ("gpu", reason)
 

@@ -29,7 +29,7 @@ import torch
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
-from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement
+from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement, trainer_compiles
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
     SHUFFLE_SEED,
@@ -187,7 +187,7 @@ class DALIStoreLoader(DALILoader):
         store: the training ``JPEGStoreDataset``.
         **kwargs: ``DALILoader``'s (``batch_size``, ``image_size``, ``augment``, ``device``, ``shard_id``,
             ``num_shards``, ``dtype``, ``mean``, ``std``, ``options``, ``local_world_size``,
-            ``epoch_batches``); ``train`` is always true.
+            ``epoch_batches``, ``compiled``); ``train`` is always true.
 
     Example:
         >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
@@ -304,5 +304,6 @@ def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None
         options=options,
         local_world_size=local_world,
         epoch_batches=epoch_batches,
+        compiled=trainer_compiles(dm.trainer),
     )
 

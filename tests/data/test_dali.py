@@ -257,24 +257,40 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
     assert dali_pipeline.default_hw_decoder_load(0) == 0.65  # A100: DALI's own default
 
 
-def test_decoder_rule_follows_the_cores_per_gpu():
+@pytest.mark.parametrize(
+    ("compiled", "needed"),
+    [(False, dali_pipeline.NVJPEG_EAGER_TRAINING_RATE), (True, dali_pipeline.NVJPEG_TRAINING_RATE)],
+)
+def test_decoder_rule_follows_the_cores_per_gpu(compiled, needed):
     rate, reserved = dali_pipeline.CPU_DECODE_RATE_PER_THREAD, dali_pipeline.RESERVED_CORES
-    needed = dali_pipeline.NVJPEG_TRAINING_RATE
+
+    def choose(cpus, ranks):
+        return dali_pipeline.choose_decoder(cpus, ranks, compiled=compiled)[0]
+
     enough = reserved + -(-needed // rate)  # the fewest cores a rank whose threads decode what is needed
-    assert dali_pipeline.choose_decoder(enough, 1)[0] == "cpu"
-    assert dali_pipeline.choose_decoder(enough - 1, 1)[0] == "gpu"
-    assert dali_pipeline.choose_decoder(2 * enough, 2)[0] == "cpu"  # ranks share the machine's cores
-    assert dali_pipeline.choose_decoder(2 * enough - 1, 2)[0] == "gpu"
-    assert dali_pipeline.choose_decoder(enough * 8, 8)[0] == "cpu"
-    decoder, reason = dali_pipeline.choose_decoder(16, 1)  # one H200 on a 16-core host: nvJPEG
+    assert choose(enough, 1) == "cpu" and choose(enough - 1, 1) == "gpu"
+    assert choose(2 * enough, 2) == "cpu" and choose(2 * enough - 1, 2) == "gpu"  # ranks share the cores
+    assert choose(enough * 8, 8) == "cpu"
+    assert choose(8, 1) == "gpu"  # 6 threads: nvJPEG trains faster
+    assert choose(1, 4) == "gpu"  # fewer cores than ranks: still a valid answer
+
+
+def test_a_16_core_host_decodes_for_an_eager_model_on_cpu_threads_and_for_a_compiled_one_with_nvjpeg():
+    rate = dali_pipeline.CPU_DECODE_RATE_PER_THREAD
+    assert dali_pipeline.NVJPEG_EAGER_TRAINING_RATE < 14 * rate < dali_pipeline.NVJPEG_TRAINING_RATE
+    decoder, reason = dali_pipeline.choose_decoder(16, 1)
+    assert decoder == "cpu"
+    assert reason == (
+        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s >= 5,600 img/s, "
+        "the rate a GPU trains an eager model at with nvJPEG decoding beside it"
+    )
+    decoder, reason = dali_pipeline.choose_decoder(16, 1, compiled=True)
     assert decoder == "gpu"
     assert reason == (
-        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < {needed:,} img/s, "
-        "the rate a GPU trains at with nvJPEG decoding beside it"
+        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < 6,200 img/s, "
+        "the rate a GPU trains a compiled model at with nvJPEG decoding beside it"
     )
-    assert dali_pipeline.choose_decoder(19, 1)[0] == "cpu"  # 17 threads keep up with what nvJPEG feeds
-    assert dali_pipeline.choose_decoder(8, 1)[0] == "gpu"  # 6 threads: nvJPEG trains faster
-    assert dali_pipeline.choose_decoder(1, 4)[0] == "gpu"  # fewer cores than ranks: still a valid answer
+    assert dali_pipeline.choose_decoder(19, 1, compiled=True)[0] == "cpu"  # 17 threads keep up
 
 
 def test_options_resolve_the_decoder_per_run(monkeypatch):
@@ -284,8 +300,9 @@ def test_options_resolve_the_decoder_per_run(monkeypatch):
     monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
     assert DALIOptions().decoder is None
     assert DALIOptions().resolved_decoder(1)[0] == "cpu"  # 62 threads decode well past the need
-    assert DALIOptions().resolved_decoder(3)[0] == "cpu"  # 21 cores a GPU: CPU threads
-    assert DALIOptions().resolved_decoder(4)[0] == "gpu"  # 16 cores a GPU: nvJPEG
+    assert DALIOptions().resolved_decoder(3, compiled=True)[0] == "cpu"  # 21 cores a GPU: CPU threads
+    assert DALIOptions().resolved_decoder(4, compiled=True)[0] == "gpu"  # 16 cores, a compiled model: nvJPEG
+    assert DALIOptions().resolved_decoder(4)[0] == "cpu"  # an eager one: CPU threads
     assert DALIOptions().resolved_decoder(8)[0] == "gpu"  # 8 cores a GPU: nvJPEG
     assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(8) == 4
     assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
@@ -311,6 +328,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
         threads=14,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
         decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
+        compiled=False,
     )
     assert isinstance(loader.feed_info, FeedInfo)  # the advisor reads it as any feed
     # no GPU here: the default decodes on the CPU threads, whose thread default follows
@@ -335,6 +353,7 @@ def test_feed_info_and_fetch_seconds(jpeg_folder):
         threads=2,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
         decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
+        compiled=False,
     )
     assert getattr(loader, FETCH_SECONDS_ATTR) == 0.0
     it = iter(loader)
@@ -613,8 +632,8 @@ def test_a_decompression_bomb_png_is_refused_at_pils_default_limit(tmp_path):
 def test_a_store_of_smaller_images_keeps_cpu_threads_where_a_folder_takes_nvjpeg():
     rate = dali_pipeline.STORE_DECODE_RATE_PER_THREAD
     assert rate > dali_pipeline.CPU_DECODE_RATE_PER_THREAD
-    assert dali_pipeline.choose_decoder(16, 1)[0] == "gpu"  # a folder's ImageNet-sized JPEGs, 16 cores
-    decoder, reason = dali_pipeline.choose_decoder(16, 1, rate)  # the store's, same cores
+    assert dali_pipeline.choose_decoder(16, compiled=True)[0] == "gpu"  # a folder's JPEGs, 16 cores
+    decoder, reason = dali_pipeline.choose_decoder(16, 1, rate, compiled=True)  # the store's, same cores
     assert decoder == "cpu" and f"14 decoding threads x {rate} img/s = {14 * rate:,} img/s >=" in reason
     from lightning_gpuopt.data.dali_store import DALIStoreLoader
 
@@ -622,3 +641,19 @@ def test_a_store_of_smaller_images_keeps_cpu_threads_where_a_folder_takes_nvjpeg
     assert DALILoader.decode_rate_per_thread == dali_pipeline.CPU_DECODE_RATE_PER_THREAD
     assert DALIOptions().resolved_decoder(1, rate_per_thread=10**6)[0] == "cpu"  # threads that keep up
     assert DALIOptions("gpu").resolved_decoder(1, rate_per_thread=10**6)[0] == "gpu"  # the user's choice wins
+
+
+def test_a_trainer_that_compiles_gets_loaders_built_for_a_compiled_model(jpeg_folder):
+    from lightning_gpuopt.compute.compile import CompileModel
+    from lightning_gpuopt.data.dali import trainer_compiles
+
+    def trainer(*callbacks):
+        return pl.Trainer(accelerator="cpu", devices=1, callbacks=list(callbacks), logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+
+    compiling = trainer(CompileModel())
+    assert trainer_compiles(compiling) and not trainer_compiles(trainer()) and not trainer_compiles(None)
+    dm = _dm(jpeg_folder)
+    assert build_dali_loader(dm, "train").feed_info.compiled is False  # standalone: a loop of the user's own
+    dm.trainer = compiling
+    assert build_dali_loader(dm, "train").feed_info.compiled is True

@@ -94,17 +94,19 @@ def test_input_bound_folder_read_by_threads_counts_its_threads(threads, cause, w
 
 
 @pytest.mark.parametrize(
-    ("decoder", "cpus", "remedy"),
+    ("decoder", "cpus", "compiled", "remedy"),
     [
-        ("cpu", 20, "nvJPEG trains slower still"),
-        ("cpu", 16, 'DALIOptions(decoder="gpu")'),
-        ("gpu", 16, 'DALIOptions(decoder="cpu")'),
-        (None, 16, "more CPU threads"),
+        ("cpu", 16, False, "nvJPEG trains slower still"),  # an eager model: CPU threads are the default
+        ("cpu", 20, True, "nvJPEG trains slower still"),
+        ("cpu", 16, True, 'DALIOptions(decoder="gpu")'),  # a compiled one on 16 cores: nvJPEG is
+        ("gpu", 16, True, 'DALIOptions(decoder="cpu")'),
+        (None, 16, False, "more CPU threads"),
     ],
 )
-def test_input_bound_dali_names_the_other_decoder(decoder, cpus, remedy):
+def test_input_bound_dali_names_the_other_decoder(decoder, cpus, compiled, remedy):
     wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
-    config = cfg(backend="dali", decoder=decoder, decode_threads=14, pin_memory=None, cpus=cpus)
+    config = cfg(backend="dali", decoder=decoder, decode_threads=14, pin_memory=None, cpus=cpus,
+                 decode_for_compiled=compiled)  # fmt: skip
     out = diagnose(ev(**wait), config)
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
     store = "--format auto" if decoder == "cpu" else 'backend="hdf5"'  # the cores' own remedy: a store
@@ -117,11 +119,11 @@ def test_input_bound_dali_names_the_other_decoder(decoder, cpus, remedy):
     [(20, None, False), (64, None, False), (16, None, True), (8, None, True), (16, 525, False), (8, 525, True)],
 )
 def test_cpu_decoding_advice_follows_the_cores(cpus, rate, nvjpeg_advised):
-    # from 19 cores a process nvJPEG trains slower than CPU threads on a folder's JPEGs (from 14 on a JPEG
-    # store's smaller ones, ``rate``): the store is the remedy there
+    # for a compiled model, from 19 cores a process nvJPEG trains slower than CPU threads on a folder's JPEGs
+    # (from 14 on a JPEG store's smaller ones, ``rate``): the store is the remedy there
     wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0}
     config = cfg(backend="dali", decoder="cpu", decode_threads=cpus - 2, cpus=cpus, num_workers=None,
-                 decode_rate_per_thread=rate)  # fmt: skip
+                 decode_rate_per_thread=rate, decode_for_compiled=True)  # fmt: skip
     out = diagnose(ev(**wait), config)
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "dali-bound")]
     advice = out[0].advice

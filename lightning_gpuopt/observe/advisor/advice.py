@@ -65,15 +65,16 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     return f"The CPU cores are {state} ({busy}{others}). "
 
 
-def _cpu_decoding_is_the_default(cores_per_process: int | None, rate_per_thread: int | None = None) -> bool:
+def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) -> bool:
     """Whether ``DALIOptions(decoder=None)`` decodes on CPU threads with these cores (``choose_decoder``),
-    a thread decoding ``rate_per_thread`` of the source's images a second (``None``: a folder's)."""
+    for the loader's source (``decode_rate_per_thread``; ``None``: a folder's) and its model (compiled)."""
     if not cores_per_process:
         return False
     # light: DALI itself is imported lazily
     from lightning_gpuopt.data.dali_pipeline import CPU_DECODE_RATE_PER_THREAD, choose_decoder
 
-    return choose_decoder(cores_per_process, 1, rate_per_thread or CPU_DECODE_RATE_PER_THREAD)[0] == "cpu"
+    rate = cfg.decode_rate_per_thread or CPU_DECODE_RATE_PER_THREAD
+    return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
 
 
 def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None) -> str:
@@ -134,7 +135,7 @@ def input_bound(
             )
     elif cause == "dali-bound":
         slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-        if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg.decode_rate_per_thread):
+        if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
             # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
             text = (
                 f"{slow_threads} "

@@ -225,6 +225,7 @@ class RunConfig:
         decode_threads: the loader's threads (DALI's decoding pool, the HDF5 store's reading threads).
         decode_rate_per_thread: images of the loader's source one DALI CPU thread decodes a second, as the
             decoder rule weighs them (a folder's or a JPEG store's), or ``None``.
+        decode_for_compiled: the DALI loader was built for a compiled model (the decoder rule's ``compiled``).
         conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
         conv_channels_last: how many of those are channels_last.
         input_channels_last: whether the 4-D input batch is channels_last.
@@ -255,6 +256,7 @@ class RunConfig:
     decoder: str | None = None
     decode_threads: int | None = None
     decode_rate_per_thread: int | None = None
+    decode_for_compiled: bool | None = None
     conv_layers: int = 0
     conv_channels_last: int = 0
     input_channels_last: bool | None = None
