@@ -129,24 +129,16 @@ class DALIOptions:
         """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
         return self.resolved(local_world_size, cuda=cuda)[1]
 
-    def resolved(
-        self,
-        local_world_size: int = 1,
-        *,
-        cuda: bool = True,
-        rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
-        compiled: bool = False,
-    ) -> tuple[str, int, str]:
-        """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder``, then ``threads`` or
-        ``default_num_threads`` for that decoder; the plain values a pipeline is built with.
+    def resolved(self, local_world_size: int = 1, **rule: Any) -> tuple[str, int, str]:
+        """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder`` (``rule``: its keywords
+        ``cuda``, ``rate_per_thread``, ``compiled``), then ``threads`` or ``default_num_threads`` for that
+        decoder; the plain values a pipeline is built with.
 
         Example:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
             ('cpu', 4, "DALIOptions(decoder='cpu')")
         """
-        decoder, reason = self.resolved_decoder(
-            local_world_size, cuda=cuda, rate_per_thread=rate_per_thread, compiled=compiled
-        )
+        decoder, reason = self.resolved_decoder(local_world_size, **rule)
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
