@@ -91,6 +91,9 @@ def _convert_fix(path: str) -> str:
     return f"re-run `lightning-gpuopt convert SRC_FOLDER {path} --overwrite`"
 
 
+_FADVISE = getattr(os, "posix_fadvise", None)
+
+
 def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
     """Ask the kernel to read each image's ``size`` bytes at ``offsets`` now (``POSIX_FADV_WILLNEED``): the
     reads of a batch go to the device together, and only the bytes the batch uses are read. Pages already
@@ -99,9 +102,6 @@ def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
         return
     for off in offsets.tolist():
         _FADVISE(fd, off, size, os.POSIX_FADV_WILLNEED)  # releases the GIL
-
-
-_FADVISE = getattr(os, "posix_fadvise", None)
 
 
 class HDF5ImageDataset(Dataset):
