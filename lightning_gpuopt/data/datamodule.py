@@ -482,7 +482,7 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     def _split_loader(self, split: str) -> Any:
         loader = self._backend.loader(self, split)
-        with contextlib.suppress(TypeError):  # a split without data gives [] (no weak reference): nothing to close
+        with contextlib.suppress(TypeError):  # a split without data gives []: nothing to close
             self._handed_out.add(loader)
         return loader
 
