@@ -283,7 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_feed(p, "gpuopt_jpeg", "benchmarks/results/jpeg_h200.json", ROWS, "torchvision_v2's workers")
     p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
     p.add_argument("--decode-threads", type=int, help="DALI threads of the ours_folder_*_decode rows")
-    return feed_args(p, argv, ROWS)
+    if (args := feed_args(p, argv, ROWS)).decode_threads is not None and args.decode_threads < 1:
+        p.error(f"--decode-threads: {args.decode_threads}; pass 1 or more DALI threads, or leave it out")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

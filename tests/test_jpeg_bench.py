@@ -48,3 +48,13 @@ def test_the_raw_stores_map_is_found_and_evicted(tmp_path):
     assert len(batches) == 2 and all(np.any(b) for b in batches)  # evicted pages read back from the file
     assert first.shape == batches[0].shape
     dm.teardown("fit")
+
+
+def test_a_bad_decode_thread_count_is_named_before_any_work(tmp_path, capsys):
+    import pytest
+
+    jpeg = load("jpeg.py")
+    with pytest.raises(SystemExit):
+        jpeg.main(["--quick", "--decode-threads", "0", "--data", str(tmp_path / "data")])
+    assert "--decode-threads: 0; pass 1 or more" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # nothing generated
