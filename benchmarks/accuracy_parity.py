@@ -55,7 +55,7 @@ from _parity_data import (
     torchvision_available,
 )
 
-from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size, format_table
+from lightning_gpuopt._common import cache_dir, eval_resize_size, format_table
 
 ROWS = ("reference", "folder", "hdf5", "dali")
 #: a control on the border set: the reference's transforms on each training image's centre square only
@@ -415,34 +415,13 @@ def run_parity(
 
 
 def machine_info() -> dict[str, Any]:
-    """GPU, driver, library versions, CPUs, torch's threads, and the git commit of this checkout (``+dirty``:
-    the code the rows run, ``CODE_RUN``, differs from that commit)."""
-    import platform
+    """``bench.measure.machine_info``, torch's threads and the git commit of this checkout (``+dirty``: the
+    code the rows run, ``CODE_RUN``, differs from that commit)."""
     import subprocess
 
-    import lightning
+    from lightning_gpuopt.bench.measure import machine_info as machine
 
-    info: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "driver": None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "lightning": lightning.__version__,
-        "python": platform.python_version(),
-        "cpus": available_cpus(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "commit": None,
-    }
-    if torch.cuda.is_available():
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            pynvml.nvmlShutdown()
-        except Exception:  # the driver version is informative only
-            pass
+    info: dict[str, Any] = {**machine(), "torch_threads": torch.get_num_threads(), "commit": None}
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         git = {"cwd": here, "capture_output": True, "text": True, "check": True}

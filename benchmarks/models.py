@@ -6,23 +6,21 @@ FCN-ResNet50 on 512x512 masks, a GPT-2-small-shaped causal LM on 1024-token sequ
 batch kept on the GPU):
 
 1. the ceiling search: the plain loop (``_zoo.ZooLoop``) under each configuration of ``--search``, one
-   window each; a compile that takes longer than ``--compile-timeout`` is abandoned and recorded as such.
-   ``quick`` tries the likely winners: compiled bf16 (channels_last for the conv nets), its CUDA-graph
-   variant (``reduce-overhead``), the same eager (what compiling saves on this model), and the plain-loop
-   twin of what the preset picks; ``full`` the grid of
-   compile modes (eager, default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune) x fp16/bf16 x
-   channels_last on/off (conv nets) with a fused optimizer, and eager with the unfused one; a
-   comma-separated list of ``mode:dtype[:cl][:unfused]`` names tries those. The fastest is the ceiling.
+   window each (a compile past ``--compile-timeout`` is abandoned and recorded). ``quick``: compiled bf16
+   (channels_last for the conv nets), its CUDA-graph variant, the same eager and the plain-loop twin of
+   what the preset picks; ``full``: compile modes (eager, default, reduce-overhead,
+   max-autotune-no-cudagraphs, max-autotune) x fp16/bf16 x channels_last on/off (conv nets), fused, and
+   eager unfused; or comma-separated ``mode:dtype[:cl][:unfused]`` names. The fastest is the ceiling.
 2. ``Trainer(**fast_trainer_kwargs(model, ...))`` fitting the user's module (``_zoo.ZooModule``: SGD with
-   momentum for conv nets, AdamW for transformers and ConvNeXt, as its recipe has it) on a batch of the
-   same shape kept on the GPU, configured as a long run (90 epochs of the model's data set, 100,000 steps
-   for the LM: the preset judges that run) and stopped after ``StepClock``'s window; what the preset chose
-   is read back from the fit (``preset_config``).
+   momentum for conv nets, AdamW for transformers and ConvNeXt) on a batch of the same shape kept on the
+   GPU, configured as a long run (90 epochs, 100,000 steps for the LM: the preset judges that run) and
+   stopped after ``StepClock``'s window; what the preset chose is read back (``preset_config``).
 3. the ceiling's configuration and the preset take turns ``--repeats`` times; each row holds both medians,
    their range, p50/p90 and ``ratio`` = preset / ceiling (medians).
-4. with ``--advise``, ``_zoo_advice``'s scenarios on the same module: ``GPUStatsMonitor``, ``NVTXRanges``
-   and ``BottleneckAdvisor`` on a healthy fit (no warning), a starved one (``input-bound``) and an fp32 one
-   (``fp32-on-tensor-cores``); the row's ``advisor`` holds each one's verdicts and ``pass``.
+4. ``--advise``: ``_zoo_advice``'s scenarios on the same module, ``GPUStatsMonitor``, ``NVTXRanges`` and
+   ``BottleneckAdvisor`` on a healthy fit (no warning), a starved one (``input-bound``) and an fp32 one
+   (``fp32-on-tensor-cores``), into the row's ``advisor``. ``--advise-only``: those alone, on the rows
+   ``--out`` holds (the starved wait from the row's preset step).
 
     python3 benchmarks/models.py                                  # the zoo on one H200
     python3 benchmarks/models.py --models gpt2 --update           # one model, the file's other rows kept
@@ -55,7 +53,7 @@ from _zoo_advice import advise
 from typing_extensions import override
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.measure import command_line, machine_info, write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
 from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize, take_turns
 
@@ -156,9 +154,7 @@ def find_ceiling(
     spec: Spec, configs: list[Config], args: argparse.Namespace
 ) -> tuple[ZooLoop | None, list[dict[str, Any]]]:
     """Each configuration once, in order; the fastest loop is kept (the others freed) with every result."""
-    best: ZooLoop | None = None
-    best_rate = 0.0
-    tried = []
+    best, best_rate, tried = None, 0.0, []
     for config in configs:
         loop, result = try_config(spec, config, args)
         tried.append(result)
@@ -324,6 +320,28 @@ def _pair(r: dict[str, Any], key: str, digits: int) -> str:
     return "/".join("-" if v is None else f"{v:.{digits}f}" for v in vals)
 
 
+def advise_rows(args: argparse.Namespace, path: Path) -> int:
+    """``--advise-only``: the advisor's scenarios on each of ``--models``, into its row of ``path`` (the
+    other keys and rows kept); the starved loader waits on the row's ``preset_p50_ms``."""
+    doc = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+    rows = {r["name"]: r for r in doc["rows"]}
+    if missing := [m for m in args.models if not (rows.get(m) or {}).get("preset_p50_ms")]:
+        sys.exit(f"--advise-only: {path} has no preset step for {', '.join(missing)}; measure them first "
+                 f"(models.py --models {','.join(missing)} --update --out {path})")  # fmt: skip
+    for name in args.models:
+        spec, row, t0 = ZOO[name], rows[name], time.perf_counter()
+        torch._dynamo.reset()
+        print(f"{name}: the advisor's scenarios, the preset's step {row['preset_p50_ms']:.2f} ms", flush=True)
+        row["advisor"] = advise(ZooModule(spec, quick=args.quick), *batches(spec, args.quick, args.device),
+                                row["preset_p50_ms"], device=args.device, run=dict(spec.run),
+                                window=3 if args.quick else ADVISE_WINDOW, length=epoch_batches(spec, args))  # fmt: skip
+        row["advisor_run"] = {"command": command_line(), "date": time.strftime("%Y-%m-%d"),
+                              "seconds": round(time.perf_counter() - t0, 1), "machine": machine_info()}
+        path.write_text(json.dumps({**doc, "rows": list(rows.values())}, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+    return 0 if all(s["pass"] is not False for m in args.models for s in rows[m]["advisor"].values()) else 1
+
+
 def out_path(args: argparse.Namespace) -> Path:
     """``--out``; else ``results/models_<gpu>.json`` (a ``--quick`` run: the temp folder)."""
     if args.out or args.quick:
@@ -351,6 +369,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--update", action="store_true", help="keep the --out file's rows of models not run now")
     p.add_argument("--advise", action="store_true",
                    help="after the turns: the monitor, NVTX ranges and the advisor on a healthy, a starved and an fp32 fit")
+    p.add_argument("--advise-only", action="store_true", help="--advise's scenarios alone, into --out's rows")
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     if unknown := sorted(set(args.models) - set(ZOO)):
@@ -376,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     rows: list[dict[str, Any]] = []
     path = out_path(args)
+    if args.advise_only:
+        return advise_rows(args, path)
     kept = kept_rows(path, args.models) if args.update else []
 
     def write(done: bool) -> None:
