@@ -19,8 +19,8 @@ batch kept on the GPU):
    their range, p50/p90 and ``ratio`` = preset / ceiling (medians).
 4. ``--advise``: ``_zoo_advice``'s scenarios on the same module, ``GPUStatsMonitor``, ``NVTXRanges`` and
    ``BottleneckAdvisor`` on a healthy fit (no warning), a starved one (``input-bound``) and an fp32 one
-   (``fp32-on-tensor-cores``), into the row's ``advisor``. ``--advise-only``: those alone, on the rows
-   ``--out`` holds (the starved wait from the row's preset step).
+   (``fp32-on-tensor-cores``), into the row's ``advisor``. ``--advise-only``: those alone, into ``--out``'s
+   rows (the starved wait from the healthy fit's step).
 
     python3 benchmarks/models.py                                  # the zoo on one H200
     python3 benchmarks/models.py --models gpt2 --update           # one model, the file's other rows kept
@@ -321,22 +321,20 @@ def _pair(r: dict[str, Any], key: str, digits: int) -> str:
 
 
 def advise_rows(args: argparse.Namespace, path: Path) -> int:
-    """``--advise-only``: the advisor's scenarios on each of ``--models``, into its row of ``path`` (the
-    other keys and rows kept); the starved loader waits on the row's ``preset_p50_ms``."""
+    """``--advise-only``: the advisor's scenarios on each of ``--models`` into its row of ``path`` (a new row
+    where there is none; the rest kept), the starved loader waiting on the healthy fit's median step."""
     doc = json.loads(path.read_text()) if path.is_file() else {"rows": []}
     rows = {r["name"]: r for r in doc["rows"]}
-    if missing := [m for m in args.models if not (rows.get(m) or {}).get("preset_p50_ms")]:
-        sys.exit(f"--advise-only: {path} has no preset step for {', '.join(missing)}; measure them first "
-                 f"(models.py --models {','.join(missing)} --update --out {path})")  # fmt: skip
     for name in args.models:
-        spec, row, t0 = ZOO[name], rows[name], time.perf_counter()
+        spec, row, t0 = ZOO[name], rows.setdefault(name, {"name": name}), time.perf_counter()
         torch._dynamo.reset()
-        print(f"{name}: the advisor's scenarios, the preset's step {row['preset_p50_ms']:.2f} ms", flush=True)
-        row["advisor"] = advise(ZooModule(spec, quick=args.quick), *batches(spec, args.quick, args.device),
-                                row["preset_p50_ms"], device=args.device, run=dict(spec.run),
-                                window=3 if args.quick else ADVISE_WINDOW, length=epoch_batches(spec, args))  # fmt: skip
+        print(f"{name}: the advisor's scenarios", flush=True)
+        row["advisor"] = advise(ZooModule(spec, quick=args.quick), *batches(spec, args.quick, args.device), None,
+                                device=args.device, run=dict(spec.run), window=3 if args.quick else ADVISE_WINDOW,
+                                length=epoch_batches(spec, args))  # fmt: skip
         row["advisor_run"] = {"command": command_line(), "date": time.strftime("%Y-%m-%d"),
                               "seconds": round(time.perf_counter() - t0, 1), "machine": machine_info()}
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**doc, "rows": list(rows.values())}, indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return 0 if all(s["pass"] is not False for m in args.models for s in rows[m]["advisor"].values()) else 1
