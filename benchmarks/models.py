@@ -66,11 +66,8 @@ RESNET50_RECORD = 7950.0
 #: families whose convolutions make channels_last a candidate of the search
 CONV_FAMILIES = ("conv", "depthwise", "segmentation")
 #: a row's ``ceiling_<key>`` and ``preset_<key>``: ``summarize``'s field of that side
-SIDE_FIELDS = {
-    "samples_per_sec": "samples_per_sec",
-    "min": "samples_per_sec_min",
-    "max": "samples_per_sec_max",
-}
+SIDE_FIELDS = {"samples_per_sec": "samples_per_sec", "min": "samples_per_sec_min",
+               "max": "samples_per_sec_max"}  # fmt: skip
 SIDE_FIELDS |= {k: k for k in ("spread", "p50_ms", "p90_ms", "repeats", "error")}
 
 
@@ -82,10 +79,8 @@ def preset_twin(model: torch.nn.Module, device: str) -> Config:
     from lightning_gpuopt.compute import _model, compile
 
     kw = fast_trainer_kwargs(model, device)
-    has = {
-        t: any(isinstance(c, t) for c in kw["callbacks"])
-        for t in (ChannelsLast, CompileModel, FusedOptimizer)
-    }
+    has = {t: any(isinstance(c, t) for c in kw["callbacks"])
+           for t in (ChannelsLast, CompileModel, FusedOptimizer)}  # fmt: skip
     dtype = {"16-mixed": "fp16", "bf16-mixed": "bf16"}.get(str(kw["precision"]), "fp32")
     mode = compile.choose_mode(family=_model.family(model), device=device)[0]
     return Config(mode if has[CompileModel] else "eager", dtype, has[ChannelsLast], has[FusedOptimizer])
@@ -198,6 +193,8 @@ class PresetReadBack(pl.Callback):
                       for o in trainer.optimizers],
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            # fp16's GradScaler at the end: far below its start, the scaler was skipping steps that overflowed
+            "grad_scale": s.get_scale() if (s := getattr(trainer.precision_plugin, "scaler", None)) else None,
             "callbacks": sorted({type(c).__name__ for c in cbs} - {"StepClock", "PresetReadBack"}),
         }
 
@@ -253,7 +250,8 @@ def model_row(name: str, args: argparse.Namespace) -> dict[str, Any]:
         variants["preset"] = preset_variant(spec, args, readback, module, data)
     results = take_turns(variants, args.repeats, on_result=say)
     summary = {r["name"]: r for r in summarize(results, "ceiling")}
-    row.update(ceiling_config=loop.config.to_dict(), preset_config=readback.config or None)
+    row.update(ceiling_config=loop.config.to_dict(), preset_config=readback.config or None,
+               ceiling_grad_scale=loop.scaler.get_scale() if loop.scaler.is_enabled() else None)
     for side in ("ceiling", "preset"):
         r = summary.get(side, {})
         row.update({f"{side}_{key}": r.get(field) for key, field in SIDE_FIELDS.items()})
@@ -329,8 +327,9 @@ def advise_rows(args: argparse.Namespace, path: Path) -> int:
         spec, row, t0 = ZOO[name], rows.setdefault(name, {"name": name}), time.perf_counter()
         torch._dynamo.reset()
         print(f"{name}: the advisor's scenarios", flush=True)
-        row["advisor"] = advise(ZooModule(spec, quick=args.quick), *batches(spec, args.quick, args.device), None,
-                                device=args.device, run=dict(spec.run), window=3 if args.quick else ADVISE_WINDOW,
+        data = batches(spec, args.quick, args.device)
+        row["advisor"] = advise(ZooModule(spec, quick=args.quick), *data, None, device=args.device,
+                                run=dict(spec.run), window=3 if args.quick else ADVISE_WINDOW,
                                 length=epoch_batches(spec, args))  # fmt: skip
         row["advisor_run"] = {"command": command_line(), "date": time.strftime("%Y-%m-%d"),
                               "seconds": round(time.perf_counter() - t0, 1), "machine": machine_info()}

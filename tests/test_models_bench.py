@@ -25,9 +25,10 @@ def modules() -> tuple[Any, Any]:
 ROW_KEYS = {
     "name", "family", "batch_size", "search", "ceiling_samples_per_sec", "ceiling_config", "ceiling_p50_ms",
     "ceiling_p90_ms", "ceiling_spread", "preset_samples_per_sec", "preset_config", "preset_p50_ms",
-    "preset_p90_ms", "preset_spread", "ratio", "ratio_worst", "target_met", "repeats",
+    "preset_p90_ms", "preset_spread", "ratio", "ratio_worst", "target_met", "repeats", "ceiling_grad_scale",
 }  # fmt: skip
-PRESET_KEYS = {"precision", "channels_last", "compile", "compile_mode", "optimizers", "fused", "callbacks"}
+PRESET_KEYS = {"precision", "channels_last", "compile", "compile_mode", "optimizers", "fused", "callbacks",
+               "grad_scale"}  # fmt: skip
 
 
 @pytest.fixture
@@ -222,3 +223,12 @@ def test_advise_only_adds_the_scenarios_to_the_rows_of_a_file(tmp_path: Path, on
     assert advice["starved"]["loader_delay_ms"] == pytest.approx(2 * advice["healthy"]["p50_ms"], abs=0.01)
     assert after["advisor_run"]["seconds"] > 0
     assert {"command", "date", "machine"} <= set(after["advisor_run"])
+
+
+def test_rows_say_where_fp16s_grad_scaler_ended(tmp_path: Path, one_thread: Any) -> None:
+    """An fp16 ceiling records its GradScaler's last scale (far below its start: steps were skipped)."""
+    models = load("models.py")
+    out = tmp_path / "models.json"
+    models.main(["--quick", "--models", "resnet50", "--search", "eager:fp16:cl", "--only-ceiling", "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["ceiling_config"]["dtype"] == "fp16" and 0 < row["ceiling_grad_scale"] <= 65536.0
