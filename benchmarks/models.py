@@ -193,8 +193,6 @@ class PresetReadBack(pl.Callback):
                       for o in trainer.optimizers],
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            # fp16's GradScaler at the end: far below its start, the scaler was skipping steps that overflowed
-            "grad_scale": s.get_scale() if (s := getattr(trainer.precision_plugin, "scaler", None)) else None,
             "callbacks": sorted({type(c).__name__ for c in cbs} - {"StepClock", "PresetReadBack"}),
         }
 

@@ -27,8 +27,7 @@ ROW_KEYS = {
     "ceiling_p90_ms", "ceiling_spread", "preset_samples_per_sec", "preset_config", "preset_p50_ms",
     "preset_p90_ms", "preset_spread", "ratio", "ratio_worst", "target_met", "repeats", "ceiling_grad_scale",
 }  # fmt: skip
-PRESET_KEYS = {"precision", "channels_last", "compile", "compile_mode", "optimizers", "fused", "callbacks",
-               "grad_scale"}  # fmt: skip
+PRESET_KEYS = {"precision", "channels_last", "compile", "compile_mode", "optimizers", "fused", "callbacks"}
 
 
 @pytest.fixture

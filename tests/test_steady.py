@@ -53,6 +53,29 @@ def test_step_clock_resets_for_a_second_fit():
         assert clock.measurement is not None and clock.measurement.steps == 4
 
 
+class _Overflows(_Module):
+    """fp16 gradients that overflow at every step: the GradScaler skips each update and halves its scale."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * 1e30
+
+
+@pytest.mark.parametrize(("module", "falls"), [(_Module, 0), (_Overflows, 6)])
+def test_step_clock_records_where_fp16s_grad_scaler_went_in_its_window(module, falls):
+    from lightning.pytorch.plugins import MixedPrecision
+
+    clock = StepClock(warmup=2, steps=6)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
+    quiet_trainer(accelerator="cpu", max_epochs=-1, callbacks=[clock], plugins=[plugin]).fit(module(), _loader())
+    extra = clock.measurement.extra
+    assert extra["grad_scale_falls"] == falls
+    assert extra["grad_scale_end"] == extra["grad_scale_start"] / 2**falls
+    # without a GradScaler (fp32, bf16) there is nothing to read
+    clock = StepClock(warmup=2, steps=6)
+    quiet_trainer(accelerator="cpu", max_epochs=-1, callbacks=[clock]).fit(module(), _loader())
+    assert "grad_scale_end" not in clock.measurement.extra
+
+
 @pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"steps": 1}, {"warmup": True}])
 def test_step_clock_checks_its_arguments(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):

@@ -157,6 +157,12 @@ class StepClock(pl.Callback):
         cpu: read the host's CPU use over the window (``HostCPUReader``: this process and its loader
             workers), kept in ``measurement.extra`` as ``host/cpu_main_pct``, ``host/cpu_cores``, ...
 
+    Under fp16 (a ``GradScaler``) ``measurement.extra`` also holds the scaler's scale at the window's start
+    and end and its falls between (``grad_scale_start``, ``grad_scale_end``, ``grad_scale_falls``; read
+    without a host sync inside the window): each step whose gradients overflow is skipped (no weight
+    update) and halves the scale, so falls mean the window timed skipped updates, and an end far below 1 a
+    loss that diverged.
+
     Example:
         >>> clock = StepClock(warmup=30, steps=200, settle=True)
         >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
@@ -177,6 +183,7 @@ class StepClock(pl.Callback):
         self._settled = not self.settle
         self._starts: list[float] = []
         self._cpu: Any = None
+        self._scale: Any = None
         self.compile_seconds: float | None = None
         self.measurement: Measurement | None = None
 
@@ -212,6 +219,11 @@ class StepClock(pl.Callback):
                 return
             self._marks = _Marks(pl_module.device)
             self._marks.mark()  # the window opens at this batch's end
+            from lightning_gpuopt.observe.advisor.scale import ScaleWatch
+
+            self._scale = ScaleWatch.of(trainer.precision_plugin, pl_module.device)
+            if self._scale is not None:
+                self._scale.sample(trainer.global_step)  # a queued copy, read after the window
             if self.cpu:
                 from lightning_gpuopt.observe.host_cpu import HostCPUReader
 
@@ -221,16 +233,22 @@ class StepClock(pl.Callback):
         self._samples += _batch_size(batch)
         self._marks.mark()
         if len(self._marks.marks) > self.steps:
-            self._finish()
+            self._finish(trainer)
             trainer.should_stop = True
 
-    def _finish(self) -> None:
+    def _finish(self, trainer: pl.Trainer) -> None:
         step_ms = self._marks.step_ms() if self._marks is not None else []
         extra = dict(self._cpu.window()) if self._cpu is not None else {}
         if self._marks is not None and len(self._marks.host) > 1:
             h = self._marks.host
             host_ms = [(b - a) * 1e3 for a, b in zip(h, h[1:], strict=False)]
             extra.update(host_p50_ms=percentile(host_ms, 0.5), host_p90_ms=percentile(host_ms, 0.9))
+        if self._scale is not None:
+            self._scale.sample(trainer.global_step)
+            synchronize(trainer.strategy.root_device)  # the window has closed: the reads may complete
+            e = self._scale.evidence()
+            extra.update(grad_scale_start=e.grad_scale_start, grad_scale_end=e.grad_scale,
+                         grad_scale_falls=e.grad_scale_falls)  # fmt: skip
         self.measurement = Measurement(
             self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds, extra=extra
         )
@@ -239,7 +257,7 @@ class StepClock(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the fit ended before the window did (a loader that ran out, max_steps): keep what was measured
         if self.measurement is None and self._marks is not None and len(self._marks.marks) > 2:
-            self._finish()
+            self._finish(trainer)
 
 
 def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: int, steps: int,
