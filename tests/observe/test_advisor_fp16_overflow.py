@@ -62,6 +62,7 @@ def test_falls_in_a_window_are_an_overflow_with_their_evidence():
     assert '`Trainer(**fast_trainer_kwargs(model, precision="bf16-mixed"))`' in v.advice
     assert "at least 6 time(s) in 20 optimizer steps" in v.advice and "from 65536 to 1024" in v.advice
     assert "Below 1" not in v.advice  # the scale is still high: the floor is not what fired
+    assert "diverged" not in v.advice
 
 
 def test_a_scale_below_the_floor_fires_without_falls_in_the_window():
@@ -69,6 +70,8 @@ def test_a_scale_below_the_floor_fires_without_falls_in_the_window():
     v = fp16_overflow(_context(window, device_type="cuda", precision="16-mixed", grad_scaler=True))
     assert v is not None and v.evidence["grad_scale_end"] == 0.25 and v.evidence["window_falls"] == 0
     assert "Below 1 the scale no longer lifts small gradients" in v.advice
+    # every step skipped may be a diverged loss, which no precision fixes: the advice says how to tell
+    assert "the model has diverged and no precision fixes it" in v.advice and "learning rate" in v.advice
 
 
 def test_a_healthy_scaler_is_silent():

@@ -384,6 +384,12 @@ def fp16_overflow(
             '(`with torch.autocast("cuda", enabled=False):` around them, their inputs cast with .float()), '
             'or train in precision="32-true".'
         )
+    if low:  # every step skipped: a loss that is inf or NaN in any precision also does this
+        fix += (
+            " If the loss itself is inf or NaN (log it, or run a few steps in bf16 or fp32), the model has "
+            "diverged and no precision fixes it: a learning rate too high for the batch (warm it up), or bad "
+            "inputs."
+        )
     return f"{text} {fix}"
 
 
