@@ -89,17 +89,16 @@ def advise(
     and its compile) and three judged ``window``-step windows.
 
     ``step_ms`` is the preset's median step (the starved loader waits ``STARVE`` of them; ``None``: the
-    healthy fit's, measured first); ``run`` holds the
-    model's long-run ``Trainer`` arguments and ``length`` its loader's batches an epoch (the preset judges
-    that run; the fit is stopped after the windows)."""
+    healthy fit's, measured first); ``run`` holds the model's long-run ``Trainer`` arguments and ``length``
+    its loader's batches an epoch (the preset judges that run; the fit is stopped after the windows)."""
     cuda = device == "cuda"
     out: dict[str, Any] = {}
     for sc in SCENARIOS:
         monitor = GPUStatsMonitor(log_every_n_steps=window, sample_period_s=0.05)
         advisor = BottleneckAdvisor(warmup_steps=2 * window, window_steps=None, min_windows=2, verbose=False)
         callbacks: list[pl.Callback] = [monitor, NVTXRanges(), advisor]  # monitor first: its windows in time
-        step_ms = step_ms or (out.get("healthy") or {}).get("p50_ms") or 0.0  # a failed healthy fit: no wait
-        delay = STARVE * step_ms / 1000 if sc.starve else 0.0
+        wait_ms = step_ms or out.get("healthy", {}).get("p50_ms") or 0.0  # a failed healthy fit: no wait
+        delay = STARVE * wait_ms / 1000 if sc.starve else 0.0
         loader = SlowBatches(x, ys, length, delay) if sc.starve else DeviceBatches(x, ys, length=length)
         trainer = {**run, **({} if sc.preset else {"precision": sc.precision})}
         if cuda:

@@ -149,7 +149,8 @@ def find_ceiling(
     spec: Spec, configs: list[Config], args: argparse.Namespace
 ) -> tuple[ZooLoop | None, list[dict[str, Any]]]:
     """Each configuration once, in order; the fastest loop is kept (the others freed) with every result."""
-    best, best_rate, tried = None, 0.0, []
+    best: ZooLoop | None = None
+    best_rate, tried = 0.0, []
     for config in configs:
         loop, result = try_config(spec, config, args)
         tried.append(result)
