@@ -426,9 +426,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def merge(paths: list[str], out: str) -> Path:
     """One results file of several runs of this script (or ``jpeg.py``) on one machine: each row keeps the
-    ratio to the ceiling of its own run (``ceiling_run``), every run's ceiling is kept, and the first run's
-    other top-level keys (``images``, ``source_bytes_per_image``, ...); a CPU loader's ``of_decode_limit`` is
-    taken against the ``decode_limit`` row of whichever run measured it."""
+    ratio to the ceiling of its own run (``ceiling_run``), every run's ceiling is kept, and each other top-level
+    key (``images``, ``disk_read_gbps_o_direct``, ...) of the first run that has it; a CPU loader's
+    ``of_decode_limit`` is taken against the ``decode_limit`` row of whichever run measured it."""
     import json
 
     docs = [json.loads(Path(p).read_text()) for p in paths]
@@ -443,7 +443,7 @@ def merge(paths: list[str], out: str) -> Path:
     for row in rows:  # one machine: a loader of one run against the decode limit of another
         if limit and row["name"].startswith("loader_cpu") and "samples_per_sec" in row:
             row["of_decode_limit"] = row["samples_per_sec"] / limit["samples_per_sec"]
-    keep = {k: v for k, v in docs[0].items() if k not in ("rows", "command", "date", "seconds")}
+    keep = {k: v for d in reversed(docs) for k, v in d.items() if k not in ("rows", "command", "date", "seconds")}
     return write_results(out, rows, **{**keep, "command": " && ".join(r["command"] for r in runs),
                                        "runs": runs, "machine_runs": [d["machine"] for d in docs]})
 
