@@ -38,6 +38,7 @@ from typing_extensions import override
 from lightning_gpuopt._common import synchronize
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.bench.models import SmallResNet
+from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 #: compile modes a ``Config`` takes; ``"eager"`` is no compile, ``"default"`` is ``torch.compile``'s default
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -345,6 +346,7 @@ class ZooLoop:
         self.x = x.contiguous(memory_format=fmt) if spec.images else x
         self.dtype = DTYPES[config.dtype]
         self.opt = make_optimizer(spec, model.parameters(), fused=config.fused or None)
+        init_momentum_buffers(self.opt)  # a first step the GradScaler skips keeps zero momentum
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self._count = 0
 

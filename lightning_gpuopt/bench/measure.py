@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from lightning_gpuopt._common import available_cpus, synchronize
 from lightning_gpuopt.bench.steady import measure_loop
+from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 ROW_KEYS = ("name", "samples_per_sec", "ratio_to_ceiling", "gpu_util_mean", "data_wait_frac")
 
@@ -200,6 +201,7 @@ class PlainLoop:
         ]
         fused = device.type == "cuda" if fused is None else fused
         self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
+        init_momentum_buffers(self.opt)  # a first step the GradScaler skips keeps zero momentum
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         self.loss_fn = nn.CrossEntropyLoss()
         self.feed, self.use_feed = feed, use_feed

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from typing_extensions import override
 
 from lightning_gpuopt._imports import require
+from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 
 class _BasicBlock(nn.Module):
@@ -141,3 +142,10 @@ class ImageClassifier(pl.LightningModule):
                 clip = False
             fused = not clip and bool(params) and all(p.device.type == "cuda" for p in params)
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=5e-5, fused=fused or None)
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # a fused SGD's first step skipped by the GradScaler would leave its momentum uninitialized
+        if not getattr(self, "_momentum_ready", False):
+            self._momentum_ready = True
+            init_momentum_buffers(optimizer)

@@ -16,6 +16,14 @@ is the same for both kernels and is kept. Optimizers that cannot be fused (other
 device or dtype without fused kernels, ``differentiable=True``) are left alone and named in one warning;
 so is everything when Lightning would refuse it: gradient clipping (``gradient_clip_val``) under a
 mixed-precision plugin, whose ``clip_gradients`` rejects optimizers that unscale inside their step.
+
+A fused ``SGD`` with momentum creates its momentum buffers uninitialized (``torch.empty_like``) at its first
+step and fills them in the kernel; when the GradScaler skips that step (fp16's first steps often overflow
+at the scaler's initial scale), the kernel returns first and the buffers keep whatever memory held, which
+the next step reads as momentum: the weights turn to NaN and every later step is skipped. Before a fused
+SGD's first step the callback gives each parameter a zero buffer (``init_momentum_buffers``), which with
+``dampening=0`` makes the first applied step exactly torch's (buffer = gradient); an SGD with another
+``dampening`` is left unfused under a GradScaler.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing_extensions import override
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt._compat import supports_amp_scaling
 
-__all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "is_fused"]
+__all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "init_momentum_buffers", "is_fused"]
 
 #: torch.optim classes with a fused kernel (``fused=True``) that takes the GradScaler's scale and inf flag.
 FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
@@ -46,6 +54,38 @@ def _set_amp_scaling(optimizer: torch.optim.Optimizer, value: bool) -> None:
     # The flag GradScaler and Lightning read (``supports_amp_scaling``); ``__init__`` sets it for fused=True,
     # so an optimizer switched afterwards needs it set here.
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
+
+
+def _sgd_momentum_groups(optimizer: Any) -> list[dict[str, Any]]:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, torch.optim.SGD):
+        return []
+    return [g for g in inner.param_groups if g.get("fused") and g.get("momentum", 0) != 0]
+
+
+def init_momentum_buffers(optimizer: Any) -> int:
+    """Give each parameter of a fused ``SGD`` with momentum a zero momentum buffer where it has none; return
+    how many were made (0 for any other optimizer, or once the buffers exist).
+
+    Call it after the model's final layout is set (``channels_last``) and before the first step: a buffer
+    takes its parameter's strides, as the gradients do. With ``dampening=0`` (SGD's default) the first step
+    that applies then stores the gradient as the buffer, exactly as torch's first step does, and a first
+    step the GradScaler skips leaves zeros instead of uninitialized memory.
+
+    Example::
+
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+        init_momentum_buffers(opt)   # before scaler.step(opt) is first called
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)
+    made = 0
+    for group in _sgd_momentum_groups(inner):
+        for p in group["params"]:
+            state = inner.state[p]
+            if p.requires_grad and state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                made += 1
+    return made
 
 
 def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -> str | None:
@@ -68,6 +108,13 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -
         accepted = set()
     if "fused" not in accepted or "fused" not in inner.defaults:
         return f"{cls.__name__} has no fused kernel (torch has them for {', '.join(FUSED_OPTIMIZERS)})"
+    if amp_scaling and isinstance(inner, torch.optim.SGD) and any(
+        g.get("momentum", 0) != 0 and g.get("dampening", 0) != 0 for g in inner.param_groups
+    ):
+        return (
+            "SGD with dampening: a fused SGD's momentum is lost on a first step the GradScaler skips, and zero "
+            "buffers reproduce torch's first step only with dampening=0"
+        )
     groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in inner.param_groups]
     # only what __init__ takes (AdamW keeps a `decoupled_weight_decay` default it does not accept)
     defaults = {k: v for k, v in inner.defaults.items() if k in accepted and k not in ("fused", "foreach")}
@@ -91,7 +138,9 @@ class FusedOptimizer(pl.Callback):
     ``"bf16-mixed"`` on CUDA). Without a GradScaler (``bf16-mixed``, ``32-true``) there is no host sync to
     remove: the fused kernel updates each parameter group in one launch, and gradient clipping keeps working.
     After fitting, ``fused`` lists the optimizers switched (class names) and ``skipped`` those left alone
-    with the reason (also named in one warning). On a run whose optimizers are already fused it does nothing.
+    with the reason (also named in one warning). An optimizer already fused is kept; a fused SGD with momentum,
+    switched here or constructed so, gets zero momentum buffers before its first step
+    (``init_momentum_buffers``).
 
     Example::
 
@@ -102,10 +151,12 @@ class FusedOptimizer(pl.Callback):
     def __init__(self) -> None:
         self.fused: list[str] = []
         self.skipped: list[tuple[str, str]] = []
+        self._buffers_ready: set[int] = set()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fused, self.skipped = [], []
+        self._buffers_ready = set()
         optimizers = list(trainer.optimizers)
         clip = trainer.gradient_clip_val
         plugin = trainer.precision_plugin
@@ -136,6 +187,15 @@ class FusedOptimizer(pl.Callback):
             cost = " (the GradScaler syncs the host every step for these)" if scaled else ""
             which = "; ".join(f"{n}: {w}" for n, w in self.skipped)
             warn_once(f"FusedOptimizer: left unfused: {which}{cost}")
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if id(inner) not in self._buffers_ready:  # once an optimizer: after every layout change, before its step
+            self._buffers_ready.add(id(inner))
+            init_momentum_buffers(inner)
 
     @override
     def state_dict(self) -> dict[str, Any]:

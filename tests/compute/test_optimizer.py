@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from lightning_gpuopt.compute.optimizer import FusedOptimizer, fuse_optimizer, is_fused
+from lightning_gpuopt.compute.optimizer import FusedOptimizer, fuse_optimizer, init_momentum_buffers, is_fused
 from tests._lightning import quiet_trainer
 
 
@@ -84,6 +84,58 @@ def test_torch_validation_is_respected() -> None:
     assert not is_fused(opt) and not opt.param_groups[0]["fused"]
 
 
+@pytest.fixture
+def uninitialized_memory(monkeypatch):
+    """``torch.empty_like`` in torch's SGD returns NaNs, as uninitialized device memory may hold."""
+    import torch.optim.sgd as sgd
+
+    monkeypatch.setattr(sgd.torch, "empty_like", lambda t, **kw: torch.full_like(t, float("nan")))
+
+
+def _overflow_first(params, opt, scaler, steps=3):  # type: ignore[no-untyped-def]
+    """``steps`` scaled steps; the first one's gradients are inf, so the GradScaler skips it."""
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in params) ** 2
+        opt.zero_grad()
+        scaler.scale(loss * (float("inf") if i == 0 else 1.0)).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def test_zero_buffers_make_a_fused_sgds_skipped_first_step_harmless(uninitialized_memory) -> None:
+    kw = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+    ref = _params()
+    _overflow_first(ref, torch.optim.SGD(ref, **kw), torch.amp.GradScaler("cpu"))  # skips the step itself
+    bare = _params()
+    _overflow_first(bare, torch.optim.SGD(bare, **kw, fused=True), torch.amp.GradScaler("cpu"))
+    assert not all(torch.isfinite(p).all() for p in bare)  # torch's own fused SGD: momentum from garbage
+    guarded, opt = _params(), None
+    opt = torch.optim.SGD(guarded, **kw, fused=True)
+    assert init_momentum_buffers(opt) == 2 and init_momentum_buffers(opt) == 0  # once
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], torch.zeros_like(p)) for p in guarded)
+    _overflow_first(guarded, opt, torch.amp.GradScaler("cpu"))
+    for p, q in zip(guarded, ref, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert init_momentum_buffers(torch.optim.Adam(_params(), lr=0.1, fused=True)) == 0  # Adam has no bug
+    assert init_momentum_buffers(torch.optim.SGD(_params(), lr=0.1, fused=True)) == 0  # no momentum
+
+
+def test_channels_last_parameters_get_buffers_of_their_layout() -> None:
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(conv.parameters(), lr=0.1, momentum=0.9, fused=True)
+    init_momentum_buffers(opt)
+    buf = opt.state[conv.weight]["momentum_buffer"]
+    assert buf.stride() == conv.weight.stride() and buf.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_sgd_with_dampening_stays_unfused_under_a_grad_scaler() -> None:
+    opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9, dampening=0.1)
+    why = fuse_optimizer(opt)
+    assert why is not None and "dampening" in why and not is_fused(opt)
+    assert fuse_optimizer(opt, amp_scaling=False) is None  # no GradScaler, no skipped step: fused
+
+
 class _Module(pl.LightningModule):
     def __init__(self, opt_cls: type[torch.optim.Optimizer] = torch.optim.SGD) -> None:
         super().__init__()
@@ -141,6 +193,31 @@ def test_callback_fuses_under_a_grad_scaler_and_matches_a_native_fused_run() -> 
     other = FusedOptimizer()
     other.load_state_dict(cb.state_dict())
     assert other.fused == ["SGD"]
+
+
+class _Overflowing(_Module):
+    """SGD with momentum whose first step's loss is inf (as fp16 at the GradScaler's first scale)."""
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("inf") if self.global_step == 0 and batch_idx == 0 else loss
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, fused=self.fused)
+
+
+@pytest.mark.parametrize("built_fused", [False, True])
+def test_callback_gives_fused_sgd_zero_momentum_before_a_skipped_first_step(
+    uninitialized_memory, built_fused
+) -> None:
+    ref = _Overflowing()
+    ref.fused = None
+    _fit(ref, [], plugins=[_amp()])  # unfused: the GradScaler skips the whole first step
+    assert torch.isfinite(ref.lin.weight).all()
+    mod = _Overflowing()
+    mod.fused = True if built_fused else None  # constructed fused, or switched by the callback
+    _fit(mod, [FusedOptimizer()], plugins=[_amp()])
+    torch.testing.assert_close(mod.lin.weight, ref.lin.weight, rtol=1e-6, atol=1e-7)
 
 
 def test_unsupported_optimizer_warns_once_with_the_reason() -> None:
@@ -231,6 +308,36 @@ def test_gpu_16_mixed_fit_runs_fused() -> None:
     )
     trainer.fit(ImageClassifier("small", num_classes=4, fused=False), loader)
     assert cb.fused == ["SGD"] and is_fused(trainer.optimizers[0])
+
+
+@pytest.mark.gpu
+def test_gpu_fused_sgd_trains_through_fp16_overflow_at_the_first_scale() -> None:
+    """A ResNet-style net whose first fp16 steps overflow at the GradScaler's 65536: its loss stays finite."""
+    from lightning_gpuopt.bench.models import SmallResNet
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.losses = SmallResNet(num_classes=1000), []
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y) * 4096.0  # overflows fp16 at 65536
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=1e-6, momentum=0.9)
+
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 1000, (64,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    model, cb = Net(), FusedOptimizer()
+    trainer = quiet_trainer(accelerator="gpu", devices=1, precision="16-mixed", max_steps=12, callbacks=[cb])
+    trainer.fit(model, loader)
+    scale = trainer.precision_plugin.scaler.get_scale()
+    assert cb.fused == ["SGD"] and scale < 65536.0  # at least one step was skipped ...
+    assert all(torch.isfinite(v) for v in model.losses[-4:]) and scale > 1.0  # ... and training went on
 
 
 class CLIModule(_Module):

@@ -301,6 +301,7 @@ def test_amp_host_sync_unfused_optimizer_under_a_grad_scaler():
     }
     assert "found_inf" in v.advice and "fused=True" in v.advice
     assert "torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, fused=True)" in v.advice
+    assert "init_momentum_buffers(optimizer)" in v.advice  # fused SGD's uninitialized first momentum
     assert "bf16-mixed" not in v.advice
     # the example follows the user's optimizer class
     adamw = diagnose(ev(), cfg(unfused_optimizers=("AdamW",)))[0]

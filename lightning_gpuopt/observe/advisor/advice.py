@@ -340,6 +340,13 @@ def amp_host_sync(
         )
         if others:
             text += f" {', '.join(others)} has no fused step: switch it to one of those too."
+        if "SGD" in fusable:
+            text += (
+                " A fused SGD with momentum needs its momentum buffers made before its first step: torch's "
+                "leaves them uninitialized when the GradScaler skips that step (fp16's first steps often "
+                "overflow), and the weights turn to NaN. FusedOptimizer() makes them zero; by hand, call "
+                "lightning_gpuopt.compute.optimizer.init_momentum_buffers(optimizer) before the first step."
+            )
         return text
     return (
         f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
