@@ -24,7 +24,7 @@ from lightning_gpuopt.bench.steady import Measurement, measure_loop
 
 class UserClassifier(pl.LightningModule):
     """A classifier as a user writes it: ``arch`` (``"resnet50"``: torchvision's), SGD with momentum at the
-    plain loop's rate (``PlainLoop``'s 0.01: the recipe's 0.1 diverges on synthetic batches under fp16).
+    plain loop's rate (``PlainLoop``'s 0.01), so both sides make the same update.
 
     Example:
         >>> model = UserClassifier("small", num_classes=10)

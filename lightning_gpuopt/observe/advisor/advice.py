@@ -395,7 +395,9 @@ def fp16_overflow(
         fix += (
             " If the loss itself is inf or NaN (log it, or run a few steps in bf16 or fp32), the model has "
             "diverged and no precision fixes it: a learning rate too high for the batch (warm it up), or bad "
-            "inputs."
+            "inputs; or, with a fused SGD with momentum whose first step the scaler skipped, torch's "
+            "uninitialized momentum buffers (FusedOptimizer() zeroes them before the first step, as "
+            "lightning_gpuopt.compute.optimizer.init_momentum_buffers(optimizer) does by hand)."
         )
     return f"{text} {fix}"
 
