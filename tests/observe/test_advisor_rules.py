@@ -354,6 +354,7 @@ def test_amp_host_sync_with_gradient_clipping_advises_bf16():
     assert "gradient_clip_val=1" in v.advice and "RuntimeError" in v.advice
     assert 'precision="bf16-mixed"' in v.advice and "capability 9.0" in v.advice
     assert "torch.optim.SGD(self.parameters()" not in v.advice  # Lightning would refuse that with clipping
+    assert "drop gradient_clip_val and add FusedOptimizer()" in v.advice  # which zeroes SGD's first momentum
     # before Ampere bf16 is no way out
     old = diagnose(ev(), cfg(unfused_optimizers=("SGD",), gradient_clip_val=1.0, capability=(7, 5)))[0]
     assert "not fast on compute capability 7.5" in old.advice and "Use Trainer(" not in old.advice

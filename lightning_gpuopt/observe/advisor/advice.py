@@ -321,7 +321,8 @@ def amp_host_sync(
             f"{head} The fused optimizers that avoid it are not an option as configured: with "
             f"gradient_clip_val={clip:g}, Lightning refuses gradient clipping under 16-mixed for optimizers "
             f"that unscale inside their step (it raises RuntimeError). {bf16}; or drop gradient_clip_val and "
-            "construct the optimizer with fused=True; or accept the sync."
+            "add FusedOptimizer() to the Trainer's callbacks (it also zeroes a fused SGD's momentum buffers "
+            "before its first step); or accept the sync."
         )
     fusable = [n for n in names if n in FUSED_OPTIMIZERS]
     others = [n for n in names if n not in FUSED_OPTIMIZERS]
