@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import gc
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -97,12 +98,15 @@ def add_feed(p: argparse.ArgumentParser, data: str, out: str, rows: Sequence[str
     p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny images, a small model")
 
 
-def feed_args(p: argparse.ArgumentParser, argv: list[str] | None, rows: Sequence[str]) -> argparse.Namespace:
-    """Parse ``add_feed``'s arguments (an unknown ``--only`` row stops the script, naming the choices); sets
-    ``args.device`` and, with ``--quick``, 64 tiny images, a small model and a few steps."""
+def feed_args(p: argparse.ArgumentParser, argv: list[str] | None, rows: Sequence[str],
+              counted: Sequence[str] = ()) -> argparse.Namespace:
+    """Parse ``add_feed``'s arguments (an unknown ``--only`` row stops the script, naming the choices; a row
+    of ``counted`` may end in ``:N``, N >= 1); sets ``args.device`` and, with ``--quick``, 64 tiny images, a
+    small model and a few steps."""
     args = p.parse_args(argv)
-    if bad := sorted(set(args.only or ()) - set(rows)):
-        p.error(f"--only: unknown rows {bad}; choose from {', '.join(rows)}")
+    pattern = "|".join(map(re.escape, rows)) + "".join(f"|{re.escape(c)}:[1-9][0-9]*" for c in counted)
+    if bad := sorted(r for r in args.only or () if not re.fullmatch(pattern, r)):
+        p.error(f"--only: unknown rows {bad}; choose from {', '.join(rows)} ({', '.join(counted)}: also :N)")
     args.device = device_of(args)
     if args.quick:
         args.images, args.storage, args.batch_size, args.image_size = 64, 40, 8, 32

@@ -10,7 +10,7 @@ take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at
                          DALI installed, else whole-batch worker processes; the row records which)
     ours_folder_cpu_decode, ours_folder_gpu_decode   the same with ``DALIOptions(decoder="cpu")`` (DALI's
                          CPU threads) or ``"gpu"`` (nvJPEG): either decoder, whatever the default picks;
-                         ``--decode-threads`` sets their DALI threads (beside ``ours_folder``'s default)
+                         ``ours_folder_cpu_decode:16`` with 16 DALI threads (several counts can share a run)
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
     raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
                          the page cache every ``--evict-every`` seconds while it trains (a store bigger than
@@ -27,10 +27,9 @@ Rows with no model (images a second, median of ``--repeats``, spread beside):
     loader_cpu_workers   the folder backend's training loader alone onto the GPU (its worker processes)
     loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
 
-Cold rows carry ``disk_read_bytes_per_image``: bytes the block devices read during the repetitions over the
-images trained, which is about ``bytes_per_image`` when the eviction kept the store out of memory; the disk's
-own rate (``disk_read_gbps_o_direct``: 2 GiB of the store read with ``O_DIRECT``) is at the top beside them.
-``source_bytes_per_image`` (the JPEGs') is at the top of the JSON.
+Cold rows carry ``disk_read_bytes_per_image`` (what the block devices read over the images trained: about
+``bytes_per_image`` when the eviction kept the store out of memory); ``disk_read_gbps_o_direct`` (2 GiB read
+with ``O_DIRECT``: the disk's own rate) and the JPEGs' ``source_bytes_per_image`` are at the top of the JSON.
 
     python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
         loader_cpu_workers,loader_gpu_decode --out a.json                # one GPU host: about 7 minutes
@@ -153,8 +152,9 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                      disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
     def go() -> Any:
         if name.startswith("ours_folder"):  # the default decoder, or the one the row names
-            decoder = name.split("_")[2] if name in DECODER_ROWS else None  # None: the default's choice
-            kw = {"dali": DALIOptions(decoder, args.decode_threads)} if decoder else {}
+            row, _, count = name.partition(":")
+            decoder = row.split("_")[2] if row in DECODER_ROWS else None  # None: the default's choice
+            kw = {"dali": DALIOptions(decoder, int(count) if count else None)} if decoder else {}
             feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **kw)}
         elif name == "torchvision_v2":
             feed = feed_torchvision_v2(args, info)
@@ -229,9 +229,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if cold := [info[STORE_OF[r][0]] for r in rows if r in STORE_OF and STORE_OF[r][1]]:  # the disk, beside
         out["disk_read_gbps_o_direct"] = disk_read_gbps(cold[0], 2 << 30)  # the cold rows: 2 GiB, O_DIRECT
     table: list[dict[str, Any]] = []
-    training = [r for r in rows if r in TRAINING]
+    training = [r for r in rows if r.partition(":")[0] in TRAINING]
     no_dali = args.device != "cuda" or not find_spec("nvidia.dali")
-    if skipped := [r for r in DECODER_ROWS if r in training and no_dali]:
+    if skipped := [r for r in training if r.partition(":")[0] in DECODER_ROWS and no_dali]:
         training = [r for r in training if r not in skipped]
         print(f"  {', '.join(skipped)}: skipped (they need a CUDA GPU and DALI)", file=sys.stderr)
     if training:
@@ -282,10 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_feed(p, "gpuopt_jpeg", "benchmarks/results/jpeg_h200.json", ROWS, "torchvision_v2's workers")
     p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
-    p.add_argument("--decode-threads", type=int, help="DALI threads of the ours_folder_*_decode rows")
-    if (args := feed_args(p, argv, ROWS)).decode_threads is not None and args.decode_threads < 1:
-        p.error(f"--decode-threads: {args.decode_threads}; pass 1 or more DALI threads, or leave it out")
-    return args
+    return feed_args(p, argv, ROWS, DECODER_ROWS)
 
 
 def main(argv: list[str] | None = None) -> int:

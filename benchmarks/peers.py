@@ -425,10 +425,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def merge(paths: list[str], out: str) -> Path:
-    """One results file of several runs of this script (or ``jpeg.py``) on one machine: each row keeps the
-    ratio to the ceiling of its own run (``ceiling_run``), every run's ceiling is kept, and each other top-level
-    key (``images``, ``disk_read_gbps_o_direct``, ...) of the first run that has it; a CPU loader's
-    ``of_decode_limit`` is taken against the ``decode_limit`` row of whichever run measured it."""
+    """One results file of several runs of this script (or ``jpeg.py``) on one machine: a row keeps the ratio to
+    its own run's ceiling (``ceiling_run``), every ceiling is kept, each other top-level key from the first run
+    that has it; a CPU loader's ``of_decode_limit`` is against whichever run measured ``decode_limit``."""
     import json
 
     docs = [json.loads(Path(p).read_text()) for p in paths]

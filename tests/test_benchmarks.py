@@ -256,14 +256,16 @@ def test_peers_merge_keeps_each_rows_own_ceiling(tmp_path: Path) -> None:
     peers = load("peers.py")
     write = load("_shared.py").write_results
     a = write(tmp_path / "a.json", [{"name": "ceiling_compiled", "samples_per_sec": 100.0},
-                                    {"name": "ours_hdf5", "samples_per_sec": 98.0, "of_ceiling": 0.98}])
+                                    {"name": "ours_hdf5", "samples_per_sec": 98.0, "of_ceiling": 0.98}], images=8)
     b = write(tmp_path / "b.json", [{"name": "ceiling_compiled", "samples_per_sec": 90.0},
-                                    {"name": "webdataset", "samples_per_sec": 45.0, "of_ceiling": 0.5}])
+                                    {"name": "webdataset", "samples_per_sec": 45.0, "of_ceiling": 0.5}],
+              images=9, disk_read_gbps_o_direct=0.86)
     doc = json.loads(peers.merge([str(a), str(b)], str(tmp_path / "m.json")).read_text())
     rows = {r["name"]: r for r in doc["rows"]}
     assert set(rows) == {"ceiling_compiled_run1", "ours_hdf5", "ceiling_compiled_run2", "webdataset"}
     assert rows["webdataset"]["ceiling_run"] == 2 and rows["webdataset"]["of_ceiling"] == 0.5
     assert len(doc["runs"]) == 2
+    assert doc["images"] == 8 and doc["disk_read_gbps_o_direct"] == 0.86  # each key from the first run with it
 
 
 def test_peers_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,32 @@ def test_a_bad_decode_thread_count_is_named_before_any_work(tmp_path, capsys):
 
     jpeg = load("jpeg.py")
     with pytest.raises(SystemExit):
-        jpeg.main(["--quick", "--decode-threads", "0", "--data", str(tmp_path / "data")])
-    assert "--decode-threads: 0; pass 1 or more" in capsys.readouterr().err
+        jpeg.main(["--quick", "--only", "ours_folder_cpu_decode:0", "--data", str(tmp_path / "data")])
+    assert "unknown rows ['ours_folder_cpu_decode:0']" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()  # nothing generated
+
+
+def test_a_decoder_row_takes_its_own_thread_count(tmp_path, capsys):
+    import pytest
+
+    jpeg = load("jpeg.py")
+    args = jpeg.parse_args(["--quick", "--only", "ours_folder_cpu_decode:16,ours_folder_cpu_decode,ours_folder"])
+    assert args.only == ["ours_folder_cpu_decode:16", "ours_folder_cpu_decode", "ours_folder"]
+    for bad in ("torchvision_v2:4", "ours_folder_cpu_decode:0", "ours_folder_gpu_decode:x", "ours_folder:"):
+        with pytest.raises(SystemExit):
+            jpeg.parse_args(["--quick", "--only", bad])
+        assert f"unknown rows ['{bad}']" in capsys.readouterr().err
+    seen = []
+
+    class DataModule:  # what the row hands measured_fit, without a GPU or DALI here
+        backend = backend_reason = None
+
+        def __init__(self, path, args, **kw):  # type: ignore[no-untyped-def]
+            seen.append(kw["dali"])
+
+    for name, threads in (("ours_folder_cpu_decode:16", 16), ("ours_folder_gpu_decode", None)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(jpeg, "_datamodule", DataModule)
+            mp.setattr(jpeg, "measured_fit", lambda *a, **kw: None)
+            jpeg.training_variant(name, None, args, {"train": tmp_path}, {})()
+        assert (seen[-1].decoder, seen[-1].threads) == (name.split("_")[2].split(":")[0], threads)
