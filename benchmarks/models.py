@@ -53,7 +53,7 @@ from _zoo_advice import advise
 from typing_extensions import override
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench.measure import command_line, machine_info, write_results
+from lightning_gpuopt.bench.measure import command_line, machine_info, read_results, write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
 from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize, take_turns
 
@@ -320,7 +320,7 @@ def _pair(r: dict[str, Any], key: str, digits: int) -> str:
 def advise_rows(args: argparse.Namespace, path: Path) -> int:
     """``--advise-only``: the advisor's scenarios on each of ``--models`` into its row of ``path`` (a new row
     where there is none; the rest kept), the starved loader waiting on the healthy fit's median step."""
-    doc = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+    doc = read_results(path)
     rows = {r["name"]: r for r in doc["rows"]}
     for name in args.models:
         spec, row, t0 = ZOO[name], rows.setdefault(name, {"name": name}), time.perf_counter()
@@ -347,9 +347,7 @@ def out_path(args: argparse.Namespace) -> Path:
 
 def kept_rows(path: Path, names: list[str]) -> list[dict[str, Any]]:
     """With ``--update``: the rows of models not run now, from the file already at ``path``."""
-    if not path.is_file():
-        return []
-    return [r for r in json.loads(path.read_text()).get("rows", []) if r.get("name") not in names]
+    return [r for r in read_results(path).get("rows", []) if r.get("name") not in names]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -101,6 +101,18 @@ def test_update_keeps_the_rows_of_models_not_run(tmp_path: Path) -> None:
     assert models.kept_rows(tmp_path / "none.json", ["gpt2"]) == []
 
 
+def test_an_out_file_that_is_not_results_is_named_before_any_work(tmp_path: Path) -> None:
+    models = load("models.py")
+    for text in ("{not json", '["a list"]', '{"rows": 3}'):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=r"bad\.json is not a results file .*pass another path or remove it"):
+            models.kept_rows(bad, ["gpt2"])
+        with pytest.raises(ValueError, match="bad.json is not a results file"):  # --advise-only reads it first
+            models.main(["--quick", "--models", "gpt2", "--advise-only", "--out", str(bad)])
+        assert bad.read_text() == text  # left as it was
+
+
 def test_search_configurations() -> None:
     models, zoo = modules()
     config = zoo.Config

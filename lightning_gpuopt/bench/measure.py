@@ -136,6 +136,21 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
     return path
 
 
+def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The results file at ``path`` (as ``write_results`` writes it), ``{"rows": []}`` where there is none; a
+    file that is not one raises ``ValueError`` naming it, before a run that would add to it starts."""
+    path = Path(path)
+    if not path.is_file():
+        return {"rows": []}
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a results file ({err}); pass another path or remove it") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows", []), list):
+        raise ValueError(f"{path} is not a results file (no list of rows); pass another path or remove it")
+    return doc
+
+
 class PlainLoop:
     """A plain PyTorch training loop on one batch already on the device, stepped by the caller: the ceilings.
 

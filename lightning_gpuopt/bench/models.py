@@ -145,7 +145,8 @@ class ImageClassifier(pl.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # a fused SGD's first step skipped by the GradScaler would leave its momentum uninitialized
-        if not getattr(self, "_momentum_ready", False):
-            self._momentum_ready = True
+        # a fused SGD's first step skipped by the GradScaler would leave its momentum uninitialized; once an
+        # optimizer (each fit's configure_optimizers makes a new one)
+        if getattr(self, "_momentum_ready", None) != id(optimizer):
+            self._momentum_ready = id(optimizer)
             init_momentum_buffers(optimizer)

@@ -161,7 +161,7 @@ class StepClock(pl.Callback):
     and end and its falls between (``grad_scale_start``, ``grad_scale_end``, ``grad_scale_falls``; read
     without a host sync inside the window): each step whose gradients overflow is skipped (no weight
     update) and halves the scale, so falls mean the window timed skipped updates, and an end far below 1 a
-    loss that diverged.
+    loss that is NaN.
 
     Example:
         >>> clock = StepClock(warmup=30, steps=200, settle=True)

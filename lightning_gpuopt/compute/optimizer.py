@@ -56,13 +56,6 @@ def _set_amp_scaling(optimizer: torch.optim.Optimizer, value: bool) -> None:
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
 
 
-def _sgd_momentum_groups(optimizer: Any) -> list[dict[str, Any]]:
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if not isinstance(inner, torch.optim.SGD):
-        return []
-    return [g for g in inner.param_groups if g.get("fused") and g.get("momentum", 0) != 0]
-
-
 def init_momentum_buffers(optimizer: Any) -> int:
     """Give each parameter of a fused ``SGD`` with momentum a zero momentum buffer where it has none; return
     how many were made (0 for any other optimizer, or once the buffers exist).
@@ -78,8 +71,10 @@ def init_momentum_buffers(optimizer: Any) -> int:
         init_momentum_buffers(opt)   # before scaler.step(opt) is first called
     """
     inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, torch.optim.SGD):
+        return 0
     made = 0
-    for group in _sgd_momentum_groups(inner):
+    for group in (g for g in inner.param_groups if g.get("fused") and g.get("momentum", 0) != 0):
         for p in group["params"]:
             state = inner.state[p]
             if p.requires_grad and state.get("momentum_buffer") is None:

@@ -380,3 +380,13 @@ trainer:
     comp = next(c for c in cli.trainer.callbacks if isinstance(c, CompileModel))
     assert fused.fused == ["SGD"] and is_fused(cli.trainer.optimizers[0])
     assert comp.when == "auto" and not comp.compiled and comp.decision is None  # CPU: warned, stepped aside
+
+
+def test_image_classifier_zeroes_the_momentum_of_each_fits_optimizer() -> None:
+    from lightning_gpuopt.bench.models import ImageClassifier
+
+    module = ImageClassifier("small", num_classes=4, fused=True)
+    for _ in range(2):  # each fit's configure_optimizers makes a new optimizer
+        opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, fused=True)
+        module.on_before_optimizer_step(opt)
+        assert all(torch.count_nonzero(opt.state[p]["momentum_buffer"]) == 0 for p in module.parameters())
