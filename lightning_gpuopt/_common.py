@@ -70,15 +70,15 @@ def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
     module_globals = frame.f_globals
     # what warnings.warn does for the frame it settles on: its registry (the "default" action's once-per-
     # location memory) and globals (the source line via linecache)
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module=module_globals.get("__name__", "<unknown>"),
-        registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
-    )
+    args = (message, category, frame.f_code.co_filename, frame.f_lineno)
+    module = module_globals.get("__name__", "<unknown>")
+    registry = module_globals.setdefault("__warningregistry__", {})
+    try:
+        warnings.warn_explicit(*args, module=module, registry=registry, module_globals=module_globals)
+    except ImportError:
+        # ``python -c``, ``python - < script`` and the interactive prompt: ``__main__``'s loader
+        # (BuiltinImporter) raises when linecache asks it for source; warn without the source line
+        warnings.warn_explicit(*args, module=module, registry=registry)
 
 
 #: package folders whose frames a warning is never attributed to (this package first, then the frameworks

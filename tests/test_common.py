@@ -70,3 +70,60 @@ def test_only_rank_zero_warns(monkeypatch):
         warnings.simplefilter("always")
         warn_once("test_common: rank one")
     assert record == []
+
+
+#: a fit with ``GPUStatsMonitor`` on a CPU: the monitor warns in ``setup`` (no GPU to sample), from a
+#: ``__main__`` whose loader has no source (``python -c``, standard input, the interactive prompt)
+_INTERACTIVE_FIT = """\
+import warnings, torch, lightning.pytorch as pl
+from torch import nn
+from lightning_gpuopt import GPUStatsMonitor
+warnings.simplefilter("always")
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__(); self.layer = nn.Linear(2, 1)
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)), batch_size=2)
+trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                     enable_model_summary=False, enable_checkpointing=False, callbacks=[GPUStatsMonitor()])
+trainer.fit(Tiny(), data)
+print("FIT-ENDED", trainer.global_step)
+"""
+
+_CONSOLE = """\
+import code, sys
+console = code.InteractiveConsole(vars(sys.modules["__main__"]))  # the prompt's namespace, as at >>>
+source = sys.stdin.read()
+for line in source.splitlines():
+    console.push(line)
+console.push("")
+"""
+
+
+def _run(args, stdin=None):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONWARNINGS": "always"}
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+@pytest.mark.parametrize("how", ["python -c", "python - < script", "InteractiveConsole"])
+def test_a_fit_from_an_interactive_main_warns_instead_of_crashing(how):
+    """``__main__`` without a source loader: the package's warnings are shown, the fit ends normally."""
+    if how == "python -c":
+        done = _run(["-c", _INTERACTIVE_FIT])
+    elif how == "python - < script":
+        done = _run(["-"], stdin=_INTERACTIVE_FIT)
+    else:  # the interactive prompt: each statement pushed to a console, as typed
+        lines = _INTERACTIVE_FIT.replace("\nclass ", "\n\nclass ").replace("\ndata =", "\n\ndata =")
+        done = _run(["-c", _CONSOLE], stdin=lines)
+    assert "not a built-in module" not in done.stderr, done.stderr[-3000:]
+    assert "FIT-ENDED 2" in done.stdout, done.stderr[-3000:]
+    assert "GPUStatsMonitor" in done.stderr  # the CPU run's warning was shown
