@@ -117,3 +117,12 @@ def test_measure_loop_counts_every_step():
     calls = []
     m = measure_loop(lambda: calls.append(1), "cpu", warmup=2, steps=6, batch_size=3)
     assert len(calls) == 8 and m.steps == 6 and m.samples == 18
+
+
+def test_a_row_sums_the_grad_scalers_falls_of_its_repetitions():
+    def m(falls):
+        return Measurement(100, 1.0, (1.0,), extra={} if falls is None else {"grad_scale_falls": falls})
+
+    rows = {r["name"]: r for r in summarize({"c": [m(None)] * 3, "fp16": [m(0.0), m(2.0), m(1.0)]}, "c")}
+    assert rows["fp16"]["grad_scale_falls"] == 3.0
+    assert rows["c"]["grad_scale_falls"] is None  # no GradScaler: not a zero

@@ -314,6 +314,12 @@ def take_turns(
     return out
 
 
+def _summed(values: Any) -> float | None:
+    """The sum of the values that are not ``None``; ``None`` where all are."""
+    known = [v for v in values if v is not None]
+    return float(sum(known)) if known else None
+
+
 def summarize(
     results: Mapping[str, Sequence[Measurement | BaseException]], ceiling: str | None
 ) -> list[dict[str, Any]]:
@@ -325,8 +331,8 @@ def summarize(
         >>> res = {"ceiling": [Measurement(100, 1.0, (10.0,))] * 3,
         ...        "fed": [Measurement(90, 1.0, (11.0,)), Measurement(80, 1.0, (12.0,)), Measurement(95, 1.0, (11.0,))]}
         >>> row = summarize(res, "ceiling")[1]
-        >>> row["samples_per_sec"], row["of_ceiling"], row["of_ceiling_worst"]
-        (90.0, 0.9, 0.8)
+        >>> row["samples_per_sec"], row["of_ceiling"], row["of_ceiling_worst"], row["grad_scale_falls"]
+        (90.0, 0.9, 0.8, None)
     """
     base = [r for r in results.get(ceiling, ())] if ceiling else []
     rows = []
@@ -352,6 +358,8 @@ def summarize(
             p50_ms=percentile(steps, 0.5),
             p90_ms=percentile(steps, 0.9),
             compile_seconds=next((m.compile_seconds for m in ms if m.compile_seconds is not None), None),
+            # the GradScaler's falls inside the windows, summed over the repetitions (None: no scaler)
+            grad_scale_falls=_summed(m.extra.get("grad_scale_falls") for m in ms),
             repeats=[
                 {**m.to_dict(), "of_ceiling": ratios[i] if i < len(ratios) else None}
                 for i, m in enumerate(ms)
