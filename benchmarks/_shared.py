@@ -42,7 +42,8 @@ QUIET_FIT: dict[str, Any] = {
     "num_sanity_val_steps": 0,
     "limit_val_batches": 0,
 }
-#: results go here, named ``<date>-<subject>-<machine>.json``; git keeps only the files a document cites
+#: results go here, named ``<date>-<subject>-<machine>.json``: scratch that git ignores until a document
+#: cites the file and it moves into its subject folder (``results/README.md``, the index)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -78,11 +79,13 @@ def add_model(p: argparse.ArgumentParser, rows: Sequence[str]) -> None:
     p.add_argument("--rows", default=",".join(rows), help="comma-separated rows")
 
 
-def add_feed(p: argparse.ArgumentParser, data: str, out: str, rows: Sequence[str], workers: str) -> None:
-    """A feed benchmark's arguments: ``--data`` (the temp folder's ``data``), ``--out``, ``--only`` (some of
-    ``rows``), the images and stores, the model, the windows, ``--loader-batches`` and ``--quick``."""
+def add_feed(p: argparse.ArgumentParser, data: str, subject: str, rows: Sequence[str], workers: str) -> None:
+    """A feed benchmark's arguments: ``--data`` (the temp folder's ``data``), ``--out`` (by default
+    ``results_path`` of ``subject``), ``--only`` (some of ``rows``), the images and stores, the model, the
+    windows, ``--loader-batches`` and ``--quick``."""
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), data))
-    p.add_argument("--out", default=out)
+    p.add_argument("--out", default=None, help=f"results JSON (default results/<date>-{subject}-<gpu>.json)")
+    p.set_defaults(results_subject=subject)
     p.add_argument("--only", type=lambda s: [r.strip() for r in s.split(",") if r.strip()],
                    help=f"comma-separated rows (default all: {','.join(rows)})")
     p.add_argument("--images", type=int, default=8192)
@@ -101,9 +104,10 @@ def add_feed(p: argparse.ArgumentParser, data: str, out: str, rows: Sequence[str
 def feed_args(p: argparse.ArgumentParser, argv: list[str] | None, rows: Sequence[str],
               counted: Sequence[str] = ()) -> argparse.Namespace:
     """Parse ``add_feed``'s arguments (an unknown ``--only`` row stops the script, naming the choices; a row
-    of ``counted`` may end in ``:N``, N >= 1); sets ``args.device`` and, with ``--quick``, 64 tiny images, a
-    small model and a few steps."""
+    of ``counted`` may end in ``:N``, N >= 1); sets ``args.out`` (``results_path``), ``args.device`` and, with
+    ``--quick``, 64 tiny images, a small model and a few steps."""
     args = p.parse_args(argv)
+    args.out = str(results_path(args.out, vars(args).pop("results_subject"), args.quick))
     pattern = "|".join(map(re.escape, rows)) + "".join(f"|{re.escape(c)}:[1-9][0-9]*" for c in counted)
     if bad := sorted(r for r in args.only or () if not re.fullmatch(pattern, r)):
         p.error(f"--only: unknown rows {bad}; choose from {', '.join(rows)} ({', '.join(counted)}: also :N)")

@@ -25,13 +25,11 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from _shared import RESULTS, add_common, device_of, free, machine_tag, measured_fit, resident, say
+from _shared import add_common, device_of, free, measured_fit, resident, results_path, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import format_table
@@ -152,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.arch, args.batch_size, args.image_size, args.window = "small", 4, 32, 2
         args.warmup, args.steps, args.repeats = 2, 6, 1
-    path = Path(args.out) if args.out else RESULTS / f"ceiling_frac_{machine_tag()}.json"
-    if args.quick and not args.out:
-        path = Path(tempfile.gettempdir()) / "ceiling_frac_quick.json"
+    path = results_path(args.out, "ceiling-frac", args.quick)
     t0 = time.perf_counter()
     rows = rows_of(run(args), args.tolerance)
     write_results(path, rows, settings=vars(args), seconds=time.perf_counter() - t0, quick=args.quick)

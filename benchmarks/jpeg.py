@@ -34,7 +34,7 @@ with ``O_DIRECT``: the disk's own rate) and the JPEGs' ``source_bytes_per_image`
     python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
         loader_cpu_workers,loader_gpu_decode --out a.json                # one GPU host: about 7 minutes
     python3 benchmarks/jpeg.py --only raw_store_cold,compact_store_warm,compact_store_cold --out b.json
-    python3 benchmarks/peers.py merge a.json b.json --out benchmarks/results/jpeg_h200.json  # all: > 10 min
+    python3 benchmarks/peers.py merge a.json b.json --out merged.json  # all: > 10 min
     python3 benchmarks/jpeg.py --quick                                   # a CPU smoke run
 """
 
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_feed(p, "gpuopt_jpeg", "benchmarks/results/jpeg_h200.json", ROWS, "torchvision_v2's workers")
+    add_feed(p, "gpuopt_jpeg", "jpeg", ROWS, "torchvision_v2's workers")
     p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
     return feed_args(p, argv, ROWS, DECODER_ROWS)
 

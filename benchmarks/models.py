@@ -28,8 +28,10 @@ batch kept on the GPU):
     python3 benchmarks/models.py --quick --models resnet50,gpt2   # CPU smoke run: the stand-ins, eager
     python3 benchmarks/models.py --models vit_b_16 --advise       # and the advisor's three scenarios
 
-The results file is written after each model (``complete``: false and ``models_left`` until the last), so
-a run stopped by a time limit keeps the models it finished; ``--update`` with the models left goes on.
+It writes ``--out``, else ``results/<date>-models-<gpu>.json``; ``--update`` keeps that file's rows of the
+models not run now (``--out`` names a file of another day). The file is written after each model
+(``complete``: false and ``models_left`` until the last), so a run stopped by a time limit keeps the models
+it finished; ``--update`` with the models left goes on.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _shared import RESULTS, add_common, device_of, free, machine_tag, measured_fit, results_path, say
+from _shared import add_common, device_of, free, measured_fit, results_path, say
 from _zoo import COMPILE_MODES, ZOO, Config, Spec, ZooLoop, ZooModule, batches
 from _zoo_advice import advise
 from typing_extensions import override
@@ -338,13 +340,6 @@ def advise_rows(args: argparse.Namespace, path: Path) -> int:
     return 0 if all(s["pass"] is not False for m in args.models for s in rows[m]["advisor"].values()) else 1
 
 
-def out_path(args: argparse.Namespace) -> Path:
-    """``--out``; else ``results/models_<gpu>.json`` (a ``--quick`` run: the temp folder)."""
-    if args.out or args.quick:
-        return results_path(args.out, "models", args.quick)
-    return RESULTS / f"models_{machine_tag()}.json"
-
-
 def kept_rows(path: Path, names: list[str]) -> list[dict[str, Any]]:
     """With ``--update``: the rows of models not run now, from the file already at ``path``."""
     return [r for r in read_results(path).get("rows", []) if r.get("name") not in names]
@@ -388,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     # every configuration of the search compiles the model's forward again, a new module each time
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     rows: list[dict[str, Any]] = []
-    path = out_path(args)
+    path = results_path(args.out, "models", args.quick)
     if args.advise_only:
         return advise_rows(args, path)
     kept = kept_rows(path, args.models) if args.update else []

@@ -24,9 +24,9 @@ Feeds (each set up as its own docs recommend; ``--only`` picks some):
 FFCV is not a row: its only distribution is a source package whose build needs OpenCV and libjpeg-turbo
 development files found by pkg-config, which a pip-only environment does not have (``--ffcv-sdist`` tries).
 
-    python3 benchmarks/peers.py --out peers_h200.json              # every row: longer than 10 minutes on one H200
+    python3 benchmarks/peers.py                    # every row: longer than 10 minutes on one H200
     python3 benchmarks/peers.py --only ours_hdf5,torchvision_v2 --out a.json   # some rows (the ceiling always runs)
-    python3 benchmarks/peers.py merge a.json b.json --out peers_h200.json      # runs of one machine, one file
+    python3 benchmarks/peers.py merge a.json b.json --out merged.json          # runs of one machine, one file
     python3 benchmarks/peers.py --quick                                        # a CPU smoke run
 """
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -417,11 +416,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_feed(p, "gpuopt_peers", "benchmarks/results/peers_h200.json", FEEDS, "peers' DataLoader workers")
-    args = feed_args(p, argv, FEEDS)
-    if args.quick and args.out == p.get_default("out"):
-        args.out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers_quick.json")
-    return args
+    add_feed(p, "gpuopt_peers", "peers", FEEDS, "peers' DataLoader workers")
+    return feed_args(p, argv, FEEDS)
 
 
 def merge(paths: list[str], out: str) -> Path:

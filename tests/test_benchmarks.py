@@ -139,6 +139,17 @@ def test_quick_mode_writes_no_recorded_result(tmp_path: Path) -> None:
     assert shared.results_path(str(tmp_path / "x.json"), "feeds", quick=True) == tmp_path / "x.json"
 
 
+@pytest.mark.parametrize("script", ["peers", "jpeg"])
+def test_feed_scripts_write_dated_results_by_default(script: str) -> None:
+    """Like every script, ``peers.py`` and ``jpeg.py`` write ``results/<date>-<subject>-<machine>.json``
+    (scratch that git ignores), a ``--quick`` run to the temp folder."""
+    parse = load(f"{script}.py").parse_args
+    recorded = parse([])
+    assert Path(recorded.out) == load("_shared.py").results_path(None, script, quick=False)
+    assert "results_subject" not in vars(recorded)
+    assert Path(parse(["--quick"]).out).parent == Path(tempfile.gettempdir())
+
+
 def test_feed_specs() -> None:
     feeds = load("feeds.py")
     assert feeds.parse_feed("hdf5:8") == ("hdf5", 8) and feeds.parse_feed("dali:cpu") == ("dali", "cpu")
@@ -222,7 +233,8 @@ def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     lines = _run_all(tmp_path)
     steps = [line.split(":", 1)[0][4:] for line in lines]
     assert steps == ["tests", "ladder", "peers", "compute", "feeds", "overhead", "advisor"]
-    assert "pytest -m gpu" in lines[0] and "peers.py --out /tmp/run_all/results/peers_gpu.json" in lines[2]
+    assert "pytest -m gpu" in lines[0] and "peers.py --out /tmp/run_all/results/" in lines[2]
+    assert re.search(r"--out /tmp/run_all/results/\d{4}-\d{2}-\d{2}-peers-gpu\.json$", lines[2]), lines[2]
     for line in lines:
         scripts = [w for w in line.split(": ", 1)[1].split() if w.endswith(".py")]
         assert all((REPO / s).is_file() for s in scripts), line
@@ -230,6 +242,7 @@ def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     assert "skipped (needs two GPUs" in named[0] and "accuracy_parity.py --size gpu" in named[1]
     for line, script in zip(named[2:], ("jpeg", "stores", "models", "ceiling_frac"), strict=True):
         assert f"benchmarks/{script}.py --out /tmp/run_all/results/" in line, line
+    assert named[-1].endswith("-ceiling-frac-gpu.json"), named[-1]
 
 
 def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
@@ -299,27 +312,3 @@ def test_profile_step_reads_streams_gaps_and_launch_lead_from_a_trace(tmp_path: 
     assert got["main_stream_largest_gaps_ms"][:2] == [0.4, 0.35]
     assert got["launch_to_start_ms_p10_p50_p90"] == [0.05, 0.05, 0.05]
     assert got["host_cuda_api_ms_per_step"]["cudaLaunchKernel"] == pytest.approx(0.0125)
-
-
-#: a results file as the docs name it: ``<date>-<subject>-<machine>.json|log`` or ``<subject>_<machine>.json``
-_RESULT_NAME = re.compile(r"(?:benchmarks/results/)?((?:\d{4}-\d{2}-\d{2}-[\w.-]+|[a-z0-9_]+_(?:h200|h100|cpu)"
-                          r"[a-z0-9_]*)\.(?:json|log))$")  # fmt: skip
-
-
-def test_every_results_file_a_document_names_is_kept_in_git() -> None:
-    """A figure's source travels with the repository: each results file named in a code span or a link of
-    README.md, CHANGELOG.md or docs/ is tracked (``git add -f``: results are ignored until cited)."""
-    root = BENCH.parent
-    if not (root / ".git").exists():
-        pytest.skip("not a git checkout")
-    tracked = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=root, capture_output=True,
-                             text=True, check=True).stdout.split()  # fmt: skip
-    kept = {Path(t).name for t in tracked} | {Path(t).parent.name for t in tracked}
-    missing = set()
-    for doc in [root / "README.md", root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md"))]:
-        text = doc.read_text()
-        for span in re.findall(r"`([^`\s]+)`|\]\(([^)\s]+)\)", text):
-            m = _RESULT_NAME.search(span[0] or span[1])
-            if m and Path(m.group(0)).name not in kept:
-                missing.add(f"{doc.relative_to(root)}: {m.group(0)}")
-    assert not missing, sorted(missing)

@@ -86,7 +86,7 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 CPU_DECODE_RATE_PER_THREAD = 420
 #: a JPEG store's images (re-encoded at most at its storage size, 256 px on the shorter side by default) one
 #: thread decodes a second at least: 14 threads fed a compiled ResNet-50 7,346 img/s, the model's own rate,
-#: on a 16-core H200 host (benchmarks/results/jpeg_h200.json)
+#: on a 16-core H200 host (benchmarks/results/jpeg/2026-12-05-jpeg-h200.json)
 STORE_DECODE_RATE_PER_THREAD = 525
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
