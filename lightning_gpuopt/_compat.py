@@ -167,7 +167,7 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 def worker_error_message(text: str, error: type[BaseException]) -> str | None:
-    """The message an exception of type ``error`` had in a DataLoader worker, read from the text the main
+    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text the main
     process re-raises it with (``torch._utils.ExceptionWrapper.reraise`` calls ``error(text)``, ``text``
     being ``Caught <Type> in DataLoader worker process <n>.`` and the worker's traceback, whose last line
     is ``<module>.<Type>: <message>``); ``None`` for any other text (a message of one line among them).

@@ -8,9 +8,16 @@ import pytest
 from PIL import Image
 
 from lightning_gpuopt.cli import main
-from lightning_gpuopt.data.folder import UnreadableImagesError, check_image_folder, load_canvas, scan_image_folder
-from tests._cli import one_error_line
-from tests._cli import own_cache  # noqa: F401 - the autouse fixture
+from lightning_gpuopt.data.folder import (
+    UnreadableImagesError,
+    check_image_folder,
+    load_canvas,
+    scan_image_folder,
+)
+from tests._cli import (
+    one_error_line,
+    own_cache,  # noqa: F401 - the autouse fixture
+)
 
 
 def _folder(root, n=12):
@@ -23,7 +30,11 @@ def _folder(root, n=12):
 
 def _damage(root):
     """Three kinds of bad file: truncated, not an image at all, a hole of 0xff bytes in the entropy data."""
-    truncated, text, hole = root / "class_1" / "04.jpg", root / "class_2" / "08.jpg", root / "class_0" / "06.jpg"
+    truncated, text, hole = (
+        root / "class_1" / "04.jpg",
+        root / "class_2" / "08.jpg",
+        root / "class_0" / "06.jpg",
+    )
     truncated.write_bytes(truncated.read_bytes()[:900])
     text.write_bytes(b"not an image")
     data = bytearray(hole.read_bytes())

@@ -45,8 +45,8 @@ _SKIP_LOG_LOCK = threading.Lock()
 #: what an unreadable image's error advises by default.
 SKIP_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
 #: the shorter side ``check_image_folder`` decodes to: a JPEG is then decoded at a reduced DCT scale, which
-#: still entropy-decodes every byte of it (a truncated or damaged file fails as in training), for a fraction
-#: of the cost of the full decode
+#: still entropy-decodes every byte of it (a truncated or damaged file fails as in training), for about half
+#: the cost of the decode at 256
 CHECK_SIZE = 16
 #: unreadable images an error lists by name (``UnreadableImagesError.errors`` holds them all)
 _LISTED = 20
@@ -436,7 +436,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
         size: shorter side of the stored images in pixels (256 for 224 crops: ``eval_resize_size``).
-        on_corrupt: ``"raise"`` (default) raises ``ValueError`` naming an unreadable file; ``"skip"``
+        on_corrupt: ``"raise"`` (default) raises ``CorruptImageError`` naming an unreadable file; ``"skip"``
             returns the next readable image in its place (so batches keep their size) and records the path.
         skip_log: folder where skipped paths are appended (one file per process), so skips made inside
             DataLoader worker processes can be counted by the main process (``OptimizedDataModule`` sets it).

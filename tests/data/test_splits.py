@@ -142,7 +142,7 @@ def test_a_backend_named_for_one_kind_names_the_one_fix_for_the_other(tmp_path):
     with pytest.raises(ValueError) as refused:
         OptimizedDataModule(train, val, backend="folder")
     message = str(refused.value)
-    assert message.startswith(f"train_dir must be a folder laid out as <root>/<class>/<image>")
+    assert message.startswith("train_dir must be a folder laid out as <root>/<class>/<image>")
     assert "backend='auto'" in message and "backend='hdf5'" not in message
     from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
