@@ -78,21 +78,25 @@ def check_int(
     low: int | None = None,
     high: int | None = None,
     none_ok: bool = False,
+    also: tuple[str, ...] = (),
     what: str = "",
     fix: str = "",
 ) -> None:
     """``TypeError`` unless ``value`` is an ``int``, ``ValueError`` unless it is within the bounds.
 
-    A ``bool`` is not an int here; ``None`` passes where ``none_ok``. Each bound applies where given.
+    A ``bool`` is not an int here; ``None`` passes where ``none_ok``, and the strings of ``also`` (such as
+    ``"auto"``) pass too: there another string is a wrong value (``ValueError``). Each bound applies where
+    given.
 
     ``what`` is added to the message after the bounds (``"an int >= 1 (optimizer steps)"``).
     """
     bounds = _bounds(low, high, False, False)
-    must = _must("an int", bounds, what, none_ok)
-    if none_ok and value is None:
+    must = " or ".join([*(repr(a) for a in also), _must("an int", bounds, what, none_ok)])
+    if (none_ok and value is None) or (isinstance(value, str) and value in also):
         return
-    check_arg(is_int(value), name, value, must, fix, TypeError)
-    check_arg((low is None or value >= low) and (high is None or value <= high), name, value, must, fix)
+    check_arg(is_int(value) or (bool(also) and isinstance(value, str)), name, value, must, fix, TypeError)
+    ok = is_int(value) and (low is None or value >= low) and (high is None or value <= high)
+    check_arg(ok, name, value, must, fix)
 
 
 def check_float(

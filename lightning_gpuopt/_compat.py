@@ -80,6 +80,11 @@ _INTERNALS: tuple[_Internal, ...] = (
         "the advisor reads the GradScaler's scale without a host sync",
     ),
     _Internal(
+        "torch._utils",
+        "ExceptionWrapper",
+        "an unreadable image in a DataLoader worker ends the fit with its own one-line message",
+    ),
+    _Internal(
         "multiprocessing.process._current_process",
         "_config",
         "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it",
@@ -159,6 +164,25 @@ def shutdown_workers(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if callable(shutdown):
         shutdown()
+
+
+def worker_error_message(text: str, error: type[BaseException]) -> str | None:
+    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text the main
+    process re-raises it with (``torch._utils.ExceptionWrapper.reraise`` calls ``error(text)``, ``text``
+    being ``Caught <Type> in DataLoader worker process <n>.`` and the worker's traceback, whose last line
+    is ``<module>.<Type>: <message>``); ``None`` for any other text (a message of one line among them).
+
+    Example:
+        >>> text = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback ...\nValueError: bad"
+        >>> worker_error_message(text, ValueError), worker_error_message("bad", ValueError)
+        ('bad', None)
+    """
+    if not text.startswith(f"Caught {error.__name__} "):
+        return None
+    module = error.__module__
+    name = error.__qualname__ if module in ("builtins", "__main__") else f"{module}.{error.__qualname__}"
+    last = text.rstrip().rpartition("\n")[2]
+    return last[len(name) + 2 :] if last.startswith(f"{name}: ") else None
 
 
 def shared_uint8(numel: int) -> torch.Tensor:

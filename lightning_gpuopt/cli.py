@@ -8,7 +8,8 @@ Exit codes, one per kind of failure, each with one line on stderr and no traceba
 
 - 0: done.
 - 1: the command ran but could not measure what was asked (``bench`` or ``demo``: no requested row ran, or a
-  row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``.
+  row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``; ``check`` found images
+  that cannot be decoded (listed).
 - 2: a user error, found before any work where it can be: a bad option or value (``CommandParser``), a
   missing file, a path that cannot be written, a missing optional package, data that cannot be read:
   ``lightning-gpuopt <cmd>: error: ...`` with the fix, advice spelled as the command's options.
@@ -45,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": (
         "lightning_gpuopt.commands.tune",
         "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
+    ),
+    "check": (
+        "lightning_gpuopt.commands.check",
+        "decode every image of a folder and list each one that cannot be decoded",
     ),
 }
 

@@ -155,6 +155,13 @@ def test_the_helpers_say_what_and_refuse_non_finite_numbers() -> None:
     check_bool(None, "on", none_ok=True)
     with pytest.raises(ValueError, match=r"^n must be an int >= 1 and <= 3 \(steps\), got 4$"):
         check_int(4, "n", low=1, high=3, what="(steps)")
+    # a string it also takes: another string is a wrong value, a float or a bool a wrong type
+    check_int("auto", "workers", low=0, also=("auto",))
+    with pytest.raises(ValueError, match=r"^workers must be 'auto' or an int >= 0, got 'eight'$"):
+        check_int("eight", "workers", low=0, also=("auto",))
+    for wrong in (2.5, True, None):
+        with pytest.raises(TypeError, match=r"^workers must be 'auto' or an int >= 0, got"):
+            check_int(wrong, "workers", low=0, also=("auto",))
     assert check_float(2, "x", low=0, low_open=True) == 2.0 and check_float(None, "x", none_ok=True) is None
     for bad in (INF, -INF, NAN):
         with pytest.raises(ValueError, match="^x must be a finite number, got"):

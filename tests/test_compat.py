@@ -106,3 +106,30 @@ def test_replace_sigterm_check_falls_back_where_the_loop_lacks_it():
     assert vars(loop) == {}
     assert _compat.replace_sigterm_check(object(), print) is False
     _warnings().clear()
+
+
+class _Refused(ValueError):
+    """An error of the package's own kind (defined outside builtins)."""
+
+
+class _RaisesAt:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            raise _Refused("cannot read item 2; fix it")
+        return i
+
+
+def test_worker_error_message_reads_a_worker_errors_own_line_back():
+    """What DataLoader re-raises in the main process for a worker's exception: the type, called with the
+    worker's traceback text, whose last line holds the original message."""
+    loader = torch.utils.data.DataLoader(_RaisesAt(), batch_size=1, num_workers=1)
+    with pytest.raises(_Refused) as raised:
+        list(loader)
+    text = str(raised.value)
+    assert "\n" in text  # torch's text, the traceback around the message
+    assert _compat.worker_error_message(text, _Refused) == "cannot read item 2; fix it"
+    assert _compat.worker_error_message(text, KeyError) is None  # another type's text
+    assert _compat.worker_error_message("cannot read item 2; fix it", _Refused) is None  # a plain message

@@ -243,7 +243,7 @@ def test_the_documented_errors(doc_main, config, data, capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--data.batch_size=0"], "data.batch_size must be a positive int, got 0"),
+        (["--data.batch_size=0"], "data.batch_size must be an int >= 1, got 0"),
         (
             ["--data.tuning.budget_s=-1"],
             "data.tuning.budget_s must be a finite number > 0 (seconds), got -1.0",

@@ -27,7 +27,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import synchronize
 
 #: the first and the second half of a measured window differ by more than this: the pipeline was not steady
@@ -171,8 +171,8 @@ class StepClock(pl.Callback):
     """
 
     def __init__(self, warmup: int = 30, steps: int = 200, settle: bool = False, cpu: bool = False) -> None:
-        check_arg(is_int(warmup) and warmup >= 0, "warmup", warmup, "an int >= 0")
-        check_arg(is_int(steps) and steps >= 2, "steps", steps, "an int >= 2")
+        check_int(warmup, "warmup", low=0)
+        check_int(steps, "steps", low=2)
         self.warmup, self.steps, self.settle, self.cpu = warmup, steps, settle, cpu
         self._reset()
 
@@ -295,7 +295,7 @@ def take_turns(
         >>> [m.samples_per_sec for m in out["a"]]
         [8.0, 8.0]
     """
-    check_arg(is_int(repeats) and repeats >= 1, "repeats", repeats, "an int >= 1")
+    check_int(repeats, "repeats", low=1)
     out: dict[str, list[Measurement | BaseException]] = {name: [] for name in variants}
     for turn in range(repeats):
         for name, run in variants.items():

@@ -48,6 +48,7 @@ __all__ = [
     "FolderBackend",
     "HDF5Backend",
     "HostBackend",
+    "MixedBackend",
     "Owner",
     "host_loader",
     "choose_backend",
@@ -183,7 +184,7 @@ class FolderBackend(HostBackend):
                 f"{split}_dir",
                 path,
                 "a folder laid out as <root>/<class>/<image> for the folder backend",
-                "pass backend='hdf5' for HDF5 files",
+                "pass backend='auto', which reads a store file as a store and a folder as a folder",
             )
         super().check(paths, on_corrupt=on_corrupt, dali=dali)
 
@@ -213,6 +214,10 @@ class HDF5Backend(HostBackend):
 
     name = "hdf5"
 
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+        _check_stores(paths, "an HDF5 store file for the hdf5 backend")
+        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
     ) -> Dataset | None:
@@ -234,6 +239,38 @@ class HDF5Backend(HostBackend):
         return info
 
 
+class MixedBackend(HostBackend):
+    """Store files and image folders in one DataModule (``backend="auto"``): each split is read by the
+    backend of its kind, a store file as ``HDF5Backend`` reads it and a folder as ``FolderBackend`` does, so a
+    store for training and a folder for validation work together. DALI is left out: it reads folders only
+    where every split is one.
+
+    Example:
+        >>> MixedBackend().dataset("data/val", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
+        UInt8ImageFolder(root='data/val', size=256, images=..., classes=...)
+    """
+
+    name = "hdf5+folder"
+
+    @staticmethod
+    def _of(path: str) -> HostBackend:
+        return HDF5Backend() if _store_file(path) else FolderBackend()
+
+    def dataset(
+        self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
+    ) -> Dataset | None:
+        return self._of(path).dataset(
+            path, storage_size=storage_size, on_corrupt=on_corrupt, skip_log=skip_log
+        )
+
+    def classes(self, path: str) -> list[str] | None:
+        return self._of(path).classes(path)
+
+    def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
+        kind = FolderBackend() if isinstance(dataset, UInt8ImageFolder) else HDF5Backend()
+        return kind.feed(dataset, batch_size=batch_size, workers=workers, threads=threads, pin=pin)
+
+
 def _check_dali_options(dali: Any) -> None:
     from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only by its loaders
 
@@ -245,6 +282,19 @@ def _check_dali_options(dali: Any) -> None:
         "e.g. dali=DALIOptions(decoder='cpu')",
         error=TypeError,
     )
+
+
+def _check_stores(paths: dict[str, str | None], must: str) -> None:
+    """Refuse a folder where a store file belongs, naming the command that converts it."""
+    for split, path in paths.items():
+        check_arg(
+            path is None or not Path(path).is_dir(),
+            f"{split}_dir",
+            path,
+            must,
+            f"pass backend='auto' to read the folder as a folder, or convert it first: "
+            f"`lightning-gpuopt convert {path} {path}.h5`",
+        )
 
 
 class DALIBackend(Backend):
@@ -266,6 +316,14 @@ class DALIBackend(Backend):
             None,
             "a JPEG folder with backend='dali' (DALI reads image folders itself)",
         )
+        for split, path in paths.items():
+            check_arg(
+                path is None or Path(path).is_dir(),
+                f"{split}_dir",
+                path,
+                "a JPEG folder, as train_dir is, with backend='dali' (DALI reads image folders itself)",
+                "pass backend='auto', which reads a store file as a store and a folder as a folder",
+            )
         check_arg(
             on_corrupt == "raise",
             "on_corrupt",
@@ -324,6 +382,10 @@ class DALIStoreBackend(HDF5Backend):
             "a JPEG folder or a JPEG store (lightning-gpuopt convert --format jpeg) with backend='dali'",
             "read a raw store with backend='hdf5' (or 'auto'), or convert the JPEGs with --format jpeg",
         )
+        _check_stores(
+            paths,
+            "a store file with backend='dali' on a JPEG store (its evaluation splits are read as stores)",
+        )
         _check_dali_options(dali)
 
     def loader(self, dm: Owner, split: str) -> Any:
@@ -341,7 +403,7 @@ BACKENDS = ("auto", *_BACKENDS)
 
 def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
     """The ``Backend`` that ``backend`` (one of ``BACKENDS``) names; ``"auto"``: ``.h5``/``.hdf5`` files ->
-    HDF5, else folders; splits of both kinds are refused.
+    HDF5, folders -> the folder backend, splits of both kinds -> ``MixedBackend`` (each read by its kind).
 
     Example:
         >>> resolve_backend("auto", {"train": None}), resolve_backend("dali", {})
@@ -351,18 +413,9 @@ def resolve_backend(backend: str, paths: dict[str, str | None]) -> Backend:
         return DALIStoreBackend()
     if backend != "auto":
         return _BACKENDS[backend]()
-    kinds = {
-        k: ("hdf5" if _store_file(v) else "folder")
-        for k, v in paths.items()
-        if v is not None
-    }
-    check_arg(
-        len(set(kinds.values())) <= 1,
-        "backend",
-        backend,
-        f"given explicitly when splits mix HDF5 files and folders ({kinds})",
-        "give all splits in one format or pass backend='hdf5'/'folder'",
-    )
+    kinds = {k: ("hdf5" if _store_file(v) else "folder") for k, v in paths.items() if v is not None}
+    if len(set(kinds.values())) > 1:
+        return MixedBackend()
     return _BACKENDS[next(iter(kinds.values()), "folder")]()
 
 
@@ -401,6 +454,11 @@ def choose_backend(
         return chosen, None
     if own_datasets:
         return chosen, "a <split>_dataset hook of yours gives the data"
+    if isinstance(chosen, MixedBackend):
+        return (
+            chosen,
+            "store files and image folders: each split is read by its kind, the folders by worker processes",
+        )
     if not isinstance(chosen, FolderBackend):
         return _store_backend(chosen, paths.get("train"))
     if on_corrupt != "raise":

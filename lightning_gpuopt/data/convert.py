@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_choice, check_int
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data._destination import (
     OutputExistsError,
-    OutputInUseError,
+    OutputInUseError,  # noqa: F401 - raised by _Claim; the convert command catches it from here
     _check_free_space,
     _Claim,
     _create_temp,
@@ -43,6 +43,7 @@ from lightning_gpuopt.data._destination import (
 )
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data._lifetime import Janitor, die_with_parent
+from lightning_gpuopt.data.folder import CorruptImageError
 
 FORMAT = "lightning-gpuopt/uint8-images"
 #: 1: a central square per image (no longer read); 2: whole images on a canvas with ``meta`` (no longer
@@ -61,18 +62,8 @@ RESIZE_DOC = (
 )
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
 _PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name
-
-
-class CorruptImageError(ValueError):
-    """An image file that cannot be decoded: ``path`` names it, ``reason`` says what the decoder said."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(
-            f"cannot decode image {path!r} ({reason}); remove or replace the file, or pass on_corrupt='skip' "
-            "to leave unreadable images out"
-        )
-        self.path = path
-        self.reason = reason
+#: what an unreadable image's error advises in a conversion.
+CONVERT_FIX = "remove or replace the file, or pass on_corrupt='skip' to leave unreadable images out"
 
 
 class DecodeWorkerError(RuntimeError):
@@ -376,11 +367,9 @@ def convert_folder_to_hdf5(
     h5py = require("h5py")
     t_start = time.perf_counter()
     layout.canvas_shape(storage_size)  # validates storage_size
-    check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
-    check_arg(format in ("raw", "jpeg"), "format", format, "'raw' or 'jpeg'")
-    check_arg(
-        workers is None or (is_int(workers) and workers >= 0), "workers", workers, "None or an int >= 0"
-    )
+    check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
+    check_choice(format, "format", ("raw", "jpeg"))
+    check_int(workers, "workers", low=0, none_ok=True)
     src_path = Path(src).expanduser()
     out_path, dest = _destination(out, overwrite)
     with _sigterm_cleans_up():
@@ -645,7 +634,7 @@ def _write_blocks(
         bad = set()
         for j, path, reason in errors:
             if not keep_going:
-                raise CorruptImageError(path, reason)
+                raise CorruptImageError.of(path, reason, CONVERT_FIX)
             bad.add(j)
             keep[start + j] = False
             skipped.append(writer.rel[start + j])

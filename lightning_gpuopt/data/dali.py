@@ -248,15 +248,10 @@ class DALILoader:
             len(files) == len(labels), "labels", f"{len(labels)} labels", f"one per file ({len(files)})"
         )
         check_arg(len(files) > 0, "files", files, "a non-empty list of image paths")
-        check_arg(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an int >= 1")
-        check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "an int >= 1")
+        check_int(batch_size, "batch_size", low=1)
+        check_int(image_size, "image_size", low=1)
         check_arg(0 <= shard_id < num_shards, "shard_id", shard_id, f"in [0, num_shards={num_shards})")
-        check_arg(
-            is_int(local_world_size) and local_world_size >= 1,
-            "local_world_size",
-            local_world_size,
-            "an int >= 1",
-        )
+        check_int(local_world_size, "local_world_size", low=1)
         check_arg(
             dtype in (torch.float16, torch.bfloat16, torch.float32),
             "dtype",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size
 from lightning_gpuopt._imports import require_dali
 from lightning_gpuopt.data.transforms import CROP_ATTEMPTS, AugmentConfig
@@ -227,7 +227,7 @@ def build_dali_pipeline(
         ...                            augment=AugmentConfig())  # doctest: +SKIP
     """
     check_arg(decoder in DECODERS, "decoder", decoder, f"one of {DECODERS}")
-    check_arg(is_int(num_threads) and num_threads >= 1, "num_threads", num_threads, "an int >= 1")
+    check_int(num_threads, "num_threads", low=1)
     dali, fn, types = dali_modules()
     gpu = device_id is not None
     mean255 = [float(m) * 255.0 for m in mean]

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_bool, check_choice, check_int, is_int
 from lightning_gpuopt._common import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -31,7 +31,13 @@ from lightning_gpuopt._common import (
 )
 from lightning_gpuopt.data._lifetime import Janitor
 from lightning_gpuopt.data.backends import BACKENDS, choose_backend
-from lightning_gpuopt.data.folder import ON_CORRUPT, UInt8ImageFolder, class_indices
+from lightning_gpuopt.data.folder import (
+    ON_CORRUPT,
+    UInt8ImageFolder,
+    UnreadableImagesError,
+    check_image_folder,
+    class_indices,
+)
 from lightning_gpuopt.data.loader import (
     SPLITS,
     BatchReader,
@@ -118,6 +124,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         pin_memory: pin host batches (None: when the Trainer's device is CUDA).
         on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: unreadable images are
             replaced by the next readable one, counted, listed in ``skipped_images`` and warned at teardown).
+        check_images: decode every image of the folder splits of a stage in ``setup``, before training
+            (``folder.check_image_folder``: seconds for thousands of images), and raise one error listing
+            every one that cannot be decoded (``on_corrupt="skip"``: warn listing them). Store files were
+            checked when converted.
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
         dali: DALI options for ``backend="dali"`` (``DALIOptions``: decoder, threads); ``build_dali_loader``
             reads them from ``dm.dali``.
@@ -151,11 +161,12 @@ class OptimizedDataModule(pl.LightningDataModule):
         augment: AugmentConfig | bool = True,
         pin_memory: bool | None = None,
         on_corrupt: str = "raise",
+        check_images: bool = False,
         tuning: TuningConfig | None = None,
         dali: DALIOptions | None = None,
     ) -> None:
         super().__init__()
-        check_arg(backend in BACKENDS, "backend", backend, f"one of {BACKENDS}")
+        check_choice(backend, "backend", BACKENDS)
         paths: dict[str, str | None] = {}
         for split, value in zip(SPLITS, (train_dir, val_dir, test_dir, predict_dir), strict=True):
             if value is not None:
@@ -169,14 +180,9 @@ class OptimizedDataModule(pl.LightningDataModule):
                     )
                 value = os.fspath(p)
             paths[split] = value
-        check_arg(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "a positive int")
+        check_int(batch_size, "batch_size", low=1)
         cap = MAX_WORKERS_PER_CPU * available_cpus()
-        check_arg(
-            num_workers == "auto" or (is_int(num_workers) and int(num_workers) >= 0),
-            "num_workers",
-            num_workers,
-            "'auto' or an int >= 0",
-        )
+        check_int(num_workers, "num_workers", low=0, also=("auto",))
         check_arg(
             not is_int(num_workers) or int(num_workers) <= cap,
             "num_workers",
@@ -184,14 +190,17 @@ class OptimizedDataModule(pl.LightningDataModule):
             f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",
             "pass num_workers='auto' to measure the best count",
         )
-        check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "a positive int (pixels)")
-        storage_size = eval_resize_size(image_size) if storage_size is None else storage_size
+        check_int(image_size, "image_size", low=1, what="(pixels)")
+        resize = eval_resize_size(image_size)
+        storage_size = resize if storage_size is None else storage_size
+        fix = f"leave it None for eval_resize_size(image_size) = {resize}"
+        check_int(storage_size, "storage_size", what=f">= image_size ({image_size})", fix=fix)
         check_arg(
-            is_int(storage_size) and storage_size >= image_size,
+            storage_size >= image_size,
             "storage_size",
             storage_size,
             f"an int >= image_size ({image_size})",
-            f"leave it None for eval_resize_size(image_size) = {eval_resize_size(image_size)}",
+            fix,
         )
         self.mean, self.std = check_mean_std(mean, std)
         check_arg(
@@ -208,7 +217,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             "None or a bool",
             error=TypeError,
         )
-        check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
+        check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
+        check_bool(check_images, "check_images")
         tuning = TuningConfig() if tuning is None else tuning
         check_arg(
             isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
@@ -234,6 +244,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         )
         self.pin_memory = pin_memory
         self.on_corrupt = on_corrupt
+        self.check_images = check_images
+        self._checked: set[str] = set()  # folders check_images found readable
         self.tuning = tuning
         self.gpu_augment = GPUAugment(image_size, self.augment, self.mean, self.std)
         self._stage_seed = 0  # drawn for each training loader (train_dataloader)
@@ -372,7 +384,29 @@ class OptimizedDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Prepare the stage: build the datasets it needs (errors surface here, before training) and
         resolve their workers; DALI lists and decodes its folders itself when its loaders are built."""
+        if self.check_images:
+            self._check_images(stage)
         self._backend.setup(self, stage)
+
+    def _check_images(self, stage: str) -> None:
+        """``check_images``: decode every image of the stage's folder splits once, listing the unreadable."""
+        threads = max(1, 2 * available_cpus() // self._local_world_size())
+        fix = (
+            "each is replaced by the next readable image (on_corrupt='skip')"
+            if self.on_corrupt == "skip"
+            else ""
+        )
+        for split in STAGE_SPLITS.get(stage, SPLITS):
+            path = getattr(self, f"{split}_dir")
+            if path is None or path in self._checked or not os.path.isdir(path):
+                continue
+            try:
+                check_image_folder(path, threads=threads, fix=fix)
+            except UnreadableImagesError as err:
+                if self.on_corrupt == "raise":
+                    raise
+                warn_once(f"OptimizedDataModule(check_images=True): {err}")
+            self._checked.add(path)
 
     def _setup_datasets(self, stage: str) -> None:
         """``setup`` of a backend that reads datasets on the host (``HostBackend``)."""

@@ -10,8 +10,11 @@ folder.
 
 from __future__ import annotations
 
+import ast
 import io
 import os
+import re
+import shlex
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +23,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg, check_batch_array, is_int
+from lightning_gpuopt._checks import check_arg, check_batch_array, check_choice, check_int
+from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.data.readers import DecodesInWorkers
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
@@ -38,6 +42,73 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
 ON_CORRUPT = ("raise", "skip")
 #: serializes appends to a skip log from the reading threads of one process.
 _SKIP_LOG_LOCK = threading.Lock()
+#: what an unreadable image's error advises by default.
+SKIP_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
+#: the shorter side ``check_image_folder`` decodes to: a JPEG is then decoded at a reduced DCT scale, which
+#: still entropy-decodes every byte of it (a truncated or damaged file fails as in training), for about half
+#: the cost of the decode at 256
+CHECK_SIZE = 16
+#: unreadable images an error lists by name (``UnreadableImagesError.errors`` holds them all)
+_LISTED = 20
+_MESSAGE = re.compile(r"cannot decode image ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") \((.*?)\); ")
+
+
+class CorruptImageError(ValueError):
+    """An image file its decoder refuses; the message is one line naming the file and the fix.
+
+    Raised in a DataLoader worker, it reaches the main process as that line too: DataLoader re-raises a
+    worker's exception by calling its type with the worker's traceback text, and this type keeps the
+    text's last line, its own message (``_compat.worker_error_message``), and reads ``path`` and
+    ``reason`` back from it.
+
+    Attributes:
+        path: the file.
+        reason: what the decoder said (``"OSError: image file is truncated"``).
+
+    Example:
+        >>> str(CorruptImageError.of("a/1.jpg", "OSError: truncated", "remove it"))
+        "cannot decode image 'a/1.jpg' (OSError: truncated); remove it"
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, reason: str | None = None) -> None:
+        from lightning_gpuopt import _compat
+
+        message = _compat.worker_error_message(message, type(self)) or message
+        super().__init__(message)
+        found = _MESSAGE.match(message) if path is None else None
+        if found is not None:
+            path, reason = ast.literal_eval(found.group(1)), found.group(2)
+        self.path, self.reason = path, reason
+
+    @classmethod
+    def of(cls, path: str, reason: str, fix: str = SKIP_FIX) -> CorruptImageError:
+        """The error for ``path``: ``cannot decode image '<path>' (<reason>); <fix>``, on one line."""
+        reason = " ".join(reason.split())
+        return cls(f"cannot decode image {path!r} ({reason}); {fix}", path=path, reason=reason)
+
+
+class UnreadableImagesError(ValueError):
+    """Images of a folder its decoders refuse, all of them at once (``check_image_folder``).
+
+    Attributes:
+        root: the folder.
+        images: how many images it holds.
+        errors: a ``CorruptImageError`` for each image that cannot be decoded, in file order.
+    """
+
+    def __init__(self, root: str, images: int, errors: Sequence[CorruptImageError], fix: str = "") -> None:
+        self.root, self.images, self.errors = root, images, list(errors)
+        shown = ", ".join(
+            f"{os.path.relpath(e.path or '', root)!r} ({e.reason})" for e in self.errors[:_LISTED]
+        )
+        more = f" and {len(self.errors) - _LISTED} more" if len(self.errors) > _LISTED else ""
+        fix = fix or "remove or replace them, or pass on_corrupt='skip' to skip unreadable images"
+        super().__init__(
+            f"{len(self.errors)} of {images} image(s) in {root!r} cannot be decoded: {shown}{more}; {fix}"
+        )
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.root, self.images, self.errors))
 
 
 def _is_hidden(name: str) -> bool:
@@ -75,7 +146,7 @@ def folder_classes(root: str | os.PathLike[str]) -> list[str]:
     if not root_path.is_dir():
         raise ValueError(
             f"{str(root_path)!r} is a file, not a folder; pass a folder laid out as <root>/<class>/<image> "
-            "(for an HDF5 file use backend='hdf5')"
+            "(read an HDF5 store with HDF5ImageDataset, or OptimizedDataModule's backend='auto')"
         )
     try:
         classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not _is_hidden(e.name))
@@ -141,8 +212,10 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
     """List a class-per-subfolder image folder.
 
     Class names are the sorted immediate subfolders of ``root`` (``folder_classes``); each class folder is
-    walked recursively and its files sorted. Files directly in ``root`` (such as a generator's manifest) and
-    hidden files or folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored.
+    walked recursively and its images (``IMAGE_EXTENSIONS``, any case: torchvision's ``ImageFolder``
+    extensions) sorted. Files directly in ``root`` (such as a generator's manifest) and hidden files or
+    folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored; other files in a class folder (``notes.txt``)
+    are skipped, as ``ImageFolder`` skips them, with one warning that lists them.
 
     Args:
         root: the folder (``root/<class>/<image>``).
@@ -153,38 +226,37 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
     Raises:
         FileNotFoundError: ``root`` does not exist.
         PermissionError: ``root`` or a folder under it cannot be read (it is named).
-        ValueError: ``root`` is not a folder, has no class subfolders, a class folder holds no images, or a
-            class folder holds files that are not images (one is named).
+        ValueError: ``root`` is not a folder, has no class subfolders, or a class folder holds no images.
     """
     root_path = Path(root).expanduser()
     classes = folder_classes(root_path)
     samples: list[tuple[str, int]] = []
+    skipped: list[str] = []
     for index, name in enumerate(classes):
         class_dir = root_path / name
         files: list[str] = []
-        non_images: list[str] = []
+        others: list[str] = []
         for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unreadable, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
             for fname in filenames:
-                if _is_hidden(fname):
-                    continue
-                full = os.path.join(dirpath, fname)
-                if fname.lower().endswith(IMAGE_EXTENSIONS):
-                    files.append(full)
-                else:
-                    non_images.append(full)
-        if non_images:
-            raise ValueError(
-                f"{len(non_images)} non-image file(s) in class folder {str(class_dir)!r}, e.g. "
-                f"{sorted(non_images)[0]!r}; move them out of the dataset (accepted extensions: "
-                f"{', '.join(IMAGE_EXTENSIONS)})"
-            )
+                if not _is_hidden(fname):
+                    full = os.path.join(dirpath, fname)
+                    (files if fname.lower().endswith(IMAGE_EXTENSIONS) else others).append(full)
         if not files:
+            besides = f" (only other files, e.g. {sorted(others)[0]!r})" if others else ""
             raise ValueError(
-                f"class folder {str(class_dir)!r} holds no images; remove it or add images "
+                f"class folder {str(class_dir)!r} holds no images{besides}; remove it or add images "
                 f"({', '.join(IMAGE_EXTENSIONS)})"
             )
         samples.extend((f, index) for f in sorted(files))
+        skipped.extend(sorted(others))
+    if skipped:
+        shown = ", ".join(repr(os.path.relpath(p, root_path)) for p in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        warn_once(
+            f"image folder {str(root_path)!r}: skipped {len(skipped)} file(s) that are not images: "
+            f"{shown}{more} (images end in {', '.join(IMAGE_EXTENSIONS)}, in any case)"
+        )
     return classes, samples
 
 
@@ -215,7 +287,8 @@ def decode_canvas(
         ``(canvas, meta)``: uint8 ``(H, W, 3)`` canvas and int32 ``(h, w, transposed)``.
 
     Raises:
-        ValueError: the image cannot be read or decoded (``name`` or the path is named).
+        CorruptImageError: (a ``ValueError``) the image cannot be read or decoded (``name`` or the path is
+            named).
 
     Example:
         >>> canvas, meta = decode_canvas(open("cat.jpg", "rb").read(), 256, name="cat.jpg")  # doctest: +SKIP
@@ -249,10 +322,7 @@ def decode_canvas(
             rgb = layout.to_rgb8(img)
             return layout.place_on_canvas(_resized(rgb, target, box), storage_size, out)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise ValueError(
-            f"cannot decode image {label!r} ({type(err).__name__}: {err}); remove or replace the "
-            "file, or pass on_corrupt='skip' to skip unreadable images"
-        ) from err
+        raise CorruptImageError.of(label, f"{type(err).__name__}: {err}") from err
 
 
 def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
@@ -297,6 +367,57 @@ def load_canvas(
     return decode_canvas(path, storage_size, out)
 
 
+def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = None, fix: str = "") -> int:
+    """Decode every image of a class-per-subfolder folder; raise one error listing each it cannot decode.
+
+    Each image goes through ``decode_canvas``, the routine training and ``convert`` decode with, to a
+    ``CHECK_SIZE`` px shorter side: a large JPEG is decoded at a reduced DCT scale, which still reads and
+    entropy-decodes every byte of it, so a truncated or damaged file fails here as it would in training.
+    Threads decode the images in parallel (the decoders release the GIL).
+
+    Args:
+        root: folder laid out as ``root/<class>/<image>`` (``scan_image_folder``).
+        threads: decoding threads (default: two a CPU this process may use).
+        fix: what the error advises (default: remove or replace them, or ``on_corrupt='skip'``).
+
+    Returns:
+        The number of images, all of which decode.
+
+    Raises:
+        UnreadableImagesError: (a ``ValueError``) naming the images that cannot be decoded, all of them
+            in ``errors``.
+        FileNotFoundError, PermissionError, ValueError: as ``scan_image_folder`` raises them.
+
+    Example:
+        >>> check_image_folder("data/train")  # doctest: +SKIP
+        1281167
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from lightning_gpuopt._common import available_cpus
+
+    check_int(threads, "threads", low=1, none_ok=True)
+    root_path = os.fspath(Path(root).expanduser())
+    _, samples = scan_image_folder(root_path)
+
+    def check(path: str) -> CorruptImageError | None:
+        try:
+            decode_canvas(path, CHECK_SIZE)
+        except CorruptImageError as err:
+            return err
+        return None
+
+    workers = min(threads or 2 * available_cpus(), len(samples))
+    # one intra-op thread a checking thread: the small resizes stay on its own core
+    with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        errors = [err for err in pool.map(check, (p for p, _ in samples)) if err is not None]
+    if errors:
+        raise UnreadableImagesError(root_path, len(samples), errors, fix)
+    return len(samples)
+
+
 class UInt8ImageFolder(DecodesInWorkers, Dataset):
     """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
 
@@ -315,7 +436,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
         size: shorter side of the stored images in pixels (256 for 224 crops: ``eval_resize_size``).
-        on_corrupt: ``"raise"`` (default) raises ``ValueError`` naming an unreadable file; ``"skip"``
+        on_corrupt: ``"raise"`` (default) raises ``CorruptImageError`` naming an unreadable file; ``"skip"``
             returns the next readable image in its place (so batches keep their size) and records the path.
         skip_log: folder where skipped paths are appended (one file per process), so skips made inside
             DataLoader worker processes can be counted by the main process (``OptimizedDataModule`` sets it).
@@ -332,8 +453,8 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         on_corrupt: str = "raise",
         skip_log: str | os.PathLike[str] | None = None,
     ) -> None:
-        check_arg(is_int(size) and size >= 1, "size", size, "a positive int (pixels)")
-        check_arg(on_corrupt in ON_CORRUPT, "on_corrupt", on_corrupt, f"one of {ON_CORRUPT}")
+        check_int(size, "size", low=1, what="(pixels)")
+        check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
         self.root = os.fspath(Path(root).expanduser())
         self.size = size
         self.on_corrupt = on_corrupt
@@ -383,7 +504,14 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""
         if self.on_corrupt == "raise":
             path, label = self.samples[index]
-            return label, load_canvas(path, self.size, out)[1]
+            try:
+                return label, load_canvas(path, self.size, out)[1]
+            except CorruptImageError as err:  # the fix names this folder's check
+                fix = (
+                    f"remove or replace it (`lightning-gpuopt check {shlex.quote(self.root)}` lists every "
+                    f"unreadable image at once), or pass on_corrupt='skip' to skip unreadable images"
+                )
+                raise CorruptImageError.of(path, err.reason or "", fix) from None
         n = len(self.samples)
         # try the following images in turn; give up if a long run is unreadable (a broken folder)
         for offset in range(min(n, 64)):

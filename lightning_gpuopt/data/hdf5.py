@@ -151,6 +151,12 @@ class HDF5ImageDataset(Dataset):
                 f"HDF5 file {self.path!r} does not exist; check the path or make one with "
                 "`lightning-gpuopt convert SRC_FOLDER OUT.h5`"
             )
+        if os.path.isdir(self.path):
+            raise ValueError(
+                f"{self.path!r} is a folder, not an HDF5 store; read it with UInt8ImageFolder (or "
+                f"OptimizedDataModule's backend='auto'), or convert it first: "
+                f"`lightning-gpuopt convert {self.path} {self.path}.h5`"
+            )
         st = os.stat(self.path)
         with self._open_h5() as f:
             self._read_header(f)

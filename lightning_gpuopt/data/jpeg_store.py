@@ -44,6 +44,7 @@ from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.data import layout
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data.convert import COMPLETE_ATTR, LAYOUT_VERSION, RESIZE_DOC
+from lightning_gpuopt.data.folder import CorruptImageError
 from lightning_gpuopt.data.hdf5 import LAYOUT_1, HDF5ImageDataset, _convert_fix
 from lightning_gpuopt.data.readers import DecodesInWorkers
 
@@ -105,10 +106,7 @@ def encode_for_store(path: str, storage_size: int, quality: int = JPEG_QUALITY) 
                 return source, meta, True
             return data, meta, False
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise ValueError(
-            f"cannot decode image {os.fspath(path)!r} ({type(err).__name__}: {err}); remove or replace the "
-            "file, or pass on_corrupt='skip' to skip unreadable images"
-        ) from err
+        raise CorruptImageError.of(os.fspath(path), f"{type(err).__name__}: {err}") from err
 
 
 def encode_block(paths: Sequence[str], storage_size: int, keep_going: bool) -> _Block:

@@ -27,7 +27,7 @@ from typing import cast
 
 import numpy as np
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_int, is_int
 
 #: long side / short side the canvas holds at full resolution (covers 4:3 and 3:2 photos).
 MAX_ASPECT = 1.5
@@ -35,9 +35,7 @@ MAX_ASPECT = 1.5
 
 def canvas_shape(storage_size: int) -> tuple[int, int]:
     """``(height, width)`` of the canvas for ``storage_size`` (the shorter side of a stored image)."""
-    check_arg(
-        is_int(storage_size) and storage_size >= 1, "storage_size", storage_size, "a positive int (pixels)"
-    )
+    check_int(storage_size, "storage_size", low=1, what="(pixels)")
     return storage_size, math.ceil(storage_size * MAX_ASPECT)
 
 
@@ -71,7 +69,7 @@ def cut_window(long: int, storage_size: int) -> tuple[int, int]:
     (a ``storage_size`` under 5), the cut is the canvas width.
     """
     ch, cw = canvas_shape(storage_size)
-    check_arg(is_int(long) and long >= 1, "long", long, "a positive int (pixels)")
+    check_int(long, "long", low=1, what="(pixels)")
     if long <= cw:
         return 0, long
     length = cw - (cw - long) % 4

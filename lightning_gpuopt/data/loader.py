@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from lightning_gpuopt import _compat
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_int
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo, warn_once
 from lightning_gpuopt.data._lifetime import WorkerInit, shared_tempdir
 from lightning_gpuopt.data.readers import (  # noqa: F401 - BatchReader and the whole-batch reads live there
@@ -221,7 +221,7 @@ class HostDataLoader(DataLoader):
             kwargs["worker_init_fn"] = WorkerInit(init)
         super().__init__(*args, **kwargs)
         self.feed_info = feed_info
-        check_arg(is_int(read_threads) and read_threads >= 0, "read_threads", read_threads, "an int >= 0")
+        check_int(read_threads, "read_threads", low=0)
         if read_threads:
             check_arg(
                 isinstance(self.dataset, BatchReader),

@@ -27,7 +27,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from lightning_gpuopt._checks import check_arg, check_pair, is_int, is_number
+from lightning_gpuopt._checks import check_arg, check_int, check_pair, is_number
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
@@ -412,7 +412,7 @@ class GPUAugment(nn.Module):
         antialias: bool = True,
     ) -> None:
         super().__init__()
-        check_arg(is_int(image_size) and image_size >= 1, "image_size", image_size, "a positive int (pixels)")
+        check_int(image_size, "image_size", low=1, what="(pixels)")
         augment = AugmentConfig() if augment is None else augment
         check_arg(isinstance(augment, AugmentConfig), "augment", augment, "an AugmentConfig", error=TypeError)
         check_arg(

@@ -12,6 +12,7 @@ from lightning_gpuopt.data.backends import (
     FolderBackend,
     HDF5Backend,
     HostBackend,
+    MixedBackend,
     choose_backend,
     dali_installed,
     host_loader,
@@ -40,8 +41,7 @@ def test_backend_names_resolve_to_objects(jpeg_folder, tmp_path):
     assert isinstance(resolve_backend("auto", {"train": str(h5), "val": None}), HDF5Backend)
     assert isinstance(resolve_backend("auto", {"train": None}), FolderBackend)  # the hooks give the data
     assert isinstance(resolve_backend("dali", {"train": str(jpeg_folder)}), DALIBackend)
-    with pytest.raises(ValueError, match=r"^backend must be given explicitly when splits mix"):
-        resolve_backend("auto", {"train": str(h5), "val": str(jpeg_folder)})
+    assert isinstance(resolve_backend("auto", {"train": str(h5), "val": str(jpeg_folder)}), MixedBackend)
     for name in ("folder", "dali"):
         dm = OptimizedDataModule(jpeg_folder, backend=name)
         assert dm.backend == name and isinstance(dm.backend, str)  # the documented string
@@ -93,6 +93,9 @@ def test_auto_keeps_the_folder_backend_without_a_gpu_or_without_dali(jpeg_folder
     h5.write_bytes(b"")
     machine(cuda=True, dali=True)
     assert isinstance(choose_backend("auto", {"train": str(h5)})[0], HDF5Backend)
+    # a store and a folder: each split by its kind, the folder by worker processes (DALI reads folders only)
+    mixed, why = choose_backend("auto", {"train": str(h5), "val": str(jpeg_folder)})
+    assert isinstance(mixed, MixedBackend) and "each split is read by its kind" in why
     assert isinstance(dali_installed(), bool)
 
 

@@ -153,8 +153,8 @@ def test_converter_validates_inputs(jpeg_folder, tmp_path):
         convert_folder_to_hdf5(tmp_path / "nope", tmp_path / "o.h5", progress=False)
     with pytest.raises(FileNotFoundError, match=r"output folder .*nodir.* does not exist"):
         convert_folder_to_hdf5(jpeg_folder, tmp_path / "nodir" / "o.h5", progress=False)
-    for bad in (0, 12.5, "256"):
-        with pytest.raises(ValueError, match="storage_size"):
+    for bad, error in ((0, ValueError), (12.5, TypeError), ("256", TypeError)):
+        with pytest.raises(error, match=r"^storage_size must be an int >= 1"):
             convert_folder_to_hdf5(jpeg_folder, tmp_path / "o.h5", bad, progress=False)
     (tmp_path / "o.h5").write_bytes(b"keep me")
     with pytest.raises(ValueError, match=r"already exists.*overwrite"):

@@ -1,6 +1,7 @@
 import json
 import os
 import pickle
+import re
 import time
 
 import lightning.pytorch as pl
@@ -13,7 +14,7 @@ from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.data import datamodule as datamodule_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
-from lightning_gpuopt.data.folder import UInt8ImageFolder
+from lightning_gpuopt.data.folder import CorruptImageError, UInt8ImageFolder, UnreadableImagesError
 from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
     ContinuousDataLoader,
@@ -159,6 +160,8 @@ def test_argument_errors(tmp_path, jpeg_folder):
         OptimizedDataModule(jpeg_folder, tmp_path / "missing")
     with pytest.raises(ValueError, match=r"^num_workers must be 'auto' or an int >= 0, got -1"):
         OptimizedDataModule(jpeg_folder, num_workers=-1)
+    with pytest.raises(ValueError, match=r"^num_workers must be 'auto' or an int >= 0, got 'eight'"):
+        OptimizedDataModule(jpeg_folder, num_workers="eight")
     with pytest.raises(ValueError, match=r"^backend must be one of"):
         OptimizedDataModule(jpeg_folder, backend="lmdb")
     with pytest.raises(ValueError, match=r"^storage_size must be an int >= image_size"):
@@ -175,13 +178,32 @@ def test_argument_errors(tmp_path, jpeg_folder):
     h5.write_bytes(b"")
     assert OptimizedDataModule(h5).backend == "hdf5"
     assert OptimizedDataModule(jpeg_folder).backend == "folder"
-    with pytest.raises(ValueError, match="mix HDF5 files and folders"):
-        OptimizedDataModule(h5, jpeg_folder)
+    assert OptimizedDataModule(h5, jpeg_folder).backend == "hdf5+folder"  # each split read by its kind
     with pytest.raises(ValueError, match=r"^train_dir must be a folder"):
         OptimizedDataModule(h5, backend="folder")
     dm = OptimizedDataModule(jpeg_folder, augment=False, tuning=TuningConfig(budget_s=3.0))
     assert dm.augment is None and dm.tuning.budget_s == 3.0
     assert OptimizedDataModule(jpeg_folder).augment == AugmentConfig()  # torchvision's defaults
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("image_size", "big"),
+        ("image_size", 224.0),
+        ("batch_size", "16"),
+        ("batch_size", True),
+        ("num_workers", 2.5),
+        ("num_workers", False),
+        ("storage_size", "256"),
+        ("backend", 1),
+        ("on_corrupt", None),
+        ("check_images", "yes"),
+    ],
+)
+def test_a_wrong_type_is_a_type_error(jpeg_folder, name, value):
+    with pytest.raises(TypeError, match=rf"^{name} must be .*, got {re.escape(repr(value))}"):
+        OptimizedDataModule(jpeg_folder, **{name: value})
 
 
 def test_too_many_workers_are_refused_with_the_fix(jpeg_folder):
@@ -224,9 +246,14 @@ def test_folder_errors_surface_in_setup(tmp_path):
     cls = tmp_path / "data" / "cat"
     cls.mkdir(parents=True)
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(cls / "a.png")
-    (cls / "labels.txt").write_text("cat")
-    with pytest.raises(ValueError, match=r"labels\.txt"):
-        OptimizedDataModule(tmp_path / "data", num_workers=0).setup("fit")
+    (cls / "labels.txt").write_text("cat")  # skipped, as torchvision's ImageFolder skips it, with a warning
+    with (
+        pytest.warns(UserWarning, match=r"skipped 1 file\(s\) that are not images: 'cat/labels\.txt'"),
+        pytest.raises(
+            ValueError, match=r"^batch_size must be at most the 1 training samples.*lower batch_size"
+        ),
+    ):
+        OptimizedDataModule(tmp_path / "data", batch_size=4, num_workers=0).setup("fit")
     (cls / "labels.txt").unlink()
     with pytest.raises(
         ValueError, match=r"^batch_size must be at most the 1 training samples.*lower batch_size"
@@ -451,6 +478,50 @@ def test_store_at_another_size_warns_or_refuses():
     assert images.shape == (4, 3, 48, 48)
     with pytest.raises(ValueError, match=r"storage size must be >= image_size \(48\).*--size 55"):
         StoreData(32, batch_size=4, num_workers=0, image_size=48).setup("fit")
+
+
+def _jpegs_with_bad(root, n, bad):
+    """``n`` JPEGs in two classes; those at the indices ``bad`` cut to half their bytes (truncated)."""
+    for i in range(n):
+        path = root / ("a" if i % 2 else "b") / f"{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((12, 16, 3), 10 * i % 256, np.uint8)).save(path, quality=90)
+        if i in bad:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return root
+
+
+def test_a_corrupt_jpeg_met_by_a_worker_ends_the_fit_with_one_line(tmp_path):
+    """The worker's traceback stays out of the message: one line naming the file and the fix."""
+    root = _jpegs_with_bad(tmp_path / "data", 16, bad={5})
+    dm = OptimizedDataModule(root, batch_size=4, num_workers=2, image_size=8)
+    with pytest.raises(CorruptImageError) as raised:
+        _trainer(max_epochs=1).fit(Recorder(), datamodule=dm)
+    message, bad = str(raised.value), str(root / "a" / "5.jpg")
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith(f"cannot decode image {bad!r} (")
+    assert f"`lightning-gpuopt check {root}` lists every unreadable image" in message
+    assert "on_corrupt='skip'" in message
+    assert raised.value.path == bad and raised.value.reason.startswith("OSError")
+
+
+def test_check_images_lists_every_unreadable_image_in_setup(tmp_path):
+    root = _jpegs_with_bad(tmp_path / "data", 16, bad={5, 10})
+    dm = OptimizedDataModule(root, root, batch_size=4, num_workers=0, image_size=8, check_images=True)
+    model = Recorder()
+    with pytest.raises(UnreadableImagesError) as raised:
+        _trainer(max_epochs=1).fit(model, datamodule=dm)
+    assert model.train_labels == []  # before any training step
+    message = str(raised.value)
+    assert message.startswith(f"2 of 16 image(s) in {str(root)!r} cannot be decoded: 'a/5.jpg' (OSError: ")
+    assert "'b/10.jpg' (OSError: " in message and "\n" not in message
+    assert [e.path for e in raised.value.errors] == [str(root / "a" / "5.jpg"), str(root / "b" / "10.jpg")]
+    skip = OptimizedDataModule(
+        root, batch_size=4, num_workers=0, image_size=8, check_images=True, on_corrupt="skip"
+    )
+    with pytest.warns(UserWarning, match=r"check_images=True\): 2 of 16 image\(s\).*next readable image"):
+        skip.setup("fit")
+    skip.teardown("fit")
 
 
 def test_corrupt_images_raise_or_skip(tmp_path):

@@ -1,4 +1,5 @@
 import multiprocessing as mp
+import os
 import pickle
 
 import numpy as np
@@ -46,9 +47,28 @@ def test_scan_errors(tmp_path):
     _write(empty / "cat" / "a.png", np.zeros((4, 4, 3), np.uint8))
     (empty / "cat" / ".DS_Store").write_text("hidden files are ignored")
     assert len(scan_image_folder(empty)[1]) == 1
-    (empty / "cat" / "notes.csv").write_text("a,b")
-    with pytest.raises(ValueError, match=r"non-image.*notes\.csv"):
+    (empty / "dog").mkdir()
+    (empty / "dog" / "notes.txt").write_text("no images here")
+    with pytest.raises(ValueError, match=r"dog' holds no images \(only other files, e\.g\. .*notes\.txt'\)"):
         scan_image_folder(empty)
+
+
+def test_non_image_files_are_skipped_with_one_warning_that_lists_them(tmp_path):
+    """As torchvision's ImageFolder: files that are not images (by extension, any case) are left out."""
+    root = tmp_path / "data"
+    for name in ("cat/a.png", "cat/b.JPG", "cat/deep/c.Jpeg", "dog/d.png"):
+        _write(root / name, np.zeros((4, 4, 3), np.uint8))
+    (root / "cat" / "notes.txt").write_text("a note")
+    (root / "dog" / "labels.csv").write_text("a,b")
+    with pytest.warns(UserWarning) as said:
+        classes, samples = scan_image_folder(root)
+    assert classes == ["cat", "dog"]
+    found = [os.path.relpath(p, root) for p, _ in samples]
+    assert found == ["cat/a.png", "cat/b.JPG", "cat/deep/c.Jpeg", "dog/d.png"]
+    messages = [str(w.message) for w in said if "not images" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "skipped 2 file(s) that are not images: 'cat/notes.txt', 'dog/labels.csv'" in messages[0]
+    assert len(UInt8ImageFolder(root, size=8)) == 4
 
 
 def _torchvision_eval(path, image_size):
@@ -156,7 +176,7 @@ def test_dataset_items_and_pickle(jpeg_folder):
     assert np.array_equal(clone[5][0], img)
     with pytest.raises(ValueError, match="on_corrupt"):
         UInt8ImageFolder(jpeg_folder, on_corrupt="ignore")
-    with pytest.raises(ValueError, match="size must be a positive int"):
+    with pytest.raises(ValueError, match=r"size must be an int >= 1 \(pixels\)"):
         UInt8ImageFolder(jpeg_folder, size=0)
 
 

@@ -36,10 +36,13 @@ def _sources(tmp_path: Path, backend: str, val_classes: tuple[str, ...]) -> tupl
     train, val = _split(tmp_path / "train", TRAIN), _split(tmp_path / "val", val_classes)
     if backend == "hdf5":
         return _store(train, tmp_path / "train.h5"), _store(val, tmp_path / "val.h5")
+    if backend == "mixed":  # a store for training, a folder for validation
+        return _store(train, tmp_path / "train.h5"), val
     return train, val
 
 
 def _dm(train: Path, val: Path, backend: str) -> OptimizedDataModule:
+    backend = "auto" if backend == "mixed" else backend
     return OptimizedDataModule(
         train, val, test_dir=val, backend=backend, batch_size=2, num_workers=0, image_size=16
     )
@@ -56,7 +59,7 @@ def test_class_indices_map_a_subset_and_refuse_a_class_training_lacks():
         class_indices(TRAIN, ["cat", "owl"], split="val", path="/d/val", train_path="/d/train")
 
 
-@pytest.mark.parametrize("backend", ["folder", "hdf5"])
+@pytest.mark.parametrize("backend", ["folder", "hdf5", "mixed"])
 def test_a_validation_subset_is_labelled_by_the_training_classes(tmp_path, backend):
     train, val = _sources(tmp_path, backend, ("cat", "fox"))
     dm = _dm(train, val, backend)
@@ -73,7 +76,7 @@ def test_a_validation_subset_is_labelled_by_the_training_classes(tmp_path, backe
     dm.teardown("validate")
 
 
-@pytest.mark.parametrize("backend", ["folder", "hdf5"])
+@pytest.mark.parametrize("backend", ["folder", "hdf5", "mixed"])
 def test_a_class_training_lacks_fails_the_fit_at_setup(tmp_path, backend):
     train, val = _sources(tmp_path, backend, ("cat", "owl"))
     dm = _dm(train, val, backend)
@@ -92,6 +95,64 @@ def test_a_class_training_lacks_fails_the_fit_at_setup(tmp_path, backend):
     fails = r"the val split \('.*val.*'\) has 1 class\(es\) the training split .*lacks: 'owl'"
     with pytest.raises(ValueError, match=fails):
         quiet_trainer(accelerator="cpu", max_epochs=1).fit(Model(), datamodule=dm)
+
+
+class _Fit(pl.LightningModule):
+    """Records the labels of the training and validation batches, and the backend each loader reads with."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Conv2d(3, 3, 1)
+        self.seen: dict[str, list[int]] = {"train": [], "val": []}
+
+    def training_step(self, batch, batch_idx):
+        self.seen["train"] += batch[1].tolist()
+        return self.layer(batch[0]).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.seen["val"] += batch[1].tolist()
+
+    def on_fit_end(self):
+        self.feeds = (self.trainer.train_dataloader.feed_info, self.trainer.val_dataloaders.feed_info)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_store_for_training_and_a_folder_for_validation_fit_together(tmp_path):
+    train, val = _sources(tmp_path, "mixed", ("cat", "fox"))
+    dm = OptimizedDataModule(train, val, batch_size=2, num_workers=1, image_size=16)
+    assert dm.backend == "hdf5+folder" and "each split is read by its kind" in dm.backend_reason
+    model = _Fit()
+    quiet_trainer(accelerator="cpu", max_epochs=1, num_sanity_val_steps=0).fit(model, datamodule=dm)
+    assert sorted(model.seen["train"]) == [0, 0, 1, 1, 2, 2]
+    assert sorted(model.seen["val"]) == [0, 0, 2, 2]  # the folder's fox is training's label 2
+    assert [feed.backend for feed in model.feeds] == ["hdf5", "folder"]
+
+
+def test_a_backend_named_for_one_kind_names_the_one_fix_for_the_other(tmp_path):
+    """A folder given to the store backend names the command that converts it, a store given to the folder
+    backend names backend='auto'; neither sends the user back to the other."""
+    train, val = _sources(tmp_path, "mixed", ("cat", "fox"))
+    with pytest.raises(ValueError) as refused:
+        OptimizedDataModule(train, val, backend="hdf5")
+    message = str(refused.value)
+    assert message.startswith(f"val_dir must be an HDF5 store file for the hdf5 backend, got '{val}'")
+    assert f"`lightning-gpuopt convert {val} {val}.h5`" in message and "backend='folder'" not in message
+    with pytest.raises(ValueError) as refused:
+        OptimizedDataModule(train, val, backend="folder")
+    message = str(refused.value)
+    assert message.startswith("train_dir must be a folder laid out as <root>/<class>/<image>")
+    assert "backend='auto'" in message and "backend='hdf5'" not in message
+    with pytest.raises(
+        ValueError, match=r"^val_dir must be a JPEG folder, as train_dir is, with backend='dali'"
+    ):
+        OptimizedDataModule(val, train, backend="dali")  # DALI reads folders; auto reads each by its kind
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+    with pytest.raises(ValueError, match="is a folder, not an HDF5 store") as refused:
+        HDF5ImageDataset(val)
+    assert str(refused.value).endswith(f"`lightning-gpuopt convert {val} {val}.h5`")
 
 
 def test_dali_file_lists_are_labelled_by_the_training_classes(tmp_path):

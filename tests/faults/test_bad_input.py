@@ -24,7 +24,6 @@ CLI_CASES = {
     ),
     "source without class folders": (lambda s, t: [t / "empty", t / "o.h5"], lambda s, t: t / "empty"),
     "class folder without images": (lambda s, t: [t / "noimg", t / "o.h5"], lambda s, t: t / "noimg" / "b"),
-    "non-image file in a class folder": (lambda s, t: [t / "txt", t / "o.h5"], lambda s, t: "notes.txt"),
     "corrupt image": (lambda s, t: [t / "bad", t / "o.h5", "--workers", "1"], lambda s, t: "broken.jpg"),
     "non-UTF-8 file name": (lambda s, t: [t / "latin", t / "o.h5"], lambda s, t: t / "latin"),
     "output exists": (lambda s, t: [s, t / "exists.h5"], lambda s, t: t / "exists.h5"),
@@ -69,6 +68,17 @@ def test_convert_bad_input(sources, bad_inputs, capsys, case):
     assert len(lines) == 1, f"want one error line: {err!r}"
     assert str(named(sources.small, bad_inputs)) in lines[0], lines[0]
     assert not list(bad_inputs.glob("*.tmp-*")) and not (bad_inputs / "o.h5").exists()
+
+
+def test_convert_skips_a_non_image_file_with_one_warning(sources, bad_inputs, capsys):
+    """As torchvision's ImageFolder: ``notes.txt`` in a class folder is left out, and said once."""
+    from lightning_gpuopt.cli import main
+
+    with pytest.warns(UserWarning, match=r"skipped 1 file\(s\) that are not images: 'class_00/notes\.txt'"):
+        code = main(["convert", str(bad_inputs / "txt"), str(bad_inputs / "o.h5"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    images = sum(1 for p in (sources.small).rglob("*.jpg"))
+    assert f"{images} images" in capsys.readouterr().out
 
 
 def _truncated(store: Path, out: Path) -> Path:
