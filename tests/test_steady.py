@@ -77,9 +77,12 @@ def test_step_clock_records_where_fp16s_grad_scaler_went_in_its_window(module, f
     assert "grad_scale_end" not in clock.measurement.extra
 
 
-@pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"steps": 1}, {"warmup": True}])
-def test_step_clock_checks_its_arguments(kwargs):
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
+@pytest.mark.parametrize(
+    ("kwargs", "error"), [({"warmup": -1}, ValueError), ({"steps": 1}, ValueError), ({"warmup": True}, TypeError)]
+)
+def test_step_clock_checks_its_arguments(kwargs, error):
+    """A wrong value is a ``ValueError``, a wrong type (a bool for a count) a ``TypeError``."""
+    with pytest.raises(error, match=next(iter(kwargs))):
         StepClock(**kwargs)
 
 
