@@ -78,10 +78,10 @@ class BottleneckAdvisor(ReleasingCallback):
     ======================== ============ ===========================================================
 
     Each warning carries ``gain``, the most its fix is worth (``1 / gpu/ceiling_frac`` where the monitor
-    measured the run's ceiling, else from the share of time its figure says is lost), printed as "up to
-    1.6x"; where the monitor's host-sync locator named lines of the user's, ``launch-bound`` and
-    ``host-bound`` advice leads with them; ``store-bound`` with the disk's read rate (``host/read_mb_s``)
-    names a store read from the disk rather than the page cache (``docs/advisor.md``).
+    measured the run's ceiling, ``GPUStatsMonitor(ceiling=True)``, else from the share of time its figure
+    says is lost), printed as "up to 1.6x"; where the monitor's host-sync locator named lines of the user's,
+    ``launch-bound`` and ``host-bound`` advice leads with them; ``store-bound`` with the disk's read rate
+    (``host/read_mb_s``) names a store read from the disk rather than the page cache (``docs/advisor.md``).
 
     Windows: with ``window_steps=None`` and a monitor, the monitor's logging windows (so both sides cover
     the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
