@@ -115,8 +115,10 @@ class GPUStatsMonitor(ReleasingCallback):
     gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
     gpu/step_idle_frac         0..1   GPU idle inside steps: 1 - gpu/util/100 - gpu/idle_frac (NVML, events)
     gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
+                                      (``ceiling=True``)
     throughput/ceiling_samples_per_sec
                                1/s    the model's rate replayed on a batch kept on the device
+                                      (``ceiling=True``)
     gpu/host_syncs_per_step    count  synchronizing CUDA calls a step from the user's lines (the
                                       window after the locator ran; the lines: ``host_syncs``)
     time/step_ms               ms     host wall time a training step, data wait included, mean
