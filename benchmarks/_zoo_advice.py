@@ -94,7 +94,7 @@ def advise(
     cuda = device == "cuda"
     out: dict[str, Any] = {}
     for sc in SCENARIOS:
-        monitor = GPUStatsMonitor(log_every_n_steps=window, sample_period_s=0.05)
+        monitor = GPUStatsMonitor(log_every_n_steps=window, sample_period_s=0.05, ceiling=cuda)
         advisor = BottleneckAdvisor(warmup_steps=2 * window, window_steps=None, min_windows=2, verbose=False)
         callbacks: list[pl.Callback] = [monitor, NVTXRanges(), advisor]  # monitor first: its windows in time
         wait_ms = step_ms or out.get("healthy", {}).get("p50_ms") or 0.0  # a failed healthy fit: no wait

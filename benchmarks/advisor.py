@@ -144,7 +144,7 @@ def judge(sc: Scenario, raised: list[Any], cuda: bool) -> bool | None:
 def run(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """The scenario's fit: three judged windows after one of warm-up; its row."""
     cuda = args.device == "cuda"
-    monitor = GPUStatsMonitor(log_every_n_steps=sc.window, sample_period_s=0.05)
+    monitor = GPUStatsMonitor(log_every_n_steps=sc.window, sample_period_s=0.05, ceiling=cuda)
     advisor = BottleneckAdvisor(warmup_steps=sc.window, window_steps=None, min_windows=2, verbose=False)
     callbacks: list[pl.Callback] = [monitor, advisor]  # monitor first: its window is in `history` in time
     callbacks += [HostStall(sc.stall_s)] if sc.stall_s else []

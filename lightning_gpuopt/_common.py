@@ -1,5 +1,5 @@
 """Facts the whole package shares, each defined once: CPU budget, ImageNet statistics, the evaluation
-resize rule, the cache folder, warn-once, a text table, and how a loader describes its feed."""
+resize rule, the cache folder, warn-once and info-once, a text table, and how a loader describes its feed."""
 
 from __future__ import annotations
 
@@ -54,6 +54,12 @@ def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
         return
     cache.add(message)
     warn_at_user(message, category)
+
+
+def info_once(message: str) -> None:
+    """Log ``message`` at INFO level once per process, on rank zero only (``rank_zero_info``, Lightning's
+    console logger): a note that explains a run rather than warns about it."""
+    _warnings().info(message)
 
 
 def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:

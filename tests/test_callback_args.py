@@ -54,6 +54,7 @@ BAD: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
     (GPUStatsMonitor, {"nvml_index": False}, TypeError, "nvml_index"),
     (GPUStatsMonitor, {"ceiling": "yes"}, TypeError, "ceiling"),
     (GPUStatsMonitor, {"ceiling": 1}, TypeError, "ceiling"),
+    (GPUStatsMonitor, {"ceiling": None}, TypeError, "ceiling"),  # a plain bool: off unless asked
     (GPUStatsMonitor, {"ceiling_steps": 1}, ValueError, "ceiling_steps"),
     (GPUStatsMonitor, {"ceiling_steps": 8.0}, TypeError, "ceiling_steps"),
     (GPUStatsMonitor, {"sync_steps": -1}, ValueError, "sync_steps"),
@@ -196,6 +197,7 @@ GOOD: list[tuple[Any, dict[str, Any]]] = [
         {"sample_period_s": 1, "log_every_n_steps": None, "gpu": False, "gpm": False, "all_ranks": True},
     ),
     (GPUStatsMonitor, {"nvml_index": 0}),
+    (GPUStatsMonitor, {"ceiling": True, "ceiling_steps": 8}),
     (NVTXRanges, {}),
     (NVTXRanges, {"module_depth": 1, "module_root": "model", "start_step": 100, "stop_step": 110}),
     (NVTXRanges, {"start_step": 0, "stop_step": 1, "phases": False, "data_wait": False, "validation": False}),

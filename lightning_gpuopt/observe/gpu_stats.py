@@ -11,7 +11,7 @@ import torch
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_bool, check_float, check_int
-from lightning_gpuopt._common import warn_once
+from lightning_gpuopt._common import info_once, warn_once
 from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
 from lightning_gpuopt.observe.ceiling import (
     CEILING_KEY,
@@ -24,7 +24,7 @@ from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleM
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
 from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, check_steps, user_sites
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
-from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
+from lightning_gpuopt.observe.timing import CPU_WAIT_NOTE, HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
 __all__ = ["METRIC_KEYS", "STEP_IDLE_KEY", "GPUStatsMonitor"]
 
@@ -63,11 +63,14 @@ class GPUStatsMonitor(ReleasingCallback):
       wait splits into time inside the loader and time spent while the GPU was still busy (``time/``).
     - psutil at window ends: CPU use of the training thread, of workers and other threads, and of
       the cores the process may use, and the bytes the process read from storage (``host/``).
-    - Once a fit, after the first window: a few training steps replayed on a copy of the batch just trained
-      on, kept on the device (``observe.ceiling.ReplayCeiling``), the model's own ceiling; every later window
-      logs the run's samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the
-      next window's end. Cost: about ``ceiling_steps + 3`` steps' time and one copy of the weights,
-      gradients and optimizer state, excluded from every window's figures.
+    - With ``ceiling=True`` (off by default: it runs the user's ``training_step``), once a fit, after the
+      first window: a few training steps replayed on a copy of the batch just trained on, kept on the device
+      (``observe.ceiling.ReplayCeiling``), the model's own ceiling; every later window logs the run's
+      samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the next window's
+      end. It restores the weights, buffers, gradients, optimizer state, GradScaler and RNGs, not what a
+      step does besides (torchmetrics states, counters, files, calls to a tracker). Cost: about
+      ``ceiling_steps + 3`` steps' time and one copy of the weights, gradients and optimizer state,
+      excluded from every window's figures.
     - Once a fit, after a window whose ``gpu/step_idle_frac`` reaches ``sync_idle_frac`` (CUDA): the
       host-sync locator (``observe.host_sync.SyncLocator``) for ``sync_steps`` steps, which names the lines
       that make the host wait for the GPU (``host_syncs``; ``gpu/host_syncs_per_step`` in the next window).
@@ -84,9 +87,8 @@ class GPUStatsMonitor(ReleasingCallback):
             each under a ``/rank{r}`` suffix. Without it the logged values are global rank zero's own.
         nvml_index: NVML device to sample instead of the one mapped from the Trainer's device (rarely
             needed: the mapping already follows ``CUDA_VISIBLE_DEVICES`` and device UUIDs).
-        ceiling: measure ``gpu/ceiling_frac``: ``None`` on single-process CUDA runs (with ``gpu=True``),
-            ``True`` also on a CPU run (the host clock then times the replay), ``False`` never. Runs of
-            several processes are not measured (``True`` says so once).
+        ceiling: replay ``training_step`` once a fit to measure ``gpu/ceiling_frac`` (on a CPU run the host
+            clock times the replay). Runs of several processes are not measured (``True`` says so once).
         ceiling_steps: replayed steps timed for the ceiling (after three untimed ones; the median step
             sets the rate).
         sync_steps: training steps the host-sync locator watches (``0``: never run it).
@@ -113,8 +115,10 @@ class GPUStatsMonitor(ReleasingCallback):
     gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
     gpu/step_idle_frac         0..1   GPU idle inside steps: 1 - gpu/util/100 - gpu/idle_frac (NVML, events)
     gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
+                                      (``ceiling=True``)
     throughput/ceiling_samples_per_sec
                                1/s    the model's rate replayed on a batch kept on the device
+                                      (``ceiling=True``)
     gpu/host_syncs_per_step    count  synchronizing CUDA calls a step from the user's lines (the
                                       window after the locator ran; the lines: ``host_syncs``)
     time/step_ms               ms     host wall time a training step, data wait included, mean
@@ -157,7 +161,7 @@ class GPUStatsMonitor(ReleasingCallback):
         gpm: bool = True,
         all_ranks: bool = False,
         nvml_index: int | None = None,
-        ceiling: bool | None = None,
+        ceiling: bool = False,
         ceiling_steps: int = 16,
         sync_steps: int = 5,
         sync_idle_frac: float = 0.10,
@@ -176,12 +180,10 @@ class GPUStatsMonitor(ReleasingCallback):
         )
         check_int(nvml_index, "nvml_index", low=0, none_ok=True, what="(an NVML device index)")
         check_int(ceiling_steps, "ceiling_steps", low=2, what="(replayed steps timed)")
-        if ceiling is not None:
-            check_bool(ceiling, "ceiling")
         if sync_steps:
             check_steps(sync_steps)
         check_float(sync_idle_frac, "sync_idle_frac", low=0, high=1, what="(a fraction)", fix="e.g. 0.1")
-        for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks)):
+        for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks), ("ceiling", ceiling)):
             check_bool(value, name)
         self.sample_period_s = float(sample_period_s)
         self.log_every_n_steps = log_every_n_steps
@@ -196,6 +198,7 @@ class GPUStatsMonitor(ReleasingCallback):
         #: host time ``(start, end)`` of the latest pause in which the monitor did its own work (the replay);
         #: the advisor leaves it out of its step timing
         self.pause: tuple[float, float] | None = None
+        self._ceiling_ok = False  # this fit's ceiling can be measured (set up at the fit's start)
         self._ceiling_due = False
         self.sync_steps = sync_steps
         self.sync_idle_frac = float(sync_idle_frac)
@@ -282,7 +285,7 @@ class GPUStatsMonitor(ReleasingCallback):
         self._last_logged_step = 0  # a new fit counts from its own first step (a resume restores it later)
         self.last_ceiling = None
         self.pause = None
-        self._ceiling_due = self._ceiling_wanted(loop)
+        self._ceiling_ok = self._ceiling_due = self._ceiling_wanted(loop)
         self.host_syncs = []
         self._locate = None if self.sync_steps and self.gpu and loop.device.type == "cuda" else "done"
         self._syncs_per_step = None
@@ -294,6 +297,8 @@ class GPUStatsMonitor(ReleasingCallback):
         reader = HostCPUReader()
         self._cpu = reader if reader.available else None
         if not self.gpu:
+            if loop.device.type == "cpu":
+                info_once(f"GPUStatsMonitor: {CPU_WAIT_NOTE}")
             return
         device = loop.device
         if device.type == "cuda":
@@ -302,11 +307,9 @@ class GPUStatsMonitor(ReleasingCallback):
             self._start_sampler(device)
 
     def _ceiling_wanted(self, loop: Loop) -> bool:
-        if self.ceiling is False or (self.ceiling is None and (not self.gpu or loop.device.type != "cuda")):
+        if not self.ceiling:
             return False
         if loop.world_size > 1:
-            if self.ceiling is None:  # the default steps aside quietly; asked for, it says why not
-                return False
             warn_once(
                 "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
                 "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
@@ -343,8 +346,9 @@ class GPUStatsMonitor(ReleasingCallback):
 
     def measure_ceiling(self) -> None:
         """Measure the ceiling again at the end of the next window (``gpu/ceiling_frac`` of the windows after
-        it uses the new figure); for a run whose model or batch changed."""
-        self._ceiling_due = self.ceiling is not False
+        it uses the new figure); for a run whose model or batch changed. Only where this fit measures it
+        (``ceiling=True``, one process)."""
+        self._ceiling_due = self._ceiling_ok
 
     def _measure_ceiling(self, loop: Loop, batch: Any) -> None:
         """Replay a few steps on a copy of ``batch``; the replay's time is left out of the next window."""
@@ -384,6 +388,7 @@ class GPUStatsMonitor(ReleasingCallback):
             warn_once(
                 f"GPUStatsMonitor: the training device is {device.type!r}, not CUDA, so there is no GPU to "
                 "measure; logging host metrics only (pass gpu=False to silence this)."
+                + (f" {CPU_WAIT_NOTE}" if device.type == "cpu" else "")
             )
             return
         why = ""

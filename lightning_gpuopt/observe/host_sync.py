@@ -184,8 +184,9 @@ class SyncLocator:
             self._showwarning(message, category, filename, lineno, file, line)
 
     def start(self) -> bool:
-        """Turn the sync debug mode on (CUDA only); ``False`` where there is no CUDA to watch."""
-        if self.running or not torch.cuda.is_available():
+        """Turn the sync debug mode on (CUDA only); ``False`` where there is no CUDA to watch, or where the
+        user set a sync debug mode of their own (their warnings or errors are left as they asked)."""
+        if self.running or not torch.cuda.is_available() or torch.cuda.get_sync_debug_mode() != 0:
             return False
         self.counts.clear()
         self.steps = 0

@@ -15,7 +15,7 @@ import torch
 from lightning_gpuopt._checks import is_number
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR
 
-__all__ = ["HOST_KEYS", "LOADER_KEY", "StepTimer", "batch_size_of", "loader_fetch_seconds"]
+__all__ = ["CPU_WAIT_NOTE", "HOST_KEYS", "LOADER_KEY", "StepTimer", "batch_size_of", "loader_fetch_seconds"]
 
 HOST_KEYS: tuple[str, ...] = (
     "time/step_ms",
@@ -26,6 +26,14 @@ HOST_KEYS: tuple[str, ...] = (
 
 #: Key ``StepTimer.window()`` adds when loader wait was reported (``add_loader_wait``).
 LOADER_KEY = "time/loader_wait_frac"
+
+#: What the host wait means where the CPU trains (``GPUStatsMonitor`` says it once on a CPU run).
+CPU_WAIT_NOTE = (
+    "time/data_wait_frac on a CPU run counts all the host's work between two steps: the loader's next() "
+    "(time/loader_wait_frac), then moving the batch and its on_after_batch_transfer work, such as "
+    "OptimizedDataModule's augmentation, which a CUDA run does on the GPU and this run does on the CPU that "
+    "trains. The difference between the two keys is that work, not a wait for data."
+)
 
 
 def loader_fetch_seconds(loaders: Any) -> float | None:

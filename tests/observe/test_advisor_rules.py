@@ -589,3 +589,49 @@ def test_cpu_input_bound_headlines_the_logged_wait_and_names_no_gpu():
     head = v.advice.split(". ")[0]
     assert "71%" in head and "13% inside the loader" in head and "host figures" in head
     assert "GPU" not in head
+
+
+# a window and a configuration that raise each kind of NEEDS on a CUDA run of two processes under 16-mixed
+_IDLE = {"gpu/idle_frac": 0.3, "time/loader_wait_frac": 0.02, "time/data_wait_frac": 0.03, "gpu/util": 65.0}
+_RAISES: dict[str, tuple[dict, dict]] = {
+    "host-bound": (ev(**_IDLE), cfg(mem_peak_gb=100.0)),
+    "straggler": (_ranks((42.0, 1.5)), cfg()),
+    "comm-bound": (_ranks((14.0, 12.0)), cfg()),
+    "pageable-copies": (ev(), cfg(pin_memory=False)),
+    "launch-bound": (ev(**{"gpu/sm_active": 12.0}), cfg()),
+    "amp-host-sync": (ev(), cfg(unfused_optimizers=("SGD",))),
+    "fp16-overflow": (ev(grad_scale_start=65536.0, grad_scale=1024.0, grad_scale_window_falls=4.0), cfg()),
+    "fp32-on-tensor-cores": (ev(), cfg(precision="32-true")),
+    "nchw-convolutions": (ev(), cfg(conv_channels_last=0)),
+    "cudnn-benchmark-off": (ev(), cfg(cudnn_benchmark=False)),
+    "memory-headroom": (ev(**{"gpu/util": 80.0, "gpu/sm_active": 40.0}), cfg(mem_peak_gb=10.0)),
+    "gpu-metrics-missing": ({"time/data_wait_frac": 0.0}, cfg()),
+}
+#: the configuration of a run without a need (a run of one process gathers no per-rank figures instead)
+_WITHOUT = {"cuda": {"device_type": "cpu"}, "scaler": {"grad_scaler": False}}
+
+
+@pytest.mark.parametrize("kind", sorted(_RAISES))
+def test_needs_names_what_each_rule_cannot_raise_its_kind_without(kind):
+    """``BottleneckAdvisor`` logs ``advisor/<kind>`` only where the run has what ``NEEDS`` lists: each listed
+    need taken away (a CPU device, one process's evidence, no GradScaler) silences the rule."""
+    from lightning_gpuopt.observe.advisor.rules import NEEDS
+
+    window, config = _RAISES[kind]
+    assert kind in kinds(diagnose(window, config))
+    for need in NEEDS[kind]:
+        if need == "ranks":
+            without = diagnose({k: v for k, v in window.items() if k != "ranks"}, config)
+        else:
+            without = diagnose(window, {**config, **_WITHOUT[need]})
+        assert kind not in kinds(without), need
+
+
+def test_only_input_bound_can_be_raised_on_any_run():
+    from lightning_gpuopt.observe.advisor.rules import NEEDS, unmet_needs
+
+    assert set(NEEDS) == set(_RAISES) and set(KINDS) - set(NEEDS) == {"input-bound"}
+    cpu = unmet_needs(cuda=False, world_size=1, grad_scaler=False)
+    assert set(KINDS) - set(cpu) == {"input-bound"}
+    assert cpu["amp-host-sync"] == "a CUDA device and a GradScaler (16-mixed)"
+    assert set(unmet_needs(cuda=True, world_size=1, grad_scaler=True)) == {"straggler", "comm-bound"}

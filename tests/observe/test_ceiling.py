@@ -142,10 +142,17 @@ def _fit(monitor: GPUStatsMonitor, model: pl.LightningModule, steps: int = 24, q
         enable_checkpointing=False,
         accelerator="cpu",
     )
-    with warnings.catch_warnings():
-        if quiet:
-            warnings.simplefilter("ignore")
-        trainer.fit(model, DataLoader(_Slow(), batch_size=8))
+    # one intra-op thread: on a loaded 2-core machine torch's threads wait for each other at every op (a
+    # step of well under a millisecond took 440 ms), which would time the contention rather than the model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            trainer.fit(model, DataLoader(_Slow(), batch_size=8))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_monitor_logs_the_ceiling_fraction_after_the_first_window():
@@ -197,6 +204,57 @@ def test_the_ceiling_is_off_on_a_cpu_run_unless_asked_and_says_why_it_cannot_run
         "gpu/ceiling_frac is not measured: the module optimizes manually" in m for m in trainer_warnings
     )
     assert monitor.last_ceiling is None
+
+
+class _Counting(Net):
+    """Counts its training steps: a side effect of a step that the replay cannot put back."""
+
+    calls = 0
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        return super().training_step(batch, batch_idx)
+
+
+def test_nothing_is_replayed_unless_asked():
+    """The replay puts the training state back but not what a step does besides (this counter; a
+    torchmetrics state, a file, a call to a tracker), so only ``ceiling=True`` runs it: not the default
+    monitor, on a single-process CUDA run neither, and ``measure_ceiling()`` does not turn it on; asked for on
+    several processes it says once why not."""
+    from types import SimpleNamespace
+
+    from lightning_gpuopt._common import _warnings
+
+    one_gpu = SimpleNamespace(device=torch.device("cuda", 0), world_size=1)
+    assert GPUStatsMonitor()._ceiling_wanted(one_gpu) is False
+    assert GPUStatsMonitor(ceiling=True)._ceiling_wanted(one_gpu) is True
+    _warnings().clear()
+    with pytest.warns(UserWarning, match="gpu/ceiling_frac is not measured: the run has several processes"):
+        assert (
+            GPUStatsMonitor(ceiling=True)._ceiling_wanted(
+                SimpleNamespace(device=one_gpu.device, world_size=2)
+            )
+            is False
+        )
+
+    def fit(monitor: GPUStatsMonitor) -> int:
+        class Again(pl.Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                if trainer.global_step == 5:
+                    monitor.measure_ceiling()
+
+        model = _Counting()
+        trainer = pl.Trainer(max_steps=12, callbacks=[monitor, Again()], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, DataLoader(_Slow(), batch_size=8))
+        return model.calls
+
+    default = GPUStatsMonitor(log_every_n_steps=4)
+    assert fit(default) == 12 and default.last_ceiling is None
+    asked = GPUStatsMonitor(log_every_n_steps=4, ceiling=True, ceiling_steps=2)
+    assert fit(asked) == 12 + 2 * (3 + 2) and asked.last_ceiling is not None  # after window 1, again after 5
 
 
 def test_measure_ceiling_measures_again_at_the_next_window():
@@ -264,6 +322,25 @@ def test_on_a_gpu_the_replay_leaves_a_16_mixed_fit_where_it_was():
         assert torch.allclose(
             a.float(), b.float(), rtol=0, atol=1e-6
         )  # a step of the replay moves them ~1e-2
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_default_monitor_replays_nothing():
+    """A single-process CUDA run is one the replay can measure; without ``ceiling=True`` it runs the user's
+    steps only."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = _Counting()
+    data = [(torch.randn(64, 8, device="cuda"), torch.randint(0, 2, (64,), device="cuda")) for _ in range(4)]
+    monitor = GPUStatsMonitor(log_every_n_steps=5)
+    trainer = pl.Trainer(max_steps=20, callbacks=[monitor], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, accelerator="gpu", devices=1)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, DataLoader(data * 10, batch_size=None))
+    assert model.calls == 20 and monitor.last_ceiling is None
+    assert len(monitor.history) == 4 and all(CEILING_KEY not in w for w in monitor.history)
+    assert all("gpu/idle_frac" in w for w in monitor.history)  # a CUDA run, measured as one
 
 
 def test_a_replay_that_raises_warns_and_training_goes_on():

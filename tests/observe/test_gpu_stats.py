@@ -20,7 +20,7 @@ from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
 from lightning_gpuopt.observe.gpu_stats import METRIC_KEYS
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS
 from lightning_gpuopt.observe.nvml import GPM_KEYS, GPU_KEYS
-from lightning_gpuopt.observe.timing import HOST_KEYS, LOADER_KEY
+from lightning_gpuopt.observe.timing import CPU_WAIT_NOTE, HOST_KEYS, LOADER_KEY
 from tests._ddp import CloseProcessGroup
 from tests.observe.fake_cuda_events import host_clock_event
 from tests.observe.fake_pynvml import install
@@ -140,6 +140,19 @@ def test_trainer_interval_is_the_default_and_last_window_is_flushed(tmp_path):
         _trainer(tmp_path, monitor, log_every_n_steps=4, max_steps=10).fit(TinyModule())
     # windows at steps 4 and 8, then the 2-step tail when training ends
     assert [w["step"] for w in monitor.history] == [3.0, 7.0, 9.0]
+
+
+def test_a_cpu_run_without_the_gpu_says_once_what_its_data_wait_holds(tmp_path, caplog):
+    """gpu=False warns nothing, but on a CPU the data wait beyond the loader's is the batch's transfer work run
+    on the training CPU (OptimizedDataModule's augmentation): one note at INFO level says so, once."""
+    with warnings.catch_warnings(), caplog.at_level("INFO"):
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*(num_workers|bottleneck|log_every_n_steps|no logger).*")
+        for _ in range(2):
+            _trainer(tmp_path, GPUStatsMonitor(gpu=False, log_every_n_steps=3)).fit(TinyModule())
+    notes = [r.getMessage() for r in caplog.records if CPU_WAIT_NOTE in r.getMessage()]
+    assert notes == [f"GPUStatsMonitor: {CPU_WAIT_NOTE}"]
+    assert "time/loader_wait_frac" in CPU_WAIT_NOTE and "augmentation" in CPU_WAIT_NOTE
 
 
 def test_fake_nvml_fit_logs_every_documented_key(tmp_path, monkeypatch):

@@ -156,6 +156,25 @@ def test_a_fit_names_the_users_sync(kind, tmp_path, capsys):
     assert torch.cuda.get_sync_debug_mode() == 0  # off again
 
 
+@pytest.mark.gpu
+def test_a_sync_debug_mode_of_the_users_own_is_left_alone():
+    """A user who set ``set_sync_debug_mode("error")`` wants an error at every sync: the locator does not turn
+    it into a warning it swallows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        locator = SyncLocator()
+        assert locator.start() is False and not locator.running
+        assert torch.cuda.get_sync_debug_mode() == 2
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    fresh = SyncLocator()
+    assert fresh.start() is True  # with torch's default mode it runs
+    fresh.stop()
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
 def test_the_monitor_runs_the_locator_for_a_few_steps_from_a_windows_end(monkeypatch):
     """The wiring, on any machine: a stand-in for torch's sync warnings records one user sync a step."""
     import lightning.pytorch as pl

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_int
-from lightning_gpuopt._common import FeedInfo, warn_at_user
+from lightning_gpuopt._common import FeedInfo, info_once, warn_at_user
 from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop, first_loader
 from lightning_gpuopt.observe.advisor.config import (
     describe_feed,
@@ -22,7 +22,7 @@ from lightning_gpuopt.observe.advisor.config import (
 )
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
-from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
+from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, unmet_needs
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
@@ -78,10 +78,10 @@ class BottleneckAdvisor(ReleasingCallback):
     ======================== ============ ===========================================================
 
     Each warning carries ``gain``, the most its fix is worth (``1 / gpu/ceiling_frac`` where the monitor
-    measured the run's ceiling, else from the share of time its figure says is lost), printed as "up to
-    1.6x"; where the monitor's host-sync locator named lines of the user's, ``launch-bound`` and
-    ``host-bound`` advice leads with them; ``store-bound`` with the disk's read rate (``host/read_mb_s``)
-    names a store read from the disk rather than the page cache (``docs/advisor.md``).
+    measured the run's ceiling, ``GPUStatsMonitor(ceiling=True)``, else from the share of time its figure
+    says is lost), printed as "up to 1.6x"; where the monitor's host-sync locator named lines of the user's,
+    ``launch-bound`` and ``host-bound`` advice leads with them; ``store-bound`` with the disk's read rate
+    (``host/read_mb_s``) names a store read from the disk rather than the page cache (``docs/advisor.md``).
 
     Windows: with ``window_steps=None`` and a monitor, the monitor's logging windows (so both sides cover
     the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
@@ -92,7 +92,9 @@ class BottleneckAdvisor(ReleasingCallback):
     ========================== ====== ======================================================
     key                        unit   meaning
     ========================== ====== ======================================================
-    ``advisor/<kind>``         0/1    1 while verdict ``<kind>`` (one of ``KINDS``) is raised
+    ``advisor/<kind>``         0/1    1 while verdict ``<kind>`` (one of ``KINDS``) is raised; only the
+                                      kinds the run can raise (``rules.NEEDS``: a CUDA device,
+                                      several processes, a GradScaler), the rest named once at start
     ``advisor/num_warnings``   count  raised verdicts of severity ``warning``
     ``advisor/summary``        text   markdown table, TensorBoardLogger only (on change and at the end)
     ========================== ====== ======================================================
@@ -185,6 +187,7 @@ class BottleneckAdvisor(ReleasingCallback):
             self._reduce.detach()
         self._reduce = None
         self._scale = None
+        self._flags: tuple[str, ...] = KINDS  # the kinds this fit can raise, logged as advisor/<kind>
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -285,6 +288,23 @@ class BottleneckAdvisor(ReleasingCallback):
             self._reduce = AllReduceWaitTimer(loop.device)
             if not self._reduce.attach(loop.module):
                 self._reduce = None
+        self._settle_flags(loop)
+
+    def _settle_flags(self, loop: Loop) -> None:
+        """Log flags only for the kinds this run can raise; say once which are left out, and why."""
+        absent = unmet_needs(loop.device.type == "cuda", loop.world_size, self._scale is not None)
+        self._flags = tuple(k for k in KINDS if k not in absent)
+        if not absent or not loop.loggers or not loop.is_global_zero:
+            return
+        by_need: dict[str, list[str]] = {}
+        for kind, need in absent.items():
+            by_need.setdefault(need, []).append(kind)
+        left = "; ".join(f"{', '.join(kinds)} (need {need})" for need, kinds in by_need.items())
+        logged = ", ".join(f"advisor/{k}" for k in self._flags)
+        info_once(
+            f"BottleneckAdvisor: logging {logged} and advisor/num_warnings; the flags of the kinds this run "
+            f"cannot raise are left out rather than logged as a constant 0: {left}."
+        )
 
     def _fit_epochs(self, per_epoch: int | None) -> None:
         """Where an epoch is short, a window of half an epoch (at least 2 batches), warm-up at most as long."""
@@ -466,7 +486,7 @@ class BottleneckAdvisor(ReleasingCallback):
 
     def _log_flags(self, loop: Loop, step: int) -> None:
         raised = {v.kind for v in self.verdicts}
-        flags: dict[str, float] = {f"advisor/{k}": float(k in raised) for k in KINDS}
+        flags: dict[str, float] = {f"advisor/{k}": float(k in raised) for k in self._flags}
         flags["advisor/num_warnings"] = float(sum(v.severity == "warning" for v in self.verdicts))
         loop.log_metrics(flags, step)
 

@@ -18,7 +18,7 @@ from lightning_gpuopt.observe.advisor import advice
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RankEvidence, RunConfig
 from lightning_gpuopt.observe.advisor.verdict import EvidenceValue, Verdict, sort_verdicts
 
-__all__ = ["RULES", "AdvisorThresholds", "Context", "diagnose"]
+__all__ = ["NEEDS", "RULES", "AdvisorThresholds", "Context", "diagnose", "unmet_needs"]
 
 
 @dataclass(frozen=True)
@@ -563,6 +563,44 @@ RULES: tuple[Callable[[Context], Verdict | None], ...] = (
     memory_headroom,
     gpu_metrics_missing,
 )
+
+
+#: What a run must have for a rule to raise its kind at all: ``"cuda"`` (a CUDA device), ``"ranks"``
+#: (several processes) or ``"scaler"`` (an enabled GradScaler); a kind not listed can be raised on any run.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "host-bound": ("cuda",),  # judged from gpu/idle_frac, which CUDA events measure
+    "straggler": ("ranks",),
+    "comm-bound": ("ranks",),
+    "pageable-copies": ("cuda",),
+    "launch-bound": ("cuda",),
+    "amp-host-sync": ("cuda", "scaler"),
+    "fp16-overflow": ("scaler",),
+    "fp32-on-tensor-cores": ("cuda",),
+    "nchw-convolutions": ("cuda",),
+    "cudnn-benchmark-off": ("cuda",),
+    "memory-headroom": ("cuda",),
+    "gpu-metrics-missing": ("cuda",),
+}
+_NEED_WORDS = {"cuda": "a CUDA device", "ranks": "several processes", "scaler": "a GradScaler (16-mixed)"}
+
+
+def unmet_needs(cuda: bool, world_size: int, grad_scaler: bool) -> dict[str, str]:
+    """The kinds a run of this device, process count and precision can never raise, each with what it lacks
+    (:data:`NEEDS`); the kinds left out can be raised.
+
+    Example:
+        >>> unmet_needs(cuda=False, world_size=1, grad_scaler=False)["straggler"]
+        'several processes'
+        >>> unmet_needs(cuda=True, world_size=2, grad_scaler=True)
+        {}
+    """
+    have = {"cuda": cuda, "ranks": world_size > 1, "scaler": grad_scaler}
+    out: dict[str, str] = {}
+    for kind, needs in NEEDS.items():
+        missing = [_NEED_WORDS[n] for n in needs if not have[n]]
+        if missing:
+            out[kind] = " and ".join(missing)
+    return out
 
 
 def diagnose(
