@@ -106,3 +106,16 @@ def test_replace_sigterm_check_falls_back_where_the_loop_lacks_it():
     assert vars(loop) == {}
     assert _compat.replace_sigterm_check(object(), print) is False
     _warnings().clear()
+
+
+def test_cuda_graph_skips_are_read_where_torch_records_them(monkeypatch):
+    import logging
+
+    import torch._dynamo.utils as dynamo_utils
+
+    assert isinstance(_compat.cudagraph_skip_count(), int)
+    assert isinstance(_compat.cudagraph_skip_logger(), logging.Logger)
+    _warnings().clear()
+    monkeypatch.setattr(dynamo_utils, "counters", None)
+    with pytest.warns(UserWarning, match="counters"):
+        assert _compat.cudagraph_skip_count() is None  # unknown, never a guess
