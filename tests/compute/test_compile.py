@@ -30,6 +30,7 @@ from lightning_gpuopt.compute.compile import (
     should_compile,
 )
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
+from lightning_gpuopt.observe.advisor.config import collect_config
 from tests._ddp import CloseProcessGroup
 from tests._lightning import quiet_trainer
 from tests.compute._models import convnet, mlp
@@ -443,11 +444,12 @@ def test_skipped_cuda_graphs_are_named_with_torchs_reason_once():
     cb = CompileModel(backend="cudagraphs")
     model = ImageClassifier(convnet())
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: cpu device") as record:
-        _fit(model, [cb], _data(48, 8), max_steps=5)
+        trainer = _fit(model, [cb], _data(48, 8), max_steps=5)
     assert sum("CUDA graphs were skipped" in str(w.message) for w in record) == 1
     assert cb.cuda_graphs is False and cb.cuda_graphs_reason is not None
     assert cb.cuda_graphs_reason.startswith("cpu device (")  # torch's words, its lead-in dropped
     assert cb.cuda_graphs_skipped == cb.cuda_graphs_reason
+    assert collect_config(trainer, model, False).cuda_graphs_skipped == cb.cuda_graphs_reason  # the advisor's
     assert cb.state_dict()["cuda_graphs"] is False
     logger = cudagraph_skip_logger()
     assert logger is not None and not any(isinstance(h, _Collect) for h in logger.handlers)  # it left
