@@ -302,10 +302,7 @@ def async_scale_reader(scaler: Any) -> Callable[[], Any] | None:
     return get if callable(get) else None
 
 
-def cudagraph_skip_count() -> int | None:
-    """How often torch has skipped CUDA graphs in this process (``torch._dynamo.utils.counters["inductor"]
-    ["cudagraph_skips"]``, bumped by inductor and the ``"cudagraphs"`` backend at each skip), or ``None``
-    where this torch keeps no such count."""
+def _dynamo_counter(group: str, name: str) -> int | None:
     try:
         from torch._dynamo.utils import counters
     except ImportError:
@@ -313,7 +310,20 @@ def cudagraph_skip_count() -> int | None:
     if counters is None:
         _fallback("torch._dynamo.utils.counters (whether compiled steps replay CUDA graphs is not known)")
         return None
-    return int(counters["inductor"]["cudagraph_skips"])
+    return int(counters[group][name])
+
+
+def cudagraph_skip_count() -> int | None:
+    """How often torch has skipped CUDA graphs in this process (``torch._dynamo.utils.counters["inductor"]
+    ["cudagraph_skips"]``, bumped by inductor and the ``"cudagraphs"`` backend at each skip), or ``None``
+    where this torch keeps no such count."""
+    return _dynamo_counter("inductor", "cudagraph_skips")
+
+
+def compiled_frame_count() -> int | None:
+    """How many frames dynamo has compiled in this process (``counters["frames"]["ok"]``): unchanged over a
+    call that reused code compiled earlier; ``None`` where this torch keeps no such count."""
+    return _dynamo_counter("frames", "ok")
 
 
 def cudagraph_skip_logger() -> logging.Logger | None:

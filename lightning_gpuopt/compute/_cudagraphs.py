@@ -12,7 +12,7 @@ import logging
 import os
 import re
 
-from lightning_gpuopt._compat import cudagraph_skip_count, cudagraph_skip_logger
+from lightning_gpuopt._compat import compiled_frame_count, cudagraph_skip_count, cudagraph_skip_logger
 
 __all__ = ["SkipWatch", "skip_reason"]
 
@@ -61,17 +61,23 @@ class SkipWatch:
     Attributes:
         reasons: each skip's reason (``skip_reason``), in the order torch logged them; empty where torch's
             log is off (``TORCH_LOGS``, a logging level above warnings).
+        compiled: after ``stop``, whether dynamo compiled anything in between (``False``: code compiled
+            earlier was reused, and its skips were counted then, not now); ``None`` where unknown.
     """
 
     def __init__(self) -> None:
         self.reasons: list[str] = []
+        self.compiled: bool | None = None
         self._start: int | None = None
+        self._frames: int | None = None
         self._logger: logging.Logger | None = None
         self._handler: _Collect | None = None
 
     def start(self) -> SkipWatch:
         self.reasons.clear()
+        self.compiled = None
         self._start = cudagraph_skip_count()
+        self._frames = compiled_frame_count()
         logger = cudagraph_skip_logger()
         if logger is not None and self._handler is None:
             self._handler = _Collect(self.reasons)
@@ -86,7 +92,10 @@ class SkipWatch:
             self._logger.removeHandler(self._handler)
         self._logger = self._handler = None
         start, self._start = self._start, None
-        now = cudagraph_skip_count()
+        frames, self._frames = self._frames, None
+        now, frames_now = cudagraph_skip_count(), compiled_frame_count()
+        if frames is not None and frames_now is not None:
+            self.compiled = frames_now != frames
         if start is None or now is None:
             return None
         return now - start if now >= start else now  # a count reset in between counts from zero

@@ -95,6 +95,9 @@ _TIMED_BATCHES = 10
 # skip is counted
 _GRAPH_CHECK_STEPS = 3
 _LOGGED: set[str] = set()  # mode reasons already logged in this process
+# (forward function, backend, mode) -> (cuda_graphs, cuda_graphs_reason) of its compile in this process: a
+# later fit of the same class reuses that compiled code, and torch records its skips only when it compiles
+_GRAPH_RESULTS: dict[tuple[Any, str, str], tuple[bool, str | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -338,6 +341,7 @@ class CompileModel(pl.Callback):
         self.cuda_graphs: bool | None = None
         self.cuda_graphs_reason: str | None = None
         self._graphs = False  # the compiled forward records CUDA graphs (a graph mode, or their backend)
+        self._graphs_key: tuple[Any, str, str] | None = None
         self._watch: SkipWatch | None = None
         self._train_compiled = 0  # compiled training calls since it was compiled
         self._timing = False
@@ -460,10 +464,17 @@ class CompileModel(pl.Callback):
         watch, self._watch = self._watch, None
         if watch is None:
             return
-        skips = watch.stop()
+        skips, key = watch.stop(), self._graphs_key
         if skips is None:  # this torch keeps no count (``_compat`` said so)
             return
-        self.cuda_graphs = skips == 0
+        if not skips and not watch.compiled:
+            # code an earlier fit compiled ran: torch counted its skips then, not now
+            if key in _GRAPH_RESULTS:
+                self.cuda_graphs, self.cuda_graphs_reason = _GRAPH_RESULTS[key]
+            return
+        self.cuda_graphs = not skips
+        if key is not None:
+            _GRAPH_RESULTS[key] = (self.cuda_graphs, None)
         if self.cuda_graphs:
             rank_zero_info(
                 f"CompileModel: the compiled training step replays CUDA graphs (mode={self.mode_used!r})"
@@ -480,6 +491,8 @@ class CompileModel(pl.Callback):
             self.cuda_graphs_reason = (
                 f"torch counted {skips} skip(s) and logged no reason (TORCH_LOGS=cudagraphs shows it)"
             )
+        if key is not None:
+            _GRAPH_RESULTS[key] = (False, self.cuda_graphs_reason)
         warn_once(
             f"CompileModel: CUDA graphs were skipped: {self.cuda_graphs_reason}. The compiled step launches its "
             "kernels one by one; remove what torch names (an input changed in place inside forward, a CPU "
@@ -525,6 +538,7 @@ class CompileModel(pl.Callback):
         self.cuda_graphs = None if graphs else False
         self.cuda_graphs_reason = None if graphs else f"mode={compile_mode!r} records no CUDA graphs"
         if graphs:
+            self._graphs_key = (getattr(original, "__func__", original), self.backend, compile_mode)
             self._watch = SkipWatch().start()  # torch compiles at the first calls: count from here
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -620,7 +634,7 @@ class CompileModel(pl.Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # the compiled function and the module belong to this process's fit
-        state.update(_module=None, _wrapper=None, _shapes={}, compiled=False, _watch=None)
+        state.update(_module=None, _wrapper=None, _shapes={}, compiled=False, _watch=None, _graphs_key=None)
         return state
 
     def __repr__(self) -> str:

@@ -441,6 +441,7 @@ def test_skipped_cuda_graphs_are_named_with_torchs_reason_once():
     reads that after the first compiled steps, warns once, and keeps it for the advisor."""
     torch.compiler.reset()  # earlier tests compiled the same forward up to dynamo's recompile limit
     _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
     cb = CompileModel(backend="cudagraphs")
     model = ImageClassifier(convnet())
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: cpu device") as record:
@@ -451,6 +452,10 @@ def test_skipped_cuda_graphs_are_named_with_torchs_reason_once():
     assert cb.cuda_graphs_skipped == cb.cuda_graphs_reason
     assert collect_config(trainer, model, False).cuda_graphs_skipped == cb.cuda_graphs_reason  # the advisor's
     assert cb.state_dict()["cuda_graphs"] is False
+    # a second fit of the class reuses the compiled code, and torch says nothing again: the first one's finding
+    again = CompileModel(backend="cudagraphs")
+    _fit(ImageClassifier(convnet()), [again], _data(48, 8), max_steps=5)
+    assert again.cuda_graphs is False and again.cuda_graphs_reason == cb.cuda_graphs_reason
     logger = cudagraph_skip_logger()
     assert logger is not None and not any(isinstance(h, _Collect) for h in logger.handlers)  # it left
 
@@ -471,6 +476,8 @@ def test_graphs_replay_where_torch_counted_no_skip(monkeypatch):
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, dynamic=False, backend="eager"))
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    torch.compiler.reset()  # a compile under the watch, not a reuse of an earlier test's
+    compile_mod._GRAPH_RESULTS.clear()
     cb = CompileModel(mode="reduce-overhead")
     _fit(ImageClassifier(convnet()), [cb], _data(48, 8), max_steps=2)  # shorter than the check
     assert cb.cuda_graphs is True and cb.cuda_graphs_reason is None and cb.cuda_graphs_skipped is None
@@ -481,6 +488,7 @@ def test_inductor_reduce_overhead_on_the_cpu_counts_a_skip_without_a_reason():
     # inductor logs no reason for a graph without CUDA in it, but counts the skip: the device is named
     torch.compiler.reset()
     _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
     cb = CompileModel(mode="reduce-overhead")
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: the compiled step runs on 'cpu'"):
         _fit(ImageClassifier(mlp()), [cb], _data(48, 8), max_steps=4)
@@ -620,6 +628,7 @@ def test_gpu_an_input_changed_in_place_skips_cuda_graphs_and_is_named():
 
     torch.compiler.reset()
     _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
     cb = CompileModel()
     trainer = quiet_trainer(accelerator="gpu", devices=1, max_steps=5, callbacks=[cb], num_sanity_val_steps=0)
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: mutated inputs"):
