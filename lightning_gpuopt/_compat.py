@@ -304,8 +304,8 @@ def async_scale_reader(scaler: Any) -> Callable[[], Any] | None:
 
 def _dynamo_counter(group: str, name: str) -> int | None:
     try:
-        from torch._dynamo.utils import counters
-    except ImportError:
+        counters: Any = importlib.import_module("torch._dynamo.utils").counters
+    except (ImportError, AttributeError):
         counters = None
     if counters is None:
         _fallback("torch._dynamo.utils.counters (whether compiled steps replay CUDA graphs is not known)")
