@@ -634,4 +634,4 @@ def test_gpu_an_input_changed_in_place_skips_cuda_graphs_and_is_named():
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: mutated inputs"):
         trainer.fit(InPlace(convnet()), _data(64, 8))
     assert cb.mode_used == "reduce-overhead" and cb.cuda_graphs is False
-    assert "test_compile.py:" in (cb.cuda_graphs_skipped or "")  # the line torch found
+    assert (cb.cuda_graphs_skipped or "").startswith("mutated inputs")  # torch's words (and its line, if found)
