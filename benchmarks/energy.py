@@ -34,7 +34,7 @@ def variant(name: str, args: argparse.Namespace, folder: Path) -> Callable[[], M
         model, fit, preset = energy.row_setup(name, folder, args.arch, args.batch_size, args.image_size,
                                               args.device, args.decoder)  # fmt: skip
         naive = name == "naive"  # about a second a step: fewer steps, shorter monitor windows
-        warmup, steps = (min(args.warmup, 2), max(2, args.steps // 10)) if naive else (args.warmup, args.steps)
+        warmup, steps = (min(args.warmup, 2), max(2, args.steps // 10)) if naive else (args.warmup, args.steps)  # fmt: skip
         monitor = GPUStatsMonitor(log_every_n_steps=2 if naive else 10, gpu=args.device == "cuda",
                                   ceiling=False, sync_steps=0)  # fmt: skip
         compiler = CompileModel() if preset else None
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     args.decoder = energy.gpu_decoder(args.decoder, cuda)
     size, images = ((64, 48), 32) if args.quick else ((500, 375), args.images)
-    folder = make_jpeg_folder(Path(tempfile.gettempdir()) / f"energy_jpegs_{images}_{size[0]}", images, 10, size)
+    folder = make_jpeg_folder(Path(tempfile.gettempdir()) / f"energy_jpegs_{images}_{size[0]}", images, 10, size)  # fmt: skip
     why = {n: energy.why_not(n, cuda, args.decoder) for n in rows}
     results = take_turns({n: variant(n, args, folder) for n in rows if why[n] is None}, args.repeats, say)
     table = energy.rows_of(results, why)

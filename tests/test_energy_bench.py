@@ -33,7 +33,7 @@ def test_quick_run_trains_naive_and_says_why_the_others_cannot(tmp_path):
 
 def test_the_results_file_is_named_after_the_gpu_model():
     assert energy.gpu_tag("NVIDIA H100 80GB HBM3") == "h100"
-    assert energy.gpu_tag("NVIDIA H200") == "h200" and energy.gpu_tag("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
+    assert energy.gpu_tag("NVIDIA H200") == "h200" and energy.gpu_tag("NVIDIA A100-SXM4-80GB") == "a100"
     assert energy.gpu_tag(None) == "cpu"
 
 

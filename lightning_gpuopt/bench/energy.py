@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -69,13 +70,13 @@ def gpu_tag(name: str | None) -> str:
     """``h100``/``h200``/... from a GPU's name (the model number, not the memory's), ``cpu`` without one.
 
     Example:
-        >>> gpu_tag("NVIDIA H100 80GB HBM3"), gpu_tag("NVIDIA H200"), gpu_tag(None)
-        ('h100', 'h200', 'cpu')
+        >>> gpu_tag("NVIDIA H100 80GB HBM3"), gpu_tag("NVIDIA A100-SXM4-80GB"), gpu_tag(None)
+        ('h100', 'a100', 'cpu')
     """
     if not name:
         return "cpu"
-    words = [w.lower() for w in name.split()]
-    return next((w for w in words if w[:1].isalpha() and w[1:].isdigit()), words[-1])
+    model = re.search(r"\b[a-z]{1,2}\d{2,4}\b", name.lower())
+    return model.group(0) if model else name.split()[-1].lower()
 
 
 def gpu_decoder(choice: str = "auto", cuda: bool = True) -> str | None:
@@ -275,8 +276,13 @@ def rows_of(results: dict[str, list[Any]], why: dict[str, str | None]) -> list[d
 
     table = summarize(results, None)
     for row in table:
-        row.update(row_figures(row["repeats"]), status="failed" if row["error"] else "ok", reason=row["error"])
-    table += [{**dict.fromkeys(COLUMNS), "name": n, "status": "cannot run", "reason": r} for n, r in why.items() if r]
+        row.update(
+            row_figures(row["repeats"]), status="failed" if row["error"] else "ok", reason=row["error"]
+        )
+    table += [
+        {**dict.fromkeys(COLUMNS), "name": n, "status": "cannot run", "reason": r}
+        for n, r in why.items()
+        if r
+    ]
     order = list(why)
     return sorted(table, key=lambda r: order.index(r["name"]))
-
