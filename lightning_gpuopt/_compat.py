@@ -9,6 +9,7 @@ back to public behaviour (slower or less precise, never wrong) and warns once na
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -88,6 +89,16 @@ _INTERNALS: tuple[_Internal, ...] = (
         "multiprocessing.process._current_process",
         "_config",
         "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it",
+    ),
+    _Internal(
+        "torch._dynamo.utils",
+        "counters",
+        "CompileModel tells whether the compiled step replays CUDA graphs (inductor's cudagraph_skips)",
+    ),
+    _Internal(
+        "torch._inductor.cudagraph_utils",
+        "cudagraphs_log",
+        "CompileModel names the reason torch gives for skipping CUDA graphs",
     ),
 )
 
@@ -313,3 +324,42 @@ def async_scale_reader(scaler: Any) -> Callable[[], Any] | None:
     reading then costs)."""
     get = getattr(scaler, "_get_scale_async", None)
     return get if callable(get) else None
+
+
+def _dynamo_counter(group: str, name: str) -> int | None:
+    try:
+        counters: Any = importlib.import_module("torch._dynamo.utils").counters
+    except (ImportError, AttributeError):
+        counters = None
+    if counters is None:
+        _fallback("torch._dynamo.utils.counters (whether compiled steps replay CUDA graphs is not known)")
+        return None
+    return int(counters[group][name])
+
+
+def cudagraph_skip_count() -> int | None:
+    """How often torch has skipped CUDA graphs in this process (``torch._dynamo.utils.counters["inductor"]
+    ["cudagraph_skips"]``, bumped by inductor and the ``"cudagraphs"`` backend at each skip), or ``None``
+    where this torch keeps no such count."""
+    return _dynamo_counter("inductor", "cudagraph_skips")
+
+
+def compiled_frame_count() -> int | None:
+    """How many frames dynamo has compiled in this process (``counters["frames"]["ok"]``): unchanged over a
+    call that reused code compiled earlier; ``None`` where this torch keeps no such count."""
+    return _dynamo_counter("frames", "ok")
+
+
+def cudagraph_skip_logger() -> logging.Logger | None:
+    """The logger torch writes each CUDA graph skip's reason to (``"skipping cudagraphs due to ..."``, a
+    warning), or ``None`` where this torch has none of the known ones (the reason is then not known)."""
+    try:
+        utils = importlib.import_module("torch._inductor.cudagraph_utils")
+    except ImportError:
+        return None
+    # the name torch gives it, then the one of older releases
+    for name in ("cudagraphs_log", "perf_hint_log"):
+        log = getattr(utils, name, None)
+        if isinstance(log, logging.Logger):
+            return log
+    return None

@@ -119,6 +119,7 @@ BAD: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
     (AdvisorThresholds, {"rank_wait_min_ms": "2"}, TypeError, "rank_wait_min_ms"),
     (AdvisorThresholds, {"fp16_scale_floor": -1.0}, ValueError, "fp16_scale_floor"),
     (AdvisorThresholds, {"fp16_scale_falls": 0}, ValueError, "fp16_scale_falls"),
+    (AdvisorThresholds, {"jpeg_busy_util": 101.0}, ValueError, "jpeg_busy_util"),
     # ChannelsLast
     (ChannelsLast, {"memory_format": "nchw"}, ValueError, "memory_format"),
     (ChannelsLast, {"memory_format": torch.contiguous_format}, ValueError, "memory_format"),

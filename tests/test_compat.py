@@ -133,3 +133,16 @@ def test_worker_error_message_reads_a_worker_errors_own_line_back():
     assert _compat.worker_error_message(text, _Refused) == "cannot read item 2; fix it"
     assert _compat.worker_error_message(text, KeyError) is None  # another type's text
     assert _compat.worker_error_message("cannot read item 2; fix it", _Refused) is None  # a plain message
+
+
+def test_cuda_graph_skips_are_read_where_torch_records_them(monkeypatch):
+    import logging
+
+    import torch._dynamo.utils as dynamo_utils
+
+    assert isinstance(_compat.cudagraph_skip_count(), int)
+    assert isinstance(_compat.cudagraph_skip_logger(), logging.Logger)
+    _warnings().clear()
+    monkeypatch.setattr(dynamo_utils, "counters", None)
+    with pytest.warns(UserWarning, match="counters"):
+        assert _compat.cudagraph_skip_count() is None  # unknown, never a guess

@@ -98,8 +98,8 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert any((run / "tensorboard" / "00_naive" / "fit_0").glob("events.out.tfevents.*"))
     # the table comes last on stdout and says why a row did not run
     table = captured.out.strip().splitlines()
-    header = ["name", "samples_per_sec", "range", "p50_ms", "p90_ms", "ratio_to_ceiling"]
-    assert table[0].split()[:6] == header
+    header = ["name", "samples_per_sec", "range", "joules_per_sample", "p50_ms", "p90_ms", "ratio_to_ceiling"]
+    assert table[0].split()[:7] == header
     assert any(line.startswith("+dali") and "cannot run: DALI" in line for line in table)
     # under the table: which ceiling the ratios use
     note = next(line for line in table if line.startswith("ratio_to_ceiling"))
@@ -377,6 +377,20 @@ def test_window_means_skip_warmup_windows():
     assert meter.window_means([], start_step=3) == (None, None)
 
 
+def test_joules_per_sample_is_the_measured_windows_power_over_the_rows_rate():
+    history = [{"step": 5, "gpu/power_w": 100.0}, {"step": 10, "gpu/power_w": 400.0}, {"step": 15}]
+    assert meter.joules_per_sample(history, 5, 200.0) == pytest.approx(2.0)  # 400 W at 200 samples/s
+    assert meter.joules_per_sample(history, 5, None) is None
+    assert meter.joules_per_sample([{"step": 9, "gpu/util": 50.0}], 5, 200.0) is None  # no power: a CPU run
+    # the ladder's table and Markdown show it beside samples/s
+    row = {"name": "naive", "samples_per_sec": 200.0, "joules_per_sample": 2.0, "status": "ok"}
+    table = report.format_ladder_table([row], notes=False)
+    header = table.splitlines()[0]
+    assert header.index("samples_per_sec") < header.index("joules_per_sample") and "2" in table
+    markdown = report.format_ladder_markdown([row])
+    assert "| J/sample |" in markdown and "| 2 |" in markdown
+
+
 def _tiny_fit(clock, batches_per_epoch=6, extra=(), workers=0):
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -575,6 +589,7 @@ def test_gpu_ladder_runs_cuda_rows(tmp_path):
     assert by["+pinned"]["pin_memory"] is True and by["+pinned"]["num_workers"] == 4
     assert by["+16-mixed"]["precision"] == "16-mixed" and by["naive"]["precision"] == "32-true"
     assert by["+uint8_gpu_aug"]["gpu_util_mean"] is not None  # NVML through GPUStatsMonitor
+    assert by["+uint8_gpu_aug"]["joules_per_sample"] > 0  # its power over its samples/s
     assert by["ceiling_eager"]["precision"] == by["ceiling_compiled"]["precision"] == "fp16 autocast"
     # on CUDA the compiled ceiling is the ratios' ceiling; both compiled rows timed their compile
     compiled = by["ceiling_compiled"]["samples_per_sec"]

@@ -18,6 +18,7 @@ module             what it holds
 ``models``         ``ImageClassifier`` and the built-in ``SmallResNet``
 ``synthetic``      ``make_jpeg_folder``: ImageNet-shaped generated JPEGs
 ``demo``           ``run_demo``
+``energy``         the rows of ``benchmarks/energy.py``: joules a sample, the JPEG engine, CUDA graphs
 ``runs``           versioned run folders and output paths checked before work
 =================  ==========================================================================================
 

@@ -5,7 +5,8 @@ A row's ``samples_per_sec`` is the median of its repetitions (each one fit measu
 ``bench.steady.StepClock``), ``samples_per_sec_min``/``_max`` their range and ``spread`` the range over the
 median. ``compare`` tells a difference between two rows from noise: it is a difference only where their
 ranges do not overlap. ``first_fast_step`` says from which step on a compiled model's step time has settled:
-what comes before it is the compile.
+what comes before it is the compile. ``joules_per_sample`` turns the monitor's power into the energy a sample
+costs.
 """
 
 from __future__ import annotations
@@ -73,14 +74,30 @@ def compare(row: dict[str, Any], other: dict[str, Any]) -> float | None:
 
 
 def window_means(
-    history: Sequence[dict[str, float]], start_step: int | None
-) -> tuple[float | None, float | None]:
-    """Mean ``gpu/util`` and ``time/data_wait_frac`` over monitor windows logged after ``start_step`` (the
-    warm-up's last step), or over all of them when none was."""
+    history: Sequence[dict[str, float]],
+    start_step: int | None,
+    keys: Sequence[str] = ("gpu/util", "time/data_wait_frac"),
+) -> tuple[float | None, ...]:
+    """Mean of each of ``keys`` (``gpu/util`` and ``time/data_wait_frac``) over monitor windows logged after
+    ``start_step`` (the warm-up's last step), or over all of them when none was."""
     rows = [h for h in history if start_step is None or h.get("step", 0) > start_step] or list(history)
 
     def mean(key: str) -> float | None:
         vals = [float(h[key]) for h in rows if h.get(key) is not None and math.isfinite(float(h[key]))]
         return statistics.fmean(vals) if vals else None
 
-    return mean("gpu/util"), mean("time/data_wait_frac")
+    return tuple(mean(key) for key in keys)
+
+
+def joules_per_sample(
+    history: Sequence[dict[str, float]], start_step: int | None, samples_per_sec: float | None
+) -> float | None:
+    """The energy a trained sample cost in a measured window: the monitor's mean ``gpu/power_w`` over its
+    windows after ``start_step``, over the window's ``samples_per_sec``; ``None`` without either.
+
+    Example:
+        >>> joules_per_sample([{"step": 9, "gpu/power_w": 300.0}, {"step": 19, "gpu/power_w": 500.0}], 9, 1000.0)
+        0.5
+    """
+    (power,) = window_means(history, start_step, ("gpu/power_w",))
+    return power / samples_per_sec if power is not None and samples_per_sec else None

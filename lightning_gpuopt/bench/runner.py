@@ -35,7 +35,13 @@ from typing_extensions import override
 from lightning_gpuopt._common import available_cpus, eval_resize_size
 from lightning_gpuopt.bench.ceilings import COMPILED, EAGER, fill_ratios
 from lightning_gpuopt.bench.measure import PlainLoop, fit
-from lightning_gpuopt.bench.meter import FAST_RUN, SETTLE_LIMIT_S, first_fast_step, window_means
+from lightning_gpuopt.bench.meter import (
+    FAST_RUN,
+    SETTLE_LIMIT_S,
+    first_fast_step,
+    joules_per_sample,
+    window_means,
+)
 from lightning_gpuopt.bench.rows import (
     CANNOT_RUN,
     FAILED,
@@ -394,6 +400,7 @@ class LadderRunner:
             "speedup_vs_naive": None,
             "gpu_util_mean": None,
             "data_wait_frac": None,
+            "joules_per_sample": None,
             "backend": None,
             "num_workers": None,
             "pin_memory": None,
@@ -409,6 +416,7 @@ class LadderRunner:
             "_steps": None,
             "_gpu": [],
             "_wait": [],
+            "_joules": [],
         }
 
     def _row_seconds(self, fits_left: int, pending_compiles: int = 0) -> float | None:
@@ -658,12 +666,18 @@ class LadderRunner:
             if wait is not None:
                 row["_wait"].append(wait)
                 row["data_wait_frac"] = statistics.fmean(row["_wait"])
+            history = getattr(monitor, "history", [])
+            joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
+            if joules is not None:
+                row["_joules"].append(joules)
+                row["joules_per_sample"] = statistics.fmean(row["_joules"])
             this_fit = {
                 "samples_per_sec": m.samples_per_sec,
                 "p50_ms": m.p50_ms,
                 "p90_ms": m.p90_ms,
                 "gpu_util_mean": gpu if self.cuda else None,
                 "data_wait_frac": wait,
+                "joules_per_sample": joules,
             }
             logged = {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
         for lg in trainer.loggers:
@@ -769,7 +783,7 @@ class LadderRunner:
                 done[name].update(status=SKIPPED, reason="time budget spent")
         rows = [done[n] for n in ROW_NAMES if n in done]
         for row in rows:
-            del row["_gpu"], row["_wait"], row["_measured"], row["_steps"]
+            del row["_gpu"], row["_wait"], row["_joules"], row["_measured"], row["_steps"]
         fill_ratios(rows)
         return rows
 

@@ -24,6 +24,12 @@ and the time it spends on the loader, the loop and the callbacks overlaps the GP
 stretching the step. Other runs compile in the default mode. The graphs reuse their outputs' memory every
 step, so ``forward`` hands out copies of its outputs (one copy a step, small beside the step's work): what
 ``training_step`` keeps across steps (``self.outputs.append(logits)``) stays valid.
+
+Whether they replay: torch skips CUDA graphs silently where it cannot record them (an input changed in
+place inside ``forward``, a CPU tensor in the graph, varying shapes). ``CompileModel`` reads the skips torch
+counts, and the reasons it logs, over the first compiled training steps (``compute._cudagraphs.SkipWatch``:
+nothing runs per step), then says once whether the step replays CUDA graphs (``cuda_graphs``) and if not why
+(``cuda_graphs_reason``); ``BottleneckAdvisor`` names that reason in its launch-bound and host-bound advice.
 """
 
 from __future__ import annotations
@@ -43,16 +49,17 @@ from typing_extensions import override
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import synchronize, warn_once
 from lightning_gpuopt.compute import _model
+from lightning_gpuopt.compute._cudagraphs import SkipWatch
 
 __all__ = [
     "BREAK_EVEN_SECONDS",
     "COMPILE_COST",
     "COMPILE_SECONDS",
     "COMPILE_STEP_SAVING",
+    "GRAPH_MODES",
     "MIN_CAPABILITY",
     "CompileDecision",
     "CompileModel",
-    "GRAPH_MODES",
     "choose_mode",
     "should_compile",
 ]
@@ -84,7 +91,13 @@ _WHEN = ("always", "auto")
 # cuDNN and fill the allocator's cache
 _WARMUP_BATCHES = 5
 _TIMED_BATCHES = 10
+# compiled training steps after which the graphs are recorded (a warm-up run, then the recording) and any
+# skip is counted
+_GRAPH_CHECK_STEPS = 3
 _LOGGED: set[str] = set()  # mode reasons already logged in this process
+# (forward function, backend, mode) -> (cuda_graphs, cuda_graphs_reason) of its compile in this process: a
+# later fit of the same class reuses that compiled code, and torch records its skips only when it compiles
+_GRAPH_RESULTS: dict[tuple[Any, str, str], tuple[bool, str | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -279,8 +292,15 @@ class CompileModel(pl.Callback):
         compiled_calls: ``forward`` calls that ran compiled.
         eager_calls: ``forward`` calls of another input shape that ran eagerly.
         mode_used: the mode ``forward`` was compiled with (``None`` before it is), and ``mode_reason``.
+        cuda_graphs: whether the compiled training step replays CUDA graphs: known after its first three
+            compiled steps (``None`` before, and where this torch does not count skips); ``False`` in a
+            mode that records none.
+        cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``: the reason torch gave for skipping
+            them (``"mutated inputs (1 instances) at model.py:12"``), or the mode that records none.
 
-    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``.
+    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``. In a mode that records
+    CUDA graphs (and with ``backend="cudagraphs"``) it says once whether the step replays them: a line where
+    it does, a warning with torch's reason where torch skipped them.
 
     Example::
 
@@ -318,6 +338,12 @@ class CompileModel(pl.Callback):
         self.step_seconds: float | None = None
         self.compiled_calls = 0
         self.eager_calls = 0
+        self.cuda_graphs: bool | None = None
+        self.cuda_graphs_reason: str | None = None
+        self._graphs = False  # the compiled forward records CUDA graphs (a graph mode, or their backend)
+        self._graphs_key: tuple[Any, str, str] | None = None
+        self._watch: SkipWatch | None = None
+        self._train_compiled = 0  # compiled training calls since it was compiled
         self._timing = False
         self._batches = 0
         self._t0: float | None = None
@@ -380,6 +406,8 @@ class CompileModel(pl.Callback):
     ) -> None:
         self._batches += 1
         self._mark_step()
+        if self._watch is not None and self._train_compiled >= _GRAPH_CHECK_STEPS:
+            self._graphs_checked()
         calls = self.compiled_calls + self.eager_calls
         if self._batches == _WARMUP_BATCHES + _TIMED_BATCHES + 1 and self.compiled and calls == 0:
             warn_once(
@@ -422,8 +450,59 @@ class CompileModel(pl.Callback):
 
     def _mark_step(self) -> None:
         # a new step for CUDA graph trees: the previous step's graph outputs may be overwritten from here
-        if self.compiled and self.mode_used in GRAPH_MODES:
+        if self.compiled and self._graphs:
             torch.compiler.cudagraph_mark_step_begin()
+
+    @property
+    def cuda_graphs_skipped(self) -> str | None:
+        """torch's reason for not replaying the CUDA graphs the mode records, else ``None`` (they replay, it
+        is not known yet, or the mode records none)."""
+        return self.cuda_graphs_reason if self._graphs and self.cuda_graphs is False else None
+
+    def _graphs_checked(self) -> None:
+        """Read what torch recorded over the first compiled steps, and say it once."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        skips, key = watch.stop(), self._graphs_key
+        if skips is None:  # this torch keeps no count (``_compat`` said so)
+            return
+        if not skips and not watch.compiled:
+            # code an earlier fit compiled ran: torch counted its skips then, not now
+            if key in _GRAPH_RESULTS:
+                self.cuda_graphs, self.cuda_graphs_reason = _GRAPH_RESULTS[key]
+            return
+        self.cuda_graphs = not skips
+        if key is not None:
+            _GRAPH_RESULTS[key] = (self.cuda_graphs, None)
+        if self.cuda_graphs:
+            rank_zero_info(
+                f"CompileModel: the compiled training step replays CUDA graphs (mode={self.mode_used!r})"
+            )
+            return
+        device = self._run[0]
+        if watch.reasons:
+            self.cuda_graphs_reason = watch.reasons[0]
+        elif device.type != "cuda":
+            self.cuda_graphs_reason = (
+                f"the compiled step runs on {device.type!r}, and CUDA graphs need a CUDA device"
+            )
+        else:
+            self.cuda_graphs_reason = (
+                f"torch counted {skips} skip(s) and logged no reason (TORCH_LOGS=cudagraphs shows it)"
+            )
+        if key is not None:
+            _GRAPH_RESULTS[key] = (False, self.cuda_graphs_reason)
+        warn_once(
+            f"CompileModel: CUDA graphs were skipped: {self.cuda_graphs_reason}. The compiled step launches its "
+            "kernels one by one; remove what torch names (an input changed in place inside forward, a CPU "
+            "tensor in forward, varying input shapes) to have it replay them."
+        )
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._train_compiled:  # a run shorter than the check: what its compiled steps recorded
+            self._graphs_checked()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -454,7 +533,13 @@ class CompileModel(pl.Callback):
         original = pl_module.forward
         compile_mode = self._choose_mode(pl_module)
         compiled = torch.compile(original, dynamic=False, backend=self.backend, mode=compile_mode)
-        graphs = compile_mode in GRAPH_MODES
+        graphs = self._graphs = compile_mode in GRAPH_MODES or self.backend == "cudagraphs"
+        self._train_compiled = 0
+        self.cuda_graphs = None if graphs else False
+        self.cuda_graphs_reason = None if graphs else f"mode={compile_mode!r} records no CUDA graphs"
+        if graphs:
+            self._graphs_key = (getattr(original, "__func__", original), self.backend, compile_mode)
+            self._watch = SkipWatch().start()  # torch compiles at the first calls: count from here
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)
@@ -463,6 +548,7 @@ class CompileModel(pl.Callback):
             first = self._shapes.setdefault(mode, signature)
             if signature == first:
                 self.compiled_calls += 1
+                self._train_compiled += int(mode[0])
                 out = compiled(*args, **kwargs)
                 # CUDA graphs reuse their outputs' memory next step: hand out copies the caller may keep
                 return apply_to_collection(out, torch.Tensor, torch.Tensor.clone) if graphs else out
@@ -505,6 +591,9 @@ class CompileModel(pl.Callback):
         return self.mode_used
 
     def _uninstall(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()  # its handler leaves torch's logger; what is not known yet stays None
+            self._watch = None
         module, wrapper = self._module, self._wrapper
         if module is not None and vars(module).get("forward") is wrapper:
             del module.forward  # the class's forward again
@@ -538,12 +627,14 @@ class CompileModel(pl.Callback):
             "step_seconds": self.step_seconds,
             "mode": self.mode_used,
             "mode_reason": self.mode_reason,
+            "cuda_graphs": self.cuda_graphs,
+            "cuda_graphs_reason": self.cuda_graphs_reason,
         }
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # the compiled function and the module belong to this process's fit
-        state.update(_module=None, _wrapper=None, _shapes={}, compiled=False)
+        state.update(_module=None, _wrapper=None, _shapes={}, compiled=False, _watch=None, _graphs_key=None)
         return state
 
     def __repr__(self) -> str:

@@ -26,14 +26,17 @@ from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite,
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import CPU_WAIT_NOTE, HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
-__all__ = ["METRIC_KEYS", "STEP_IDLE_KEY", "GPUStatsMonitor"]
+__all__ = ["JOULES_KEY", "METRIC_KEYS", "STEP_IDLE_KEY", "GPUStatsMonitor"]
 
 #: Key of the GPU's idle share inside steps: NVML's idle share less the idle share between steps.
 STEP_IDLE_KEY = "gpu/step_idle_frac"
+#: Key of the energy the GPU drew per trained sample: its mean power over the samples trained a second.
+JOULES_KEY = "gpu/joules_per_sample"
 
 #: Every key the monitor can log, in a fixed order (the ``all_ranks`` gather relies on it).
 METRIC_KEYS: tuple[str, ...] = (
     *GPU_KEYS,
+    JOULES_KEY,
     IDLE_KEY,
     STEP_IDLE_KEY,
     CEILING_KEY,
@@ -55,8 +58,9 @@ class GPUStatsMonitor(ReleasingCallback):
     W&B, MLflow, ...) and appends it to ``history``. Four sources, none of which synchronises the GPU or talks across ranks
     per step:
 
-    - NVML, sampled on a background thread: GPU-Util, memory, power, clocks, and on Hopper the SM and
-      tensor-core activity behind GPU-Util (``gpu/``).
+    - NVML, sampled on a background thread: GPU-Util, memory, power (from the GPU's energy counter) and the
+      energy a trained sample costs, clocks, the hardware JPEG and video decoders' load, and on Hopper the SM
+      and tensor-core activity behind GPU-Util (``gpu/``).
     - CUDA events at each training batch's start and end, read a window later once complete: how long the
       training stream sat idle between steps (``gpu/idle_frac``: the starvation metric).
     - ``time.perf_counter`` around each batch: step time, the host's wait for the next batch, and how that
@@ -106,12 +110,18 @@ class GPUStatsMonitor(ReleasingCallback):
     gpu/mem_util               %      memory-controller utilisation, mean
     gpu/mem_used_gb            GiB    device memory used (all processes), peak in the window
     gpu/mem_total_gb           GiB    device memory total
-    gpu/power_w                W      board power draw, mean
+    gpu/power_w                W      board power draw, mean: the energy counter's joules over the window's
+                                      seconds (``NVMLSampler.energy_counter``), else the mean of polls
+    gpu/joules_per_sample      J      energy a trained sample costs: gpu/power_w /
+                                      throughput/samples_per_sec
     gpu/temp_c                 °C     GPU temperature, mean
     gpu/sm_clock_mhz           MHz    SM clock, mean
     gpu/sm_active              %      GPM: share of SMs busy, time-weighted mean (Hopper+)
     gpu/sm_occupancy           %      GPM: resident warps vs the maximum, mean (Hopper+)
     gpu/tensor_active          %      GPM: share of time tensor cores were busy, mean (Hopper+)
+    gpu/jpeg_util              %      the hardware JPEG decoder's (NVJPG) busy share, mean; where NVML
+                                      answers (A100, H100 and newer)
+    gpu/video_dec_util         %      the hardware video decoder's (NVDEC) busy share, mean
     gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
     gpu/step_idle_frac         0..1   GPU idle inside steps: 1 - gpu/util/100 - gpu/idle_frac (NVML, events)
     gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
@@ -517,7 +527,11 @@ class GPUStatsMonitor(ReleasingCallback):
             loop.log_metrics(metrics, log_step)
 
     def _derived(self, metrics: dict[str, float]) -> None:
-        """Add the figures computed from others: the ceiling fraction and the GPU's idle share inside steps."""
+        """Add the figures computed from others: the ceiling fraction, the GPU's idle share inside steps and
+        the energy a sample costs."""
+        power, rate = metrics.get("gpu/power_w"), metrics.get("throughput/samples_per_sec")
+        if power is not None and rate:
+            metrics[JOULES_KEY] = power / rate
         if self.last_ceiling is not None:
             frac = ceiling_frac(metrics.get("throughput/samples_per_sec"), self.last_ceiling.samples_per_sec)
             if frac is not None:

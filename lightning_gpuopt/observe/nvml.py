@@ -21,6 +21,7 @@ from lightning_gpuopt._common import warn_at_user
 from lightning_gpuopt._imports import require
 
 __all__ = [
+    "ENGINE_KEYS",
     "GPM_KEYS",
     "GPU_KEYS",
     "NVMLSampler",
@@ -31,6 +32,8 @@ __all__ = [
 
 #: Keys NVMLSampler.window() computes from GPM sample pairs (Hopper and newer).
 GPM_KEYS: tuple[str, ...] = ("gpu/sm_active", "gpu/sm_occupancy", "gpu/tensor_active")
+#: Keys of the hardware decoders' utilisation: the JPEG decoder (NVJPG) and the video decoder (NVDEC).
+ENGINE_KEYS: tuple[str, ...] = ("gpu/jpeg_util", "gpu/video_dec_util")
 #: Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
 GPU_KEYS: tuple[str, ...] = (
     "gpu/util",
@@ -42,9 +45,11 @@ GPU_KEYS: tuple[str, ...] = (
     "gpu/temp_c",
     "gpu/sm_clock_mhz",
     *GPM_KEYS,
+    *ENGINE_KEYS,
 )
 
 _GB = 1024**3
+_ENERGY = "gpu/energy_mj"  # the energy counter's readings, turned into gpu/power_w at window ends
 _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
 
 
@@ -217,9 +222,14 @@ class NVMLSampler:
     GPU-Util and memory-controller utilisation come from the driver's own sample buffer
     (``nvmlDeviceGetSamples``, read incrementally from the last timestamp seen) so a window's mean covers the
     whole window rather than a snapshot; where the buffer does not answer, ``nvmlDeviceGetUtilizationRates`` is
-    polled every ``period_s``. Memory, power, temperature and SM clock are polled. On GPUs with GPM (Hopper and
-    newer) SM activity, SM occupancy and tensor-pipe activity are computed from pairs of GPM samples taken at
-    least ``gpm_min_interval_s`` apart (NVML needs > 100 ms between the two samples of a pair).
+    polled every ``period_s``. Memory, temperature, SM clock and the hardware JPEG and video decoders'
+    utilisation are polled. Power comes from the GPU's energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
+    read every tick): a window's ``gpu/power_w`` is the energy drawn between the counter's last reading before
+    the window and its last reading in it, over the time between them; where the GPU has no counter
+    (``energy_counter`` is ``False``), it is the mean of the polled power draw (``nvmlDeviceGetPowerUsage``).
+    On GPUs with GPM (Hopper and newer) SM activity, SM occupancy and tensor-pipe activity are computed from
+    pairs of GPM samples taken at least ``gpm_min_interval_s`` apart (NVML needs > 100 ms between the two
+    samples of a pair).
 
     Args:
         index: NVML device index (see ``nvml_device_index``).
@@ -230,10 +240,11 @@ class NVMLSampler:
     ``window()`` keys (absent when the device does not report them): ``gpu/util`` (mean %), ``gpu/util_min``
     (%), ``gpu/mem_util`` (mean %), ``gpu/mem_used_gb`` (peak GiB), ``gpu/mem_total_gb`` (GiB), ``gpu/power_w``
     (mean W), ``gpu/temp_c`` (mean °C), ``gpu/sm_clock_mhz`` (mean MHz), ``gpu/sm_active``,
-    ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM). A window in which no new sample
-    arrived repeats the latest sample.
+    ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM), ``gpu/jpeg_util`` and
+    ``gpu/video_dec_util`` (mean %). A window in which no new sample arrived repeats the latest sample.
 
     Attributes:
+        energy_counter: whether ``gpu/power_w`` comes from the energy counter (set by ``start``).
         uuid: the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``), to check it is the GPU
             torch trains on: ``normalize_uuid(torch.cuda.get_device_properties(i).uuid) == sampler.uuid``.
 
@@ -256,6 +267,7 @@ class NVMLSampler:
         self.gpm_min_interval_s = max(float(gpm_min_interval_s), 0.11)
         self.gpm_active = False
         self.uses_sample_buffer = False
+        self.energy_counter = False
         self.error: BaseException | None = None  # an unexpected error that stopped the thread
         self.uuid: str | None = None
         self.ticks = 0
@@ -271,6 +283,10 @@ class NVMLSampler:
         self._gpm_samples: list[Any] = []
         self._gpm_prev_t = 0.0
         self._mem_total_gb = math.nan
+        # the energy counter's (monotonic seconds, mJ): the last reading before the window, the latest one
+        self._energy_mark: tuple[float, float] | None = None
+        self._energy_last: tuple[float, float] | None = None
+        self._energy_power: float | None = None  # the latest window's power from the counter
 
     # ----------------------------------------------------------------------------------------- lifecycle
     @property
@@ -296,6 +312,8 @@ class NVMLSampler:
                 self.uuid = normalize_uuid(pynvml.nvmlDeviceGetUUID(self._handle))
             self._mem_total_gb = pynvml.nvmlDeviceGetMemoryInfo(self._handle).total / _GB
             self.uses_sample_buffer = self._probe_sample_buffer()
+            self._energy_mark = self._energy_last = self._read_energy()
+            self.energy_counter = _ENERGY not in self._unsupported
             if self.gpm:
                 self._start_gpm()
         except BaseException:
@@ -413,13 +431,26 @@ class NVMLSampler:
         if key in self._unsupported:
             return None
         pynvml = self._lib()
+        never = (
+            pynvml.NVMLError_NotSupported,
+            pynvml.NVMLError_NoPermission,
+            getattr(pynvml, "NVMLError_FunctionNotFound", pynvml.NVMLError_NotSupported),  # an older driver
+            AttributeError,  # an older nvidia-ml-py without the function
+        )
         try:
             return float(fn())
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission):
+        except never:
             self._unsupported.add(key)  # this device never reports it: stop asking
         except pynvml.NVMLError:
             pass  # transient: skip this tick
         return None
+
+    def _read_energy(self) -> tuple[float, float] | None:
+        """``(monotonic seconds, mJ)`` of the energy counter now, or None (no counter, or a failed read)."""
+        pynvml, h = self._lib(), self._handle
+        before = time.monotonic()
+        value = self._poll(_ENERGY, lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        return None if value is None else ((before + time.monotonic()) / 2, value)
 
     def _buffered(self, kind: int) -> list[float]:
         pynvml = self._lib()
@@ -454,12 +485,17 @@ class NVMLSampler:
             rates = self._poll_rates()
             if rates is not None:
                 readings += [("gpu/util", rates[0], 1.0), ("gpu/mem_util", rates[1], 1.0)]
+        energy = self._read_energy() if _ENERGY not in self._unsupported else None
         polled = {
             "gpu/mem_used_gb": lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used / _GB,
             "gpu/power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "gpu/temp_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             "gpu/sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "gpu/jpeg_util": lambda: pynvml.nvmlDeviceGetJpgUtilization(h)[0],
+            "gpu/video_dec_util": lambda: pynvml.nvmlDeviceGetDecoderUtilization(h)[0],
         }
+        if _ENERGY not in self._unsupported:
+            del polled["gpu/power_w"]  # the counter gives the window's power
         for key, fn in polled.items():
             value = self._poll(key, fn)
             if value is not None:
@@ -469,6 +505,8 @@ class NVMLSampler:
         with self._lock:
             for key, value, weight in readings:
                 self._add(key, value, weight)
+            if energy is not None:
+                self._energy_last = energy
             self.ticks += 1
 
     def _poll_rates(self) -> tuple[float, float] | None:
@@ -521,7 +559,12 @@ class NVMLSampler:
         with self._lock:
             stats, self._stats = self._stats, {}
             latest = dict(self._latest)
+            mark, last = self._energy_mark, self._energy_last
+            self._energy_mark = last
         out: dict[str, float] = {}
+        power = self._power_from_energy(mark, last)
+        if power is not None:
+            out["gpu/power_w"] = power
         util = stats.get("gpu/util")
         if util is not None:
             out["gpu/util"] = util.mean
@@ -535,7 +578,9 @@ class NVMLSampler:
             if rates is not None:
                 out["gpu/util"] = out["gpu/util_min"] = rates[0]
                 out.setdefault("gpu/mem_util", rates[1])
-        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPM_KEYS):
+        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPM_KEYS, *ENGINE_KEYS):
+            if key in out:
+                continue
             if key in stats:
                 out[key] = stats[key].mean
             elif key in latest:
@@ -548,3 +593,12 @@ class NVMLSampler:
         if math.isfinite(self._mem_total_gb):
             out["gpu/mem_total_gb"] = self._mem_total_gb
         return {k: out[k] for k in GPU_KEYS if k in out}
+
+    def _power_from_energy(
+        self, mark: tuple[float, float] | None, last: tuple[float, float] | None
+    ) -> float | None:
+        """Mean watts between two energy-counter readings; the previous window's where no newer reading
+        came (a window shorter than ``period_s``), None without a counter."""
+        if mark is not None and last is not None and last[0] > mark[0] and last[1] >= mark[1]:
+            self._energy_power = (last[1] - mark[1]) / 1000.0 / (last[0] - mark[0])
+        return self._energy_power

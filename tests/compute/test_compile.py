@@ -14,19 +14,23 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_gpuopt._common import _warnings
+from lightning_gpuopt._compat import cudagraph_skip_logger
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.compute import compile as compile_mod
+from lightning_gpuopt.compute._cudagraphs import _Collect
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
 from lightning_gpuopt.compute.compile import (
-    choose_mode,
     BREAK_EVEN_SECONDS,
     COMPILE_SECONDS,
     COMPILE_STEP_SAVING,
     CompileDecision,
     CompileModel,
+    choose_mode,
     should_compile,
 )
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
+from lightning_gpuopt.observe.advisor.config import collect_config
 from tests._ddp import CloseProcessGroup
 from tests._lightning import quiet_trainer
 from tests.compute._models import convnet, mlp
@@ -335,7 +339,8 @@ def test_second_fit_state_dict_and_pickle():
     state = cb.state_dict()
     mode = {"mode": "default", "mode_reason": "backend='eager': modes are inductor's"}
     decided = {"when": "always", "compile": True, "reason": "when='always'", "step_seconds": None}
-    assert state == {**decided, **mode}
+    graphs = {"cuda_graphs": False, "cuda_graphs_reason": "mode='default' records no CUDA graphs"}
+    assert state == {**decided, **mode, **graphs}
     fresh = CompileModel()
     fresh.load_state_dict(state)
     clone = pickle.loads(pickle.dumps(cb))
@@ -428,6 +433,66 @@ def test_auto_decides_at_train_start_without_a_set_length(monkeypatch):
     cb.setup(trainer, mlp_module, "fit")
     cb.on_train_start(trainer, mlp_module)
     assert not cb.compiled and "no convolution" in cb.decision.reason
+
+
+# --- whether the compiled step replays CUDA graphs ----------------------------------------------------------
+def test_skipped_cuda_graphs_are_named_with_torchs_reason_once():
+    """The "cudagraphs" backend on the CPU: torch skips the graphs for a CPU device and says why; the callback
+    reads that after the first compiled steps, warns once, and keeps it for the advisor."""
+    torch.compiler.reset()  # earlier tests compiled the same forward up to dynamo's recompile limit
+    _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
+    cb = CompileModel(backend="cudagraphs")
+    model = ImageClassifier(convnet())
+    with pytest.warns(UserWarning, match="CUDA graphs were skipped: cpu device") as record:
+        trainer = _fit(model, [cb], _data(48, 8), max_steps=5)
+    assert sum("CUDA graphs were skipped" in str(w.message) for w in record) == 1
+    assert cb.cuda_graphs is False and cb.cuda_graphs_reason is not None
+    assert cb.cuda_graphs_reason.startswith("cpu device (")  # torch's words, its lead-in dropped
+    assert cb.cuda_graphs_skipped == cb.cuda_graphs_reason
+    assert collect_config(trainer, model, False).cuda_graphs_skipped == cb.cuda_graphs_reason  # the advisor's
+    assert cb.state_dict()["cuda_graphs"] is False
+    # a second fit of the class reuses the compiled code, and torch says nothing again: the first one's finding
+    again = CompileModel(backend="cudagraphs")
+    _fit(ImageClassifier(convnet()), [again], _data(48, 8), max_steps=5)
+    assert again.cuda_graphs is False and again.cuda_graphs_reason == cb.cuda_graphs_reason
+    logger = cudagraph_skip_logger()
+    assert logger is not None and not any(isinstance(h, _Collect) for h in logger.handlers)  # it left
+
+
+def test_a_mode_without_cuda_graphs_says_so_without_a_warning():
+    cb = CompileModel(backend="eager")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _fit(ImageClassifier(convnet()), [cb], _data(24, 8), max_steps=3)
+    assert not [w for w in record if "CompileModel" in str(w.message)]
+    assert cb.cuda_graphs is False and cb.cuda_graphs_reason == "mode='default' records no CUDA graphs"
+    assert cb.cuda_graphs_skipped is None  # none were asked for: nothing skipped
+
+
+def test_graphs_replay_where_torch_counted_no_skip(monkeypatch):
+    """A graph mode whose compile recorded no skip replays the graphs (the backend swapped for eager: the CPU
+    cannot record them)."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, dynamic=False, backend="eager"))
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    torch.compiler.reset()  # a compile under the watch, not a reuse of an earlier test's
+    compile_mod._GRAPH_RESULTS.clear()
+    cb = CompileModel(mode="reduce-overhead")
+    _fit(ImageClassifier(convnet()), [cb], _data(48, 8), max_steps=2)  # shorter than the check
+    assert cb.cuda_graphs is True and cb.cuda_graphs_reason is None and cb.cuda_graphs_skipped is None
+
+
+@pytest.mark.slow
+def test_inductor_reduce_overhead_on_the_cpu_counts_a_skip_without_a_reason():
+    # inductor logs no reason for a graph without CUDA in it, but counts the skip: the device is named
+    torch.compiler.reset()
+    _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
+    cb = CompileModel(mode="reduce-overhead")
+    with pytest.warns(UserWarning, match="CUDA graphs were skipped: the compiled step runs on 'cpu'"):
+        _fit(ImageClassifier(mlp()), [cb], _data(48, 8), max_steps=4)
+    assert cb.cuda_graphs is False and "CUDA device" in (cb.cuda_graphs_skipped or "")
 
 
 # --- inductor on the CPU: a real compiled fit, a checkpoint loaded into an uncompiled module ---------------
@@ -523,6 +588,7 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
     cb = CompileModel()
     graphs, eager = run([cb]), run([])
     assert cb.mode_used == "reduce-overhead" and "CUDA graphs" in (cb.mode_reason or "")
+    assert cb.cuda_graphs is True and cb.cuda_graphs_skipped is None  # torch skipped none
     # an epoch: 6 full training batches and a partial one, 2 full validation batches and a partial one
     assert cb.compiled_calls == 12 + 2 * 2 and cb.eager_calls == 2 + 2
     for a, b in zip(graphs.parameters(), eager.parameters()):
@@ -550,3 +616,22 @@ def test_gpu_outputs_kept_across_cuda_graph_steps_stay_valid():
     assert cb.mode_used == "reduce-overhead" and len(model.kept) == 8
     for kept, copy_at_the_time in model.kept:  # read after every later step ran
         torch.testing.assert_close(kept, copy_at_the_time)
+
+
+@pytest.mark.gpu
+def test_gpu_an_input_changed_in_place_skips_cuda_graphs_and_is_named():
+    """The pattern torch skips silently: forward normalizes its input in place."""
+
+    class InPlace(ImageClassifier):
+        def forward(self, x):
+            return self.model(x.mul_(0.5))
+
+    torch.compiler.reset()
+    _warnings().clear()
+    compile_mod._GRAPH_RESULTS.clear()
+    cb = CompileModel()
+    trainer = quiet_trainer(accelerator="gpu", devices=1, max_steps=5, callbacks=[cb], num_sanity_val_steps=0)
+    with pytest.warns(UserWarning, match="CUDA graphs were skipped: mutated inputs"):
+        trainer.fit(InPlace(convnet()), _data(64, 8))
+    assert cb.mode_used == "reduce-overhead" and cb.cuda_graphs is False
+    assert (cb.cuda_graphs_skipped or "").startswith("mutated inputs")  # torch's words (and its line, if found)

@@ -3,7 +3,11 @@
 Only NVML's boundary is faked: the code under test imports it as ``pynvml`` (tests put it in ``sys.modules``).
 The driver's utilisation sample buffer is imitated: a new sample every ``sample_every_s`` of wall time, valued
 at the ``util`` set when it was taken, and ``nvmlDeviceGetSamples`` returns the ones newer than the timestamp
-asked for (``NVMLError_NotFound`` when there are none), as the real driver does.
+asked for (``NVMLError_NotFound`` when there are none), as the real driver does. The energy counter
+(``nvmlDeviceGetTotalEnergyConsumption``, mJ) grows at the ``power_mw`` set at each moment. ``missing`` names
+functions the module lacks (an older nvidia-ml-py: ``AttributeError``), ``fails`` maps a function's name to
+the error it raises (``NVMLError_NotSupported`` from a GPU without the engine, ``NVMLError_FunctionNotFound``
+from an older driver).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ NVMLError_NotSupported = _error("NotSupported", 3)
 NVMLError_NoPermission = _error("NoPermission", 4)
 NVMLError_NotFound = _error("NotFound", 6)
 NVMLError_LibraryNotFound = _error("LibraryNotFound", 12)
+NVMLError_FunctionNotFound = _error("FunctionNotFound", 13)
 
 
 @dataclass
@@ -48,8 +53,20 @@ class FakeGPU:
     sm_active: float = 71.0
     sm_occupancy: float = 10.0
     tensor_active: float = 69.0
+    jpeg_util: float = 0.0
+    dec_util: float = 0.0
     samples: list[tuple[int, float, float]] = field(default_factory=list)  # (ts_us, util, mem_util)
     last_gen: float = 0.0
+    energy_mj: float = 1.0e9  # since the driver loaded
+    energy_t: float = field(default_factory=time.monotonic)
+
+    def energy(self) -> float:
+        """The counter now (mJ, unrounded: a window of a test lasts milliseconds): it grew at the power drawn
+        since the last look."""
+        now = time.monotonic()
+        self.energy_mj += self.power_mw * (now - self.energy_t)
+        self.energy_t = now
+        return self.energy_mj
 
 
 class _Obj(types.SimpleNamespace):
@@ -79,9 +96,18 @@ class FakeNVML:
     """State of the fake driver; ``module()`` returns the ``pynvml``-like module backed by it."""
 
     def __init__(
-        self, uuids: list[str], *, library: bool = True, buffer: bool = True, sample_every_s: float = 0.01
+        self,
+        uuids: list[str],
+        *,
+        library: bool = True,
+        buffer: bool = True,
+        sample_every_s: float = 0.01,
+        missing: tuple[str, ...] = (),
+        fails: dict[str, type[NVMLError]] | None = None,
     ):
         self.gpus = [FakeGPU(u) for u in uuids]
+        self.missing = missing
+        self.fails = dict(fails or {})
         self.library = library
         self.buffer = buffer
         self.sample_every_s = sample_every_s
@@ -94,6 +120,7 @@ class FakeNVML:
     def set(self, index: int, **values: float) -> None:
         with self.lock:
             self._generate(self.gpus[index])
+            self.gpus[index].energy()  # the counter grew at the old power until now
             for k, v in values.items():
                 setattr(self.gpus[index], k, v)
 
@@ -106,6 +133,15 @@ class FakeNVML:
             gpu.last_gen += self.sample_every_s
             gpu.samples.append((int(gpu.last_gen * 1e6), gpu.util, gpu.mem_util))
         del gpu.samples[:-200]  # the driver keeps a bounded history
+
+    def _failing(self, fn):  # type: ignore[no-untyped-def]
+        error = self.fails[fn.__name__]
+
+        def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise error()
+
+        failing.__name__ = fn.__name__
+        return failing
 
     def module(self) -> types.ModuleType:
         m = types.ModuleType("pynvml")
@@ -135,6 +171,7 @@ class FakeNVML:
             NVMLError_NoPermission,
             NVMLError_NotFound,
             NVMLError_LibraryNotFound,
+            NVMLError_FunctionNotFound,
         ):
             setattr(m, cls.__name__, cls)
 
@@ -187,6 +224,17 @@ class FakeNVML:
 
         def nvmlDeviceGetPowerUsage(h: _Obj) -> int:
             return gpu(h).power_mw
+
+        def nvmlDeviceGetTotalEnergyConsumption(h: _Obj) -> float:
+            g = gpu(h)
+            with fake.lock:
+                return g.energy()
+
+        def nvmlDeviceGetJpgUtilization(h: _Obj) -> list[int]:
+            return [int(gpu(h).jpeg_util), 166_666]  # [%, sampling period in us]
+
+        def nvmlDeviceGetDecoderUtilization(h: _Obj) -> list[int]:
+            return [int(gpu(h).dec_util), 166_666]
 
         def nvmlDeviceGetTemperature(h: _Obj, sensor: int) -> int:
             return gpu(h).temp_c
@@ -256,6 +304,9 @@ class FakeNVML:
             nvmlDeviceGetUUID,
             nvmlDeviceGetMemoryInfo,
             nvmlDeviceGetPowerUsage,
+            nvmlDeviceGetTotalEnergyConsumption,
+            nvmlDeviceGetJpgUtilization,
+            nvmlDeviceGetDecoderUtilization,
             nvmlDeviceGetTemperature,
             nvmlDeviceGetClockInfo,
             nvmlDeviceGetUtilizationRates,
@@ -266,7 +317,8 @@ class FakeNVML:
             nvmlGpmSampleGet,
             nvmlGpmMetricsGet,
         ):
-            setattr(m, fn.__name__, fn)
+            if fn.__name__ not in fake.missing:
+                setattr(m, fn.__name__, fake._failing(fn) if fn.__name__ in fake.fails else fn)
         m.c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t  # type: ignore[attr-defined]
         return m
 

@@ -635,3 +635,41 @@ def test_only_input_bound_can_be_raised_on_any_run():
     assert set(KINDS) - set(cpu) == {"input-bound"}
     assert cpu["amp-host-sync"] == "a CUDA device and a GradScaler (16-mixed)"
     assert set(unmet_needs(cuda=True, world_size=1, grad_scaler=True)) == {"straggler", "comm-bound"}
+
+
+def test_a_saturated_jpeg_engine_is_named_with_its_remedy():
+    # DALI decoding on the GPU: the engine's load, not a guess at CPU threads, names what limits the loader
+    wait = {"time/data_wait_frac": 0.3, "time/data_wait_ms": 14.0, "gpu/util": 70.0, "gpu/jpeg_util": 98.0}
+    config = cfg(backend="dali", decoder="gpu", decode_threads=8, pin_memory=None, cpus=16)
+    out = diagnose(ev(**wait), config)
+    assert [(v.kind, v.cause) for v in out] == [("input-bound", "jpeg-engine")]
+    v = out[0]
+    assert "The GPU's JPEG decoder is busy 98% of the time" in v.advice
+    assert "--format jpeg" in v.advice and "--format raw" in v.advice
+    assert v.evidence["jpeg_util"] == 98.0 and v.evidence["decoder"] == "gpu"
+    # an engine with room: the loader's settings are judged as before
+    calm = diagnose(ev(**{**wait, "gpu/jpeg_util": 40.0}), config)
+    assert [(v.kind, v.cause) for v in calm] == [("input-bound", "dali-bound")]
+    strict = AdvisorThresholds(jpeg_busy_util=30.0)
+    assert diagnose(ev(**{**wait, "gpu/jpeg_util": 40.0}), config, strict)[0].cause == "jpeg-engine"
+    with pytest.raises(ValueError, match="jpeg_busy_util"):
+        AdvisorThresholds(jpeg_busy_util=120.0)
+
+
+def test_skipped_cuda_graphs_are_named_in_launch_and_host_bound_advice():
+    skipped = "mutated inputs (1 instances) at model.py:12"
+    launch = diagnose(
+        ev(**{"gpu/util": 62.0, "gpu/sm_active": 9.0}), cfg(batch_size=4, cuda_graphs_skipped=skipped)
+    )
+    v = next(v for v in launch if v.kind == "launch-bound")
+    assert (
+        f"CUDA graphs were skipped: {skipped}." in v.advice and v.evidence["cuda_graphs_skipped"] == skipped
+    )
+    assert 'mode="reduce-overhead" replays' not in v.advice  # it did not: no advice to turn it on
+    window = ev(**{"gpu/idle_frac": 0.3, "time/loader_wait_frac": 0.02, "time/data_wait_frac": 0.03,
+                   "gpu/util": 65.0})  # fmt: skip
+    host = diagnose(window, cfg(mem_peak_gb=100.0, cuda_graphs_skipped=skipped))[0]
+    assert host.kind == "host-bound" and f"CUDA graphs were skipped: {skipped}." in host.advice
+    # graphs that replay (or none asked for): the usual hint
+    plain = diagnose(window, cfg(mem_peak_gb=100.0))[0]
+    assert "CUDA graphs were skipped" not in plain.advice and 'mode="reduce-overhead"' in plain.advice

@@ -157,7 +157,7 @@ def test_a_cpu_run_without_the_gpu_says_once_what_its_data_wait_holds(tmp_path, 
 
 def test_fake_nvml_fit_logs_every_documented_key(tmp_path, monkeypatch):
     fake = install(monkeypatch)
-    fake.set(0, util=87.0, mem_util=30.0)
+    fake.set(0, util=87.0, mem_util=30.0, jpeg_util=98.0)
     monitor = GPUStatsMonitor(log_every_n_steps=4, sample_period_s=0.01, nvml_index=0)
     csv_logger = CSVLogger(tmp_path, name="csv")
     tb_logger = TensorBoardLogger(tmp_path, name="tb")
@@ -175,7 +175,10 @@ def test_fake_nvml_fit_logs_every_documented_key(tmp_path, monkeypatch):
     for w in monitor.history:
         assert set(w) == {*expected, "step"}
         assert w["gpu/util"] == pytest.approx(87.0)
-        assert w["gpu/power_w"] == pytest.approx(250.0)
+        assert w["gpu/power_w"] == pytest.approx(250.0, rel=1e-3)
+        # the energy a trained sample costs: the window's joules a second over its samples a second
+        assert w["gpu/joules_per_sample"] == pytest.approx(w["gpu/power_w"] / w["throughput/samples_per_sec"])
+        assert w["gpu/jpeg_util"] == pytest.approx(98.0) and w["gpu/video_dec_util"] == 0.0
         assert w["gpu/sm_active"] == pytest.approx(71.0)
     rows = [r for r in _csv_rows(csv_logger) if r.get("gpu/util")]
     assert [int(r["step"]) for r in rows] == [3, 7]

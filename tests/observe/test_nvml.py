@@ -95,7 +95,7 @@ def test_sampler_windows_follow_the_load(monkeypatch):
     assert set(busy) == set(GPU_KEYS)
     assert busy["gpu/util"] == pytest.approx(90.0) and busy["gpu/util_min"] == pytest.approx(90.0)
     assert busy["gpu/mem_util"] == pytest.approx(40.0)
-    assert busy["gpu/power_w"] == pytest.approx(250.0)  # mW -> W
+    assert busy["gpu/power_w"] == pytest.approx(250.0, rel=1e-3)  # the energy counter's mJ over the window
     assert busy["gpu/mem_used_gb"] == pytest.approx(10.0) and busy["gpu/mem_total_gb"] == pytest.approx(80.0)
     assert busy["gpu/temp_c"] == 45 and busy["gpu/sm_clock_mhz"] == 1980
     assert busy["gpu/sm_active"] == pytest.approx(71.0)
@@ -125,7 +125,8 @@ def test_window_mean_and_min_over_the_window(monkeypatch):
     assert 30.0 < w["gpu/util"] < 70.0
     assert w["gpu/util_min"] == 0.0
     assert "gpu/sm_active" not in w
-    assert again["gpu/util"] == 0.0 and again["gpu/power_w"] == pytest.approx(250.0)
+    # power: the energy counter over the microseconds between the two readings (coarse, but there)
+    assert again["gpu/util"] == 0.0 and again["gpu/power_w"] > 0
 
 
 def test_fallback_to_polling_when_the_buffer_does_not_answer(monkeypatch):
@@ -210,3 +211,60 @@ def test_torch_uuid_without_the_gpu_prefix_still_maps(monkeypatch):
     assert nvml_device_index(0) == 3
     with NVMLSampler(3, period_s=100.0, gpm=False) as sampler:
         assert sampler.uuid == normalize_uuid(UUIDS[3].removeprefix("GPU-"))
+
+
+def test_power_is_the_energy_counter_over_the_window(monkeypatch):
+    # a burst the power polls would miss: 500 W for the window, 100 W only at the moment of the reading
+    fake = install(monkeypatch)
+    fake.set(0, power_mw=500_000)
+    sampler = NVMLSampler(0, period_s=100.0, gpm=False).start()  # thread samples once, then waits
+    try:
+        assert sampler.energy_counter
+        time.sleep(0.1)
+        fake.set(0, power_mw=100_000)
+        sampler.sample_once()
+        burst = sampler.window()
+        time.sleep(0.05)
+        sampler.sample_once()
+        calm = sampler.window()
+        same = sampler.window()  # no reading since: the latest window's power stands
+    finally:
+        sampler.stop()
+    assert burst["gpu/power_w"] > 400.0  # a mean of the two polls would say 300
+    assert calm["gpu/power_w"] == pytest.approx(100.0, rel=0.01)
+    assert same["gpu/power_w"] == calm["gpu/power_w"]
+
+
+def test_decoder_engines_are_read_where_nvml_answers(monkeypatch):
+    fake = install(monkeypatch)
+    fake.set(0, jpeg_util=98.0, dec_util=7.0)
+    with NVMLSampler(0, period_s=100.0, gpm=False) as sampler:
+        sampler.sample_once()
+        w = sampler.window()
+    assert w["gpu/jpeg_util"] == pytest.approx(98.0) and w["gpu/video_dec_util"] == pytest.approx(7.0)
+
+
+def test_missing_functions_leave_their_keys_out_and_power_falls_back_to_polls(monkeypatch):
+    import tests.observe.fake_pynvml as fp
+
+    fake = install(
+        monkeypatch,
+        missing=("nvmlDeviceGetJpgUtilization",),  # an older nvidia-ml-py
+        fails={
+            "nvmlDeviceGetDecoderUtilization": fp.NVMLError_FunctionNotFound,  # an older driver
+            "nvmlDeviceGetTotalEnergyConsumption": fp.NVMLError_NotSupported,  # a GPU without the counter
+        },
+    )
+    fake.set(0, power_mw=200_000)
+    with NVMLSampler(0, period_s=100.0, gpm=False) as sampler:
+        time.sleep(0.05)  # the thread's own first reading
+        sampler.window()
+        sampler.sample_once()
+        fake.set(0, power_mw=300_000)
+        sampler.sample_once()
+        w = sampler.window()
+        asked = set(sampler._unsupported)
+    assert not sampler.energy_counter
+    assert w["gpu/power_w"] == pytest.approx(250.0)  # the mean of the two polls
+    assert "gpu/jpeg_util" not in w and "gpu/video_dec_util" not in w and "gpu/util" in w
+    assert asked >= {"gpu/jpeg_util", "gpu/video_dec_util", "gpu/energy_mj"}  # never asked again

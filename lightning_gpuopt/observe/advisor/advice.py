@@ -15,6 +15,7 @@ __all__ = [
     "fp16_overflow",
     "fp32_on_tensor_cores",
     "gpu_metrics_missing",
+    "graphs_sentence",
     "host_bound",
     "input_bound",
     "launch_bound",
@@ -42,6 +43,17 @@ def sync_sentence(ev: Evidence) -> str:
         "; ".join(sites) + ": the host waits there until the GPU has finished all queued work, and the GPU "
         "then idles while Python launches the next kernels. Keep those values on the GPU (log the tensor, "
         "read it on the host every log_every_n_steps)."
+    )
+
+
+def graphs_sentence(cfg: RunConfig) -> str:
+    """Where a compiled step's CUDA graphs were skipped, torch's reason and the fix; else empty."""
+    if not cfg.cuda_graphs_skipped:
+        return ""
+    return (
+        f"CUDA graphs were skipped: {cfg.cuda_graphs_skipped}. The compiled step launches its kernels one by one "
+        "instead of replaying them: remove what torch names (an input changed in place inside forward, a CPU "
+        "tensor created in forward, varying input shapes) and the step replays as CUDA graphs."
     )
 
 
@@ -133,6 +145,15 @@ def input_bound(
                 ' JPEG decoding is what the workers spend their time on: backend="hdf5" (after '
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
+    elif cause == "jpeg-engine":
+        text = (
+            f"The GPU's JPEG decoder is busy {ev.jpeg_util or 0:.0f}% of the time: the hardware engine that "
+            "decodes the batches (nvJPEG's hardware backend, which DALI's GPU decoder uses) is the limit, not the "
+            "CPU or the SMs. Give it fewer pixels to decode: the compact store (`lightning-gpuopt convert SRC "
+            "OUT.h5 --format jpeg`) keeps each image re-encoded at 256 px on its shorter side; or store decoded "
+            "uint8 (`--format raw`) and decode nothing; or decode on DALI's CPU threads where the host has cores "
+            'to spare (DALIOptions(decoder="cpu")).'
+        )
     elif cause == "dali-bound":
         slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
         if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
@@ -217,9 +238,13 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
         text += f" That thread keeps a core busy ({ev.cpu_main_pct:.0f}%): Python overhead is the limit."
     if cfg.grad_scaler and cfg.unfused_optimizers:
         text += " The GradScaler's found_inf check is one such sync (see amp-host-sync)."
+    if cfg.cuda_graphs_skipped:
+        text += " " + graphs_sentence(cfg)
     text += " Remove per-step syncs; log less often (log_every_n_steps);"
     if small_batch and cfg.batch_size:
         text += f" grow the batch (batch_size={cfg.batch_size}) so each launch does more work;"
+    if cfg.cuda_graphs_skipped:
+        return text.rstrip(";") + ". NVTXRanges with Nsight Systems shows where the host's time goes."
     return (
         text
         + ' torch.compile(model) fuses kernels and mode="reduce-overhead" replays the step as CUDA graphs. '
@@ -279,10 +304,20 @@ def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
         inside = (
             f" ({ev.step_idle_frac:.0%} of its time inside steps)" if ev.step_idle_frac is not None else ""
         )
+        if cfg.cuda_graphs_skipped:
+            return (
+                f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%. "
+                f"{graphs_sentence(cfg)} Then {grow.lower()} so each kernel does more work."
+            )
         return (
             f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%. Then {grow.lower()} "
             'so each kernel does more work; torch.compile(model) fuses kernels and mode="reduce-overhead" '
             "replays them as CUDA graphs."
+        )
+    if cfg.cuda_graphs_skipped:
+        return (
+            f"{why} {graphs_sentence(cfg)} {grow} so each kernel does more work; remove per-step host syncs "
+            f"({_HOST_SYNCS})."
         )
     return (
         f"{why} {grow} so each kernel does more work; remove per-step host syncs ({_HOST_SYNCS}); "

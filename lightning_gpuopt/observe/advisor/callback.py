@@ -56,7 +56,8 @@ class BottleneckAdvisor(ReleasingCallback):
                                           >= half of it; without ``gpu/idle_frac``: loader (else data)
                                           wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
                                           too-many-workers, too-few-workers, decode-bound, dali-bound,
-                                          store-bound, slow-loader
+                                          store-bound, slow-loader, jpeg-engine (the hardware JPEG
+                                          decoder >= 90% busy, ``gpu/jpeg_util``)
     ``host-bound``           warning      ``gpu/idle_frac`` >= 10% but the loader's wait accounts for
                                           less than half of it: hooks, syncs, launches
     ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and

@@ -24,6 +24,7 @@ from lightning_gpuopt.observe.advisor.evidence import RunConfig, finite
 __all__ = [
     "amp_facts",
     "collect_config",
+    "compiled_graphs_skipped",
     "conv_memory_formats",
     "describe_feed",
     "distinct_memory_format",
@@ -179,6 +180,17 @@ def amp_facts(trainer: Any) -> dict[str, Any]:
     return facts
 
 
+def compiled_graphs_skipped(trainer: Any) -> str | None:
+    """torch's reason for skipping the CUDA graphs a ``CompileModel`` among ``trainer``'s callbacks compiled
+    the step to record (``CompileModel.cuda_graphs_skipped``), or ``None``."""
+    from lightning_gpuopt.compute.compile import CompileModel
+
+    for cb in getattr(trainer, "callbacks", None) or ():
+        if isinstance(cb, CompileModel) and cb.cuda_graphs_skipped is not None:
+            return cb.cuda_graphs_skipped
+    return None
+
+
 def distinct_memory_format(t: torch.Tensor) -> bool | None:
     """True if channels_last, False if NCHW, None if the strides cannot tell (e.g. 1x1 kernels, C == 1)."""
     cl = t.is_contiguous(memory_format=torch.channels_last)
@@ -245,6 +257,7 @@ def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> 
     cfg.decode_for_compiled = getattr(feed, "compiled", None)  # and the model it was built for
     for key, value in amp_facts(loop).items():
         setattr(cfg, key, value)
+    cfg.cuda_graphs_skipped = compiled_graphs_skipped(getattr(loop, "trainer", None))
     cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(loop.module)
     cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     cfg.cudnn_deterministic = bool(torch.backends.cudnn.deterministic)

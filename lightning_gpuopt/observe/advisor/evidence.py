@@ -38,6 +38,7 @@ METRIC_FIELDS: dict[str, str] = {
     "gpu/step_idle_frac": "step_idle_frac",
     "gpu/ceiling_frac": "ceiling_frac",
     "gpu/host_syncs_per_step": "host_syncs_per_step",
+    "gpu/jpeg_util": "jpeg_util",
 }
 
 # keys merged across windows by their minimum rather than their mean
@@ -116,6 +117,7 @@ class Evidence:
             ``gpu_idle_frac``.
         ceiling_frac: the run's samples/s over the model's own rate on a batch kept on the device (0-1).
         host_syncs_per_step: synchronizing CUDA calls a step from the user's lines (the host-sync locator).
+        jpeg_util: the hardware JPEG decoder's busy share (%, NVML).
         sync_sites: the host-sync locator's sentences for those lines (``"`model.py:42` synchronizes every
             step (`loss.item()`)"``), most frequent first; ``None`` where it did not run.
         grad_scale_start / grad_scale: the GradScaler's scale at the first read after warm-up and at the
@@ -149,6 +151,7 @@ class Evidence:
     step_idle_frac: float | None = None
     ceiling_frac: float | None = None
     host_syncs_per_step: float | None = None
+    jpeg_util: float | None = None
     sync_sites: tuple[str, ...] | None = None
     grad_scale_start: float | None = None
     grad_scale: float | None = None
@@ -239,6 +242,9 @@ class RunConfig:
             to, so it reads ``found_inf`` on the host: a GPU sync every step. Empty: every optimizer scales on
             the device.
         gradient_clip_val: ``Trainer(gradient_clip_val=...)``; ``None`` when clipping is off.
+        cuda_graphs_skipped: torch's reason for not replaying the CUDA graphs a ``CompileModel`` compiled the
+            step to record (``CompileModel.cuda_graphs_skipped``); ``None`` where they replay, or none were
+            asked for.
     """
 
     device_type: str = "cpu"
@@ -270,6 +276,7 @@ class RunConfig:
     grad_scaler: bool | None = None
     unfused_optimizers: tuple[str, ...] | None = None
     gradient_clip_val: float | None = None
+    cuda_graphs_skipped: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:

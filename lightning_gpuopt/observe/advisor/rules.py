@@ -61,6 +61,8 @@ class AdvisorThresholds:
         fp16_scale_falls: under ``16-mixed``, backoffs of the GradScaler in one window from which the model
             overflows fp16 (``fp16-overflow``); a healthy scaler backs off about once every
             ``growth_interval`` (2000) steps, after each growth.
+        jpeg_busy_util: the hardware JPEG decoder's busy share (%) from which a loader starving the GPU is
+            bound by that engine (``input-bound``, cause ``jpeg-engine``).
     """
 
     gpu_idle_frac: float = 0.10
@@ -83,6 +85,7 @@ class AdvisorThresholds:
     store_read_mb_s: float = 10.0
     fp16_scale_floor: float = 1.0
     fp16_scale_falls: int = 3
+    jpeg_busy_util: float = 90.0
 
     def __post_init__(self) -> None:
         for name in _FRACTIONS:
@@ -114,7 +117,7 @@ _FRACTIONS = (
     "host_sync_wait_frac",
     "rank_wait_frac",
 )
-_PERCENTS = ("gpu_busy_util", "launch_util", "launch_sm_active", "host_sync_busy_util")
+_PERCENTS = ("gpu_busy_util", "launch_util", "launch_sm_active", "host_sync_busy_util", "jpeg_busy_util")
 _MILLISECONDS = ("input_wait_min_ms", "rank_wait_min_ms")
 
 
@@ -228,6 +231,8 @@ _CPU_FIGURES = ("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores")
 
 
 def _input_cause(c: Context) -> str:
+    if c.ev.jpeg_util is not None and c.ev.jpeg_util >= c.t.jpeg_busy_util:
+        return "jpeg-engine"  # measured: the hardware decoder is full, whatever the loader's settings
     w, cpp, cfg = c.cfg.num_workers, c.cores_per_process, c.cfg
     if w is None and cfg.backend == "folder" and cfg.decode_threads is not None:
         w = cfg.decode_threads  # a folder decoded by reading threads: each thread takes a worker's place
@@ -263,6 +268,9 @@ def input_bound(c: Context) -> Verdict | None:
     cause = _input_cause(c)
     if cause == "dali-bound":
         figs.update(c.settings("decoder", "decode_threads"))
+    if cause == "jpeg-engine":
+        figs.update(c.figures("jpeg_util", nd=1))
+        figs.update(c.settings("decoder"))
     if cause == "store-bound" and c.cfg.decode_threads is not None:
         figs["read_threads"] = c.cfg.decode_threads
     if c.cfg.backend == "hdf5":
@@ -296,7 +304,7 @@ def host_bound(c: Context) -> Verdict | None:
     )
     figs.update(c.figures("step_ms", nd=2))
     figs.update(c.figures("gpu_util", "sm_active", "cpu_main_pct", nd=1))
-    figs.update(c.settings("batch_size"))
+    figs.update(c.settings("batch_size", "cuda_graphs_skipped"))
     small = (c.cfg.batch_size is not None and c.cfg.batch_size <= c.t.small_batch) or (
         c.ev.sm_active is not None and c.ev.sm_active < c.t.launch_sm_active
     )
@@ -399,7 +407,7 @@ def launch_bound(c: Context) -> Verdict | None:
     figs = c.figures("gpu_util", "sm_active", "tensor_active", "gpu_util_min", nd=1)
     figs.update(c.figures("gpu_idle_frac", "step_idle_frac", "ceiling_frac", "host_syncs_per_step"))
     figs.update(c.figures("step_ms", "data_wait_frac", "samples_per_sec"))
-    figs.update(c.settings("batch_size"))
+    figs.update(c.settings("batch_size", "cuda_graphs_skipped"))
     idle = None if ev.step_idle_frac is None else ev.step_idle_frac + (ev.gpu_idle_frac or 0.0)
     # the replay runs the same training_step, its syncs and launches included: the GPU's idle share inside
     # and between steps bounds the fix; the ceiling only where that share is not measured

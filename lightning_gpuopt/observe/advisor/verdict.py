@@ -35,6 +35,7 @@ INPUT_CAUSES: tuple[str, ...] = (
     "dali-bound",
     "store-bound",
     "slow-loader",
+    "jpeg-engine",
 )
 
 #: Causes of a ``straggler`` verdict: what makes the slow rank late.

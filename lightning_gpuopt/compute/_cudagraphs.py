@@ -1,0 +1,101 @@
+"""Whether compiled steps replay CUDA graphs: the skips torch records while it compiles and first runs them.
+
+``torch.compile(mode="reduce-overhead")`` (and the ``"cudagraphs"`` backend) fall back to launching kernels
+one by one, silently, where a graph cannot be recorded: an input changed in place, a CPU tensor in the graph,
+varying shapes. torch counts each such skip and logs its reason as a warning ("skipping cudagraphs due to
+..."); ``SkipWatch`` reads both from ``start()`` to ``stop()`` (``_compat``: where torch keeps them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from lightning_gpuopt._compat import compiled_frame_count, cudagraph_skip_count, cudagraph_skip_logger
+
+__all__ = ["SkipWatch", "skip_reason"]
+
+# torch's own lead-in, once or twice ("cudagraphs" backend: "skipping cudagraphs due to skipping ...")
+_LEAD = re.compile(r"^(?:(?:skipping|disabling) cudagraphs?(?: for backward)? due to )+", re.IGNORECASE)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def skip_reason(message: str) -> str:
+    """torch's skip message as one line: its reason, and the last line of code torch names for it.
+
+    Example:
+        >>> skip_reason('skipping cudagraphs due to mutated inputs (1 instances). Found from : \\n'
+        ...             '  File "/home/u/model.py", line 12, in forward\\n    x.mul_(2)')
+        'mutated inputs (1 instances) at model.py:12'
+        >>> skip_reason("skipping cudagraphs due to skipping cudagraphs due to cpu device (primals_1)")
+        'cpu device (primals_1)'
+    """
+    head, _, trace = message.partition(". Found from")
+    lines = head.strip().splitlines()
+    reason = _LEAD.sub("", lines[0] if lines else "").strip().rstrip(".")
+    frames = _FRAME.findall(trace)
+    if frames:
+        path, line = frames[-1]
+        reason += f" at {os.path.basename(path)}:{line}"
+    return reason
+
+
+class _Collect(logging.Handler):
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons = reasons
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "cudagraph" in message and " due to " in message:
+            self.reasons.append(skip_reason(message))
+
+
+class SkipWatch:
+    """The CUDA graph skips torch records between ``start()`` and ``stop()``, and the reasons it gives.
+
+    Reading them costs nothing per step: a counter read twice, and a logging handler torch's own skip
+    warning passes through.
+
+    Attributes:
+        reasons: each skip's reason (``skip_reason``), in the order torch logged them; empty where torch's
+            log is off (``TORCH_LOGS``, a logging level above warnings).
+        compiled: after ``stop``, whether dynamo compiled anything in between (``False``: code compiled
+            earlier was reused, and its skips were counted then, not now); ``None`` where unknown.
+    """
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.compiled: bool | None = None
+        self._start: int | None = None
+        self._frames: int | None = None
+        self._logger: logging.Logger | None = None
+        self._handler: _Collect | None = None
+
+    def start(self) -> SkipWatch:
+        self.reasons.clear()
+        self.compiled = None
+        self._start = cudagraph_skip_count()
+        self._frames = compiled_frame_count()
+        logger = cudagraph_skip_logger()
+        if logger is not None and self._handler is None:
+            self._handler = _Collect(self.reasons)
+            logger.addHandler(self._handler)
+            self._logger = logger
+        return self
+
+    def stop(self) -> int | None:
+        """The skips counted since ``start`` (``None`` where this torch keeps no count); ``reasons`` keeps
+        what torch said. Safe to call twice."""
+        if self._logger is not None and self._handler is not None:
+            self._logger.removeHandler(self._handler)
+        self._logger = self._handler = None
+        start, self._start = self._start, None
+        frames, self._frames = self._frames, None
+        now, frames_now = cudagraph_skip_count(), compiled_frame_count()
+        if frames is not None and frames_now is not None:
+            self.compiled = frames_now != frames
+        if start is None or now is None:
+            return None
+        return now - start if now >= start else now  # a count reset in between counts from zero
