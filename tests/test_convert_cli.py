@@ -227,8 +227,12 @@ def test_sources_smaller_than_size_are_named_in_one_warning_with_the_size_that_u
 def test_the_library_warns_once_in_its_own_words(jpeg_folder, tmp_path):
     from lightning_gpuopt.data.convert import convert_folder_to_hdf5
 
-    with pytest.warns(UserWarning, match=r"^48 of 48 source images have a shorter side below storage_size=56"):
+    with pytest.warns(
+        UserWarning, match=r"^48 of 48 source images have a shorter side below storage_size=56"
+    ):
         result = convert_folder_to_hdf5(jpeg_folder, tmp_path / "s.h5", 56, workers=2, progress=False)
     assert (result.upsampled, result.smallest_source) == (48, (64, 48))
-    result = convert_folder_to_hdf5(jpeg_folder, tmp_path / "j.h5", 40, workers=1, progress=False, format="jpeg")
+    result = convert_folder_to_hdf5(
+        jpeg_folder, tmp_path / "j.h5", 40, workers=1, progress=False, format="jpeg"
+    )
     assert (result.upsampled, result.smallest_source) == (0, None)
