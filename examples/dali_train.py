@@ -1,11 +1,14 @@
 """Train a classifier fed by the DALI backend (GPU decoding when CUDA is there, a CPU pipeline otherwise).
 
-python examples/dali_train.py --data /tmp/gpuopt_data/demo_dali   # generates a small folder first
+python examples/dali_train.py                      # generates a small folder in a temporary one
+python examples/dali_train.py --data data/demo_dali   # generates it there (kept), or reuses it
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -17,12 +20,20 @@ from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default="/tmp/gpuopt_data/demo_dali")
+    parser.add_argument("--data", default=None, help="folder to generate into, kept (default: temporary)")
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
+    if args.data is not None:
+        train(Path(args.data), args.epochs)
+        return
+    with tempfile.TemporaryDirectory(prefix="gpuopt_example_") as tmp:  # removed however the run ends
+        train(Path(tmp) / "demo_dali", args.epochs)
+
+
+def train(data: Path, epochs: int) -> None:
     gpu = torch.cuda.is_available()
     root = make_jpeg_folder(
-        args.data, num_images=2048 if gpu else 128, num_classes=10, image_size=(500, 375) if gpu else (96, 72)
+        data, num_images=2048 if gpu else 128, num_classes=10, image_size=(500, 375) if gpu else (96, 72)
     )
     dm = OptimizedDataModule(
         train_dir=root,
@@ -38,7 +49,7 @@ def main() -> None:
         accelerator="auto",
         devices=1,
         precision="16-mixed" if gpu else "32-true",
-        max_epochs=args.epochs,
+        max_epochs=epochs,
         limit_train_batches=None if gpu else 4,
         limit_val_batches=None if gpu else 2,
         logger=False,

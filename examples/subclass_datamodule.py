@@ -72,7 +72,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="gpuopt_example_"))
+    # the generated images and their index files, removed however the run ends
+    with tempfile.TemporaryDirectory(prefix="gpuopt_example_") as tmp:
+        train(Path(tmp), args)
+
+
+def train(work: Path, args: argparse.Namespace) -> None:
     folder = make_jpeg_folder(work / "images", num_images=320, num_classes=4, image_size=(96, 72))
     dm = MyData(
         write_index(folder, work / "train.csv", 0, 256),

@@ -56,7 +56,16 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'lightning_gpuopt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except Exception as err:
+        from lightning_gpuopt._imports import torchvision_problem
+
+        # a torchvision built for another torch fails every Lightning import (torchmetrics imports it)
+        broken = torchvision_problem()
+        if broken is None:
+            raise
+        raise ImportError(broken) from err
     globals()[name] = value  # cache: the next access is a plain attribute lookup
     return value
 

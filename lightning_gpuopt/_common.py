@@ -1,5 +1,6 @@
 """Facts the whole package shares, each defined once: CPU budget, ImageNet statistics, the evaluation
-resize rule, the cache folder, warn-once and info-once, a text table, and how a loader describes its feed."""
+resize rule, the upsampling rule, the cache folder, warn-once and info-once, a text table, and how a loader
+describes its feed."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def eval_resize_size(image_size: int) -> int:
     """The shorter side torchvision's evaluation recipe resizes to before ``CenterCrop(image_size)``
     (``Resize(256) + CenterCrop(224)`` at 224)."""
     return round(image_size * 256 / 224)
+
+
+def upsamples(source_px: int, target_px: int) -> bool:
+    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it: makes pixels the
+    source does not have. The one rule of stored sizes: ``OptimizedDataModule`` refuses a store whose crops
+    it would upsample (``image_size`` above the storage size) and ``convert`` warns about source images
+    whose shorter side is below ``--size``.
+
+    Example:
+        >>> upsamples(60, 256), upsamples(256, 224)
+        (True, False)
+    """
+    return target_px > source_px
 
 
 def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:

@@ -7,6 +7,8 @@ distribution metadata.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from importlib import metadata
 from types import ModuleType
 
 from lightning_utilities.core.imports import RequirementCache
@@ -37,10 +39,66 @@ def require(name: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
+        if name == "torchvision" and importlib.util.find_spec(module) is not None:
+            raise ImportError(torchvision_mismatch(err)) from err
         raise ModuleNotFoundError(
             f"{module!r} is not installed. Install it with `pip install 'lightning-gpuopt[{extra}]'` "
             f"(or `pip install {dist}`)."
         ) from err
+    except Exception as err:  # installed, but it fails to import: torchvision built for another torch
+        if name != "torchvision":
+            raise
+        raise ImportError(torchvision_mismatch(err)) from err
+
+
+#: the torchvision release made for a torch 2.x release is 0.(x + 15): torch 2.13 pairs with torchvision 0.28
+_TORCHVISION_MINOR_OFFSET = 15
+
+
+def torchvision_mismatch(err: BaseException) -> str:
+    """One line: the installed torchvision cannot be imported with this torch (``err`` says how it failed),
+    and the pip command that installs the torchvision made for it.
+
+    A torchvision built for another torch release, or for a CUDA torch where torch is a CPU build (or the
+    reverse), fails at import (``operator torchvision::nms does not exist``), and takes ``import
+    lightning.pytorch`` down with it through torchmetrics.
+    """
+    import torch
+
+    try:
+        installed = f"torchvision {metadata.version('torchvision')}"
+    except metadata.PackageNotFoundError:
+        installed = "the installed torchvision"
+    release, _, build = torch.__version__.partition("+")
+    major, _, rest = release.partition(".")
+    minor = rest.partition(".")[0]
+    pair = (
+        f"torchvision==0.{int(minor) + _TORCHVISION_MINOR_OFFSET}.*"
+        if major == "2" and minor.isdigit()
+        else "torchvision"
+    )
+    # a local build label (cpu, cu130, rocm6.4) names PyTorch's own index of that build
+    index = f" --index-url https://download.pytorch.org/whl/{build}" if build else ""
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    return (
+        f"{installed} cannot be imported with torch {torch.__version__} ({type(err).__name__}: {reason}): "
+        f"it was built for another torch release or build (CUDA or CPU). Install the one made for this "
+        f'torch: pip install --force-reinstall --no-deps "{pair}"{index} (or pip uninstall torchvision: '
+        "lightning-gpuopt needs it only for torchvision's models, such as bench --model resnet50)"
+    )
+
+
+def torchvision_problem() -> str | None:
+    """``torchvision_mismatch`` of an installed torchvision that fails to import, else ``None`` (it
+    imports, or it is not installed). It imports torchvision where it is installed, as ``import
+    lightning.pytorch`` does through torchmetrics: the commands call it before importing Lightning."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        importlib.import_module("torchvision")
+    except Exception as err:  # any failure of an installed torchvision ends every Lightning import
+        return torchvision_mismatch(err)
+    return None
 
 
 def require_dali() -> ModuleType:

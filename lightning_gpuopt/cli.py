@@ -11,7 +11,9 @@ Exit codes, one per kind of failure, each with one line on stderr and no traceba
   row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``; ``check`` found images
   that cannot be decoded (listed).
 - 2: a user error, found before any work where it can be: a bad option or value (``CommandParser``), a
-  missing file, a path that cannot be written, a missing optional package, data that cannot be read:
+  missing file, a path that cannot be written, a missing optional package or a torchvision that cannot be
+  imported with this torch (checked before Lightning is imported, which it would take down), data that
+  cannot be read:
   ``lightning-gpuopt <cmd>: error: ...`` with the fix, advice spelled as the command's options.
 - 130: Ctrl-C, ``lightning-gpuopt <cmd>: interrupted``.
 """
@@ -159,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
     sub_parser = CommandParser(prog=prefix, description=help_text)
+    from lightning_gpuopt._imports import torchvision_problem
+
+    broken = torchvision_problem()  # before Lightning, which a broken torchvision takes down
+    if broken is not None:
+        print(f"{prefix}: error: {broken}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         module = importlib.import_module(module_name)
         module.configure(sub_parser)

@@ -184,21 +184,75 @@ def _fake_outputs(monkeypatch):
 def test_bench_exits_1_when_no_requested_row_ran(small_folder, tmp_path, monkeypatch, capsys):
     from lightning_gpuopt.bench import runner
 
-    why = "DALI decodes on a CUDA GPU; none in this run"
+    why = "the fit ended before the warm-up did (too few batches?)"
     rows = [
-        {"name": "+dali", "status": "cannot run", "reason": why},
+        {"name": "naive", "status": "failed", "reason": why},
         {"name": "ceiling_eager", "status": "ok", "reason": None},
     ]
     monkeypatch.setattr(runner, "run_ladder", lambda config, progress=None: rows)
     _fake_outputs(monkeypatch)
-    argv = ["bench", "--data", str(small_folder), "--rows", "+dali", "--out", str(tmp_path / "out"), *BENCH]
+    argv = ["bench", "--data", str(small_folder), "--rows", "naive", "--out", str(tmp_path / "out"), *BENCH]
     assert main(argv) == 1
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("lightning-gpuopt bench: error: no row ran") and "+dali" in last and why in last
+    assert last.startswith("lightning-gpuopt bench: error: no row ran") and "naive" in last and why in last
     # one requested row measured: success
     rows[0].update(status="ok", reason=None)
     assert main(argv) == 0
+
+
+def test_bench_with_no_row_this_machine_can_run_ends_at_once(tmp_path):
+    """Rows a CPU cannot run end the command before any data is generated or anything timed: exit 1, a line
+    a row with why and what would make it run, no output folder."""
+    import signal
+    import subprocess
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    env = {**os.environ, "LIGHTNING_GPUOPT_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": ""}
+    argv = [sys.executable, "-m", "lightning_gpuopt", "bench", "--rows", "+dali,+16-mixed,+pinned"]
+    argv += ["--accelerator", "cpu", "--out", str(out)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        stdout, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("bench with no runnable row was still running after 120 s")
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and stdout == ""
+    for name in ("+dali", "+16-mixed", "+pinned"):
+        (line,) = (x for x in lines if x.startswith(f"lightning-gpuopt bench: {name}: cannot run: "))
+        assert "CUDA GPU" in line and "run it on a machine with a CUDA GPU" in line
+    assert lines[-1].startswith(
+        "lightning-gpuopt bench: error: no row ran (none of +pinned, +dali, +16-mixed"
+    )
+    assert len(lines) == 4  # no data generated, no fit, no ceiling timed
+    assert not out.exists() and not cache.exists()
+    assert seconds < 30
+
+
+def test_bench_runs_the_rows_that_can_run_and_says_which_were_dropped(small_folder, tmp_path, capsys):
+    from lightning_gpuopt.bench.rows import LadderConfig, blocked_rows
+    from lightning_gpuopt.bench.runner import run_ladder
+
+    config = LadderConfig(small_folder, rows=["+dali", "+16-mixed"], accelerator="cpu", batch_size=2)
+    assert set(blocked_rows(config)) == {"+dali", "+16-mixed"}
+    said: list[str] = []
+    rows = run_ladder(config, progress=said.append)
+    # nothing runs, not even the ceilings, which would measure nothing a row asked for
+    assert [(r["name"], r["status"]) for r in rows] == [("+dali", "cannot run"), ("+16-mixed", "cannot run")]
+    assert said[-1] == "none of the rows asked for can run here: nothing is measured"
+    config = LadderConfig(small_folder, rows=["naive", "+dali"], accelerator="cpu", batch_size=2)
+    assert set(blocked_rows(config)) == {"+dali"}
+    argv = ["bench", "--data", str(small_folder), "--rows", "naive,+dali", "--out", str(tmp_path / "out")]
+    assert main([*argv, *BENCH]) == 0
+    err = capsys.readouterr().err
+    assert "[bench] +dali: dropped (cannot run): DALI decodes on a CUDA GPU" in err
+    assert "naive: DataLoader" in err and "ceiling_eager: synthetic" in err
 
 
 def test_bench_failed_run_leaves_no_empty_version_folder(small_folder, tmp_path, monkeypatch, capsys):
@@ -284,7 +338,9 @@ def test_a_demo_that_raises_leaves_no_run_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "_fit", broken_fit)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="the fit broke"):
-        demo.run_demo(demo.DemoOptions(out=str(out), images=8, batch_size=4, ladder_seconds=0), say=lambda line: None)
+        demo.run_demo(
+            demo.DemoOptions(out=str(out), images=8, batch_size=4, ladder_seconds=0), say=lambda line: None
+        )
     assert list(out.iterdir()) == []  # no version_<n> left behind
 
 

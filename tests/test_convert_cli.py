@@ -195,3 +195,44 @@ def test_an_unreadable_image_with_the_jpeg_format_gets_the_flag(jpeg_folder, tmp
     err = capsys.readouterr().err.strip()
     assert "img_000000.jpg" in err and "--on-corrupt skip" in err and "on_corrupt=" not in err
     assert _left_in(out_dir) == []
+
+
+def test_sources_smaller_than_size_are_named_in_one_warning_with_the_size_that_upsamples_none(
+    jpeg_folder, tmp_path, capsys
+):
+    """The fixture's 64x48 JPEGs at --size 64 are upsampled (48 -> 64): one warning line naming how many,
+    the smallest and --size 48; at --size 48 none is. The DataModule's rule is the same function: the store
+    at 48 takes image_size 48 and refuses 49."""
+    import warnings
+
+    from lightning_gpuopt.data.datamodule import OptimizedDataModule
+
+    assert cli_main(_convert(jpeg_folder, tmp_path / "up.h5", size=64)) == 0
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line == (
+        "lightning-gpuopt convert: warning: 48 of 48 source images have a shorter side below --size 64 (the "
+        "smallest 64x48): they are upsampled to it, which adds no detail; --size 48 keeps every image at most "
+        "at its own size (OptimizedDataModule then takes image_size <= 48)"
+    )
+    assert cli_main(_convert(jpeg_folder, tmp_path / "at.h5", size=48)) == 0
+    assert capsys.readouterr().err == ""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*stored with its shorter side at")
+        OptimizedDataModule(tmp_path / "at.h5", batch_size=4, num_workers=0, image_size=48).setup("fit")
+    with pytest.raises(ValueError, match=r"storage size must be >= image_size \(49\)"):
+        OptimizedDataModule(tmp_path / "at.h5", batch_size=4, num_workers=0, image_size=49).setup("fit")
+
+
+def test_the_library_warns_once_in_its_own_words(jpeg_folder, tmp_path):
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+
+    with pytest.warns(
+        UserWarning, match=r"^48 of 48 source images have a shorter side below storage_size=56"
+    ):
+        result = convert_folder_to_hdf5(jpeg_folder, tmp_path / "s.h5", 56, workers=2, progress=False)
+    assert (result.upsampled, result.smallest_source) == (48, (64, 48))
+    result = convert_folder_to_hdf5(
+        jpeg_folder, tmp_path / "j.h5", 40, workers=1, progress=False, format="jpeg"
+    )
+    assert (result.upsampled, result.smallest_source) == (0, None)

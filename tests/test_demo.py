@@ -39,7 +39,7 @@ def test_demo_runs_and_says_where_the_logs_are(tmp_path, capsys):
     tags = set(acc.Tags()["scalars"])
     assert {"time/step_ms", "time/data_wait_frac", "throughput/samples_per_sec", "train/loss"} <= tags
     # the generated images are cached outside the run folder; a second run reuses them in its own folder
-    assert sorted(p.name for p in (tmp_path / "cache" / "demo").iterdir()) == ["jpeg_24_10c_20x16"]
+    assert sorted(p.name for p in (tmp_path / "cache" / "demo").iterdir()) == ["jpeg_24_10c_22x18"]
     assert main(["demo", "--out", str(out), "--workers", "0", *TINY]) == 0
     assert "using cached generated images" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["version_0", "version_1"]

@@ -15,6 +15,7 @@ import pytest
 import lightning_gpuopt
 from lightning_gpuopt import _EXPORTS
 from lightning_gpuopt.cli import COMMANDS, main
+from tests._cli import one_error_line
 
 PACKAGE = Path(lightning_gpuopt.__file__).resolve().parent
 HEAVY = ("pynvml", "h5py", "nvidia.dali", "nvtx", "torchvision")
@@ -379,3 +380,60 @@ def test_doc_imports_resolve(doc, statement):
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 importlib.import_module(alias.name)
+
+
+def _broken_torchvision(folder: Path, version: str = "0.29.1") -> Path:
+    """A torchvision that fails at import as one built for another torch does."""
+    (folder / "torchvision").mkdir(parents=True)
+    (folder / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n'
+    )
+    info = folder / f"torchvision-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}\n")
+    return folder
+
+
+def test_a_torchvision_built_for_another_torch_is_named_with_the_fix(jpeg_folder, tmp_path):
+    """It takes `import lightning.pytorch` down (torchmetrics imports it): every command ends with one line
+    naming both versions and the pip command, exit 2; the package's names raise ImportError saying the same."""
+    import os
+
+    import torch
+
+    fake = _broken_torchvision(tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(PACKAGE.parent)])}
+    env["LIGHTNING_GPUOPT_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_gpuopt", "tune", str(jpeg_folder)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc.stderr, "tune")
+    minor = int(torch.__version__.split(".")[1])
+    assert f"torchvision 0.29.1 cannot be imported with torch {torch.__version__}" in line
+    assert "operator torchvision::nms does not exist" in line
+    assert f'pip install --force-reinstall --no-deps "torchvision==0.{minor + 15}.*"' in line
+    code = "from lightning_gpuopt import OptimizedDataModule"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert "ImportError: torchvision 0.29.1 cannot be imported with torch" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "command"),
+    [
+        ("2.13.0+cpu", '"torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu'),
+        ("2.11.0+cu130", '"torchvision==0.26.*" --index-url https://download.pytorch.org/whl/cu130'),
+        ("2.4.1", '"torchvision==0.19.*" (or'),
+    ],
+)
+def test_the_fix_names_the_torchvision_made_for_this_torch(monkeypatch, torch_version, command):
+    import torch
+
+    from lightning_gpuopt._imports import torchvision_mismatch
+
+    monkeypatch.setattr(torch, "__version__", torch_version)
+    line = torchvision_mismatch(RuntimeError("operator torchvision::nms does not exist"))
+    assert f"with torch {torch_version} (RuntimeError: operator torchvision::nms does not exist)" in line
+    assert f"pip install --force-reinstall --no-deps {command}" in line and "\n" not in line

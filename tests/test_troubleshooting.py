@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lightning_gpuopt"
 PAGE = ROOT / "docs" / "troubleshooting.md"
 #: the calls that emit a warning, by the name they are called under
-WARNING_CALLS = {"warn_once", "rank_zero_warn", "warn"}
+WARNING_CALLS = {"warn_once", "warn_at_user", "rank_zero_warn", "warn"}
 HOLE = "\x00"  # where an f-string or a concatenation puts a value
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_gpuopt._common import available_cpus, cache_dir
+from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size
 from lightning_gpuopt.bench.runs import check_output_folder, new_run_dir
 
 Say = Callable[[str], None]
@@ -248,7 +248,9 @@ def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: 
     say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
     if busy:
         say(busy)
-    size = (round(opts.image_size * 1.25), opts.image_size)
+    # images as large as the rows store them (their evaluation resize), so that no row upsamples them
+    short = eval_resize_size(opts.image_size)
+    size = (round(short * 1.25), short)
     data = cached_jpeg_folder(cache_dir() / "demo", opts.images, NUM_CLASSES, size, progress=say)
     workers = opts.workers if opts.workers is not None else min(4, available_cpus() - 1)
     with quiet_lightning():

@@ -387,6 +387,87 @@ def compile_asked(rows: Sequence[str]) -> bool:
     return names != set(ROW_NAMES) and any(SPEC_BY_NAME[n].compiled for n in names)
 
 
+def ladder_device(accelerator: str) -> torch.device:
+    """The device a ladder run trains on: CUDA device 0 for ``"gpu"``/``"cuda"`` (and ``"auto"`` where CUDA
+    is there), else the CPU."""
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", 0)
+
+
+def cannot_run(
+    spec: RowSpec, device: torch.device, data_is_h5: bool = False, compile_named: bool = False
+) -> tuple[str, str] | None:
+    """``(status, reason)`` when row ``spec`` cannot run on ``device`` (the reason says what would make it
+    run), else ``None``. Decided from the machine and the settings alone, before any data is made or read.
+
+    Args:
+        spec: the row.
+        device: where the ladder trains (``ladder_device``).
+        data_is_h5: ``--data`` is an HDF5 store (rows that read the image folder cannot run).
+        compile_named: the compiled rows were asked for by name (``compile_asked``): on a CPU they run only then.
+
+    Example:
+        >>> cannot_run(SPEC_BY_NAME["+pinned"], torch.device("cpu"))[0]
+        'cannot run'
+        >>> cannot_run(SPEC_BY_NAME["naive"], torch.device("cpu")) is None
+        True
+    """
+    from lightning_gpuopt import _imports
+
+    cuda = device.type == "cuda"
+    if data_is_h5 and spec.name in FOLDER_ONLY_ROWS:
+        return CANNOT_RUN, "needs an image folder; --data is an HDF5 file: give --data an image folder"
+    if spec.needs_cuda is not None and not cuda:
+        where = (
+            "drop --accelerator cpu (a CUDA GPU is visible)"
+            if torch.cuda.is_available()
+            else "run it on a machine with a CUDA GPU"
+        )
+        return CANNOT_RUN, f"{spec.needs_cuda}; {where}"
+    if spec.compiled:
+        return _cannot_compile(device, compile_named)
+    if spec.loader == "dali" and not _imports._DALI_AVAILABLE:
+        return CANNOT_RUN, "NVIDIA DALI is not installed (pip install 'lightning-gpuopt[dali]')"
+    if (spec.loader == "hdf5" or (spec.loader == "best" and data_is_h5)) and not _imports._H5PY_AVAILABLE:
+        return CANNOT_RUN, "h5py is not installed (pip install 'lightning-gpuopt[hdf5]')"
+    return None
+
+
+def _cannot_compile(device: torch.device, compile_named: bool) -> tuple[str, str] | None:
+    """Why the compiled rows do not run on ``device``, or ``None``."""
+    import importlib.util
+
+    if device.type != "cuda":
+        if compile_named:
+            return None
+        return SKIPPED, (
+            "torch.compile on a CPU builds C++ kernels for a minute or more; name the row to run it "
+            "(--rows ...,+compile)"
+        )
+    from lightning_gpuopt.compute.compile import MIN_CAPABILITY
+
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        return CANNOT_RUN, (
+            f"torch.compile's GPU kernels (Triton) need compute capability >= "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, this GPU has {capability[0]}.{capability[1]}"
+        )
+    if importlib.util.find_spec("triton") is None:
+        return CANNOT_RUN, "torch.compile's GPU kernels need Triton (pip install triton)"
+    return None
+
+
+def blocked_rows(config: LadderConfig) -> dict[str, tuple[str, str]]:
+    """The rows of ``config.rows`` that cannot run here, each with ``(status, reason)`` (``cannot_run``);
+    ``bench`` ends at once, before any data is made, when they are all of them."""
+    device = ladder_device(config.accelerator)
+    h5 = is_hdf5_path(Path(config.data).expanduser())
+    named = compile_asked(config.rows)
+    found = {n: cannot_run(SPEC_BY_NAME[n], device, h5, named) for n in parse_rows(list(config.rows))}
+    return {n: why for n, why in found.items() if why is not None}
+
+
 def is_hdf5_path(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an existing ``.h5``/``.hdf5`` file."""
     return Path(path).suffix.lower() in (".h5", ".hdf5") and Path(path).is_file()

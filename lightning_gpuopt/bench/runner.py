@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import importlib.util
 import os
 import statistics
 import time
@@ -45,7 +44,6 @@ from lightning_gpuopt.bench.meter import (
 from lightning_gpuopt.bench.rows import (
     CANNOT_RUN,
     FAILED,
-    FOLDER_ONLY_ROWS,
     OK,
     ROW_NAMES,
     SKIPPED,
@@ -54,8 +52,10 @@ from lightning_gpuopt.bench.rows import (
     LadderConfig,
     NaiveImageFolder,
     RowSpec,
+    cannot_run,
     compile_asked,
     is_hdf5_path,
+    ladder_device,
 )
 from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop, summarize
 
@@ -183,10 +183,7 @@ class LadderRunner:
         self.say: Progress = progress or (lambda _msg: None)
         self.data = Path(config.data).expanduser()
         self.data_is_h5 = is_hdf5_path(self.data)
-        if config.accelerator == "auto":
-            self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        else:
-            self.device = torch.device("cpu") if config.accelerator == "cpu" else torch.device("cuda", 0)
+        self.device = ladder_device(config.accelerator)
         self.cuda = self.device.type == "cuda"
         self.num_classes = self._count_classes()
         self.storage_size = eval_resize_size(config.image_size)
@@ -345,40 +342,8 @@ class LadderRunner:
 
     # -- rows -----------------------------------------------------------------------------------------
     def cannot_run_reason(self, spec: RowSpec) -> tuple[str, str] | None:
-        """``(status, reason)`` when ``spec`` cannot run here, else ``None``."""
-        if self.data_is_h5 and spec.name in FOLDER_ONLY_ROWS:
-            return CANNOT_RUN, "needs an image folder; --data is an HDF5 file"
-        if spec.needs_cuda is not None and not self.cuda:
-            return CANNOT_RUN, spec.needs_cuda
-        if spec.compiled:
-            return self._cannot_compile()
-        if spec.loader == "dali":
-            from lightning_gpuopt._imports import _DALI_AVAILABLE
-
-            if not _DALI_AVAILABLE:
-                return CANNOT_RUN, "NVIDIA DALI is not installed (pip install 'lightning-gpuopt[dali]')"
-        return None
-
-    def _cannot_compile(self) -> tuple[str, str] | None:
-        """Why the compiled rows do not run here, or ``None``."""
-        if not self.cuda:
-            if self._compile_asked:
-                return None
-            return SKIPPED, (
-                "torch.compile on a CPU builds C++ kernels for a minute or more; name the row to run it "
-                "(--rows ...,+compile)"
-            )
-        from lightning_gpuopt.compute.compile import MIN_CAPABILITY
-
-        capability = torch.cuda.get_device_capability(self.device)
-        if capability < MIN_CAPABILITY:
-            return CANNOT_RUN, (
-                f"torch.compile's GPU kernels (Triton) need compute capability >= "
-                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, this GPU has {capability[0]}.{capability[1]}"
-            )
-        if importlib.util.find_spec("triton") is None:
-            return CANNOT_RUN, "torch.compile's GPU kernels need Triton, which is not installed"
-        return None
+        """``(status, reason)`` when ``spec`` cannot run here, else ``None`` (``rows.cannot_run``)."""
+        return cannot_run(spec, self.device, self.data_is_h5, self._compile_asked)
 
     def _base_row(self, spec: RowSpec) -> dict[str, Any]:
         return {
@@ -744,13 +709,19 @@ class LadderRunner:
     def run(self) -> list[dict[str, Any]]:
         """Run the selected rows and return them in ladder order, ratios filled in.
 
-        The rows take turns: each of ``repeats`` rounds runs one fit of every row, the ceilings first.
+        The rows take turns: each of ``repeats`` rounds runs one fit of every row, the ceilings first. Rows
+        that cannot run here (``rows.cannot_run``) are dropped before any fit, with their reason; where none
+        of the rows asked for can run, nothing runs, not even the ceilings.
         """
         cfg = self.cfg
-        selected = set(cfg.rows) | {EAGER}
-        if self.cuda or "+compile" in selected:
-            # the ratios' ceiling wherever compiled rows can run (on a CPU, whenever +compile is asked for)
-            selected.add(COMPILED)
+        selected = set(cfg.rows)
+        asked = [n for n in cfg.rows if self.cannot_run_reason(SPEC_BY_NAME[n]) is None]
+        if asked:
+            # the ceilings the ratios need, only beside a row that runs
+            selected.add(EAGER)
+            if self.cuda or "+compile" in selected:
+                # the ratios' ceiling wherever compiled rows can run (on a CPU, whenever +compile is asked for)
+                selected.add(COMPILED)
         order = [n for n in (EAGER, COMPILED, "ceiling_lightning") if n in selected]
         order += [n for n in ROW_NAMES if n in selected and n not in order]
         if self.cuda:
@@ -759,13 +730,15 @@ class LadderRunner:
             torch.backends.cudnn.benchmark = True
         done: dict[str, dict[str, Any]] = {}
         rounds = cfg.repeats
-        for i, name in enumerate(order):
+        for name in order:
             row = done[name] = self._base_row(SPEC_BY_NAME[name])
             blocked = self.cannot_run_reason(SPEC_BY_NAME[name])
             if blocked is not None:
                 row.update(status=blocked[0], reason=blocked[1])
-                self.say(f"[{i + 1}/{len(order)}] {name}: {blocked[0]}: {blocked[1]}")
+                self.say(f"{name}: dropped ({blocked[0]}): {blocked[1]}")
         runnable = [n for n in order if done[n]["status"] == OK]
+        if not asked:
+            self.say("none of the rows asked for can run here: nothing is measured")
         spent = False
         for rnd in range(rounds):
             for i, name in enumerate(runnable):

@@ -74,8 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rows",
         default=",".join(ROW_NAMES),
         help=f"comma-separated rows to run, in any order (default all: {','.join(ROW_NAMES)}); "
-        "ceiling_eager always runs; ceiling_compiled (the ratios' ceiling) runs on CUDA or with +compile; "
-        "on a CPU the compiled rows run only when named",
+        "ceiling_eager runs beside any row that can run; ceiling_compiled (the ratios' ceiling) on CUDA or "
+        "with +compile; on a CPU the compiled rows run only when named; rows this machine cannot run are "
+        "dropped with the reason, and when none can the command ends at once (exit 1)",
     )
     parser.add_argument(
         "--seconds",
@@ -179,6 +180,24 @@ def ladder_failure(results: list[dict[str, Any]], requested: set[str]) -> str | 
     return None
 
 
+def _some_row_runs(config: LadderConfig) -> bool:
+    """Whether a row asked for can run here; when none can, say why for each, before any data is made or
+    anything timed."""
+    from lightning_gpuopt.bench.rows import blocked_rows
+
+    blocked = blocked_rows(config)
+    if len(blocked) < len(config.rows):
+        return True
+    for name, (status, reason) in blocked.items():
+        print(f"lightning-gpuopt bench: {name}: {status}: {reason}", file=sys.stderr)
+    print(
+        f"lightning-gpuopt bench: error: no row ran (none of {', '.join(blocked)} can run here; "
+        "nothing was measured)",
+        file=sys.stderr,
+    )
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     if args.model is not None:
@@ -206,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
     )
     config.validate(check_data=bool(args.data))  # bad arguments fail before any dataset work
     _check_model(config.model)
+    if not _some_row_runs(config):
+        return 1
     runs.check_output_folder(args.out)
     if not args.data:
         config.data = cached_jpeg_folder(
@@ -229,6 +250,7 @@ def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
     from lightning_gpuopt.bench import report
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.runner import run_ladder
+
     if args.no_tensorboard:
         pass
     elif _TENSORBOARD_AVAILABLE:

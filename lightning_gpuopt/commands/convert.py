@@ -2,7 +2,9 @@
 
 ``--format raw`` (default) writes uint8 canvases, ``--format jpeg`` the compact JPEG store, ``--format auto``
 the one ``lightning_gpuopt.data.store_choice`` picks for this machine (stated before converting). After
-converting the command prints the store's bytes (total, an image, against the source files') and its
+converting the command prints the store's bytes (total, an image, against the source files'), a warning
+when source images are smaller than ``--size`` (upsampled to it: ``_common.upsamples``, the rule by which
+``OptimizedDataModule`` refuses a store smaller than its crops) with the size that upsamples none, and its
 expected read rate (page cache, or the disk's ``O_DIRECT`` bandwidth measured on the written file), and,
 when ``--format`` is not given, which store the rule recommends here.
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     from lightning_gpuopt.data.convert import ConversionResult
 
 HELP = "convert a class-per-subfolder image folder to uint8 HDF5"
+# the library's warning about sources smaller than the storage size, which the command says with its flag
+UPSAMPLED = r"\d+ of \d+ source images have a shorter side below storage_size="
 EXIT_USER, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
@@ -250,16 +256,17 @@ def run(args: argparse.Namespace) -> int:
     given = args.format
     try:
         fmt = _auto_format(args) if given == "auto" else given or "raw"
-        result = convert_folder_to_hdf5(
-            args.src,
-            args.out,
-            args.size,
-            workers=args.workers,
-            progress=not args.no_progress,
-            on_corrupt=args.on_corrupt,
-            overwrite=args.overwrite,
-            format=fmt,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            result = convert_folder_to_hdf5(
+                args.src,
+                args.out,
+                args.size,
+                workers=args.workers,
+                progress=not args.no_progress,
+                on_corrupt=args.on_corrupt,
+                overwrite=args.overwrite,
+                format=fmt,
+            )
     except CorruptImageError as err:
         _fail(
             f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, "
@@ -291,6 +298,15 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in _consequences(result, given):
         print(f"  {line}")
+    for warning in caught:
+        text = str(warning.message)
+        if re.match(UPSAMPLED, text):  # the library's words, spelled as the command's option
+            print(
+                f"lightning-gpuopt convert: warning: {text.replace('storage_size=', '--size ')}",
+                file=sys.stderr,
+            )
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     if result.skipped:
         shown = ", ".join(result.skipped[:5]) + (" ..." if len(result.skipped) > 5 else "")
         print(f"skipped {len(result.skipped)} unreadable image(s): {shown}", file=sys.stderr)

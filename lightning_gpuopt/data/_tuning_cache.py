@@ -16,51 +16,91 @@ from lightning_gpuopt._common import warn_once
 
 def _read_cache(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
+        text = path.read_text()
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as err:
+    except OSError as err:
         warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
         return {}
+    if not text.strip():
+        return {}  # created by a writer that holds its lock and has not replaced it yet
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
+        return {}
+    if not isinstance(data, dict):
+        warn_once(
+            f"ignoring unreadable worker-tuning cache {path} (it holds a JSON {type(data).__name__}, "
+            "not an object of entries); it will be rewritten"
+        )
+        return {}
+    return data
 
 
 #: seconds a cache write waits for another process's write to finish before giving up (a write takes ms)
 _LOCK_WAIT_S = 10.0
 
 
+def _lock_current(path: Path, deadline: float) -> int | None:
+    """An fd of the file at ``path`` (created if missing) holding ``fcntl.flock`` on it, or ``None`` when
+    the wait ran past ``deadline``.
+
+    Writers replace the file, so a lock taken on a file that was replaced while this process waited for
+    it guards nothing: the lock counts only once the file locked is still the one at ``path``.
+    """
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        return None
+                    time.sleep(0.01)
+            current = os.stat(path)
+        except FileNotFoundError:  # removed meanwhile (a cache cleared by hand): lock the new one
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if os.path.samestat(os.fstat(fd), current):
+            return fd
+        os.close(fd)  # replaced while waiting: lock the file that replaced it
+
+
 @contextlib.contextmanager
 def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold ``fcntl.flock`` on ``.<cache name>.lock`` beside the cache; yields False when it cannot be had.
+    """Hold ``fcntl.flock`` on the cache file itself; yields False when it cannot be had in ``_LOCK_WAIT_S``.
 
     Writers read, change and replace the cache inside it, so entries written at once by several processes
-    are all kept. Readers need no lock: the file is only ever replaced whole. Without ``fcntl`` (not POSIX)
+    are all kept, and nothing but the cache is left in its folder. Readers need no lock: the file is only
+    ever replaced whole (an empty file is one a writer has just created). Without ``fcntl`` (not POSIX)
     nothing is locked.
     """
     try:
-        import fcntl
+        import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover -- not POSIX
         yield True
         return
-    lock = path.with_name(f".{path.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    fd = _lock_current(path, time.monotonic() + _LOCK_WAIT_S)
+    if fd is None:
+        yield False
+        return
     try:
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.01)
         yield True
     finally:
-        os.close(fd)  # drops the lock
+        os.close(fd)  # drops the lock (on the file this process replaced, or still at the path)
 
 
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _cache_lock(path) as locked:
@@ -72,13 +112,15 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
                 return
             data = _read_cache(path)
             data[key] = entry
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-            os.replace(tmp, path)  # atomic: readers never see half a file
+            try:
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+                os.replace(tmp, path)  # atomic: readers never see half a file
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
     except OSError as err:
-        warn_once(
-            f"could not write the worker-tuning cache {path} ({err}); tuning will run again next time"
-        )
+        warn_once(f"could not write the worker-tuning cache {path} ({err}); tuning will run again next time")
 
 
 def _cached_problem(hit: Any, candidates: Sequence[int]) -> str | None:

@@ -43,6 +43,7 @@ from lightning_gpuopt.data._destination import (
 )
 from lightning_gpuopt.data._hdf5_writes import HDF5Writes
 from lightning_gpuopt.data._lifetime import Janitor, die_with_parent
+from lightning_gpuopt.data._upsampling import smaller_sources, source_size, warn_upsampled
 from lightning_gpuopt.data.folder import CorruptImageError
 
 FORMAT = "lightning-gpuopt/uint8-images"
@@ -93,6 +94,8 @@ class ConversionResult:
         format: ``"raw"`` (uint8 canvases) or ``"jpeg"`` (the compact JPEG store).
         bytes_written: image bytes in the store (canvases, or JPEG bytes), without the HDF5 metadata.
         source_bytes: bytes of the source files of the stored images.
+        upsampled: stored images whose source's shorter side is below ``storage_size`` (upsampled to it).
+        smallest_source: ``(width, height)`` of the upsampled source with the shortest side, else ``None``.
     """
 
     path: Path
@@ -104,9 +107,12 @@ class ConversionResult:
     format: str = "raw"
     bytes_written: int = 0
     source_bytes: int = 0
+    upsampled: int = 0
+    smallest_source: tuple[int, int] | None = None
 
 
-_Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]
+# (canvases or JPEG items, metas, failures (index, path, reason), source (width, height) of each image)
+_Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]], np.ndarray]
 _parent_pid: int | None = None
 
 
@@ -134,10 +140,11 @@ def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
     paths, storage_size, keep_going, fmt = job
     if _parent_pid is not None and os.getppid() != _parent_pid:
         os._exit(1)  # orphaned: nobody will read the result
+    sizes = np.array([source_size(p) for p in paths], dtype=np.int32).reshape(-1, 2)
     if fmt == "jpeg":
         from lightning_gpuopt.data.jpeg_store import encode_block
 
-        return encode_block(paths, storage_size, keep_going)
+        return (*encode_block(paths, storage_size, keep_going), sizes)
     canvases = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
     metas = np.zeros((len(paths), 3), dtype=np.int32)
     errors: list[tuple[int, str, str]] = []
@@ -149,7 +156,7 @@ def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
             errors.append((j, path, f"{type(cause).__name__}: {cause}"))
             if not keep_going:
                 break
-    return canvases, metas, errors
+    return canvases, metas, errors, sizes
 
 
 def _pid_alive(pid: int) -> bool:
@@ -377,13 +384,17 @@ def convert_folder_to_hdf5(
         try:
             if dest.exists() and not overwrite:  # finished by a conversion that held the claim until now
                 raise OutputExistsError(str(out_path))
-            written, classes, skipped, sizes = _convert_claimed(
+            written, classes, skipped, sizes, small = _convert_claimed(
                 h5py, src_path, out_path, dest, storage_size, workers, progress, on_corrupt, overwrite, format
             )
         finally:
             claim.release()
     elapsed = time.perf_counter() - t_start
-    return ConversionResult(out_path, written, classes, skipped, elapsed, storage_size, format, *sizes)
+    if small[1] is not None:
+        warn_upsampled(small[0], written, small[1], storage_size)
+    return ConversionResult(
+        out_path, written, classes, skipped, elapsed, storage_size, format, *sizes, *small
+    )
 
 
 def _convert_claimed(
@@ -397,9 +408,9 @@ def _convert_claimed(
     on_corrupt: str,
     overwrite: bool,
     fmt: str = "raw",
-) -> tuple[int, list[str], list[str], tuple[int, int]]:
+) -> tuple[int, list[str], list[str], tuple[int, int], tuple[int, tuple[int, int] | None]]:
     """The conversion once ``dest`` is claimed: ``(images written, classes, skipped files, (bytes written,
-    source bytes))``."""
+    source bytes), (images upsampled, smallest such source))``."""
     from lightning_gpuopt.data.folder import scan_image_folder
 
     classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder
@@ -417,7 +428,9 @@ def _convert_claimed(
     _remove_stale_temps(dest)
     sources = [os.stat(p).st_size for p in paths]
     # the JPEG store's bytes are spilled beside it, then copied in: twice the sources at most, transiently
-    needed = 2 * sum(sources) + _store_bytes(n, 1, rel) if fmt == "jpeg" else _store_bytes(n, storage_size, rel)
+    needed = (
+        2 * sum(sources) + _store_bytes(n, 1, rel) if fmt == "jpeg" else _store_bytes(n, storage_size, rel)
+    )
     _check_free_space(dest, needed)
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     spill = dest.with_name(f"{dest.name}.tmp-jpegs-{os.getpid()}")
@@ -443,7 +456,7 @@ def _convert_claimed(
         bar = tqdm(
             total=n, unit="img", desc=f"convert {src_path.name}", disable=not progress, file=sys.stderr
         )
-        keep, skipped = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
+        keep, skipped, source_sizes = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
         if writer.written == 0:
             raise ValueError(f"no readable images in {str(src_path)!r} ({len(skipped)} skipped)")
         decoder.close(abort=False)
@@ -466,7 +479,8 @@ def _convert_claimed(
             bar.close()
     stored = writer.bytes_written if fmt == "jpeg" else writer.written * writer.image_bytes
     source = sum(s for s, k in zip(sources, keep, strict=True) if k)
-    return writer.written, list(classes), skipped, (int(stored), int(source))
+    small = smaller_sources(map(tuple, source_sizes), storage_size)
+    return writer.written, list(classes), skipped, (int(stored), int(source)), small
 
 
 class _StoreWriter:
@@ -625,11 +639,13 @@ class _StoreWriter:
 
 def _write_blocks(
     writer: Any, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
-) -> tuple[np.ndarray, list[str]]:
-    """Write decoded blocks in order; returns ``(kept mask, skipped files)``."""
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Write decoded blocks in order; returns ``(kept mask, skipped files, source (width, height) of each
+    stored image)``."""
     keep = np.ones(len(writer.rel), dtype=bool)
     skipped: list[str] = []
-    for b, (canvases, metas, errors) in enumerate(blocks):
+    sizes: list[np.ndarray] = []
+    for b, (canvases, metas, errors, wh) in enumerate(blocks):
         start = b * _BLOCK_IMAGES
         bad = set()
         for j, path, reason in errors:
@@ -640,8 +656,9 @@ def _write_blocks(
             skipped.append(writer.rel[start + j])
         good = [j for j in range(len(canvases)) if j not in bad]
         writer.add(canvases[good], metas[good])
+        sizes.append(wh[good])
         advance(len(canvases))
-    return keep, skipped
+    return keep, skipped, np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
 
 
 def chunk_offsets(dset: Any) -> np.ndarray:

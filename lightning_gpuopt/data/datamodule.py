@@ -26,6 +26,7 @@ from lightning_gpuopt._common import (
     IMAGENET_STD,
     available_cpus,
     eval_resize_size,
+    upsamples,
     warn_at_user,
     warn_once,
 )
@@ -365,7 +366,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         resize = eval_resize_size(self.image_size)
         fix = f"convert the source with `lightning-gpuopt convert SRC OUT.h5 --size {resize}`"
         check_arg(
-            stored >= self.image_size,
+            not upsamples(stored, self.image_size),
             f"{split} data's storage size",
             stored,
             f">= image_size ({self.image_size}), or every crop is upsampled",

@@ -174,25 +174,37 @@ def test_an_edited_cache_entry_is_ignored_with_a_warning_and_measured_again(tmp_
     assert tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw).cached
 
 
-def _write_entries(path, writer: int, count: int, start) -> None:
-    start.wait(10)
-    for i in range(count):
-        tuning_mod._write_cache(path, f"w{writer}-{i}", {"best": 1, "table": []})
+def test_cache_writes_from_many_processes_at_once_lose_no_entry_and_leave_only_the_cache(tmp_path):
+    """Six processes writing at once (as six `tune` runs on six folders): every entry is kept, and the
+    folder holds the cache file alone (no lock file, no temporary file)."""
+    from tests.data._cache_writers import write_entries
 
-
-def test_cache_writes_from_many_processes_at_once_lose_no_entry(tmp_path):
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")
     path = tmp_path / "cache" / "workers.json"
     start = ctx.Event()
-    procs = [ctx.Process(target=_write_entries, args=(path, w, 20, start)) for w in range(6)]
+    procs = [ctx.Process(target=write_entries, args=(path, w, 20, start)) for w in range(6)]
     for proc in procs:
         proc.start()
     start.set()
     for proc in procs:
-        proc.join(60)
+        proc.join(120)
         assert proc.exitcode == 0
     assert sorted(json.loads(path.read_text())) == sorted(f"w{w}-{i}" for w in range(6) for i in range(20))
-    assert sorted(p.name for p in path.parent.iterdir()) == [".workers.json.lock", "workers.json"]
+    assert [p.name for p in path.parent.iterdir()] == ["workers.json"]
+
+
+def test_a_cache_that_is_not_an_object_of_entries_is_ignored_with_a_warning(tmp_path):
+    kw = {"candidates": [1, 2], "budget_s": 0.4, "cache_dir": tmp_path}
+    path = tmp_path / "workers.json"
+    path.write_text("[40]")
+    pattern = (
+        rf"worker-tuning cache {re.escape(str(path))} \(it holds a JSON list, not an object of entries\)"
+    )
+    with pytest.warns(UserWarning, match=pattern):
+        result = tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw)
+    assert not result.cached and isinstance(json.loads(path.read_text()), dict)
+    path.write_text("")  # created by a writer that has yet to replace it: no entries, no warning
+    assert tune_num_workers(_factory({1: 40.0, 2: 80.0}), **kw).cached is False
 
 
 def test_argument_errors():
