@@ -51,6 +51,7 @@ from lightning_gpuopt.data.tuning import (
 
 if TYPE_CHECKING:
     from lightning_gpuopt.data.dali import DALIOptions
+    from lightning_gpuopt.data.decode import DecodeOptions
 
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
@@ -121,6 +122,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
         dali: DALI options for ``backend="dali"`` (``DALIOptions``: decoder, threads); ``build_dali_loader``
             reads them from ``dm.dali``.
+        decode: how a JPEG folder or a JPEG store is decoded in the training process without DALI
+            (``DecodeOptions``: nvJPEG on the GPU or CPU threads, measured at setup by default); given, it
+            asks for that decoding on any machine. ``"auto"`` already decodes so on a CUDA machine without
+            DALI (``num_workers="auto"``, torchvision installed).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
@@ -153,6 +158,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         on_corrupt: str = "raise",
         tuning: TuningConfig | None = None,
         dali: DALIOptions | None = None,
+        decode: DecodeOptions | None = None,
     ) -> None:
         super().__init__()
         check_arg(backend in BACKENDS, "backend", backend, f"one of {BACKENDS}")
@@ -216,13 +222,14 @@ class OptimizedDataModule(pl.LightningDataModule):
         hooks = [f"{s}_dataset" for s in SPLITS]
         own = any(getattr(type(self), h) is not getattr(OptimizedDataModule, h) for h in hooks)
         self._backend, self.backend_reason = choose_backend(
-            backend, paths, on_corrupt=on_corrupt, own_datasets=own
+            backend, paths, on_corrupt=on_corrupt, own_datasets=own, decode=decode, num_workers=num_workers
         )
         self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
         if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
             name, why = self._backend.name, self.backend_reason
             rank_zero_info(f"OptimizedDataModule: backend='auto' -> {name!r} ({why})")
         self.dali: DALIOptions | None = dali
+        self.decode: DecodeOptions | None = decode
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
         self.batch_size = batch_size
