@@ -49,9 +49,9 @@ __all__ = [
     "HDF5Backend",
     "HostBackend",
     "Owner",
-    "host_loader",
     "choose_backend",
     "dali_installed",
+    "host_loader",
     "resolve_backend",
     "torchvision_installed",
 ]

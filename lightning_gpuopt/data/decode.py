@@ -4,7 +4,7 @@ Two decoders, chosen per run (``resolve_decoder``, one setup line says which and
 ``DecodeOptions(decoder=...)`` chooses:
 
 - ``"cpu"``: threads of the training process decode whole batches onto canvases in pinned memory
-  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader``\\ s read by ``read_threads``).
+  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader`` datasets read by ``read_threads``).
   A JPEG is decoded by torchvision's ``decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's) and resized
   by torch's antialiased kernel, both inside torch operators that release the GIL, so the threads decode in
   parallel; other formats, and JPEGs large enough for PIL's reduced-scale decode, go through
@@ -61,7 +61,7 @@ RESERVED_THREADS = 2
 GPU_READ_THREADS = 4
 #: images of the run's own files the setup measurement decodes
 SAMPLE_IMAGES = 64
-_FIX = "remove or replace the file"
+_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
 _LOGGED: set[str] = set()
 
 
@@ -173,7 +173,7 @@ def _torchvision_io() -> Any | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import torchvision.io as tvio
-    except Exception:  # noqa: BLE001 - not installed, or a build that does not load with this torch
+    except Exception:
         return None
     return tvio
 
@@ -373,7 +373,10 @@ def choose_jpeg_decoder(
     cpu = threads * cpu_rate_per_thread
     head = f"{threads} CPU threads x {cpu_rate_per_thread:,.0f} img/s = {cpu:,.0f} img/s"
     if model_rate is not None and cpu >= model_rate:
-        return "cpu", f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at: the GPU is left to it"
+        return (
+            "cpu",
+            f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at: the GPU is left to it",
+        )
     if gpu_rate > cpu:
         tail = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
         return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{tail}"

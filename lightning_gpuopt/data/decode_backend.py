@@ -97,6 +97,9 @@ def _settled(dm: Any, options: DecodeOptions, train: Any) -> DecodeChoice:
         device = torch.device("cpu")
     tuning = getattr(dm, "tuning", None)
     local = dm._local_world_size()
+    if getattr(dm, "on_corrupt", "raise") == "skip":  # nvJPEG's batches cannot skip an image
+        threads = options.threads or default_decode_threads("cpu", local)
+        return DecodeChoice("cpu", threads, "on_corrupt='skip': the CPU threads skip unreadable images")
     choice = resolve_decoder(
         options, train, device=device, image_size=dm.image_size, batch_size=dm.batch_size,
         local_world_size=local, model_rate=getattr(tuning, "target_samples_per_sec", None),

@@ -105,7 +105,8 @@ class NVJPEGCrops:
     ``Resize(eval_resize_size) + CenterCrop``), resized as PIL's bilinear resize of the box.
 
     Crops and flips are drawn on the host from a CPU generator seeded with ``seed``: no device value is read.
-    The images come out grouped by size, their labels with them.
+    The images come out grouped by size, their labels with them. ``device``: where to decode and crop
+    (default: the current CUDA device; on a CPU, torchvision's CPU decoder stands in for nvJPEG).
 
     Example:
         >>> crops = NVJPEGCrops(224, AugmentConfig(), seed=0)  # doctest: +SKIP
@@ -120,13 +121,15 @@ class NVJPEGCrops:
         std: Sequence[float] = IMAGENET_STD,
         *,
         seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         self.image_size, self.augment = int(image_size), augment
+        self.device = None if device is None else torch.device(device)
         self.generator = torch.Generator().manual_seed(int(seed))
         self._norm = GPUAugment(image_size, augment, mean, std)  # its normalization constants, per device
 
     def __call__(self, batch: JPEGBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = self.device or torch.device("cuda", torch.cuda.current_device())
         images = self.decode(batch, device)
         out, order = self.crop(images, device)
         scale, bias = self._norm._norm_constants(device)
@@ -166,7 +169,8 @@ class NVJPEGCrops:
         return boxes, torch.rand(heights.shape[0], generator=self.generator) < a.flip_p
 
     def crop(self, images: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The crops of ``images`` (rounded values, float16 NCHW channels_last) and the order they come in."""
+        """The crops of ``images`` (rounded values, NCHW channels_last, float16 on a GPU) and the order they
+        come in."""
         size = self.image_size
         hw = torch.tensor([[int(t.shape[1]), int(t.shape[2])] for t in images], dtype=torch.float32)
         boxes, flip = self.boxes(hw[:, 0], hw[:, 1])
@@ -177,11 +181,13 @@ class NVJPEGCrops:
         local = boxes.clone()
         local[:, :2] -= region[:, :2].to(torch.float32)
         order = torch.argsort(stored[:, 0] * stored[:, 1], descending=True, stable=True)
+        # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
         parts = []
         for group in order.split(GROUP):
             idx = group.tolist()
             h, w = int(stored[group, 0].max()), int(stored[group, 1].max())
-            canvas = torch.zeros((len(idx), 3, h, w), dtype=torch.float16, device=device)
+            canvas = torch.zeros((len(idx), 3, h, w), dtype=dtype, device=device)
             for row, i in enumerate(idx):
                 x0, y0, x1, y1 = region[i].tolist()
                 src = images[i][:, y0:y1, x0:x1]
@@ -265,4 +271,3 @@ class NVJPEGLoader(ContinuousDataLoader):
 
     def _batches(self) -> Iterator[Any]:
         return _read_jpeg_batches(self)
-
