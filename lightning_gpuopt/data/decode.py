@@ -59,7 +59,7 @@ DECODERS = ("gpu", "cpu")
 RESERVED_THREADS = 2
 #: threads reading JPEG bytes for nvJPEG (and decoding what it cannot) by default
 GPU_READ_THREADS = 4
-#: images of the run's own files the setup measurement decodes
+#: images of the run's own files the setup measurement decodes at least (a training batch's, where more)
 SAMPLE_IMAGES = 64
 _FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
 _LOGGED: set[str] = set()
@@ -167,24 +167,26 @@ def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ decoding
+_TVIO: list[Any] = []  # torchvision.io once looked up (None: it does not import)
+
+
 def _torchvision_io() -> Any | None:
-    """``torchvision.io`` where it imports, else ``None``."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torchvision.io as tvio
-    except Exception:
-        return None
-    return tvio
+    """``torchvision.io`` where it imports, else ``None`` (looked up once)."""
+    if not _TVIO:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import torchvision.io as tvio
+        except Exception:  # not installed, or a build that does not load with this torch
+            tvio = None
+        _TVIO.append(tvio)
+    return _TVIO[0]
 
 
-def _tv_decode(data: bytes | bytearray, device: Any = "cpu") -> torch.Tensor:
+def _tv_decode(data: bytearray) -> torch.Tensor:
     tvio = _torchvision_io()
     assert tvio is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchvision's deprecation of its decoders, once a call
-        return tvio.decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=tvio.ImageReadMode.RGB,
-                                device=device)  # fmt: skip
+    return tvio.decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
 
 
 def _cannot_decode(name: str, err: BaseException) -> ValueError:
@@ -192,7 +194,7 @@ def _cannot_decode(name: str, err: BaseException) -> ValueError:
     return ValueError(f"cannot decode image {name!r} ({type(err).__name__}: {detail[:200]}); {_FIX}")
 
 
-def decode_rgb(data: bytes | bytearray, name: str) -> torch.Tensor:
+def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None) -> torch.Tensor:
     """One whole image as uint8 RGB ``(3, H, W)`` on the CPU: torchvision's ``decode_jpeg`` for a JPEG (PIL's
     pixels, grey and CMYK converted as PIL converts them), else PIL (``layout.to_rgb8``).
 
@@ -200,7 +202,7 @@ def decode_rgb(data: bytes | bytearray, name: str) -> torch.Tensor:
         ValueError: the image cannot be decoded (``name`` is named).
     """
     data = data if isinstance(data, bytearray) else bytearray(data)
-    if _torchvision_io() is not None and jpeg_info(data) is not None:
+    if _torchvision_io() is not None and (info or jpeg_info(data)) is not None:
         try:
             return _tv_decode(data)
         except RuntimeError as err:
@@ -229,7 +231,7 @@ def decode_canvas_fast(data: bytes | bytearray, storage_size: int, out: np.ndarr
         if layout.draft_size(info.width, info.height, target) is None:
             from lightning_gpuopt import _compat
 
-            rgb = decode_rgb(data, name).permute(1, 2, 0).contiguous().numpy()
+            rgb = decode_rgb(data, name, info).permute(1, 2, 0).contiguous().numpy()
             if (rgb.shape[1], rgb.shape[0]) != tuple(target):
                 rgb = _compat.resize_rgb_uint8(rgb, target[1], target[0])
             return layout.place_on_canvas(rgb, storage_size, out)[1]
@@ -345,7 +347,7 @@ class DecodeChoice:
         reason: why, as the setup line says it.
         measured: the rates behind the choice were measured on the run's files (else chosen from the
             options or the machine).
-        cpu_rate_per_thread: images a second one thread decoded, where measured.
+        cpu_rate: images a second the threads decoded together, where measured.
         gpu_rate: images a second nvJPEG decoded and cropped, where measured.
     """
 
@@ -353,57 +355,71 @@ class DecodeChoice:
     threads: int
     reason: str
     measured: bool = False
-    cpu_rate_per_thread: float | None = None
+    cpu_rate: float | None = None
     gpu_rate: float | None = None
 
 
 def choose_jpeg_decoder(
-    *, threads: int, cpu_rate_per_thread: float, gpu_rate: float, model_rate: float | None = None
+    *, threads: int, cpu_rate: float, gpu_rate: float, model_rate: float | None = None
 ) -> tuple[str, str]:
-    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them decode at least ``model_rate`` (what
-    the model trains at, when known; the GPU is then left to the model) or at least what nvJPEG decodes;
-    nvJPEG otherwise.
+    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them, decoding ``cpu_rate`` images a second
+    together, decode at least ``model_rate`` (what the model trains at, when known: the GPU is then left to
+    the model) or at least nvJPEG's ``gpu_rate``; nvJPEG otherwise.
 
     Example:
-        >>> choose_jpeg_decoder(threads=14, cpu_rate_per_thread=300.0, gpu_rate=9000.0)[0]
+        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0)[0]
         'gpu'
-        >>> choose_jpeg_decoder(threads=14, cpu_rate_per_thread=300.0, gpu_rate=9000.0, model_rate=3000.0)[0]
+        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0, model_rate=3000.0)[0]
         'cpu'
     """
-    cpu = threads * cpu_rate_per_thread
-    head = f"{threads} CPU threads x {cpu_rate_per_thread:,.0f} img/s = {cpu:,.0f} img/s"
-    if model_rate is not None and cpu >= model_rate:
+    head = f"{threads} CPU threads {cpu_rate:,.0f} img/s"
+    if model_rate is not None and cpu_rate >= model_rate:
         return (
             "cpu",
             f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at: the GPU is left to it",
         )
-    if gpu_rate > cpu:
+    if gpu_rate > cpu_rate:
         tail = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
         return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{tail}"
     return "cpu", f"{head} >= nvJPEG {gpu_rate:,.0f} img/s"
 
 
-def _sample_indices(n: int, k: int = SAMPLE_IMAGES) -> list[int]:
+def _sample_indices(n: int, k: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, k))})
 
 
 def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, image_size: int,
-                  batch_size: int) -> tuple[float, float]:  # fmt: skip
-    """``(images a second one CPU thread decodes onto canvases, images a second nvJPEG decodes and crops)``,
-    each on ``indices`` of ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``), nvJPEG's batch
-    of up to ``batch_size`` of them after one warm-up batch."""
-    from lightning_gpuopt.data.decode_gpu import NVJPEGCrops, read_jpeg_batch
+                  threads: int) -> tuple[float, float]:  # fmt: skip
+    """``(images a second threads decode onto canvases, images a second nvJPEG decodes and crops)`` on
+    ``indices`` of ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``): ``threads`` threads at
+    once, each reading and decoding its share, as they do in training (the GIL they share included); nvJPEG
+    on all of them as one batch, after one warm-up batch."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    canvas = np.empty(dataset.image_shape, dtype=np.uint8)
-    data = [dataset.jpeg_bytes(i) for i in indices]
-    start = time.perf_counter()
-    for payload, name in data:
-        decode_canvas_fast(payload, int(dataset.storage_size), canvas, name)
-    cpu = len(data) / (time.perf_counter() - start)
+    from lightning_gpuopt.data.decode_gpu import NVJPEGCrops, read_jpeg_batch
     from lightning_gpuopt.data.transforms import AugmentConfig
 
-    crops = NVJPEGCrops(image_size, AugmentConfig(), seed=0)
-    batch = read_jpeg_batch(dataset, list(indices)[:batch_size])
+    size = int(dataset.storage_size)
+
+    def decode_share(share: Sequence[int]) -> None:
+        canvas = np.empty(dataset.image_shape, dtype=np.uint8)
+        for i in share:
+            data, name = dataset.jpeg_bytes(i)
+            decode_canvas_fast(data, size, canvas, name)
+
+    shares = [list(indices)[t::threads] for t in range(threads)]
+    # one intra-op thread a decoding thread, as the loader's reading threads have
+    with ThreadPoolExecutor(threads, "lightning_gpuopt-measure", torch.set_num_threads, (1,)) as pool:
+        start = time.perf_counter()
+        list(pool.map(decode_share, shares))
+        cpu = len(indices) / (time.perf_counter() - start)
+    crops = NVJPEGCrops(image_size, AugmentConfig(), seed=0, device=device)
+    batch = read_jpeg_batch(dataset, indices)
+    if device.type != "cuda":  # torchvision's CPU decoder in nvJPEG's place
+        crops(batch)
+        start = time.perf_counter()
+        crops(batch)
+        return cpu, len(batch) / (time.perf_counter() - start)
     side = torch.cuda.Stream(device)
     with torch.cuda.device(device), torch.cuda.stream(side):
         crops(batch)  # nvJPEG's handle and buffers are made on the first batch
@@ -454,15 +470,15 @@ def resolve_decoder(
         choice = DecodeChoice("gpu", gpu_threads, "DecodeOptions(decoder='gpu')")
     else:
         try:
-            per_thread, gpu = measure_rates(dataset, _sample_indices(len(dataset)), device, image_size,
-                                            batch_size)  # fmt: skip
+            sample = _sample_indices(len(dataset), max(SAMPLE_IMAGES, batch_size))
+            cpu, gpu = measure_rates(dataset, sample, device, image_size, cpu_threads)
         except RuntimeError as err:  # a torchvision built without nvJPEG, or a GPU that refuses it
             return _log(DecodeChoice("cpu", cpu_threads, f"nvJPEG unavailable ({str(err).splitlines()[0]})"))
         decoder, reason = choose_jpeg_decoder(
-            threads=cpu_threads, cpu_rate_per_thread=per_thread, gpu_rate=gpu, model_rate=model_rate
+            threads=cpu_threads, cpu_rate=cpu, gpu_rate=gpu, model_rate=model_rate
         )
         threads = gpu_threads if decoder == "gpu" else cpu_threads
-        choice = DecodeChoice(decoder, threads, reason, True, per_thread, gpu)
+        choice = DecodeChoice(decoder, threads, reason, True, cpu, gpu)
     return _log(choice)
 
 

@@ -50,6 +50,8 @@ __all__ = ["GROUP", "JPEGBatch", "NVJPEGCrops", "NVJPEGLoader", "read_jpeg_batch
 
 #: images resampled together on one canvas (sorted by size, so a canvas carries little padding)
 GROUP = 64
+#: batches of decoded images kept alive at most while the GPU still crops from them
+HELD = 4
 
 
 class JPEGBatch:
@@ -73,17 +75,21 @@ def read_jpeg_batch(dataset: Any, indices: Sequence[int]) -> JPEGBatch:
     data: list[torch.Tensor | None] = []
     decoded: list[torch.Tensor | None] = []
     names, labels = [], []
+    pin = torch.cuda.is_available()  # what the staging thread copies to the GPU, copied without a wait
     for index in indices:
         payload, name = dataset.jpeg_bytes(int(index))
-        if nvjpeg_decodable(jpeg_info(payload)):
+        info = jpeg_info(payload)
+        if nvjpeg_decodable(info):
             data.append(torch.frombuffer(payload, dtype=torch.uint8))
             decoded.append(None)
         else:
             data.append(None)
-            decoded.append(decode_rgb(payload, name))
+            image = decode_rgb(payload, name, info)
+            decoded.append(image.pin_memory() if pin else image)
         names.append(name)
         labels.append(dataset.label(int(index)))
-    return JPEGBatch(data, decoded, torch.tensor(labels, dtype=torch.int64), names)
+    labels_t = torch.tensor(labels, dtype=torch.int64)
+    return JPEGBatch(data, decoded, labels_t.pin_memory() if pin else labels_t, names)
 
 
 def _nvjpeg(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -127,20 +133,27 @@ class NVJPEGCrops:
         self.device = None if device is None else torch.device(device)
         self.generator = torch.Generator().manual_seed(int(seed))
         self._norm = GPUAugment(image_size, augment, mean, std)  # its normalization constants, per device
+        # decoded images a batch's crops still read on the GPU: nvJPEG writes the next batch on a stream of
+        # its own, so their memory must not go back to the allocator before those reads are done
+        self._held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = collections.deque()
 
     def __call__(self, batch: JPEGBatch) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.device or torch.device("cuda", torch.cuda.current_device())
+        while self._held and (len(self._held) > HELD or self._held[0][0].query()):
+            self._held.popleft()[0].synchronize()  # done already, but for the few over HELD
         images = self.decode(batch, device)
         out, order = self.crop(images, device)
         scale, bias = self._norm._norm_constants(device)
-        labels = batch.labels[order].to(device, non_blocking=True)
+        labels = _to(batch.labels[order], device)
+        if device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self._held.append((done, images))
         return _scale_shift(out, scale, bias, torch.float32, torch.channels_last), labels
 
     def decode(self, batch: JPEGBatch, device: torch.device) -> list[torch.Tensor]:
         """Every image of ``batch`` as uint8 ``(3, H, W)`` on ``device``."""
-        out: list[torch.Tensor | None] = [
-            None if t is None else t.to(device, non_blocking=True) for t in batch.decoded
-        ]
+        out: list[torch.Tensor | None] = [None if t is None else _to(t, device) for t in batch.decoded]
         todo = [i for i, d in enumerate(batch.data) if d is not None]
         if todo:
             try:
@@ -158,7 +171,7 @@ class NVJPEGCrops:
         try:
             return _nvjpeg([data], device)[0]
         except RuntimeError:  # decoded on the CPU, or named there when it cannot be decoded at all
-            return decode_rgb(bytearray(data.numpy().tobytes()), batch.names[i]).to(device)
+            return _to(decode_rgb(bytearray(data.numpy().tobytes()), batch.names[i]), device)
 
     def boxes(self, heights: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Crop boxes ``(x0, y0, w, h)`` in each image's pixels and flips, drawn on the host."""
@@ -183,27 +196,34 @@ class NVJPEGCrops:
         order = torch.argsort(stored[:, 0] * stored[:, 1], descending=True, stable=True)
         # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
         dtype = torch.float16 if device.type == "cuda" else torch.float32
+        regions, sideways = region.tolist(), transposed.tolist()
         parts = []
         for group in order.split(GROUP):
             idx = group.tolist()
             h, w = int(stored[group, 0].max()), int(stored[group, 1].max())
             canvas = torch.zeros((len(idx), 3, h, w), dtype=dtype, device=device)
             for row, i in enumerate(idx):
-                x0, y0, x1, y1 = region[i].tolist()
+                x0, y0, x1, y1 = regions[i]
                 src = images[i][:, y0:y1, x0:x1]
-                if transposed[i]:
-                    src = src.transpose(1, 2)
-                canvas[row, :, : src.shape[1], : src.shape[2]].copy_(src)
+                if sideways[i]:
+                    canvas[row, :, : x1 - x0, : y1 - y0].copy_(src.transpose(1, 2))
+                else:
+                    canvas[row, :, : y1 - y0, : x1 - x0].copy_(src)
             meta = torch.cat([stored[group], transposed[group].view(-1, 1).to(torch.int64)], dim=1)
             shrink = float((boxes[group, 2:] / size).max())
             parts.append(resample(
-                canvas, meta.to(torch.int32).to(device, non_blocking=True),
-                local[group].to(device, non_blocking=True),
-                None if flip is None else flip[group].to(device, non_blocking=True),
-                size, band_size(shrink),
+                canvas, _to(meta.to(torch.int32), device), _to(local[group], device),
+                None if flip is None else _to(flip[group], device), size, band_size(shrink),
             ))  # fmt: skip
         out = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=torch.channels_last)
         return out, order
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``, copied from pinned memory so the copy waits for nothing."""
+    if device.type != "cuda":
+        return tensor
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
 
 
 def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:

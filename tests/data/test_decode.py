@@ -238,12 +238,12 @@ def test_decode_options_are_checked_when_made():
 
 # ------------------------------------------------------------------------------------------------- the rule
 def test_the_rule_weighs_the_measured_rates():
-    assert choose_jpeg_decoder(threads=14, cpu_rate_per_thread=300, gpu_rate=9000)[0] == "gpu"
-    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate_per_thread=800, gpu_rate=9000)
-    assert decoder == "cpu" and why == "14 CPU threads x 800 img/s = 11,200 img/s >= nvJPEG 9,000 img/s"
-    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate_per_thread=300, gpu_rate=9000, model_rate=4000)
+    assert choose_jpeg_decoder(threads=14, cpu_rate=4200, gpu_rate=9000)[0] == "gpu"
+    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate=11_200, gpu_rate=9000)
+    assert decoder == "cpu" and why == "14 CPU threads 11,200 img/s >= nvJPEG 9,000 img/s"
+    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate=4200, gpu_rate=9000, model_rate=4000)
     assert decoder == "cpu" and "the rate the model trains at" in why  # CPU threads keep up: GPU left alone
-    decoder, why = choose_jpeg_decoder(threads=6, cpu_rate_per_thread=300, gpu_rate=9000, model_rate=4000)
+    decoder, why = choose_jpeg_decoder(threads=6, cpu_rate=1800, gpu_rate=9000, model_rate=4000)
     assert decoder == "gpu" and why.endswith("< 4,000 img/s the model trains at")
 
 
@@ -252,9 +252,9 @@ def test_resolve_measures_on_a_cuda_device_and_says_so(tmp_path, monkeypatch, ca
     cuda = torch.device("cuda", 0)
     seen = []
 
-    def rates(dataset, indices, device, image_size, batch_size):  # type: ignore[no-untyped-def]
-        seen.append((len(indices), device, image_size, batch_size))
-        return 500.0, 20_000.0
+    def rates(dataset, indices, device, image_size, threads):  # type: ignore[no-untyped-def]
+        seen.append((len(indices), device, image_size, threads))
+        return 1500.0, 20_000.0
 
     monkeypatch.setattr(decode, "measure_rates", rates)
     monkeypatch.setattr(decode, "_torchvision_io", lambda: object())
@@ -263,9 +263,9 @@ def test_resolve_measures_on_a_cuda_device_and_says_so(tmp_path, monkeypatch, ca
             DecodeOptions(threads=3), folder, device=cuda, image_size=224, batch_size=256
         )
     assert (choice.decoder, choice.threads, choice.measured, choice.gpu_rate) == ("gpu", 3, True, 20_000.0)
-    assert seen == [(len(folder), cuda, 224, 256)]  # every image of a small folder is the sample
+    assert seen == [(len(folder), cuda, 224, 3)]  # every image of a small folder is the sample
     assert any(
-        "(decoder='gpu', measured): nvJPEG 20,000 img/s > 3 CPU threads" in r.getMessage()
+        "(decoder='gpu', measured): nvJPEG 20,000 img/s > 3 CPU threads 1,500 img/s" in r.getMessage()
         for r in caplog.records
     )
     slow = resolve_decoder(DecodeOptions(threads=3), folder, device=cuda, image_size=224, batch_size=256,
@@ -398,6 +398,13 @@ def test_a_batch_through_the_nvjpeg_path_with_torchvisions_cpu_decoder(tmp_path)
                  for p in paths if folder.label(paths.index(p)) == label]  # fmt: skip
         by_label[label].append(min(dists))
     assert max(max(v) for v in by_label.values()) <= 1.0 and len(by_label[0]) == len(by_label[1]) == 6
+
+
+@needs_torchvision
+def test_both_rates_are_measured_on_the_runs_own_files(tmp_path):
+    folder = ThreadDecodedFolder(_mixed_folder(tmp_path / "f", n=12), size=40, threads=2)
+    cpu, gpu = decode.measure_rates(folder, list(range(12)), torch.device("cpu"), 24, threads=2)
+    assert cpu > 0 and gpu > 0  # on a CPU, torchvision's CPU decoder stands in for nvJPEG
 
 
 def test_an_image_nvjpeg_refuses_is_decoded_on_the_cpu_and_a_broken_one_named(monkeypatch):
