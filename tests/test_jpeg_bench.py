@@ -14,13 +14,23 @@ from tests.test_benchmarks import load
 def test_quick_run_writes_the_rows(tmp_path):
     jpeg = load("jpeg.py")
     out = tmp_path / "jpeg.json"
-    rows = "ours_folder,compact_store_cold,decode_limit,loader_cpu_workers"
+    rows = "ours_folder,ours_jpeg_store,ours_folder_dali,compact_store_cold,decode_limit,loader_cpu_workers"
     assert jpeg.main(["--quick", "--only", rows, "--repeats", "1", "--data", str(tmp_path / "data"),
                       "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     by_name = {r["name"]: r for r in doc["rows"]}
     assert set(by_name) == {"ceiling_compiled", *rows.split(",")}
-    assert all(by_name[n]["samples_per_sec"] > 0 for n in by_name)
+    assert all(by_name[n]["samples_per_sec"] > 0 for n in by_name), doc["rows"]
+    images = doc["images"]
+    assert (images["count"], images["width_min"], images["width_max"], images["grayscale"], images["cmyk"]) == (
+        64, 96, 96, 0, 0) and doc["date"]  # fmt: skip
+    for name in ("ours_folder", "ours_jpeg_store", "ours_folder_dali"):
+        row = by_name[name]
+        assert row["decoder"] and row["loader_alone_per_sec"] > 0 and row["loader_alone_cpu_cores"] > 0, row
+        assert all(r["of_compiled_ceiling"] > 0 for r in row["repeats"]) and row["p90_ms"] >= row["p50_ms"], row
+        assert row["dali_importable"] is (name == "ours_folder_dali"), row  # the others run as without DALI
+    assert by_name["ours_folder"]["decoder"] == "CPU, 1 thread of the training process"
+    assert by_name["ours_folder_dali"]["backend"] == "dali" and by_name["ours_jpeg_store"]["backend"] == "hdf5"
     assert doc["source_bytes_per_image"] > 0 and doc["quick"] is True
     store = by_name["compact_store_cold"]
     assert 0 < store["bytes_per_image"] and store["of_compiled_ceiling"] > 0

@@ -2,8 +2,9 @@
 
 The images look like ImageNet's to a decoder, so that decoding costs what it costs on real data. By default
 (``image_size="imagenet"``) each image's size, orientation and mode are drawn from a distribution like
-ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects), the rest
-with a shorter side spread from 300 to 800 px, a quarter portrait, and a few grey and CMYK JPEGs. A fixed
+ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects up to 2:1),
+the rest with a shorter side spread from 200 to 800 px, widths from 200 to 1,000 px, a quarter portrait,
+and a few grey and CMYK JPEGs. A fixed
 ``image_size=(width, height)`` gives every image that size, in RGB. The content is photo-like: smooth colour
 fields (which JPEG compresses well), a few sharp-edged shapes, and per-pixel texture whose strength varies
 across the image (which JPEG does not compress). Each class has its own hue, so a model can learn the labels.
@@ -35,6 +36,8 @@ _CAPPED_LONG, _CAPPED_SHARE = 500, 0.55
 #: aspect ratios (long / short) and their weights; the last entry stands for a continuous spread
 _ASPECTS = ((4 / 3, 0.6), (3 / 2, 0.2), (1.0, 0.06), (16 / 9, 0.04), (None, 0.1))
 _PORTRAIT_SHARE = 0.25
+#: the sides ``imagenet_like`` draws from: widths (and heights) 200 to 1,000 px, aspect ratios 0.5 to 2
+SIDE_RANGE = (200, 1000)
 
 
 class ImageSpec(NamedTuple):
@@ -49,10 +52,11 @@ def imagenet_like(seed: int, index: int) -> ImageSpec:
     """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``).
 
     Drawn from a distribution like ImageNet's: with probability 0.55 the long side is 500 px (ImageNet's
-    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 300-800.
-    The aspect ratio is 4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images
-    are portrait. ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same ``(seed, index)``
-    always gives the same spec, whatever the folder's size.
+    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 200-800,
+    and the long side at most 1,000 px (``SIDE_RANGE``: widths from 200 to 1,000 px). The aspect ratio is
+    4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images are portrait (width /
+    height from 0.5 to 2 in all). ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same
+    ``(seed, index)`` always gives the same spec, whatever the folder's size.
     """
     rng = np.random.default_rng((seed, index, 0x1A6E))
     weights = np.array([w for _, w in _ASPECTS])
@@ -62,8 +66,10 @@ def imagenet_like(seed: int, index: int) -> ImageSpec:
         long_side = _CAPPED_LONG
         short = round(long_side / aspect)
     else:
-        short = int(np.clip(round(400 * np.exp(rng.normal(0.0, 0.25))), 300, 800))
+        short = int(np.clip(round(400 * np.exp(rng.normal(0.0, 0.25))), SIDE_RANGE[0], 800))
         long_side = round(short * aspect)
+        if long_side > SIDE_RANGE[1]:
+            long_side, short = SIDE_RANGE[1], round(SIDE_RANGE[1] / aspect)
     portrait = rng.random() < _PORTRAIT_SHARE
     width, height = (short, long_side) if portrait else (long_side, short)
     u = rng.random()
@@ -202,6 +208,8 @@ def make_jpeg_folder(
         "seed": seed,
         "format": image_format,
     }
+    if image_size == IMAGENET:
+        spec["sides"] = list(SIDE_RANGE)  # the size distribution ``imagenet_like`` draws from
     manifest = root / _MANIFEST
     if manifest.is_file():
         if json.loads(manifest.read_text()).get("spec") == spec:
