@@ -33,7 +33,7 @@ def test_quick_run_writes_the_rows(tmp_path):
     assert by_name["ours_folder_dali"]["backend"] == "dali" and by_name["ours_jpeg_store"]["backend"] == "hdf5"
     assert doc["source_bytes_per_image"] > 0 and doc["quick"] is True
     store = by_name["compact_store_cold"]
-    assert 0 < store["bytes_per_image"] and store["of_compiled_ceiling"] > 0
+    assert store["bytes_per_image"] > 0 and store["of_compiled_ceiling"] > 0
     assert by_name["ours_folder"]["bytes_per_image"] == doc["source_bytes_per_image"]
     cpu_loader = by_name["loader_cpu_workers"]
     assert cpu_loader["of_decode_limit"] == cpu_loader["samples_per_sec"] / by_name["decode_limit"]["samples_per_sec"]

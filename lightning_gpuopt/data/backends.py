@@ -416,7 +416,7 @@ def choose_backend(
     """
     chosen = resolve_backend(backend, paths)
     if decode is not None:
-        return _decoded(chosen, backend, paths.get("train"), decode)
+        return _decoded(chosen, backend, paths.get("train"), decode, num_workers)
     if backend != "auto":
         return chosen, None
     if own_datasets:
@@ -454,7 +454,9 @@ def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tu
     )
 
 
-def _decoded(chosen: Backend, backend: str, train: str | None, decode: Any) -> tuple[Backend, str | None]:
+def _decoded(
+    chosen: Backend, backend: str, train: str | None, decode: Any, num_workers: Any
+) -> tuple[Backend, str | None]:
     """The in-process decoding ``decode=DecodeOptions(...)`` asks for, on a folder or a JPEG store."""
     from lightning_gpuopt.data.decode_backend import (
         DecodedFolderBackend,
@@ -464,6 +466,10 @@ def _decoded(chosen: Backend, backend: str, train: str | None, decode: Any) -> t
     from lightning_gpuopt.data.hdf5 import _is_jpeg_store
 
     check_decode_options(decode)
+    check_arg(
+        num_workers == "auto", "num_workers", num_workers, "'auto' with decode=DecodeOptions(...): the training "
+        "process decodes with threads, not worker processes", "set the threads with DecodeOptions(threads=...)",
+    )  # fmt: skip
     why = None if backend != "auto" else "decode=DecodeOptions(...): the training process decodes the JPEGs"
     if isinstance(chosen, FolderBackend):
         return DecodedFolderBackend(decode), why

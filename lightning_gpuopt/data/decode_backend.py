@@ -2,7 +2,7 @@
 
 ``DecodedFolderBackend`` and ``DecodedStoreBackend`` are the folder and HDF5 backends with datasets read by
 threads of the training process (``ThreadDecodedFolder``, ``ThreadDecodedStore``) instead of worker
-processes. ``setup("fit")`` settles where the training split is decoded (``decode.resolve_decoder``: nvJPEG
+processes. ``setup("fit")`` settles where the training split is decoded (``decode_choice.resolve_decoder``: nvJPEG
 or the CPU threads, one line on rank zero; under DDP every rank of a node takes its local rank zero's
 choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``. Evaluation splits, and training on
 the CPU threads, go through the host backends' loaders: canvases in pinned memory, cropped by ``GPUAugment``.
@@ -20,13 +20,12 @@ from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.data.backends import FolderBackend, HDF5Backend, HostBackend, Owner
 from lightning_gpuopt.data.decode import (
-    DecodeChoice,
     DecodeOptions,
     ThreadDecodedFolder,
     ThreadDecodedStore,
     default_decode_threads,
-    resolve_decoder,
 )
+from lightning_gpuopt.data.decode_choice import DecodeChoice, resolve_decoder
 
 __all__ = ["DecodedFolderBackend", "DecodedStoreBackend", "check_decode_options"]
 

@@ -17,20 +17,20 @@ from PIL import Image
 
 import lightning_gpuopt.data.backends as backends
 import lightning_gpuopt.data.decode as decode
+import lightning_gpuopt.data.decode_choice as decode_choice
 from lightning_gpuopt import OptimizedDataModule
 from lightning_gpuopt._common import eval_resize_size
 from lightning_gpuopt.data.decode import (
     DecodeOptions,
     ThreadDecodedFolder,
     ThreadDecodedStore,
-    choose_jpeg_decoder,
     decode_canvas_fast,
     decode_rgb,
     jpeg_info,
     nvjpeg_decodable,
-    resolve_decoder,
 )
 from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
+from lightning_gpuopt.data.decode_choice import choose_jpeg_decoder, resolve_decoder
 from lightning_gpuopt.data.decode_gpu import JPEGBatch, NVJPEGCrops, read_jpeg_batch
 from lightning_gpuopt.data.folder import UInt8ImageFolder
 from lightning_gpuopt.data.transforms import AugmentConfig
@@ -256,7 +256,7 @@ def test_resolve_measures_on_a_cuda_device_and_says_so(tmp_path, monkeypatch, ca
         seen.append((len(indices), device, image_size, threads))
         return 1500.0, 20_000.0
 
-    monkeypatch.setattr(decode, "measure_rates", rates)
+    monkeypatch.setattr(decode_choice, "measure_rates", rates)
     monkeypatch.setattr(decode, "_torchvision_io", lambda: object())
     with caplog.at_level(logging.INFO):
         choice = resolve_decoder(
@@ -403,7 +403,7 @@ def test_a_batch_through_the_nvjpeg_path_with_torchvisions_cpu_decoder(tmp_path)
 @needs_torchvision
 def test_both_rates_are_measured_on_the_runs_own_files(tmp_path):
     folder = ThreadDecodedFolder(_mixed_folder(tmp_path / "f", n=12), size=40, threads=2)
-    cpu, gpu = decode.measure_rates(folder, list(range(12)), torch.device("cpu"), 24, threads=2)
+    cpu, gpu = decode_choice.measure_rates(folder, list(range(12)), torch.device("cpu"), 24, threads=2)
     assert cpu > 0 and gpu > 0  # on a CPU, torchvision's CPU decoder stands in for nvJPEG
 
 
