@@ -60,8 +60,12 @@ class _DecodesInProcess(HostBackend):
         dataset = dm._dataset(split) if split == "train" else None
         if self.choice is None or self.choice.decoder != "gpu" or not hasattr(dataset, "jpeg_bytes"):
             return super().loader(dm, split)
+        import warnings
+
         from lightning_gpuopt.data.decode_gpu import NVJPEGCrops, NVJPEGLoader
 
+        # Lightning's "does not have many workers": threads of this process read this loader
+        warnings.filterwarnings("ignore", message="The 'train_dataloader' does not have many workers")
         crops = NVJPEGCrops(dm.image_size, dm.augment, dm.mean, dm.std, seed=dm._stage_seed)  # type: ignore[attr-defined]
         return NVJPEGLoader(
             dataset, batch_size=dm.batch_size, shuffle=True, drop_last=True, pin_memory=True,

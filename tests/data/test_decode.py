@@ -456,8 +456,9 @@ def test_nvjpeg_pixels_are_pils_within_a_tolerance(tmp_path):
 
 @pytest.mark.gpu
 def test_decoding_never_makes_the_training_stream_wait(tmp_path):
-    """A long kernel queued on the training stream is still running when a batch has been decoded, cropped
-    and handed over: nothing on the way synchronized that stream (or the device)."""
+    """A long kernel queued on the training stream is still running when batches read, decoded, cropped and
+    handed over after it was queued have arrived: nothing on the way synchronized that stream (or the
+    device)."""
     pytest.importorskip("torchvision")
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
@@ -467,12 +468,14 @@ def test_decoding_never_makes_the_training_stream_wait(tmp_path):
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
-    batches = iter(loader)
-    next(batches)  # nvJPEG made its handle: the first batch is not the one timed
+    assert type(loader).__name__ == "NVJPEGLoader"
+    batches = iter(loader)  # two batches a pass; the loader goes on into the next passes
+    next(batches)  # nvJPEG made its handle: the first batch is not the one checked
     training = torch.cuda.current_stream()
-    torch.cuda._sleep(int(5e9))  # seconds of GPU time on the training stream
-    images, labels = next(batches)
-    assert not training.query(), "handing over a batch waited for the training stream"
+    torch.cuda._sleep(int(1e10))  # seconds of GPU time on the training stream
+    for _ in range(4):  # more than the staging thread keeps ready: decoded after the sleep was queued
+        images, labels = next(batches)
+    assert not training.query(), "decoding or handing over a batch waited for the training stream"
     assert images.shape == (32, 3, 224, 224) and images.is_contiguous(memory_format=torch.channels_last)
     assert labels.is_cuda and images.dtype == torch.float32
     torch.cuda.synchronize()
