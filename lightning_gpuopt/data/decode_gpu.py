@@ -98,11 +98,7 @@ def _nvjpeg(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
         raise ModuleNotFoundError(
             "decoding JPEGs on the GPU needs torchvision: pip install 'lightning-gpuopt[vision]'"
         )
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchvision's deprecation of its decoders
-        return list(tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=device))
+    return list(tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=device))
 
 
 class NVJPEGCrops:
