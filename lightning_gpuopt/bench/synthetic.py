@@ -207,9 +207,8 @@ def make_jpeg_folder(
         "texture": texture,
         "seed": seed,
         "format": image_format,
+        **({"sides": list(SIDE_RANGE)} if image_size == IMAGENET else {}),  # ``imagenet_like``'s sizes
     }
-    if image_size == IMAGENET:
-        spec["sides"] = list(SIDE_RANGE)  # the size distribution ``imagenet_like`` draws from
     manifest = root / _MANIFEST
     if manifest.is_file():
         if json.loads(manifest.read_text()).get("spec") == spec:
@@ -316,3 +315,29 @@ def cached_jpeg_folder(
     make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
     say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
+
+
+def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
+    frame headers), ``width_min``/``width_max``, ``height_min``/``height_max``, ``aspect_min``/``aspect_max``
+    (width / height), ``grayscale`` and ``cmyk`` (1 and 4 components) and ``progressive`` (not baseline).
+
+    Example:
+        >>> describe_images(sorted(make_jpeg_folder("/tmp/j", 8, 2).rglob("*.jpg")))["count"]  # doctest: +SKIP
+        8
+    """
+    from lightning_gpuopt.data.decode import jpeg_info
+
+    infos = []
+    for path in paths:
+        with open(path, "rb") as fh:
+            infos.append(jpeg_info(fh.read(1 << 16)))
+    ok = [i for i in infos if i is not None]
+    widths, heights, aspects = [i.width for i in ok], [i.height for i in ok], [i.width / i.height for i in ok]
+    return {
+        "count": len(infos), "jpeg": len(ok), "width_min": min(widths, default=None),
+        "width_max": max(widths, default=None), "height_min": min(heights, default=None),
+        "height_max": max(heights, default=None), "aspect_min": min(aspects, default=None),
+        "aspect_max": max(aspects, default=None), "grayscale": sum(i.components == 1 for i in ok),
+        "cmyk": sum(i.components == 4 for i in ok), "progressive": sum(not i.baseline for i in ok),
+    }  # fmt: skip
