@@ -216,11 +216,8 @@ class ParityClassifier(pl.LightningModule):
 # ------------------------------------------------------------------------------------------------ rows
 def nvjpeg_unavailable() -> str | None:
     """Why the nvJPEG row cannot run here, or ``None`` when it can."""
-    if not torch.cuda.is_available():
-        return "nvJPEG needs a CUDA GPU"
-    if not torchvision_available():
-        return "nvJPEG decoding needs torchvision"
-    return None
+    ok = torch.cuda.is_available() and torchvision_available()
+    return None if ok else "nvJPEG needs a CUDA GPU and torchvision"
 
 
 def dali_unavailable() -> str | None:
@@ -284,24 +281,19 @@ def train_once(
         loaders = _reference_loaders(data["train"], data["val"], cfg, centre_square=row == CONTROL)
         start = time.perf_counter()
         trainer.fit(model, *loaders)
-    elif row in DECODE_ROWS:
+    else:
         from lightning_gpuopt import DecodeOptions
 
-        dm = OptimizedDataModule(
-            data["train"], data["val"], batch_size=cfg.batch_size, image_size=cfg.image_size,
-            decode=DecodeOptions(decoder=DECODE_ROWS[row], threads=max(1, cfg.workers)),
-        )  # fmt: skip
-        start = time.perf_counter()
-        trainer.fit(model, datamodule=dm)
-    else:
         h5 = row == "hdf5"
+        # the decode rows: the folder decoded in the training process, on cfg.workers threads (at least one)
+        how = {"decode": DecodeOptions(decoder=DECODE_ROWS[row], threads=max(1, cfg.workers))} if row in \
+            DECODE_ROWS else {"backend": row, "num_workers": cfg.workers}  # fmt: skip
         dm = OptimizedDataModule(
             data["train_h5" if h5 else "train"],
             data["val_h5" if h5 else "val"],
-            backend=row,
             batch_size=cfg.batch_size,
-            num_workers=cfg.workers,
             image_size=cfg.image_size,
+            **how,
         )
         start = time.perf_counter()
         trainer.fit(model, datamodule=dm)

@@ -48,7 +48,7 @@ from peers import feed_torchvision_v2, files_of, folder_bytes
 
 from lightning_gpuopt import DecodeOptions
 from lightning_gpuopt._common import available_cpus
-from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.measure import cpu_seconds, write_results
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
 from lightning_gpuopt.bench.synthetic import describe_images, make_jpeg_folder
 from lightning_gpuopt.data.backends import dali_installed
@@ -75,14 +75,6 @@ def dali_hidden() -> Iterator[None]:
         del sys.modules["nvidia.dali"]
         if saved is not None:
             sys.modules["nvidia.dali"] = saved
-
-
-def dali_importable() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
@@ -125,14 +117,11 @@ def describe_feed(loader: Any, dm: Any) -> dict[str, Any]:
         out.update(decoder_reason=choice.reason, decoder_measured=choice.measured, decode_cpu_rate=choice.cpu_rate,
                    decode_gpu_rate=choice.gpu_rate)
     n = getattr(feed, "threads", None) or getattr(loader, "num_workers", 0)
-    if feed is None:
-        out["decoder"] = f"torchvision decode_image, {n} worker processes"
-    elif feed.backend == "dali":
-        out["decoder"] = "DALI nvJPEG" if feed.decoder == "gpu" else f"DALI CPU, {n} threads"
-    elif feed.decoder == "gpu":
-        out["decoder"] = f"torchvision nvJPEG, {n} reading threads"
-    else:
-        out["decoder"] = f"CPU, {n} threads of the training process" if feed.threads else f"CPU, {n} workers"
+    dali = getattr(feed, "backend", None) == "dali"
+    out["decoder"] = (f"torchvision decode_image, {n} worker processes" if feed is None
+                      else ("DALI nvJPEG" if dali else f"torchvision nvJPEG, {n} reading threads")
+                      if feed.decoder == "gpu" else f"{'DALI ' if dali else ''}CPU, {n} threads"
+                      if feed.threads else f"CPU, {n} worker processes")  # fmt: skip
     return out
 
 
@@ -155,7 +144,7 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
             feed, recorder = make_feed(name, args, info), FeedRecorder()
             if (dm := feed.get("datamodule")) is not None:
                 info.setdefault("backend", {})[name] = [dm.backend, dm.backend_reason]
-            info.setdefault("dali_importable", {})[name] = dali_importable()
+            info.setdefault("dali_importable", {})[name] = dali_installed()
             try:
                 m = measured_fit(model, args.warmup, args.steps, device=args.device, callbacks=[recorder],
                                  compile=args.device == "cuda", settle=True, **feed)
@@ -166,18 +155,6 @@ def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict
                 free()
 
     return go
-
-
-def cpu_seconds() -> float:
-    """CPU seconds this process and its children (loader workers) have used so far."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += sum(child.cpu_times()[:2])
-    return total
 
 
 def loader_alone(name: str, args: argparse.Namespace, info: dict[str, Any]) -> tuple[float, float]:
