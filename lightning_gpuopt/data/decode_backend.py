@@ -27,7 +27,7 @@ from lightning_gpuopt.data.decode import (
 )
 from lightning_gpuopt.data.decode_choice import DecodeChoice, resolve_decoder
 
-__all__ = ["DecodedFolderBackend", "DecodedStoreBackend", "check_decode_options"]
+__all__ = ["DecodedFolderBackend", "DecodedHostBackend", "DecodedStoreBackend", "check_decode_options"]
 
 
 def check_decode_options(decode: Any) -> None:
@@ -38,9 +38,15 @@ def check_decode_options(decode: Any) -> None:
     )  # fmt: skip
 
 
-class _DecodesInProcess(HostBackend):
-    """What both in-process backends share: the options, the choice settled at ``setup("fit")`` and the
-    training loader it asks for."""
+class DecodedHostBackend(HostBackend):
+    """What both in-process backends share: the options (``decode``), the choice settled at ``setup("fit")``
+    (``choice``, a ``decode_choice.DecodeChoice``) and the training loader it asks for: an
+    ``decode_gpu.NVJPEGLoader`` for nvJPEG, else the host backends' loader over the decoding threads.
+
+    Example:
+        >>> DecodedFolderBackend(DecodeOptions(decoder="cpu")).decode
+        DecodeOptions(decoder='cpu', threads=None)
+    """
 
     def __init__(self, decode: DecodeOptions | None = None) -> None:
         check_decode_options(decode)
@@ -114,7 +120,7 @@ def _settled(dm: Any, options: DecodeOptions, train: Any) -> DecodeChoice:
     return choice
 
 
-class DecodedFolderBackend(_DecodesInProcess, FolderBackend):
+class DecodedFolderBackend(DecodedHostBackend, FolderBackend):
     """Class-per-subfolder image folders decoded in the training process: nvJPEG on the GPU for training, or
     threads of the process (``ThreadDecodedFolder``).
 
@@ -129,7 +135,7 @@ class DecodedFolderBackend(_DecodesInProcess, FolderBackend):
         return ThreadDecodedFolder(path, storage_size, on_corrupt, skip_log, threads=self._threads())
 
 
-class DecodedStoreBackend(_DecodesInProcess, HDF5Backend):
+class DecodedStoreBackend(DecodedHostBackend, HDF5Backend):
     """A compact JPEG store decoded in the training process (``ThreadDecodedStore``); a raw store among its
     splits is read as ``HDF5Backend`` reads it.
 
