@@ -93,7 +93,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         test_dir: test folder or HDF5 file.
         predict_dir: prediction folder or HDF5 file.
         backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``; folders -> ``"dali"`` on a machine with
-            a CUDA GPU and DALI installed, else ``"folder"``: ``backends.choose_backend``, logged with its
+            a CUDA GPU and DALI installed, else ``"folder"``, JPEG folders and JPEG stores decoded in the training
+            process on a CUDA machine without DALI (``decode``): ``backends.choose_backend``, logged with its
             reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"``
             (DALI decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the
             resolved name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
