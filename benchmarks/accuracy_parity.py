@@ -10,6 +10,9 @@ The same small network is trained from scratch on the same data, with the same r
 * ``folder``, ``hdf5``, ``dali``: ``OptimizedDataModule`` with its defaults for that backend (the HDF5 file
   made by ``convert_folder_to_hdf5`` from the same folder). ``dali`` runs wherever ``nvidia.dali`` imports (a
   CPU pipeline on a CPU run); elsewhere its row says why it did not;
+* ``threads``, ``nvjpeg``: the folder decoded in the training process without DALI
+  (``DecodeOptions(decoder="cpu")``: threads onto canvases, ``"gpu"``: nvJPEG and crops from the whole image on
+  the GPU); ``nvjpeg`` runs where a CUDA GPU and torchvision are, elsewhere its row says why it did not;
 * ``centre-square`` (border set only): a control, the reference's transforms applied to each training image's
   centre square, as a pipeline that stores square images would train.
 
@@ -57,7 +60,9 @@ from _parity_data import (
 
 from lightning_gpuopt._common import cache_dir, eval_resize_size, format_table
 
-ROWS = ("reference", "folder", "hdf5", "dali")
+ROWS = ("reference", "folder", "hdf5", "dali", "threads", "nvjpeg")
+#: rows decoded in the training process, and the decoder each asks for
+DECODE_ROWS = {"threads": "cpu", "nvjpeg": "gpu"}
 #: a control on the border set: the reference's transforms on each training image's centre square only
 CONTROL = "centre-square"
 #: the package's code the rows run (relative to this folder), for the results' ``commit``
@@ -209,6 +214,12 @@ class ParityClassifier(pl.LightningModule):
 
 
 # ------------------------------------------------------------------------------------------------ rows
+def nvjpeg_unavailable() -> str | None:
+    """Why the nvJPEG row cannot run here, or ``None`` when it can."""
+    ok = torch.cuda.is_available() and torchvision_available()
+    return None if ok else "nvJPEG needs a CUDA GPU and torchvision"
+
+
 def dali_unavailable() -> str | None:
     """Why the DALI row cannot run here, or ``None`` when it can."""
     try:
@@ -271,14 +282,18 @@ def train_once(
         start = time.perf_counter()
         trainer.fit(model, *loaders)
     else:
+        from lightning_gpuopt import DecodeOptions
+
         h5 = row == "hdf5"
+        # the decode rows: the folder decoded in the training process, on cfg.workers threads (at least one)
+        how = {"decode": DecodeOptions(decoder=DECODE_ROWS[row], threads=max(1, cfg.workers))} if row in \
+            DECODE_ROWS else {"backend": row, "num_workers": cfg.workers}  # fmt: skip
         dm = OptimizedDataModule(
             data["train_h5" if h5 else "train"],
             data["val_h5" if h5 else "val"],
-            backend=row,
             batch_size=cfg.batch_size,
-            num_workers=cfg.workers,
             image_size=cfg.image_size,
+            **how,
         )
         start = time.perf_counter()
         trainer.fit(model, datamodule=dm)
@@ -380,7 +395,8 @@ def run_parity(
     data = prepare_data(dataset, cfg, size, data_dir, rows)
     num_classes = sum(1 for d in data["train"].iterdir() if d.is_dir())
     out_rows: list[dict[str, Any]] = []
-    skipped = {row: why for row in rows if row == "dali" and (why := dali_unavailable()) is not None}
+    unavailable = {"dali": dali_unavailable, "nvjpeg": nvjpeg_unavailable}
+    skipped = {row: why for row in rows if row in unavailable and (why := unavailable[row]()) is not None}
     runnable = [r for r in rows if r not in skipped]
     fits = [(row, seed) for row in runnable for seed in cfg.seeds]
     done = _run_fits(fits, data, num_classes, cfg)

@@ -1,184 +1,179 @@
-"""JPEGs at full speed: the folder backend and the stores against torchvision v2 and the host's decode limit.
+"""JPEGs at full speed: a JPEG folder and the compact JPEG store against the compiled plain loop and
+torchvision v2, without DALI and with it.
 
-The same generated ImageNet-like JPEGs (``make_jpeg_folder``: sizes and aspects spread as ImageNet's, a few
-grey and CMYK images) feed one ``UserClassifier`` (torchvision's ResNet-50, its own SGD) through
-``Trainer(**fast_trainer_kwargs(model, compile=True, max_epochs=-1))``; rows and the compiled plain loop
-take turns ``--repeats`` times, each repetition one fit timed by a CUDA event at every batch end after
-``--warmup`` steps (``peers.py``'s measurement). Rows that train:
+The same generated ImageNet-like JPEGs (``make_jpeg_folder``: widths 200 to 1,000 px, aspect ratios 0.5 to 2,
+about 2 % grey and 2 % CMYK; the file's ``images`` says what was generated) feed one ``UserClassifier``
+(torchvision's ResNet-50, its own SGD) through ``Trainer(**fast_trainer_kwargs(model, compile=True,
+max_epochs=-1))``; rows and the compiled plain loop take turns ``--repeats`` times, each repetition one fit
+timed by a CUDA event at every batch end after ``--warmup`` steps (``peers.py``'s measurement). Rows (the
+default run: the first four):
 
-    ours_folder          OptimizedDataModule("train/"), the default backend ("auto": DALI with a CUDA GPU and
-                         DALI installed, else whole-batch worker processes; the row records which)
-    ours_folder_cpu_decode, ours_folder_gpu_decode   the same with ``DALIOptions(decoder="cpu")`` (DALI's
-                         CPU threads) or ``"gpu"`` (nvJPEG): either decoder, whatever the default picks;
-                         ``ours_folder_cpu_decode:16`` with 16 DALI threads (several counts can share a run)
+    ours_folder          OptimizedDataModule("train/") with ``nvidia.dali`` unimportable in this process while
+                         the row runs (``dali_hidden``), as the README's install has it: the training process
+                         decodes (nvJPEG or CPU threads, measured at setup)
+    ours_jpeg_store      OptimizedDataModule("train_256_jpeg.h5") (``convert --format jpeg``), DALI unimportable
+    ours_folder_dali     OptimizedDataModule("train/") with DALI importable: ``backend="auto"`` takes DALI
     torchvision_v2       peers.py's torchvision row (``decode_jpeg`` + ``transforms.v2`` on uint8, workers)
-    raw_store_cold       OptimizedDataModule("train.h5") (``convert --format raw``) with its file evicted from
-                         the page cache every ``--evict-every`` seconds while it trains (a store bigger than
-                         memory): ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the file and ``madvise
-                         (MADV_DONTNEED)`` on the store's memory map
-    compact_store_warm   OptimizedDataModule("train_jpeg.h5") (``convert --format jpeg``, the default backend:
-                         DALI decodes its training batches where it would a folder's), page cache warm
-    compact_store_cold   the same store evicted as ``raw_store_cold``
+    ours_folder_threads, ours_folder_nvjpeg   the folder with ``DecodeOptions(decoder="cpu")`` or ``"gpu"``
+    ours_jpeg_store_dali the JPEG store with DALI importable
+    decode_limit         no model: the same files decoded to RGB by one process a CPU (PIL), the host's limit
 
-Rows with no model (images a second, median of ``--repeats``, spread beside):
+Each training row records ``decoder`` (what decoded it) and ``decoder_reason``, the CPU cores used while it
+trained (``cpu_main_cores``, ``cpu_loader_cores``) and, after the turns, its loader alone onto the GPU
+(``loader_alone_per_sec``, past ``--warmup`` batches) with the cores the process and its workers used
+meanwhile (``loader_alone_cpu_cores``). DALI's decoders and the folder's worker processes alone: ``feeds.py``;
+stores from a cold page cache: ``stores.py``.
 
-    decode_limit         the same JPEG files decoded to RGB by one process a CPU, nothing else: the host's limit
-    loader_cpu_threads   the DALI backend decoding on its CPU threads (``DALIOptions(decoder="cpu")``) alone
-    loader_cpu_workers   the folder backend's training loader alone onto the GPU (its worker processes)
-    loader_gpu_decode    the DALI backend with nvJPEG (``DALIOptions(decoder="gpu")``) alone; skipped without DALI
-
-Cold rows carry ``disk_read_bytes_per_image`` (what the block devices read over the images trained: about
-``bytes_per_image`` when the eviction kept the store out of memory); ``disk_read_gbps_o_direct`` (2 GiB read
-with ``O_DIRECT``: the disk's own rate) and the JPEGs' ``source_bytes_per_image`` are at the top of the JSON.
-
-    python3 benchmarks/jpeg.py --only ours_folder,torchvision_v2,decode_limit,loader_cpu_threads,\
-        loader_cpu_workers,loader_gpu_decode --out a.json                # one GPU host: about 7 minutes
-    python3 benchmarks/jpeg.py --only raw_store_cold,compact_store_warm,compact_store_cold --out b.json
-    python3 benchmarks/peers.py merge a.json b.json --out merged.json  # all: > 10 min
-    python3 benchmarks/jpeg.py --quick                                   # a CPU smoke run
+    python3 benchmarks/jpeg.py --loader-batches 10       # the default rows on one GPU host: about 7 minutes
+    python3 benchmarks/jpeg.py --quick                   # a CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import mmap
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
 from _user import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
-from stores import evict
 
-from lightning_gpuopt import DALIOptions
-
+from lightning_gpuopt import DecodeOptions
 from lightning_gpuopt._common import available_cpus
-from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.measure import cpu_seconds, write_results
 from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
-from lightning_gpuopt.bench.synthetic import make_jpeg_folder
-from lightning_gpuopt.data.store_choice import disk_read_gbps
+from lightning_gpuopt.bench.synthetic import describe_images, make_jpeg_folder
+from lightning_gpuopt.data.backends import dali_installed
 
-DECODER_ROWS = ("ours_folder_cpu_decode", "ours_folder_gpu_decode")
-TRAINING = ("ours_folder", *DECODER_ROWS, "torchvision_v2", "raw_store_cold", "compact_store_warm",
-            "compact_store_cold")
-ALONE = ("decode_limit", "loader_cpu_threads", "loader_cpu_workers", "loader_gpu_decode")
-ROWS = (*TRAINING, *ALONE)
+#: rows read with DALI unimportable (``dali_hidden``), and the ``DecodeOptions`` each asks for
+NO_DALI = {"ours_folder": None, "ours_jpeg_store": None, "ours_folder_threads": DecodeOptions(decoder="cpu"),
+           "ours_folder_nvjpeg": DecodeOptions(decoder="gpu")}
+DALI_ROWS = ("ours_folder_dali", "ours_jpeg_store_dali")
+TRAINING = (*NO_DALI, *DALI_ROWS, "torchvision_v2")
+ROWS = (*TRAINING, "decode_limit")
+DEFAULT_ROWS = ("ours_folder", "ours_jpeg_store", "ours_folder_dali", "torchvision_v2")
 CEILING = "ceiling_compiled"
-#: the store each training row reads (``None``: the JPEG folder or the peer's own loader) and whether it is
-#: evicted while it trains
-STORE_OF = {"raw_store_cold": ("raw", True), "compact_store_warm": ("jpeg", False),
-            "compact_store_cold": ("jpeg", True)}
 
 
-# ------------------------------------------------------------------------------------------------ the data
+@contextlib.contextmanager
+def dali_hidden() -> Iterator[None]:
+    """While inside, ``import nvidia.dali`` fails in this process (its ``sys.modules`` entry is ``None``), as on
+    a machine without DALI; the module, where it was imported, is put back afterwards."""
+    saved = sys.modules.get("nvidia.dali")
+    sys.modules["nvidia.dali"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del sys.modules["nvidia.dali"]
+        if saved is not None:
+            sys.modules["nvidia.dali"] = saved
+
+
 def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
-    """The JPEG folder and the stores the rows read; bytes an image and conversion seconds of each."""
+    """The JPEG folder, and the JPEG store where a row reads it; what the images are."""
     root = Path(args.data)
     size: Any = (96, 72) if args.quick else "imagenet"
     jpegs = make_jpeg_folder(root / "train", num_images=args.images, num_classes=10, image_size=size)
     files = files_of(jpegs)
-    info: dict[str, Any] = {"train": jpegs, "files": files, "bytes": {}, "convert_s": {},
+    info: dict[str, Any] = {"train": jpegs, "files": files, "images": describe_images([p for p, _ in files]),
                             "source_bytes_per_image": folder_bytes(jpegs) / len(files)}
-    for fmt in sorted({STORE_OF[r][0] for r in rows if r in STORE_OF}):
-        path = root / f"train_{args.storage}_{fmt}.h5"
-        cost = hdf5_store(jpegs, path, args.storage, format=fmt)
-        info[fmt] = path
-        info["bytes"][fmt] = path.stat().st_size / len(files)
-        info["convert_s"][fmt] = cost.get("seconds")
+    if any("jpeg_store" in r for r in rows):
+        info["store"] = root / f"train_{args.storage}_jpeg.h5"
+        info["store_convert_seconds"] = hdf5_store(jpegs, info["store"], args.storage, format="jpeg").get("seconds")
+        info["store_bytes_per_image"] = info["store"].stat().st_size / len(files)
     return info
 
 
-# ----------------------------------------------------------------------------------------------- eviction
-def _maps_of(dm: Any) -> list[mmap.mmap]:
-    """The memory maps under the training dataset's arrays (the raw store reads through one)."""
-    dataset = getattr(dm, "_datasets", {}).get("train")
-    found: list[mmap.mmap] = []
-    for array in (getattr(dataset, "_win", None), getattr(dataset, "_rows", None)):
-        base = array
-        while base is not None and not isinstance(base, mmap.mmap):
-            base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
-        if isinstance(base, mmap.mmap) and all(base is not m for m in found):
-            found.append(base)
-    return found
-
-
-@contextlib.contextmanager
-def evicting(path: Path, dm: Any, every_s: float) -> Iterator[None]:
-    """While inside, drop ``path``'s pages from the page cache every ``every_s`` seconds: the pages mapped by
-    the DataModule's store are unmapped first (``MADV_DONTNEED``), which a mapped page needs to be dropped."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(every_s):
-            for mapped in _maps_of(dm):
-                with contextlib.suppress(ValueError, OSError):  # closed under us: nothing left to drop
-                    mapped.madvise(mmap.MADV_DONTNEED)
-            evict(path)
-
-    thread = threading.Thread(target=run, name="jpeg-bench-evict", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def disk_read_bytes() -> int | None:
-    """Bytes read by every block device so far (psutil), or ``None`` where the platform does not say."""
-    import psutil
-
-    counters = psutil.disk_io_counters()
-    return None if counters is None else int(counters.read_bytes)
-
-
-# ------------------------------------------------------------------------------------------------ the rows
-def _datamodule(path: Path, args: argparse.Namespace, **kw: Any) -> Any:
+def make_feed(name: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    """The fit arguments of training row ``name`` (``datamodule=`` or ``train_dataloaders=``)."""
+    if name == "torchvision_v2":
+        return feed_torchvision_v2(args, info)
     from lightning_gpuopt import OptimizedDataModule
 
-    return OptimizedDataModule(str(path), batch_size=args.batch_size, image_size=args.image_size,
-                               num_workers="auto", **kw)
+    kw: dict[str, Any] = {}
+    if (options := NO_DALI.get(name)) is not None or (args.quick and name in NO_DALI):
+        kw["decode"] = options or DecodeOptions()  # a CPU run: the decoding a CUDA machine without DALI does
+    elif args.quick and name in DALI_ROWS:
+        kw["backend"] = "dali"  # DALI's CPU pipeline, as "auto" takes DALI on a CUDA machine
+    path = info["store"] if "jpeg_store" in name else info["train"]
+    return {"datamodule": OptimizedDataModule(str(path), batch_size=args.batch_size, image_size=args.image_size,
+                                              num_workers="auto", **kw)}
 
 
-def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict[str, Any],
-                     disk: dict[str, list[tuple[int, int]]]) -> Callable[[], Any]:
+def describe_feed(loader: Any, dm: Any) -> dict[str, Any]:
+    """``decoder`` (what decodes the JPEGs), ``decoder_reason`` and the measured rates behind a choice."""
+    feed = getattr(loader, "feed_info", None)
+    choice = getattr(getattr(dm, "_backend", None), "choice", None)
+    out: dict[str, Any] = {"decoder_reason": getattr(feed, "decoder_reason", None)}
+    if choice is not None:
+        out.update(decoder_reason=choice.reason, decoder_measured=choice.measured, decode_cpu_rate=choice.cpu_rate,
+                   decode_gpu_rate=choice.gpu_rate)
+    n = getattr(feed, "threads", None) or getattr(loader, "num_workers", 0)
+    dali = getattr(feed, "backend", None) == "dali"
+    out["decoder"] = (f"torchvision decode_image, {n} worker processes" if feed is None
+                      else ("DALI nvJPEG" if dali else f"torchvision nvJPEG, {n} reading threads")
+                      if feed.decoder == "gpu" else f"{'DALI ' if dali else ''}CPU, {n} threads"
+                      if feed.threads else f"CPU, {n} worker processes")  # fmt: skip
+    return out
+
+
+class FeedRecorder(pl.Callback):
+    """Keeps ``describe_feed`` of the fit's training loader."""
+
+    seen: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.seen = describe_feed(trainer.train_dataloader, trainer.datamodule)
+
+
+def _hidden(name: str) -> Any:
+    return dali_hidden() if name in NO_DALI else contextlib.nullcontext()
+
+
+def training_variant(name: str, model: Any, args: argparse.Namespace, info: dict[str, Any]) -> Callable[[], Any]:
     def go() -> Any:
-        if name.startswith("ours_folder"):  # the default decoder, or the one the row names
-            row, _, count = name.partition(":")
-            decoder = row.split("_")[2] if row in DECODER_ROWS else None  # None: the default's choice
-            kw = {"dali": DALIOptions(decoder, int(count) if count else None)} if decoder else {}
-            feed: dict[str, Any] = {"datamodule": _datamodule(info["train"], args, **kw)}
-        elif name == "torchvision_v2":
-            feed = feed_torchvision_v2(args, info)
-        else:
-            fmt, cold = STORE_OF[name]
-            feed = {"datamodule": _datamodule(info[fmt], args)}
-        if (dm := feed.get("datamodule")) is not None:
-            info.setdefault("backend", {})[name] = [dm.backend, dm.backend_reason]
-        cold = name in STORE_OF and STORE_OF[name][1]
-        before = disk_read_bytes()
-        try:
-            with evicting(info[STORE_OF[name][0]], feed["datamodule"], args.evict_every) if cold else (
-                    contextlib.nullcontext()):
-                m = measured_fit(model, args.warmup, args.steps, device=args.device,
+        with _hidden(name):
+            feed, recorder = make_feed(name, args, info), FeedRecorder()
+            if (dm := feed.get("datamodule")) is not None:
+                info.setdefault("backend", {})[name] = [dm.backend, dm.backend_reason]
+            info.setdefault("dali_importable", {})[name] = dali_installed()
+            try:
+                m = measured_fit(model, args.warmup, args.steps, device=args.device, callbacks=[recorder],
                                  compile=args.device == "cuda", settle=True, **feed)
-            after = disk_read_bytes()
-            if cold and before is not None and after is not None:
-                disk.setdefault(name, []).append((after - before, (args.warmup + args.steps) * args.batch_size))
-            return m
-        finally:
-            del feed
-            free()
+                info.setdefault("feeds", {})[name] = recorder.seen
+                return m
+            finally:
+                del feed
+                free()
 
     return go
+
+
+def loader_alone(name: str, args: argparse.Namespace, info: dict[str, Any]) -> tuple[float, float]:
+    """Images a second training row ``name``'s loader delivers onto the device with no model, past ``--warmup``
+    batches, and the CPU cores its process and workers used meanwhile."""
+    with _hidden(name):
+        feed = make_feed(name, args, info)
+        loader, dm = feed.get("train_dataloaders"), feed.get("datamodule")
+        if dm is not None:
+            dm.setup("fit")
+            loader = dm.train_dataloader()
+        try:
+            cpu0, t0 = cpu_seconds(), time.perf_counter()
+            rate = loader_rate(loader, args.device, args.loader_batches, skip=args.warmup)
+            return rate, (cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+        finally:
+            if dm is not None:
+                dm.teardown("fit")
+            del feed, loader
+            free()
 
 
 def _decode_files(paths: list[str]) -> int:
@@ -201,79 +196,61 @@ def decode_limit(files: list[str], processes: int) -> float:
         return done / (time.perf_counter() - t0)
 
 
-def alone_rate(name: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:
-    """One repetition of a row with no model."""
-    if name == "decode_limit":
-        return decode_limit([p for p, _ in info["files"]], available_cpus())
-    if name in ("loader_gpu_decode", "loader_cpu_threads"):
-        if args.device != "cuda":
-            raise RuntimeError("the DALI rows need a CUDA GPU")
-        decoder = "gpu" if name == "loader_gpu_decode" else "cpu"
-        dm = _datamodule(info["train"], args, backend="dali", dali=DALIOptions(decoder=decoder))
-    else:
-        dm = _datamodule(info["train"], args, backend="folder")
-    dm.setup("fit")
-    try:
-        return loader_rate(dm.train_dataloader(), args.device, args.loader_batches, skip=args.warmup)
-    finally:
-        dm.teardown("fit")
-        free()
+def train_rows(args: argparse.Namespace, info: dict[str, Any], training: list[str], out: dict[str, Any]
+               ) -> list[dict[str, Any]]:  # fmt: skip
+    """The training rows and the ceiling taking turns, then each row's loader alone."""
+    model = UserClassifier(args.arch, num_classes=10)
+    ceiling, out["ceiling_compile_seconds"] = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10,
+                                                               args.device)  # fmt: skip
+    variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps),
+                **{r: training_variant(r, model, args, info) for r in training}}
+    done: dict[str, list[Any]] = {}
 
+    def keep(name: str, turn: int, m: Any) -> None:
+        say(name, turn, m)
+        done.setdefault(name, []).append(m)
+        write_results(args.out + ".partial", summarize(done, CEILING), **out)
 
-# -------------------------------------------------------------------------------------------------- the run
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    rows = list(args.only or ROWS)
-    info = prepare(args, rows)
-    out: dict[str, Any] = {"source_bytes_per_image": info["source_bytes_per_image"], "images": len(info["files"]),
-                           "cpus": available_cpus()}
-    if cold := [info[STORE_OF[r][0]] for r in rows if r in STORE_OF and STORE_OF[r][1]]:  # the disk, beside
-        out["disk_read_gbps_o_direct"] = disk_read_gbps(cold[0], 2 << 30)  # the cold rows: 2 GiB, O_DIRECT
-    table: list[dict[str, Any]] = []
-    training = [r for r in rows if r.partition(":")[0] in TRAINING]
-    no_dali = args.device != "cuda" or not find_spec("nvidia.dali")
-    if skipped := [r for r in training if r.partition(":")[0] in DECODER_ROWS and no_dali]:
-        training = [r for r in training if r not in skipped]
-        print(f"  {', '.join(skipped)}: skipped (they need a CUDA GPU and DALI)", file=sys.stderr)
-    if training:
-        model = UserClassifier(args.arch, num_classes=10)
-        ceiling, compile_s = compiled_ceiling(args.arch, args.batch_size, args.image_size, 10, args.device)
-        out["ceiling_compile_seconds"] = compile_s
-        disk: dict[str, list[tuple[int, int]]] = {}
-        variants = {CEILING: lambda: measure_ceiling(ceiling, 10, args.steps),
-                    **{r: training_variant(r, model, args, info, disk) for r in training}}
-        done: dict[str, list[Any]] = {}
-
-        def keep(name: str, turn: int, m: Any) -> None:
-            say(name, turn, m)
-            done.setdefault(name, []).append(m)
-            write_results(args.out + ".partial", summarize(done, CEILING), **out)
-
-        table = summarize(take_turns(variants, args.repeats, on_result=keep), CEILING)
-        for row in table:
-            name = row["name"]
-            row["of_compiled_ceiling"] = row["of_ceiling"]
-            if name in STORE_OF:
-                row["bytes_per_image"] = info["bytes"][STORE_OF[name][0]]
-                row["convert_seconds"] = info["convert_s"][STORE_OF[name][0]]
-            elif name != CEILING:
-                row["bytes_per_image"] = info["source_bytes_per_image"]
-            if disk.get(name):
-                row["disk_read_bytes_per_image"] = statistics.median(b / n for b, n in disk[name])
+    table = summarize(take_turns(variants, args.repeats, on_result=keep), CEILING)
+    for row in table:
+        name = row["name"]
+        row["of_compiled_ceiling"] = row["of_ceiling"]
+        for rep in row["repeats"]:
+            rep["of_compiled_ceiling"] = rep.get("of_ceiling")
+        if name != CEILING:
+            store = "jpeg_store" in name
+            row["bytes_per_image"] = info["store_bytes_per_image" if store else "source_bytes_per_image"]
             row["backend"], row["backend_reason"] = info.get("backend", {}).get(name, [None, None])
-    for name in (r for r in rows if r in ALONE):
+            row["dali_importable"] = info.get("dali_importable", {}).get(name)
+            row.update(info.get("feeds", {}).get(name, {}))
+        for key, pct in (("cpu_main_cores", "host/cpu_main_pct"), ("cpu_loader_cores", "host/cpu_workers_pct")):
+            vals = [r[pct] / 100 for r in row["repeats"] if r.get(pct) is not None]
+            row[key] = statistics.median(vals) if vals else None
+    for row in (r for r in table if args.loader_batches and r["name"] != CEILING and not r.get("error")):
         try:
-            rates = [r for r in (alone_rate(name, args, info) for _ in range(args.repeats)) if r is not None]
-            table.append({"name": name, "error": "no figure"} if not rates else {
-                "name": name, "samples_per_sec": statistics.median(rates), "samples_per_sec_min": min(rates),
-                "samples_per_sec_max": max(rates), "repeats": [{"samples_per_sec": v} for v in rates]})
-        except Exception as err:  # noqa: BLE001 - a row that cannot run here says why; the others go on
-            table.append({"name": name, "error": f"{type(err).__name__}: {err}"})
-            print(f"  {name}: {type(err).__name__}: {err}", file=sys.stderr)
-        write_results(args.out + ".partial", table, **out)  # a run stopped by its time limit keeps these
-    limit = next((r for r in table if r["name"] == "decode_limit" and "samples_per_sec" in r), None)
-    for cpu_loader in (r for r in table if r["name"].startswith("loader_cpu") and "samples_per_sec" in r):
-        if limit:
-            cpu_loader["of_decode_limit"] = cpu_loader["samples_per_sec"] / limit["samples_per_sec"]
+            row["loader_alone_per_sec"], row["loader_alone_cpu_cores"] = loader_alone(row["name"], args, info)
+        except Exception as err:  # the row's training figures stand; say why this one is missing
+            row["loader_alone_error"] = f"{type(err).__name__}: {err}"
+            print(f"  loader alone {row['name']}: {type(err).__name__}: {err}", file=sys.stderr)
+        write_results(args.out + ".partial", table, **out)
+    return table
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = list(args.only or DEFAULT_ROWS)
+    info = prepare(args, rows)
+    out: dict[str, Any] = {"images": info["images"], "source_bytes_per_image": info["source_bytes_per_image"],
+                           "store_convert_seconds": info.get("store_convert_seconds"), "cpus": available_cpus()}
+    training = [r for r in rows if r in TRAINING]
+    if skipped := [r for r in training if r in DALI_ROWS and not dali_installed()]:
+        training = [r for r in training if r not in skipped]
+        print(f"  {', '.join(skipped)}: skipped (DALI is not installed)", file=sys.stderr)
+    table = train_rows(args, info, training, out) if training else []
+    if "decode_limit" in rows:
+        rates = [decode_limit([p for p, _ in info["files"]], available_cpus()) for _ in range(args.repeats)]
+        table.append({"name": "decode_limit", "samples_per_sec": statistics.median(rates),
+                      "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
+                      "repeats": [{"samples_per_sec": v} for v in rates]})
     out["rows"] = table
     return out
 
@@ -281,17 +258,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_feed(p, "gpuopt_jpeg", "jpeg", ROWS, "torchvision_v2's workers")
-    p.add_argument("--evict-every", type=float, default=0.25, help="seconds between evictions of a cold store")
-    return feed_args(p, argv, ROWS, DECODER_ROWS)
+    return feed_args(p, argv, ROWS)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    t0 = time.perf_counter()
     out = run(args)
     write_results(args.out, out["rows"], **{k: v for k, v in out.items() if k != "rows"},
-                  settings={k: v for k, v in vars(args).items()}, quick=args.quick)
-    print(f"{out['images']} images, {out['source_bytes_per_image']:,.0f} JPEG bytes an image, "
-          f"{out['cpus']} CPUs")
+                  settings={k: v for k, v in vars(args).items()}, quick=args.quick, seconds=time.perf_counter() - t0)
+    images = out["images"]
+    print(f"{images['count']} images, widths {images['width_min']}-{images['width_max']} px, {images['grayscale']} "
+          f"grey, {images['cmyk']} CMYK, {out['source_bytes_per_image']:,.0f} bytes an image, {out['cpus']} CPUs")
     print(format_rows(out["rows"], "of compiled ceiling median (worst)"))
     print(f"wrote {args.out}")
     return 0

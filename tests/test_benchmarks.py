@@ -58,7 +58,7 @@ OTHERS = {
     "profile_step.py": "CUDA only: its trace analysis runs on a made-up trace here",
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
     "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
-    "jpeg.py": "tests/test_jpeg_bench.py runs its --quick and its eviction of a memory-mapped store",
+    "jpeg.py": "tests/test_jpeg_bench.py runs its --quick, its hiding of DALI and its images' description",
     "ceiling_frac.py": "tests/observe/test_ceiling.py runs its --quick; --help here",
     "energy.py": "tests/test_energy_bench.py runs its --quick and its rows' pieces",
 }

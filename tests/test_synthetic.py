@@ -33,7 +33,11 @@ def test_sizes_aspects_and_modes_are_spread_as_imagenets():
     short, long = np.minimum(w, h), np.maximum(w, h)
     # ImageNet's median image is 500x375, landscape; its sizes spread well beyond
     assert np.median(long) == 500 and np.median(short) == 375
-    assert short.min() >= 250 and short.max() <= 800 and np.percentile(short, 95) > 480
+    assert short.min() >= 200 and short.max() <= 800 and np.percentile(short, 95) > 480
+    # widths 200 to 1,000 px and aspect ratios 0.5 to 2, both ends reached
+    assert w.min() >= 200 and w.max() <= 1000 and w.min() < 260 and w.max() > 950
+    assert (w / h).min() >= 0.5 - 1e-3 and (w / h).max() <= 2.0 + 1e-3 and (w / h).min() < 0.55
+    assert (w / h).max() > 1.9 and h.max() <= 1000
     assert len(np.unique(short)) > 100 and len(np.unique(long)) > 100
     assert 0.15 < (h > w).mean() < 0.35  # portrait images among landscape ones
     assert (long / short < 1.4).mean() > 0.2 and (long / short > 1.7).mean() > 0.03

@@ -332,6 +332,18 @@ class ThroughputMeter(pl.Callback):
         self.samples_per_sec = self._samples / self.seconds if self.seconds > 0 else None
 
 
+def cpu_seconds() -> float:
+    """CPU seconds this process and its live children (loader workers) have used so far (psutil)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     """Run ``fn`` and return ``(result, seconds)``."""
     t0 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 The images look like ImageNet's to a decoder, so that decoding costs what it costs on real data. By default
 (``image_size="imagenet"``) each image's size, orientation and mode are drawn from a distribution like
-ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects), the rest
-with a shorter side spread from 300 to 800 px, a quarter portrait, and a few grey and CMYK JPEGs. A fixed
+ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects up to 2:1),
+the rest with a shorter side spread from 200 to 800 px, widths from 200 to 1,000 px, a quarter portrait,
+and a few grey and CMYK JPEGs. A fixed
 ``image_size=(width, height)`` gives every image that size, in RGB. The content is photo-like: smooth colour
 fields (which JPEG compresses well), a few sharp-edged shapes, and per-pixel texture whose strength varies
 across the image (which JPEG does not compress). Each class has its own hue, so a model can learn the labels.
@@ -35,6 +36,8 @@ _CAPPED_LONG, _CAPPED_SHARE = 500, 0.55
 #: aspect ratios (long / short) and their weights; the last entry stands for a continuous spread
 _ASPECTS = ((4 / 3, 0.6), (3 / 2, 0.2), (1.0, 0.06), (16 / 9, 0.04), (None, 0.1))
 _PORTRAIT_SHARE = 0.25
+#: the sides ``imagenet_like`` draws from: widths (and heights) 200 to 1,000 px, aspect ratios 0.5 to 2
+SIDE_RANGE = (200, 1000)
 
 
 class ImageSpec(NamedTuple):
@@ -49,10 +52,11 @@ def imagenet_like(seed: int, index: int) -> ImageSpec:
     """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``).
 
     Drawn from a distribution like ImageNet's: with probability 0.55 the long side is 500 px (ImageNet's
-    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 300-800.
-    The aspect ratio is 4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images
-    are portrait. ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same ``(seed, index)``
-    always gives the same spec, whatever the folder's size.
+    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 200-800,
+    and the long side at most 1,000 px (``SIDE_RANGE``: widths from 200 to 1,000 px). The aspect ratio is
+    4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images are portrait (width /
+    height from 0.5 to 2 in all). ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same
+    ``(seed, index)`` always gives the same spec, whatever the folder's size.
     """
     rng = np.random.default_rng((seed, index, 0x1A6E))
     weights = np.array([w for _, w in _ASPECTS])
@@ -62,8 +66,10 @@ def imagenet_like(seed: int, index: int) -> ImageSpec:
         long_side = _CAPPED_LONG
         short = round(long_side / aspect)
     else:
-        short = int(np.clip(round(400 * np.exp(rng.normal(0.0, 0.25))), 300, 800))
+        short = int(np.clip(round(400 * np.exp(rng.normal(0.0, 0.25))), SIDE_RANGE[0], 800))
         long_side = round(short * aspect)
+        if long_side > SIDE_RANGE[1]:
+            long_side, short = SIDE_RANGE[1], round(SIDE_RANGE[1] / aspect)
     portrait = rng.random() < _PORTRAIT_SHARE
     width, height = (short, long_side) if portrait else (long_side, short)
     u = rng.random()
@@ -201,6 +207,7 @@ def make_jpeg_folder(
         "texture": texture,
         "seed": seed,
         "format": image_format,
+        **({"sides": list(SIDE_RANGE)} if image_size == IMAGENET else {}),  # ``imagenet_like``'s sizes
     }
     manifest = root / _MANIFEST
     if manifest.is_file():
@@ -308,3 +315,29 @@ def cached_jpeg_folder(
     make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
     say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
+
+
+def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
+    frame headers), ``width_min``/``width_max``, ``height_min``/``height_max``, ``aspect_min``/``aspect_max``
+    (width / height), ``grayscale`` and ``cmyk`` (1 and 4 components) and ``progressive`` (not baseline).
+
+    Example:
+        >>> describe_images(sorted(make_jpeg_folder("/tmp/j", 8, 2).rglob("*.jpg")))["count"]  # doctest: +SKIP
+        8
+    """
+    from lightning_gpuopt.data.decode import jpeg_info
+
+    infos = []
+    for path in paths:
+        with open(path, "rb") as fh:
+            infos.append(jpeg_info(fh.read(1 << 16)))
+    ok = [i for i in infos if i is not None]
+    widths, heights, aspects = [i.width for i in ok], [i.height for i in ok], [i.width / i.height for i in ok]
+    return {
+        "count": len(infos), "jpeg": len(ok), "width_min": min(widths, default=None),
+        "width_max": max(widths, default=None), "height_min": min(heights, default=None),
+        "height_max": max(heights, default=None), "aspect_min": min(aspects, default=None),
+        "aspect_max": max(aspects, default=None), "grayscale": sum(i.components == 1 for i in ok),
+        "cmyk": sum(i.components == 4 for i in ok), "progressive": sum(not i.baseline for i in ok),
+    }  # fmt: skip

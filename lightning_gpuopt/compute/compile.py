@@ -216,7 +216,7 @@ def choose_mode(
     optimizer step a batch; ``"default"`` otherwise: CPUs have no CUDA graphs, a transformer gains nothing
     measurable from them (``docs/compute.md``), several processes (DDP) and gradient accumulation keep
     gradients across graph replays, manual optimization steps the graphs where the rule cannot see, and a
-    loader decoding JPEGs with nvJPEG on the same GPU (``gpu_decoding``: a DALI loader's ``feed_info``
+    DALI loader decoding JPEGs with nvJPEG on the same GPU (``gpu_decoding``: a DALI loader's ``feed_info``
     decoder ``"gpu"``) fed a model replaying graphs more slowly than one launching its kernels
     (``docs/dali.md``).
 
@@ -381,7 +381,11 @@ class CompileModel(pl.Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         info = getattr(getattr(trainer, "train_dataloader", None), "feed_info", None)
-        self._gpu_decoding = getattr(info, "decoder", None) == "gpu"  # the training loader's own nvJPEG
+        # DALI's nvJPEG beside graph replays was measured slower; the training process's own nvJPEG path
+        # (``data.decode_gpu``) never makes the training thread wait, so it keeps the graphs
+        self._gpu_decoding = (
+            getattr(info, "decoder", None) == "gpu" and getattr(info, "backend", None) == "dali"
+        )
         if self._aside or self.compiled:
             return
         if self.when == "always":

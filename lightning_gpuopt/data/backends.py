@@ -50,10 +50,11 @@ __all__ = [
     "HostBackend",
     "MixedBackend",
     "Owner",
-    "host_loader",
     "choose_backend",
     "dali_installed",
+    "host_loader",
     "resolve_backend",
+    "torchvision_installed",
 ]
 
 _HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -431,8 +432,22 @@ def dali_installed() -> bool:
         return False
 
 
+def torchvision_installed() -> bool:
+    """Whether ``torchvision`` can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec("torchvision") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def choose_backend(
-    backend: str, paths: dict[str, str | None], *, on_corrupt: str = "raise", own_datasets: bool = False
+    backend: str,
+    paths: dict[str, str | None],
+    *,
+    on_corrupt: str = "raise",
+    own_datasets: bool = False,
+    decode: Any = None,
+    num_workers: Any = "auto",
 ) -> tuple[Backend, str | None]:
     """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
 
@@ -442,14 +457,19 @@ def choose_backend(
     torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
     do, or a ``<split>_dataset`` hook of the user's: ``own_datasets``) the folder backend's worker processes.
     A store file is read by the HDF5 backend, except a JPEG store's training split on such a machine, which
-    DALI decodes (``DALIStoreBackend``; ``backend="dali"`` asks for it on a JPEG store anywhere). An explicit
-    name is taken as given (reason ``None``).
+    DALI decodes (``DALIStoreBackend``; ``backend="dali"`` asks for it on a JPEG store anywhere). On a CUDA
+    machine without DALI, JPEG folders and JPEG stores with ``num_workers="auto"`` are decoded in the
+    training process (``decode_backend``: nvJPEG or its CPU threads, settled at setup) where torchvision is
+    installed. ``decode`` (a ``DecodeOptions``) asks for that decoding on any machine, with ``"auto"``,
+    ``"folder"`` or ``"hdf5"``. An explicit name is taken as given (reason ``None``).
 
     Example:
         >>> choose_backend("auto", {"train": "data/train"})  # doctest: +SKIP
         (DALIBackend(), 'image folders, a CUDA GPU and DALI installed: DALI decodes them')
     """
     chosen = resolve_backend(backend, paths)
+    if decode is not None:
+        return _decoded(chosen, backend, paths.get("train"), decode, num_workers)
     if backend != "auto":
         return chosen, None
     if own_datasets:
@@ -460,7 +480,7 @@ def choose_backend(
             "store files and image folders: each split is read by its kind, the folders by worker processes",
         )
     if not isinstance(chosen, FolderBackend):
-        return _store_backend(chosen, paths.get("train"))
+        return _store_backend(chosen, paths.get("train"), num_workers)
     if on_corrupt != "raise":
         return chosen, f"on_corrupt={on_corrupt!r}: DALI cannot skip unreadable files"
     import torch
@@ -468,14 +488,59 @@ def choose_backend(
     if not torch.cuda.is_available():
         return chosen, "image folders, no CUDA GPU: worker processes decode them"
     if not dali_installed():
-        return chosen, (
-            "image folders, worker processes decode them; DALI is not installed "
-            "(pip install 'lightning-gpuopt[dali]' decodes them with DALI instead, on its threads or nvJPEG)"
-        )
+        return _without_dali(chosen, "image folders", "them", num_workers)
     return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
 
 
-def _store_backend(chosen: Backend, train: str | None) -> tuple[Backend, str]:
+def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tuple[Backend, str]:
+    """``what`` on a CUDA machine without DALI: decoded in the training process where torchvision is
+    installed and ``num_workers`` is ``"auto"``, else by worker processes."""
+    dali = f"pip install 'lightning-gpuopt[dali]' decodes {them} with DALI instead"
+    if num_workers != "auto":
+        return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali})"
+    if not torchvision_installed():
+        return chosen, (
+            f"{what}, worker processes decode {them}; neither DALI nor torchvision is installed (pip install "
+            f"'lightning-gpuopt[vision]' decodes {them} in the training process, with nvJPEG on the GPU; {dali})"
+        )
+    from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
+
+    decoded = DecodedFolderBackend() if isinstance(chosen, FolderBackend) else DecodedStoreBackend()
+    return decoded, (
+        f"{what}, a CUDA GPU, no DALI: the training process decodes {them}, with nvJPEG or on its CPU "
+        f"threads as measured at setup ({dali})"
+    )
+
+
+def _decoded(
+    chosen: Backend, backend: str, train: str | None, decode: Any, num_workers: Any
+) -> tuple[Backend, str | None]:
+    """The in-process decoding ``decode=DecodeOptions(...)`` asks for, on a folder or a JPEG store."""
+    from lightning_gpuopt.data.decode_backend import (
+        DecodedFolderBackend,
+        DecodedStoreBackend,
+        check_decode_options,
+    )
+    from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+    check_decode_options(decode)
+    check_arg(
+        num_workers == "auto", "num_workers", num_workers, "'auto' with decode=DecodeOptions(...): the training "
+        "process decodes with threads, not worker processes", "set the threads with DecodeOptions(threads=...)",
+    )  # fmt: skip
+    why = None if backend != "auto" else "decode=DecodeOptions(...): the training process decodes the JPEGs"
+    if isinstance(chosen, FolderBackend):
+        return DecodedFolderBackend(decode), why
+    check_arg(
+        isinstance(chosen, HDF5Backend) and not isinstance(chosen, DALIStoreBackend)
+        and (train is None or _is_jpeg_store(train)),
+        "decode", decode, f"None with backend={backend!r} (it decodes JPEG folders and JPEG stores in the "
+        "training process)", "use dali=DALIOptions(...) for DALI, or leave decode out",
+    )  # fmt: skip
+    return DecodedStoreBackend(decode), why
+
+
+def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto") -> tuple[Backend, str]:
     """A JPEG store's training split goes to DALI where a CUDA GPU and DALI are there; any other store (and
     a JPEG store elsewhere) to the HDF5 backend."""
     from lightning_gpuopt.data.hdf5 import _is_jpeg_store
@@ -487,10 +552,7 @@ def _store_backend(chosen: Backend, train: str | None) -> tuple[Backend, str]:
     if not torch.cuda.is_available():
         return chosen, "a JPEG store, no CUDA GPU: worker processes decode it"
     if not dali_installed():
-        return chosen, (
-            "a JPEG store, worker processes decode it; DALI is not installed (pip install "
-            "'lightning-gpuopt[dali]' decodes its training batches with DALI instead)"
-        )
+        return _without_dali(chosen, "a JPEG store", "it", num_workers)
     return DALIStoreBackend(), (
         "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes "
         "its evaluation splits"

@@ -58,6 +58,7 @@ from lightning_gpuopt.data.tuning import (
 
 if TYPE_CHECKING:
     from lightning_gpuopt.data.dali import DALIOptions
+    from lightning_gpuopt.data.decode import DecodeOptions
 
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
@@ -99,7 +100,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         test_dir: test folder or HDF5 file.
         predict_dir: prediction folder or HDF5 file.
         backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``; folders -> ``"dali"`` on a machine with
-            a CUDA GPU and DALI installed, else ``"folder"``: ``backends.choose_backend``, logged with its
+            a CUDA GPU and DALI installed, else ``"folder"``, JPEG folders and JPEG stores decoded in the training
+            process on a CUDA machine without DALI (``decode``): ``backends.choose_backend``, logged with its
             reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"``
             (DALI decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the
             resolved name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
@@ -132,6 +134,10 @@ class OptimizedDataModule(pl.LightningDataModule):
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
         dali: DALI options for ``backend="dali"`` (``DALIOptions``: decoder, threads); ``build_dali_loader``
             reads them from ``dm.dali``.
+        decode: how a JPEG folder or a JPEG store is decoded in the training process without DALI
+            (``DecodeOptions``: nvJPEG on the GPU or CPU threads, measured at setup by default); given, it
+            asks for that decoding on any machine. ``"auto"`` already decodes so on a CUDA machine without
+            DALI (``num_workers="auto"``, torchvision installed).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
@@ -165,6 +171,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         check_images: bool = False,
         tuning: TuningConfig | None = None,
         dali: DALIOptions | None = None,
+        decode: DecodeOptions | None = None,
     ) -> None:
         super().__init__()
         check_choice(backend, "backend", BACKENDS)
@@ -227,13 +234,14 @@ class OptimizedDataModule(pl.LightningDataModule):
         hooks = [f"{s}_dataset" for s in SPLITS]
         own = any(getattr(type(self), h) is not getattr(OptimizedDataModule, h) for h in hooks)
         self._backend, self.backend_reason = choose_backend(
-            backend, paths, on_corrupt=on_corrupt, own_datasets=own
+            backend, paths, on_corrupt=on_corrupt, own_datasets=own, decode=decode, num_workers=num_workers
         )
         self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
         if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
             name, why = self._backend.name, self.backend_reason
             rank_zero_info(f"OptimizedDataModule: backend='auto' -> {name!r} ({why})")
         self.dali: DALIOptions | None = dali
+        self.decode: DecodeOptions | None = decode
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
         self.batch_size = batch_size

@@ -317,6 +317,13 @@ def test_the_training_loaders_decoder_is_read_from_a_real_fit():
     _fit(ImageClassifier(convnet()), [cb], Decoding(data, batch_size=4), max_steps=1)
     assert cb._gpu_decoding is True
 
+    class InProcess(DataLoader):  # the training process's own nvJPEG path keeps the graphs
+        feed_info = FeedInfo(backend="folder", decoder="gpu")
+
+    cb = CompileModel(backend="eager")
+    _fit(ImageClassifier(convnet()), [cb], InProcess(data, batch_size=4), max_steps=1)
+    assert cb._gpu_decoding is False
+
 
 def test_mode_none_on_cpu_compiles_in_the_default_mode_and_marks_nothing(monkeypatch, caplog):
     marks: list[int] = []

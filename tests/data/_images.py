@@ -10,6 +10,7 @@ import math
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -135,3 +136,43 @@ def tv_rrc_params(
 def mad(a: np.ndarray, b: np.ndarray) -> float:
     """Mean absolute difference in levels of 255."""
     return float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).mean())
+
+
+def crop_boxes(images: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(top, left, height, width)`` of each output's crop in an original ``coordinate_rgb`` image, and
+    whether it is flipped, read back from normalized outputs (mean 0, std 1: pixel / 255) ``(N, 3, S, S)``:
+    a linear fit of each output row and column (linear interpolation of a linear ramp stays linear)."""
+    pixels = images.float().cpu().numpy() * 255.0
+    out = pixels.shape[-1]
+    j = np.arange(out, dtype=np.float64)
+    inner = slice(2, out - 2)  # border pixels see the image edge through the resampling filter
+    boxes, flips = [], []
+    for img in pixels:
+        row = img[0].mean(axis=0)  # R = column: depends on the output column only
+        col = img[1].mean(axis=1)  # G = row
+        flipped = np.polyfit(j[inner], row[inner], 1)[0] < 0
+        if flipped:
+            row = row[::-1]
+        box = []
+        for profile in (col, row):
+            slope, intercept = np.polyfit(j[inner], profile[inner], 1)
+            # output pixel j samples the original at start + (j + 0.5) * size / out, where value = coord - 0.5
+            box.append((intercept - 0.5 * slope + 0.5, slope * out))
+        (top, h), (left, w) = box
+        boxes.append((top, left, h, w))
+        flips.append(flipped)
+    return np.array(boxes), np.array(flips)
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic."""
+    grid = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / a.size
+    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / b.size
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+def crop_coverage(boxes: np.ndarray, points: list[tuple[float, float]]) -> np.ndarray:
+    """How often each ``(y, x)`` point lies inside a ``(top, left, height, width)`` box."""
+    top, left, h, w = boxes.T
+    return np.array([np.mean((top <= y) & (y <= top + h) & (left <= x) & (x <= left + w)) for y, x in points])

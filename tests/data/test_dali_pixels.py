@@ -23,7 +23,10 @@ from lightning_gpuopt.data.dali import DALILoader, DALIOptions
 from lightning_gpuopt.data.transforms import AugmentConfig
 from tests.data._images import (
     coordinate_rgb,
+    crop_boxes,
+    crop_coverage,
     grey16_as_rgb8,
+    ks_statistic,
     mad,
     save,
     save_grey16,
@@ -37,43 +40,6 @@ OUT = 64  # training output side
 ZERO, ONE = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # no normalization: outputs are pixel / 255
 
 
-def _boxes(images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``(top, left, height, width)`` of each output's crop in the original image, and whether it is flipped."""
-    pixels = images.float().numpy() * 255.0  # (N, 3, OUT, OUT)
-    j = np.arange(OUT, dtype=np.float64)
-    inner = slice(2, OUT - 2)  # border pixels see the image edge through the resampling filter
-    boxes, flips = [], []
-    for img in pixels:
-        row = img[0].mean(axis=0)  # R = column: depends on the output column only
-        col = img[1].mean(axis=1)  # G = row
-        flipped = np.polyfit(j[inner], row[inner], 1)[0] < 0
-        if flipped:
-            row = row[::-1]
-        box = []
-        for profile in (col, row):
-            slope, intercept = np.polyfit(j[inner], profile[inner], 1)
-            # output pixel j samples the original at start + (j + 0.5) * size / OUT, where value = coord - 0.5
-            size = slope * OUT
-            box.append((intercept - 0.5 * slope + 0.5, size))
-        (top, h), (left, w) = box
-        boxes.append((top, left, h, w))
-        flips.append(flipped)
-    return np.array(boxes), np.array(flips)
-
-
-def _ks(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic."""
-    grid = np.sort(np.concatenate([a, b]))
-    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / a.size
-    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / b.size
-    return float(np.abs(cdf_a - cdf_b).max())
-
-
-def _coverage(boxes: np.ndarray, points: list[tuple[float, float]]) -> np.ndarray:
-    top, left, h, w = boxes.T
-    return np.array([np.mean((top <= y) & (y <= top + h) & (left <= x) & (x <= left + w)) for y, x in points])
-
-
 @pytest.mark.parametrize(("height", "width"), [(192, 256), (224, 168)])
 def test_training_crops_follow_torchvision_random_resized_crop(tmp_path, height, width):
     path = save(coordinate_rgb(height, width), tmp_path / "coords.png")
@@ -83,14 +49,14 @@ def test_training_crops_follow_torchvision_random_resized_crop(tmp_path, height,
         [path] * 64, [0] * 64, batch_size=64, image_size=OUT, train=True, mean=ZERO, std=ONE,
         options=DALIOptions(threads=2),
     )  # fmt: skip
-    got = [_boxes(images) for _ in range(n // 64) for images, _ in loader]  # one batch an epoch
+    got = [crop_boxes(images) for _ in range(n // 64) for images, _ in loader]  # one batch an epoch
     boxes, flips = np.concatenate([b for b, _ in got]), np.concatenate([f for _, f in got])
     rng = random.Random(0)
     ref = np.array([tv_rrc_params(rng, height, width) for _ in range(8000)], dtype=np.float64)
     area = boxes[:, 2] * boxes[:, 3] / (height * width)
     ref_area = ref[:, 2] * ref[:, 3] / (height * width)
-    assert _ks(area, ref_area) < 0.1
-    assert _ks(np.log(boxes[:, 3] / boxes[:, 2]), np.log(ref[:, 3] / ref[:, 2])) < 0.1
+    assert ks_statistic(area, ref_area) < 0.1
+    assert ks_statistic(np.log(boxes[:, 3] / boxes[:, 2]), np.log(ref[:, 3] / ref[:, 2])) < 0.1
     assert area.min() > 0.07 and area.max() < 1.02  # torchvision's (0.08, 1) of the whole image
     # inside the image, and every border is reached (a central-square crop never reaches the long sides)
     bottom, right = boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]
@@ -99,7 +65,7 @@ def test_training_crops_follow_torchvision_random_resized_crop(tmp_path, height,
     points = [
         (y, x) for y in (0.5, height / 4, height / 2, height - 0.5) for x in (0.5, width / 3, width - 0.5)
     ]
-    cover, ref_cover = _coverage(boxes, points), _coverage(ref, points)
+    cover, ref_cover = crop_coverage(boxes, points), crop_coverage(ref, points)
     assert np.abs(cover - ref_cover).max() < 0.07, (cover, ref_cover)
     assert 0.4 < flips.mean() < 0.6
 
@@ -111,7 +77,7 @@ def test_the_augment_config_is_honoured(tmp_path):
         [path] * 32, [0] * 32, batch_size=32, image_size=OUT, train=True, augment=augment, mean=ZERO, std=ONE,
         options=DALIOptions(threads=2),
     )  # fmt: skip
-    boxes, flips = _boxes(next(iter(loader))[0])
+    boxes, flips = crop_boxes(next(iter(loader))[0])
     assert not flips.any()
     side = np.sqrt(0.25 * 192 * 256)  # square crops of a quarter of the area
     np.testing.assert_allclose(boxes[:, 2:], side, atol=1.5)

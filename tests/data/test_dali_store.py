@@ -148,7 +148,8 @@ def test_state_dict_resumes_the_sample_order(store):
 
 
 def test_training_crops_follow_torchvision_over_the_stored_image(tmp_path):
-    from tests.data.test_dali_pixels import OUT, _boxes, _coverage, _ks
+    from tests.data._images import crop_boxes, crop_coverage, ks_statistic
+    from tests.data.test_dali_pixels import OUT
 
     height, width = 192, 256
     for i in range(64):
@@ -161,19 +162,19 @@ def test_training_crops_follow_torchvision_over_the_stored_image(tmp_path):
         store, batch_size=64, image_size=OUT, device="cpu", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
         options=DALIOptions(threads=2),
     )  # fmt: skip
-    got = [_boxes(images) for _ in range(8) for images, _ in loader]  # one batch an epoch
+    got = [crop_boxes(images) for _ in range(8) for images, _ in loader]  # one batch an epoch
     loader.close()
     boxes, flips = np.concatenate([b for b, _ in got]), np.concatenate([f for _, f in got])
     rng = random.Random(0)
     ref = np.array([tv_rrc_params(rng, height, width) for _ in range(8000)], dtype=np.float64)
     area, ref_area = boxes[:, 2] * boxes[:, 3] / (height * width), ref[:, 2] * ref[:, 3] / (height * width)
-    assert _ks(area, ref_area) < 0.1
-    assert _ks(np.log(boxes[:, 3] / boxes[:, 2]), np.log(ref[:, 3] / ref[:, 2])) < 0.1
+    assert ks_statistic(area, ref_area) < 0.1
+    assert ks_statistic(np.log(boxes[:, 3] / boxes[:, 2]), np.log(ref[:, 3] / ref[:, 2])) < 0.1
     bottom, right = boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]
     assert abs(boxes[:, 0].min()) < 2 and abs(boxes[:, 1].min()) < 2  # the whole stored image is reached
     assert abs(bottom.max() - height) < 2 and abs(right.max() - width) < 2
     points = [(y, x) for y in (0.5, height / 2, height - 0.5) for x in (0.5, width / 3, width - 0.5)]
-    assert np.abs(_coverage(boxes, points) - _coverage(ref, points)).max() < 0.08
+    assert np.abs(crop_coverage(boxes, points) - crop_coverage(ref, points)).max() < 0.08
     assert 0.35 < flips.mean() < 0.65
 
 

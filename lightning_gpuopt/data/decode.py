@@ -1,0 +1,329 @@
+"""JPEG folders and JPEG stores decoded inside the training process, without DALI.
+
+Two decoders, chosen per run (``resolve_decoder``, one setup line says which and why) unless
+``DecodeOptions(decoder=...)`` chooses:
+
+- ``"cpu"``: threads of the training process decode whole batches onto canvases in pinned memory
+  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader`` datasets read by ``read_threads``).
+  A JPEG is decoded by torchvision's ``decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's) and resized
+  by torch's antialiased kernel, both inside torch operators that release the GIL, so the threads decode in
+  parallel; other formats, and JPEGs large enough for PIL's reduced-scale decode, go through
+  ``folder.decode_canvas`` (PIL), the folder backend's routine. The canvases are what the folder backend
+  and the stores give.
+- ``"gpu"``: threads read the JPEG bytes and nvJPEG decodes each training batch on the GPU, its hardware
+  decoder where the GPU has one (``decode_gpu``); evaluation splits are decoded by the CPU threads.
+
+``decode_choice.choose_jpeg_decoder`` is the rule: CPU threads where they decode at least what the model
+trains at (when that is known: ``TuningConfig.target_samples_per_sec``) or at least what nvJPEG does; nvJPEG
+otherwise. Both rates are measured at setup on a sample of the run's own files
+(``decode_choice.measure_rates``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from lightning_gpuopt._checks import check_choice, check_int
+from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.data import layout
+from lightning_gpuopt.data.folder import UInt8ImageFolder, decode_canvas
+from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
+
+__all__ = [
+    "DECODERS",
+    "DecodeOptions",
+    "JPEGInfo",
+    "ThreadDecodedFolder",
+    "ThreadDecodedStore",
+    "decode_canvas_fast",
+    "decode_rgb",
+    "default_decode_threads",
+    "jpeg_info",
+    "nvjpeg_decodable",
+]
+
+#: where the training process decodes JPEGs: nvJPEG on the GPU, or its own CPU threads
+DECODERS = ("gpu", "cpu")
+#: cores a rank keeps off decoding: the training loop and the thread that stages batches on the GPU
+RESERVED_THREADS = 2
+#: threads reading JPEG bytes for nvJPEG (and decoding what it cannot) by default
+GPU_READ_THREADS = 4
+_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How ``OptimizedDataModule`` decodes a JPEG folder or a JPEG store without DALI.
+
+    Attributes:
+        decoder: ``None`` (default): chosen at setup from rates measured on the run's own files
+            (``choose_jpeg_decoder``), logged in one line. ``"gpu"``: nvJPEG through torchvision, the GPU's
+            hardware JPEG decoder where it has one, training batches only. ``"cpu"``: threads of the
+            training process. A run without a CUDA device decodes on the CPU whatever this says.
+        threads: threads of the training process that decode (``"cpu"``) or read JPEG bytes (``"gpu"``);
+            ``None``: ``default_decode_threads``.
+
+    Example:
+        >>> dm = OptimizedDataModule("data/train", "data/val", decode=DecodeOptions(decoder="cpu"))  # doctest: +SKIP
+    """
+
+    decoder: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.decoder is not None:
+            check_choice(
+                self.decoder, "decode.decoder", DECODERS,
+                fix="or None: None measures both at setup (DecodeOptions(decoder=...))",
+            )  # fmt: skip
+        check_int(
+            self.threads, "decode.threads", low=1, none_ok=True,
+            fix="threads of the training process (DecodeOptions(threads=...)); None picks them from the CPUs",
+        )  # fmt: skip
+
+
+def default_decode_threads(decoder: str, local_world_size: int = 1) -> int:
+    """Threads a rank decodes (``"cpu"``: its share of the CPUs less ``RESERVED_THREADS``) or reads bytes
+    with (``"gpu"``: ``GPU_READ_THREADS``, at most that share)."""
+    share = max(1, available_cpus() // max(1, local_world_size))
+    if decoder == "gpu":
+        return max(1, min(GPU_READ_THREADS, share - RESERVED_THREADS))
+    return max(1, share - RESERVED_THREADS)
+
+
+# ----------------------------------------------------------------------------------------------- headers
+class JPEGInfo(NamedTuple):
+    """What a JPEG's frame header says: size, components (1 grey, 3 YCbCr or RGB, 4 CMYK/YCCK), whether it
+    is baseline (8-bit, Huffman, sequential: what a hardware decoder takes) and Adobe's colour transform
+    (``None`` without an Adobe marker; 0 means RGB or CMYK stored as they are)."""
+
+    width: int
+    height: int
+    components: int
+    baseline: bool
+    adobe_transform: int | None
+
+
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_STANDALONE = frozenset({0x01, 0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8})
+
+
+def jpeg_info(data: bytes | bytearray | memoryview) -> JPEGInfo | None:
+    """The frame header of the JPEG in ``data``, or ``None`` where ``data`` is no JPEG one can read it from.
+
+    Example:
+        >>> jpeg_info(b"not a jpeg") is None
+        True
+    """
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    i, adobe = 2, None
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _STANDALONE:
+            i += 2
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2 or marker in (0xDA, 0xD9):  # a scan or the end before any frame header
+            return None
+        if marker == 0xEE and length >= 12 and bytes(data[i + 4 : i + 9]) == b"Adobe":
+            adobe = data[i + 15]
+        if marker in _SOF:
+            if i + 10 > n:
+                return None
+            height, width = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]
+            if not height or not width:
+                return None
+            baseline = marker in (0xC0, 0xC1) and data[i + 4] == 8
+            return JPEGInfo(width, height, data[i + 9], baseline, adobe)
+        i += 2 + length
+    return None
+
+
+def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
+    """Whether nvJPEG's batched decode takes the JPEG: baseline YCbCr colour. Grey, CMYK, RGB-stored,
+    progressive and 12-bit JPEGs (and other formats) are decoded on the CPU instead, one by one."""
+    return info is not None and info.baseline and info.components == 3 and info.adobe_transform in (None, 1)
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+_TVIO: list[Any] = []  # torchvision.io once looked up (None: it does not import)
+
+
+def _torchvision_io() -> Any | None:
+    """``torchvision.io`` where it imports, else ``None`` (looked up once)."""
+    if not _TVIO:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import torchvision.io as tvio
+        except Exception:  # not installed, or a build that does not load with this torch
+            tvio = None
+        _TVIO.append(tvio)
+    return _TVIO[0]
+
+
+def _tv_decode(data: bytearray) -> torch.Tensor:
+    tvio = _torchvision_io()
+    assert tvio is not None
+    return tvio.decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
+
+
+def _cannot_decode(name: str, err: BaseException) -> ValueError:
+    detail = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+    return ValueError(f"cannot decode image {name!r} ({type(err).__name__}: {detail[:200]}); {_FIX}")
+
+
+def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None) -> torch.Tensor:
+    """One whole image as uint8 RGB ``(3, H, W)`` on the CPU: torchvision's ``decode_jpeg`` for a JPEG (PIL's
+    pixels, grey and CMYK converted as PIL converts them), else PIL (``layout.to_rgb8``).
+
+    Raises:
+        ValueError: the image cannot be decoded (``name`` is named).
+    """
+    data = data if isinstance(data, bytearray) else bytearray(data)
+    if _torchvision_io() is not None and (info or jpeg_info(data)) is not None:
+        try:
+            return _tv_decode(data)
+        except RuntimeError as err:
+            raise _cannot_decode(name, err) from err
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            rgb = np.asarray(layout.to_rgb8(img), dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise _cannot_decode(name, err) from err
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+
+
+def decode_canvas_fast(data: bytes | bytearray, storage_size: int, out: np.ndarray, name: str) -> np.ndarray:
+    """``folder.decode_canvas`` of ``data`` onto ``out``, with the decode and the resize inside torch
+    operators that release the GIL where torchvision is installed (a JPEG small enough that PIL would not
+    decode it at a reduced scale); return the image's meta ``(h, w, transposed)``.
+
+    Raises:
+        ValueError: the image cannot be decoded (``name`` is named).
+    """
+    info = jpeg_info(data) if _torchvision_io() is not None else None
+    if info is not None:
+        target = layout.resized_size(info.width, info.height, storage_size)
+        if layout.draft_size(info.width, info.height, target) is None:
+            from lightning_gpuopt import _compat
+
+            rgb = decode_rgb(data, name, info).permute(1, 2, 0).contiguous().numpy()
+            if (rgb.shape[1], rgb.shape[0]) != tuple(target):
+                rgb = _compat.resize_rgb_uint8(rgb, target[1], target[0])
+            return layout.place_on_canvas(rgb, storage_size, out)[1]
+    return decode_canvas(bytes(data), storage_size, out, name=name)[1]
+
+
+def _read_file(path: str) -> bytearray:
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = bytearray(size)
+        got = fh.readinto(data)
+    return data if got == size else data[:got]
+
+
+# ------------------------------------------------------------------------------------------------ datasets
+class ThreadDecodedFolder(UInt8ImageFolder):
+    """``UInt8ImageFolder`` read by ``threads`` threads of the training process (``read_into`` into pinned
+    batches; ``decode_canvas_fast``), not by worker processes; the same canvases.
+
+    Example:
+        >>> ds = ThreadDecodedFolder("data/train", size=256, threads=14)  # doctest: +SKIP
+    """
+
+    read_in_workers = False
+
+    def __init__(self, root: Any, size: int = 256, on_corrupt: str = "raise", skip_log: Any = None,
+                 threads: int | None = None) -> None:  # fmt: skip
+        super().__init__(root, size, on_corrupt, skip_log)
+        check_int(threads, "threads", low=1, none_ok=True)
+        self.threads = threads or default_decode_threads("cpu")
+
+    @property
+    def auto_readers(self) -> int:
+        """Reading threads ``num_workers="auto"`` gives it: ``threads``."""
+        return self.threads
+
+    def label(self, index: int) -> int:
+        """Sample ``index``'s label."""
+        return int(self.samples[index][1])
+
+    def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:
+        """Sample ``index``'s file as read from the disk, and its name for errors."""
+        path = self.samples[index][0]
+        try:
+            return _read_file(path), path
+        except OSError as err:
+            raise ValueError(f"cannot read image {path!r} ({err.strerror or err}); {_FIX}") from err
+
+    def _load(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
+        data, name = self.jpeg_bytes(index)
+        return self.samples[index][1], decode_canvas_fast(data, self.size, out, name)
+
+    def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
+        if self.on_corrupt == "raise":
+            return self._load(index, out)
+        n = len(self.samples)
+        for offset in range(min(n, 64)):
+            try:
+                return self._load((index + offset) % n, out)
+            except ValueError:
+                self._record_skip(self.samples[(index + offset) % n][0])
+        raise ValueError(
+            f"{min(n, 64)} consecutive images from index {index} in {self.root!r} are unreadable; "
+            "the folder looks broken (check the files, e.g. with PIL)"
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "read": "threads"}
+
+
+class ThreadDecodedStore(JPEGStoreDataset):
+    """``JPEGStoreDataset`` read by ``threads`` threads of the training process (``decode_canvas_fast``),
+    not by worker processes; the same canvases.
+
+    Example:
+        >>> ds = ThreadDecodedStore("train_jpeg.h5", threads=14)  # doctest: +SKIP
+    """
+
+    read_in_workers = False
+
+    def __init__(self, path: Any, threads: int | None = None) -> None:
+        super().__init__(path)
+        check_int(threads, "threads", low=1, none_ok=True)
+        self.threads = threads or default_decode_threads("cpu")
+
+    @property
+    def auto_readers(self) -> int:
+        """Reading threads ``num_workers="auto"`` gives it: ``threads``."""
+        return self.threads
+
+    def label(self, index: int) -> int:
+        """Image ``index``'s label."""
+        return int(self.labels[self._index(index)])
+
+    def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:
+        """Image ``index``'s JPEG bytes (one ``pread``) and its name for errors."""
+        i = self._index(index)
+        return bytearray(self._bytes(self._reader().fileno(), i)), f"image {i} of {self.path!r}"
+
+    def _decode(self, fd: int, i: int, out: np.ndarray) -> np.ndarray:
+        data = bytearray(self._bytes(fd, i))
+        return decode_canvas_fast(data, self.storage_size, out, f"image {i} of {self.path!r}")

@@ -1,0 +1,184 @@
+"""Where a run decodes its JPEGs without DALI: nvJPEG on the GPU or threads of the training process
+(``data.decode``), measured at setup on the run's own files and stated in one line.
+
+``choose_jpeg_decoder`` is the rule; ``measure_rates`` measures both decoders on a sample of the training
+split; ``resolve_decoder`` settles the choice for a run (options first, then what the machine has, then the
+measurement) and logs it once on rank zero.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.data import decode
+from lightning_gpuopt.data.decode import DecodeOptions, decode_canvas_fast, default_decode_threads
+
+__all__ = ["SAMPLE_IMAGES", "DecodeChoice", "choose_jpeg_decoder", "measure_rates", "resolve_decoder"]
+
+#: images of the run's own files the setup measurement decodes at least (a training batch's, where more)
+SAMPLE_IMAGES = 64
+_LOGGED: set[str] = set()
+
+
+@dataclass
+class DecodeChoice:
+    """Where a run decodes its JPEGs and why (``resolve_decoder``).
+
+    Attributes:
+        decoder: ``"gpu"`` or ``"cpu"``.
+        threads: decoding (``"cpu"``) or byte-reading (``"gpu"``) threads of the training process.
+        reason: why, as the setup line says it.
+        measured: the rates behind the choice were measured on the run's files (else chosen from the
+            options or the machine).
+        cpu_rate: images a second the threads decoded together, where measured.
+        gpu_rate: images a second nvJPEG decoded and cropped, where measured.
+    """
+
+    decoder: str
+    threads: int
+    reason: str
+    measured: bool = False
+    cpu_rate: float | None = None
+    gpu_rate: float | None = None
+
+
+def choose_jpeg_decoder(
+    *, threads: int, cpu_rate: float, gpu_rate: float, model_rate: float | None = None
+) -> tuple[str, str]:
+    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them, decoding ``cpu_rate`` images a second
+    together, decode at least ``model_rate`` (what the model trains at, when known: the GPU is then left to
+    the model) or at least nvJPEG's ``gpu_rate``; nvJPEG otherwise.
+
+    Example:
+        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0)[0]
+        'gpu'
+        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0, model_rate=3000.0)[0]
+        'cpu'
+    """
+    head = f"{threads} CPU threads {cpu_rate:,.0f} img/s"
+    if model_rate is not None and cpu_rate >= model_rate:
+        return (
+            "cpu",
+            f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at: the GPU is left to it",
+        )
+    if gpu_rate > cpu_rate:
+        tail = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
+        return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{tail}"
+    return "cpu", f"{head} >= nvJPEG {gpu_rate:,.0f} img/s"
+
+
+def _sample_indices(n: int, k: int) -> list[int]:
+    return sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, k))})
+
+
+def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, image_size: int,
+                  threads: int) -> tuple[float, float]:  # fmt: skip
+    """``(images a second threads decode onto canvases, images a second nvJPEG decodes and crops)`` on
+    ``indices`` of ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``): ``threads`` threads at
+    once, each reading and decoding its share, as they do in training (the GIL they share included); nvJPEG
+    on all of them as one batch, after one warm-up batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning_gpuopt.data.decode_gpu import NVJPEGCrops, read_jpeg_batch
+    from lightning_gpuopt.data.transforms import AugmentConfig
+
+    size = int(dataset.storage_size)
+
+    def decode_share(share: Sequence[int]) -> None:
+        canvas = np.empty(dataset.image_shape, dtype=np.uint8)
+        for i in share:
+            data, name = dataset.jpeg_bytes(i)
+            decode_canvas_fast(data, size, canvas, name)
+
+    shares = [list(indices)[t::threads] for t in range(threads)]
+    # one intra-op thread a decoding thread, as the loader's reading threads have
+    with ThreadPoolExecutor(threads, "lightning_gpuopt-measure", torch.set_num_threads, (1,)) as pool:
+        start = time.perf_counter()
+        list(pool.map(decode_share, shares))
+        cpu = len(indices) / (time.perf_counter() - start)
+    crops = NVJPEGCrops(image_size, AugmentConfig(), seed=0, device=device)
+    batch = read_jpeg_batch(dataset, indices)
+    if device.type != "cuda":  # torchvision's CPU decoder in nvJPEG's place
+        crops(batch)
+        start = time.perf_counter()
+        crops(batch)
+        return cpu, len(batch) / (time.perf_counter() - start)
+    side = torch.cuda.Stream(device)
+    with torch.cuda.device(device), torch.cuda.stream(side):
+        crops(batch)  # nvJPEG's handle and buffers are made on the first batch
+        side.synchronize()
+        start = time.perf_counter()
+        crops(batch)
+        side.synchronize()
+    return cpu, len(batch) / (time.perf_counter() - start)
+
+
+def _cpu_only(options: DecodeOptions, threads: int, reason: str) -> DecodeChoice:
+    if options.decoder == "gpu":
+        warn_once(f"DecodeOptions(decoder='gpu'): {reason}; decoding on CPU threads instead")
+    return DecodeChoice("cpu", threads, reason)
+
+
+def resolve_decoder(
+    options: DecodeOptions | None,
+    dataset: Any,
+    *,
+    device: torch.device,
+    image_size: int,
+    batch_size: int,
+    local_world_size: int = 1,
+    model_rate: float | None = None,
+) -> DecodeChoice:
+    """Where the training split ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``) is decoded:
+    ``options.decoder`` where set, CPU threads without a CUDA ``device`` or without torchvision's nvJPEG,
+    else ``choose_jpeg_decoder`` on rates measured on a sample of its own images (``measure_rates``). The
+    choice is logged once on rank zero.
+
+    Example:
+        >>> resolve_decoder(DecodeOptions(decoder="cpu", threads=4), ds, device=torch.device("cpu"),
+        ...                 image_size=224, batch_size=256)  # doctest: +SKIP
+        DecodeChoice(decoder='cpu', threads=4, reason="DecodeOptions(decoder='cpu')", measured=False, ...)
+    """
+    options = options or DecodeOptions()
+    cpu_threads = options.threads or default_decode_threads("cpu", local_world_size)
+    gpu_threads = options.threads or default_decode_threads("gpu", local_world_size)
+    if options.decoder == "cpu":
+        choice = DecodeChoice("cpu", cpu_threads, "DecodeOptions(decoder='cpu')")
+    elif device.type != "cuda":
+        choice = _cpu_only(options, cpu_threads, "no CUDA device")
+    elif decode._torchvision_io() is None:
+        choice = _cpu_only(options, cpu_threads, "torchvision is not installed (pip install "
+                           "'lightning-gpuopt[vision]' adds nvJPEG decoding on the GPU)")  # fmt: skip
+    elif options.decoder == "gpu":
+        choice = DecodeChoice("gpu", gpu_threads, "DecodeOptions(decoder='gpu')")
+    else:
+        try:
+            sample = _sample_indices(len(dataset), max(SAMPLE_IMAGES, batch_size))
+            cpu, gpu = measure_rates(dataset, sample, device, image_size, cpu_threads)
+        except RuntimeError as err:  # a torchvision built without nvJPEG, or a GPU that refuses it
+            return _log(DecodeChoice("cpu", cpu_threads, f"nvJPEG unavailable ({str(err).splitlines()[0]})"))
+        decoder, reason = choose_jpeg_decoder(
+            threads=cpu_threads, cpu_rate=cpu, gpu_rate=gpu, model_rate=model_rate
+        )
+        threads = gpu_threads if decoder == "gpu" else cpu_threads
+        choice = DecodeChoice(decoder, threads, reason, True, cpu, gpu)
+    return _log(choice)
+
+
+def _log(choice: DecodeChoice) -> DecodeChoice:
+    where = "with nvJPEG on the GPU" if choice.decoder == "gpu" else f"on {choice.threads} CPU threads"
+    how = "measured" if choice.measured else "chosen"
+    line = (f"OptimizedDataModule: JPEGs decoded {where} (decoder={choice.decoder!r}, {how}): {choice.reason}; "
+            "DecodeOptions(decoder='cpu' or 'gpu') overrides")  # fmt: skip
+    if line not in _LOGGED:
+        _LOGGED.add(line)
+        rank_zero_info(line)
+    return choice

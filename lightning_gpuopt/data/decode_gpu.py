@@ -1,0 +1,289 @@
+"""Training batches decoded by nvJPEG (torchvision's ``decode_jpeg(list, device="cuda")``), cropped and
+normalized on the GPU, beside the training stream.
+
+- ``read_jpeg_batch`` (threads of the training process, ``NVJPEGLoader``): each image's JPEG bytes, read
+  as they are stored; what nvJPEG's batched decode does not take (grey, CMYK, progressive JPEGs, other
+  formats: ``decode.nvjpeg_decodable``) is decoded on the reading thread (``decode.decode_rgb``).
+- ``NVJPEGCrops`` (the loader's staging thread, on its side stream): one batched nvJPEG call, its hardware
+  decoder where the GPU has one. torchvision decodes on a stream of its own, waits for it on the calling
+  thread and makes the caller's current stream (the side stream) wait for it, so the training stream is never
+  made to wait. A batch nvJPEG refuses is decoded image by image, each on the CPU where nvJPEG refuses it
+  too, so one odd file does not fail the batch and a broken one is named. Then torchvision's
+  ``RandomResizedCrop`` box of each whole image (``transforms.random_resized_crop_boxes``, drawn on the host)
+  and a flip, or the evaluation box (``center_crop_boxes``), resampled as PIL's bilinear resize of the box
+  (``transforms.resample``): each image's region around its box is copied onto a canvas (the longer side
+  along its width), images grouped by size so a canvas carries little padding, two batched matrix products
+  a group. Output: normalized channels_last float32, as ``GPUAugment`` gives.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+import torch
+
+from lightning_gpuopt._checks import check_int
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
+from lightning_gpuopt.data.decode import (
+    GPU_READ_THREADS,
+    _torchvision_io,
+    decode_rgb,
+    jpeg_info,
+    nvjpeg_decodable,
+)
+from lightning_gpuopt.data.loader import CLOSE_WAIT_S, READS_PER_THREAD, ContinuousDataLoader
+from lightning_gpuopt.data.transforms import (
+    AugmentConfig,
+    GPUAugment,
+    _scale_shift,
+    band_size,
+    center_crop_boxes,
+    random_resized_crop_boxes,
+    resample,
+)
+
+__all__ = ["GROUP", "JPEGBatch", "NVJPEGCrops", "NVJPEGLoader", "read_jpeg_batch"]
+
+#: images resampled together on one canvas (sorted by size, so a canvas carries little padding)
+GROUP = 64
+#: batches of decoded images kept alive at most while the GPU still crops from them
+HELD = 4
+
+
+class JPEGBatch:
+    """A batch as its reading thread leaves it: per image either JPEG bytes for nvJPEG (``data``, a uint8
+    CPU tensor) or the image decoded on the CPU (``decoded``, uint8 ``(3, H, W)``), its name for errors, and
+    the int64 labels. Not a tuple, so the staging thread hands it to the transform as it is."""
+
+    __slots__ = ("data", "decoded", "labels", "names")
+
+    def __init__(self, data: list[torch.Tensor | None], decoded: list[torch.Tensor | None],
+                 labels: torch.Tensor, names: list[str]) -> None:  # fmt: skip
+        self.data, self.decoded, self.labels, self.names = data, decoded, labels, names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def read_jpeg_batch(dataset: Any, indices: Sequence[int]) -> JPEGBatch:
+    """Read the images at ``indices`` of ``dataset`` (``jpeg_bytes(i)``, ``label(i)``); decode on this thread
+    those nvJPEG's batched decode does not take."""
+    data: list[torch.Tensor | None] = []
+    decoded: list[torch.Tensor | None] = []
+    names, labels = [], []
+    pin = torch.cuda.is_available()  # what the staging thread copies to the GPU, copied without a wait
+    for index in indices:
+        payload, name = dataset.jpeg_bytes(int(index))
+        info = jpeg_info(payload)
+        if nvjpeg_decodable(info):
+            data.append(torch.frombuffer(payload, dtype=torch.uint8))
+            decoded.append(None)
+        else:
+            data.append(None)
+            image = decode_rgb(payload, name, info)
+            decoded.append(image.pin_memory() if pin else image)
+        names.append(name)
+        labels.append(dataset.label(int(index)))
+    labels_t = torch.tensor(labels, dtype=torch.int64)
+    return JPEGBatch(data, decoded, labels_t.pin_memory() if pin else labels_t, names)
+
+
+def _nvjpeg(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    tvio = _torchvision_io()
+    if tvio is None:
+        raise ModuleNotFoundError(
+            "decoding JPEGs on the GPU needs torchvision: pip install 'lightning-gpuopt[vision]'"
+        )
+    return list(tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=device))
+
+
+class NVJPEGCrops:
+    """``JPEGBatch`` -> ``(normalized channels_last float32 NCHW, int64 labels)`` on the current CUDA device:
+    nvJPEG decodes, then torchvision's training crop and flip of each whole image (``augment``; ``None``:
+    ``Resize(eval_resize_size) + CenterCrop``), resized as PIL's bilinear resize of the box.
+
+    Crops and flips are drawn on the host from a CPU generator seeded with ``seed``: no device value is read.
+    The images come out grouped by size, their labels with them. ``device``: where to decode and crop
+    (default: the current CUDA device; on a CPU, torchvision's CPU decoder stands in for nvJPEG).
+
+    Example:
+        >>> crops = NVJPEGCrops(224, AugmentConfig(), seed=0)  # doctest: +SKIP
+        >>> images, labels = crops(read_jpeg_batch(folder, range(256)))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        augment: AugmentConfig | None,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        *,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.image_size, self.augment = int(image_size), augment
+        self.device = None if device is None else torch.device(device)
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self._norm = GPUAugment(image_size, augment, mean, std)  # its normalization constants, per device
+        # decoded images a batch's crops still read on the GPU: nvJPEG writes the next batch on a stream of
+        # its own, so their memory must not go back to the allocator before those reads are done
+        self._held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = collections.deque()
+
+    def __call__(self, batch: JPEGBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.device or torch.device("cuda", torch.cuda.current_device())
+        while self._held and (len(self._held) > HELD or self._held[0][0].query()):
+            self._held.popleft()[0].synchronize()  # done already, but for the few over HELD
+        images = self.decode(batch, device)
+        out, order = self.crop(images, device)
+        scale, bias = self._norm._norm_constants(device)
+        labels = _to(batch.labels[order], device)
+        if device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self._held.append((done, images))
+        return _scale_shift(out, scale, bias, torch.float32, torch.channels_last), labels
+
+    def decode(self, batch: JPEGBatch, device: torch.device) -> list[torch.Tensor]:
+        """Every image of ``batch`` as uint8 ``(3, H, W)`` on ``device``."""
+        out: list[torch.Tensor | None] = [None if t is None else _to(t, device) for t in batch.decoded]
+        todo = [i for i, d in enumerate(batch.data) if d is not None]
+        if todo:
+            try:
+                got = _nvjpeg([batch.data[i] for i in todo], device)  # type: ignore[misc]
+            except RuntimeError:  # one image nvJPEG refuses fails the call: decode one by one
+                got = [self._one(batch, i, device) for i in todo]
+            for i, image in zip(todo, got, strict=True):
+                out[i] = image
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _one(batch: JPEGBatch, i: int, device: torch.device) -> torch.Tensor:
+        data = batch.data[i]
+        assert data is not None
+        try:
+            return _nvjpeg([data], device)[0]
+        except RuntimeError:  # decoded on the CPU, or named there when it cannot be decoded at all
+            return _to(decode_rgb(bytearray(data.numpy().tobytes()), batch.names[i]), device)
+
+    def boxes(self, heights: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Crop boxes ``(x0, y0, w, h)`` in each image's pixels and flips, drawn on the host."""
+        if self.augment is None:
+            return center_crop_boxes(heights, widths, self.image_size), None
+        a = self.augment
+        boxes = random_resized_crop_boxes(heights, widths, a.scale, a.ratio, generator=self.generator)
+        return boxes, torch.rand(heights.shape[0], generator=self.generator) < a.flip_p
+
+    def crop(self, images: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The crops of ``images`` (rounded values, NCHW channels_last, float16 on a GPU) and the order they
+        come in."""
+        size = self.image_size
+        hw = torch.tensor([[int(t.shape[1]), int(t.shape[2])] for t in images], dtype=torch.float32)
+        boxes, flip = self.boxes(hw[:, 0], hw[:, 1])
+        region = _regions(boxes, hw, size)  # int64 (x0, y0, x1, y1) a box needs, inside its image
+        extent = region[:, 2:] - region[:, :2]  # (width, height)
+        transposed = extent[:, 1] > extent[:, 0]  # the longer side along the canvas' width
+        stored = torch.where(transposed.view(-1, 1), extent, extent.flip(1))  # (h, w) on the canvas
+        local = boxes.clone()
+        local[:, :2] -= region[:, :2].to(torch.float32)
+        order = torch.argsort(stored[:, 0] * stored[:, 1], descending=True, stable=True)
+        # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        regions, sideways = region.tolist(), transposed.tolist()
+        parts = []
+        for group in order.split(GROUP):
+            idx = group.tolist()
+            h, w = int(stored[group, 0].max()), int(stored[group, 1].max())
+            canvas = torch.zeros((len(idx), 3, h, w), dtype=dtype, device=device)
+            for row, i in enumerate(idx):
+                x0, y0, x1, y1 = regions[i]
+                src = images[i][:, y0:y1, x0:x1]
+                if sideways[i]:
+                    canvas[row, :, : x1 - x0, : y1 - y0].copy_(src.transpose(1, 2))
+                else:
+                    canvas[row, :, : y1 - y0, : x1 - x0].copy_(src)
+            meta = torch.cat([stored[group], transposed[group].view(-1, 1).to(torch.int64)], dim=1)
+            shrink = float((boxes[group, 2:] / size).max())
+            parts.append(resample(
+                canvas, _to(meta.to(torch.int32), device), _to(local[group], device),
+                None if flip is None else _to(flip[group], device), size, band_size(shrink),
+            ))  # fmt: skip
+        out = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=torch.channels_last)
+        return out, order
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``, copied from pinned memory so the copy waits for nothing."""
+    if device.type != "cuda":
+        return tensor
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
+def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:
+    """The pixels ``(x0, y0, x1, y1)`` each box's resampling reads: the box, widened by the filter's reach
+    (its half-width ``max(box side / size, 1)``) and a pixel, kept inside the image."""
+    x0, y0, bw, bh = boxes.to(torch.float64).unbind(1)
+    mx = torch.ceil(torch.clamp(bw / size, min=1.0)) + 1
+    my = torch.ceil(torch.clamp(bh / size, min=1.0)) + 1
+    height, width = hw[:, 0].to(torch.float64), hw[:, 1].to(torch.float64)
+    left = torch.clamp(torch.floor(x0) - mx, min=0)
+    top = torch.clamp(torch.floor(y0) - my, min=0)
+    right = torch.minimum(torch.ceil(x0 + bw) + mx, width)
+    bottom = torch.minimum(torch.ceil(y0 + bh) + my, height)
+    return torch.stack([left, top, right, bottom], dim=1).to(torch.int64)
+
+
+def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
+    """``read_jpeg_batch`` of each batch of ``loader``'s index batches, ``READS_PER_THREAD`` batches in
+    flight on each of its ``reader_threads``."""
+    dataset, indices = loader.dataset, iter(loader._index_batches())
+    pool = ThreadPoolExecutor(loader.reader_threads, thread_name_prefix="lightning_gpuopt-jpeg",
+                              initializer=torch.set_num_threads, initargs=(1,))  # fmt: skip
+    pending: collections.deque[Future[JPEGBatch]] = collections.deque()
+
+    def submit() -> bool:
+        batch = next(indices, None)
+        if batch is None:
+            return False
+        pending.append(pool.submit(read_jpeg_batch, dataset, list(batch)))
+        return True
+
+    try:
+        more = True
+        while more and len(pending) < loader.reader_threads * READS_PER_THREAD:
+            more = submit()
+        while pending:
+            done = pending.popleft().result()
+            if more:
+                more = submit()
+            yield done
+    finally:
+        in_flight = [future for future in pending if not future.cancel()]
+        pool.shutdown(wait=False, cancel_futures=True)
+        wait_futures(in_flight, timeout=CLOSE_WAIT_S)
+
+
+class NVJPEGLoader(ContinuousDataLoader):
+    """A ``ContinuousDataLoader`` whose batches are JPEG bytes read by ``reader_threads`` threads of this
+    process and decoded on the GPU by its ``device_transform`` (an ``NVJPEGCrops``) on the staging thread's
+    side stream; they arrive as ``StagedBatch`` ``(normalized images, labels)``. Its dataset has
+    ``jpeg_bytes(i)`` and ``label(i)`` (``decode.ThreadDecodedFolder``, ``decode.ThreadDecodedStore``).
+
+    Example:
+        >>> loader = NVJPEGLoader(folder, batch_size=256, shuffle=True, drop_last=True, pin_memory=True,
+        ...                       reader_threads=4, device_transform=NVJPEGCrops(224, AugmentConfig()))  # doctest: +SKIP
+    """
+
+    def __init__(self, *args: Any, reader_threads: int = GPU_READ_THREADS, device_transform: Any = None,
+                 feed_info: Any = None, read_threads: int = 0, **kwargs: Any) -> None:  # fmt: skip
+        # every argument is named here: Lightning re-creates the loader (under DDP) from this signature
+        super().__init__(*args, device_transform=device_transform, feed_info=feed_info,
+                         read_threads=read_threads, **kwargs)  # fmt: skip
+        check_int(reader_threads, "reader_threads", low=1)
+        self.reader_threads = reader_threads
+
+    def _batches(self) -> Iterator[Any]:
+        return _read_jpeg_batches(self)
