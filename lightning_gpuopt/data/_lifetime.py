@@ -44,7 +44,7 @@ def _remove_if_orphaned(folder: str, parent: int) -> None:
 
 
 class InWorkerFolder:
-    """A DataLoader ``worker_init_fn``: the worker keeps its temporary files in ``folder``, then runs ``inner``.
+    """A DataLoader ``worker_init_fn``: the worker's temporary files go to ``folder``; ``inner`` runs after.
 
     ``multiprocessing`` makes a worker's ``pymp-*`` folder (the socket that hands a batch's shared memory
     to the main process) in ``tempfile.gettempdir()`` and removes it when the worker exits through Python.

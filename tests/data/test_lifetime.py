@@ -1,4 +1,4 @@
-"""What a killed or stopped run leaves behind: DataLoader workers, their temporary folders, the skip folder."""
+"""What a killed or stopped run leaves behind: DataLoader workers, their temporary files, the skip folder."""
 
 import os
 import shutil
