@@ -28,7 +28,7 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 #: after multiprocessing's own exit handlers, which remove the worker's ``pymp-*`` folder at priority -100
 _AFTER_TEMP_DIR = -200
-_PREFIX = "lightning_gpuopt_workers_"
+_PREFIX = "gpuopt-"  # short: a worker's socket path inside it must stay under the AF_UNIX limit
 #: the longest AF_UNIX socket path (``sun_path``: 104 bytes with its NUL on macOS, 108 on Linux)
 _SOCKET_PATH_MAX = 103
 #: what ``multiprocessing`` adds to a temporary folder for a worker's socket

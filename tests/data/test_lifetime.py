@@ -84,7 +84,7 @@ def test_a_loaders_own_worker_init_fn_runs_in_each_worker_and_stays_its_own():
 def _worker_folders() -> list[str]:
     import tempfile
 
-    return sorted(p.name for p in Path(tempfile.gettempdir()).glob("lightning_gpuopt_workers_*"))
+    return sorted(p.name for p in Path(tempfile.gettempdir()).glob("gpuopt-*"))
 
 
 def test_the_workers_temporary_folder_goes_with_them(tmp_path):
