@@ -16,8 +16,10 @@ import ctypes
 import multiprocessing
 import multiprocessing.util
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,21 @@ _SOCKET_PATH_MAX = 103
 _SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
 
 
+def _own_folder(folder: str) -> bool:
+    """Make ``folder`` or take the one a sibling worker made: a folder of this user, not a link."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass  # a sibling worker made it (or someone else did: checked below)
+    except OSError:
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+
+
 def _remove_if_orphaned(folder: str, parent: int) -> None:
     """At a worker's exit: remove the loader's folder when the parent died (nobody else will) and no other
     worker still keeps a folder in it."""
@@ -49,9 +66,9 @@ class InWorkerFolder:
     ``multiprocessing`` makes a worker's ``pymp-*`` folder (the socket that hands a batch's shared memory
     to the main process) in ``tempfile.gettempdir()`` and removes it when the worker exits through Python.
     A worker that ends otherwise (terminated by PyTorch after its 5 s shutdown wait, or a batch still being
-    handed over while the worker exits) leaves it behind; inside ``folder`` it goes with the folder. A
-    worker whose parent died (PyTorch's workers notice within 5 s and exit) removes ``folder`` once it is
-    empty.
+    handed over while the worker exits) leaves it behind; inside ``folder`` it goes with the folder. The
+    workers make ``folder`` (the first of them; a parent killed before any started leaves nothing), and a
+    worker whose parent died (PyTorch's workers notice within 5 s and exit) removes it once it is empty.
 
     Args:
         folder: the iterator's folder (``worker_folder``).
@@ -63,10 +80,11 @@ class InWorkerFolder:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
-        tempfile.tempdir = self.folder  # public: the default folder of tempfile and multiprocessing
-        multiprocessing.util.Finalize(
-            None, _remove_if_orphaned, args=(self.folder, os.getppid()), exitpriority=_AFTER_TEMP_DIR
-        )
+        if _own_folder(self.folder):
+            tempfile.tempdir = self.folder  # public: the default folder of tempfile and multiprocessing
+            multiprocessing.util.Finalize(
+                None, _remove_if_orphaned, args=(self.folder, os.getppid()), exitpriority=_AFTER_TEMP_DIR
+            )
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -81,10 +99,9 @@ def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iter
     would not fit inside such a folder (a long ``TMPDIR``: AF_UNIX paths are short), the workers keep
     ``multiprocessing``'s own folders and nothing is removed here.
     """
-    longest = os.path.join(tempfile.gettempdir(), _PREFIX + "12345678")
-    if len(os.fsencode(longest)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
+    folder = os.path.join(tempfile.gettempdir(), _PREFIX + secrets.token_hex(4))  # the workers make it
+    if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
         return start(), lambda: None
-    folder = tempfile.mkdtemp(prefix=_PREFIX)
     own = loader.worker_init_fn
     loader.worker_init_fn = InWorkerFolder(folder, own)
     try:

@@ -100,6 +100,16 @@ def test_the_workers_temporary_folder_goes_with_them(tmp_path):
     assert _worker_folders() == before
 
 
+def test_a_worker_takes_only_a_folder_of_this_user(tmp_path):
+    from lightning_gpuopt.data._lifetime import _own_folder
+
+    made = tmp_path / "gpuopt-made"
+    assert _own_folder(str(made)) and made.is_dir()  # the first worker makes it
+    assert _own_folder(str(made))  # a sibling takes it
+    (tmp_path / "gpuopt-link").symlink_to(made)
+    assert not _own_folder(str(tmp_path / "gpuopt-link"))  # a link someone put there is not taken
+
+
 class _SeedProbe(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 4
