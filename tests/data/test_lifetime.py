@@ -110,6 +110,35 @@ def test_a_worker_takes_only_a_folder_of_this_user(tmp_path):
     assert not _own_folder(str(tmp_path / "gpuopt-link"))  # a link someone put there is not taken
 
 
+class _TempDirProbe(torch.utils.data.Dataset):
+    """Writes the temporary folder each worker sees into ``log`` (a file a worker)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        (self.log / str(os.getpid())).write_text(tempfile.gettempdir())
+        return torch.zeros(2)
+
+
+def test_worker_tuning_gives_its_workers_a_folder_that_goes_with_them(tmp_path):
+    from lightning_gpuopt.data.tuning import tune_num_workers
+
+    ds = _TempDirProbe(tmp_path)
+    tune_num_workers(
+        lambda n: torch.utils.data.DataLoader(ds, batch_size=2, num_workers=n),
+        candidates=[1],
+        budget_s=2.0,
+        cache=False,
+    )
+    seen = {p.read_text() for p in tmp_path.iterdir()}
+    assert len(seen) == 1 and Path(next(iter(seen))).name.startswith("gpuopt-")
+    assert not Path(next(iter(seen))).exists()
+
+
 class _SeedProbe(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 4
