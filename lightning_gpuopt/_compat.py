@@ -86,11 +86,6 @@ _INTERNALS: tuple[_Internal, ...] = (
         "an unreadable image in a DataLoader worker ends the fit with its own one-line message",
     ),
     _Internal(
-        "multiprocessing.process._current_process",
-        "_config",
-        "a DataLoader worker ending on SIGTERM removes the temporary folder multiprocessing made for it",
-    ),
-    _Internal(
         "torch._dynamo.utils",
         "counters",
         "CompileModel tells whether the compiled step replays CUDA graphs (inductor's cudagraph_skips)",
@@ -238,23 +233,6 @@ def cpu_has_fast_bf16() -> bool:
         getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     ]
     return any(bool(p()) for p in probes if callable(p))
-
-
-def multiprocessing_tempdir() -> str | None:
-    """The ``pymp-*`` folder ``multiprocessing`` made for this process (or inherited), else ``None``."""
-    import multiprocessing
-
-    config = getattr(multiprocessing.current_process(), "_config", None)
-    return config.get("tempdir") if isinstance(config, dict) else None
-
-
-def use_multiprocessing_tempdir(path: str) -> None:
-    """Make ``path`` this process's ``pymp-*`` folder (a worker then makes none of its own)."""
-    import multiprocessing
-
-    config = getattr(multiprocessing.current_process(), "_config", None)
-    if isinstance(config, dict):
-        config["tempdir"] = path
 
 
 def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:

@@ -1,9 +1,12 @@
-"""Processes and files that must not outlive the process that made them, even after a SIGKILL.
+"""Processes and temporary files that end with their owner.
 
-``die_with_parent`` makes a worker process (a decode worker, a DataLoader worker) get SIGKILL when its parent
-dies (Linux ``PR_SET_PDEATHSIG``) and exit at once if the parent is already gone. ``WorkerInit`` does that as
-a DataLoader ``worker_init_fn`` and then calls the one it wraps. ``Janitor`` removes a temporary file or
-folder when its owner dies before saying it is done: a SIGKILL leaves the owner no chance to clean up.
+``worker_folder`` gives the DataLoader worker processes of one iterator a temporary folder of their own:
+``multiprocessing`` makes each worker's ``pymp-*`` folder inside it (``InWorkerFolder``), and the folder is
+removed once those workers have ended. ``die_with_parent`` and ``Janitor`` serve ``lightning-gpuopt convert``
+and the DataModule's skipped-image folder, which must not outlive a process killed with SIGKILL.
+
+What each mechanism is for, and the test that shows the platform leaking without it, is in
+``docs/reliability.md`` ("What ends the processes and temporary folders").
 """
 
 from __future__ import annotations
@@ -11,119 +14,123 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.util
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning_gpuopt import _compat
-
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+#: after multiprocessing's own exit handlers, which remove the worker's ``pymp-*`` folder at priority -100
+_AFTER_TEMP_DIR = -200
+_PREFIX = "gpuopt-"  # short: a worker's socket path inside it must stay under the AF_UNIX limit
+#: the longest AF_UNIX socket path (``sun_path``: 104 bytes with its NUL on macOS, 108 on Linux)
+_SOCKET_PATH_MAX = 103
+#: what ``multiprocessing`` adds to a temporary folder for a worker's socket
+_SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
 
 
-def die_with_parent(
-    expected_ppid: int | None = None, *, pdeathsig: bool = True, signum: int = signal.SIGKILL
-) -> None:
-    """In a child process: get ``signum`` when the parent dies (Linux), and exit now if it already died.
+def _own_folder(folder: str) -> bool:
+    """Make ``folder`` or take the one a sibling worker made: a folder of this user, not a link."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass  # a sibling worker made it (or someone else did: checked below)
+    except OSError:
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+
+
+def _remove_if_orphaned(folder: str, parent: int) -> None:
+    """At a worker's exit: remove the loader's folder when the parent died (nobody else will) and no other
+    worker still keeps a folder in it."""
+    if os.getppid() != parent:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+class InWorkerFolder:
+    """A DataLoader ``worker_init_fn``: the worker's temporary files go to ``folder``; ``inner`` runs after.
+
+    ``multiprocessing`` makes a worker's ``pymp-*`` folder (the socket that hands a batch's shared memory
+    to the main process) in ``tempfile.gettempdir()`` and removes it when the worker exits through Python.
+    A worker that ends otherwise (terminated by PyTorch after its 5 s shutdown wait, or a batch still being
+    handed over while the worker exits) leaves it behind; inside ``folder`` it goes with the folder. The
+    workers make ``folder`` (the first of them; a parent killed before any started leaves nothing), and a
+    worker whose parent died (PyTorch's workers notice within 5 s and exit) removes it once it is empty.
+
+    Args:
+        folder: the iterator's folder (``worker_folder``).
+        inner: the loader's own ``worker_init_fn`` (None: none).
+    """
+
+    def __init__(self, folder: str, inner: Callable[[int], Any] | None = None) -> None:
+        self.folder = folder
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        if _own_folder(self.folder):
+            tempfile.tempdir = self.folder  # public: the default folder of tempfile and multiprocessing
+            multiprocessing.util.Finalize(
+                None, _remove_if_orphaned, args=(self.folder, os.getppid()), exitpriority=_AFTER_TEMP_DIR
+            )
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], Callable[[], Any]]:
+    """``start()`` (a DataLoader iterator of ``loader``) with its workers' temporary files in a folder of
+    their own, and the call that removes that folder (once the workers are stopped).
+
+    The folder is also removed when the iterator is garbage collected (after PyTorch's ``__del__`` has
+    stopped its workers) and at interpreter exit (``weakref.finalize``). ``loader.worker_init_fn`` is wrapped
+    in ``InWorkerFolder`` only while the workers start; the loader keeps its own. Where a worker's socket
+    would not fit inside such a folder (a long ``TMPDIR``: AF_UNIX paths are short), the workers keep
+    ``multiprocessing``'s own folders and nothing is removed here.
+    """
+    folder = os.path.join(tempfile.gettempdir(), _PREFIX + secrets.token_hex(4))  # the workers make it
+    if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
+        return start(), lambda: None
+    own = loader.worker_init_fn
+    loader.worker_init_fn = InWorkerFolder(folder, own)
+    try:
+        iterator = start()
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        loader.worker_init_fn = own
+    return iterator, weakref.finalize(iterator, shutil.rmtree, folder, ignore_errors=True)
+
+
+def die_with_parent(expected_ppid: int | None = None) -> None:
+    """In a child process: get SIGKILL when the parent dies (Linux), and exit now if it already died.
 
     Args:
         expected_ppid: the parent's pid as the parent knew it; None: the pid ``multiprocessing`` recorded in
             the parent when it made this process (else the current parent pid). A process forked in the
             instant its parent dies already sees another parent (pid 1 or a subreaper) and exits.
-        pdeathsig: set the parent-death signal. Linux sends it when the *thread* that forked this process
-            ends, so it is only right when that thread lives as long as the parent's use of this process.
     """
     if expected_ppid is None:
         parent = multiprocessing.parent_process()
         expected_ppid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
-    if pdeathsig and sys.platform.startswith("linux"):
+    if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != expected_ppid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _exit_cleanly(signum: int, frame: Any) -> None:
-    """SIGTERM in a DataLoader worker: exit through Python, so ``multiprocessing`` removes its ``pymp-*`` folder.
-
-    Killed outright (SIGKILL, or SIGTERM's default action), a worker that has shared a tensor leaves that
-    folder behind in the temporary folder. Should the clean exit hang (its queue's pipe full with nobody
-    reading), SIGALRM's default action ends the process a few seconds later.
-    """
-    signal.alarm(3)
-    # the folder is removed now too: should the alarm end the process, no exit handler runs
-    own = _compat.multiprocessing_tempdir()
-    if own is not None and own != _INHERITED_TEMPDIR.get(os.getpid()):
-        shutil.rmtree(own, ignore_errors=True)
-    raise SystemExit(128 + signum)
-
-
-# pid -> the pymp-* folder a worker inherited from its parent at start (the parent's: never removed here)
-_INHERITED_TEMPDIR: dict[int, str | None] = {}
-
-
-# pid -> the janitor of the pymp-* folder this process shares with its workers (kept: its pipe is the signal)
-_SHARED_TEMPDIR: dict[int, tuple[str, Janitor]] = {}
-
-
-def shared_tempdir() -> str:
-    """This process's ``pymp-*`` folder, made now if need be, for its DataLoader workers to use as theirs.
-
-    A worker that makes its own folder (to pass a shared tensor's file descriptor) can end before its exit
-    handlers run, or make the folder after they ran (its queue's feeder thread is still sending when an error
-    stops the loader), and leaves it behind. Workers given this folder (``WorkerInit.tempdir``) make none;
-    ``multiprocessing`` removes it at this process's exit and a ``Janitor`` when this process is killed.
-    """
-    import multiprocessing.util
-
-    pid = os.getpid()
-    if pid not in _SHARED_TEMPDIR:
-        path = multiprocessing.util.get_temp_dir()
-        _SHARED_TEMPDIR[pid] = (path, Janitor(path))
-    return _SHARED_TEMPDIR[pid][0]
-
-
-class WorkerInit:
-    """A DataLoader ``worker_init_fn``: the worker dies with the process that iterates the loader.
-
-    It makes SIGTERM end the worker cleanly, calls ``die_with_parent`` (the parent's death sends SIGTERM) and
-    then ``inner`` (a user's ``worker_init_fn``). Without ``inner`` and under
-    ``seed_everything(workers=True)`` it seeds the worker as Lightning would have (Lightning only adds its own
-    function to loaders that have none). The parent-death signal is set only when the loader was made on the
-    main thread, where Lightning iterates it; elsewhere the worker still exits if its parent is already gone.
-
-    Given ``tempdir`` (the parent's ``shared_tempdir()``, set before the workers start), the worker uses that
-    folder as its ``pymp-*`` folder and makes none of its own.
-
-    Args:
-        inner: the ``worker_init_fn`` to call afterwards (None: none).
-
-    Example:
-        >>> loader = DataLoader(dataset, num_workers=2, worker_init_fn=WorkerInit(my_init))  # doctest: +SKIP
-    """
-
-    def __init__(self, inner: Callable[[int], Any] | None = None) -> None:
-        self.inner = inner
-        self.tempdir: str | None = None
-        self.main_thread = threading.current_thread() is threading.main_thread()
-
-    def __call__(self, worker_id: int) -> None:
-        if self.tempdir is not None:
-            _compat.use_multiprocessing_tempdir(self.tempdir)
-        _INHERITED_TEMPDIR[os.getpid()] = _compat.multiprocessing_tempdir()
-        signal.signal(signal.SIGTERM, _exit_cleanly)
-        die_with_parent(pdeathsig=self.main_thread, signum=signal.SIGTERM)
-        if self.inner is not None:
-            self.inner(worker_id)
-        elif int(os.environ.get("PL_SEED_WORKERS", "0")):
-            from lightning.fabric.utilities.seed import pl_worker_init_function
-
-            pl_worker_init_function(worker_id)
 
 
 # Reads stdin until its owner writes "d" (done) or dies (end of file: nobody holds the pipe any more); unless

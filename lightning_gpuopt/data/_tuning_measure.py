@@ -9,9 +9,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import is_int
+from lightning_gpuopt.data._lifetime import worker_folder
+from lightning_gpuopt.data.loader import HostDataLoader
 
 
 def _batch_len(batch: Any) -> int:
@@ -53,7 +56,11 @@ def _measure(
     until)``, ``until`` one of ``"steady"``, ``"one pass"``, ``"slot"``, ``"no batch"`` (the loader yielded
     nothing)."""
     t0 = time.perf_counter()
-    it = iter(loader)
+    remove_folder: Callable[[], Any] = lambda: None  # noqa: E731 - what a plain DataLoader's workers left
+    if isinstance(loader, DataLoader) and loader.num_workers and not isinstance(loader, HostDataLoader):
+        it, remove_folder = worker_folder(loader, lambda: iter(loader))
+    else:
+        it = iter(loader)  # a HostDataLoader keeps its workers' folder itself
     startup = None
     delivered = 0  # every sample, warm-up included
     times: list[float] = []  # arrival time of each measured batch; the first is the origin
@@ -92,6 +99,7 @@ def _measure(
         # shuts worker processes down now rather than at garbage collection (counted in the slot)
         _compat.shutdown_workers(it)
         del it
+        remove_folder()
     if startup is None:
         return 0.0, 0.0, 0, "no batch"
     measured = len(times) - 1

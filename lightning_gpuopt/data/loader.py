@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, check_int
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo, warn_once
-from lightning_gpuopt.data._lifetime import WorkerInit, shared_tempdir
+from lightning_gpuopt.data._lifetime import worker_folder
 from lightning_gpuopt.data.readers import (  # noqa: F401 - BatchReader and the whole-batch reads live there
     BatchReader,
     ReadBatch,
@@ -184,14 +184,16 @@ CLOSE_WAIT_S = 2.0
 
 
 class HostDataLoader(DataLoader):
-    """A ``DataLoader`` that describes its feed, times its consumer, and whose workers die with their parent.
+    """A ``DataLoader`` that describes its feed, times its consumer, and leaves no temporary folder behind.
 
     Takes DataLoader's arguments plus ``feed_info``; keeps ``fetch_seconds``
     (``_common.FETCH_SECONDS_ATTR``): the cumulative seconds spent inside ``next()`` on its iterators, i.e.
-    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch). Its
-    ``worker_init_fn`` is wrapped in ``WorkerInit``: a worker gets SIGKILL when the process iterating the
-    loader dies (Linux), also one started in the instant its parent died, which PyTorch's own parent check
-    misses; the ``worker_init_fn`` passed is called afterwards.
+    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch). The
+    worker processes of each iterator keep their temporary files (``multiprocessing``'s ``pymp-*`` folders,
+    a dataset's own ``tempfile`` files) in a folder of that iterator, removed once its workers are stopped:
+    by ``close_workers``, when the iterator is garbage collected, or at interpreter exit
+    (``_lifetime.worker_folder``). Workers end through PyTorch's own lifecycle (at the end of an epoch, or
+    with the iterator for ``persistent_workers``; within 5 s of their parent's death).
 
     With ``read_threads > 0`` (a ``BatchReader`` dataset, ``num_workers=0``, automatic batching), batches are
     read by that many threads of this process, ``READS_PER_THREAD`` batches in flight each, into fresh
@@ -216,10 +218,8 @@ class HostDataLoader(DataLoader):
     def __init__(
         self, *args: Any, feed_info: FeedInfo | None = None, read_threads: int = 0, **kwargs: Any
     ) -> None:
-        init = kwargs.get("worker_init_fn")
-        if not isinstance(init, WorkerInit):  # Lightning re-creates the loader with the one it already has
-            kwargs["worker_init_fn"] = WorkerInit(init)
         super().__init__(*args, **kwargs)
+        self._remove_worker_folder: Callable[[], Any] | None = None
         self.feed_info = feed_info
         check_int(read_threads, "read_threads", low=0)
         if read_threads:
@@ -258,9 +258,10 @@ class HostDataLoader(DataLoader):
         """A fresh iterator over the index sampler: DataLoader's own, or the reading threads'."""
         if self.read_threads:
             return _read_batches(self)
-        if self.num_workers and isinstance(self.worker_init_fn, WorkerInit):
-            self.worker_init_fn.tempdir = shared_tempdir()  # workers make no pymp-* folder of their own
-        return DataLoader.__iter__(self)
+        if not self.num_workers or _compat.persistent_iterator(self) is not None:
+            return DataLoader.__iter__(self)  # no workers, or the persistent ones already running
+        iterator, self._remove_worker_folder = worker_folder(self, lambda: DataLoader.__iter__(self))
+        return iterator
 
 
 def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -534,9 +535,9 @@ def close_workers(loader: Any) -> None:
     """Stop the persistent workers of ``loader`` now and drop its iterator (the next ``iter()`` starts
     afresh); a ``DALILoader`` releases its pipeline (a training loader keeps its place in the stream).
 
-    Workers otherwise run until the loader is garbage collected; left running when the interpreter exits,
-    ``multiprocessing`` terminates them and each leaves its ``pymp-*`` folder in the temporary folder. Loaders
-    without persistent workers are left as they are.
+    Workers otherwise run until the loader is garbage collected or the interpreter exits. A
+    ``HostDataLoader``'s workers' temporary folder goes with them. Loaders without persistent workers are
+    left as they are.
 
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
@@ -553,6 +554,9 @@ def close_workers(loader: Any) -> None:
         iterator = _compat.persistent_iterator(loader)
         _compat.drop_persistent_iterator(loader)
         _compat.shutdown_workers(iterator)
+        remove = getattr(loader, "_remove_worker_folder", None)
+        if iterator is not None and callable(remove):
+            remove()  # what a worker that did not exit through Python left there
     else:
         from lightning_gpuopt.data.dali import DALILoader  # DALI itself is imported by its pipelines only
 

@@ -8,6 +8,8 @@ what is left afterwards. The summary at the end of the run counts the cases of e
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,16 @@ def fit_data(tmp_path_factory) -> FitData:
     store = root / "store.h5"
     convert_folder_to_hdf5(folder, store, eval_resize_size(32), workers=0, progress=False)
     return FitData(folder, store)
+
+
+@pytest.fixture
+def short_tmp() -> Path:
+    """A ``TMPDIR`` for a fit child, short enough that its DataLoader workers' sockets fit in their loader's
+    folder (AF_UNIX paths are short; pytest's ``tmp_path`` is too long for that, and the workers would then
+    keep ``multiprocessing``'s own folders)."""
+    d = Path(tempfile.mkdtemp(prefix="f-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

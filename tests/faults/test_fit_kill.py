@@ -5,8 +5,9 @@ so the DataModule keeps a folder for skipped-image reports; two DataLoader worke
 images as an HDF5 store (read by two threads of the training process), and prints where it is. Points:
 right after ``setup`` (the folder, where the DataModule makes its skip folder); as soon as the first
 DataLoader worker process exists (the folder; before it has set itself up); at a seeded training step (of
-16); at a seeded validation batch (of 8, in a seeded epoch). After each kill: no process of the fit is left (its workers included) and
-the temporary folder the child was given (``TMPDIR``) is empty (torch's compile cache is kept elsewhere).
+16); at a seeded validation batch (of 8, in a seeded epoch). After each kill: no process of the fit is left
+(its workers included) and the temporary folder the child was given (``TMPDIR``, short enough for the
+workers' folder of their own) is empty (torch's compile cache is kept elsewhere).
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ def _target(point: str, rng: random.Random) -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("backend", "signal_name", "point"), CASES, ids=["-".join(c) for c in CASES])
-def test_fit_killed(fit_data, case_dir, backend, signal_name, point):
+def test_fit_killed(fit_data, case_dir, short_tmp, backend, signal_name, point):
     rng = random.Random(f"fit-{backend}-{signal_name}-{point}")
     target = _target(point, rng)
-    tmpdir = case_dir / "tmp"
-    tmpdir.mkdir()
+    tmpdir = short_tmp
     data = fit_data.folder if backend == "folder" else fit_data.store
     argv = [sys.executable, str(CHILD), str(data), str(case_dir)]
     if backend == "folder":

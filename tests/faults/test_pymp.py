@@ -1,8 +1,10 @@
 """A folder fit stopped by a bad image (``on_corrupt="raise"``, one worker) leaves no ``pymp-*`` folder.
 
 Each fit runs in its own process with a fresh ``TMPDIR`` and is checked after that process has exited: the
-folder a DataLoader worker made to pass a tensor's file descriptor was left now and then (its queue's feeder
-thread made it after the worker's exit handlers ran). Workers now use their parent's folder.
+user sees an empty ``TMPDIR``. What can leave a folder there is a DataLoader worker's queue thread making
+the worker's ``pymp-*`` folder (to hand a batch over) while the worker exits, after ``multiprocessing``
+removed it; the workers keep their temporary files in a folder of their loader's, removed with them
+(``_lifetime.worker_folder``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ def bad_folder(tmp_path_factory) -> Path:
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
     folder = make_jpeg_folder(
-        tmp_path_factory.mktemp("pymp") / "folder", num_images=32, num_classes=4, image_size=(48, 40), workers=1
+        tmp_path_factory.mktemp("pymp") / "folder",
+        num_images=32,
+        num_classes=4,
+        image_size=(48, 40),
+        workers=1,
     )
     (folder / "class_02" / "zz_bad.jpg").write_bytes(b"not a jpeg")
     return folder
@@ -70,17 +76,27 @@ def bad_folder(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "runs"), [("own", 5), ("default", 2)])
-def test_fit_stopped_by_a_bad_image_leaves_no_pymp_folder(bad_folder, tmp_path, mode, runs):
+def test_fit_stopped_by_a_bad_image_leaves_no_pymp_folder(bad_folder, tmp_path, short_tmp, mode, runs):
     script = tmp_path / "fit.py"
     script.write_text(_FIT)
     left = []
     for run in range(runs):
-        tmpdir = tmp_path / f"tmp{run}"
+        tmpdir = short_tmp / str(run)
         tmpdir.mkdir()
-        env = {**os.environ, "TMPDIR": str(tmpdir), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, str(script), str(bad_folder), mode], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        env = {
+            **os.environ,
+            "TMPDIR": str(tmpdir),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.run(
+            [sys.executable, str(script), str(bad_folder), mode],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "stopped:" in proc.stdout, proc.stderr[-2000:]
         left += [f"run {run}: {p.name}" for p in tmpdir.iterdir()]
     assert left == [], f"left in TMPDIR: {left}"

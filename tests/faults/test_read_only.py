@@ -130,13 +130,12 @@ def test_source_not_readable(sources, case_dir, case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("on_corrupt", ("raise", "skip"))
-def test_fit_with_unreadable_image(fit_data, case_dir, on_corrupt):
+def test_fit_with_unreadable_image(fit_data, case_dir, short_tmp, on_corrupt):
     folder = case_dir / "folder"
     shutil.copytree(fit_data.folder, folder)
     image = sorted((folder / "class_02").iterdir())[1]
     image.chmod(0o000)
-    tmpdir = case_dir / "tmp"
-    tmpdir.mkdir()
+    tmpdir = short_tmp
     with subprocess.Popen(
         [sys.executable, str(FIT_CHILD), str(folder), str(case_dir), "--on-corrupt", on_corrupt],
         stdout=subprocess.PIPE,
