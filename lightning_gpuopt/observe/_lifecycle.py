@@ -68,7 +68,7 @@ class Loop(Protocol):
     def log_every_n_steps(self) -> int | None: ...  # the loop's own logging interval (None: it has none)
 
     @property
-    def monitor(self) -> Any: ...  # the GPUStatsMonitor running in this loop, or None
+    def callbacks(self) -> Sequence[Any]: ...  # the callbacks (observers) running in this loop
 
     @property
     def precision(self) -> str | None: ...  # Lightning precision string ("32-true", "16-mixed", ...)
@@ -163,11 +163,8 @@ class TrainerLoop:
         return int(getattr(self.trainer, "log_every_n_steps", 50))
 
     @property
-    def monitor(self) -> Any:
-        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-
-        callbacks = getattr(self.trainer, "callbacks", [])
-        return next((cb for cb in callbacks if isinstance(cb, GPUStatsMonitor)), None)
+    def callbacks(self) -> Sequence[Any]:
+        return getattr(self.trainer, "callbacks", [])
 
     @property
     def precision(self) -> str | None:

@@ -64,13 +64,13 @@ class FabricLoop:
         model: nn.Module,
         optimizers: Sequence[Any] | None,
         timed: Mapping[int, TimedLoader],
-        monitor: GPUStatsMonitor | None,
+        observers: Sequence[Any],
     ) -> None:
         self.fabric = fabric
         self.model = model
         self._optimizers = list(optimizers) if optimizers is not None else None
         self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
-        self._monitor = monitor
+        self._observers = observers
         self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
         #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
         self.step = 0
@@ -141,8 +141,8 @@ class FabricLoop:
         return None  # Fabric has no logging interval of its own
 
     @property
-    def monitor(self) -> GPUStatsMonitor | None:
-        return self._monitor
+    def callbacks(self) -> Sequence[Any]:
+        return self._observers
 
     @property
     def precision_plugin(self) -> Any:
@@ -313,7 +313,13 @@ class FabricObserver:
         if self._loop is not None:  # a loop that ended without on_train_end
             self._release()
         self._timed = {}  # a new run counts its loaders' time from zero
-        loop = self._loop = FabricLoop(fabric, model, optimizers, self._timed, self.monitor)
+        loop = self._loop = FabricLoop(
+            fabric,
+            model,
+            optimizers,
+            self._timed,
+            [o for o in (self.monitor, self.advisor, self.ranges) if o is not None],
+        )
         try:
             if self.monitor is not None:
                 self.monitor._begin(loop)

@@ -89,7 +89,9 @@ def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) 
     return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
 
 
-def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None) -> str:
+def _folder_threads(
+    cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None
+) -> str:
     """Advice for an image folder decoded by ``cfg.decode_threads`` reading threads of the training process."""
     n, cores = cfg.decode_threads, cores_per_process
     if cause == "too-many-workers":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
@@ -26,10 +26,8 @@ from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, 
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
-
-if TYPE_CHECKING:
-    from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
 __all__ = ["BottleneckAdvisor"]
 
@@ -277,7 +275,7 @@ class BottleneckAdvisor(ReleasingCallback):
         """Training starts: windows, warm-up and the monitor to follow are settled for this fit."""
         self._reset_run()
         self._timer = StepTimer()
-        self._monitor = loop.monitor
+        self._monitor = next((cb for cb in loop.callbacks if isinstance(cb, GPUStatsMonitor)), None)
         self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
         self._follow = self.window_steps is None and self._monitor is not None
         self._fit_epochs(loop.batches_per_epoch)
