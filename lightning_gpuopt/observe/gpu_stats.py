@@ -6,13 +6,12 @@ import math
 import time
 from typing import Any, cast
 
-import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_bool, check_float, check_int
 from lightning_gpuopt._common import info_once, warn_once
-from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
+from lightning_gpuopt.observe._lifecycle import Loop, ObserverCallback
 from lightning_gpuopt.observe.ceiling import (
     CEILING_KEY,
     CEILING_RATE_KEY,
@@ -49,7 +48,7 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-class GPUStatsMonitor(ReleasingCallback):
+class GPUStatsMonitor(ObserverCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
     Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``, or run it
@@ -249,42 +248,6 @@ class GPUStatsMonitor(ReleasingCallback):
         state.update(_sampler=None, _idle=None, _cpu=None)
         return state
 
-    # ------------------------------------------------------------------------------------------ hooks
-    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
-    # calls the same methods from a Fabric loop.
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._begin(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end(TrainerLoop(trainer, pl_module))
-
     # ------------------------------------------------------------------------------------------ resources
     def _begin(self, loop: Loop) -> None:
         """A fit begins: start this fit's windows and acquire the samplers."""
@@ -433,7 +396,6 @@ class GPUStatsMonitor(ReleasingCallback):
             self._idle.mark(t)
 
     def _start(self, loop: Loop) -> None:
-        """Training starts (after setup and any sanity check)."""
         if self._sampler is not None:
             self._sampler.window()  # drop setup/sanity-check time from the first window
         if self._cpu is not None:
@@ -445,11 +407,10 @@ class GPUStatsMonitor(ReleasingCallback):
         # the first batch's wait is the DataLoader starting up and fetching: count it from here
         self._mark()
 
-    def _resume(self) -> None:
-        """Training resumes after other work (a validation run inside fit), which is not waiting for data."""
-        self._mark()
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
+        self._mark()  # validation is not waiting for data
 
-    def _batch_start(self) -> None:
+    def _batch_start(self, loop: Loop, batch: Any) -> None:
         t = time.perf_counter()
         self._timer.batch_start(t)
         if self._idle is not None:

@@ -7,13 +7,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_int
 from lightning_gpuopt._common import FeedInfo, info_once, warn_at_user
-from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop, first_loader
+from lightning_gpuopt.observe._lifecycle import Loop, ObserverCallback, first_loader
 from lightning_gpuopt.observe.advisor.config import (
     describe_feed,
     distinct_memory_format,
@@ -36,7 +35,7 @@ _MIN_WINDOW = 2  # a shorter window is one batch's noise
 _HISTORY = 1000
 
 
-class BottleneckAdvisor(ReleasingCallback):
+class BottleneckAdvisor(ObserverCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
     After warm-up it judges the run one window at a time: its own host timing (step time, data wait, time
@@ -217,46 +216,6 @@ class BottleneckAdvisor(ReleasingCallback):
         state["_scale"] = None
         return state
 
-    # -- hooks -----------------------------------------------------------------------------------------------
-    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
-    # calls the same methods from a Fabric loop.
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._begin(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()  # the first batch's wait is the loader starting up: counted from here, as the monitor does
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()  # validation inside fit is not time spent waiting for training data
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start(batch)
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._after_backward()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end(TrainerLoop(trainer, pl_module))
-
     # -- the work, for any loop ------------------------------------------------------------------------------
     def _begin(self, loop: Loop) -> None:
         """A fit begins: a new run (a checkpoint restore, ``load_state_dict``, comes after this and wins)."""
@@ -315,17 +274,20 @@ class BottleneckAdvisor(ReleasingCallback):
         self._window_len = self._window
         self._warm = self._warmup == 0
 
-    def _resume(self) -> None:
-        """The next batch's wait counts from now (an epoch starts, or training resumes after validation)."""
+    def _epoch_start(self, loop: Loop) -> None:
+        """The next batch's wait counts from now (the first batch's wait is the loader starting up)."""
         if self._timer is not None:
             self._timer.mark(time.perf_counter())
+
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
+        self._epoch_start(loop)  # validation inside fit is not time spent waiting for training data
 
     def _paused(self) -> tuple[float, float] | None:
         """The monitor's latest pause for its own work (the ceiling's replay), left out of our timing."""
         pause = getattr(self._monitor, "pause", None) if self._monitor is not None else None
         return pause if isinstance(pause, tuple) else None
 
-    def _batch_start(self, batch: Any) -> None:
+    def _batch_start(self, loop: Loop, batch: Any) -> None:
         if self._timer is None:
             return
         pause = self._paused()
@@ -340,7 +302,7 @@ class BottleneckAdvisor(ReleasingCallback):
                 self._input_channels_last = distinct_memory_format(x)
             self._probe_input = False
 
-    def _after_backward(self) -> None:
+    def _after_backward(self, loop: Loop) -> None:
         if self._reduce is not None:
             self._reduce.backward_end()
 
