@@ -116,6 +116,18 @@ class CompileDecision:
     eager_seconds: float | None = None
 
 
+def _device_refusal(dev: torch.device, capability: tuple[int, int] | None) -> CompileDecision | None:
+    """The rule's refusal for a device it never compiles on; ``None`` where it may."""
+    if dev.type != "cuda":
+        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
+    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
+    if tuple(major_minor) < MIN_CAPABILITY:
+        return CompileDecision(
+            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
+        )
+    return None
+
+
 def should_compile(
     *,
     has_conv: bool | None = None,
@@ -157,7 +169,6 @@ def should_compile(
         should_compile(family="conv", device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
         # CompileDecision(compile=True, reason='... 2000 s of eager training ...', eager_seconds=2000.0)
     """
-    dev = torch.device(device)
     if family is None and has_conv:
         family = "conv"
     if family not in COMPILE_COST:
@@ -165,15 +176,11 @@ def should_compile(
             False,
             "the model has no convolution or attention layer: the rule judges conv nets and transformers",
         )
+    refused = _device_refusal(torch.device(device), capability)
+    if refused is not None:
+        return refused
     compile_seconds, saving = COMPILE_COST[family]
     break_even = compile_seconds / saving
-    if dev.type != "cuda":
-        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
-    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
-    if tuple(major_minor) < MIN_CAPABILITY:
-        return CompileDecision(
-            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
-        )
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
