@@ -189,30 +189,9 @@ class FabricObserver:
     or call the same methods on the observer (``observer.on_train_batch_start(batch)``). Fabric passes each
     callback only the keyword arguments its method names, so the observer sits beside callbacks of your own.
 
-    ==================================== ======== ===========================================================
-    call                                 needed   what it does
-    ==================================== ======== ===========================================================
-    ``on_train_start(fabric, model,      yes      start: NVML sampler, host CPU reader, NVTX range stack and
-    optimizers)``                                 module ranges, the advisor's windows; the first data wait
-                                                  counts from here
-    ``timed(loader)``                    no       iterate the training loader through it: an epoch starts,
-                                                  the time inside its ``next()`` is kept, and the advisor
-                                                  reads how it feeds the GPU (workers, pinning, batch size)
-    ``on_train_batch_start(batch)``      yes      a step starts (the batch is on the device)
-    ``on_train_batch_end(batch, step)``  yes      the step's work is queued; ``step``: optimizer steps taken
-                                                  so far (default: one more than before, a step a batch)
-    ``on_train_end()``                   yes      the last window, the advisor's summary, then release
-    ``on_train_epoch_start()``           no       the next data wait counts from now (``timed`` calls it)
-    ``on_validation_start()`` / ``_end`` no       validation is not data wait; NVTX "validation" range
-    ``on_validation_batch_start          no       NVTX "validation step" ranges
-    (batch_idx)`` / ``_end()``
-    ``on_before_backward()``,            no       NVTX phases inside a step ("backward", "optimizer step",
-    ``on_after_backward()``,                      "zero_grad"); under DDP ``on_after_backward`` also times
-    ``on_before_optimizer_step()``,               each rank's wait in the all-reduce for the advisor
-    ``on_before_zero_grad()``
-    ``on_exception(exception)``          no       release everything (threads, hooks, ranges) without a last
-                                                  window; call it where the loop raised
-    ==================================== ======== ===========================================================
+    Only ``on_train_start``, ``on_train_batch_start``, ``on_train_batch_end`` and ``on_train_end`` are
+    needed; docs/fabric.md says what each of the others adds (epochs, validation, NVTX phases, DDP all-reduce
+    timing, ``on_exception``).
 
     Data wait, from the end of one batch to the start of the next, is timed whatever the loop iterates. The
     part spent inside the loader's ``next()`` (``time/loader_wait_frac``, and the advisor's split between

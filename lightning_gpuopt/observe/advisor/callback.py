@@ -46,34 +46,8 @@ class BottleneckAdvisor(ObserverCallback):
     ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects. In a
     Lightning Fabric loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
 
-    ======================== ============ ===========================================================
-    kind                     severity     raised when (default thresholds, ``AdvisorThresholds``)
-    ======================== ============ ===========================================================
-    ``input-bound``          warning      ``gpu/idle_frac`` >= 10% and the loader's wait accounts for
-                                          >= half of it; without ``gpu/idle_frac``: loader (else data)
-                                          wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
-                                          too-many-workers, too-few-workers, decode-bound, dali-bound,
-                                          store-bound, slow-loader, jpeg-engine (the hardware JPEG
-                                          decoder >= 90% busy, ``gpu/jpeg_util``)
-    ``host-bound``           warning      ``gpu/idle_frac`` >= 10% but the loader's wait accounts for
-                                          less than half of it: hooks, syncs, launches
-    ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and
-                                          >= 2 ms); names the rank nobody waits for
-    ``comm-bound``           warning      DDP: every rank waits >= 10% of the step in the all-reduce,
-                                          and none straggles
-    ``pageable-copies``      warning      CUDA, ``pin_memory=False``, batches start in host memory
-    ``launch-bound``         warning      CUDA, not starving between steps, GPU-Util < 70% or SM
-                                          activity < 25% or batch <= 16 with GPU-Util < 90%
-    ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer; a warning
-                                          when GPU idle >= 2%, GPU-Util < 97% or data wait >= 2%
-    ``fp16-overflow``        warning      fp16 with a GradScaler whose scale fell >= 3 times in a window
-                                          or is below 1 (read at window ends, without a sync)
-    ``fp32-on-tensor-cores`` warning      CUDA >= 7.0 training in fp32/fp64
-    ``nchw-convolutions``    warning      < 50% of convolutions channels_last under tensor-core math
-    ``cudnn-benchmark-off``  info         convolutions with ``cudnn.benchmark`` off
-    ``memory-headroom``      info         peak memory < 30% while the GPU is not saturated
-    ``gpu-metrics-missing``  info         CUDA without any GPU-side figure
-    ======================== ============ ===========================================================
+    The verdict kinds (``KINDS``), the rule that raises each and its default thresholds
+    (``AdvisorThresholds``) are listed in docs/advisor.md.
 
     Each warning carries ``gain``, the most its fix is worth (``1 / gpu/ceiling_frac`` where the monitor
     measured the run's ceiling, ``GPUStatsMonitor(ceiling=True)``, else from the share of time its figure
@@ -85,17 +59,10 @@ class BottleneckAdvisor(ObserverCallback):
     the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
     window shrinks to half an epoch (but not below 2 batches) and warm-up to at most half an epoch.
 
-    Logged (straight to every logger, at each window, rank zero):
-
-    ========================== ====== ======================================================
-    key                        unit   meaning
-    ========================== ====== ======================================================
-    ``advisor/<kind>``         0/1    1 while verdict ``<kind>`` (one of ``KINDS``) is raised; only the
-                                      kinds the run can raise (``rules.NEEDS``: a CUDA device,
-                                      several processes, a GradScaler), the rest named once at start
-    ``advisor/num_warnings``   count  raised verdicts of severity ``warning``
-    ``advisor/summary``        text   markdown table, TensorBoardLogger only (on change and at the end)
-    ========================== ====== ======================================================
+    Logged (straight to every logger, at each window, rank zero): ``advisor/<kind>`` (1 while verdict
+    ``<kind>`` is raised; only the kinds the run can raise, ``rules.NEEDS``, the rest named once at start),
+    ``advisor/num_warnings`` (raised warnings) and, to a TensorBoardLogger, ``advisor/summary`` (a markdown
+    table, on change and at the end).
 
     At the end of fit, rank zero prints a summary (``rank_zero_info``; ``verbose=False`` silences it). Without
     a logger it says so once at setup; the verdicts are then only printed and kept in ``verdicts``.
