@@ -35,11 +35,6 @@ __all__ = ["PRESET_DDP_KWARGS", "fast_trainer_kwargs"]
 PRESET_DDP_KWARGS: dict[str, Any] = {"gradient_as_bucket_view": True}
 
 
-def _cuda_capability(dev: torch.device) -> tuple[int, int]:
-    major, minor = torch.cuda.get_device_capability(dev)
-    return int(major), int(minor)
-
-
 def _add_callbacks(
     callbacks: list[Any],
     said: list[str],
@@ -72,7 +67,11 @@ def _add_callbacks(
     kind = None if model is None else family(model)
     if compile:
         add(CompileModel, CompileModel, "compile=True")
-    elif compile is None and dev.type == "cuda" and _cuda_capability(dev) >= MIN_CAPABILITY:
+    elif (
+        compile is None
+        and dev.type == "cuda"
+        and tuple(torch.cuda.get_device_capability(dev)) >= MIN_CAPABILITY
+    ):
         if model is None or kind is not None:
             seconds, saving = COMPILE_COST[kind or "conv"]
             why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"

@@ -246,11 +246,8 @@ class NVTXRanges(ObserverCallback):
 
     Capture window: with ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()``
     before the first batch with ``global_step >= start_step`` and ``torch.cuda.profiler.stop()`` after the
-    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline. Record only that
-    window with::
-
-        nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
-            -t cuda,nvtx,osrt,cudnn,cublas -o report python train.py
+    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline (the ``nsys`` command
+    that records only that window is in the module's documentation).
 
     Args:
         module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
