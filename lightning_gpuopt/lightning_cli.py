@@ -1,36 +1,7 @@
 """``GPUOptCLI``: Lightning's ``LightningCLI`` with the compute preset (``fast_trainer_kwargs``) applied to the
-model the config builds, and one-line errors for this package's classes.
-
-::
-
-    # main.py
-    from lightning_gpuopt import GPUOptCLI, OptimizedDataModule
-
-    GPUOptCLI(MyLightningModule, OptimizedDataModule)
-
-    # python main.py fit --config config.yaml [--print_config]
-
-The preset needs the model (a conv net gets ``16-mixed`` on a recent GPU, another model ``bf16-mixed``;
-``ChannelsLast`` and compiling only for convolutions), so it runs after the model and the DataModule are
-built and before the ``Trainer`` is: ``fast_trainer_kwargs`` is called with the model, the device the
-``trainer.accelerator`` names and the trainer settings of the config. What it chooses is written into the
-config (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy`` for ``ddp``, and its callbacks at
-the end of ``trainer.callbacks``), so the ``config.yaml`` a run saves, and ``--print_config``, show it; a run
-logs one line saying what it chose. A value the config sets wins: ``trainer.precision`` or
-``trainer.benchmark`` given, a callback of the preset's class already listed. The preset's own options are a
-``preset:`` section (``tf32``, ``fused_optimizer``, ``compile``, as ``fast_trainer_kwargs`` takes them).
-
-``--print_config`` therefore prints after the model and the DataModule are built (not the Trainer), so that
-it shows the preset's choices and refuses a value the classes refuse (``augment: {scale: [2, 1]}``). A config
-too incomplete to build them (a required value missing) is printed as ``LightningCLI`` prints it, without
-the preset's choices, with a line on stderr saying why.
-
-A bad value for one of this package's classes (the DataModule, its ``AugmentConfig``, ``TuningConfig`` and
-``DALIOptions``, the callbacks) ends the command with one line on stderr, ``<prog> fit: error: <key> must be
-..., got ...; <fix>``, and exit status 2, instead of a traceback or jsonargparse's list of Union subtypes.
-Errors about other classes keep jsonargparse's and Lightning's messages.
-
-Needs ``jsonargparse[signatures]`` (``pip install 'lightning-gpuopt[all]'``).
+model the config builds and written into the config, and one-line errors for this package's classes
+(``GPUOptCLI``'s docstring and docs/lightning_cli.md say how). Needs ``jsonargparse[signatures]``
+(``pip install 'lightning-gpuopt[all]'``).
 """
 
 from __future__ import annotations

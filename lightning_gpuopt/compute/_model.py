@@ -50,7 +50,8 @@ def has_attention(model: nn.Module) -> bool:
     ``nn.TransformerEncoderLayer``) or a module whose class name ends in ``Attention`` (``transformers``'
     ``GPT2Attention``, ``BertSelfAttention``, timm's ``Attention``)."""
     return any(
-        isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention") for m in model.modules()
+        isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention")
+        for m in model.modules()
     )
 
 

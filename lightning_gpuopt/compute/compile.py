@@ -1,35 +1,13 @@
 """``torch.compile`` for a Lightning fit, when it pays: the ``CompileModel`` callback and the rule behind it.
 
-A compiled convolutional network runs its training steps faster (inductor fuses the elementwise work
-around the convolutions), but compiling costs tens of seconds before the first fast step. ``should_compile``
-is the rule that weighs the two, a pure function; ``CompileModel`` applies it to a fit.
-
-How the module is compiled: ``CompileModel`` replaces the ``LightningModule``'s ``forward`` with
-``torch.compile(forward, dynamic=False)`` on the instance, the way Lightning's own compiled-module route
-(``trainer.fit(torch.compile(model))``) does, and puts the class's ``forward`` back at ``teardown``. The
-module keeps its identity and its ``state_dict`` keys (no ``_orig_mod.`` prefix), so checkpoints load into
-an uncompiled module; forward hooks (``ChannelsLast``'s input conversion) stay outside the compiled code.
-Under DDP, ``forward`` runs inside ``DistributedDataParallel``'s forward, where dynamo splits the graph at
-the gradient buckets so the all-reduce still overlaps the backward pass.
-
-Input shapes: each mode (training, evaluation) is compiled for the first input shape it sees. A batch of
-another shape (a last partial batch, a validation set's remainder, a variable image size) runs eagerly
-instead of recompiling for it; for training batches a warning says so once and names the fix
-(``drop_last=True``, fixed image sizes). ``OptimizedDataModule`` drops the last partial training batch.
-
-CUDA graphs: ``CompileModel(mode=None)`` picks the ``torch.compile`` mode with ``choose_mode``: a conv net
-trained on one CUDA device with one optimizer step a batch compiles with ``mode="reduce-overhead"``, which
-records each step's kernels as CUDA graphs and replays them, so the host no longer launches them one by one
-and the time it spends on the loader, the loop and the callbacks overlaps the GPU's work instead of
-stretching the step. Other runs compile in the default mode. The graphs reuse their outputs' memory every
-step, so ``forward`` hands out copies of its outputs (one copy a step, small beside the step's work): what
-``training_step`` keeps across steps (``self.outputs.append(logits)``) stays valid.
-
-Whether they replay: torch skips CUDA graphs silently where it cannot record them (an input changed in
-place inside ``forward``, a CPU tensor in the graph, varying shapes). ``CompileModel`` reads the skips torch
-counts, and the reasons it logs, over the first compiled training steps (``compute._cudagraphs.SkipWatch``:
-nothing runs per step), then says once whether the step replays CUDA graphs (``cuda_graphs``) and if not why
-(``cuda_graphs_reason``); ``BottleneckAdvisor`` names that reason in its launch-bound and host-bound advice.
+Compiling makes a conv net's or a transformer's steps faster but costs tens of seconds first;
+``should_compile`` is the pure rule that weighs the two, ``CompileModel`` applies it to a fit. It replaces
+the ``LightningModule``'s ``forward`` with ``torch.compile(forward, dynamic=False)`` on the instance, as
+``trainer.fit(torch.compile(model))`` does, and restores the class's ``forward`` at ``teardown``: the module
+keeps its identity and its ``state_dict`` keys, and forward hooks (``ChannelsLast``) stay outside the compiled
+code. Each mode is compiled for the first input shape it sees; other shapes run eagerly. ``choose_mode``
+picks CUDA graphs (``"reduce-overhead"``) for a conv net on one CUDA device, and ``CompileModel`` says once
+whether the step replays them (``compute._cudagraphs.SkipWatch``). docs/compute.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -116,6 +94,18 @@ class CompileDecision:
     eager_seconds: float | None = None
 
 
+def _device_refusal(dev: torch.device, capability: tuple[int, int] | None) -> CompileDecision | None:
+    """The rule's refusal for a device it never compiles on; ``None`` where it may."""
+    if dev.type != "cuda":
+        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
+    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
+    if tuple(major_minor) < MIN_CAPABILITY:
+        return CompileDecision(
+            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
+        )
+    return None
+
+
 def should_compile(
     *,
     has_conv: bool | None = None,
@@ -157,7 +147,6 @@ def should_compile(
         should_compile(family="conv", device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
         # CompileDecision(compile=True, reason='... 2000 s of eager training ...', eager_seconds=2000.0)
     """
-    dev = torch.device(device)
     if family is None and has_conv:
         family = "conv"
     if family not in COMPILE_COST:
@@ -165,15 +154,11 @@ def should_compile(
             False,
             "the model has no convolution or attention layer: the rule judges conv nets and transformers",
         )
+    refused = _device_refusal(torch.device(device), capability)
+    if refused is not None:
+        return refused
     compile_seconds, saving = COMPILE_COST[family]
     break_even = compile_seconds / saving
-    if dev.type != "cuda":
-        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
-    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
-    if tuple(major_minor) < MIN_CAPABILITY:
-        return CompileDecision(
-            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
-        )
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
@@ -274,7 +259,7 @@ class CompileModel(pl.Callback):
 
     Write ``training_step`` to call ``self(x)``: only ``forward`` is compiled. If training finishes its first
     15 batches without calling it, a warning says so. Each mode is compiled for the first input shape it sees;
-    batches of other shapes run eagerly (see the module's documentation). ``forward`` is restored at
+    batches of other shapes run eagerly (docs/compute.md). ``forward`` is restored at
     ``teardown``, so the module can be saved, copied and pickled as usual afterwards.
 
     Args:

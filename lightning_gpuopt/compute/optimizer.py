@@ -103,8 +103,10 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -
         accepted = set()
     if "fused" not in accepted or "fused" not in inner.defaults:
         return f"{cls.__name__} has no fused kernel (torch has them for {', '.join(FUSED_OPTIMIZERS)})"
-    if amp_scaling and isinstance(inner, torch.optim.SGD) and any(
-        g.get("momentum", 0) != 0 and g.get("dampening", 0) != 0 for g in inner.param_groups
+    if (
+        amp_scaling
+        and isinstance(inner, torch.optim.SGD)
+        and any(g.get("momentum", 0) != 0 and g.get("dampening", 0) != 0 for g in inner.param_groups)
     ):
         return (
             "SGD with dampening: a fused SGD's momentum is lost on a first step the GradScaler skips, and zero "
@@ -188,7 +190,9 @@ class FusedOptimizer(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         inner = getattr(optimizer, "optimizer", optimizer)
-        if id(inner) not in self._buffers_ready:  # once an optimizer: after every layout change, before its step
+        if (
+            id(inner) not in self._buffers_ready
+        ):  # once an optimizer: after every layout change, before its step
             self._buffers_ready.add(id(inner))
             init_momentum_buffers(inner)
 

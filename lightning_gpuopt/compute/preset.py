@@ -35,9 +35,49 @@ __all__ = ["PRESET_DDP_KWARGS", "fast_trainer_kwargs"]
 PRESET_DDP_KWARGS: dict[str, Any] = {"gradient_as_bucket_view": True}
 
 
-def _cuda_capability(dev: torch.device) -> tuple[int, int]:
-    major, minor = torch.cuda.get_device_capability(dev)
-    return int(major), int(minor)
+def _add_callbacks(
+    callbacks: list[Any],
+    said: list[str],
+    model: nn.Module | None,
+    dev: torch.device,
+    precision: str,
+    ddp: bool,
+    fused_optimizer: bool,
+    compile: bool | None,
+) -> None:
+    """Append the preset's callbacks of the classes ``callbacks`` lacks; ``said`` gets each one's reason."""
+
+    def add(callback_type: type, make: Any, why: str) -> None:
+        if not any(isinstance(c, callback_type) for c in callbacks):
+            callbacks.append(make())
+            said.append(f"{callback_type.__name__} ({why})")
+
+    if (model is None or has_conv(model, dims=2)) and dev.type in ("cuda", "cpu"):
+        add(ChannelsLast, ChannelsLast, "Conv2d layers" if model is not None else "no model given")
+    elif dev.type in ("cuda", "cpu"):
+        said.append("no ChannelsLast (no Conv2d layer)")
+    if ddp:
+        add(NonBlockingStepChecks, NonBlockingStepChecks, "DDP")
+    if fused_optimizer and precision in ("16-mixed", "16"):
+        add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
+    elif fused_optimizer and precision == "bf16-mixed" and dev.type == "cuda":
+        add(
+            FusedOptimizer, FusedOptimizer, "bf16-mixed on CUDA: one kernel for each parameter group's update"
+        )
+    kind = None if model is None else family(model)
+    if compile:
+        add(CompileModel, CompileModel, "compile=True")
+    elif (
+        compile is None
+        and dev.type == "cuda"
+        and tuple(torch.cuda.get_device_capability(dev)) >= MIN_CAPABILITY
+    ):
+        if model is None or kind is not None:
+            seconds, saving = COMPILE_COST[kind or "conv"]
+            why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"
+            add(CompileModel, lambda: CompileModel(when="auto"), why + " is left")
+        else:
+            said.append("no CompileModel (no convolution or attention layer: not judged by the compile rule)")
 
 
 def fast_trainer_kwargs(
@@ -60,21 +100,18 @@ def fast_trainer_kwargs(
     - a ``FusedOptimizer()`` callback when the precision is ``"16-mixed"`` (the optimizers run their fused
       kernels, so the GradScaler never makes the host wait for the GPU), or ``"bf16-mixed"`` on CUDA (one
       kernel updates a parameter group instead of one for each tensor and operation),
-    - a ``CompileModel`` callback (``torch.compile`` of ``forward``): ``compile=None`` adds
-      ``CompileModel(when="auto")`` for a conv net or a transformer (or no model given) on a CUDA device of
-      compute capability >= 7.0, which compiles where ``should_compile`` finds that the run is long enough
-      to win back the compile time (about 300 s of eager training for a conv net, 120 s for a
-      transformer); ``True`` adds ``CompileModel()``
-      (compile on any device, the CPU included); ``False`` adds nothing,
+    - a ``CompileModel`` callback: ``compile=None`` adds ``CompileModel(when="auto")`` for a conv net or a
+      transformer (or no model given) on a CUDA device of compute capability >= 7.0, which compiles where
+      ``should_compile`` finds the run long enough to win back the compile time; ``True`` adds
+      ``CompileModel()`` (any device, the CPU included); ``False`` adds nothing,
     - ``strategy="ddp"`` replaced by ``DDPStrategy(**PRESET_DDP_KWARGS)``, and a ``NonBlockingStepChecks()``
       callback (under DDP, Lightning's per-step SIGTERM check no longer makes the host wait for the GPU),
     - side effect, CUDA only: TF32 enabled process-wide via ``configure_backends(tf32=True)``.
 
-    It logs one line (rank zero) naming each choice and the fact behind it, and what it left out.
-
-    Any keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a callback
-    of a class the preset adds is not added twice; a ``Strategy`` object or another strategy name is kept).
-    From ``LightningCLI``, write the same in the config; see ``docs/compute.md``.
+    It logs one line (rank zero) naming each choice and the fact behind it, and what it left out. Any
+    keyword you pass wins over the preset's (``callbacks`` are merged, keeping yours first; a callback of a
+    class the preset adds is not added twice; a ``Strategy`` object or another strategy name is kept). From
+    ``LightningCLI``, write the same in the config; see ``docs/compute.md``.
 
     Args:
         model: the model to be trained (a ``LightningModule`` or ``nn.Module``); drives the precision choice
@@ -115,37 +152,11 @@ def fast_trainer_kwargs(
     elif not isinstance(callbacks, (list, tuple)):
         callbacks = [callbacks]
     callbacks = list(callbacks)
-
-    def add(callback_type: type, make: Any, why: str) -> None:
-        if not any(isinstance(c, callback_type) for c in callbacks):
-            callbacks.append(make())
-            said.append(f"{callback_type.__name__} ({why})")
-
-    kind = None if model is None else family(model)
-    if (model is None or has_conv(model, dims=2)) and dev.type in ("cuda", "cpu"):
-        add(ChannelsLast, ChannelsLast, "Conv2d layers" if model is not None else "no model given")
-    elif dev.type in ("cuda", "cpu"):
-        said.append("no ChannelsLast (no Conv2d layer)")
-    if isinstance(trainer_kwargs.get("strategy"), DDPStrategy):
-        add(NonBlockingStepChecks, NonBlockingStepChecks, "DDP")
     kwargs["callbacks"] = callbacks
     if "precision" in trainer_kwargs and str(trainer_kwargs["precision"]) != precision:
         said[0] = f"precision={trainer_kwargs['precision']!r} (yours)"
     kwargs.update(trainer_kwargs)
-    chosen = str(kwargs.get("precision"))
-    if fused_optimizer and chosen in ("16-mixed", "16"):
-        add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
-    elif fused_optimizer and chosen == "bf16-mixed" and dev.type == "cuda":
-        why = "bf16-mixed on CUDA: one kernel for each parameter group's update"
-        add(FusedOptimizer, FusedOptimizer, why)
-    if compile:
-        add(CompileModel, CompileModel, "compile=True")
-    elif compile is None and dev.type == "cuda" and _cuda_capability(dev) >= MIN_CAPABILITY:
-        if model is None or kind is not None:
-            seconds, saving = COMPILE_COST[kind or "conv"]
-            why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"
-            add(CompileModel, lambda: CompileModel(when="auto"), why + " is left")
-        else:
-            said.append("no CompileModel (no convolution or attention layer: not judged by the compile rule)")
+    ddp = isinstance(trainer_kwargs.get("strategy"), DDPStrategy)
+    _add_callbacks(callbacks, said, model, dev, str(kwargs.get("precision")), ddp, fused_optimizer, compile)
     rank_zero_info("fast_trainer_kwargs: " + ", ".join(said))
     return kwargs

@@ -1,10 +1,9 @@
 """What the observers need from the loop that runs them (``Loop``), read from a Trainer (``TrainerLoop``), and
-``ReleasingCallback``: a callback that releases what it acquired when fit ends, also when it raised.
+``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods that take a ``Loop``.
 
-``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
-their Lightning hooks only wrap the Trainer in a ``TrainerLoop`` and call them, and ``FabricObserver``
-(``observe/fabric.py``) calls the same methods with a ``FabricLoop``. A ``Loop`` is read when a hook runs,
-so what changes during a fit (the step, a reloaded loader) is read as it is then.
+``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in those methods;
+``FabricObserver`` (``observe/fabric.py``) calls the same methods with a ``FabricLoop``. A ``Loop`` is read
+when a hook runs, so what changes during a fit (the step, a reloaded loader) is read as it is then.
 """
 
 from __future__ import annotations
@@ -16,12 +15,13 @@ from typing import Any, Protocol
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from typing_extensions import override
 
 from lightning_gpuopt.observe.timing import loader_fetch_seconds
 
-__all__ = ["Loop", "ReleasingCallback", "TrainerLoop"]
+__all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
 
 
 class Loop(Protocol):
@@ -68,7 +68,7 @@ class Loop(Protocol):
     def log_every_n_steps(self) -> int | None: ...  # the loop's own logging interval (None: it has none)
 
     @property
-    def monitor(self) -> Any: ...  # the GPUStatsMonitor running in this loop, or None
+    def callbacks(self) -> Sequence[Any]: ...  # the callbacks (observers) running in this loop
 
     @property
     def precision(self) -> str | None: ...  # Lightning precision string ("32-true", "16-mixed", ...)
@@ -163,11 +163,8 @@ class TrainerLoop:
         return int(getattr(self.trainer, "log_every_n_steps", 50))
 
     @property
-    def monitor(self) -> Any:
-        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-
-        callbacks = getattr(self.trainer, "callbacks", [])
-        return next((cb for cb in callbacks if isinstance(cb, GPUStatsMonitor)), None)
+    def callbacks(self) -> Sequence[Any]:
+        return getattr(self.trainer, "callbacks", [])
 
     @property
     def precision(self) -> str | None:
@@ -195,15 +192,135 @@ class TrainerLoop:
             logger.log_metrics(dict(metrics), step=step)
 
 
-class ReleasingCallback(Callback):
-    """Calls ``_release()`` at ``teardown`` and at ``on_exception``.
+class ObserverCallback(Callback):
+    """The one adapter from Lightning's hooks to an observer's loop methods.
 
-    Lightning 2.x calls ``on_exception`` but not the callbacks' ``teardown`` when fit raises (also on
-    ``KeyboardInterrupt``), so both hooks release. ``_release`` must be safe to call more than once.
+    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event (``_begin``: setup of
+    a fit, ``_start``, ``_epoch_start``, ``_batch_start``, ``_phase``, ``_after_backward``, ``_batch_end``,
+    ``_epoch_end``, ``_end``, ``_validation_*``); ``FabricObserver`` calls the same methods with a
+    ``FabricLoop``. An observer overrides the events it needs; the others do nothing. ``_release`` runs at
+    ``teardown`` and at ``on_exception`` (Lightning 2.x calls ``on_exception`` but not the callbacks'
+    ``teardown`` when fit raises), so it must be safe to call more than once.
     """
 
+    def _begin(self, loop: Loop) -> None:
+        """A fit begins (before the model is configured)."""
+
+    def _start(self, loop: Loop) -> None:
+        """Training starts (after setup and any sanity check)."""
+
+    def _epoch_start(self, loop: Loop) -> None: ...
+
+    def _batch_start(self, loop: Loop, batch: Any) -> None: ...
+
+    def _phase(self, loop: Loop, name: str) -> None:
+        """A phase of the step starts: ``"zero_grad"``, ``"backward"`` or ``"optimizer step"``."""
+
+    def _after_backward(self, loop: Loop) -> None: ...
+
+    def _batch_end(self, loop: Loop, batch: Any) -> None: ...
+
+    def _epoch_end(self, loop: Loop) -> None: ...
+
+    def _end(self, loop: Loop) -> None:
+        """Training ends."""
+
+    def _validation_start(self, loop: Loop) -> None: ...
+
+    def _validation_batch_start(self, loop: Loop, batch_idx: int) -> None: ...
+
+    def _validation_batch_end(self, loop: Loop) -> None: ...
+
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
+        """A validation run ends; ``fitting``: inside fit, so training resumes."""
+
     def _release(self) -> None:
-        """Free what ``setup`` acquired (threads, NVML handles, CUDA events, hooks)."""
+        """Free what ``_begin`` acquired (threads, NVML handles, CUDA events, hooks)."""
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._begin(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start(TrainerLoop(trainer, pl_module), batch)
+
+    @override
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase(TrainerLoop(trainer, pl_module), "zero_grad")
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._phase(TrainerLoop(trainer, pl_module), "backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._after_backward(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._phase(TrainerLoop(trainer, pl_module), "optimizer step")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end(TrainerLoop(trainer, pl_module), batch)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validation_start(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._validation_batch_start(TrainerLoop(trainer, pl_module), batch_idx)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._validation_batch_end(TrainerLoop(trainer, pl_module))
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        self._validation_end(TrainerLoop(trainer, pl_module), fitting)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

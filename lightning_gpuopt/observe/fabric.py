@@ -64,13 +64,13 @@ class FabricLoop:
         model: nn.Module,
         optimizers: Sequence[Any] | None,
         timed: Mapping[int, TimedLoader],
-        monitor: GPUStatsMonitor | None,
+        observers: Sequence[Any],
     ) -> None:
         self.fabric = fabric
         self.model = model
         self._optimizers = list(optimizers) if optimizers is not None else None
         self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
-        self._monitor = monitor
+        self._observers = observers
         self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
         #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
         self.step = 0
@@ -141,8 +141,8 @@ class FabricLoop:
         return None  # Fabric has no logging interval of its own
 
     @property
-    def monitor(self) -> GPUStatsMonitor | None:
-        return self._monitor
+    def callbacks(self) -> Sequence[Any]:
+        return self._observers
 
     @property
     def precision_plugin(self) -> Any:
@@ -189,30 +189,9 @@ class FabricObserver:
     or call the same methods on the observer (``observer.on_train_batch_start(batch)``). Fabric passes each
     callback only the keyword arguments its method names, so the observer sits beside callbacks of your own.
 
-    ==================================== ======== ===========================================================
-    call                                 needed   what it does
-    ==================================== ======== ===========================================================
-    ``on_train_start(fabric, model,      yes      start: NVML sampler, host CPU reader, NVTX range stack and
-    optimizers)``                                 module ranges, the advisor's windows; the first data wait
-                                                  counts from here
-    ``timed(loader)``                    no       iterate the training loader through it: an epoch starts,
-                                                  the time inside its ``next()`` is kept, and the advisor
-                                                  reads how it feeds the GPU (workers, pinning, batch size)
-    ``on_train_batch_start(batch)``      yes      a step starts (the batch is on the device)
-    ``on_train_batch_end(batch, step)``  yes      the step's work is queued; ``step``: optimizer steps taken
-                                                  so far (default: one more than before, a step a batch)
-    ``on_train_end()``                   yes      the last window, the advisor's summary, then release
-    ``on_train_epoch_start()``           no       the next data wait counts from now (``timed`` calls it)
-    ``on_validation_start()`` / ``_end`` no       validation is not data wait; NVTX "validation" range
-    ``on_validation_batch_start          no       NVTX "validation step" ranges
-    (batch_idx)`` / ``_end()``
-    ``on_before_backward()``,            no       NVTX phases inside a step ("backward", "optimizer step",
-    ``on_after_backward()``,                      "zero_grad"); under DDP ``on_after_backward`` also times
-    ``on_before_optimizer_step()``,               each rank's wait in the all-reduce for the advisor
-    ``on_before_zero_grad()``
-    ``on_exception(exception)``          no       release everything (threads, hooks, ranges) without a last
-                                                  window; call it where the loop raised
-    ==================================== ======== ===========================================================
+    Only ``on_train_start``, ``on_train_batch_start``, ``on_train_batch_end`` and ``on_train_end`` are
+    needed; docs/fabric.md says what each of the others adds (epochs, validation, NVTX phases, DDP all-reduce
+    timing, ``on_exception``).
 
     Data wait, from the end of one batch to the start of the next, is timed whatever the loop iterates. The
     part spent inside the loader's ``next()`` (``time/loader_wait_frac``, and the advisor's split between
@@ -264,6 +243,10 @@ class FabricObserver:
         self.monitor: GPUStatsMonitor | None = seen.get(GPUStatsMonitor)
         self.advisor: BottleneckAdvisor | None = seen.get(BottleneckAdvisor)
         self.ranges: NVTXRanges | None = seen.get(NVTXRanges)
+        # events that start something reach the monitor first (the advisor reads its windows), events that end
+        # something close the NVTX ranges first
+        self._starts = [o for o in (self.monitor, self.advisor, self.ranges) if o is not None]
+        self._ends = [o for o in (self.ranges, self.monitor, self.advisor) if o is not None]
         self._loop: FabricLoop | None = None
         self._timed: dict[int, TimedLoader] = {}
 
@@ -280,6 +263,15 @@ class FabricObserver:
                 "on_train_start(fabric, model, optimizers) once before the first batch"
             )
         return loop
+
+    def _each(self, event: str, *args: Any, hook: str = "", ends: bool = False) -> None:
+        """Call ``event(loop, *args)`` on every observer. With ``hook`` (the public method) a loop must be
+        running; without it the event does nothing outside training."""
+        loop = self._running(hook) if hook else self._loop
+        if loop is None:
+            return
+        for obs in self._ends if ends else self._starts:
+            getattr(obs, event)(loop, *args)
 
     # ------------------------------------------------------------------------------------------ training
     def on_train_start(self, fabric: Any, model: nn.Module, optimizers: Any = None) -> None:
@@ -313,19 +305,10 @@ class FabricObserver:
         if self._loop is not None:  # a loop that ended without on_train_end
             self._release()
         self._timed = {}  # a new run counts its loaders' time from zero
-        loop = self._loop = FabricLoop(fabric, model, optimizers, self._timed, self.monitor)
+        self._loop = FabricLoop(fabric, model, optimizers, self._timed, self._starts)
         try:
-            if self.monitor is not None:
-                self.monitor._begin(loop)
-            if self.advisor is not None:
-                self.advisor._begin(loop)
-            if self.ranges is not None:
-                self.ranges._begin()
-                self.ranges._add_module_hooks(loop.module)
-            if self.monitor is not None:
-                self.monitor._start(loop)
-            if self.advisor is not None:
-                self.advisor._start(loop)
+            self._each("_begin")
+            self._each("_start")
         except BaseException:
             self._release()
             raise
@@ -354,45 +337,27 @@ class FabricObserver:
 
     def on_train_epoch_start(self) -> None:
         """The next batch's data wait counts from now (an epoch starts after other work)."""
-        loop = self._running("on_train_epoch_start")
-        if self.monitor is not None:
-            self.monitor._epoch_start(loop)
-        if self.advisor is not None:
-            self.advisor._resume()
-        if self.ranges is not None:
-            self.ranges._epoch_start()
+        self._each("_epoch_start", hook="on_train_epoch_start")
 
     def on_train_batch_start(self, batch: Any) -> None:
         """A training step starts; ``batch`` is the batch it trains on (already on the device)."""
-        loop = self._running("on_train_batch_start")
-        if self.monitor is not None:
-            self.monitor._batch_start()
-        if self.advisor is not None:
-            self.advisor._batch_start(batch)
-        if self.ranges is not None:
-            self.ranges._batch_start(loop)
+        self._each("_batch_start", batch, hook="on_train_batch_start")
 
     def on_before_zero_grad(self) -> None:
         """NVTX: the step's "zero_grad" phase starts."""
-        if self.ranges is not None:
-            self.ranges._phase("zero_grad")
+        self._each("_phase", "zero_grad")
 
     def on_before_backward(self) -> None:
         """NVTX: the step's "backward" phase starts."""
-        if self.ranges is not None:
-            self.ranges._phase("backward")
+        self._each("_phase", "backward")
 
     def on_after_backward(self) -> None:
         """Backward returned (under DDP, after the gradient all-reduce): NVTX phase end, all-reduce timing."""
-        if self.ranges is not None:
-            self.ranges._after_backward()
-        if self.advisor is not None:
-            self.advisor._after_backward()
+        self._each("_after_backward", ends=True)
 
     def on_before_optimizer_step(self) -> None:
         """NVTX: the step's "optimizer step" phase starts."""
-        if self.ranges is not None:
-            self.ranges._phase("optimizer step")
+        self._each("_phase", "optimizer step")
 
     def on_train_batch_end(self, batch: Any, step: int | None = None) -> None:
         """The training step has queued its work; a window that ends here is logged.
@@ -405,24 +370,13 @@ class FabricObserver:
         loop = self._running("on_train_batch_end")
         check_int(step, "step", low=0, none_ok=True, what="(optimizer steps taken so far)")
         loop.step = loop.step + 1 if step is None else step
-        if self.ranges is not None:
-            self.ranges._batch_end(loop)
-        if self.monitor is not None:
-            self.monitor._batch_end(loop, batch)
-        if self.advisor is not None:
-            self.advisor._batch_end(loop, batch)
+        self._each("_batch_end", batch, hook="on_train_batch_end", ends=True)
 
     def on_train_end(self) -> None:
         """Training ends: the last window is logged, the advisor prints its summary, everything is released."""
-        loop = self._running("on_train_end")
+        self._running("on_train_end")
         try:
-            if self.ranges is not None:
-                self.ranges._epoch_end()
-                self.ranges._close_everything()
-            if self.monitor is not None:
-                self.monitor._end(loop)
-            if self.advisor is not None:
-                self.advisor._end(loop)
+            self._each("_end", ends=True)
         finally:
             self._release()
 
@@ -434,47 +388,35 @@ class FabricObserver:
     # outside training (between on_train_end and the next on_train_start) these do nothing
     def on_validation_start(self) -> None:
         """A validation run inside training starts (NVTX "validation"; its time is not data wait)."""
-        if self.ranges is not None and self._loop is not None:
-            self.ranges._validation_start()
+        self._each("_validation_start")
 
     def on_validation_batch_start(self, batch_idx: int) -> None:
         """NVTX: "validation step {batch_idx}" starts."""
-        if self.ranges is not None and self._loop is not None:
-            self.ranges._validation_batch_start(batch_idx)
+        self._each("_validation_batch_start", batch_idx)
 
     def on_validation_batch_end(self) -> None:
-        if self.ranges is not None and self._loop is not None:
-            self.ranges._validation_batch_end()
+        self._each("_validation_batch_end", ends=True)
 
     def on_validation_end(self) -> None:
         """The validation run ends; the next batch's data wait counts from now."""
-        if self._loop is None:
-            return
-        if self.ranges is not None:
-            self.ranges._validation_end(fitting=True)
-        if self.monitor is not None:
-            self.monitor._resume()
-        if self.advisor is not None:
-            self.advisor._resume()
+        self._each("_validation_end", True, ends=True)
 
     # ------------------------------------------------------------------------------------------ state
     def _release(self) -> None:
         self._loop = None
-        for obs in (self.ranges, self.monitor, self.advisor):
-            if obs is not None:
-                obs._release()
+        for obs in self._ends:
+            obs._release()
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and each observer's ``state_dict`` by its class name (for ``fabric.save``)."""
         state: dict[str, Any] = {"step": self._loop.step if self._loop is not None else 0}
-        for obs in (self.monitor, self.advisor, self.ranges):
-            if obs is not None:
-                state[type(obs).__name__] = obs.state_dict()
+        for obs in self._starts:
+            state[type(obs).__name__] = obs.state_dict()
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` saved; call it after ``on_train_start`` when a loop resumes."""
         self._running("load_state_dict").step = int(state_dict.get("step", 0))
-        for obs in (self.monitor, self.advisor, self.ranges):
-            if obs is not None and type(obs).__name__ in state_dict:
+        for obs in self._starts:
+            if type(obs).__name__ in state_dict:
                 obs.load_state_dict(dict(state_dict[type(obs).__name__]))

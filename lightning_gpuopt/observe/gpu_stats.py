@@ -6,13 +6,12 @@ import math
 import time
 from typing import Any, cast
 
-import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_bool, check_float, check_int
 from lightning_gpuopt._common import info_once, warn_once
-from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
+from lightning_gpuopt.observe._lifecycle import Loop, ObserverCallback
 from lightning_gpuopt.observe.ceiling import (
     CEILING_KEY,
     CEILING_RATE_KEY,
@@ -49,36 +48,30 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-class GPUStatsMonitor(ReleasingCallback):
+class GPUStatsMonitor(ObserverCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
     Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``, or run it
     in a Lightning Fabric loop through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
     Every window it sends one row of metrics to every logger the Trainer (or Fabric) has (TensorBoard, CSV,
-    W&B, MLflow, ...) and appends it to ``history``. Four sources, none of which synchronises the GPU or talks across ranks
-    per step:
+    W&B, MLflow, ...) and appends it to ``history``. None of its sources synchronises the GPU or talks
+    across ranks per step:
 
-    - NVML, sampled on a background thread: GPU-Util, memory, power (from the GPU's energy counter) and the
-      energy a trained sample costs, clocks, the hardware JPEG and video decoders' load, and on Hopper the SM
-      and tensor-core activity behind GPU-Util (``gpu/``).
-    - CUDA events at each training batch's start and end, read a window later once complete: how long the
-      training stream sat idle between steps (``gpu/idle_frac``: the starvation metric).
-    - ``time.perf_counter`` around each batch: step time, the host's wait for the next batch, and how that
-      wait splits into time inside the loader and time spent while the GPU was still busy (``time/``).
-    - psutil at window ends: CPU use of the training thread, of workers and other threads, and of
-      the cores the process may use, and the bytes the process read from storage (``host/``).
-    - With ``ceiling=True`` (off by default: it runs the user's ``training_step``), once a fit, after the
-      first window: a few training steps replayed on a copy of the batch just trained on, kept on the device
-      (``observe.ceiling.ReplayCeiling``), the model's own ceiling; every later window logs the run's
-      samples/s over it (``gpu/ceiling_frac``). ``measure_ceiling()`` measures it again at the next window's
-      end. It restores the weights, buffers, gradients, optimizer state, GradScaler and RNGs, not what a
-      step does besides (torchmetrics states, counters, files, calls to a tracker). Cost: about
-      ``ceiling_steps + 3`` steps' time and one copy of the weights, gradients and optimizer state,
-      excluded from every window's figures.
+    - NVML, sampled on a background thread: GPU-Util, memory, power, the energy a trained sample costs,
+      clocks, the JPEG and video decoders' load, and on Hopper SM and tensor-core activity (``gpu/``).
+    - CUDA events at each training batch's start and end, read a window later: how long the training stream
+      sat idle between steps (``gpu/idle_frac``: the starvation metric).
+    - ``time.perf_counter`` around each batch: step time, the wait for the next batch, and its split into
+      time inside the loader and time while the GPU was still busy (``time/``).
+    - psutil at window ends: CPU use of the training thread, of the workers and of the cores the process may
+      use, and the bytes it read from storage (``host/``).
+    - With ``ceiling=True`` (off by default: it runs the user's ``training_step``), once a fit: a few steps
+      replayed on a copy of the latest batch (``observe.ceiling.ReplayCeiling``) give the model's ceiling,
+      and later windows log the run's samples/s over it (``gpu/ceiling_frac``); ``measure_ceiling()``
+      measures it again. What the replay restores and costs: docs/gpu_stats.md.
     - Once a fit, after a window whose ``gpu/step_idle_frac`` reaches ``sync_idle_frac`` (CUDA): the
-      host-sync locator (``observe.host_sync.SyncLocator``) for ``sync_steps`` steps, which names the lines
-      that make the host wait for the GPU (``host_syncs``; ``gpu/host_syncs_per_step`` in the next window).
-      ``locate_syncs()`` runs it from the next window's end.
+      host-sync locator (``observe.host_sync.SyncLocator``) names the lines that make the host wait for the
+      GPU (``host_syncs``); ``locate_syncs()`` runs it again.
 
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
@@ -98,54 +91,10 @@ class GPUStatsMonitor(ReleasingCallback):
         sync_steps: training steps the host-sync locator watches (``0``: never run it).
         sync_idle_frac: ``gpu/step_idle_frac`` of a window from which the locator runs.
 
-    Logged keys (one value per window; a key is absent where its source does not report it: ``gpu/`` on a
-    CPU run, ``gpu/sm_*`` before Hopper, ``time/loader_wait_frac`` for a loader without ``fetch_seconds``,
-    ``host/`` where psutil cannot read the process):
-
-    ========================== ====== ==================================================================
-    key                        unit   meaning
-    ========================== ====== ==================================================================
-    gpu/util                   %      NVML GPU-Util, mean over the window (driver sample buffer)
-    gpu/util_min               %      lowest GPU-Util sample in the window
-    gpu/mem_util               %      memory-controller utilisation, mean
-    gpu/mem_used_gb            GiB    device memory used (all processes), peak in the window
-    gpu/mem_total_gb           GiB    device memory total
-    gpu/power_w                W      board power draw, mean: the energy counter's joules over the window's
-                                      seconds (``NVMLSampler.energy_counter``), else the mean of polls
-    gpu/joules_per_sample      J      energy a trained sample costs: gpu/power_w /
-                                      throughput/samples_per_sec
-    gpu/temp_c                 °C     GPU temperature, mean
-    gpu/sm_clock_mhz           MHz    SM clock, mean
-    gpu/sm_active              %      GPM: share of SMs busy, time-weighted mean (Hopper+)
-    gpu/sm_occupancy           %      GPM: resident warps vs the maximum, mean (Hopper+)
-    gpu/tensor_active          %      GPM: share of time tensor cores were busy, mean (Hopper+)
-    gpu/jpeg_util              %      the hardware JPEG decoder's (NVJPG) busy share, mean; where NVML
-                                      answers (A100, H100 and newer)
-    gpu/video_dec_util         %      the hardware video decoder's (NVDEC) busy share, mean
-    gpu/idle_frac              0..1   training stream idle between steps / GPU time (CUDA events)
-    gpu/step_idle_frac         0..1   GPU idle inside steps: 1 - gpu/util/100 - gpu/idle_frac (NVML, events)
-    gpu/ceiling_frac           0..1   throughput/samples_per_sec / the replayed ceiling's samples/s
-                                      (``ceiling=True``)
-    throughput/ceiling_samples_per_sec
-                               1/s    the model's rate replayed on a batch kept on the device
-                                      (``ceiling=True``)
-    gpu/host_syncs_per_step    count  synchronizing CUDA calls a step from the user's lines (the
-                                      window after the locator ran; the lines: ``host_syncs``)
-    time/step_ms               ms     host wall time a training step, data wait included, mean
-    time/data_wait_ms          ms     end of one training batch to the start of the next, mean
-    time/data_wait_frac        0..1   data wait / step time
-    throughput/samples_per_sec 1/s    samples (leading batch dimension) / step time
-    time/loader_wait_frac      0..1   time inside the loader's ``next()`` / step time
-    time/gpu_blocked_frac      0..1   data wait while the GPU still ran earlier work / step time
-    host/cpu_main_pct          %      CPU of the training thread (100 = one core)
-    host/cpu_workers_pct       %      CPU of other threads and child processes (100 = one core)
-    host/cpu_busy_frac         0..1   busy share of the cores this process may run on (all processes)
-    host/cpu_cores             count  cores this process may run on
-    host/read_mb_s             MB/s   bytes this process and its children read from storage (page-cache
-                                      misses; ``psutil`` ``io_counters``, Linux) / window time
-    ========================== ====== ==================================================================
-
-    With ``all_ranks=True`` each key is also logged as ``<key>/rank{r}`` for every global rank ``r``.
+    Logged keys: ``METRIC_KEYS``, one value per window; their units and meaning are in docs/gpu_stats.md. A
+    key is absent where its source does not report it (``gpu/`` on a CPU run, ``gpu/sm_*`` before Hopper,
+    ``time/loader_wait_frac`` for a loader without ``fetch_seconds``, ``host/`` where psutil cannot read the
+    process). With ``all_ranks=True`` each key is also logged as ``<key>/rank{r}`` for every global rank ``r``.
 
     Windows end when ``global_step`` is a multiple of the window length, and when training ends. The first
     window of a fit holds the warm-up (cuDNN autotuning, workers starting, the loader's prefetch filling)
@@ -248,42 +197,6 @@ class GPUStatsMonitor(ReleasingCallback):
         # a thread, CUDA events and a reader bound to this process do not pickle; a copy starts without them
         state.update(_sampler=None, _idle=None, _cpu=None)
         return state
-
-    # ------------------------------------------------------------------------------------------ hooks
-    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
-    # calls the same methods from a Fabric loop.
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._begin(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end(TrainerLoop(trainer, pl_module))
 
     # ------------------------------------------------------------------------------------------ resources
     def _begin(self, loop: Loop) -> None:
@@ -433,7 +346,6 @@ class GPUStatsMonitor(ReleasingCallback):
             self._idle.mark(t)
 
     def _start(self, loop: Loop) -> None:
-        """Training starts (after setup and any sanity check)."""
         if self._sampler is not None:
             self._sampler.window()  # drop setup/sanity-check time from the first window
         if self._cpu is not None:
@@ -445,11 +357,10 @@ class GPUStatsMonitor(ReleasingCallback):
         # the first batch's wait is the DataLoader starting up and fetching: count it from here
         self._mark()
 
-    def _resume(self) -> None:
-        """Training resumes after other work (a validation run inside fit), which is not waiting for data."""
-        self._mark()
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
+        self._mark()  # validation is not waiting for data
 
-    def _batch_start(self) -> None:
+    def _batch_start(self, loop: Loop, batch: Any) -> None:
         t = time.perf_counter()
         self._timer.batch_start(t)
         if self._idle is not None:

@@ -22,14 +22,13 @@ from typing import Any, cast, get_args
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_choice, check_int
 from lightning_gpuopt._common import warn_once
-from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop
+from lightning_gpuopt.observe._lifecycle import Loop, ObserverCallback, TrainerLoop
 from lightning_gpuopt.observe.nvtx_backends import DEFAULT_DOMAIN, BackendName, make_backend
 
 __all__ = ["PHASE_COLORS", "NVTXRanges", "RangeStack", "add_module_ranges", "make_backend"]
@@ -225,7 +224,7 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
 
 
 # ------------------------------------------------------------------------------------------- callback
-class NVTXRanges(ReleasingCallback):
+class NVTXRanges(ObserverCallback):
     """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
 
     On the trainer's thread, in the domain ``domain`` (``nvtx`` backend) with one color per phase::
@@ -247,11 +246,8 @@ class NVTXRanges(ReleasingCallback):
 
     Capture window: with ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()``
     before the first batch with ``global_step >= start_step`` and ``torch.cuda.profiler.stop()`` after the
-    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline. Record only that
-    window with::
-
-        nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
-            -t cuda,nvtx,osrt,cudnn,cublas -o report python train.py
+    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline (the ``nsys`` command
+    that records only that window is in the module's documentation).
 
     Args:
         module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
@@ -336,91 +332,15 @@ class NVTXRanges(ReleasingCallback):
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
-    # ---- hooks: each hands the Trainer to the loop-independent method that does the work (FabricObserver
-    # calls the same methods from a Fabric loop)
+    # ---- Lightning hooks beyond ObserverCallback's: ranges for every stage, module ranges once the model is
+    # configured (configure_model runs after setup, so lazily built layers get hooks too)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._begin()
+        self._begin(TrainerLoop(trainer, pl_module))
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_start()
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        self._phase("zero_grad")
-
-    @override
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        self._phase("backward")
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._after_backward()
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
-        self._phase("optimizer step")
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end()
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close_everything()
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
-        self._validation_start()
-
-    @override
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._validation_batch_start(batch_idx)
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._validation_batch_end()
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._validation_end(fitting=trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking)
 
     @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -431,7 +351,7 @@ class NVTXRanges(ReleasingCallback):
         self._add_module_hooks(pl_module)
 
     # ---- the work, for any loop: resources
-    def _begin(self) -> None:
+    def _begin(self, loop: Loop) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
             # Without a tool attached nothing is recorded: the hooks then only run the capture window.
@@ -439,8 +359,10 @@ class NVTXRanges(ReleasingCallback):
             self._tokens = {}
         self._capturing = False
 
+    def _start(self, loop: Loop) -> None:
+        self._add_module_hooks(loop.module)
+
     def _add_module_hooks(self, root_module: nn.Module) -> None:
-        # After configure_model (which runs after setup), so lazily built layers get hooks too.
         if self.module_depth == 0 or self._handles or self._ranges is None:
             return
         root: nn.Module | None = root_module
@@ -511,14 +433,14 @@ class NVTXRanges(ReleasingCallback):
             token = self._tokens[name] = self._ranges.prepare(name, name, PHASE_COLORS[name])
         return token
 
-    def _phase(self, name: str) -> None:
+    def _phase(self, loop: Loop, name: str) -> None:
         ranges = self._ranges
         if not self._emit or ranges is None or not self.phases or not ranges.is_open("step"):
             return
         ranges.close("phase")
         ranges.push_prepared(self._token(name), "phase", name)
 
-    def _after_backward(self) -> None:
+    def _after_backward(self, loop: Loop) -> None:
         if self._emit and self._ranges is not None:
             self._ranges.close("phase")
 
@@ -532,11 +454,11 @@ class NVTXRanges(ReleasingCallback):
             self._ranges.close("data wait")
 
     # ---- training
-    def _epoch_start(self) -> None:
+    def _epoch_start(self, loop: Loop) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
 
-    def _batch_start(self, loop: Loop) -> None:
+    def _batch_start(self, loop: Loop, batch: Any) -> None:
         ranges = self._ranges
         if ranges is None:
             return
@@ -553,7 +475,7 @@ class NVTXRanges(ReleasingCallback):
         if self.phases:
             ranges.push_prepared(self._token("forward"), "phase", "forward")
 
-    def _batch_end(self, loop: Loop) -> None:
+    def _batch_end(self, loop: Loop, batch: Any) -> None:
         ranges = self._ranges
         if ranges is None:
             return
@@ -566,28 +488,33 @@ class NVTXRanges(ReleasingCallback):
             self._start_capture(loop)
         self._open_data_wait()
 
-    def _epoch_end(self) -> None:
+    def _end(self, loop: Loop) -> None:
+        self._epoch_end(loop)
+        self._close_everything()
+
+    def _epoch_end(self, loop: Loop) -> None:
         if self._ranges is not None:
             # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
             self._ranges.close("step")
             self._close_data_wait()
 
     # ---- validation
-    def _validation_start(self) -> None:
+    def _validation_start(self, loop: Loop) -> None:
+        self._add_module_hooks(loop.module)
         self._close_data_wait()
         if self._emit and self._ranges is not None and self.validation:
             self._ranges.push("validation", "validation")
 
-    def _validation_batch_start(self, batch_idx: int) -> None:
+    def _validation_batch_start(self, loop: Loop, batch_idx: int) -> None:
         if self._emit and self._ranges is not None and self.validation:
             self._ranges.close("validation step")
             self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
-    def _validation_batch_end(self) -> None:
+    def _validation_batch_end(self, loop: Loop) -> None:
         if self._emit and self._ranges is not None:
             self._ranges.close("validation step")
 
-    def _validation_end(self, fitting: bool) -> None:
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
         """A validation run ends; inside fit (``fitting``) the wait for the next training batch starts."""
         if self._ranges is None:
             return

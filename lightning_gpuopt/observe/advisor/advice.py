@@ -89,7 +89,9 @@ def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) 
     return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
 
 
-def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None) -> str:
+def _folder_threads(
+    cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None
+) -> str:
     """Advice for an image folder decoded by ``cfg.decode_threads`` reading threads of the training process."""
     n, cores = cfg.decode_threads, cores_per_process
     if cause == "too-many-workers":
@@ -111,6 +113,59 @@ def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, c
             f'threads can use them (num_workers="auto": one a CPU). {_HDF5}'
         )
     return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
+
+
+def _dali_bound(cfg: RunConfig, cores_per_process: int | None, threads: str) -> str:
+    """Advice for a DALI pipeline that does not keep up."""
+    slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
+    if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
+        # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
+        return (
+            f"{slow_threads} "
+            f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
+            f"{_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More cores "
+            "per GPU add decoding threads."
+        )
+    if cfg.decoder == "cpu":
+        return (
+            f"{slow_threads} "
+            '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
+            f"these few cores a GPU. {_STORE}."
+        )
+    return (
+        "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
+        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once (backend="hdf5").'
+    )
+
+
+def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
+    """Advice for an HDF5 store whose reads do not keep up (read from the disk when ``ev.read_mb_s`` says so)."""
+    if ev.read_mb_s is None:
+        return (
+            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
+            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
+            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
+            "memory (/dev/shm), or read with more threads for more reads in flight "
+            "(OptimizedDataModule(num_workers=8))."
+        )
+    per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
+    text = (
+        f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
+        "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
+        "loader. "
+    )
+    if cfg.decoder is None:
+        text += (
+            "Convert to the compact store, about the size of the source JPEGs "
+            "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
+            "store on a faster local NVMe disk, or give the page cache room for it."
+        )
+    else:
+        text += (
+            "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
+            "(/dev/shm), or give the page cache room for it."
+        )
+    return text
 
 
 def input_bound(
@@ -155,53 +210,9 @@ def input_bound(
             'to spare (DALIOptions(decoder="cpu")).'
         )
     elif cause == "dali-bound":
-        slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-        if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
-            # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
-            text = (
-                f"{slow_threads} "
-                f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
-                f"{_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More cores "
-                "per GPU add decoding threads."
-            )
-        elif cfg.decoder == "cpu":
-            text = (
-                f"{slow_threads} "
-                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
-                f"these few cores a GPU. {_STORE}."
-            )
-        else:
-            text = (
-                "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
-                'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
-                '(backend="hdf5").'
-            )
-    elif cause == "store-bound" and ev.read_mb_s is not None:
-        per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
-        text = (
-            f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
-            "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
-            "loader. "
-        )
-        if cfg.decoder is None:
-            text += (
-                "Convert to the compact store, about the size of the source JPEGs "
-                "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
-                "store on a faster local NVMe disk, or give the page cache room for it."
-            )
-        else:
-            text += (
-                "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
-                "(/dev/shm), or give the page cache room for it."
-            )
+        text = _dali_bound(cfg, cores_per_process, threads)
     elif cause == "store-bound":
-        text = (
-            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
-            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
-            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
-            "memory (/dev/shm), or read with more threads for more reads in flight "
-            "(OptimizedDataModule(num_workers=8))."
-        )
+        text = _store_bound(ev, cfg, threads)
     elif cause == "decode-bound":
         n = w if w is not None else "The"
         if cores_full is False:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg, check_bool, check_int
 from lightning_gpuopt._common import FeedInfo, info_once, warn_at_user
-from lightning_gpuopt.observe._lifecycle import Loop, ReleasingCallback, TrainerLoop, first_loader
+from lightning_gpuopt.observe._lifecycle import Loop, ObserverCallback, first_loader
 from lightning_gpuopt.observe.advisor.config import (
     describe_feed,
     distinct_memory_format,
@@ -26,10 +25,8 @@ from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, 
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
-
-if TYPE_CHECKING:
-    from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 
 __all__ = ["BottleneckAdvisor"]
 
@@ -38,7 +35,7 @@ _MIN_WINDOW = 2  # a shorter window is one batch's noise
 _HISTORY = 1000
 
 
-class BottleneckAdvisor(ReleasingCallback):
+class BottleneckAdvisor(ObserverCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
     After warm-up it judges the run one window at a time: its own host timing (step time, data wait, time
@@ -49,34 +46,8 @@ class BottleneckAdvisor(ReleasingCallback):
     ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects. In a
     Lightning Fabric loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
 
-    ======================== ============ ===========================================================
-    kind                     severity     raised when (default thresholds, ``AdvisorThresholds``)
-    ======================== ============ ===========================================================
-    ``input-bound``          warning      ``gpu/idle_frac`` >= 10% and the loader's wait accounts for
-                                          >= half of it; without ``gpu/idle_frac``: loader (else data)
-                                          wait >= 10% of the step, >= 2 ms, GPU-Util < 90%. ``cause``:
-                                          too-many-workers, too-few-workers, decode-bound, dali-bound,
-                                          store-bound, slow-loader, jpeg-engine (the hardware JPEG
-                                          decoder >= 90% busy, ``gpu/jpeg_util``)
-    ``host-bound``           warning      ``gpu/idle_frac`` >= 10% but the loader's wait accounts for
-                                          less than half of it: hooks, syncs, launches
-    ``straggler``            warning      DDP: ranks' all-reduce waits differ by >= 10% of the step (and
-                                          >= 2 ms); names the rank nobody waits for
-    ``comm-bound``           warning      DDP: every rank waits >= 10% of the step in the all-reduce,
-                                          and none straggles
-    ``pageable-copies``      warning      CUDA, ``pin_memory=False``, batches start in host memory
-    ``launch-bound``         warning      CUDA, not starving between steps, GPU-Util < 70% or SM
-                                          activity < 25% or batch <= 16 with GPU-Util < 90%
-    ``amp-host-sync``        warning/info CUDA, an enabled GradScaler and an unfused optimizer; a warning
-                                          when GPU idle >= 2%, GPU-Util < 97% or data wait >= 2%
-    ``fp16-overflow``        warning      fp16 with a GradScaler whose scale fell >= 3 times in a window
-                                          or is below 1 (read at window ends, without a sync)
-    ``fp32-on-tensor-cores`` warning      CUDA >= 7.0 training in fp32/fp64
-    ``nchw-convolutions``    warning      < 50% of convolutions channels_last under tensor-core math
-    ``cudnn-benchmark-off``  info         convolutions with ``cudnn.benchmark`` off
-    ``memory-headroom``      info         peak memory < 30% while the GPU is not saturated
-    ``gpu-metrics-missing``  info         CUDA without any GPU-side figure
-    ======================== ============ ===========================================================
+    The verdict kinds (``KINDS``), the rule that raises each and its default thresholds
+    (``AdvisorThresholds``) are listed in docs/advisor.md.
 
     Each warning carries ``gain``, the most its fix is worth (``1 / gpu/ceiling_frac`` where the monitor
     measured the run's ceiling, ``GPUStatsMonitor(ceiling=True)``, else from the share of time its figure
@@ -88,17 +59,10 @@ class BottleneckAdvisor(ReleasingCallback):
     the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
     window shrinks to half an epoch (but not below 2 batches) and warm-up to at most half an epoch.
 
-    Logged (straight to every logger, at each window, rank zero):
-
-    ========================== ====== ======================================================
-    key                        unit   meaning
-    ========================== ====== ======================================================
-    ``advisor/<kind>``         0/1    1 while verdict ``<kind>`` (one of ``KINDS``) is raised; only the
-                                      kinds the run can raise (``rules.NEEDS``: a CUDA device,
-                                      several processes, a GradScaler), the rest named once at start
-    ``advisor/num_warnings``   count  raised verdicts of severity ``warning``
-    ``advisor/summary``        text   markdown table, TensorBoardLogger only (on change and at the end)
-    ========================== ====== ======================================================
+    Logged (straight to every logger, at each window, rank zero): ``advisor/<kind>`` (1 while verdict
+    ``<kind>`` is raised; only the kinds the run can raise, ``rules.NEEDS``, the rest named once at start),
+    ``advisor/num_warnings`` (raised warnings) and, to a TensorBoardLogger, ``advisor/summary`` (a markdown
+    table, on change and at the end).
 
     At the end of fit, rank zero prints a summary (``rank_zero_info``; ``verbose=False`` silences it). Without
     a logger it says so once at setup; the verdicts are then only printed and kept in ``verdicts``.
@@ -219,46 +183,6 @@ class BottleneckAdvisor(ReleasingCallback):
         state["_scale"] = None
         return state
 
-    # -- hooks -----------------------------------------------------------------------------------------------
-    # Each Lightning hook hands the Trainer to the loop-independent method that does the work; FabricObserver
-    # calls the same methods from a Fabric loop.
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._begin(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()  # the first batch's wait is the loader starting up: counted from here, as the monitor does
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume()  # validation inside fit is not time spent waiting for training data
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start(batch)
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._after_backward()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end(TrainerLoop(trainer, pl_module))
-
     # -- the work, for any loop ------------------------------------------------------------------------------
     def _begin(self, loop: Loop) -> None:
         """A fit begins: a new run (a checkpoint restore, ``load_state_dict``, comes after this and wins)."""
@@ -277,7 +201,7 @@ class BottleneckAdvisor(ReleasingCallback):
         """Training starts: windows, warm-up and the monitor to follow are settled for this fit."""
         self._reset_run()
         self._timer = StepTimer()
-        self._monitor = loop.monitor
+        self._monitor = next((cb for cb in loop.callbacks if isinstance(cb, GPUStatsMonitor)), None)
         self._seen = self._warm_seen = len(self._monitor_history())  # entries of an earlier fit are not ours
         self._follow = self.window_steps is None and self._monitor is not None
         self._fit_epochs(loop.batches_per_epoch)
@@ -317,17 +241,20 @@ class BottleneckAdvisor(ReleasingCallback):
         self._window_len = self._window
         self._warm = self._warmup == 0
 
-    def _resume(self) -> None:
-        """The next batch's wait counts from now (an epoch starts, or training resumes after validation)."""
+    def _epoch_start(self, loop: Loop) -> None:
+        """The next batch's wait counts from now (the first batch's wait is the loader starting up)."""
         if self._timer is not None:
             self._timer.mark(time.perf_counter())
+
+    def _validation_end(self, loop: Loop, fitting: bool) -> None:
+        self._epoch_start(loop)  # validation inside fit is not time spent waiting for training data
 
     def _paused(self) -> tuple[float, float] | None:
         """The monitor's latest pause for its own work (the ceiling's replay), left out of our timing."""
         pause = getattr(self._monitor, "pause", None) if self._monitor is not None else None
         return pause if isinstance(pause, tuple) else None
 
-    def _batch_start(self, batch: Any) -> None:
+    def _batch_start(self, loop: Loop, batch: Any) -> None:
         if self._timer is None:
             return
         pause = self._paused()
@@ -342,7 +269,7 @@ class BottleneckAdvisor(ReleasingCallback):
                 self._input_channels_last = distinct_memory_format(x)
             self._probe_input = False
 
-    def _after_backward(self) -> None:
+    def _after_backward(self, loop: Loop) -> None:
         if self._reduce is not None:
             self._reduce.backward_end()
 
