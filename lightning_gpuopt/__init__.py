@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "AugmentConfig": "lightning_gpuopt.data.transforms",
     "TuningConfig": "lightning_gpuopt.data.tuning",
     "DALIOptions": "lightning_gpuopt.data.dali",
+    "HDF5Options": "lightning_gpuopt.data.hdf5",
     "GPUAugment": "lightning_gpuopt.data.transforms",
     "UInt8ImageFolder": "lightning_gpuopt.data.folder",
     "HDF5ImageDataset": "lightning_gpuopt.data.hdf5",
@@ -74,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.data.dali import DALILoader, DALIOptions
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, HDF5Options, convert_folder_to_hdf5
     from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment
     from lightning_gpuopt.data.tuning import TuningConfig, WorkerTuner, tune_num_workers
     from lightning_gpuopt.lightning_cli import GPUOptCLI

@@ -28,16 +28,16 @@ from typing import Any, ClassVar, Protocol
 
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.data.folder import UInt8ImageFolder, folder_classes
 from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
-    BatchReader,
     ContinuousDataLoader,
     HostDataLoader,
     UInt8Collate,
     WholeBatches,
+    read_by_threads,
     reads_in_workers,
 )
 
@@ -50,9 +50,9 @@ __all__ = [
     "HostBackend",
     "MixedBackend",
     "Owner",
-    "host_loader",
     "choose_backend",
     "dali_installed",
+    "host_loader",
     "resolve_backend",
 ]
 
@@ -70,11 +70,13 @@ class Owner(Protocol):
 
     def class_indices(self, split: str, classes: Any, path: Any = None) -> list[int] | None: ...  # labels
 
-    def _workers(self, split: str) -> int: ...  # its worker processes (reading threads for a BatchReader)
+    def _workers(self, split: str) -> int: ...  # its DataLoader worker processes (0: none)
+
+    def _read_threads(self, split: str) -> int: ...  # threads reading a raw store (HDF5Options)
 
     def _pin(self) -> bool: ...  # pin host batches
 
-    def _stage_train_batch(self, batch: Any) -> Any: ...  # the training transform on the device
+    def _device_transform(self) -> Callable[[Any], Any] | None: ...  # the training loader's staging, or None
 
 
 class Backend:
@@ -93,9 +95,10 @@ class Backend:
     name: ClassVar[str] = ""
     device_batches: ClassVar[bool] = False
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         """Refuse constructor arguments this backend cannot read, naming the argument and the fix."""
         check_arg(dali is None, "dali", dali, "None unless backend='dali'")
+        _check_hdf5_options(hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -140,9 +143,7 @@ class HostBackend(Backend):
             )
             return []  # Lightning skips a stage whose loader list is empty
         workers, pin = dm._workers(split), dm._pin()
-        threads = workers if isinstance(dataset, BatchReader) and not reads_in_workers(dataset) else 0
-        if threads:
-            workers = 0  # the loader reads on threads of this process; no worker processes
+        threads = dm._read_threads(split) if read_by_threads(dataset) else 0
         return host_loader(
             dataset,
             split,
@@ -151,7 +152,7 @@ class HostBackend(Backend):
             threads=threads,
             pin=pin,
             feed=self.feed(dataset, batch_size=dm.batch_size, workers=workers, threads=threads, pin=pin),
-            device_transform=dm._stage_train_batch,
+            device_transform=dm._device_transform() if split == "train" else None,
         )
 
     def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
@@ -177,7 +178,7 @@ class FolderBackend(HostBackend):
 
     name = "folder"
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         for split, path in paths.items():
             check_arg(
                 path is None or Path(path).is_dir(),
@@ -186,7 +187,7 @@ class FolderBackend(HostBackend):
                 "a folder laid out as <root>/<class>/<image> for the folder backend",
                 "pass backend='auto', which reads a store file as a store and a folder as a folder",
             )
-        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+        super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -214,9 +215,9 @@ class HDF5Backend(HostBackend):
 
     name = "hdf5"
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         _check_stores(paths, "an HDF5 store file for the hdf5 backend")
-        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+        super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -284,6 +285,19 @@ def _check_dali_options(dali: Any) -> None:
     )
 
 
+def _check_hdf5_options(hdf5: Any) -> None:
+    from lightning_gpuopt.data.hdf5 import HDF5Options  # h5py itself is imported by the stores only
+
+    check_arg(
+        hdf5 is None or isinstance(hdf5, HDF5Options),
+        "hdf5",
+        hdf5,
+        "None or an HDF5Options",
+        "e.g. hdf5=HDF5Options(threads=8)",
+        error=TypeError,
+    )
+
+
 def _check_stores(paths: dict[str, str | None], must: str) -> None:
     """Refuse a folder where a store file belongs, naming the command that converts it."""
     for split, path in paths.items():
@@ -309,7 +323,8 @@ class DALIBackend(Backend):
     name = "dali"
     device_batches = True
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
+        _check_hdf5_options(hdf5)
         check_arg(
             any(v is not None for v in paths.values()),
             "train_dir",
@@ -371,8 +386,10 @@ class DALIStoreBackend(HDF5Backend):
 
     name = "dali"
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+        _check_hdf5_options(hdf5)
 
         train = paths.get("train")
         check_arg(
@@ -432,7 +449,12 @@ def dali_installed() -> bool:
 
 
 def choose_backend(
-    backend: str, paths: dict[str, str | None], *, on_corrupt: str = "raise", own_datasets: bool = False
+    backend: str,
+    paths: dict[str, str | None],
+    *,
+    on_corrupt: str = "raise",
+    own_datasets: bool = False,
+    num_workers: int | str = "auto",
 ) -> tuple[Backend, str | None]:
     """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
 
@@ -440,7 +462,8 @@ def choose_backend(
     installed: DALI decodes the JPEGs on its CPU threads or with nvJPEG, whichever ``choose_decoder`` picks
     from the cores a GPU has, straight into batches on the GPU, and crops from the original image as
     torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
-    do, or a ``<split>_dataset`` hook of the user's: ``own_datasets``) the folder backend's worker processes.
+    do, a ``<split>_dataset`` hook of the user's: ``own_datasets``, or a ``num_workers`` count above 0, which
+    asks for DataLoader worker processes and DALI has none) the folder backend's worker processes.
     A store file is read by the HDF5 backend, except a JPEG store's training split on such a machine, which
     DALI decodes (``DALIStoreBackend``; ``backend="dali"`` asks for it on a JPEG store anywhere). An explicit
     name is taken as given (reason ``None``).
@@ -471,6 +494,11 @@ def choose_backend(
         return chosen, (
             "image folders, worker processes decode them; DALI is not installed "
             "(pip install 'lightning-gpuopt[dali]' decodes them with DALI instead, on its threads or nvJPEG)"
+        )
+    if is_int(num_workers) and num_workers > 0:
+        return chosen, (
+            f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image folders; "
+            "DALI has none (leave num_workers='auto' for DALI, whose threads DALIOptions(threads=...) sets)"
         )
     return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
 

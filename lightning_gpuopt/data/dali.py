@@ -15,7 +15,6 @@ and tested anywhere. Importing this module does not import DALI.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._checks import check_arg, check_choice, check_int, is_int
+from lightning_gpuopt._checks import check_arg, check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
 from lightning_gpuopt.data.dali_pipeline import (
     CPU_DECODE_RATE_PER_THREAD,
@@ -521,8 +520,8 @@ def build_dali_loader(
     """Build the ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``).
 
     Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labelled as ``scan_image_folder`` does, so as
-    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment``, ``num_workers``
-    (DALI threads when an int and the options leave ``threads`` unset) and ``dali`` (``DALIOptions``).
+    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment`` and ``dali``
+    (``DALIOptions``: the decoder and DALI's threads).
     Batches are float32, as the other backends deliver them. The shard is the Trainer's global rank of its
     world size; the device is its root device.
 
@@ -599,9 +598,6 @@ def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, i
 
 
 def dm_options(dm: Any, options: DALIOptions | None = None) -> DALIOptions:
-    """``options``, else the DataModule's ``dali`` (or the defaults), with ``num_workers`` as the thread count
-    when it is an int and the options leave ``threads`` unset (``"auto"``: the default count)."""
-    options = options if options is not None else dm.dali or DALIOptions()
-    if options.threads is None and is_int(dm.num_workers) and dm.num_workers > 0:
-        options = dataclasses.replace(options, threads=int(dm.num_workers))
-    return options
+    """``options``, else the DataModule's ``dali`` (or the defaults). DALI's threads are
+    ``DALIOptions.threads``; ``num_workers`` counts DataLoader worker processes, which DALI has none of."""
+    return options if options is not None else dm.dali or DALIOptions()
