@@ -53,7 +53,7 @@ def _loader(files, labels, **kw) -> DALILoader:
 
 
 def _dm(train_dir, val_dir=None, **kw) -> OptimizedDataModule:
-    kw = {"batch_size": 4, "image_size": 16, "num_workers": 1, **kw}
+    kw = {"batch_size": 4, "image_size": 16, "dali": DALIOptions(threads=1), **kw}
     return OptimizedDataModule(train_dir, val_dir, backend="dali", **kw)
 
 
@@ -317,7 +317,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     assert dali_pipeline.default_num_threads(1, "cpu") == 14  # the threads decode: all cores but two
     assert dali_pipeline.default_num_threads(2, "cpu") == 6  # two local ranks share the 16 cores
     assert dali_pipeline.default_num_threads(8, "cpu") == 1
-    dm = _dm(jpeg_folder, num_workers="auto", dali=DALIOptions(decoder="cpu"))  # the decoder decides
+    dm = _dm(jpeg_folder, dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
     assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
     assert loader.feed_info == DALIFeedInfo(
@@ -335,10 +335,12 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     default = build_dali_loader(dm, "train", options=DALIOptions())
     assert default.options == DALIOptions("cpu", 14)
     assert default.feed_info.decoder_reason == "no CUDA device: the pipeline runs on the CPU"
-    dm = _dm(jpeg_folder, num_workers=3)  # an explicit count wins over the default ...
-    assert build_dali_loader(dm, "train").options.threads == 3
-    dm = _dm(jpeg_folder, num_workers=3, dali=DALIOptions(threads=5))  # ... and the options' own over both
+    dm = _dm(jpeg_folder, dali=DALIOptions(threads=5))  # the options' own count wins over the default
     assert build_dali_loader(dm, "train").options.threads == 5
+    # num_workers counts DataLoader worker processes, which DALI has none of: refused with the option to use
+    with pytest.raises(ValueError, match=r"with backend='dali'.*dali=DALIOptions\(threads=3\)"):
+        _dm(jpeg_folder, num_workers=3)
+    assert _dm(jpeg_folder, num_workers=0).num_workers == 0
 
 
 def test_feed_info_and_fetch_seconds(jpeg_folder):

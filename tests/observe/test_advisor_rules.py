@@ -66,7 +66,7 @@ def test_input_bound_store_read_by_threads_names_the_storage():
     assert [(v.kind, v.cause) for v in out] == [("input-bound", "store-bound")]
     v = out[0]
     assert v.evidence["read_threads"] == 4 and "num_workers" not in v.evidence
-    assert "4 reading threads" in v.advice and "/dev/shm" in v.advice and "num_workers=8" in v.advice
+    assert "4 reading threads" in v.advice and "/dev/shm" in v.advice and "HDF5Options(threads=8)" in v.advice
 
 
 def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
@@ -81,16 +81,19 @@ def test_input_bound_decode_bound_on_jpeg_folder_with_many_workers():
 @pytest.mark.parametrize(
     ("threads", "cause", "words"),
     [
-        (2, "too-few-workers", "num_workers=2 gives the folder 2 reading threads, few of the 16 cores"),
+        (2, "too-few-workers", "The folder's 2 reading threads use few of the 16 cores"),
         (16, "decode-bound", "16 reading threads on 16 cores cannot decode JPEGs"),
         (40, "too-many-workers", "40 reading threads x 1 process(es) oversubscribe 16 cores"),
     ],
 )
 def test_input_bound_folder_read_by_threads_counts_its_threads(threads, cause, words):
+    """A folder's reading threads are not ``num_workers`` (DataLoader worker processes): the advice counts
+    them without naming ``num_workers``, and says their default is chosen, not measured."""
     wait = {"time/data_wait_frac": 0.45, "time/data_wait_ms": 40.0, "gpu/util": 55.0}
     out = diagnose(ev(**wait), cfg(backend="folder", num_workers=None, decode_threads=threads))
     assert [(v.kind, v.cause) for v in out] == [("input-bound", cause)]
     assert words in out[0].advice and "workers cannot" not in out[0].advice
+    assert "num_workers" not in out[0].advice and "measures" not in out[0].advice
 
 
 @pytest.mark.parametrize(
@@ -116,7 +119,14 @@ def test_input_bound_dali_names_the_other_decoder(decoder, cpus, compiled, remed
 
 @pytest.mark.parametrize(
     ("cpus", "rate", "nvjpeg_advised"),
-    [(20, None, False), (64, None, False), (16, None, True), (8, None, True), (16, 525, False), (8, 525, True)],
+    [
+        (20, None, False),
+        (64, None, False),
+        (16, None, True),
+        (8, None, True),
+        (16, 525, False),
+        (8, 525, True),
+    ],
 )
 def test_cpu_decoding_advice_follows_the_cores(cpus, rate, nvjpeg_advised):
     # for a compiled model, from 19 cores a process nvJPEG trains slower than CPU threads on a folder's JPEGs
@@ -589,3 +599,22 @@ def test_cpu_input_bound_headlines_the_logged_wait_and_names_no_gpu():
     head = v.advice.split(". ")[0]
     assert "71%" in head and "13% inside the loader" in head and "host figures" in head
     assert "GPU" not in head
+
+
+@pytest.mark.parametrize(
+    ("backend", "words"),
+    [
+        ("folder", "one worker process a CPU: chosen, not measured"),
+        ("hdf5", "one worker process a CPU: chosen, not measured"),  # a JPEG store's worker processes
+        (None, "for a dataset of yours it measures the loader"),
+    ],
+)
+def test_auto_workers_advice_says_whether_it_measures(backend, words):
+    """``num_workers="auto"`` measures a dataset of the user's only; for an image folder or a store the
+    advice says the count is chosen, not measured."""
+    wait = {"time/data_wait_frac": 0.6, "time/data_wait_ms": 60.0, "gpu/util": 40.0}
+    for workers in (2, 40):  # too few, too many
+        (v,) = diagnose(ev(**wait), cfg(num_workers=workers, backend=backend))
+        assert v.cause in ("too-few-workers", "too-many-workers", "decode-bound")
+        if v.cause != "decode-bound":
+            assert words in v.advice, v.advice

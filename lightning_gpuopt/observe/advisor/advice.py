@@ -77,26 +77,34 @@ def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) 
     return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
 
 
-def _folder_threads(cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None) -> str:
-    """Advice for an image folder decoded by ``cfg.decode_threads`` reading threads of the training process."""
+def _auto_workers(cfg: RunConfig) -> str:
+    """What ``num_workers="auto"`` does for this loader's data, in the advice's words."""
+    if cfg.backend in ("folder", "hdf5"):  # an image folder or a JPEG store: worker processes decode
+        return 'OptimizedDataModule(num_workers="auto") (one worker process a CPU: chosen, not measured)'
+    return 'OptimizedDataModule(num_workers="auto") (for a dataset of yours it measures the loader)'
+
+
+def _folder_threads(
+    cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None
+) -> str:
+    """Advice for an image folder decoded by ``cfg.decode_threads`` threads of the training process."""
     n, cores = cfg.decode_threads, cores_per_process
     if cause == "too-many-workers":
         return (
             f"{n} reading threads x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so the "
-            'threads and the training loop compete. Use OptimizedDataModule(num_workers="auto") (a thread a '
-            "CPU of the process)."
+            "threads and the training loop compete. Leave the thread count to its default (chosen from the "
+            "cores of the process, not measured)."
         )
     if cause == "too-few-workers":
         return (
-            f"num_workers={n} gives the folder {n} reading threads, few of the {cores} cores this process has, "
-            'and each decodes JPEGs. Use OptimizedDataModule(num_workers="auto") (a thread a CPU). '
-            f"{_HDF5}"
+            f"The folder's {n} reading threads use few of the {cores} cores this process has, and each decodes "
+            f"JPEGs. Leave the thread count to its default (one a CPU, chosen, not measured). {_HDF5}"
         )
     on = f"on {cores} cores " if cores else ""
     if cores_full is False:
         return (
             f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more "
-            f'threads can use them (num_workers="auto": one a CPU). {_HDF5}'
+            f"threads can use them (the default: one a CPU, chosen, not measured). {_HDF5}"
         )
     return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
 
@@ -119,14 +127,12 @@ def input_bound(
     if cause == "too-many-workers":
         text = (
             f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "
-            f'the training loop compete. Use OptimizedDataModule(num_workers="auto") (it measures) or at most '
-            f"num_workers={suggest}."
+            f"the training loop compete. Use {_auto_workers(cfg)} or at most num_workers={suggest}."
         )
     elif cause == "too-few-workers":
         text = (
             f"num_workers={w} uses few of the {cores_per_process} cores this process has. Use "
-            f'OptimizedDataModule(num_workers="auto") (it measures the loader and picks the count) or '
-            f"DataLoader(num_workers={suggest}, persistent_workers=True)."
+            f"{_auto_workers(cfg)} or DataLoader(num_workers={suggest}, persistent_workers=True)."
         )
         if cfg.backend == "folder":
             text += (
@@ -141,7 +147,7 @@ def input_bound(
                 f"{slow_threads} "
                 f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
                 f"{_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More cores "
-                "per GPU add decoding threads."
+                "per GPU add reading threads."
             )
         elif cfg.decoder == "cpu":
             text = (
@@ -179,14 +185,14 @@ def input_bound(
             "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
             "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
             "memory (/dev/shm), or read with more threads for more reads in flight "
-            "(OptimizedDataModule(num_workers=8))."
+            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
         )
     elif cause == "decode-bound":
         n = w if w is not None else "The"
         if cores_full is False:
             text = (
                 f"{n} workers cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more workers "
-                f'can use them (OptimizedDataModule(num_workers="auto") measures the count). {_HDF5}'
+                f"can use them ({_auto_workers(cfg)}, or a larger num_workers). {_HDF5}"
             )
         else:
             on = f"on {cores_per_process} cores " if cores_per_process else ""
