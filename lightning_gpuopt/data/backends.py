@@ -460,7 +460,7 @@ def choose_backend(
 
     ``"auto"`` on image folders chooses ``DALIBackend`` when this machine has a CUDA GPU and DALI is
     installed: DALI decodes the JPEGs on its CPU threads or with nvJPEG, whichever ``choose_decoder`` picks
-    from the cores a GPU has, straight into batches on the GPU, and crops from the original image as
+    from rates measured on the run's files, straight into batches on the GPU, and crops from the original image as
     torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
     do, a ``<split>_dataset`` hook of the user's: ``own_datasets``, or a ``num_workers`` count above 0, which
     asks for DataLoader worker processes and DALI has none) the folder backend's worker processes.

@@ -65,16 +65,11 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     return f"The CPU cores are {state} ({busy}{others}). "
 
 
-def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) -> bool:
-    """Whether ``DALIOptions(decoder=None)`` decodes on CPU threads with these cores (``choose_decoder``),
-    for the loader's source (``decode_rate_per_thread``; ``None``: a folder's) and its model (compiled)."""
-    if not cores_per_process:
-        return False
-    # light: DALI itself is imported lazily
-    from lightning_gpuopt.data.dali_pipeline import CPU_DECODE_RATE_PER_THREAD, choose_decoder
-
-    rate = cfg.decode_rate_per_thread or CPU_DECODE_RATE_PER_THREAD
-    return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
+def _nvjpeg_measured_slower(cfg: RunConfig) -> bool:
+    """Whether nvJPEG decoded this loader's files no faster than its CPU threads when the loader measured
+    both (``DALIOptions(decoder=None)``): then it is no remedy for slow CPU decoding."""
+    cpu, gpu = cfg.cpu_decode_rate, cfg.gpu_decode_rate
+    return cpu is not None and gpu is not None and gpu <= cpu
 
 
 def _auto_workers(cfg: RunConfig) -> str:
@@ -141,19 +136,19 @@ def input_bound(
             )
     elif cause == "dali-bound":
         slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-        if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
-            # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
+        if cfg.decoder == "cpu" and _nvjpeg_measured_slower(cfg):
+            # the loader measured nvJPEG on its own files: no faster than these threads
             text = (
-                f"{slow_threads} "
-                f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
-                f"{_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More cores "
-                "per GPU add reading threads."
+                f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded '
+                f"{cfg.gpu_decode_rate:,.0f} img/s of these files against the threads' {cfg.cpu_decode_rate:,.0f}, "
+                f"measured when the loader was built: slower still). {_STORE}: either store fed a compiled "
+                "ResNet-50 at its ceiling on a 16-core host. More cores per GPU add decoding threads."
             )
         elif cfg.decoder == "cpu":
             text = (
                 f"{slow_threads} "
-                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
-                f"these few cores a GPU. {_STORE}."
+                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default chooses '
+                f"where it decodes the files faster than these threads. {_STORE}."
             )
         else:
             text = (
