@@ -311,7 +311,7 @@ def build_dali_pipeline(
             jpegs, label = fn.external_source(
                 source=source, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32],
                 no_copy=True,  # the source keeps each batch alive until DALI has consumed it
-            )  # fmt: skip
+            )
         else:
             jpegs, label = _read_files(fn)
         if augment is not None:

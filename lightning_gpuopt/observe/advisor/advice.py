@@ -104,6 +104,59 @@ def _folder_threads(
     return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
 
 
+def _dali_bound(cfg: RunConfig, cores_per_process: int | None, threads: str) -> str:
+    """Advice of a ``dali-bound`` verdict: the other decoder where it is the remedy, else a store."""
+    slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
+    if cfg.decoder == "cpu" and _nvjpeg_measured_slower(cfg):
+        # the loader measured nvJPEG on its own files: no faster than these threads
+        return (
+            f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded '
+            f"{cfg.gpu_decode_rate:,.0f} img/s of these files against the threads' {cfg.cpu_decode_rate:,.0f}, "
+            f"measured when the loader was built: slower still). {_STORE}: either store fed a compiled "
+            "ResNet-50 at its ceiling on a 16-core host. More cores per GPU add decoding threads."
+        )
+    if cfg.decoder == "cpu":
+        return (
+            f"{slow_threads} "
+            '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default chooses '
+            f"where it decodes the files faster than these threads. {_STORE}."
+        )
+    return (
+        "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
+        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
+        '(backend="hdf5").'
+    )
+
+
+def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
+    """Advice of a ``store-bound`` verdict: the disk's figure and the compact store where it was measured,
+    else the reading threads."""
+    if ev.read_mb_s is None:
+        return (
+            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
+            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
+            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
+            "memory (/dev/shm), or read with more threads for more reads in flight "
+            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
+        )
+    per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
+    text = (
+        f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
+        "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
+        "loader. "
+    )
+    if cfg.decoder is None:
+        return text + (
+            "Convert to the compact store, about the size of the source JPEGs "
+            "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
+            "store on a faster local NVMe disk, or give the page cache room for it."
+        )
+    return text + (
+        "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
+        "(/dev/shm), or give the page cache room for it."
+    )
+
+
 def input_bound(
     cause: str,
     ev: Evidence,
@@ -135,53 +188,9 @@ def input_bound(
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
     elif cause == "dali-bound":
-        slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-        if cfg.decoder == "cpu" and _nvjpeg_measured_slower(cfg):
-            # the loader measured nvJPEG on its own files: no faster than these threads
-            text = (
-                f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded '
-                f"{cfg.gpu_decode_rate:,.0f} img/s of these files against the threads' {cfg.cpu_decode_rate:,.0f}, "
-                f"measured when the loader was built: slower still). {_STORE}: either store fed a compiled "
-                "ResNet-50 at its ceiling on a 16-core host. More cores per GPU add decoding threads."
-            )
-        elif cfg.decoder == "cpu":
-            text = (
-                f"{slow_threads} "
-                '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default chooses '
-                f"where it decodes the files faster than these threads. {_STORE}."
-            )
-        else:
-            text = (
-                "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
-                'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
-                '(backend="hdf5").'
-            )
-    elif cause == "store-bound" and ev.read_mb_s is not None:
-        per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
-        text = (
-            f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
-            "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
-            "loader. "
-        )
-        if cfg.decoder is None:
-            text += (
-                "Convert to the compact store, about the size of the source JPEGs "
-                "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
-                "store on a faster local NVMe disk, or give the page cache room for it."
-            )
-        else:
-            text += (
-                "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
-                "(/dev/shm), or give the page cache room for it."
-            )
+        text = _dali_bound(cfg, cores_per_process, threads)
     elif cause == "store-bound":
-        text = (
-            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
-            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
-            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
-            "memory (/dev/shm), or read with more threads for more reads in flight "
-            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
-        )
+        text = _store_bound(ev, cfg, threads)
     elif cause == "decode-bound":
         n = w if w is not None else "The"
         if cores_full is False:
