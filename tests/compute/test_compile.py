@@ -18,12 +18,12 @@ from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.compute import compile as compile_mod
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
 from lightning_gpuopt.compute.compile import (
-    choose_mode,
     BREAK_EVEN_SECONDS,
     COMPILE_SECONDS,
     COMPILE_STEP_SAVING,
     CompileDecision,
     CompileModel,
+    choose_mode,
     should_compile,
 )
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
