@@ -86,6 +86,7 @@ class Backend:
         name: what ``backend=`` and ``dm.backend`` call it.
         device_batches: its loaders deliver ``(normalized images, labels)`` on the device, so the
             DataModule's ``on_after_batch_transfer`` passes their batches through.
+        train_on_device: its training loader does (a JPEG store's, through DALI), its others not.
 
     Example:
         >>> FolderBackend().name, DALIBackend().device_batches
@@ -94,6 +95,7 @@ class Backend:
 
     name: ClassVar[str] = ""
     device_batches: ClassVar[bool] = False
+    train_on_device: ClassVar[bool] = False
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         """Refuse constructor arguments this backend cannot read, naming the argument and the fix."""
@@ -385,6 +387,7 @@ class DALIStoreBackend(HDF5Backend):
     """
 
     name = "dali"
+    train_on_device = True
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         from lightning_gpuopt.data.hdf5 import _is_jpeg_store

@@ -454,9 +454,12 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``;
-        a batch of float images is normalized already (by DALI, or staged by the training loader) and is
+        a batch DALI made on the device, or one the training loader staged, is normalized already and is
         returned as it is."""
-        if self._backend.device_batches or isinstance(batch, StagedBatch) or _normalized(batch):
+        made = self._backend.device_batches or (
+            self._backend.train_on_device and self.trainer is not None and self.trainer.training
+        )
+        if made or isinstance(batch, StagedBatch):
             return batch
         check_arg(
             isinstance(batch, (tuple, list)) and len(batch) in (2, 3),
@@ -559,16 +562,6 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
     def num_skipped(self) -> int:
         """How many images were skipped as unreadable (a path skipped in two epochs counts twice)."""
         return len(self.skipped_images)
-
-
-def _normalized(batch: Any) -> bool:
-    """Whether ``batch``'s images are floating point: normalized already (host batches are uint8)."""
-    return (
-        isinstance(batch, (tuple, list))
-        and len(batch) > 0
-        and isinstance(batch[0], torch.Tensor)
-        and batch[0].is_floating_point()
-    )
 
 
 def _check_paths(given: dict[str, Any]) -> dict[str, str | None]:
