@@ -498,7 +498,7 @@ def choose_backend(
             "image folders, worker processes decode them; DALI is not installed "
             "(pip install 'lightning-gpuopt[dali]' decodes them with DALI instead, on its threads or nvJPEG)"
         )
-    if is_int(num_workers) and num_workers > 0:
+    if is_int(num_workers) and int(num_workers) > 0:
         return chosen, (
             f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image folders; "
             "DALI has none (leave num_workers='auto' for DALI, whose threads DALIOptions(threads=...) sets)"
@@ -537,10 +537,11 @@ def host_loader(
     threads: int,
     pin: bool,
     feed: FeedInfo,
-    device_transform: Callable[[Any], Any],
+    device_transform: Callable[[Any], Any] | None,
 ) -> HostDataLoader:
     """The DataModule's loader over a host dataset: shuffled whole batches that keep prefetching across
-    epochs (``ContinuousDataLoader``, ``device_transform`` staging each batch on the GPU) for training, one
+    epochs (``ContinuousDataLoader``, ``device_transform`` staging each batch on the GPU; ``None``: batch
+    hooks of the user's see every batch, so nothing is staged) for training, one
     ordered pass (``HostDataLoader``) otherwise; persistent workers prefetching ``PREFETCH_FACTOR`` batches
     each, or ``threads`` reading a ``BatchReader`` dataset (then ``workers`` is 0)."""
     train = split == "train"

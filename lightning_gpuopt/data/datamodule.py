@@ -181,7 +181,7 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
             "leave hdf5 out",
         )
         check_arg(
-            not (self._backend.device_batches and is_int(num_workers) and num_workers > 0),
+            not (self._backend.device_batches and is_int(num_workers) and int(num_workers) > 0),
             "num_workers",
             num_workers,
             "'auto' or 0 with backend='dali': DALI decodes on its own threads, it has no DataLoader workers",
