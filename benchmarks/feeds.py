@@ -6,15 +6,15 @@ Every row fits one ``UserClassifier`` (torchvision's ResNet-50, its own SGD) thr
 feed differs. A feed is ``backend[:setting]``:
 
     resident        one uint8 batch kept on the GPU: the preset with a free feed
-    hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (default "auto")
+    hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (HDF5Options; default:
+                    chosen from the cores)
     hdf5:pread      the same store read with one positional read an image, as a store whose images are
                     not at equal strides is read (one converted by an earlier version)
     hdf5:inline     the same store with each batch copied and transformed by the training thread itself,
                     one step ahead, instead of by the loader's staging thread
     jpegstore[:N]   OptimizedDataModule("store_jpeg.h5"): the compact JPEG store (convert --format jpeg),
-                    decoded by N threads (default "auto": one a CPU)
-    folder[:N]      OptimizedDataModule("jpegs/"): decoded by N threads of the training process (default
-                    "auto": one a CPU)
+                    decoded by N worker processes (default "auto": one a CPU)
+    folder[:N]      OptimizedDataModule("jpegs/"): decoded by N worker processes (default "auto": one a CPU)
     folder:workers  the same folder through DataLoader worker processes (num_workers="auto", measured)
     dali[:cpu|gpu]  OptimizedDataModule("jpegs/", backend="dali"): DALI decodes on its CPU threads or with
                     nvJPEG (default: the decoder its rule picks for the cores a GPU has)
@@ -137,7 +137,7 @@ def _per_image_module() -> type:
 
 def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     """What ``Trainer.fit`` takes for the feed: ``datamodule=`` or ``train_dataloaders=``."""
-    from lightning_gpuopt import DALIOptions, OptimizedDataModule
+    from lightning_gpuopt import DALIOptions, HDF5Options, OptimizedDataModule
 
     backend, setting = parse_feed(spec)
     if backend == "resident":
@@ -155,6 +155,8 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
         pass  # the store's own thread count; ``reading`` changes how it is read or staged
     elif setting == "workers":
         return {"datamodule": _per_image_module()(str(info[backend]), **kwargs)}
+    elif setting is not None and backend == "hdf5":
+        kwargs["hdf5"] = HDF5Options(threads=int(setting))  # the raw store's reading threads
     elif setting is not None:
         kwargs["num_workers"] = setting
     return {"datamodule": OptimizedDataModule(str(info[backend]), **kwargs)}

@@ -173,7 +173,8 @@ def loader_epoch_rate(store: Path, args: argparse.Namespace) -> tuple[float, int
             n += batch[0].to(args.device, non_blocking=True).shape[0]
         if args.device == "cuda":
             torch.cuda.synchronize()
-        return n / (time.perf_counter() - t0), int(dm.num_workers)
+        # its readers: a raw store's reading threads, a JPEG store's worker processes
+        return n / (time.perf_counter() - t0), int(loader.read_threads or loader.num_workers)
     finally:
         close_workers(loader)  # its reads ahead into the next epoch end first: they would map the store again
         dm.teardown("fit")

@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lightning_gpuopt import HDF5ImageDataset, OptimizedDataModule, convert_folder_to_hdf5
+from lightning_gpuopt import HDF5ImageDataset, HDF5Options, OptimizedDataModule, convert_folder_to_hdf5
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
@@ -47,7 +47,10 @@ def main() -> None:
 def train(out: Path, args: argparse.Namespace) -> None:
     ds = HDF5ImageDataset(out)
     print(ds)
-    dm = OptimizedDataModule(out, backend="hdf5", batch_size=64, num_workers=2, image_size=args.size)
+    # a raw store is read by threads of the training process (no worker processes): HDF5Options sets them
+    dm = OptimizedDataModule(
+        out, backend="hdf5", batch_size=64, hdf5=HDF5Options(threads=2), image_size=args.size
+    )
     model = ImageClassifier(args.model, num_classes=len(ds.classes))
     gpu = torch.cuda.is_available()
     trainer = pl.Trainer(

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "TuningConfig": "lightning_gpuopt.data.tuning",
     "DALIOptions": "lightning_gpuopt.data.dali",
     "DecodeOptions": "lightning_gpuopt.data.decode",
+    "HDF5Options": "lightning_gpuopt.data.hdf5",
     "GPUAugment": "lightning_gpuopt.data.transforms",
     "UInt8ImageFolder": "lightning_gpuopt.data.folder",
     "HDF5ImageDataset": "lightning_gpuopt.data.hdf5",
@@ -85,7 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
     from lightning_gpuopt.data.decode import DecodeOptions
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, HDF5Options, convert_folder_to_hdf5
     from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment
     from lightning_gpuopt.data.tuning import TuningConfig, WorkerTuner, tune_num_workers
     from lightning_gpuopt.lightning_cli import GPUOptCLI

@@ -71,6 +71,8 @@ def test_describe_os_error_names_path_and_fix():
 
 
 def test_tune_checks_json_path_before_measuring(jpeg_folder, tmp_path, monkeypatch, capsys):
+    """``--candidates 1`` makes it a measurement (``--budget`` alone is refused: nothing would be
+    measured), which must not start before ``--json`` is found unwritable."""
     from lightning_gpuopt.data import tuning
 
     def must_not_measure(*args, **kwargs):
@@ -82,7 +84,7 @@ def test_tune_checks_json_path_before_measuring(jpeg_folder, tmp_path, monkeypat
         (tmp_path / "file" / "r.json", "which is a file; choose another path"),
         (tmp_path, "is a folder; give a file name"),
     ]:
-        assert main(["tune", str(jpeg_folder), "--budget", "1", "--json", str(bad)]) == 2
+        assert main(["tune", str(jpeg_folder), "--candidates", "1", "--budget", "1", "--json", str(bad)]) == 2
         line = _one_error_line(capsys.readouterr().err, "tune")
         assert "--json" in line and message in line
     # a writable path is probed without leaving a file behind
@@ -156,8 +158,11 @@ def test_tune_measures_reading_threads_for_an_hdf5_store(jpeg_folder, tmp_path, 
     before = {p.pid for p in multiprocessing.active_children()}
     assert main([*argv, "--no-cache", "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
-    assert "tuning reading threads (num_workers)" in text
-    assert "(reading threads)  or  HostDataLoader(..., read_threads=" in text
+    assert "measuring reading threads for HDF5ImageDataset" in text
+    assert (
+        "hdf5=HDF5Options(threads=" in text
+        and "(reading threads, measured)  or  HostDataLoader(..., read_threads=" in text
+    )
     result = json.loads(out_json.read_text())
     measured = [row["num_workers"] for row in result["table"]]
     assert measured[0] == 0 and set(measured) <= {0, 1, 2}

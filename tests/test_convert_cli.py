@@ -114,6 +114,28 @@ def test_the_rule_is_the_documented_comparison():
     assert "assumed" in assumed.reason
 
 
+def test_the_rule_weighs_this_hosts_rates_measured_on_the_users_images(jpeg_folder, capsys):
+    """The decode rate a core and the copy rate are measured on a sample of the source, not taken from
+    another host's figures; the rule uses them and says so (``assumed`` only where nothing was measured)."""
+    from lightning_gpuopt.data.folder import scan_image_folder
+
+    _, samples = scan_image_folder(jpeg_folder)
+    rates = store_choice.measure_rates([p for p, _ in samples], 64)
+    assert rates is not None and rates.images == store_choice.SAMPLE_IMAGES
+    assert rates.decode > 0 and rates.copy > 0
+    host = {"memory": 128 * GIB, "disk_gbps": 0.86, "cores": 16}
+    fits = store_choice.choose_store_format(8192, 2 * GIB, GIB, **host, rates=rates)
+    assert fits.rates is rates and fits.jpeg_rate == pytest.approx(16 * rates.decode)
+    assert fits.raw_rate == pytest.approx(4 * rates.copy)  # four reading threads
+    assert f"measured on {rates.images} of your images" in fits.reason and "assumed" not in fits.reason
+    assert "assumed" in store_choice.choose_store_format(8192, 2 * GIB, GIB, **host).reason
+    assert store_choice.measure_rates([str(jpeg_folder / "missing.jpg")], 64) is None
+    out = jpeg_folder.parent / "measured.h5"
+    assert cli_main(_convert(jpeg_folder, out, "--format", "jpeg", size=64)) == 0
+    text = capsys.readouterr().out
+    assert "img/s a core, measured on 32 of your images" in text and "a core, assumed" not in text
+
+
 def test_disk_read_gbps_measures_a_file_or_says_it_cannot(tmp_path, monkeypatch):
     small = tmp_path / "small.bin"
     small.write_bytes(b"x" * 4096)

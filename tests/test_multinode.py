@@ -137,12 +137,13 @@ def test_worker_tuning_is_resolved_and_cached_per_node(run: dict[str, Any]) -> N
 @pytest.mark.slow
 def test_host_and_dali_threads_per_node(run: dict[str, Any]) -> None:
     from lightning_gpuopt.data.dali_pipeline import RESERVED_CORES
-    from lightning_gpuopt.data.datamodule import READ_THREADS
+    from lightning_gpuopt.data.hdf5 import READ_THREADS
 
     for node, rank in enumerate(run["ranks"]):
         cpus = rank["hdf5"]["cpus"]
-        # the store's reading threads: this node's CPUs shared by its one rank
-        assert rank["hdf5"]["num_workers"] == rank["hdf5"]["feed"]["threads"] == min(READ_THREADS, cpus), node
+        # the store's reading threads (no worker processes): this node's CPUs shared by its one rank
+        assert rank["hdf5"]["num_workers"] == 0, node
+        assert rank["hdf5"]["feed"]["threads"] == min(READ_THREADS, cpus), node
         if "dali" in rank:  # a CPU pipeline decodes on DALI's threads: the node's cores less those reserved
             assert rank["dali"]["num_workers"] == "auto"
             assert rank["dali"]["feed"]["decoder"] == "cpu"

@@ -34,6 +34,7 @@ PRODUCT = {
     "AugmentConfig",
     "TuningConfig",
     "DALIOptions",
+    "HDF5Options",
     "GPUAugment",
     "UInt8ImageFolder",
     "HDF5ImageDataset",
@@ -72,7 +73,7 @@ def test_import_is_light():
 
 
 def test_exports_are_the_product_and_resolve():
-    assert set(_EXPORTS) == PRODUCT and len(PRODUCT) == 23
+    assert set(_EXPORTS) == PRODUCT and len(PRODUCT) == 24
     assert lightning_gpuopt.__all__ == ["__version__", *sorted(PRODUCT)]
     for name in PRODUCT:
         assert getattr(lightning_gpuopt, name) is getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -14,7 +14,7 @@ row                    what it adds
 ``+uint8_gpu_aug``     ``OptimizedDataModule`` folder backend: uint8 batches, crop/flip/normalize on the GPU
 ``+hdf5``              the same images as a uint8 HDF5 file (converted once, cached)
 ``+dali``              ``OptimizedDataModule(backend="dali")``: DALI decoding, the decoder its default picks
-                       for the cores a GPU has (needs DALI and CUDA)
+                       for the run's files on this host (needs DALI and CUDA)
 ``+16-mixed``          ``precision="16-mixed"`` on the best data backend measured above (needs CUDA)
 ``+channels_last``     ``ChannelsLast`` callback: the full stack
 ``+compile``           ``CompileModel()``: the full stack with the model's forward compiled
@@ -103,7 +103,7 @@ ROW_SPECS: tuple[RowSpec, ...] = (
     RowSpec("+hdf5", "uint8 HDF5 file instead of JPEG decode", "hdf5"),
     RowSpec(
         "+dali",
-        "DALI: JPEG decoding, decoder chosen from the cores a GPU has (instead of HDF5)",
+        "DALI: JPEG decoding, decoder chosen from rates measured on the files (instead of HDF5)",
         "dali",
         needs_cuda="DALI decodes on a CUDA GPU; none in this run",
     ),

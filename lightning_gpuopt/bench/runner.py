@@ -518,9 +518,9 @@ class LadderRunner:
                 row.update(status=SKIPPED, reason=why)
                 return None
             source = h5
-        dm_workers: int | str = self._dm_workers.get(
-            backend, cfg.num_workers if cfg.num_workers is not None else "auto"
-        )
+        # --workers counts DataLoader worker processes: the folder's; a raw store and DALI read on threads
+        given = cfg.num_workers if cfg.num_workers is not None and backend == "folder" else "auto"
+        dm_workers: int | str = self._dm_workers.get(backend, given)
         dm = OptimizedDataModule(
             train_dir=os.fspath(source),
             backend=backend,

@@ -23,7 +23,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_gpuopt._checks import check_arg
 
@@ -169,12 +169,20 @@ def _os_error_message(err: OSError, out: str) -> str:
     return describe_os_error(err)
 
 
-def _source_sizes(src: str) -> list[int]:
-    """Bytes of each image file of the folder ``src`` (listed as the conversion lists them)."""
+def _source_files(src: str) -> list[str]:
+    """The image files of the folder ``src``, listed as the conversion lists them."""
     from lightning_gpuopt.data.folder import scan_image_folder
 
     _, samples = scan_image_folder(Path(src).expanduser())
-    return [os.stat(p).st_size for p, _ in samples]
+    return [p for p, _ in samples]
+
+
+def _host_rates(args: argparse.Namespace) -> Any:
+    """This host's decode and copy rates on a sample of the source (``store_choice.measure_rates``): what
+    the rule weighs instead of another host's figures."""
+    from lightning_gpuopt.data import store_choice
+
+    return store_choice.measure_rates(_source_files(args.src), args.size)
 
 
 def _raw_bytes(num_images: int, size: int) -> int:
@@ -184,19 +192,20 @@ def _raw_bytes(num_images: int, size: int) -> int:
     return num_images * ch * cw * 3
 
 
-def _auto_format(args: argparse.Namespace) -> str:
+def _auto_format(args: argparse.Namespace, rates: Any) -> str:
     """``--format auto``: the store the rule picks, stated in one line before converting. The disk is
     measured (a probe file written beside OUT, then removed) only where the raw store would not fit in
     memory."""
     from lightning_gpuopt.data import store_choice
 
-    sizes = _source_sizes(args.src)
+    files = _source_files(args.src)
+    sizes = [os.stat(p).st_size for p in files]
     raw = _raw_bytes(len(sizes), args.size)
     disk = None
     if not store_choice.fits(raw, store_choice.memory_bytes()):
         out = Path(args.out).expanduser()
         disk = store_choice.probe_disk_gbps(_folder_of(args.out), f"{out.name}.tmp-probe-{os.getpid()}")
-    choice = store_choice.choose_store_format(len(sizes), raw, sum(sizes), disk_gbps=disk)
+    choice = store_choice.choose_store_format(len(sizes), raw, sum(sizes), disk_gbps=disk, rates=rates)
     print(f"--format auto: the {'JPEG' if choice.format == 'jpeg' else 'raw'} store: {choice.reason}")
     return choice.format
 
@@ -205,7 +214,7 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:,.2f} GB"
 
 
-def _consequences(result: ConversionResult, given: str | None) -> list[str]:
+def _consequences(result: ConversionResult, given: str | None, rates: Any = None) -> list[str]:
     """What the written store costs and delivers, and (``--format`` not given) the rule's recommendation."""
     from lightning_gpuopt.data import store_choice
 
@@ -220,22 +229,27 @@ def _consequences(result: ConversionResult, given: str | None) -> list[str]:
     disk = store_choice.disk_read_gbps(result.path)
     raw = stored if fmt == "raw" else _raw_bytes(n, result.storage_size)
     jpeg = stored if fmt == "jpeg" else source  # the JPEG store holds no more than the sources
-    choice = store_choice.choose_store_format(n, raw, jpeg, disk_gbps=disk)
+    choice = store_choice.choose_store_format(n, raw, jpeg, disk_gbps=disk, rates=rates)
     disk_text = f"the disk: {choice.disk_gbps:.2f} GB/s, " + ("O_DIRECT, measured" if disk else "assumed")
     cold = choice.disk_gbps * 1e9 / (stored / n)
     if fmt == "raw":
         size = f"{_gb(stored)} against {_gb(choice.memory)} memory"
         if store_choice.fits(stored, choice.memory):
-            rate = f"about {choice.raw_rate:,.0f} img/s while the page cache holds it ({size})"
+            how = "measured" if rates is not None else "assumed"
+            rate = f"about {choice.raw_rate:,.0f} img/s while the page cache holds it ({how}; {size})"
         else:
             rate = f"the disk's, the store being over half the memory ({size})"
         lines.append(f"expected read rate: {rate}; from a cold cache about {cold:,.0f} img/s ({disk_text})")
     else:
         cores = choice.cores_per_gpu
+        per_core = (
+            f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
+            if rates is not None
+            else f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
+        )
         lines.append(
             f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({cores} cores a GPU decoding x "
-            f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core); its bytes come from a cold cache at "
-            f"about {cold:,.0f} img/s ({disk_text})"
+            f"{per_core}); its bytes come from a cold cache at about {cold:,.0f} img/s ({disk_text})"
         )
     if given is None:
         lines.append(f"recommended here: --format {choice.format}: {choice.reason} (docs/hdf5.md, "
@@ -255,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     given = args.format
     try:
-        fmt = _auto_format(args) if given == "auto" else given or "raw"
+        rates = _host_rates(args)
+        fmt = _auto_format(args, rates) if given == "auto" else given or "raw"
         with warnings.catch_warnings(record=True) as caught:
             result = convert_folder_to_hdf5(
                 args.src,
@@ -296,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {result.path}: {kind}, {result.num_images} images, stored at {result.storage_size} px, "
         f"{len(result.classes)} classes, {result.seconds:.1f} s ({rate:,.0f} img/s)"
     )
-    for line in _consequences(result, given):
+    for line in _consequences(result, given, rates):
         print(f"  {line}")
     for warning in caught:
         text = str(warning.message)

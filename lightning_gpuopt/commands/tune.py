@@ -1,13 +1,12 @@
-"""``lightning-gpuopt tune PATH``: the ``num_workers`` that ``OptimizedDataModule(num_workers="auto")`` uses.
+"""``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or measured.
 
-The command asks what the DataModule asks, through the same functions of ``lightning_gpuopt.data.tuning``:
-a ``BatchReader`` (an image folder or a JPEG store, read by worker processes a whole batch each; a raw
-HDF5 store, read by threads of the training process) gets its readers without measuring
-(``unmeasured_workers``); other data is
-measured with ``tune_num_workers(**auto_tuning_arguments(...))``, the DataModule's loaders, candidates,
-budget rule and cache entry, so on the same data and machine both give the same count (the second one
-reads it from the cache). ``--candidates`` measures the counts given instead (for a ``BatchReader`` its own
-readers: worker processes reading whole batches, or reading threads). Pinning follows
+Without ``--candidates`` the command says what the DataModule chooses for the folder or store, through the
+same function (``unmeasured_workers``): an image folder or a JPEG store gets one DataLoader worker process
+a CPU (each decodes whole batches), a raw HDF5 store none (threads of the training process read it,
+``HDF5Options``), all chosen from the cores, not measured; so it refuses the flags that only shape a
+measurement (``--budget``, ``--target``, ``--tolerance``, ``--no-cache``). With ``--candidates`` it measures
+those counts (``tune_num_workers``, 0 included: reading in the training loop), honouring every flag:
+worker processes for a folder or a JPEG store, reading threads for a raw store. Pinning follows
 ``torch.cuda.is_available()``, as a fit on a GPU pins.
 """
 
@@ -21,7 +20,12 @@ from typing import Any
 
 from lightning_gpuopt._checks import check_arg
 
-HELP = "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store"
+HELP = "the num_workers OptimizedDataModule(num_workers='auto') uses for a folder or store, or measure counts"
+
+#: flags that shape a measurement, with their defaults: refused without ``--candidates`` (nothing measured)
+MEASURING = {"budget": 30.0, "target": None, "tolerance": 0.05, "no_cache": False}
+#: flags that only an image folder reads, with their defaults: refused for a store file
+FOLDER_ONLY = {"size": 256, "on_corrupt": "raise"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,33 +36,45 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="training batch size (measured in batches of at most 64; default 256)",
     )
-    parser.add_argument("--budget", type=float, default=30.0, help="seconds to spend measuring (default 30)")
-    parser.add_argument(
-        "--size",
-        type=int,
-        default=256,
-        help="storage size of an image folder: each image is decoded whole, its shorter side resized to "
-        "this many pixels, as convert stores it (default 256; ignored for an HDF5 store)",
-    )
     parser.add_argument(
         "--candidates",
         default=None,
-        help="comma-separated worker counts (default 1,2,4,6,8,12,... up to the CPUs)",
+        help="comma-separated counts to measure, e.g. 0,1,2,4: worker processes for a folder or a JPEG store, "
+        "reading threads for a raw store (0: read in the training loop); without it nothing is measured",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds to spend measuring (default 30; with --candidates)",
     )
     parser.add_argument(
         "--target",
         type=float,
         default=None,
-        help="what the model consumes (samples/s); stop once the loader delivers twice that (headroom)",
+        help="what the model consumes (samples/s); stop once the loader delivers twice that (with --candidates)",
     )
     parser.add_argument(
-        "--tolerance", type=float, default=0.05, help="pick the smallest count within this of the best"
+        "--tolerance",
+        type=float,
+        default=None,
+        help="pick the smallest count within this of the best (default 0.05; with --candidates)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="measure even if a cached result exists (with --candidates)"
+    )
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        help="storage size of an image folder: each image is decoded whole, its shorter side resized to "
+        "this many pixels, as convert stores it (default 256; image folders only)",
     )
     parser.add_argument(
         "--on-corrupt",
         choices=("raise", "skip"),
-        default="raise",
-        help="stop at an unreadable image (raise) or measure without it (skip); image folders only",
+        default=None,
+        help="stop at an unreadable image (raise, default) or measure without it (skip); image folders only",
     )
     parser.add_argument(
         "--devices",
@@ -66,20 +82,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="training processes on this machine (the GPUs of a DDP run); they share its CPUs (default 1)",
     )
-    parser.add_argument("--no-cache", action="store_true", help="measure even if a cached result exists")
     parser.add_argument(
         "--json", default=None, help="also write the result as JSON to this file (checked before measuring)"
     )
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
-    """Refuse a missing path or a bad value before anything heavy is imported or measured; returns the
-    parsed ``--candidates`` (``None``: the default)."""
+    """Refuse a missing path, a bad value or a flag this run would not use, before anything heavy is
+    imported or measured; fill in the defaults of the rest; returns the parsed ``--candidates`` (``None``:
+    nothing is measured)."""
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
     check_arg(args.batch_size >= 1, "--batch-size", args.batch_size, "a positive number of samples")
     check_arg(args.devices >= 1, "--devices", args.devices, "a positive number of training processes")
+    candidates = _parse_candidates(args.candidates)
+    _refuse_unused(args, store=_is_store(path), measuring=candidates is not None)
+    for name, default in {**MEASURING, **FOLDER_ONLY}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     check_arg(math.isfinite(args.budget) and args.budget > 0, "--budget", args.budget, "> 0 seconds")
     check_arg(
         args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops"
@@ -97,16 +118,57 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
         "> 0 samples/s",
         fix="leave it out to find the fastest count",
     )
-    if not args.candidates:
+    return candidates
+
+
+def _parse_candidates(text: str | None) -> list[int] | None:
+    if not text:
         return None
-    counts = [_int_or_none(c) for c in args.candidates.split(",") if c.strip()]
+    counts = [_int_or_none(c) for c in text.split(",") if c.strip()]
     check_arg(
         bool(counts) and None not in counts and min(c for c in counts if c is not None) >= 0,
         "--candidates",
-        args.candidates,
-        "comma-separated worker counts >= 0 such as 0,2,4",
+        text,
+        "comma-separated counts >= 0 such as 0,2,4",
     )
     return [int(c) for c in counts if c is not None]
+
+
+def _refuse_unused(args: argparse.Namespace, *, store: bool, measuring: bool) -> None:
+    """A flag this run would ignore is an error naming why: the measuring flags without ``--candidates``,
+    a folder's flags for a store file, ``--devices`` with ``--candidates`` (the counts are given)."""
+    flag = {name: "--" + name.replace("_", "-") for name in (*MEASURING, *FOLDER_ONLY, "devices")}
+    for name in MEASURING:
+        value = getattr(args, name)
+        check_arg(
+            measuring or value is None or value is False,
+            flag[name],
+            value,
+            "given only with --candidates: without it nothing is measured (num_workers='auto' chooses the "
+            "count from the cores for an image folder or a store)",
+            "add --candidates 0,1,2 to measure those counts, or leave the flag out",
+        )
+    for name in FOLDER_ONLY:
+        value = getattr(args, name)
+        check_arg(
+            not store or value is None,
+            flag[name],
+            value,
+            "given only for an image folder: a store file keeps its own size and holds no unreadable images",
+            "leave it out",
+        )
+    check_arg(
+        not measuring or args.devices == 1,
+        "--devices",
+        args.devices,
+        "left out with --candidates: the counts measured are the ones listed (--devices divides the cores "
+        "for the chosen count)",
+        "leave --devices out, or drop --candidates to see the count chosen for that many processes",
+    )
+
+
+def _is_store(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in (".h5", ".hdf5")
 
 
 def _say(message: str) -> None:
@@ -120,99 +182,90 @@ def run(args: argparse.Namespace) -> int:
 
     # a result that cannot be saved is found out now, not after the measurement
     json_path = check_writable_file(args.json, "--json") if args.json else None
-    from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.loader import BatchReader, reads_in_workers
-
-    dataset: Any
-    if path.is_file() and path.suffix.lower() in (".h5", ".hdf5"):
-        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
-
-        dataset = HDF5ImageDataset(str(path))
-    else:
-        dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
-    result = workers_for(dataset, args, candidates)
+    dataset = _dataset(path, args)
+    result = chosen(dataset, args) if candidates is None else measured(dataset, args, candidates)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    if reads_in_workers(dataset):
-        # a folder or a JPEG store under backend="auto" goes to DALI where it is installed on a CUDA machine
-        named = ', backend="folder"' if isinstance(dataset, UInt8ImageFolder) else ', backend="hdf5"'
-        print(
-            f"suggestion: OptimizedDataModule(...{named}, num_workers={result.best})  (worker processes, a "
-            f"batch each)  or  HostDataLoader(WholeBatches(dataset), num_workers={result.best}, "
-            "collate_fn=UInt8Collate())"
-        )
-    elif isinstance(dataset, BatchReader):
-        print(
-            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  (reading threads)  or  "
-            f"HostDataLoader(..., read_threads={result.best})"
-        )
-    else:
-        print(
-            f"suggestion: OptimizedDataModule(..., num_workers={result.best})  or  "
-            f"DataLoader(..., num_workers={result.best})"
-        )
+    print(suggestion(dataset, result.best, measured=candidates is not None))
     return 0
 
 
-def workers_for(dataset: Any, args: argparse.Namespace, candidates: list[int] | None = None) -> Any:
-    """The ``TuningResult`` ``tune`` reports for ``dataset``: without ``candidates`` what
-    ``OptimizedDataModule(num_workers="auto", batch_size=args.batch_size)`` resolves (``unmeasured_workers``,
-    else ``tune_num_workers(**auto_tuning_arguments(...))``); with them, those counts measured (reading
-    threads for a ``BatchReader``). Prints the header, a line as each count starts and the table."""
-    import torch
+def _dataset(path: Path, args: argparse.Namespace) -> Any:
+    if _is_store(path):
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
-    from lightning_gpuopt.data.datamodule import MIN_TUNE_BATCHES, READ_THREADS
-    from lightning_gpuopt.data.loader import BatchReader, reads_in_workers
-    from lightning_gpuopt.data.tuning import (
-        MEASURE_BATCH_SIZE,
-        TuningConfig,
-        TuningResult,
-        auto_tuning_arguments,
-        tune_num_workers,
-        unmeasured_workers,
+        return HDF5ImageDataset(str(path))
+    from lightning_gpuopt.data.folder import UInt8ImageFolder
+
+    return UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
+
+
+def chosen(dataset: Any, args: argparse.Namespace) -> Any:
+    """The ``TuningResult`` of what ``OptimizedDataModule(num_workers="auto", batch_size=args.batch_size)``
+    chooses for ``dataset`` on ``args.devices`` processes (``unmeasured_workers``), printed with how."""
+    from lightning_gpuopt._common import available_cpus
+    from lightning_gpuopt.data.datamodule import MIN_TUNE_BATCHES
+    from lightning_gpuopt.data.loader import read_by_threads
+    from lightning_gpuopt.data.tuning import TuningResult, unmeasured_workers
+
+    fixed = unmeasured_workers(
+        dataset, batch_size=args.batch_size, min_batches=MIN_TUNE_BATCHES, local_world_size=args.devices
     )
+    if fixed is None:  # a dataset tune does not build (the DataModule measures such data)
+        raise ValueError(f"{dataset!r} is neither an image folder nor a store; pass one of those")
+    print(f"num_workers='auto' for {dataset!r}: {fixed[0]} worker processes ({fixed[1]})")
+    if read_by_threads(dataset):
+        from lightning_gpuopt.data.hdf5 import HDF5Options
 
-    whole = reads_in_workers(dataset)  # worker processes reading whole batches
-    threads = isinstance(dataset, BatchReader) and not whole
-    if candidates is None:
-        fixed = unmeasured_workers(
-            dataset,
-            batch_size=args.batch_size,
-            read_threads=READ_THREADS,
-            min_batches=MIN_TUNE_BATCHES,
-            local_world_size=args.devices,
-        )
-        if fixed is not None:
-            unit = "reading threads" if threads else "worker processes" if whole else "workers"
-            print(f"num_workers='auto' for {dataset!r}: {fixed[0]} {unit} ({fixed[1]})")
-            return TuningResult(best=fixed[0], stop_reason=fixed[1])
-    what = "reading threads (num_workers)" if threads else "num_workers"
-    print(f"tuning {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
-    arguments: dict[str, Any]
-    if threads or whole:  # the counts given, as this reader's threads or whole-batch worker processes
-        measure_bs = min(args.batch_size, MEASURE_BATCH_SIZE)
-        arguments = {
-            "loader": _reader_loaders(dataset, measure_bs, workers=whole),
-            "budget_s": args.budget,
-            "target_samples_per_sec": args.target,
-            "cache_key": {"train_batch_size": args.batch_size, "reader": "workers" if whole else "threads"},
-            "progress": _say,
-        }
-    else:
-        arguments = auto_tuning_arguments(
-            dataset,
-            batch_size=args.batch_size,
-            pin_memory=torch.cuda.is_available(),
-            local_world_size=args.devices,
-            tuning=TuningConfig(budget_s=args.budget, target_samples_per_sec=args.target),
-            source="the folder",
-            progress=_say,
-        )
-    if candidates is not None:
-        arguments["candidates"] = candidates
-    result = tune_num_workers(**arguments, tolerance=args.tolerance, cache=not args.no_cache)
+        cpus = max(1, available_cpus() // args.devices)
+        threads, how = HDF5Options().resolved_threads(cpus=cpus)
+        print(f"reading threads for {dataset!r}: {threads} ({how}; HDF5Options(threads=...) sets them)")
+    return TuningResult(best=fixed[0], stop_reason=fixed[1])
+
+
+def measured(dataset: Any, args: argparse.Namespace, candidates: list[int]) -> Any:
+    """The ``TuningResult`` of ``candidates`` measured on ``dataset``: worker processes reading whole batches
+    (a folder, a JPEG store) or reading threads (a raw store). Prints the header, a line as each count
+    starts and the table."""
+    from lightning_gpuopt.data.loader import read_by_threads
+    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
+
+    threads = read_by_threads(dataset)
+    what = "reading threads" if threads else "worker processes (num_workers)"
+    print(f"measuring {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
+    result = tune_num_workers(
+        _reader_loaders(dataset, min(args.batch_size, MEASURE_BATCH_SIZE), workers=not threads),
+        candidates=candidates,
+        budget_s=args.budget,
+        target_samples_per_sec=args.target,
+        tolerance=args.tolerance,
+        cache=not args.no_cache,
+        cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
+        progress=_say,
+    )
     print(result.format_table())
     return result
+
+
+def suggestion(dataset: Any, best: int, *, measured: bool) -> str:
+    """The line ``tune`` ends with: the DataModule arguments (and the loader) that use ``best``."""
+    from lightning_gpuopt.data.folder import UInt8ImageFolder
+    from lightning_gpuopt.data.loader import read_by_threads
+
+    how = "measured" if measured else "chosen, not measured"
+    if read_by_threads(dataset):
+        if not measured:
+            return 'suggestion: OptimizedDataModule(..., num_workers="auto")  (no worker processes; threads chosen)'
+        return (
+            f"suggestion: OptimizedDataModule(..., hdf5=HDF5Options(threads={best}))  (reading threads, "
+            f"{how})  or  HostDataLoader(..., read_threads={best})"
+        )
+    # a folder or a JPEG store under backend="auto" goes to DALI where it is installed on a CUDA machine
+    named = 'backend="folder"' if isinstance(dataset, UInt8ImageFolder) else 'backend="hdf5"'
+    return (
+        f"suggestion: OptimizedDataModule(..., {named}, num_workers={best})  (worker processes, a batch "
+        f"each, {how})  or  HostDataLoader(WholeBatches(dataset), num_workers={best}, collate_fn=UInt8Collate())"
+    )
 
 
 def _int_or_none(text: str) -> int | None:

@@ -27,6 +27,7 @@ from typing_extensions import override
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import synchronize, warn_once
 from lightning_gpuopt.compute import _model
+from lightning_gpuopt.compute._compile_cost import CostMeter, MeasuredCost, cost_key, measured_cost, record
 from lightning_gpuopt.compute._cudagraphs import SkipWatch
 
 __all__ = [
@@ -48,13 +49,16 @@ COMPILE_STEP_SAVING = 0.15
 COMPILE_SECONDS = 45.0
 #: Eager training time after which compiling has paid for itself: ``COMPILE_SECONDS / COMPILE_STEP_SAVING``.
 BREAK_EVEN_SECONDS = COMPILE_SECONDS / COMPILE_STEP_SAVING
-#: Per family (``_model.family``): (seconds compiling costs, share of an eager step it saves). Conv nets:
+#: Per family (``_model.family``): (seconds compiling costs, share of an eager step it saves), assumed for a
+#: model not yet compiled on this GPU (a compiled run measures its own, ``_compile_cost``). Conv nets:
 #: ResNet-50's figures (the smallest saving of the conv nets measured); transformers: the longer compile and
-#: the smaller saving of ViT-B/16 and a GPT-2-small-shaped model (``docs/compute.md``).
+#: the smaller saving of ViT-B/16 and a GPT-2-small-shaped model (``docs/compute.md``), all on one H200.
 COMPILE_COST: dict[str, tuple[float, float]] = {
     "conv": (COMPILE_SECONDS, COMPILE_STEP_SAVING),
     "transformer": (35.0, 0.30),
 }
+#: where each family's ``COMPILE_COST`` comes from, as a decision names it
+_ASSUMED = {"conv": "ResNet-50's on one H200", "transformer": "ViT-B/16's and a GPT-2's on one H200"}
 #: Lowest CUDA compute capability inductor generates GPU kernels for (Triton).
 MIN_CAPABILITY = (7, 0)
 
@@ -115,6 +119,7 @@ def should_compile(
     steps_left: float | None = None,
     step_seconds: float | None = None,
     time_left: float | None = None,
+    cost: tuple[float, float] | None = None,
 ) -> CompileDecision:
     """Whether compiling the model will shorten the run: the rule ``CompileModel(when="auto")`` applies.
 
@@ -138,6 +143,9 @@ def should_compile(
         steps_left: training batches left (``float("inf")`` or ``None``: unknown).
         step_seconds: seconds an eager training batch takes; needed when ``steps_left`` is finite.
         time_left: seconds left under ``max_time``, or ``None``.
+        cost: ``(compile seconds, share of a step saved)`` measured for this model on this GPU in an earlier
+            run (``_compile_cost.measured_cost``); ``None``: the family's ``COMPILE_COST``, assumed. The
+            reason names which.
 
     Returns:
         A ``CompileDecision``; its ``compile`` is ``None`` when ``step_seconds`` is needed to decide.
@@ -157,8 +165,25 @@ def should_compile(
     refused = _device_refusal(torch.device(device), capability)
     if refused is not None:
         return refused
-    compile_seconds, saving = COMPILE_COST[family]
-    break_even = compile_seconds / saving
+    compile_seconds, saving = cost if cost is not None else COMPILE_COST[family]
+    source = "measured for this model on this GPU" if cost is not None else (
+        f"assumed, {_ASSUMED[family]}: not yet measured for this model here"
+    )  # fmt: skip
+    figures = f" ({compile_seconds:.0f} s to compile, {saving:.0%} of a step saved: {source})"
+    if saving <= 0:
+        return CompileDecision(False, f"compiled steps saved nothing{figures}")
+    return _by_length(family, compile_seconds / saving, figures, steps_left, step_seconds, time_left)
+
+
+def _by_length(
+    family: str,
+    break_even: float,
+    figures: str,
+    steps_left: float | None,
+    step_seconds: float | None,
+    time_left: float | None,
+) -> CompileDecision:
+    """``should_compile``'s last test: the eager training left against the family's ``break_even``."""
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
@@ -176,12 +201,12 @@ def should_compile(
     if eager > break_even:
         return CompileDecision(
             True,
-            f"{eager:.0f} s of eager training left exceeds the {family}'s {break_even:.0f} s break-even",
+            f"{eager:.0f} s of eager training left exceeds the {family}'s {break_even:.0f} s break-even{figures}",
             eager,
         )
     return CompileDecision(
         False,
-        f"{eager:.0f} s of eager training left is below the {family}'s {break_even:.0f} s break-even",
+        f"{eager:.0f} s of eager training left is below the {family}'s {break_even:.0f} s break-even{figures}",
         eager,
     )
 
@@ -282,10 +307,16 @@ class CompileModel(pl.Callback):
             mode that records none.
         cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``: the reason torch gave for skipping
             them (``"mutated inputs (1 instances) at model.py:12"``), or the mode that records none.
+        cost: what compiling cost and saved in this fit (``_compile_cost.MeasuredCost``: the first compiled
+            training step against an eager one, then 10 compiled steps after 5 more; ``None`` until then).
+            Kept in ``compile.json`` in the cache folder for the next fit's decision on this GPU; compiled
+            steps measured slower than eager ones (``when="auto"``) turn compiling off for the rest of the fit.
 
-    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``. In a mode that records
-    CUDA graphs (and with ``backend="cudagraphs"``) it says once whether the step replays them: a line where
-    it does, a warning with torch's reason where torch skipped them.
+    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``, one with the decision of
+    ``when="auto"`` (which names where its break-even comes from: measured for this model on this GPU, or
+    assumed) and one with the measured cost. In a mode that records CUDA graphs (and with
+    ``backend="cudagraphs"``) it says once whether the step replays them: a line where it does, a warning
+    with torch's reason where torch skipped them.
 
     Example::
 
@@ -340,6 +371,9 @@ class CompileModel(pl.Callback):
         self._warned_shape = False
         self._run: tuple[torch.device, int, int] = (torch.device("cpu"), 1, 1)  # set at setup
         self._gpu_decoding = False  # set at on_train_start
+        self.cost: MeasuredCost | None = None
+        self._meter: CostMeter | None = None
+        self._cost_key: str | None = None
 
     # --- hooks -------------------------------------------------------------------------------------------
     @override
@@ -347,6 +381,7 @@ class CompileModel(pl.Callback):
         self._timing = False
         self._batches = 0
         self._aside = False
+        self._meter = None
         device = trainer.strategy.root_device
         accumulate = getattr(trainer, "accumulate_grad_batches", 1)
         for cb in getattr(trainer, "callbacks", None) or ():  # accumulation a scheduler turns on later
@@ -373,8 +408,10 @@ class CompileModel(pl.Callback):
         )
         if self._aside or self.compiled:
             return
+        self._cost_key = cost_key(pl_module, trainer.strategy.root_device)
         if self.when == "always":
             self._install(pl_module, CompileDecision(True, "when='always'"))
+            self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
             return
         self._family = _model.family(pl_module)
         decision = should_compile(
@@ -382,12 +419,14 @@ class CompileModel(pl.Callback):
             device=trainer.strategy.root_device,
             steps_left=self._batches_left(trainer),
             time_left=self._time_left(trainer),
+            cost=measured_cost(self._cost_key),
         )
         if decision.compile is None:
             self._timing = True
             self.decision = None
         else:
             self._decide(pl_module, decision)
+            self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
 
     @override
     def on_train_batch_start(
@@ -403,9 +442,11 @@ class CompileModel(pl.Callback):
                 f"CompileModel: {type(pl_module).__name__}.training_step did not call forward (self(x)) in "
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
             )
+        index = self._batches - 1
+        if self._meter is not None:
+            self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
-        index = self._batches - 1
         if index == _WARMUP_BATCHES:
             synchronize(pl_module.device)
             self._t0 = time.perf_counter()
@@ -419,9 +460,36 @@ class CompileModel(pl.Callback):
                 steps_left=self._batches_left(trainer),
                 step_seconds=self.step_seconds,
                 time_left=self._time_left(trainer),
+                cost=measured_cost(self._cost_key) if self._cost_key else None,
             )
             # every rank must run the same code: rank zero's timing decides
             self._decide(pl_module, trainer.strategy.broadcast(decision, src=0))
+            if self.compiled:  # this batch is the first compiled one
+                self._meter = CostMeter(first=index, eager_step=self.step_seconds)
+                self._meter_batch(trainer, pl_module, index)
+
+    def _meter_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, index: int) -> None:
+        """Mark batch ``index`` for the cost measurement; once it is done, keep the cost for the next fit,
+        say it, and (``when="auto"``) run eagerly from here where compiled steps were the slower."""
+        cost = self._meter.at_batch_start(index, pl_module.device) if self._meter is not None else None
+        if cost is None:
+            return
+        self._meter, self.cost = None, cost
+        device = trainer.strategy.root_device
+        if self._cost_key is not None and device.type == "cuda" and getattr(trainer, "local_rank", 0) == 0:
+            record(self._cost_key, cost)  # the rule judges CUDA runs only
+        eager = f" against {cost.eager_step * 1e3:.1f} ms eager" if cost.eager_step else ""
+        saved = f" ({cost.saving:.0%} saved)" if cost.saving is not None else ""
+        rank_zero_info(
+            f"CompileModel: compiling took {cost.seconds:.1f} s; a compiled step {cost.compiled_step * 1e3:.1f} ms"
+            f"{eager}{saved}, measured; kept for the next fit's decision on this GPU"
+        )
+        slower = self.when == "auto" and cost.saving is not None and cost.saving < 0
+        if self.when == "auto" and trainer.strategy.broadcast(slower, src=0):  # rank zero's, on every rank
+            self._uninstall()
+            self.decision = CompileDecision(
+                False, f"compiled steps measured slower ({cost.saving:.0%} saved{eager}): eager from here"
+            )
 
     @override
     def on_validation_batch_start(
@@ -506,6 +574,8 @@ class CompileModel(pl.Callback):
     # --- compiling ---------------------------------------------------------------------------------------
     def _decide(self, pl_module: pl.LightningModule, decision: CompileDecision) -> None:
         self.decision = decision
+        what = "compiling" if decision.compile else "eager"
+        rank_zero_info(f"CompileModel(when='auto'): {what}: {decision.reason}")
         if decision.compile:
             self._install(pl_module, decision)
 

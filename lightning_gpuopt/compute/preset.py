@@ -75,7 +75,8 @@ def _add_callbacks(
         if model is None or kind is not None:
             seconds, saving = COMPILE_COST[kind or "conv"]
             why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"
-            add(CompileModel, lambda: CompileModel(when="auto"), why + " is left")
+            why += " is left, a break-even assumed until this model's compile is measured on this GPU"
+            add(CompileModel, lambda: CompileModel(when="auto"), why)
         else:
             said.append("no CompileModel (no convolution or attention layer: not judged by the compile rule)")
 

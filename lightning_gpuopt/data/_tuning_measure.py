@@ -1,11 +1,13 @@
-"""How ``tune_num_workers`` measures one worker count: warm-up, then samples/s until the rate is steady,
-one pass over the data ends or the count's time is up."""
+"""How ``tune_num_workers`` measures: each worker count in turn (``_measure_counts``), one count at a time
+(``_measure``: warm-up, then samples/s until the rate is steady, one pass over the data ends or the count's
+time is up)."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -119,3 +121,66 @@ def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int
     except TypeError:
         return None
     return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+@dataclass
+class _Plan:
+    """How ``_measure_counts`` spends its time and when it stops (``tune_num_workers``'s arguments)."""
+
+    budget_s: float
+    epoch_share: float | None
+    min_budget_s: float
+    samples_per_pass: int | None
+    tolerance: float
+    patience: int
+    goal: float | None
+    progress: Callable[[str], None] | None = None
+    steady: float = 0.1
+
+    def allowed_s(self, best_sps: float) -> float:
+        """The whole measurement's budget: ``budget_s``, cut to the epoch share once a rate is known."""
+        if self.epoch_share is None or not self.samples_per_pass or best_sps <= 0:
+            return self.budget_s
+        share = self.epoch_share * self.samples_per_pass / best_sps
+        return min(self.budget_s, max(self.min_budget_s, share))
+
+
+def _measure_counts(
+    make_loader: Callable[[int], Iterable[Any]], cands: Sequence[int], plan: _Plan, pass_batches: int | None
+) -> tuple[list[dict[str, Any]], str]:
+    """Measure ``cands`` in order, each in its share of what is left of the budget, until the budget is
+    spent, a count reaches ``plan.goal`` or ``plan.patience`` counts in a row fail to beat the best by more
+    than ``plan.tolerance``. Returns the table (a row a count) and why measuring stopped."""
+    t_start = time.perf_counter()
+    table: list[dict[str, Any]] = []
+    best_sps, since_improved = 0.0, 0
+    for i, n in enumerate(cands):
+        allowed = plan.allowed_s(best_sps)
+        if allowed - (time.perf_counter() - t_start) <= 0.05 * allowed and table:
+            return table, "budget"
+        if plan.progress is not None:
+            plan.progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
+        t_c, left = time.perf_counter(), len(cands) - i
+
+        def deadline(rate: float, t_c: float = t_c, left: int = left, best: float = best_sps) -> float:
+            """This count's end: its share of what is left of the budget, cut once its own rate shortens
+            the epoch estimate; the slot covers shutdown too, so a little of it is left for joining."""
+            return t_c + 0.85 * max(0.0, plan.allowed_s(max(best, rate)) - (t_c - t_start)) / left
+
+        sps, startup, batches, until = _measure(
+            make_loader(n), max(1, n), deadline, max_batches=pass_batches, steady=plan.steady
+        )
+        if until == "no batch":
+            raise ValueError(
+                f"the loader built with num_workers={n} yielded no batch, so nothing could be measured; "
+                "give a dataset of at least one batch"
+            )
+        row = {"num_workers": n, "samples_per_sec": sps, "startup_s": startup, "batches": batches}
+        table.append({**row, "until": until, "seconds": time.perf_counter() - t_c})
+        if plan.goal is not None and sps >= plan.goal:
+            return table, "target reached"
+        since_improved = 0 if sps > best_sps * (1 + plan.tolerance) else since_improved + 1
+        best_sps = max(best_sps, sps)
+        if since_improved >= plan.patience:
+            return table, "no improvement"
+    return table, "all candidates"

@@ -28,16 +28,16 @@ from typing import Any, ClassVar, Protocol
 
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt.data.folder import UInt8ImageFolder, folder_classes
 from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
-    BatchReader,
     ContinuousDataLoader,
     HostDataLoader,
     UInt8Collate,
     WholeBatches,
+    read_by_threads,
     reads_in_workers,
 )
 
@@ -71,11 +71,13 @@ class Owner(Protocol):
 
     def class_indices(self, split: str, classes: Any, path: Any = None) -> list[int] | None: ...  # labels
 
-    def _workers(self, split: str) -> int: ...  # its worker processes (reading threads for a BatchReader)
+    def _workers(self, split: str) -> int: ...  # its DataLoader worker processes (0: none)
+
+    def _read_threads(self, split: str) -> int: ...  # threads reading a raw store (HDF5Options)
 
     def _pin(self) -> bool: ...  # pin host batches
 
-    def _stage_train_batch(self, batch: Any) -> Any: ...  # the training transform on the device
+    def _device_transform(self) -> Callable[[Any], Any] | None: ...  # the training loader's staging, or None
 
 
 class Backend:
@@ -85,6 +87,7 @@ class Backend:
         name: what ``backend=`` and ``dm.backend`` call it.
         device_batches: its loaders deliver ``(normalized images, labels)`` on the device, so the
             DataModule's ``on_after_batch_transfer`` passes their batches through.
+        train_on_device: its training loader does (a JPEG store's, through DALI), its others not.
 
     Example:
         >>> FolderBackend().name, DALIBackend().device_batches
@@ -93,10 +96,12 @@ class Backend:
 
     name: ClassVar[str] = ""
     device_batches: ClassVar[bool] = False
+    train_on_device: ClassVar[bool] = False
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         """Refuse constructor arguments this backend cannot read, naming the argument and the fix."""
         check_arg(dali is None, "dali", dali, "None unless backend='dali'")
+        _check_hdf5_options(hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -141,9 +146,7 @@ class HostBackend(Backend):
             )
             return []  # Lightning skips a stage whose loader list is empty
         workers, pin = dm._workers(split), dm._pin()
-        threads = workers if isinstance(dataset, BatchReader) and not reads_in_workers(dataset) else 0
-        if threads:
-            workers = 0  # the loader reads on threads of this process; no worker processes
+        threads = dm._read_threads(split) if read_by_threads(dataset) else 0
         return host_loader(
             dataset,
             split,
@@ -152,7 +155,7 @@ class HostBackend(Backend):
             threads=threads,
             pin=pin,
             feed=self.feed(dataset, batch_size=dm.batch_size, workers=workers, threads=threads, pin=pin),
-            device_transform=dm._stage_train_batch,
+            device_transform=dm._device_transform() if split == "train" else None,
         )
 
     def feed(self, dataset: Any, *, batch_size: int, workers: int, threads: int, pin: bool) -> FeedInfo:
@@ -178,7 +181,7 @@ class FolderBackend(HostBackend):
 
     name = "folder"
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         for split, path in paths.items():
             check_arg(
                 path is None or Path(path).is_dir(),
@@ -187,7 +190,7 @@ class FolderBackend(HostBackend):
                 "a folder laid out as <root>/<class>/<image> for the folder backend",
                 "pass backend='auto', which reads a store file as a store and a folder as a folder",
             )
-        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+        super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -215,9 +218,9 @@ class HDF5Backend(HostBackend):
 
     name = "hdf5"
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         _check_stores(paths, "an HDF5 store file for the hdf5 backend")
-        super().check(paths, on_corrupt=on_corrupt, dali=dali)
+        super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
         self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
@@ -285,6 +288,19 @@ def _check_dali_options(dali: Any) -> None:
     )
 
 
+def _check_hdf5_options(hdf5: Any) -> None:
+    from lightning_gpuopt.data.hdf5 import HDF5Options  # h5py itself is imported by the stores only
+
+    check_arg(
+        hdf5 is None or isinstance(hdf5, HDF5Options),
+        "hdf5",
+        hdf5,
+        "None or an HDF5Options",
+        "e.g. hdf5=HDF5Options(threads=8)",
+        error=TypeError,
+    )
+
+
 def _check_stores(paths: dict[str, str | None], must: str) -> None:
     """Refuse a folder where a store file belongs, naming the command that converts it."""
     for split, path in paths.items():
@@ -310,7 +326,8 @@ class DALIBackend(Backend):
     name = "dali"
     device_batches = True
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
+        _check_hdf5_options(hdf5)
         check_arg(
             any(v is not None for v in paths.values()),
             "train_dir",
@@ -371,9 +388,12 @@ class DALIStoreBackend(HDF5Backend):
     """
 
     name = "dali"
+    train_on_device = True
 
-    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any) -> None:
+    def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
         from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+        _check_hdf5_options(hdf5)
 
         train = paths.get("train")
         check_arg(
@@ -447,15 +467,16 @@ def choose_backend(
     on_corrupt: str = "raise",
     own_datasets: bool = False,
     decode: Any = None,
-    num_workers: Any = "auto",
+    num_workers: int | str = "auto",
 ) -> tuple[Backend, str | None]:
     """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
 
     ``"auto"`` on image folders chooses ``DALIBackend`` when this machine has a CUDA GPU and DALI is
     installed: DALI decodes the JPEGs on its CPU threads or with nvJPEG, whichever ``choose_decoder`` picks
-    from the cores a GPU has, straight into batches on the GPU, and crops from the original image as
+    from rates measured on the run's files, straight into batches on the GPU, and crops from the original image as
     torchvision's ``RandomResizedCrop`` does. Else (no GPU, no DALI, ``on_corrupt="skip"``, which DALI cannot
-    do, or a ``<split>_dataset`` hook of the user's: ``own_datasets``) the folder backend's worker processes.
+    do, a ``<split>_dataset`` hook of the user's: ``own_datasets``, or a ``num_workers`` count above 0, which
+    asks for DataLoader worker processes and DALI has none) the folder backend's worker processes.
     A store file is read by the HDF5 backend, except a JPEG store's training split on such a machine, which
     DALI decodes (``DALIStoreBackend``; ``backend="dali"`` asks for it on a JPEG store anywhere). On a CUDA
     machine without DALI, JPEG folders and JPEG stores with ``num_workers="auto"`` are decoded in the
@@ -489,6 +510,11 @@ def choose_backend(
         return chosen, "image folders, no CUDA GPU: worker processes decode them"
     if not dali_installed():
         return _without_dali(chosen, "image folders", "them", num_workers)
+    if is_int(num_workers) and int(num_workers) > 0:
+        return chosen, (
+            f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image folders; "
+            "DALI has none (leave num_workers='auto' for DALI, whose threads DALIOptions(threads=...) sets)"
+        )
     return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
 
 
@@ -568,10 +594,11 @@ def host_loader(
     threads: int,
     pin: bool,
     feed: FeedInfo,
-    device_transform: Callable[[Any], Any],
+    device_transform: Callable[[Any], Any] | None,
 ) -> HostDataLoader:
     """The DataModule's loader over a host dataset: shuffled whole batches that keep prefetching across
-    epochs (``ContinuousDataLoader``, ``device_transform`` staging each batch on the GPU) for training, one
+    epochs (``ContinuousDataLoader``, ``device_transform`` staging each batch on the GPU; ``None``: batch
+    hooks of the user's see every batch, so nothing is staged) for training, one
     ordered pass (``HostDataLoader``) otherwise; persistent workers prefetching ``PREFETCH_FACTOR`` batches
     each, or ``threads`` reading a ``BatchReader`` dataset (then ``workers`` is 0)."""
     train = split == "train"

@@ -1,7 +1,7 @@
 """NVIDIA DALI backend: images decoded (nvJPEG or CPU threads) and augmented by DALI, in a Lightning loader.
 
-``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads; by default both follow
-from the cores per GPU, ``choose_decoder``); the pipeline itself
+``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads; by default the decoder
+follows from rates measured on the run's own files, ``choose_decoder``, the threads from the cores); the pipeline itself
 (``lightning_gpuopt.data.dali_pipeline``) follows torchvision's recipes on the whole image.
 ``DALILoader`` wraps DALI's ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before
 the pipeline is built, one ``__iter__`` per epoch that neither ends early nor loses or repeats batches
@@ -15,7 +15,6 @@ and tested anywhere. Importing this module does not import DALI.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,19 +23,21 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._checks import check_arg, check_choice, check_int, is_int
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo, available_cpus
+from lightning_gpuopt._checks import check_arg, check_choice, check_int
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
-    CPU_DECODE_RATE_PER_THREAD,
     DALI_HW_DECODER_LOAD,
     DECODERS,
     READER_NAME,
+    SAMPLE_JPEGS,
+    DecodeRates,
     build_dali_pipeline,
     choose_decoder,
     dali_modules,
     decode_error,
     default_hw_decoder_load,
     default_num_threads,
+    measure_decode_rates,
     renice_dali_workers,
     thread_ids,
     validate_image_files,
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
+_MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder
 #: nice increment of DALI's pool threads when they decode on the CPU: the pool soaks up idle cores, never
 #: the training loop's
 CPU_DECODER_NICE = 10
@@ -69,10 +71,10 @@ class DALIOptions:
     """What a user decides about the DALI backend; everything else is fixed at its measured best.
 
     Attributes:
-        decoder: ``None`` (default): chosen per run from the cores per GPU by ``choose_decoder``: CPU
-            threads where the rank's cores decode at least as fast as a GPU trains with nvJPEG decoding
-            beside it (from 19 cores a GPU), nvJPEG otherwise;
-            the choice and its reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
+        decoder: ``None`` (default): chosen when the loader is built by ``choose_decoder`` from the rates
+            this host decodes the split's own files at (``measure_decode_rates``): CPU threads where they
+            decode at least as fast as nvJPEG on this GPU, nvJPEG otherwise; the choice, its figures and
+            reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
             nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
             newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for
             training) and the GPU only resizes and normalizes; it costs the model less where the cores
@@ -94,8 +96,8 @@ class DALIOptions:
                 self.decoder,
                 "dali.decoder",
                 DECODERS,
-                fix="or None: None chooses from the cores per GPU, 'gpu' decodes with nvJPEG, 'cpu' on "
-                "DALI's CPU threads (DALIOptions(decoder=...))",
+                fix="or None: None chooses from rates measured on your files, 'gpu' decodes with nvJPEG, "
+                "'cpu' on DALI's CPU threads (DALIOptions(decoder=...))",
             )
         check_int(
             self.threads,
@@ -110,20 +112,21 @@ class DALIOptions:
         local_world_size: int = 1,
         *,
         cuda: bool = True,
-        rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
-        compiled: bool = False,
+        measure: Callable[[int], DecodeRates] | None = None,
     ) -> tuple[str, str]:
         """``(decoder, reason)`` for a run with ``local_world_size`` ranks on this machine.
 
-        ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on
-        ``available_cpus()`` shared by the local ranks, a CPU thread decoding ``rate_per_thread`` of the
-        source's images a second, for a compiled model or an eager one (``compiled``).
+        ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on the
+        rates ``measure(threads)`` takes for the threads the CPU decoder would have (``DALILoader`` measures
+        on its own files); with nothing to measure on, nvJPEG.
         """
         if not cuda:
             return "cpu", "no CUDA device: the pipeline runs on the CPU"
         if self.decoder is not None:
             return self.decoder, f"DALIOptions(decoder={self.decoder!r})"
-        return choose_decoder(available_cpus(), local_world_size, rate_per_thread, compiled=compiled)
+        if measure is None:
+            return "gpu", "nvJPEG: no files given to measure the CPU threads on"
+        return choose_decoder(measure(self.threads or default_num_threads(local_world_size, "cpu")))
 
     def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
         """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
@@ -131,8 +134,8 @@ class DALIOptions:
 
     def resolved(self, local_world_size: int = 1, **rule: Any) -> tuple[str, int, str]:
         """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder`` (``rule``: its keywords
-        ``cuda``, ``rate_per_thread``, ``compiled``), then ``threads`` or ``default_num_threads`` for that
-        decoder; the plain values a pipeline is built with.
+        ``cuda``, ``measure``), then ``threads`` or ``default_num_threads`` for that decoder (chosen from the
+        cores, not measured); the plain values a pipeline is built with.
 
         Example:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
@@ -149,9 +152,9 @@ class DALIFeedInfo(FeedInfo):
     Attributes:
         decoder_reason: ``choose_decoder``'s reason when ``DALIOptions.decoder`` was ``None``, else what
             set it (the option, or a CPU run).
-        decode_rate_per_thread: images of this source a CPU thread decodes a second, as ``choose_decoder``
-            weighs them (``DALILoader.decode_rate_per_thread``).
-        compiled: the loader was built for a compiled model (``choose_decoder``'s ``compiled``).
+        cpu_decode_rate: images a second DALI's CPU threads decoded this source at, measured when the
+            loader was built (``None``: not measured: the decoder was set, or a CPU run).
+        gpu_decode_rate: the same for nvJPEG on this GPU.
 
     Example:
         >>> DALIFeedInfo(backend="dali", decoder="gpu", decoder_reason="DALIOptions(decoder='gpu')").decoder
@@ -159,8 +162,8 @@ class DALIFeedInfo(FeedInfo):
     """
 
     decoder_reason: str | None = None
-    decode_rate_per_thread: int | None = None
-    compiled: bool | None = None
+    cpu_decode_rate: float | None = None
+    gpu_decode_rate: float | None = None
 
 
 class DALILoader:
@@ -210,8 +213,6 @@ class DALILoader:
         options: ``DALIOptions`` (decoder, threads); a ``None`` decoder or thread count is resolved for
             ``local_world_size`` ranks on this machine.
         local_world_size: training processes on this machine (they share its CPUs).
-        compiled: the model this loader feeds is compiled, so trains faster: the default decoder weighs the
-            CPU threads against what a compiled model trains at (``choose_decoder``).
         epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
 
@@ -220,9 +221,6 @@ class DALILoader:
         ...                     device="cuda", dtype=torch.float16)  # doctest: +SKIP
         >>> images, labels = next(iter(loader))  # doctest: +SKIP
     """
-
-    #: images of this source one CPU thread decodes a second: what ``choose_decoder`` weighs for the default
-    decode_rate_per_thread = CPU_DECODE_RATE_PER_THREAD
 
     def __init__(
         self,
@@ -242,7 +240,6 @@ class DALILoader:
         options: DALIOptions | None = None,
         local_world_size: int = 1,
         epoch_batches: Callable[[], int | float] | None = None,
-        compiled: bool = False,
     ) -> None:
         check_arg(
             len(files) == len(labels), "labels", f"{len(labels)} labels", f"one per file ({len(files)})"
@@ -285,24 +282,58 @@ class DALILoader:
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.dtype = dtype
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.epoch_batches = epoch_batches
+        # per shard, so ranks do not draw the same crops; torch's seed makes runs reproducible
+        self.seed = (torch.initial_seed() + 7919 * self.shard_id) % (2**31 - 1)
+        self._rates: DecodeRates | None = None
         options = options or DALIOptions()
-        cuda = self.device.type == "cuda"
         decoder, threads, reason = options.resolved(
-            local_world_size, cuda=cuda, rate_per_thread=self.decode_rate_per_thread, compiled=compiled
+            local_world_size, cuda=self.device.type == "cuda", measure=self._measure
         )
+        self.settle(decoder, threads, reason)
+        self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
+        self._iterator: Any = None
+        self._pulled = 0  # batches taken from DALI since its last epoch boundary
+        self._yielded = 0  # batches yielded in the current (consumer) epoch
+        self._skip_on_resume = 0
+        self._checkpoint: bytes | str | None = None
+
+    def _sample_jpegs(self) -> list[bytes]:
+        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of this split's files, spread over it."""
+        step = max(1, len(self.files) // SAMPLE_JPEGS)
+        out = []
+        for path in self.files[::step][:SAMPLE_JPEGS]:
+            with open(path, "rb") as fh:
+                out.append(fh.read())
+        return out
+
+    def _measure(self, threads: int) -> DecodeRates:
+        """This host's decode rates on a sample of this split's files (``measure_decode_rates``), once a
+        process for the same files, threads, device and kind of decode."""
+        device_id = self.device.index if self.device.type == "cuda" else None
+        key = (self.files[0], len(self.files), threads, device_id, self.augment if self.train else None)
+        if key not in _MEASURED:
+            _MEASURED[key] = measure_decode_rates(
+                self._sample_jpegs(), threads=threads, device_id=device_id, crop=key[-1]
+            )
+        self._rates = _MEASURED[key]
+        return self._rates
+
+    def settle(self, decoder: str, threads: int, reason: str) -> None:
+        """Build the pipeline with ``decoder`` on ``threads`` threads (``reason``: why), as ``__init__`` does
+        with the options' choice, before the first iteration; ``build_dali_loader`` settles every rank on
+        rank zero's decoder. Logged once a process."""
         self.options = DALIOptions(decoder, threads)
         self._decoder, self._threads = decoder, threads  # what the pipeline is built with
-        if options.decoder is None and cuda and reason not in _LOGGED:
+        if self.device.type == "cuda" and reason not in _LOGGED and "DALIOptions(" not in reason:
             _LOGGED.add(reason)
             where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
             rank_zero_info(
                 f"DALILoader: JPEGs decoded {where} (decoder={decoder!r}): {reason}; "
                 "DALIOptions(decoder='cpu' or 'gpu') overrides"
             )
-        self.epoch_batches = epoch_batches
         self.worker_nice = CPU_DECODER_NICE if decoder == "cpu" else 0
-        # per shard, so ranks do not draw the same crops; torch's seed makes runs reproducible
-        self.seed = (torch.initial_seed() + 7919 * self.shard_id) % (2**31 - 1)
+        rates = self._rates
         self.feed_info = DALIFeedInfo(
             backend="dali",
             batch_size=self.batch_size,
@@ -310,15 +341,9 @@ class DALILoader:
             decoder=decoder,
             threads=threads,
             decoder_reason=reason,
-            decode_rate_per_thread=self.decode_rate_per_thread,
-            compiled=bool(compiled),
+            cpu_decode_rate=rates.cpu if rates is not None else None,
+            gpu_decode_rate=rates.gpu if rates is not None else None,
         )
-        self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
-        self._iterator: Any = None
-        self._pulled = 0  # batches taken from DALI since its last epoch boundary
-        self._yielded = 0  # batches yielded in the current (consumer) epoch
-        self._skip_on_resume = 0
-        self._checkpoint: bytes | str | None = None
 
     # ------------------------------------------------------------------ length
     def __len__(self) -> int:
@@ -521,8 +546,8 @@ def build_dali_loader(
     """Build the ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``).
 
     Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labelled as ``scan_image_folder`` does, so as
-    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment``, ``num_workers``
-    (DALI threads when an int and the options leave ``threads`` unset) and ``dali`` (``DALIOptions``).
+    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment`` and ``dali``
+    (``DALIOptions``: the decoder and DALI's threads).
     Batches are float32, as the other backends deliver them. The shard is the Trainer's global rank of its
     world size; the device is its root device.
 
@@ -555,7 +580,7 @@ def build_dali_loader(
     train = split == "train"
     root, rank, world, local_world, epoch_batches = loader_placement(dm, train=train)
     options = dm_options(dm, options)
-    return DALILoader(
+    loader = DALILoader(
         [p for p, _ in samples],
         [y for _, y in samples],
         batch_size=dm.batch_size,
@@ -570,18 +595,26 @@ def build_dali_loader(
         options=options,
         local_world_size=local_world,
         epoch_batches=epoch_batches,
-        compiled=trainer_compiles(dm.trainer),
     )
+    return rank_zero_decoder(dm.trainer, loader, options, local_world)
 
 
-def trainer_compiles(trainer: Any) -> bool:
-    """Whether ``trainer`` (or ``None``: a loop of the user's own) compiles its model: a ``CompileModel``
-    among its callbacks, as ``fast_trainer_kwargs`` adds on a CUDA device."""
-    if trainer is None:
-        return False
-    from lightning_gpuopt.compute.compile import CompileModel  # the preset's callback; no DALI import
-
-    return any(isinstance(cb, CompileModel) for cb in getattr(trainer, "callbacks", ()))
+def rank_zero_decoder(trainer: Any, loader: DALILoader, options: DALIOptions, local_world: int) -> Any:
+    """``loader`` settled on global rank zero's decoder where the options leave it to the measurement and
+    the run has several ranks (each measured on its own GPU; one ``broadcast``, every rank calls it), so all
+    ranks decode alike; each keeps its own thread count, from its node's cores."""
+    if trainer is None or trainer.world_size <= 1 or options.decoder is not None:
+        return loader
+    if loader.device.type != "cuda":
+        return loader
+    decoder, reason = trainer.strategy.broadcast(
+        (loader.options.decoder, loader.feed_info.decoder_reason), src=0
+    )
+    if decoder != loader.options.decoder:
+        loader.settle(
+            decoder, options.threads or default_num_threads(local_world, decoder), f"rank 0's: {reason}"
+        )
+    return loader
 
 
 def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, int, Any]:
@@ -599,9 +632,6 @@ def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, i
 
 
 def dm_options(dm: Any, options: DALIOptions | None = None) -> DALIOptions:
-    """``options``, else the DataModule's ``dali`` (or the defaults), with ``num_workers`` as the thread count
-    when it is an int and the options leave ``threads`` unset (``"auto"``: the default count)."""
-    options = options if options is not None else dm.dali or DALIOptions()
-    if options.threads is None and is_int(dm.num_workers) and dm.num_workers > 0:
-        options = dataclasses.replace(options, threads=int(dm.num_workers))
-    return options
+    """``options``, else the DataModule's ``dali`` (or the defaults). DALI's threads are
+    ``DALIOptions.threads``; ``num_workers`` counts DataLoader worker processes, which DALI has none of."""
+    return options if options is not None else dm.dali or DALIOptions()

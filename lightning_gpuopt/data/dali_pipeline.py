@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from lightning_gpuopt._checks import check_arg, check_int
@@ -81,64 +82,98 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
-#: ImageNet-sized JPEGs one DALI CPU thread decodes a second (libjpeg-turbo, the random crop only): the low
-#: end of what 14 threads decoded on a 16-core H200 host (5,943-6,456 img/s, docs/dali.md)
-CPU_DECODE_RATE_PER_THREAD = 420
-#: a JPEG store's images (re-encoded at most at its storage size, 256 px on the shorter side by default) one
-#: thread decodes a second at least: 14 threads fed a compiled ResNet-50 7,346 img/s, the model's own rate,
-#: on a 16-core H200 host (benchmarks/results/jpeg/2026-12-05-jpeg-h200.json)
-STORE_DECODE_RATE_PER_THREAD = 525
 #: cores a rank keeps off CPU decoding: the training loop and DALI's executor
 RESERVED_CORES = 2
-#: images a second a compiled ResNet-50 trains on an H200 while nvJPEG decodes its JPEGs beside it: the low
-#: end of 6,188-6,441 on 16-core hosts, whatever the files' size (the pipeline beside it, not the decoding,
-#: sets the pace); CPU threads decoding at least this many train as fast and leave the GPU to the model
-#: (docs/dali.md)
-NVJPEG_TRAINING_RATE = 6_200
-#: the same for an eager ResNet-50 (5,600-5,880 on 16-core H200 hosts): an eager model trains slower, so
-#: fewer CPU threads keep up with it
-NVJPEG_EAGER_TRAINING_RATE = 5_600
+#: JPEGs of the user's ``measure_decode_rates`` decodes (spread over the split), and the least seconds it
+#: decodes them for on each decoder
+SAMPLE_JPEGS, MEASURE_SECONDS = 64, 0.3
 
 
-def choose_decoder(
-    cpus: int,
-    local_ranks: int = 1,
-    rate_per_thread: int = CPU_DECODE_RATE_PER_THREAD,
-    *,
-    compiled: bool = False,
-) -> tuple[str, str]:
-    """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``.
+@dataclass(frozen=True)
+class DecodeRates:
+    """What ``measure_decode_rates`` measured on this host: images a second ``threads`` of DALI's CPU threads
+    decode (``cpu``) and nvJPEG on this GPU decodes (``gpu``; ``None`` without one), over ``images`` of the
+    split's JPEGs, as its loader decodes them (the training crop, or the whole image)."""
 
-    CPU threads when the threads a rank would decode with (its share of ``cpus`` less ``RESERVED_CORES``)
-    decode at least what the model trains at with nvJPEG decoding beside it (``NVJPEG_TRAINING_RATE`` for a
-    compiled model, ``NVJPEG_EAGER_TRAINING_RATE`` for an eager one), each at ``rate_per_thread``
-    (``CPU_DECODE_RATE_PER_THREAD`` for ImageNet-sized files, ``STORE_DECODE_RATE_PER_THREAD`` for a JPEG
-    store's smaller ones): CPU decoding then trains as fast and costs the model less; nvJPEG otherwise,
-    which decodes several times that rate but costs the model more beside it (docs/dali.md). A folder on a
-    16-core host: CPU threads for an eager model, nvJPEG for a compiled one (CPU threads from 19 cores).
+    cpu: float
+    gpu: float | None
+    images: int
+    threads: int
 
-    Args:
-        cpus: CPUs this process may use (``_common.available_cpus()``).
-        local_ranks: training processes on this machine sharing them.
-        rate_per_thread: images one CPU thread decodes a second.
-        compiled: the model the loader feeds is compiled (``CompileModel``): it trains faster.
+
+def choose_decoder(rates: DecodeRates) -> tuple[str, str]:
+    """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``, from this host's ``rates``.
+
+    CPU threads where they decode at least as fast as nvJPEG on this GPU (both measured on the run's own
+    files before its loader is built, so before any step: the model's rate is not known yet): the GPU is
+    then left to the model; nvJPEG otherwise, which costs the model a share of the GPU beside it but keeps
+    up where the rank's cores do not. Without a GPU figure the CPU threads decode.
 
     Example:
-        >>> choose_decoder(16)[0], choose_decoder(16, compiled=True)[0], choose_decoder(19, compiled=True)[0]
-        ('cpu', 'gpu', 'cpu')
+        >>> choose_decoder(DecodeRates(cpu=5900.0, gpu=9800.0, images=64, threads=14))[0]
+        'gpu'
+        >>> choose_decoder(DecodeRates(cpu=12000.0, gpu=9800.0, images=64, threads=30))[0]
+        'cpu'
     """
-    share = max(1, int(cpus)) // max(1, int(local_ranks))
-    threads = max(1, share - RESERVED_CORES)
-    rate = threads * int(rate_per_thread)
-    needed = NVJPEG_TRAINING_RATE if compiled else NVJPEG_EAGER_TRAINING_RATE
-    fits = rate >= needed
-    sign = ">=" if fits else "<"
-    reason = (
-        f"{share} cores a rank: {threads} decoding threads x {int(rate_per_thread)} img/s = {rate:,} "
-        f"img/s {sign} {needed:,} img/s, the rate a GPU trains {'a compiled' if compiled else 'an eager'} "
-        "model at with nvJPEG decoding beside it"
-    )
-    return ("cpu", reason) if fits else ("gpu", reason)
+    head = f"{rates.threads} CPU threads {rates.cpu:,.0f} img/s"
+    tail = f", measured on {rates.images} of your files"
+    if rates.gpu is None:
+        return "cpu", f"{head}{tail}; no GPU to decode on"
+    if rates.gpu > rates.cpu:
+        return "gpu", f"nvJPEG {rates.gpu:,.0f} img/s > {head}{tail}"
+    return "cpu", f"{head} >= nvJPEG {rates.gpu:,.0f} img/s{tail}: the GPU is left to the model"
+
+
+def measure_decode_rates(
+    jpegs: Sequence[bytes], *, threads: int, device_id: int | None, crop: AugmentConfig | None
+) -> DecodeRates:
+    """This host's decode rates on ``jpegs`` (the run's own files): DALI's CPU decoder on ``threads``
+    threads, and nvJPEG (DALI's ``"mixed"`` decoder) on ``device_id`` where given; each decodes the whole
+    sample as one batch, once to warm up, then for at least ``MEASURE_SECONDS``. ``crop``: the training
+    crop's ranges (decode the crop only, as training does); ``None``: whole images, as evaluation does."""
+    cpu = _decode_rate(jpegs, device="cpu", threads=threads, device_id=device_id, crop=crop)
+    gpu = None
+    if device_id is not None:
+        gpu = _decode_rate(jpegs, device="mixed", threads=threads, device_id=device_id, crop=crop)
+    return DecodeRates(cpu, gpu, len(jpegs), threads)
+
+
+def _decode_rate(
+    jpegs: Sequence[bytes], *, device: str, threads: int, device_id: int | None, crop: AugmentConfig | None
+) -> float:
+    """Images a second one DALI decoder (``device``: ``"cpu"`` or ``"mixed"``) decodes ``jpegs`` at."""
+    import numpy as np
+
+    dali, fn, types = dali_modules()
+    batch = [np.frombuffer(data, dtype=np.uint8) for data in jpegs]
+    kw: dict[str, Any] = {"device": device, "output_type": types.RGB}
+    if device == "mixed":
+        kw["hw_decoder_load"] = default_hw_decoder_load(device_id)
+
+    @dali.pipeline_def(batch_size=len(batch), num_threads=threads, device_id=device_id, seed=0,
+                       exec_pipelined=False, exec_async=False, prefetch_queue_depth=1)  # fmt: skip
+    def pipeline() -> Any:
+        data = fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8)
+        if crop is None:
+            return fn.decoders.image(data, **kw)
+        return fn.decoders.image_random_crop(data, random_area=list(crop.scale),
+                                             random_aspect_ratio=list(crop.ratio), num_attempts=CROP_ATTEMPTS,
+                                             **kw)  # fmt: skip
+
+    pipe = pipeline()
+    pipe.build()
+    pipe.run()  # warm-up: the decoders' start, nvJPEG's allocations
+    runs, t0 = 0, time.perf_counter()
+    while runs < 2 or time.perf_counter() - t0 < MEASURE_SECONDS:
+        pipe.run()
+        runs += 1
+    if device == "mixed":
+        import torch
+
+        torch.cuda.synchronize(device_id)  # the last batch's decoding has finished
+    seconds = time.perf_counter() - t0
+    del pipe
+    return runs * len(batch) / seconds
 
 
 def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:

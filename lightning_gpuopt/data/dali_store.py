@@ -29,11 +29,11 @@ import torch
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
-from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement, trainer_compiles
+from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement, rank_zero_decoder
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
+    SAMPLE_JPEGS,
     SHUFFLE_SEED,
-    STORE_DECODE_RATE_PER_THREAD,
     build_dali_pipeline,
 )
 from lightning_gpuopt.data.loader import StagedBatch
@@ -187,25 +187,33 @@ class DALIStoreLoader(DALILoader):
         store: the training ``JPEGStoreDataset``.
         **kwargs: ``DALILoader``'s (``batch_size``, ``image_size``, ``augment``, ``device``, ``shard_id``,
             ``num_shards``, ``dtype``, ``mean``, ``std``, ``options``, ``local_world_size``,
-            ``epoch_batches``, ``compiled``); ``train`` is always true.
+            ``epoch_batches``); ``train`` is always true.
 
     Example:
         >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
         ...                          device="cuda")  # doctest: +SKIP
     """
 
-    #: the store's images are at most its storage size: smaller to decode than a folder's
-    decode_rate_per_thread = STORE_DECODE_RATE_PER_THREAD
-
     def __init__(self, store: Any, **kwargs: Any) -> None:
         starts, lengths = store.byte_ranges()
         self.store_path = str(store.path)
         self._starts, self._lengths = starts, lengths
-        # one entry an image: DALILoader counts its batches and shards from its files
+        # one entry an image: DALILoader counts its batches and shards from its files (and measures the
+        # decoders on a sample of the store's own JPEGs, _sample_jpegs)
         super().__init__([self.store_path] * len(store), store.labels, train=True, **kwargs)
         self._epoch = 0  # the stream's epoch
         self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
         self._source: StoreBatches | None = None
+
+    def _sample_jpegs(self) -> list[bytes]:
+        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of the store's images, spread over it."""
+        step = max(1, len(self._starts) // SAMPLE_JPEGS)
+        fd = os.open(self.store_path, os.O_RDONLY)
+        try:
+            picks = range(0, len(self._starts), step)[:SAMPLE_JPEGS]
+            return [os.pread(fd, int(self._lengths[i]), int(self._starts[i])) for i in picks]
+        finally:
+            os.close(fd)
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
         """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""
@@ -291,7 +299,7 @@ def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None
     store = dm._dataset("train")
     root, rank, world, local_world, epoch_batches = loader_placement(dm, train=True)
     options = dm_options(dm)
-    return DALIStoreLoader(
+    loader = DALIStoreLoader(
         store,
         batch_size=dm.batch_size,
         image_size=dm.image_size,
@@ -304,6 +312,5 @@ def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None
         options=options,
         local_world_size=local_world,
         epoch_batches=epoch_batches,
-        compiled=trainer_compiles(dm.trainer),
     )
-
+    return rank_zero_decoder(dm.trainer, loader, options, local_world)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import shutil
 import tempfile
@@ -30,8 +28,10 @@ from lightning_gpuopt._common import (
     warn_at_user,
     warn_once,
 )
+from lightning_gpuopt.data._counts import MAX_WORKERS_PER_CPU, MIN_TUNE_BATCHES, SplitCounts
+from lightning_gpuopt.data._feed import feed_line, overridden_batch_hooks
 from lightning_gpuopt.data._lifetime import Janitor
-from lightning_gpuopt.data.backends import BACKENDS, choose_backend
+from lightning_gpuopt.data.backends import BACKENDS, DALIBackend, FolderBackend, choose_backend
 from lightning_gpuopt.data.folder import (
     ON_CORRUPT,
     UInt8ImageFolder,
@@ -41,24 +41,17 @@ from lightning_gpuopt.data.folder import (
 )
 from lightning_gpuopt.data.loader import (
     SPLITS,
-    BatchReader,
     StagedBatch,
     UInt8Collate,
     close_workers,
 )
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
-from lightning_gpuopt.data.tuning import (
-    TuningConfig,
-    _node_best,
-    auto_tuning_arguments,
-    dataset_fingerprint,
-    tune_num_workers,
-    unmeasured_workers,
-)
+from lightning_gpuopt.data.tuning import TuningConfig
 
 if TYPE_CHECKING:
     from lightning_gpuopt.data.dali import DALIOptions
     from lightning_gpuopt.data.decode import DecodeOptions
+    from lightning_gpuopt.data.hdf5 import HDF5Options
 
 __all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
@@ -66,18 +59,9 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 #: the splits labelled with the training split's class indices (``OptimizedDataModule.class_indices``); a
 #: prediction folder's classes (often one placeholder folder) keep their own labels.
 LABELLED_SPLITS = ("val", "test")
-#: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores
-#: and memory (and each holds a copy of the dataset's Python state).
-MAX_WORKERS_PER_CPU = 4
-#: ``num_workers="auto"`` measures a split only when it holds at least this many batches; a smaller split
-#: (a quick ``trainer.validate``, a toy dataset) gets one worker per batch up to the CPUs, none for one batch.
-MIN_TUNE_BATCHES = 8
-#: threads reading a raw HDF5 store (a ``BatchReader`` without ``auto_readers``) per training process
-#: under ``num_workers="auto"``.
-READ_THREADS = 4
 
 
-class OptimizedDataModule(pl.LightningDataModule):
+class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
     """A DataModule that keeps the GPU fed: whole uint8 images, crops on the GPU, tuned pinned loaders.
 
     Host side, each image is decoded once, resized so its shorter side is ``storage_size`` and kept whole on
@@ -85,12 +69,22 @@ class OptimizedDataModule(pl.LightningDataModule):
     when the Trainer runs on CUDA; the training loader keeps prefetching across epochs and stages the next
     batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
     ``DistributedSampler`` under DDP as usual. A raw HDF5 store is read by threads of the training process
-    straight into pinned memory (``read_threads``; no worker processes); an image folder and a JPEG store by
+    straight into pinned memory (``HDF5Options``; no worker processes); an image folder and a JPEG store by
     worker processes that each decode a whole batch into shared memory (``readers.WholeBatches``); for other
     datasets ``num_workers="auto"`` is measured in ``setup`` (``tune_num_workers``, cached). Device side,
     ``on_after_batch_transfer`` turns ``(images, labels, meta)``
     into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
-    whole image for training, ``Resize + CenterCrop`` for evaluation (``GPUAugment``).
+    whole image for training, ``Resize + CenterCrop`` for evaluation (``GPUAugment``). ``setup`` and the split
+    hooks say, one line a split (rank zero), what reads it, each count and how it was chosen, and whether
+    training batches are staged.
+
+    Lightning's batch hooks: a subclass (or the LightningModule) that overrides ``on_before_batch_transfer``,
+    ``transfer_batch_to_device`` or ``on_after_batch_transfer`` gets what Lightning's docs describe, on every
+    host backend: the training loader then does not stage, ``on_before_batch_transfer`` sees the host batch
+    ``(uint8 NHWC images, int64 labels, int32 meta)``, ``transfer_batch_to_device`` moves it, and
+    ``super().on_after_batch_transfer`` returns ``(normalized float NCHW, labels)`` on the device. DALI makes
+    its batches on the device: there every hook sees ``(normalized float NCHW, int64 labels)`` already on it,
+    and ``super().on_after_batch_transfer`` returns them unchanged.
 
     Args:
         train_dir: training folder (``root/<class>/<image>``) or HDF5 file (None: override ``train_dataset``).
@@ -107,15 +101,14 @@ class OptimizedDataModule(pl.LightningDataModule):
             resolved name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
             (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
         batch_size: samples per batch per device.
-        num_workers: DataLoader worker processes per loader, or ``"auto"``: measured in ``setup`` for each
-            dataset of at least ``MIN_TUNE_BATCHES`` batches (once per dataset, cached on disk); at most
-            ``MAX_WORKERS_PER_CPU`` per CPU. With an image folder or a JPEG store: worker processes that each
-            decode whole batches (``"auto"``: the dataset's ``auto_readers``, one a CPU, not measured). With
-            a raw HDF5 store: threads of the training process that read batches straight into pinned memory
-            (``"auto"``: ``READ_THREADS``; at most the CPUs per process; 0: read in the loop). With
-            ``backend="dali"``: DALI's CPU threads (``"auto"``: chosen from the cores per GPU). After
-            ``setup("fit")`` the attribute holds the training split's resolved count (DALI's stays
-            ``"auto"``: ``loader.feed_info.threads``).
+        num_workers: DataLoader worker processes per loader (at most ``MAX_WORKERS_PER_CPU`` per CPU), or
+            ``"auto"``: for a dataset of yours of at least ``MIN_TUNE_BATCHES`` batches, measured in
+            ``setup`` (once per dataset, cached on disk); for an image folder or a JPEG store, whose workers
+            each decode whole batches, one a CPU (chosen, not measured); for a smaller split, one a batch
+            (not measured). A raw HDF5 store and DALI have no worker processes: their threads are set by
+            ``hdf5`` and ``dali``, and a count above 0 is refused for them (``backend="auto"`` reads image
+            folders with worker processes, not DALI, when given one). After ``setup("fit")`` the attribute
+            holds the training split's resolved count.
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default
             ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A
@@ -138,6 +131,7 @@ class OptimizedDataModule(pl.LightningDataModule):
             (``DecodeOptions``: nvJPEG on the GPU or CPU threads, measured at setup by default); given, it
             asks for that decoding on any machine. ``"auto"`` already decodes so on a CUDA machine without
             DALI (``num_workers="auto"``, torchvision installed).
+        hdf5: how a raw HDF5 store is read (``HDF5Options``: reading threads of the training process).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
@@ -172,76 +166,42 @@ class OptimizedDataModule(pl.LightningDataModule):
         tuning: TuningConfig | None = None,
         dali: DALIOptions | None = None,
         decode: DecodeOptions | None = None,
+        hdf5: HDF5Options | None = None,
     ) -> None:
         super().__init__()
         check_choice(backend, "backend", BACKENDS)
-        paths: dict[str, str | None] = {}
-        for split, value in zip(SPLITS, (train_dir, val_dir, test_dir, predict_dir), strict=True):
-            if value is not None:
-                check_arg(
-                    isinstance(value, (str, os.PathLike)), f"{split}_dir", value, "a path", error=TypeError
-                )
-                p = Path(value).expanduser()
-                if not p.exists():
-                    raise FileNotFoundError(
-                        f"{split}_dir={os.fspath(value)!r} does not exist; check the path"
-                    )
-                value = os.fspath(p)
-            paths[split] = value
-        check_int(batch_size, "batch_size", low=1)
-        cap = MAX_WORKERS_PER_CPU * available_cpus()
-        check_int(num_workers, "num_workers", low=0, also=("auto",))
-        check_arg(
-            not is_int(num_workers) or int(num_workers) <= cap,
-            "num_workers",
-            num_workers,
-            f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",
-            "pass num_workers='auto' to measure the best count",
-        )
-        check_int(image_size, "image_size", low=1, what="(pixels)")
-        resize = eval_resize_size(image_size)
-        storage_size = resize if storage_size is None else storage_size
-        fix = f"leave it None for eval_resize_size(image_size) = {resize}"
-        check_int(storage_size, "storage_size", what=f">= image_size ({image_size})", fix=fix)
-        check_arg(
-            storage_size >= image_size,
-            "storage_size",
-            storage_size,
-            f"an int >= image_size ({image_size})",
-            fix,
-        )
+        paths = _check_paths(dict(zip(SPLITS, (train_dir, val_dir, test_dir, predict_dir), strict=True)))
+        storage_size = _check_sizes(batch_size, num_workers, image_size, storage_size)
         self.mean, self.std = check_mean_std(mean, std)
-        check_arg(
-            isinstance(augment, (AugmentConfig, bool)),
-            "augment",
-            augment,
-            "an AugmentConfig, True (torchvision's defaults) or False",
-            error=TypeError,
-        )
-        check_arg(
-            pin_memory is None or isinstance(pin_memory, bool),
-            "pin_memory",
-            pin_memory,
-            "None or a bool",
-            error=TypeError,
-        )
-        check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
-        check_bool(check_images, "check_images")
         tuning = TuningConfig() if tuning is None else tuning
-        check_arg(
-            isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
-        )
+        _check_kinds(augment, pin_memory, on_corrupt, check_images, tuning)
         hooks = [f"{s}_dataset" for s in SPLITS]
         own = any(getattr(type(self), h) is not getattr(OptimizedDataModule, h) for h in hooks)
         self._backend, self.backend_reason = choose_backend(
             backend, paths, on_corrupt=on_corrupt, own_datasets=own, decode=decode, num_workers=num_workers
         )
-        self._backend.check(paths, on_corrupt=on_corrupt, dali=dali)
+        self._backend.check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
+        check_arg(
+            hdf5 is None or own or not isinstance(self._backend, (FolderBackend, DALIBackend)),
+            "hdf5",
+            hdf5,
+            "None where no split is a store: HDF5Options sets the reading threads of a raw store",
+            "leave hdf5 out",
+        )
+        check_arg(
+            not (self._backend.device_batches and is_int(num_workers) and int(num_workers) > 0),
+            "num_workers",
+            num_workers,
+            "'auto' or 0 with backend='dali': DALI decodes on its own threads, it has no DataLoader workers",
+            f"pass dali=DALIOptions(threads={num_workers}) for DALI's threads, or backend='folder' for "
+            "worker processes",
+        )
         if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
             name, why = self._backend.name, self.backend_reason
             rank_zero_info(f"OptimizedDataModule: backend='auto' -> {name!r} ({why})")
         self.dali: DALIOptions | None = dali
         self.decode: DecodeOptions | None = decode
+        self.hdf5: HDF5Options | None = hdf5
         self.train_dir, self.val_dir = paths["train"], paths["val"]
         self.test_dir, self.predict_dir = paths["test"], paths["predict"]
         self.batch_size = batch_size
@@ -261,8 +221,11 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._stage_generator: torch.Generator | None = None
         self.tuning_result: Any = None
         self._auto_workers = num_workers == "auto"
-        self._split_workers: dict[str, int] = {}
-        self._measured: dict[str, int] = {}
+        self._split_workers: dict[str, int] = {}  # DataLoader worker processes of each split's loader
+        self._split_threads: dict[str, int] = {}  # reading threads of a split read by threads (a raw store)
+        self._how: dict[str, dict[str, str]] = {}  # per split: how each count was chosen, for the setup line
+        self._said: set[str] = set()  # setup lines already given
+        self._measured: dict[str, tuple[int, str]] = {}
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
         self._skip_janitor: Janitor | None = None
@@ -441,93 +404,42 @@ class OptimizedDataModule(pl.LightningDataModule):
                     f"at most the {len(train)} training samples (the last partial batch is dropped)",  # type: ignore[arg-type]
                     "lower batch_size",
                 )
-            for split in splits:
-                if self._datasets.get(split) is not None:
-                    self._workers(split)
+            built = [split for split in splits if self._datasets.get(split) is not None]
+            self._check_worker_count(built)
+            for split in built:
+                self._workers(split)
         except BaseException:
             self._remove_skip_dir()
             raise
-
-    def _local_world_size(self) -> int:
-        return max(1, self.trainer.num_devices) if self.trainer is not None else 1
-
-    def _workers(self, split: str) -> int:
-        """Worker processes (reading threads for a ``BatchReader``) for ``split``'s loader; ``"auto"`` is
-        resolved once per split and dataset."""
-        if not self._auto_workers:
-            return int(self.num_workers)
-        if split in self._split_workers:
-            return self._split_workers[split]
-        dataset = self._dataset(split)
-        if dataset is None:
-            return 0
-        trained = self._split_workers.get("train")
-        if split == "train" or trained is None or isinstance(dataset, BatchReader):
-            fixed = unmeasured_workers(
-                dataset,
-                batch_size=self.batch_size,
-                read_threads=READ_THREADS,
-                min_batches=MIN_TUNE_BATCHES,
-                local_world_size=self._local_world_size(),
-            )
-            if fixed is not None and split == "train":  # say what the machine chose, as a measurement says
-                rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {fixed[0]} ({fixed[1]})")
-            workers = fixed[0] if fixed is not None else self._measure(dataset, split)
-        else:
-            try:
-                batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
-            except TypeError:
-                batches = MIN_TUNE_BATCHES
-            workers = min(trained, batches if batches > 1 else 0)
-        return self._resolved(split, workers)
-
-    def _resolved(self, split: str, workers: int) -> int:
-        """Keep ``split``'s resolved count; the training split's is what ``num_workers`` then reads (worker
-        processes, or a ``BatchReader``'s reading threads)."""
-        self._split_workers[split] = workers
-        if split == "train":
-            self.num_workers = workers
-        return workers
-
-    def _measure(self, dataset: Dataset, split: str) -> int:
-        """Measure ``dataset``'s count with ``tune_num_workers`` (``auto_tuning_arguments``: the arguments
-        ``lightning-gpuopt tune`` measures with too), a progress line as each count starts."""
-        key = json.dumps(dataset_fingerprint(dataset), sort_keys=True, default=str)
-        if key in self._measured:  # the same data under another split or stage
-            return self._measured[key]
-
-        def progress(line: str) -> None:
-            rank_zero_info(f"OptimizedDataModule: num_workers='auto' for {split}: {line}")
-
-        result = tune_num_workers(
-            **auto_tuning_arguments(
-                dataset,
-                batch_size=self.batch_size,
-                pin_memory=self._pin(),
-                local_world_size=self._local_world_size(),
-                tuning=self.tuning,
-                source=f"{split}_dataset()",
-                progress=progress,
-            )
-        )
-        result.best = _node_best(self.trainer, result.best)
-        self.tuning_result = result
-        rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
-        self._measured[key] = result.best
-        return result.best
-
-    def _pin(self) -> bool:
-        if self.pin_memory is not None:
-            return self.pin_memory
-        if self.trainer is not None:
-            return self.trainer.strategy.root_device.type == "cuda"
-        return torch.cuda.is_available()
 
     def _split_loader(self, split: str) -> Any:
         loader = self._backend.loader(self, split)
         with contextlib.suppress(TypeError):  # a split without data gives []: nothing to close
             self._handed_out.add(loader)
+        self._say_feed(split, loader)
         return loader
+
+    def _device_transform(self) -> Any:
+        """What the training loader applies to each batch on the GPU ahead of the step: the training
+        transform, or ``None`` where batch hooks of yours are overridden (they then see every batch on
+        Lightning's path, as its docs describe)."""
+        return None if overridden_batch_hooks(self, OptimizedDataModule) else self._stage_train_batch
+
+    def _say_feed(self, split: str, loader: Any) -> None:
+        """One line for ``split`` (rank zero; again only when it changes): what reads it, each count and how
+        it was chosen, and for training whether batches are staged on the GPU (``_feed.feed_line``)."""
+        hooks = overridden_batch_hooks(self, OptimizedDataModule) if split == "train" else []
+        line = feed_line(
+            split,
+            loader,
+            self._how.get(split, {}),
+            hooks=hooks,
+            dali=self.dali,
+            processes=self._local_world_size(),
+        )
+        if line is not None and line not in self._said:
+            self._said.add(line)
+            rank_zero_info(line)
 
     @override
     def train_dataloader(self) -> Any:
@@ -550,9 +462,14 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``."""
-        if self._backend.device_batches or isinstance(batch, StagedBatch):
-            return batch  # normalized already: by the backend (DALI) or by the training loader, on the GPU
+        """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``;
+        a batch DALI made on the device, or one the training loader staged, is normalized already and is
+        returned as it is."""
+        made = self._backend.device_batches or (
+            self._backend.train_on_device and self.trainer is not None and self.trainer.training
+        )
+        if made or isinstance(batch, StagedBatch):
+            return batch
         check_arg(
             isinstance(batch, (tuple, list)) and len(batch) in (2, 3),
             "OptimizedDataModule.on_after_batch_transfer's batch",
@@ -654,3 +571,60 @@ class OptimizedDataModule(pl.LightningDataModule):
     def num_skipped(self) -> int:
         """How many images were skipped as unreadable (a path skipped in two epochs counts twice)."""
         return len(self.skipped_images)
+
+
+def _check_paths(given: dict[str, Any]) -> dict[str, str | None]:
+    """Each split's path, expanded; a path that does not exist is a ``FileNotFoundError`` naming it."""
+    paths: dict[str, str | None] = {}
+    for split, value in given.items():
+        if value is not None:
+            check_arg(isinstance(value, (str, os.PathLike)), f"{split}_dir", value, "a path", error=TypeError)
+            p = Path(value).expanduser()
+            if not p.exists():
+                raise FileNotFoundError(f"{split}_dir={os.fspath(value)!r} does not exist; check the path")
+            value = os.fspath(p)
+        paths[split] = value
+    return paths
+
+
+def _check_sizes(batch_size: Any, num_workers: Any, image_size: Any, storage_size: Any) -> int:
+    """Refuse a bad batch size, worker count or image size; returns the storage size (its default filled)."""
+    check_int(batch_size, "batch_size", low=1)
+    cap = MAX_WORKERS_PER_CPU * available_cpus()
+    check_int(num_workers, "num_workers", low=0, also=("auto",))
+    check_arg(
+        not is_int(num_workers) or int(num_workers) <= cap,
+        "num_workers",
+        num_workers,
+        f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",
+        "pass num_workers='auto' (see the docstring for how it is chosen)",
+    )
+    check_int(image_size, "image_size", low=1, what="(pixels)")
+    resize = eval_resize_size(image_size)
+    storage_size = resize if storage_size is None else storage_size
+    fix = f"leave it None for eval_resize_size(image_size) = {resize}"
+    check_int(storage_size, "storage_size", what=f">= image_size ({image_size})", fix=fix)
+    check_arg(
+        storage_size >= image_size, "storage_size", storage_size, f"an int >= image_size ({image_size})", fix
+    )
+    return int(storage_size)
+
+
+def _check_kinds(augment: Any, pin_memory: Any, on_corrupt: Any, check_images: Any, tuning: Any) -> None:
+    """Refuse an argument of the wrong kind (``TypeError``) or an unknown ``on_corrupt``."""
+    check_arg(
+        isinstance(augment, (AugmentConfig, bool)),
+        "augment",
+        augment,
+        "an AugmentConfig, True (torchvision's defaults) or False",
+        error=TypeError,
+    )
+    check_arg(
+        pin_memory is None or isinstance(pin_memory, bool), "pin_memory", pin_memory, "None or a bool",
+        error=TypeError,
+    )  # fmt: skip
+    check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
+    check_bool(check_images, "check_images")
+    check_arg(
+        isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
+    )

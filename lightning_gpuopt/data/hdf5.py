@@ -35,12 +35,13 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from lightning_gpuopt._checks import check_arg, check_batch_array
+from lightning_gpuopt._checks import check_arg, check_batch_array, check_int
 from lightning_gpuopt._common import FeedInfo
 from lightning_gpuopt._imports import require
 from lightning_gpuopt.data import layout
@@ -54,6 +55,45 @@ from lightning_gpuopt.data.convert import (  # noqa: F401
     ConversionResult,
     convert_folder_to_hdf5,
 )
+
+#: threads of a training process reading a raw store when ``HDF5Options.threads`` is ``None`` (at most its
+#: CPUs): chosen, not measured; four fed a compiled ResNet-50 on one H200 with room to spare (docs/hdf5.md)
+READ_THREADS = 4
+
+
+@dataclass(frozen=True)
+class HDF5Options:
+    """What a user decides about reading a raw HDF5 store (``OptimizedDataModule(hdf5=...)``).
+
+    A raw store is read by threads of the training process straight into pinned memory: it has no DataLoader
+    worker processes (``num_workers``). A JPEG store is decoded by worker processes (``num_workers``) and
+    takes nothing from here.
+
+    Attributes:
+        threads: reading threads per training process; ``None`` (default): ``READ_THREADS``, at most the CPUs
+            of the process (chosen, not measured); 0: batches are read in the training loop.
+
+    Example:
+        >>> HDF5Options(threads=8).resolved_threads(cpus=16)
+        (8, 'set by you: HDF5Options(threads=8)')
+        >>> HDF5Options().resolved_threads(cpus=2)
+        (2, 'chosen from 2 cores a process, not measured')
+    """
+
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(
+            self.threads, "hdf5.threads", low=0, none_ok=True,
+            fix="reading threads per training process (HDF5Options(threads=...)); None picks them from the CPUs",
+        )  # fmt: skip
+
+    def resolved_threads(self, *, cpus: int) -> tuple[int, str]:
+        """``(threads, how they were chosen)`` for a training process that may use ``cpus`` CPUs."""
+        if self.threads is not None:
+            return self.threads, f"set by you: HDF5Options(threads={self.threads})"
+        return min(READ_THREADS, max(1, cpus)), f"chosen from {cpus} cores a process, not measured"
+
 
 # batches up to this many bytes are gathered with one fancy index into a fresh array; larger ones are
 # copied image by image into a recycled batch buffer (a fresh multi-MB array is a new mmap whose page

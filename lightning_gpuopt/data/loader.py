@@ -54,6 +54,7 @@ from lightning_gpuopt.data.readers import (  # noqa: F401 - BatchReader and the 
     WholeBatches,
     _empty_uint8,
     read_batch,
+    read_by_threads,
     reads_in_workers,
 )
 from lightning_gpuopt.data.transforms import full_image_meta

@@ -19,7 +19,15 @@ from torch.utils.data import Dataset, get_worker_info
 from lightning_gpuopt import _compat
 from lightning_gpuopt._common import available_cpus
 
-__all__ = ["BatchReader", "DecodesInWorkers", "ReadBatch", "WholeBatches", "read_batch", "reads_in_workers"]
+__all__ = [
+    "BatchReader",
+    "DecodesInWorkers",
+    "ReadBatch",
+    "WholeBatches",
+    "read_batch",
+    "read_by_threads",
+    "reads_in_workers",
+]
 
 
 class DecodesInWorkers:
@@ -122,3 +130,9 @@ def reads_in_workers(dataset: Any) -> bool:
     """Whether ``dataset`` is a ``BatchReader`` read by worker processes a whole batch at a time (its
     ``read_in_workers``) rather than by threads of the training process."""
     return isinstance(dataset, BatchReader) and bool(getattr(dataset, "read_in_workers", False))
+
+
+def read_by_threads(dataset: Any) -> bool:
+    """Whether ``dataset`` is a ``BatchReader`` read by threads of the training process (a raw HDF5 store):
+    its loader has no DataLoader worker processes."""
+    return isinstance(dataset, BatchReader) and not reads_in_workers(dataset)

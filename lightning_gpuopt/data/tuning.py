@@ -9,9 +9,10 @@ less memory, same speed. The whole measurement takes at most a share of an epoch
 its cost follows the size of the data.
 
 ``tune_num_workers`` is a plain function (no Lightning). ``WorkerTuner`` applies it to loaders that
-``OptimizedDataModule`` did not build. ``OptimizedDataModule(num_workers="auto")`` and ``lightning-gpuopt
-tune`` decide through ``unmeasured_workers`` (a dataset read by threads, a split too small to measure)
-and otherwise call ``tune_num_workers(**auto_tuning_arguments(...))``, so both give the same answer.
+``OptimizedDataModule`` did not build. ``OptimizedDataModule(num_workers="auto")`` decides through
+``unmeasured_workers`` (an image folder or a store, whose counts are chosen from the cores, not measured; a
+split too small to measure) and otherwise measures with ``tune_num_workers(**auto_tuning_arguments(...))``;
+``lightning-gpuopt tune`` says what ``unmeasured_workers`` chooses, or measures the counts it is given.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
-from lightning_gpuopt.data._tuning_measure import _measure, _pass_batches
+from lightning_gpuopt.data._tuning_measure import _measure_counts, _pass_batches, _Plan
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate, reads_in_workers
 
 # Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
@@ -186,6 +187,16 @@ class TuningResult:
         src = "cached" if self.cached else f"measured in {self.seconds:.1f} s, stopped: {self.stop_reason}"
         return f"{head}\nnum_workers={self.best} ({src})"
 
+    def how(self) -> str:
+        """How ``best`` was chosen, as the setup line says it: measured now, read from the cache, or why it
+        was not measured."""
+        if not self.table:
+            return self.stop_reason
+        counts = ", ".join(str(r["num_workers"]) for r in self.table)
+        if self.cached:
+            return f"measured earlier over {counts} (cached)"
+        return f"measured over {counts} in {self.seconds:.1f} s"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -216,15 +227,12 @@ def tune_num_workers(
 ) -> TuningResult:
     """Measure loader throughput for candidate ``num_workers`` and return the smallest good one.
 
-    Candidates are measured in ascending order; each gets an equal share of the budget left. A count's
-    figure is taken after its warm-up (the first ``num_workers`` batches, one per worker, which include
-    process start-up) and ends as soon as it is steady (``STEADY_TOLERANCE``), after one pass over the data
-    (when the loader's dataset has a length) or at the end of the count's share. The measurement as a whole
-    takes at most ``epoch_share`` of an epoch at the best rate measured so far (at least ``MIN_BUDGET_S``)
-    and at most ``budget_s``, so its cost scales with the data. Measuring stops early when ``patience``
-    counts in a row fail to beat the best by more than ``tolerance``, or when a count reaches ``headroom *
-    target_samples_per_sec``. The answer is the smallest count reaching that if one did, else the smallest
-    within ``tolerance`` of the best.
+    Candidates (0: reading in the loop) are measured in ascending order, each in an equal share of the budget
+    left, after its warm-up (a batch a worker), until steady (``STEADY_TOLERANCE``), one pass over the data or
+    the end of its share; all of them in at most ``epoch_share`` of an epoch (at least ``MIN_BUDGET_S``) and
+    at most ``budget_s``. Measuring stops when ``patience`` counts in a row fail to beat the best by more than
+    ``tolerance``, or a count reaches ``headroom * target_samples_per_sec``. The answer is the smallest count
+    reaching that if one did, else the smallest within ``tolerance`` of the best (0 where it is that).
 
     Args:
         loader: ``make_loader(num_workers) -> iterable of batches`` (typically a ``DataLoader``; it may
@@ -240,162 +248,110 @@ def tune_num_workers(
         max_workers: the largest default candidate (default: CPUs available to this process).
         cache: read and write the result cache (``~/.cache/lightning_gpuopt/workers.json``).
         cache_dir: folder of the cache file (default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or ``~/.cache/...``).
-        cache_key: extra key values (e.g. local world size); the dataset fingerprint, batch size and CPU
-            count are always part of the key.
+        cache_key: extra key values (e.g. local world size) beside the data's fingerprint, batch size, CPUs.
         patience: counts in a row without improvement before stopping.
-        headroom: how much faster than ``target_samples_per_sec`` the loader must be when measured alone. In
-            training the same workers share the CPUs with the process driving the GPU (and its pin-memory
-            thread), so they deliver less than alone; a loader just faster than the model alone leaves it
-            waiting in training (docs/worker_tuning.md).
+        headroom: how much faster than ``target_samples_per_sec`` the loader must be measured alone: in
+            training its workers share the CPUs with the training process (docs/worker_tuning.md).
         epoch_share: the largest share of an epoch the measurement may take (None: ``budget_s`` alone).
         progress: called with a line (``"measuring num_workers=2 (2 of 4) ..."``) as each count starts.
 
     Returns:
-        ``TuningResult`` (``best``, ``table``, ...).
-
-    Raises:
-        ValueError: a bad argument, or a loader that yields no batch.
+        ``TuningResult`` (``best``, ``table``, ...); raises ``ValueError`` for a bad argument or a loader that
+        yields no batch.
     """
     _check_budget_tolerance(budget_s, tolerance)
     _check_target(target_samples_per_sec, "target_samples_per_sec")
-    check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
-    check_float(epoch_share, "epoch_share", low=0, low_open=True, none_ok=True, what="(0.25 = a quarter)",
-                fix="None bounds the measurement by budget_s alone")
+    _check_share(headroom, epoch_share)
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
     if candidates is None:
         candidates = default_candidates(max_workers if max_workers is not None else cpus)
     cands = sorted({int(c) for c in candidates})
     check_arg(bool(cands) and cands[0] >= 0, "candidates", list(candidates), "non-negative worker counts")
-
-    if isinstance(loader, Dataset) or not callable(loader):
-        dataset = loader
-        kwargs = dict(loader_kwargs or {})
-        if "sampler" not in kwargs and "batch_sampler" not in kwargs and kwargs.pop("shuffle", True):
-            kwargs["sampler"] = endless_sampler(dataset, batch_size)
-        prefetch = kwargs.pop("prefetch_factor", None) or PREFETCH_FACTOR
-
-        def from_dataset(n: int) -> Iterable[Any]:
-            extra: dict[str, Any] = {"prefetch_factor": prefetch} if n > 0 else {}
-            return DataLoader(dataset, batch_size=batch_size, num_workers=n, **extra, **kwargs)
-
-        make_loader: Callable[[int], Iterable[Any]] = from_dataset
-        data = dataset
-        pass_batches = _pass_batches(dataset, batch_size, bool(kwargs.get("drop_last")))
-        key_info: dict[str, Any] = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size}
-    else:
-        make_loader = loader
-        probe = make_loader(cands[0])  # a DataLoader is cheap to build; it is not iterated
-        data = getattr(probe, "dataset", None)
-        drop_last = bool(getattr(probe, "drop_last", False))
-        pass_batches = _pass_batches(data, getattr(probe, "batch_size", None), drop_last)
-        key_info = {
-            "dataset": dataset_fingerprint(data if data is not None else probe),
-            "batch_size": getattr(probe, "batch_size", None),
-        }
-        del probe
-    try:
-        samples_per_pass: int | None = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        samples_per_pass = None
-    key_info.update(
-        cpus=cpus,
-        candidates=cands,
-        target=goal,
-        tolerance=tolerance,
-        version=_CACHE_VERSION,
-        **(cache_key or {}),
-    )
+    source = _Source.of(loader, cands[0], batch_size, loader_kwargs)
+    key_info = {**source.key_info, "cpus": cpus, "candidates": cands, "target": goal, "tolerance": tolerance}
+    key_info.update(version=_CACHE_VERSION, **(cache_key or {}))
     key = hashlib.sha1(json.dumps(key_info, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = default_cache_path(cache_dir)
     if cache:
-        hit = _read_cache(path).get(key)
-        problem = None if hit is None else _cached_problem(hit, cands)
-        if hit is not None and problem is None:
-            return TuningResult(
-                best=int(hit["best"]), table=hit["table"], seconds=0.0, cached=True,
-                stop_reason=str(hit.get("stop_reason", "")), key=key,
-            )  # fmt: skip
-        if problem is not None:
-            warn_once(
-                f"ignoring the entry {key} of the worker-tuning cache {path} ({problem}); measuring again"
-            )
-
-    def allowed_s(best_sps: float) -> float:
-        """The whole measurement's budget: ``budget_s``, cut to the epoch share once a rate is known."""
-        if epoch_share is None or not samples_per_pass or best_sps <= 0:
-            return budget_s
-        return min(budget_s, max(MIN_BUDGET_S, epoch_share * samples_per_pass / best_sps))
-
+        cached = _from_cache(path, key, cands)
+        if cached is not None:
+            return cached
+    plan = _Plan(budget_s, epoch_share, MIN_BUDGET_S, source.samples_per_pass, tolerance, patience, goal)
+    plan.progress, plan.steady = progress, STEADY_TOLERANCE
     t_start = time.perf_counter()
-    table: list[dict[str, Any]] = []
-    best_sps = 0.0
-    since_improved = 0
-    stop_reason = "all candidates"
-    for i, n in enumerate(cands):
-        allowed = allowed_s(best_sps)
-        remaining = allowed - (time.perf_counter() - t_start)
-        if remaining <= 0.05 * allowed and table:
-            stop_reason = "budget"
-            break
-        if progress is not None:
-            progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
-        t_c = time.perf_counter()
-        left = len(cands) - i
-
-        def deadline(rate: float, t_c: float = t_c, left: int = left, best: float = best_sps) -> float:
-            """This count's end: its share of what is left of the budget, cut once its own rate shortens
-            the epoch estimate; the slot covers shutdown too, so a little of it is left for joining."""
-            allowed = allowed_s(max(best, rate))
-            return t_c + 0.85 * max(0.0, allowed - (t_c - t_start)) / left
-
-        sps, startup, batches, until = _measure(
-            make_loader(n), max(1, n), deadline, max_batches=pass_batches, steady=STEADY_TOLERANCE
-        )
-        if until == "no batch":
-            raise ValueError(
-                f"the loader built with num_workers={n} yielded no batch, so nothing could be measured; "
-                "give a dataset of at least one batch"
-            )
-        table.append(
-            {
-                "num_workers": n,
-                "samples_per_sec": sps,
-                "startup_s": startup,
-                "batches": batches,
-                "until": until,
-                "seconds": time.perf_counter() - t_c,
-            }
-        )
-        if goal is not None and sps >= goal:
-            stop_reason = "target reached"
-            break
-        if sps > best_sps * (1 + tolerance):
-            since_improved = 0
-        else:
-            since_improved += 1
-        best_sps = max(best_sps, sps)
-        if since_improved >= patience:
-            stop_reason = "no improvement"
-            break
-
-    top = max(r["samples_per_sec"] for r in table)
-    threshold = goal if goal is not None and top >= goal else top * (1 - tolerance)
-    best = min(r["num_workers"] for r in table if r["samples_per_sec"] >= threshold)
+    table, stop_reason = _measure_counts(source.make, cands, plan, source.pass_batches)
+    best = _smallest_good(table, goal, tolerance)
     result = TuningResult(best, table, time.perf_counter() - t_start, False, stop_reason, key)
     if cache:
-        _write_cache(
-            path,
-            key,
-            {
-                "best": best,
-                "table": table,
-                "stop_reason": stop_reason,
-                "key_info": key_info,
-                "date": time.time(),
-            },
-        )
+        entry = {"best": best, "table": table, "stop_reason": stop_reason, "key_info": key_info}
+        _write_cache(path, key, {**entry, "date": time.time()})
     return result
+
+
+@dataclass
+class _Source:
+    """What ``tune_num_workers`` measures: ``make(n)`` builds a loader on ``n`` workers; the data's samples
+    and batches a pass (None: unknown) and what identifies it in the cache key."""
+
+    make: Callable[[int], Iterable[Any]]
+    samples_per_pass: int | None
+    pass_batches: int | None
+    key_info: dict[str, Any]
+
+    @classmethod
+    def of(cls, loader: Any, first: int, batch_size: int, loader_kwargs: dict[str, Any] | None) -> _Source:
+        """The source of ``tune_num_workers``'s ``loader`` (a factory, probed once with ``first`` workers and
+        not iterated, or a dataset read by ``DataLoader(dataset, batch_size, **loader_kwargs)``)."""
+        if isinstance(loader, Dataset) or not callable(loader):
+            dataset = loader
+            kwargs = dict(loader_kwargs or {})
+            if "sampler" not in kwargs and "batch_sampler" not in kwargs and kwargs.pop("shuffle", True):
+                kwargs["sampler"] = endless_sampler(dataset, batch_size)
+            prefetch = kwargs.pop("prefetch_factor", None) or PREFETCH_FACTOR
+
+            def from_dataset(n: int) -> Iterable[Any]:
+                extra: dict[str, Any] = {"prefetch_factor": prefetch} if n > 0 else {}
+                return DataLoader(dataset, batch_size=batch_size, num_workers=n, **extra, **kwargs)
+
+            batches = _pass_batches(dataset, batch_size, bool(kwargs.get("drop_last")))
+            key = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size}
+            return cls(from_dataset, _length(dataset), batches, key)
+        probe = loader(first)  # a DataLoader is cheap to build; it is not iterated
+        data = getattr(probe, "dataset", None)
+        size = getattr(probe, "batch_size", None)
+        batches = _pass_batches(data, size, bool(getattr(probe, "drop_last", False)))
+        key = {"dataset": dataset_fingerprint(data if data is not None else probe), "batch_size": size}
+        return cls(loader, _length(data), batches, key)
+
+
+def _smallest_good(table: list[dict[str, Any]], goal: float | None, tolerance: float) -> int:
+    """The smallest count reaching ``goal`` where one did, else the smallest within ``tolerance`` of the best."""
+    top = max(r["samples_per_sec"] for r in table)
+    threshold = goal if goal is not None and top >= goal else top * (1 - tolerance)
+    return int(min(r["num_workers"] for r in table if r["samples_per_sec"] >= threshold))
+
+
+def _length(data: Any) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
+    """The cached result of ``key`` where it is usable for ``cands``; one warning where it is not."""
+    hit = _read_cache(path).get(key)
+    if hit is None:
+        return None
+    problem = _cached_problem(hit, cands)
+    if problem is not None:
+        warn_once(f"ignoring the entry {key} of the worker-tuning cache {path} ({problem}); measuring again")
+        return None
+    return TuningResult(
+        best=int(hit["best"]), table=hit["table"], seconds=0.0, cached=True,
+        stop_reason=str(hit.get("stop_reason", "")), key=key,
+    )  # fmt: skip
 
 
 def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
@@ -403,14 +359,32 @@ def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
     check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
 
 
+def _check_share(headroom: float, epoch_share: float | None) -> None:
+    check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
+    check_float(epoch_share, "epoch_share", low=0, low_open=True, none_ok=True, what="(0.25 = a quarter)",
+                fix="None bounds the measurement by budget_s alone")  # fmt: skip
+
+
 def _check_target(target: float | None, name: str) -> None:
-    check_float(target, name, low=0, low_open=True, none_ok=True, what="(your model's samples/s)",
-                fix="None measures up to the loader's plateau")
+    check_float(
+        target,
+        name,
+        low=0,
+        low_open=True,
+        none_ok=True,
+        what="(your model's samples/s)",
+        fix="None measures up to the loader's plateau",
+    )
 
 
 def _check_cache_dir(cache_dir: Any, name: str) -> None:
-    check_arg(cache_dir is None or isinstance(cache_dir, (str, os.PathLike)), name, cache_dir,
-              "None or a folder path", error=TypeError)
+    check_arg(
+        cache_dir is None or isinstance(cache_dir, (str, os.PathLike)),
+        name,
+        cache_dir,
+        "None or a folder path",
+        error=TypeError,
+    )
 
 
 @dataclass(frozen=True)
@@ -447,31 +421,32 @@ def _cpus_per_process(local_world_size: int) -> int:
 
 
 def unmeasured_workers(
-    dataset: Any, *, batch_size: int, read_threads: int, min_batches: int, local_world_size: int = 1
+    dataset: Any, *, batch_size: int, min_batches: int, local_world_size: int = 1
 ) -> tuple[int, str] | None:
-    """The count ``num_workers="auto"`` gives ``dataset`` without measuring it, and why; None: it is measured.
+    """The DataLoader worker processes ``num_workers="auto"`` gives ``dataset`` without measuring them, and
+    how they were chosen; None: they are measured.
 
-    A ``BatchReader`` gets its ``auto_readers`` (worker processes where it ``reads_in_workers``, at most one a
-    batch of the pass; else reading threads of the training process), else ``read_threads``; a dataset of
-    fewer than ``min_batches`` batches of ``batch_size`` gets a worker per batch (none for a single batch):
-    measuring would cost more than reading it. Either is at most the CPUs
-    of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
+    A ``BatchReader`` read by worker processes a whole batch each (an image folder, a JPEG store) gets one a
+    CPU (its ``auto_readers``), at most one a batch of the pass; one read by threads of the training process
+    (a raw store) gets none. A dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker
+    per batch (none for a single batch): measuring would cost more than reading it. Either is at most the
+    CPUs of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
     ``lightning-gpuopt tune`` both decide through this function.
 
     Example:
-        >>> unmeasured_workers(list(range(30)), batch_size=32, read_threads=4, min_batches=8)
+        >>> unmeasured_workers(list(range(30)), batch_size=32, min_batches=8)
         (0, '1 batch, under 8: one worker a batch, not measured')
     """
     cpus = _cpus_per_process(local_world_size)
     if isinstance(dataset, BatchReader):
-        readers = min(int(getattr(dataset, "auto_readers", read_threads)), cpus)
-        if reads_in_workers(dataset):
-            batches = _pass_batches(dataset, batch_size)
-            if batches is not None and batches < readers:  # a worker a batch at most, none for one batch
-                why = f"{batches} batch{'es' if batches != 1 else ''} a pass: a worker a batch at most"
-                return (batches if batches > 1 else 0), why
-            return readers, "worker processes reading whole batches, one a CPU, not measured"
-        return readers, "reading threads of the training process, not measured"
+        if not reads_in_workers(dataset):
+            return 0, "a raw store has none: threads of the training process read it"
+        readers = min(int(getattr(dataset, "auto_readers", cpus)), cpus)
+        batches = _pass_batches(dataset, batch_size)
+        if batches is not None and batches < readers:  # a worker a batch at most, none for one batch
+            why = f"{batches} batch{'es' if batches != 1 else ''} a pass: a worker a batch at most, not measured"
+            return (batches if batches > 1 else 0), why
+        return readers, f"one a CPU: chosen from {cpus} cores a process, not measured"
     batches = _pass_batches(dataset, batch_size)
     if batches is not None and batches < min_batches:
         workers = min(cpus, batches) if batches > 1 else 0
@@ -609,12 +584,18 @@ class WorkerTuner(pl.Callback):
         _check_budget_tolerance(budget_s, tolerance)
         check_arg(
             candidates is None
-            or (isinstance(candidates, Sequence) and not isinstance(candidates, str) and len(candidates) > 0
-                and all(is_int(c) and c >= 0 for c in candidates)),
+            or (
+                isinstance(candidates, Sequence)
+                and not isinstance(candidates, str)
+                and len(candidates) > 0
+                and all(is_int(c) and c >= 0 for c in candidates)
+            ),
             "candidates",
             candidates,
             "None or a non-empty sequence of worker counts (ints >= 0)",
-            error=TypeError if candidates is not None and not isinstance(candidates, Sequence) else ValueError,
+            error=TypeError
+            if candidates is not None and not isinstance(candidates, Sequence)
+            else ValueError,
         )
         _check_target(target_samples_per_sec, "target_samples_per_sec")
         check_bool(apply, "apply")

@@ -31,6 +31,7 @@ from lightning_gpuopt.compute.compile import (
 )
 from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
 from lightning_gpuopt.observe.advisor.config import collect_config
+from tests._cli import own_cache  # noqa: F401 - the autouse fixture: measured compile costs stay in tmp_path
 from tests._ddp import CloseProcessGroup
 from tests._lightning import quiet_trainer
 from tests.compute._models import convnet, mlp
@@ -423,6 +424,78 @@ def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_s
     finally:
         cb.teardown(trainer, model, "fit")
     assert "forward" not in vars(model)
+
+
+def test_the_break_even_comes_from_this_models_measured_cost_where_there_is_one():
+    """The rule weighs the compile cost and saving measured for this model on this GPU in an earlier run;
+    the family's figures from one H200 host stand in only until then, and the reason says which."""
+    kw = {"family": "conv", **H200, "steps_left": 4_000, "step_seconds": 0.04}  # 160 s of eager training
+    assumed = should_compile(**kw)
+    assert assumed.compile is False and "assumed, ResNet-50's on one H200" in assumed.reason
+    measured = should_compile(**kw, cost=(20.0, 0.25))  # an 80 s break-even: this model compiles fast
+    assert measured.compile is True and "80 s break-even" in measured.reason
+    assert "(20 s to compile, 25% of a step saved: measured for this model on this GPU)" in measured.reason
+    slower = should_compile(**kw, cost=(20.0, -0.05))
+    assert slower.compile is False and "compiled steps saved nothing" in slower.reason
+
+
+def _scripted(marks: list[float]) -> SimpleNamespace:
+    """A ``time`` whose ``perf_counter`` returns ``marks`` in turn."""
+    it = iter(marks)
+    return SimpleNamespace(perf_counter=lambda: next(it), time=lambda: 0.0)
+
+
+@pytest.mark.parametrize(("compiled_step", "kept"), [(0.03, True), (0.05, False)])
+def test_auto_measures_what_compiling_cost_and_keeps_it_for_the_next_fit(
+    monkeypatch, tmp_path, compiled_step, kept
+):
+    """After compiling, the first compiled step and a window of later ones are timed against the eager step:
+    the cost is kept in the cache and the next fit's decision weighs it; compiled steps measured slower than
+    eager ones turn compiling off for the rest of the fit."""
+    from lightning_gpuopt.compute import _compile_cost
+
+    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(compile_mod, "time", _scripted([0.0, 0.4]))  # eager: 10 batches of 40 ms
+    first = compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES  # the first compiled batch
+    timed = _compile_cost.TIMED_BATCHES
+    # the first compiled step takes 30.04 s (30 s compiling), then a window of `timed` compiled steps
+    monkeypatch.setattr(
+        _compile_cost, "time", _scripted([100.0, 130.04, 200.0, 200.0 + timed * compiled_step])
+    )
+    trainer = _fake_trainer(100_000, [])
+    cb = CompileModel(when="auto", backend="eager")
+    model = ImageClassifier(convnet())
+    cb.setup(trainer, model, "fit")
+    cb.on_train_start(trainer, model)
+    assert "assumed" in (cb.decision.reason if cb.decision else "assumed")
+    try:
+        last = first + 1 + _compile_cost.WARMUP_BATCHES + timed
+        for i in range(last + 1):
+            cb.on_train_batch_start(trainer, model, None, i)
+            if i == first:
+                assert cb.compiled and "assumed, ResNet-50's on one H200" in cb.decision.reason
+        assert cb.cost is not None and cb.cost.seconds == pytest.approx(30.0)
+        assert cb.cost.saving == pytest.approx(1 - compiled_step / 0.04)
+        assert cb.compiled is kept  # slower compiled steps: eager from here
+        if not kept:
+            assert "compiled steps measured slower" in cb.decision.reason
+    finally:
+        cb.teardown(trainer, model, "fit")
+    key = _compile_cost.cost_key(model, torch.device("cuda", 0))
+    assert _compile_cost.measured_cost(key) == pytest.approx((30.0, 1 - compiled_step / 0.04))
+    again = CompileModel(when="auto", backend="eager")  # the next fit, on this GPU
+    monkeypatch.setattr(compile_mod, "time", _scripted([0.0, 0.4]))
+    monkeypatch.setattr(_compile_cost, "time", _scripted([0.0]))  # its first compiled batch is marked
+    again.setup(trainer, model, "fit")
+    again.on_train_start(trainer, model)
+    try:
+        for i in range(first + 1):
+            again.on_train_batch_start(trainer, model, None, i)
+        assert "measured for this model on this GPU" in again.decision.reason
+        assert again.compiled is kept  # a model whose compiled steps were slower is not compiled again
+    finally:
+        again.teardown(trainer, model, "fit")
 
 
 def test_auto_decides_at_train_start_without_a_set_length(monkeypatch):

@@ -22,6 +22,7 @@ from lightning_gpuopt.data import dali_pipeline
 from lightning_gpuopt.data.dali import DALIFeedInfo, DALILoader, DALIOptions, build_dali_loader
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.folder import scan_image_folder
+from lightning_gpuopt.data.transforms import AugmentConfig
 from tests._ddp import CloseProcessGroup
 
 
@@ -53,7 +54,7 @@ def _loader(files, labels, **kw) -> DALILoader:
 
 
 def _dm(train_dir, val_dir=None, **kw) -> OptimizedDataModule:
-    kw = {"batch_size": 4, "image_size": 16, "num_workers": 1, **kw}
+    kw = {"batch_size": 4, "image_size": 16, "dali": DALIOptions(threads=1), **kw}
     return OptimizedDataModule(train_dir, val_dir, backend="dali", **kw)
 
 
@@ -89,8 +90,9 @@ def test_mixed_sizes_and_modes_decode_like_the_folder_backend(tmp_path):
 
     root = _mixed_folder(tmp_path / "mixed")
     files, labels = _indexed(root)
-    (images, got), *rest = list(_loader(files, labels, batch_size=6, image_size=16, train=False,
-                                        dtype=torch.float32))
+    (images, got), *rest = list(
+        _loader(files, labels, batch_size=6, image_size=16, train=False, dtype=torch.float32)
+    )
     assert rest == [] and images.shape == (6, 3, 16, 16) and torch.isfinite(images).all()
     # the evaluation view of each image against the folder backend's (Resize + CenterCrop of its canvas)
     folder = UInt8ImageFolder(root, size=16)
@@ -235,7 +237,9 @@ def test_arguments_are_validated(jpeg_folder):
 
 
 def test_options_are_checked_when_made():
-    with pytest.raises(ValueError, match=r"^dali\.decoder must be one of 'gpu', 'cpu', got 'nvjpeg'.*DALIOptions"):
+    with pytest.raises(
+        ValueError, match=r"^dali\.decoder must be one of 'gpu', 'cpu', got 'nvjpeg'.*DALIOptions"
+    ):
         DALIOptions(decoder="nvjpeg")
     with pytest.raises(TypeError, match=r"^dali\.decoder must be"):
         DALIOptions(decoder=5)  # type: ignore[arg-type]
@@ -257,58 +261,48 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
     assert dali_pipeline.default_hw_decoder_load(0) == 0.65  # A100: DALI's own default
 
 
-@pytest.mark.parametrize(
-    ("compiled", "needed"),
-    [(False, dali_pipeline.NVJPEG_EAGER_TRAINING_RATE), (True, dali_pipeline.NVJPEG_TRAINING_RATE)],
-)
-def test_decoder_rule_follows_the_cores_per_gpu(compiled, needed):
-    rate, reserved = dali_pipeline.CPU_DECODE_RATE_PER_THREAD, dali_pipeline.RESERVED_CORES
-
-    def choose(cpus, ranks):
-        return dali_pipeline.choose_decoder(cpus, ranks, compiled=compiled)[0]
-
-    enough = reserved + -(-needed // rate)  # the fewest cores a rank whose threads decode what is needed
-    assert choose(enough, 1) == "cpu" and choose(enough - 1, 1) == "gpu"
-    assert choose(2 * enough, 2) == "cpu" and choose(2 * enough - 1, 2) == "gpu"  # ranks share the cores
-    assert choose(enough * 8, 8) == "cpu"
-    assert choose(8, 1) == "gpu"  # 6 threads: nvJPEG trains faster
-    assert choose(1, 4) == "gpu"  # fewer cores than ranks: still a valid answer
-
-
-def test_a_16_core_host_decodes_for_an_eager_model_on_cpu_threads_and_for_a_compiled_one_with_nvjpeg():
-    rate = dali_pipeline.CPU_DECODE_RATE_PER_THREAD
-    assert dali_pipeline.NVJPEG_EAGER_TRAINING_RATE < 14 * rate < dali_pipeline.NVJPEG_TRAINING_RATE
-    decoder, reason = dali_pipeline.choose_decoder(16, 1)
-    assert decoder == "cpu"
-    assert reason == (
-        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s >= 5,600 img/s, "
-        "the rate a GPU trains an eager model at with nvJPEG decoding beside it"
-    )
-    decoder, reason = dali_pipeline.choose_decoder(16, 1, compiled=True)
+def test_decoder_rule_weighs_the_rates_measured_on_the_runs_files():
+    """The default decoder follows this host's rates, measured on the run's own files, not one host's
+    training rate for one model: CPU threads where they decode at least as fast as nvJPEG here."""
+    rates = dali_pipeline.DecodeRates
+    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=5_900.0, gpu=9_800.0, images=64, threads=14))
     assert decoder == "gpu"
-    assert reason == (
-        f"16 cores a rank: 14 decoding threads x {rate} img/s = {14 * rate:,} img/s < 6,200 img/s, "
-        "the rate a GPU trains a compiled model at with nvJPEG decoding beside it"
-    )
-    assert dali_pipeline.choose_decoder(19, 1, compiled=True)[0] == "cpu"  # 17 threads keep up
+    assert reason == "nvJPEG 9,800 img/s > 14 CPU threads 5,900 img/s, measured on 64 of your files"
+    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=12_000.0, gpu=9_800.0, images=64, threads=30))
+    assert decoder == "cpu" and reason.endswith("measured on 64 of your files: the GPU is left to the model")
+    assert dali_pipeline.choose_decoder(rates(cpu=100.0, gpu=None, images=8, threads=1))[0] == "cpu"
+    assert not hasattr(dali_pipeline, "NVJPEG_TRAINING_RATE")  # no other host's figure stands in
+
+
+def test_decode_rates_are_measured_on_the_files_with_dalis_own_decoder(jpeg_folder):
+    files, _ = _indexed(jpeg_folder)
+    jpegs = [Path(f).read_bytes() for f in files[:16]]
+    crop = dali_pipeline.measure_decode_rates(jpegs, threads=2, device_id=None, crop=AugmentConfig())
+    whole = dali_pipeline.measure_decode_rates(jpegs, threads=1, device_id=None, crop=None)
+    assert crop.cpu > 0 and crop.gpu is None and (crop.images, crop.threads) == (16, 2)
+    assert whole.cpu > 0 and whole.threads == 1
 
 
 def test_options_resolve_the_decoder_per_run(monkeypatch):
-    from lightning_gpuopt.data import dali as dali_module
-
-    monkeypatch.setattr(dali_module, "available_cpus", lambda: 64)
     monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
     assert DALIOptions().decoder is None
-    assert DALIOptions().resolved_decoder(1)[0] == "cpu"  # 62 threads decode well past the need
-    assert DALIOptions().resolved_decoder(3, compiled=True)[0] == "cpu"  # 21 cores a GPU: CPU threads
-    assert DALIOptions().resolved_decoder(4, compiled=True)[0] == "gpu"  # 16 cores, a compiled model: nvJPEG
-    assert DALIOptions().resolved_decoder(4)[0] == "cpu"  # an eager one: CPU threads
-    assert DALIOptions().resolved_decoder(8)[0] == "gpu"  # 8 cores a GPU: nvJPEG
-    assert DALIOptions().resolved_threads(1) == 62 and DALIOptions().resolved_threads(8) == 4
+    fast_cpu = dali_pipeline.DecodeRates(cpu=20_000.0, gpu=9_000.0, images=64, threads=62)
+    asked: list[int] = []
+
+    def measure(threads):
+        asked.append(threads)
+        return fast_cpu
+
+    assert DALIOptions().resolved_decoder(1, measure=measure)[0] == "cpu"  # the threads decode faster here
+    assert asked == [62]  # measured with the threads the CPU decoder would have: the rank's cores less two
+    slow_cpu = dali_pipeline.DecodeRates(cpu=2_000.0, gpu=9_000.0, images=64, threads=14)
+    assert DALIOptions().resolved_decoder(4, measure=lambda threads: slow_cpu)[0] == "gpu"
+    assert DALIOptions().resolved_threads(1) == 8 and DALIOptions().resolved_threads(8) == 4  # nvJPEG's
     assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
-    assert DALIOptions("cpu").resolved_decoder(4) == ("cpu", "DALIOptions(decoder='cpu')")
+    assert DALIOptions("cpu").resolved_decoder(4, measure=measure) == ("cpu", "DALIOptions(decoder='cpu')")
     assert DALIOptions("gpu").resolved_decoder(1, cuda=False)[0] == "cpu"  # a CPU pipeline decodes on the CPU
     assert DALIOptions("gpu", threads=3).resolved_threads(1) == 3
+    assert len(asked) == 1  # an explicit decoder or a CPU run measures nothing
 
 
 def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_folder, monkeypatch):
@@ -317,7 +311,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     assert dali_pipeline.default_num_threads(1, "cpu") == 14  # the threads decode: all cores but two
     assert dali_pipeline.default_num_threads(2, "cpu") == 6  # two local ranks share the 16 cores
     assert dali_pipeline.default_num_threads(8, "cpu") == 1
-    dm = _dm(jpeg_folder, num_workers="auto", dali=DALIOptions(decoder="cpu"))  # the decoder decides
+    dm = _dm(jpeg_folder, dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
     assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
     assert loader.feed_info == DALIFeedInfo(
@@ -327,18 +321,18 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
         decoder="cpu",
         threads=14,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
-        decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
-        compiled=False,
     )
     assert isinstance(loader.feed_info, FeedInfo)  # the advisor reads it as any feed
     # no GPU here: the default decodes on the CPU threads, whose thread default follows
     default = build_dali_loader(dm, "train", options=DALIOptions())
     assert default.options == DALIOptions("cpu", 14)
     assert default.feed_info.decoder_reason == "no CUDA device: the pipeline runs on the CPU"
-    dm = _dm(jpeg_folder, num_workers=3)  # an explicit count wins over the default ...
-    assert build_dali_loader(dm, "train").options.threads == 3
-    dm = _dm(jpeg_folder, num_workers=3, dali=DALIOptions(threads=5))  # ... and the options' own over both
+    dm = _dm(jpeg_folder, dali=DALIOptions(threads=5))  # the options' own count wins over the default
     assert build_dali_loader(dm, "train").options.threads == 5
+    # num_workers counts DataLoader worker processes, which DALI has none of: refused with the option to use
+    with pytest.raises(ValueError, match=r"with backend='dali'.*dali=DALIOptions\(threads=3\)"):
+        _dm(jpeg_folder, num_workers=3)
+    assert _dm(jpeg_folder, num_workers=0).num_workers == 0
 
 
 def test_feed_info_and_fetch_seconds(jpeg_folder):
@@ -352,8 +346,6 @@ def test_feed_info_and_fetch_seconds(jpeg_folder):
         decoder="cpu",
         threads=2,
         decoder_reason="no CUDA device: the pipeline runs on the CPU",
-        decode_rate_per_thread=dali_pipeline.CPU_DECODE_RATE_PER_THREAD,
-        compiled=False,
     )
     assert getattr(loader, FETCH_SECONDS_ATTR) == 0.0
     it = iter(loader)
@@ -546,13 +538,18 @@ def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, mo
     from lightning_gpuopt.data import dali as dali_module
 
     files, labels = _indexed(jpeg_folder)
-    expected = dali_pipeline.choose_decoder(dali_module.available_cpus(), 1)
     monkeypatch.setattr(dali_module, "_LOGGED", set())
+    monkeypatch.setattr(dali_module, "_MEASURED", {})
     kw = dict(batch_size=8, train=False, image_size=24, device="cuda", options=DALIOptions())
     with caplog.at_level(logging.INFO):
         loaders = [_loader(files[:8], labels[:8], **kw) for _ in range(2)]
-    assert (loaders[0].feed_info.decoder, loaders[0].feed_info.decoder_reason) == expected
-    assert sum(expected[1] in r.getMessage() for r in caplog.records) == 1  # logged once
+    info = loaders[0].feed_info
+    assert info.cpu_decode_rate > 0 and info.gpu_decode_rate > 0  # both measured on these files
+    rates = dali_pipeline.DecodeRates(
+        info.cpu_decode_rate, info.gpu_decode_rate, 8, loaders[0]._rates.threads
+    )
+    assert (info.decoder, info.decoder_reason) == dali_pipeline.choose_decoder(rates)
+    assert sum(info.decoder_reason in r.getMessage() for r in caplog.records) == 1  # logged once
     images, _ = next(iter(loaders[0]))
     assert images.device.type == "cuda" and images.shape == (8, 3, 24, 24)
 
@@ -594,6 +591,7 @@ def test_the_pixel_limit_is_pils_rule_read_from_headers(tmp_path, monkeypatch, l
                     dali_pipeline.validate_image_files([path], num_threads=1)
             else:
                 dali_pipeline.validate_image_files([path], num_threads=1)
+
         def bombs(caught):
             return [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
 
@@ -629,31 +627,25 @@ def test_a_decompression_bomb_png_is_refused_at_pils_default_limit(tmp_path):
         dali_pipeline.validate_image_files([str(bomb)], num_threads=1)
 
 
-def test_a_store_of_smaller_images_keeps_cpu_threads_where_a_folder_takes_nvjpeg():
-    rate = dali_pipeline.STORE_DECODE_RATE_PER_THREAD
-    assert rate > dali_pipeline.CPU_DECODE_RATE_PER_THREAD
-    assert dali_pipeline.choose_decoder(16, compiled=True)[0] == "gpu"  # a folder's JPEGs, 16 cores
-    decoder, reason = dali_pipeline.choose_decoder(16, 1, rate, compiled=True)  # the store's, same cores
-    assert decoder == "cpu" and f"14 decoding threads x {rate} img/s = {14 * rate:,} img/s >=" in reason
-    from lightning_gpuopt.data.dali_store import DALIStoreLoader
+def test_each_loader_measures_its_own_files_once_a_process(jpeg_folder, monkeypatch):
+    """A folder's loader and a JPEG store's measure their own JPEGs (a store's are smaller, so decode
+    faster); the same files, threads and device are measured once a process. The compile flag the rule once
+    took in stead of the model's rate is gone: the loader measures instead."""
+    from lightning_gpuopt.data import dali as dali_module
 
-    assert DALIStoreLoader.decode_rate_per_thread == rate
-    assert DALILoader.decode_rate_per_thread == dali_pipeline.CPU_DECODE_RATE_PER_THREAD
-    assert DALIOptions().resolved_decoder(1, rate_per_thread=10**6)[0] == "cpu"  # threads that keep up
-    assert DALIOptions("gpu").resolved_decoder(1, rate_per_thread=10**6)[0] == "gpu"  # the user's choice wins
+    monkeypatch.setattr(dali_module, "_MEASURED", {})
+    seen: list[tuple[int, int]] = []
+    real = dali_module.measure_decode_rates
 
+    def counting(jpegs, **kw):
+        seen.append((len(jpegs), sum(len(j) for j in jpegs)))
+        return real(jpegs, **kw)
 
-def test_a_trainer_that_compiles_gets_loaders_built_for_a_compiled_model(jpeg_folder):
-    from lightning_gpuopt.compute.compile import CompileModel
-    from lightning_gpuopt.data.dali import trainer_compiles
-
-    def trainer(*callbacks):
-        return pl.Trainer(accelerator="cpu", devices=1, callbacks=list(callbacks), logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
-
-    compiling = trainer(CompileModel())
-    assert trainer_compiles(compiling) and not trainer_compiles(trainer()) and not trainer_compiles(None)
-    dm = _dm(jpeg_folder)
-    assert build_dali_loader(dm, "train").feed_info.compiled is False  # standalone: a loop of the user's own
-    dm.trainer = compiling
-    assert build_dali_loader(dm, "train").feed_info.compiled is True
+    monkeypatch.setattr(dali_module, "measure_decode_rates", counting)
+    files, labels = _indexed(jpeg_folder)
+    loader = _loader(files, labels, batch_size=4, train=True, options=DALIOptions(threads=1))
+    jpegs = loader._sample_jpegs()
+    assert len(jpegs) == len(files) and jpegs[0] == Path(files[0]).read_bytes()
+    assert loader._measure(1) is loader._measure(1) and len(seen) == 1  # cached for the process
+    assert loader._measure(2).threads == 2 and len(seen) == 2
+    assert "compiled" not in DALIFeedInfo.__dataclass_fields__

@@ -15,7 +15,6 @@ pytest.importorskip("h5py")
 from lightning_gpuopt.data import backends  # noqa: E402
 from lightning_gpuopt.data.convert import convert_folder_to_hdf5  # noqa: E402
 from lightning_gpuopt.data.dali import DALIOptions  # noqa: E402
-from lightning_gpuopt.data.dali_pipeline import STORE_DECODE_RATE_PER_THREAD  # noqa: E402
 from lightning_gpuopt.data.dali_store import DALIStoreLoader, StoreBatches  # noqa: E402
 from lightning_gpuopt.data.datamodule import OptimizedDataModule  # noqa: E402
 from lightning_gpuopt.data.hdf5 import HDF5ImageDataset  # noqa: E402
@@ -114,7 +113,10 @@ def _loader(store, **kw) -> DALIStoreLoader:
 def test_epochs_yield_each_ranks_order_as_staged_channels_last_batches(store):
     loader = _loader(store)
     assert len(loader) == 9
-    assert loader.feed_info.decode_rate_per_thread == STORE_DECODE_RATE_PER_THREAD  # what the advisor weighs
+    # the decoders are measured on the store's own JPEGs: what the rule and the advisor weigh
+    _, lengths = store.byte_ranges()
+    sample = loader._sample_jpegs()
+    assert len(sample) == len(store) and sample[0][:2] == b"\xff\xd8" and len(sample[0]) == lengths[0]
     order = StoreBatches(store.path, *store.byte_ranges(), store.labels, batch_size=4, seed=42)
     for epoch in range(2):
         batches = list(loader)

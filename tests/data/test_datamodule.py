@@ -3,6 +3,7 @@ import os
 import pickle
 import re
 import time
+from unittest import mock
 
 import lightning.pytorch as pl
 import numpy as np
@@ -12,14 +13,13 @@ from PIL import Image
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.data import _counts as counts_module
 from lightning_gpuopt.data import datamodule as datamodule_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
 from lightning_gpuopt.data.folder import CorruptImageError, UInt8ImageFolder, UnreadableImagesError
 from lightning_gpuopt.data.loader import (
-    PREFETCH_FACTOR,
     ContinuousDataLoader,
     HostDataLoader,
-    UInt8Collate,
     WholeBatches,
 )
 from lightning_gpuopt.data.transforms import AugmentConfig
@@ -329,9 +329,14 @@ def test_subclass_float_dataset_fails_naming_hook():
         )
 
 
-@pytest.mark.parametrize(("data", "workers"), [(IndexData, 0), (ReaderData, 2)])
-def test_ddp_two_processes_see_each_sample_once(tmp_path, data, workers):
-    dm = data(n=32, batch_size=4, num_workers=workers, image_size=8, storage_size=12)
+@pytest.mark.parametrize(("data", "threads"), [(IndexData, None), (ReaderData, 2)])
+def test_ddp_two_processes_see_each_sample_once(tmp_path, data, threads):
+    """A dataset read by threads takes its thread count from ``HDF5Options``: ``num_workers`` counts
+    DataLoader worker processes, which it has none of."""
+    from lightning_gpuopt.data.hdf5 import HDF5Options
+
+    hdf5 = HDF5Options(threads=threads) if threads else None
+    dm = data(n=32, batch_size=4, num_workers=0, image_size=8, storage_size=12, hdf5=hdf5)
     assert pickle.loads(pickle.dumps(dm)).batch_size == 4  # what ddp_spawn / spawn workers need
     # spawn, not fork: a child forked from this pytest process deadlocks in libgomp once earlier tests have
     # run OpenMP-parallel convolutions here (seen: both ranks stuck in Conv2d.forward)
@@ -354,7 +359,7 @@ def test_an_hdf5_store_is_read_by_threads_of_the_training_process(jpeg_folder, t
     import warnings
 
     from lightning_gpuopt.data.convert import convert_folder_to_hdf5
-    from lightning_gpuopt.data.datamodule import READ_THREADS
+    from lightning_gpuopt.data.hdf5 import READ_THREADS
 
     store = tmp_path / "train.h5"
     convert_folder_to_hdf5(jpeg_folder, store, 18, workers=1, progress=False)
@@ -381,12 +386,14 @@ def test_an_hdf5_store_is_read_by_threads_of_the_training_process(jpeg_folder, t
 
 
 def test_auto_num_workers_holds_the_resolved_count_after_setup(tmp_path):
-    from lightning_gpuopt.data.datamodule import READ_THREADS
+    """``num_workers`` holds DataLoader worker processes: 0 for a dataset read by threads, whose threads
+    are the loader's ``read_threads`` (``HDF5Options``), not ``num_workers``."""
+    from lightning_gpuopt.data.hdf5 import READ_THREADS
 
     store = ReaderData(batch_size=4, num_workers="auto", image_size=12)  # a BatchReader, as an HDF5 store is
     store.setup("fit")
-    assert store.num_workers == min(READ_THREADS, available_cpus())  # its reading threads
-    assert store.train_dataloader().read_threads == store.num_workers
+    assert store.num_workers == 0  # no worker processes
+    assert store.train_dataloader().read_threads == min(READ_THREADS, available_cpus())  # its reading threads
     small = IndexData(n=8, batch_size=4, num_workers="auto", image_size=12)  # 2 batches: not measured
     small.setup("fit")
     assert small.num_workers == min(available_cpus(), 2)
@@ -427,13 +434,13 @@ def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
 
 def test_auto_workers_measured_once_per_dataset(jpeg_folder, tmp_path, monkeypatch):
     calls = []
-    real = datamodule_module.tune_num_workers
+    real = counts_module.tune_num_workers
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("budget_s"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(datamodule_module, "tune_num_workers", counting)
+    monkeypatch.setattr(counts_module, "tune_num_workers", counting)
     tuning = TuningConfig(budget_s=1.0, cache_dir=tmp_path)
     dm = PerImageData(
         jpeg_folder, jpeg_folder, jpeg_folder, batch_size=4, num_workers="auto", image_size=8, tuning=tuning
@@ -591,3 +598,36 @@ def test_cuda_fit_pins_stages_and_transforms_on_device(jpeg_folder):
     trainer.fit(model, datamodule=dm)
     assert trainer.train_dataloader.pin_memory is True
     assert model.layouts[0] == ((8, 3, 16, 16), torch.float32, True)
+
+
+def test_num_workers_for_a_store_read_by_threads_is_refused_with_the_option_to_use():
+    """A raw store has no DataLoader worker processes: a count above 0 names ``HDF5Options`` instead of
+    turning into reading threads; ``HDF5Options(threads=...)`` sets them, and the setup line says so."""
+    from lightning_gpuopt.data.hdf5 import HDF5Options
+
+    dm = ReaderData(batch_size=4, num_workers=3, image_size=12)
+    with pytest.raises(
+        ValueError, match=r"num_workers must be 'auto' or 0 for a raw HDF5 store.*HDF5Options\(threads=3\)"
+    ):
+        dm.setup("fit")
+    lines = []
+    dm = ReaderData(batch_size=4, num_workers=0, image_size=12, hdf5=HDF5Options(threads=3))
+    dm.setup("fit")
+    with mock.patch.object(datamodule_module, "rank_zero_info", lines.append):
+        loader = dm.train_dataloader()
+    assert loader.read_threads == 3 and loader.num_workers == 0
+    assert len(lines) == 1 and lines[0].startswith(
+        "OptimizedDataModule: train: IndexReader (a dataset of yours);"
+    )
+    assert "num_workers=0 (a raw store has none" in lines[0]
+    assert "reading threads=3 (set by you: HDF5Options(threads=3))" in lines[0]
+    assert "not staged: no CUDA device" in lines[0]
+    with pytest.raises(TypeError, match="hdf5 must be None or an HDF5Options"):
+        ReaderData(batch_size=4, hdf5=3)
+
+
+def test_hdf5_options_with_folders_only_are_refused(jpeg_folder):
+    from lightning_gpuopt.data.hdf5 import HDF5Options
+
+    with pytest.raises(ValueError, match="hdf5 must be None where no split is a store"):
+        OptimizedDataModule(jpeg_folder, backend="folder", hdf5=HDF5Options(threads=2))

@@ -61,7 +61,13 @@ def _source(tmp_path: Path, backend: str) -> Path:
 
 
 def _fit(source: Path, model: Labels, ckpt_dir: Path, ckpt_path: str | None = None) -> None:
-    dm = OptimizedDataModule(source, batch_size=BATCH, num_workers=2, image_size=16)
+    """Two worker processes for the folder, two reading threads for the store (``HDF5Options``: a raw store
+    has no worker processes, so ``num_workers`` counts none for it)."""
+    from lightning_gpuopt.data.hdf5 import HDF5Options
+
+    store = source.suffix == ".h5"
+    readers = {"num_workers": 0, "hdf5": HDF5Options(threads=2)} if store else {"num_workers": 2}
+    dm = OptimizedDataModule(source, batch_size=BATCH, image_size=16, **readers)
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=6, save_top_k=-1)
     trainer = quiet_trainer(
         accelerator="cpu", max_epochs=4, enable_checkpointing=True, callbacks=[checkpoint]

@@ -160,7 +160,7 @@ def test_dali_file_lists_are_labelled_by_the_training_classes(tmp_path):
     from lightning_gpuopt.data.dali import DALIOptions
 
     train, val = _sources(tmp_path, "dali", ("cat", "fox"))
-    kw = {"backend": "dali", "batch_size": 2, "num_workers": 1, "image_size": 16}
+    kw = {"backend": "dali", "batch_size": 2, "image_size": 16}
     dm = OptimizedDataModule(train, val, dali=DALIOptions(threads=1, decoder="cpu"), **kw)
     dm.setup("fit")
     loader = dm.val_dataloader()

@@ -66,6 +66,14 @@ def test_smallest_within_tolerance_of_best():
     assert res.seconds <= 3.0 + 0.5
 
 
+def test_zero_workers_is_measured_and_chosen_when_fastest():
+    """0 (reading in the loop) is a count like any other: measured first and chosen when it is the fastest."""
+    rates = {0: 60.0, 1: 20.0, 2: 15.0}
+    res = tune_num_workers(_factory(rates), candidates=[2, 0, 1], budget_s=3.0, patience=3, cache=False)
+    assert [r["num_workers"] for r in res.table] == [0, 1, 2]
+    assert res.best == 0 and res.how().startswith("measured over 0, 1, 2 in ")
+
+
 def test_stops_when_throughput_stops_improving():
     calls: list[int] = []
     rates = {1: 40.0, 2: 41.0, 4: 40.0, 8: 40.0, 16: 40.0}
@@ -360,22 +368,23 @@ def _recording(monkeypatch, modules):
     return calls
 
 
-def test_auto_on_eight_small_batches_is_quick_and_tune_gives_the_same_answer(
-    eight_batches, tmp_path, monkeypatch
-):
-    from lightning_gpuopt.commands import tune
-    from lightning_gpuopt.data import datamodule as datamodule_module
+def test_auto_on_eight_small_batches_is_quick_and_says_it_measured(eight_batches, tmp_path, monkeypatch):
+    """``lightning-gpuopt tune`` reads folders and stores only, whose counts are chosen, not measured: it no
+    longer has a path of its own for a dataset of the user's (the DataModule measures those), so the half of
+    this test that compared the two is gone; the setup line now says how the count was chosen."""
+    from lightning_gpuopt.data import _counts, datamodule
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
     monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    calls = _recording(monkeypatch, [datamodule_module, tuning_mod])
+    _recording(monkeypatch, [_counts, tuning_mod])
 
     class Data(OptimizedDataModule):
         def train_dataset(self):
             return _FolderImages(eight_batches)
 
     lines = []
-    monkeypatch.setattr(datamodule_module, "rank_zero_info", lines.append)
+    monkeypatch.setattr(_counts, "rank_zero_info", lines.append)
+    monkeypatch.setattr(datamodule, "rank_zero_info", lines.append)
     dm = Data(batch_size=64, num_workers="auto", image_size=32)
     t0 = time.perf_counter()
     dm.setup("fit")
@@ -385,17 +394,9 @@ def test_auto_on_eight_small_batches_is_quick_and_tune_gives_the_same_answer(
     assert all(row["until"] in ("steady", "one pass") for row in dm.tuning_result.table)
     assert dm.num_workers == dm.tuning_result.best
     assert any("measuring num_workers=1 (1 of" in line for line in lines)  # progress while it measures
-
-    # tune's path for a dataset that is not a BatchReader: the same function, the same arguments
-    parser = argparse.ArgumentParser()
-    tune.configure(parser)
-    args = parser.parse_args([str(eight_batches), "--batch-size", "64"])
-    result = tune.workers_for(dm._dataset("train"), args)
-    assert result.cached and result.best == dm.num_workers  # the DataModule's measurement, from the cache
-    ours, theirs = calls
-    assert theirs.pop("tolerance") == 0.05 and theirs.pop("cache") is True  # tune_num_workers' defaults
-    ours.pop("progress"), theirs.pop("progress")
-    assert theirs == ours  # loaders (DatasetLoaders compare by what they read), budget, candidates, cache key
+    dm.train_dataloader()
+    said = [line for line in lines if line.startswith("OptimizedDataModule: train: ")]
+    assert len(said) == 1 and f"num_workers={dm.num_workers} (measured over " in said[0], said
 
 
 def test_tune_on_an_image_folder_reports_the_datamodules_worker_processes(eight_batches, capsys):
@@ -408,7 +409,7 @@ def test_tune_on_an_image_folder_reports_the_datamodules_worker_processes(eight_
     assert main(["tune", str(eight_batches), "--batch-size", "64", "--size", "48"]) == 0
     out = capsys.readouterr().out
     assert f": {dm.num_workers} worker processes (" in out and "not measured" in out
-    assert "(worker processes, a batch each)  or  HostDataLoader(WholeBatches(dataset)" in out
+    assert "(worker processes, a batch each, chosen, not measured)  or  HostDataLoader(WholeBatches(" in out
     assert f'suggestion: OptimizedDataModule(..., backend="folder", num_workers={dm.num_workers})' in out
     assert time.perf_counter() - t0 < 5.0
 
@@ -461,8 +462,41 @@ def test_tune_candidates_on_an_image_folder_measure_whole_batch_workers(eight_ba
     out_json = tmp_path / "tune.json"
     argv = ["tune", str(eight_batches), "--candidates", "0,1", "--budget", "3", "--batch-size", "16"]
     assert main([*argv, "--size", "48", "--no-cache", "--json", str(out_json)]) == 0
-    assert "tuning num_workers for UInt8ImageFolder" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "measuring worker processes (num_workers) for UInt8ImageFolder" in out
+    assert "(worker processes, a batch each, measured)" in out
     table = json.loads(out_json.read_text())["table"]
     assert {row["num_workers"] for row in table} == {0, 1} and all(
         row["samples_per_sec"] > 0 for row in table
     )
+
+
+@pytest.mark.parametrize(
+    "flag", [["--budget", "5"], ["--target", "100"], ["--tolerance", "0"], ["--no-cache"]]
+)
+def test_tune_refuses_a_measuring_flag_when_nothing_is_measured(eight_batches, flag, capsys):
+    """Without --candidates tune reports the count the DataModule chooses for a folder (not measured), so a
+    flag that only shapes a measurement is refused with why, not ignored."""
+    from lightning_gpuopt.cli import main
+
+    assert main(["tune", str(eight_batches), *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lightning-gpuopt tune: error: {flag[0]} must be given only with --candidates")
+    assert "nothing is measured" in err and "add --candidates 0,1,2" in err
+
+
+def test_tune_refuses_folder_flags_for_a_store(jpeg_folder, tmp_path, capsys):
+    """--size and --on-corrupt describe an image folder; given for a store file they are refused."""
+    pytest.importorskip("h5py")
+    from lightning_gpuopt.cli import main
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+
+    store = tmp_path / "s.h5"
+    convert_folder_to_hdf5(jpeg_folder, store, 32, workers=1, progress=False)
+    for flag in (["--size", "64"], ["--on-corrupt", "skip"]):
+        assert main(["tune", str(store), *flag]) == 2
+        assert "given only for an image folder" in capsys.readouterr().err
+    assert main(["tune", str(store), "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert ": 0 worker processes (a raw store has none" in out and "reading threads for" in out
+    assert "not measured; HDF5Options(threads=...) sets them" in out

@@ -1,8 +1,8 @@
 """A short Lightning fit on the CPU that prints where it is, for the fault cases to stop it at chosen points.
 
 Run as ``python tests/faults/_fit_child.py DATA CASE_DIR [--on-corrupt skip]``: an ``OptimizedDataModule`` on
-``DATA`` (an image folder or an HDF5 store) with ``num_workers=2`` (worker processes for the folder, reading
-threads for the store), a tiny convolutional model, two
+``DATA`` (an image folder or an HDF5 store) with two worker processes for the folder (``num_workers=2``) or
+two reading threads for the store (``HDF5Options(threads=2)``), a tiny convolutional model, two
 epochs. It prints ``@ setup``, ``@ train <step>``, ``@ val <epoch> <batch>`` and ``@ done`` (flushed) as it
 goes. ``CASE_DIR`` is only carried on the command line, so the case's processes can be found by it.
 """
@@ -61,11 +61,15 @@ def main() -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    from lightning_gpuopt.data.hdf5 import HDF5Options
+
+    store = args.data.endswith((".h5", ".hdf5"))
     dm = Marked(
         args.data,
         args.data,
         batch_size=8,
-        num_workers=2,
+        num_workers=0 if store else 2,
+        hdf5=HDF5Options(threads=2) if store else None,
         image_size=32,
         on_corrupt=args.on_corrupt,
     )

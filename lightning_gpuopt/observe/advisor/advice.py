@@ -77,76 +77,79 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     return f"The CPU cores are {state} ({busy}{others}). "
 
 
-def _cpu_decoding_is_the_default(cores_per_process: int | None, cfg: RunConfig) -> bool:
-    """Whether ``DALIOptions(decoder=None)`` decodes on CPU threads with these cores (``choose_decoder``),
-    for the loader's source (``decode_rate_per_thread``; ``None``: a folder's) and its model (compiled)."""
-    if not cores_per_process:
-        return False
-    # light: DALI itself is imported lazily
-    from lightning_gpuopt.data.dali_pipeline import CPU_DECODE_RATE_PER_THREAD, choose_decoder
+def _nvjpeg_measured_slower(cfg: RunConfig) -> bool:
+    """Whether nvJPEG decoded this loader's files no faster than its CPU threads when the loader measured
+    both (``DALIOptions(decoder=None)``): then it is no remedy for slow CPU decoding."""
+    cpu, gpu = cfg.cpu_decode_rate, cfg.gpu_decode_rate
+    return cpu is not None and gpu is not None and gpu <= cpu
 
-    rate = cfg.decode_rate_per_thread or CPU_DECODE_RATE_PER_THREAD
-    return choose_decoder(cores_per_process, 1, rate, compiled=bool(cfg.decode_for_compiled))[0] == "cpu"
+
+def _auto_workers(cfg: RunConfig) -> str:
+    """What ``num_workers="auto"`` does for this loader's data, in the advice's words."""
+    if cfg.backend in ("folder", "hdf5"):  # an image folder or a JPEG store: worker processes decode
+        return 'OptimizedDataModule(num_workers="auto") (one worker process a CPU: chosen, not measured)'
+    return 'OptimizedDataModule(num_workers="auto") (for a dataset of yours it measures the loader)'
 
 
 def _folder_threads(
     cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None
 ) -> str:
-    """Advice for an image folder decoded by ``cfg.decode_threads`` reading threads of the training process."""
+    """Advice for an image folder decoded by ``cfg.decode_threads`` threads of the training process."""
     n, cores = cfg.decode_threads, cores_per_process
     if cause == "too-many-workers":
         return (
             f"{n} reading threads x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so the "
-            'threads and the training loop compete. Use OptimizedDataModule(num_workers="auto") (a thread a '
-            "CPU of the process)."
+            "threads and the training loop compete. Leave the thread count to its default (chosen from the "
+            "cores of the process, not measured)."
         )
     if cause == "too-few-workers":
         return (
-            f"num_workers={n} gives the folder {n} reading threads, few of the {cores} cores this process has, "
-            'and each decodes JPEGs. Use OptimizedDataModule(num_workers="auto") (a thread a CPU). '
-            f"{_HDF5}"
+            f"The folder's {n} reading threads use few of the {cores} cores this process has, and each decodes "
+            f"JPEGs. Leave the thread count to its default (one a CPU, chosen, not measured). {_HDF5}"
         )
     on = f"on {cores} cores " if cores else ""
     if cores_full is False:
         return (
             f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more "
-            f'threads can use them (num_workers="auto": one a CPU). {_HDF5}'
+            f"threads can use them (the default: one a CPU, chosen, not measured). {_HDF5}"
         )
     return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
 
 
 def _dali_bound(cfg: RunConfig, cores_per_process: int | None, threads: str) -> str:
-    """Advice for a DALI pipeline that does not keep up."""
+    """Advice of a ``dali-bound`` verdict: the other decoder where it is the remedy, else a store."""
     slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-    if cfg.decoder == "cpu" and _cpu_decoding_is_the_default(cores_per_process, cfg):
-        # from these cores a process nvJPEG trained slower than CPU threads (docs/dali.md)
+    if cfg.decoder == "cpu" and _nvjpeg_measured_slower(cfg):
+        # the loader measured nvJPEG on its own files: no faster than these threads
         return (
-            f"{slow_threads} "
-            f'(decoder="cpu", {cores_per_process} cores a process, where nvJPEG trains slower still). '
-            f"{_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More cores "
-            "per GPU add decoding threads."
+            f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded '
+            f"{cfg.gpu_decode_rate:,.0f} img/s of these files against the threads' {cfg.cpu_decode_rate:,.0f}, "
+            f"measured when the loader was built: slower still). {_STORE}: either store fed a compiled "
+            "ResNet-50 at its ceiling on a 16-core host. More cores per GPU add decoding threads."
         )
     if cfg.decoder == "cpu":
         return (
             f"{slow_threads} "
-            '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), as the default does with '
-            f"these few cores a GPU. {_STORE}."
+            '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default chooses '
+            f"where it decodes the files faster than these threads. {_STORE}."
         )
     return (
         "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
-        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once (backend="hdf5").'
+        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
+        '(backend="hdf5").'
     )
 
 
 def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
-    """Advice for an HDF5 store whose reads do not keep up (read from the disk when ``ev.read_mb_s`` says so)."""
+    """Advice of a ``store-bound`` verdict: the disk's figure and the compact store where it was measured,
+    else the reading threads."""
     if ev.read_mb_s is None:
         return (
             f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
             "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
             "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
             "memory (/dev/shm), or read with more threads for more reads in flight "
-            "(OptimizedDataModule(num_workers=8))."
+            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
         )
     per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
     text = (
@@ -155,17 +158,15 @@ def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
         "loader. "
     )
     if cfg.decoder is None:
-        text += (
+        return text + (
             "Convert to the compact store, about the size of the source JPEGs "
             "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
             "store on a faster local NVMe disk, or give the page cache room for it."
         )
-    else:
-        text += (
-            "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
-            "(/dev/shm), or give the page cache room for it."
-        )
-    return text
+    return text + (
+        "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
+        "(/dev/shm), or give the page cache room for it."
+    )
 
 
 def input_bound(
@@ -186,14 +187,12 @@ def input_bound(
     if cause == "too-many-workers":
         text = (
             f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "
-            f'the training loop compete. Use OptimizedDataModule(num_workers="auto") (it measures) or at most '
-            f"num_workers={suggest}."
+            f"the training loop compete. Use {_auto_workers(cfg)} or at most num_workers={suggest}."
         )
     elif cause == "too-few-workers":
         text = (
             f"num_workers={w} uses few of the {cores_per_process} cores this process has. Use "
-            f'OptimizedDataModule(num_workers="auto") (it measures the loader and picks the count) or '
-            f"DataLoader(num_workers={suggest}, persistent_workers=True)."
+            f"{_auto_workers(cfg)} or DataLoader(num_workers={suggest}, persistent_workers=True)."
         )
         if cfg.backend == "folder":
             text += (
@@ -218,7 +217,7 @@ def input_bound(
         if cores_full is False:
             text = (
                 f"{n} workers cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more workers "
-                f'can use them (OptimizedDataModule(num_workers="auto") measures the count). {_HDF5}'
+                f"can use them ({_auto_workers(cfg)}, or a larger num_workers). {_HDF5}"
             )
         else:
             on = f"on {cores_per_process} cores " if cores_per_process else ""

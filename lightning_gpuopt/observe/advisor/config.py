@@ -253,8 +253,9 @@ def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> 
     cfg.backend, cfg.num_workers, cfg.pin_memory = feed.backend, feed.num_workers, feed.pin_memory
     cfg.batch_size, cfg.host_batches = feed.batch_size, feed.host_batches
     cfg.decoder, cfg.decode_threads = feed.decoder, feed.threads
-    cfg.decode_rate_per_thread = getattr(feed, "decode_rate_per_thread", None)  # a DALI loader's source
-    cfg.decode_for_compiled = getattr(feed, "compiled", None)  # and the model it was built for
+    # the decoders' rates a DALI loader measured on its own files when it chose its decoder
+    cfg.cpu_decode_rate = getattr(feed, "cpu_decode_rate", None)
+    cfg.gpu_decode_rate = getattr(feed, "gpu_decode_rate", None)
     for key, value in amp_facts(loop).items():
         setattr(cfg, key, value)
     cfg.cuda_graphs_skipped = compiled_graphs_skipped(getattr(loop, "trainer", None))

@@ -226,9 +226,9 @@ class RunConfig:
             ``"dali"``, or ``None``.
         decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None``.
         decode_threads: the loader's threads (DALI's decoding pool, the HDF5 store's reading threads).
-        decode_rate_per_thread: images of the loader's source one DALI CPU thread decodes a second, as the
-            decoder rule weighs them (a folder's or a JPEG store's), or ``None``.
-        decode_for_compiled: the DALI loader was built for a compiled model (the decoder rule's ``compiled``).
+        cpu_decode_rate: images a second the DALI loader's CPU threads decoded its files at, measured when it
+            chose its decoder, or ``None``.
+        gpu_decode_rate: the same for nvJPEG on its GPU, or ``None``.
         conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
         conv_channels_last: how many of those are channels_last.
         input_channels_last: whether the 4-D input batch is channels_last.
@@ -261,8 +261,8 @@ class RunConfig:
     backend: str | None = None
     decoder: str | None = None
     decode_threads: int | None = None
-    decode_rate_per_thread: int | None = None
-    decode_for_compiled: bool | None = None
+    cpu_decode_rate: float | None = None
+    gpu_decode_rate: float | None = None
     conv_layers: int = 0
     conv_channels_last: int = 0
     input_channels_last: bool | None = None

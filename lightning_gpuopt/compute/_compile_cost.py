@@ -1,0 +1,125 @@
+"""What compiling costs a model and saves it, measured in the run and kept for the next run on this GPU.
+
+``CompileModel`` compiles where the eager training left exceeds a break-even, compile seconds over the share
+of an eager step a compiled one saves. Those two figures depend on the model and the host, so each compiled
+run measures them (``CostMeter``: the first compiled training step against an eager one, then a window of
+compiled steps against the eager step time; four device syncs in all) and keeps them in ``compile.json`` in
+the cache folder (``_common.cache_dir()``), keyed by the model's class and parameter count, the GPU and the
+torch version (``cost_key``). The next run's decision weighs them (``measured_cost``); only a model never
+compiled on this GPU is judged by its family's figures measured on one H200 host, and the decision says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_gpuopt._common import cache_dir, synchronize
+
+#: the cache file of measured compile costs, in ``_common.cache_dir()``
+COST_FILE = "compile.json"
+#: compiled training batches left to warm up after the first (graph trees record, the allocator settles)
+#: and then timed
+WARMUP_BATCHES, TIMED_BATCHES = 5, 10
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """A compiled run's own figures: ``seconds`` compiling cost (the first compiled step less an eager one),
+    ``saving`` the share of an eager step a compiled one saved (negative: compiled steps were slower),
+    ``compiled_step`` and ``eager_step`` the step times behind it (seconds)."""
+
+    seconds: float
+    saving: float | None
+    compiled_step: float
+    eager_step: float | None
+
+
+def cost_key(module: torch.nn.Module, device: torch.device) -> str:
+    """What identifies a compile cost: the model's class and parameter count, the GPU, the torch version."""
+    name = device.type
+    if device.type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(device)
+    info = {
+        "model": f"{type(module).__module__}.{type(module).__qualname__}",
+        "parameters": sum(p.numel() for p in module.parameters()),
+        "device": name,
+        "torch": torch.__version__,
+    }
+    return hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _path() -> Path:
+    return cache_dir() / COST_FILE
+
+
+def _read() -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(_path().read_text())
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def measured_cost(key: str) -> tuple[float, float] | None:
+    """``(compile seconds, saving)`` measured for ``key`` in an earlier run, where both were measured."""
+    entry = _read().get(key)
+    if not isinstance(entry, dict):
+        return None
+    seconds, saving = entry.get("seconds"), entry.get("saving")
+    if not isinstance(seconds, (int, float)) or not isinstance(saving, (int, float)):
+        return None
+    return float(seconds), float(saving)
+
+
+def record(key: str, cost: MeasuredCost) -> None:
+    """Keep ``cost`` under ``key`` for the next run (a folder that cannot be written keeps nothing)."""
+    path = _path()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read()
+        data[key] = {"seconds": cost.seconds, "saving": cost.saving, "date": time.time()}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # whole: a reader never sees half a file
+
+
+class CostMeter:
+    """Times a run compiled from batch ``first``: that batch (the compile and one step), then
+    ``TIMED_BATCHES`` compiled batches after ``WARMUP_BATCHES`` more, each boundary after a device sync.
+
+    Example:
+        >>> meter = CostMeter(first=15, eager_step=0.04)
+        >>> for i in range(15, 40):
+        ...     cost = meter.at_batch_start(i, torch.device("cpu"))  # a MeasuredCost at the last one
+    """
+
+    def __init__(self, first: int, eager_step: float | None) -> None:
+        self.first, self.eager_step = first, eager_step
+        start = first + 1 + WARMUP_BATCHES
+        self._points = {first: 0, first + 1: 1, start: 2, start + TIMED_BATCHES: 3}
+        self._marks: dict[int, float] = {}
+
+    def at_batch_start(self, index: int, device: torch.device) -> MeasuredCost | None:
+        """Mark batch ``index``'s start where it is a boundary; the figures once the last one is marked."""
+        point = self._points.get(index)
+        if point is None:
+            return None
+        synchronize(device)
+        self._marks[point] = time.perf_counter()
+        if point < 3:
+            return None
+        first_step = self._marks[1] - self._marks[0]
+        compiled = (self._marks[3] - self._marks[2]) / TIMED_BATCHES
+        eager = self.eager_step
+        seconds = max(0.0, first_step - (eager if eager is not None else compiled))
+        saving = 1.0 - compiled / eager if eager else None
+        return MeasuredCost(seconds, saving, compiled, eager)
