@@ -5,7 +5,7 @@ warm-up past the compile and the loader's prefetch, then a window timed by a CUD
 Variants take turns (``take_turns``) and ``report`` reduces each to its median repetition, the worst, the
 ratio to a ceiling of the same turn and p50/p90 step times, writes one JSON file (``write_results``) and
 prints the table last. Also here: a uint8 HDF5 store in the current format, resident batches, a loader
-timed alone, and where results go (``results_path``). The user's module itself is ``_user.UserClassifier``.
+timed alone, and where results go (``results_path``). The user's module itself is ``_zoo.UserClassifier``.
 
 The scripts import it from their own folder (``python benchmarks/<script>.py`` puts that folder first on
 ``sys.path``).

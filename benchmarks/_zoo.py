@@ -20,6 +20,11 @@ Every model trains on ``loss(model(x), y)`` with cross-entropy: labels for a cla
 segmentation net, next tokens for the language model. ``ZooModule`` is the user's LightningModule (SGD for
 the conv nets, AdamW for the transformers and ConvNeXt); ``ZooLoop`` is the same model, loss and optimizer in
 a plain loop under one ``Config`` (compile mode, autocast dtype, channels_last, fused optimizer).
+
+The other scripts train what a user writes: ``UserClassifier`` (a ``build_model`` classifier taking the uint8
+batches of a loader that leaves normalizing to the GPU), held against ``compiled_ceiling``: the same model in
+a ``ZooLoop``. The scripts import this module from their own folder (``python benchmarks/<script>.py`` puts
+that folder first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 from typing_extensions import override
 
-from lightning_gpuopt._common import synchronize
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, synchronize
 from lightning_gpuopt._imports import require
-from lightning_gpuopt.bench.models import SmallResNet
+from lightning_gpuopt.bench.models import SmallResNet, build_model
+from lightning_gpuopt.bench.steady import Measurement, measure_loop
 from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 #: compile modes a ``Config`` takes; ``"eager"`` is no compile, ``"default"`` is ``torch.compile``'s default
@@ -372,3 +378,58 @@ class ZooLoop:
             self.step()
         synchronize(self.device)
         return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------- the user's classifier
+class UserClassifier(pl.LightningModule):
+    """A classifier as a user writes it: ``arch`` (``"resnet50"``: torchvision's), cross-entropy, its own
+    SGD (momentum 0.9) at the plain loop's rate, so both sides make the same update; uint8 batches are
+    normalized in ``training_step``.
+
+    Example:
+        >>> model = UserClassifier("small", num_classes=10)
+        >>> x = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
+        >>> model.training_step((x, torch.zeros(2).long()), 0).ndim
+        0
+    """
+
+    def __init__(self, arch: str = "resnet50", num_classes: int = 10, lr: float = 0.01) -> None:
+        super().__init__()
+        self.model = build_model(arch, num_classes)
+        self.lr = lr
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, persistent=False)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if x.dtype == torch.uint8:  # a loader that leaves normalizing to the GPU
+            x = ((x.float() - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
+
+
+def compiled_ceiling(arch: str, batch_size: int, image_size: int, num_classes: int, device: str,
+                     compile: bool = True) -> tuple[ZooLoop, float]:
+    """``UserClassifier``'s model in a ``ZooLoop`` on one batch kept on ``device`` (fp16 autocast on CUDA,
+    channels_last, fused SGD there), compiled, and the seconds its first steps took (the compile)."""
+    build = lambda classes: build_model(arch, classes)  # noqa: E731
+    spec = Spec("conv", batch_size, image_size, num_classes, build, build, "sgd")
+    cuda = device == "cuda"
+    config = Config("default" if compile else "eager", "fp16" if cuda else "fp32", channels_last=True, fused=cuda)
+    loop = ZooLoop(spec, config, device)
+    return loop, loop.warm(3)
+
+
+def measure_ceiling(loop: ZooLoop, warmup: int, steps: int) -> Measurement:
+    """``steps`` steps of the plain loop after ``warmup``, on the GPU's clock."""
+    return measure_loop(loop.step, loop.device, warmup, steps, loop.batch_size)

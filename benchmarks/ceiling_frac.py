@@ -11,7 +11,7 @@ Each fit's ``monitor_ceiling_frac`` is the monitor's ``gpu/ceiling_frac``: the m
 inside the clock's measured steps and after the second window (the first window holds the warm-up; the
 replay runs at its end; the host-sync locator is off, so nothing else changes the measured steps). Its
 ``separate_ceiling_frac`` is the same fit's rate (``StepClock``, the GPU's clock) over the plain PyTorch loop
-on a resident batch (``_user.compiled_ceiling``: eager for fed and starved, compiled for compiled), the
+on a resident batch (``_zoo.compiled_ceiling``: eager for fed and starved, compiled for compiled), the
 ceiling of the same turn. The fits and both ceilings take turns ``--repeats`` times; a row holds medians.
 ``pass`` is whether the two figures agree within ``--tolerance``.
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from _shared import add_common, device_of, free, measured_fit, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import format_table
 from lightning_gpuopt.bench.measure import write_results

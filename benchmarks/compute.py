@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt import ChannelsLast
 from lightning_gpuopt.bench.steady import Measurement, take_turns

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 from _shared import add_common, free, hdf5_store, measured_fit, report, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt.bench.steady import Measurement, take_turns
 

@@ -53,7 +53,7 @@ from _shared import (
     results_path,
     say,
 )
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from torch.utils.data import Dataset
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
 from stores import evict
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, resident, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results

@@ -55,7 +55,6 @@ ROWS: dict[str, tuple[str, ...]] = {
 #: scripts checked otherwise, and how
 OTHERS = {
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it; --help here",
-    "profile_step.py": "CUDA only: its trace analysis runs on a made-up trace here",
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
     "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
     "jpeg.py": "tests/test_jpeg_bench.py runs its --quick and its eviction of a memory-mapped store",
@@ -286,30 +285,3 @@ def test_peers_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         load("peers.py").parse_args(["--only", "ours_hdf5,ffcv"])
     assert "unknown rows ['ffcv']" in capsys.readouterr().err
-
-
-def test_profile_step_reads_streams_gaps_and_launch_lead_from_a_trace(tmp_path: Path) -> None:
-    prof = load("profile_step.py")
-
-    def kernel(ts, dur, stream, corr):
-        return {"ph": "X", "cat": "kernel", "ts": ts, "dur": dur, "args": {"stream": stream, "correlation": corr}}
-
-    def launch(ts, corr):
-        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 5,
-                "args": {"correlation": corr}}  # fmt: skip
-
-    # two steps of 1000 us: the main stream busy 0-600 and 1000-1600 (overlapping kernels counted once),
-    # a side stream 100-300; each kernel launched 50 us before it starts
-    events = [kernel(0, 400, 7, 1), kernel(200, 400, 7, 2), kernel(1000, 600, 7, 3), kernel(100, 200, 9, 4),
-              kernel(1950, 50, 7, 5)]  # fmt: skip
-    events += [launch(e["ts"] - 50, e["args"]["correlation"]) for e in list(events)]
-    trace = tmp_path / "t.json"
-    trace.write_text(json.dumps({"traceEvents": events}))
-    got = prof.analyse(trace, steps=2)
-    assert got["main_stream"] == "7" and got["window_ms_per_step"] == pytest.approx(1.0)
-    assert got["streams"]["7"]["busy_ms_per_step"] == pytest.approx(0.625)  # (600 + 600 + 50) / 2
-    assert got["streams"]["9"]["busy_ms_per_step"] == pytest.approx(0.1)
-    assert got["main_idle_ms_per_step"] == pytest.approx(0.375)
-    assert got["main_stream_largest_gaps_ms"][:2] == [0.4, 0.35]
-    assert got["launch_to_start_ms_p10_p50_p90"] == [0.05, 0.05, 0.05]
-    assert got["host_cuda_api_ms_per_step"]["cudaLaunchKernel"] == pytest.approx(0.0125)

@@ -1,4 +1,4 @@
-"""``benchmarks/energy.py`` and its rows (``lightning_gpuopt.bench.energy``): the ``--quick`` CPU run, rows a
+"""``benchmarks/energy.py`` and its rows (``benchmarks/_energy.py``): the ``--quick`` CPU run, rows a
 CPU cannot run saying why, the rows' models and feeds, and on a GPU the four rows' figures."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from lightning_gpuopt.bench import energy
 from tests.test_benchmarks import load
+
+energy = load("_energy.py")
 
 
 def test_quick_run_trains_naive_and_says_why_the_others_cannot(tmp_path):

@@ -1,5 +1,5 @@
 """What a trained sample costs the GPU in joules, beside samples/s, and whether the step replays CUDA graphs:
-the rows of ``benchmarks/energy.py``.
+the rows of ``benchmarks/energy.py``, which imports it from its own folder.
 
 Each row fits an ``ImageClassifier`` (``--arch``) with a ``GPUStatsMonitor`` (the energy counter, the JPEG
 engine's load) and, where it goes through the preset, its own ``CompileModel`` (whether the step replays CUDA
