@@ -58,7 +58,6 @@ OTHERS = {
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
     "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
     "jpeg.py": "tests/test_jpeg_bench.py runs its --quick and its eviction of a memory-mapped store",
-    "ceiling_frac.py": "tests/observe/test_ceiling.py runs its --quick; --help here",
     "energy.py": "tests/test_energy_bench.py runs its --quick and its rows' pieces",
 }
 
@@ -238,11 +237,11 @@ def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     for line in lines:
         scripts = [w for w in line.split(": ", 1)[1].split() if w.endswith(".py")]
         assert all((REPO / s).is_file() for s in scripts), line
-    named = _run_all(tmp_path, "ddp_scaling", "parity", "jpeg", "stores", "models", "ceiling_frac")
+    named = _run_all(tmp_path, "ddp_scaling", "parity", "jpeg", "stores", "models")
     assert "skipped (needs two GPUs" in named[0] and "accuracy_parity.py --size gpu" in named[1]
-    for line, script in zip(named[2:], ("jpeg", "stores", "models", "ceiling_frac"), strict=True):
+    for line, script in zip(named[2:], ("jpeg", "stores", "models"), strict=True):
         assert f"benchmarks/{script}.py --out /tmp/run_all/results/" in line, line
-    assert named[-1].endswith("-ceiling-frac-gpu.json"), named[-1]
+    assert named[-1].endswith("-models-gpu.json"), named[-1]
 
 
 def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
