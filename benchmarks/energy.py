@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import _energy as energy
-from _shared import RESULTS, add_common, add_model, chosen_rows, free, measured_fit, say
+from _shared import RESULTS, add_common, add_model, chosen_rows, free, measured_fit, say, take_turns
 
 from lightning_gpuopt._common import format_table
 from lightning_gpuopt.bench.measure import machine_info, write_results
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 

@@ -53,7 +53,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
+from _shared import add_feed, feed_args, format_rows, free, hdf5_store, loader_rate, measured_fit, say, take_turns
 from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
 from stores import evict
@@ -62,7 +62,7 @@ from lightning_gpuopt import DALIOptions
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results
-from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
+from lightning_gpuopt.bench.steady import summarize
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.store_choice import disk_read_gbps
 

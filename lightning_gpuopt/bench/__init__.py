@@ -7,18 +7,16 @@ module             what it holds
 =================  ==========================================================================================
 ``rows``           the ladder's rows (``ROW_SPECS``), ``LadderConfig``, the naive PIL dataset
 ``steady``         ``StepClock`` (a CUDA event at every batch end, warm-up past the compile and the
-                   prefetch, then a fixed window), ``measure_loop``, repetitions taking turns, ``summarize``
+                   prefetch, then a fixed window), ``measure_loop``, ``summarize``
 ``meter``          ``first_fast_step`` (when a compile is over), ``compare`` (a difference beyond the noise)
 ``runner``         ``run_ladder``: each row several Lightning fits (plain loops for the ceilings) taking turns
 ``ceilings``       ``fill_ratios``: ratios turn by turn against the compiled ceiling where measured, and the
                    eager one
 ``report``         tables, results JSON, PNG chart, the recorded GPU ladder shipped with the package
-``measure``        ``PlainLoop`` and ``plain_loop_throughput`` (the ceilings), ``ThroughputMeter``,
-                   ``write_results``
+``measure``        ``PlainLoop`` (the ceilings), ``write_results``, ``fit``, ``quiet_lightning``
 ``models``         ``ImageClassifier`` and the built-in ``SmallResNet``
 ``synthetic``      ``make_jpeg_folder``: ImageNet-shaped generated JPEGs
 ``demo``           ``run_demo``
-``energy``         the rows of ``benchmarks/energy.py``: joules a sample, the JPEG engine, CUDA graphs
 ``runs``           versioned run folders and output paths checked before work
 =================  ==========================================================================================
 
@@ -39,9 +37,7 @@ _EXPORTS: dict[str, str] = {
     "run_ladder": "lightning_gpuopt.bench.runner",
     "StepClock": "lightning_gpuopt.bench.steady",
     "PlainLoop": "lightning_gpuopt.bench.measure",
-    "plain_loop_throughput": "lightning_gpuopt.bench.measure",
     "fill_ratios": "lightning_gpuopt.bench.ceilings",
-    "ThroughputMeter": "lightning_gpuopt.bench.measure",
     "write_results": "lightning_gpuopt.bench.measure",
     "ImageClassifier": "lightning_gpuopt.bench.models",
     "build_model": "lightning_gpuopt.bench.models",
@@ -57,12 +53,10 @@ __all__ = [
     "LadderConfig",
     "PlainLoop",
     "StepClock",
-    "ThroughputMeter",
     "build_model",
     "fill_ratios",
     "make_jpeg_folder",
     "parse_rows",
-    "plain_loop_throughput",
     "run_demo",
     "run_ladder",
     "write_results",
@@ -85,12 +79,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.bench.ceilings import fill_ratios
     from lightning_gpuopt.bench.demo import DemoOptions, run_demo
-    from lightning_gpuopt.bench.measure import (
-        PlainLoop,
-        ThroughputMeter,
-        plain_loop_throughput,
-        write_results,
-    )
+    from lightning_gpuopt.bench.measure import PlainLoop, write_results
     from lightning_gpuopt.bench.models import ImageClassifier, build_model
     from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows
     from lightning_gpuopt.bench.runner import run_ladder
