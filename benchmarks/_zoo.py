@@ -1,5 +1,5 @@
-"""The model zoo of ``benchmarks/models.py``: each model, the batch it trains on, the user's module around it,
-and the plain PyTorch loop it is held against.
+"""The benchmarks' models. The zoo of ``benchmarks/models.py``: each model, the batch it trains on, the user's
+module around it, and the plain PyTorch loop it is held against.
 
 ``ZOO`` names each model's ``Spec``: its family, batch, input size and classes (a vocabulary for the language
 model), the full model (torchvision's or ``transformers``', imported when built, random weights) and a small
@@ -25,7 +25,8 @@ The other scripts train what a user writes: ``UserClassifier`` (a ``build_model`
 batches of a loader that leaves normalizing to the GPU), held against ``compiled_ceiling``: the same model in
 a ``ZooLoop``. ``energy.py``'s rows train ``Uint8Classifier`` (uint8 batches normalized in ``forward``),
 ``InPlaceNormalize`` (the same, in place: no CUDA graphs) and ``GPUDecodeClassifier`` (JPEG bytes decoded on
-the GPU). The scripts import this module from their own folder (``python benchmarks/<script>.py`` puts
+the GPU); ``accuracy_parity.py``'s, ``ParityClassifier`` (a small ResNet, SGD with a cosine schedule, top-1).
+The scripts import this module from their own folder (``python benchmarks/<script>.py`` puts
 that folder first on ``sys.path``).
 """
 
@@ -512,3 +513,92 @@ class GPUDecodeClassifier(Uint8Classifier):
         flip = torch.rand(x.shape[0], device=x.device) < 0.5
         x = torch.where(flip[:, None, None, None], x.flip(3), x).round_().clamp_(0, 255)
         return x.to(torch.uint8).contiguous(memory_format=torch.channels_last), y
+
+
+# ------------------------------------------------------------------------------------- accuracy_parity.py's
+class _Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
+def _conv_bn(cin: int, cout: int, stride: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+
+class ParityNet(nn.Module):
+    """Three stages (``width``, ``2 width``, ``4 width`` channels), each a strided conv + ``blocks`` residual
+    blocks (a plain conv when ``blocks`` is 0), global average pooling and a linear classifier."""
+
+    def __init__(self, num_classes: int, width: int = 16, blocks: int = 0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for stage, c in enumerate((width, 2 * width, 4 * width)):
+            layers += _conv_bn(cin, c, 1 if stage == 0 else 2)
+            layers += [_Block(c) for _ in range(blocks)] if blocks else _conv_bn(c, c, 1)
+            cin = c
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class ParityClassifier(pl.LightningModule):
+    """``ParityNet`` trained with SGD (momentum 0.9, nesterov, weight decay 5e-4), one epoch of linear
+    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``).
+
+    Example:
+        >>> model = ParityClassifier(num_classes=4, width=16, blocks=0, lr=0.1)
+        >>> pl.Trainer(max_epochs=16).fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> model.top1  # fraction correct in the last validation pass  # doctest: +SKIP
+    """
+
+    def __init__(self, num_classes: int, width: int, blocks: int, lr: float) -> None:
+        super().__init__()
+        self.net = ParityNet(num_classes, width, blocks)
+        self.lr = lr
+        self.correct = 0
+        self.seen = 0
+        self.top1: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_validation_epoch_start(self) -> None:
+        self.correct, self.seen = 0, 0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.correct += int((self(x).argmax(1) == y).sum())
+        self.seen += int(y.numel())
+
+    def on_validation_epoch_end(self) -> None:
+        self.top1 = self.correct / max(1, self.seen)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        total = int(self.trainer.estimated_stepping_batches)
+        warm = max(1, total // max(1, self.trainer.max_epochs or 1))
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

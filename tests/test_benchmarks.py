@@ -219,6 +219,21 @@ def test_no_function_over_80_lines(script: str) -> None:
     assert not long, f"{script}: split {long}"
 
 
+def test_one_module_holds_the_benchmarks_models_and_plain_loop() -> None:
+    """LightningModules and plain training loops are ``_zoo.py``'s; the scripts import them from there."""
+    elsewhere = []
+    for path in sorted(BENCH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or path.name == "_zoo.py":
+                continue
+            bases = {getattr(b, "attr", getattr(b, "id", "")) for b in node.bases}
+            if "LightningModule" in bases or any(b.endswith(("Classifier", "Loop")) for b in bases) or (
+                node.name.endswith("Loop")
+            ):
+                elsewhere.append(f"{path.name}: {node.name}")
+    assert elsewhere == []
+
+
 def _run_all(tmp: Path, *steps: str) -> list[str]:
     env = {**os.environ, "SUITE_DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
