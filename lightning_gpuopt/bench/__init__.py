@@ -1,6 +1,7 @@
 """The before/after ladder, its ceilings, and the demo models and data (``lightning-gpuopt bench`` and ``demo``).
 
-This package measures the product; the product (``data/``, ``compute/``, ``observe/``) never imports it.
+This package measures the product; the product (``data/``, ``compute/``, ``observe/``) never imports it. It
+holds what the two commands use; what only the benchmark scripts use lives in ``benchmarks/``.
 
 =================  ==========================================================================================
 module             what it holds
@@ -32,35 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "LadderConfig": "lightning_gpuopt.bench.rows",
-    "ROW_NAMES": "lightning_gpuopt.bench.rows",
-    "parse_rows": "lightning_gpuopt.bench.rows",
     "run_ladder": "lightning_gpuopt.bench.runner",
-    "StepClock": "lightning_gpuopt.bench.steady",
-    "PlainLoop": "lightning_gpuopt.bench.measure",
-    "fill_ratios": "lightning_gpuopt.bench.ceilings",
-    "write_results": "lightning_gpuopt.bench.measure",
     "ImageClassifier": "lightning_gpuopt.bench.models",
-    "build_model": "lightning_gpuopt.bench.models",
     "make_jpeg_folder": "lightning_gpuopt.bench.synthetic",
-    "DemoOptions": "lightning_gpuopt.bench.demo",
-    "run_demo": "lightning_gpuopt.bench.demo",
 }
 
-__all__ = [
-    "ROW_NAMES",
-    "DemoOptions",
-    "ImageClassifier",
-    "LadderConfig",
-    "PlainLoop",
-    "StepClock",
-    "build_model",
-    "fill_ratios",
-    "make_jpeg_folder",
-    "parse_rows",
-    "run_demo",
-    "run_ladder",
-    "write_results",
-]
+__all__ = ["ImageClassifier", "LadderConfig", "make_jpeg_folder", "run_ladder"]
 
 
 def __getattr__(name: str) -> Any:
@@ -77,11 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from lightning_gpuopt.bench.ceilings import fill_ratios
-    from lightning_gpuopt.bench.demo import DemoOptions, run_demo
-    from lightning_gpuopt.bench.measure import PlainLoop, write_results
-    from lightning_gpuopt.bench.models import ImageClassifier, build_model
-    from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows
+    from lightning_gpuopt.bench.models import ImageClassifier
+    from lightning_gpuopt.bench.rows import LadderConfig
     from lightning_gpuopt.bench.runner import run_ladder
-    from lightning_gpuopt.bench.steady import StepClock
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder
