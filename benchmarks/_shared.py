@@ -5,7 +5,7 @@ warm-up past the compile and the loader's prefetch, then a window timed by a CUD
 Variants take turns (``take_turns``) and ``report`` reduces each to its median repetition, the worst, the
 ratio to a ceiling of the same turn and p50/p90 step times, writes one JSON file (``write_results``) and
 prints the table last. Also here: a uint8 HDF5 store in the current format, resident batches, a loader
-timed alone, and where results go (``results_path``). The user's module itself is ``_user.UserClassifier``.
+timed alone, and where results go (``results_path``). The user's module itself is ``_zoo.UserClassifier``.
 
 The scripts import it from their own folder (``python benchmarks/<script>.py`` puts that folder first on
 ``sys.path``).
@@ -21,17 +21,18 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt._checks import check_int
+from lightning_gpuopt._common import available_cpus, format_table
 from lightning_gpuopt.bench.measure import quiet_lightning, write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
-from lightning_gpuopt.bench.steady import Measurement, StepClock, format_rows, summarize
+from lightning_gpuopt.bench.steady import Measurement, StepClock, summarize
 
 #: a fit that measures training alone: no logger, bars, summary, checkpoints or validation
 QUIET_FIT: dict[str, Any] = {
@@ -45,6 +46,59 @@ QUIET_FIT: dict[str, Any] = {
 #: results go here, named ``<date>-<subject>-<machine>.json``: scratch that git ignores until a document
 #: cites the file and it moves into its subject folder (``results/README.md``, the index)
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+Variant = Callable[[], Measurement]
+
+
+def take_turns(
+    variants: Mapping[str, Variant], repeats: int, on_result: Callable[[str, int, Measurement], None] | None = None
+) -> dict[str, list[Measurement | BaseException]]:
+    """Run each variant once a turn, in order, for ``repeats`` turns; a variant that raises keeps its error
+    in its place (the others go on) and is not run again.
+
+    Example:
+        >>> out = take_turns({"a": lambda: Measurement(8, 1.0, (1.0,))}, repeats=2)
+        >>> [m.samples_per_sec for m in out["a"]]
+        [8.0, 8.0]
+    """
+    check_int(repeats, "repeats", low=1)
+    out: dict[str, list[Measurement | BaseException]] = {name: [] for name in variants}
+    for turn in range(repeats):
+        for name, run in variants.items():
+            if any(isinstance(r, BaseException) for r in out[name]):
+                continue
+            try:
+                m = run()
+            except KeyboardInterrupt:
+                raise
+            except Exception as err:  # kept as the row's error
+                out[name].append(err)
+                continue
+            out[name].append(m)
+            if on_result is not None:
+                on_result(name, turn, m)
+    return out
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]], ceiling_label: str = "of ceiling") -> str:
+    """A text table of ``summarize``'s rows: samples/s median [min-max], ratio median (worst), p50/p90."""
+    def rate(r: Mapping[str, Any]) -> str | None:
+        if r.get("samples_per_sec") is None:
+            return r.get("error") and f"failed: {r['error'][:60]}"
+        return f"{r['samples_per_sec']:,.0f} [{r['samples_per_sec_min']:,.0f}-{r['samples_per_sec_max']:,.0f}]"
+
+    table = [
+        {
+            "row": r["name"],
+            "samples/s median [min-max]": rate(r),
+            ceiling_label: None if r.get("of_ceiling") is None else f"{r['of_ceiling']:.3f} ({r['of_ceiling_worst']:.3f})",
+            "p50 ms": r.get("p50_ms"),
+            "p90 ms": r.get("p90_ms"),
+        }
+        for r in rows
+    ]
+    return format_table(table, ["row", "samples/s median [min-max]", ceiling_label, "p50 ms", "p90 ms"])
 
 
 def machine_tag() -> str:

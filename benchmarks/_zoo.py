@@ -1,5 +1,5 @@
-"""The model zoo of ``benchmarks/models.py``: each model, the batch it trains on, the user's module around it,
-and the plain PyTorch loop it is held against.
+"""The benchmarks' models. The zoo of ``benchmarks/models.py``: each model, the batch it trains on, the user's
+module around it, and the plain PyTorch loop it is held against.
 
 ``ZOO`` names each model's ``Spec``: its family, batch, input size and classes (a vocabulary for the language
 model), the full model (torchvision's or ``transformers``', imported when built, random weights) and a small
@@ -20,10 +20,20 @@ Every model trains on ``loss(model(x), y)`` with cross-entropy: labels for a cla
 segmentation net, next tokens for the language model. ``ZooModule`` is the user's LightningModule (SGD for
 the conv nets, AdamW for the transformers and ConvNeXt); ``ZooLoop`` is the same model, loss and optimizer in
 a plain loop under one ``Config`` (compile mode, autocast dtype, channels_last, fused optimizer).
+
+The other scripts train what a user writes: ``UserClassifier`` (a ``build_model`` classifier taking the uint8
+batches of a loader that leaves normalizing to the GPU), held against ``compiled_ceiling``: the same model in
+a ``ZooLoop``. ``energy.py``'s rows train ``Uint8Classifier`` (uint8 batches normalized in ``forward``),
+``InPlaceNormalize`` (the same, in place: no CUDA graphs) and ``GPUDecodeClassifier`` (JPEG bytes decoded on
+the GPU); ``accuracy_parity.py``'s, ``ParityClassifier`` (a small ResNet, SGD with a cosine schedule, top-1).
+The scripts import this module from their own folder (``python benchmarks/<script>.py`` puts
+that folder first on ``sys.path``).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,9 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 from typing_extensions import override
 
-from lightning_gpuopt._common import synchronize
+from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, synchronize
 from lightning_gpuopt._imports import require
-from lightning_gpuopt.bench.models import SmallResNet
+from lightning_gpuopt.bench.models import ImageClassifier, SmallResNet, build_model
+from lightning_gpuopt.bench.steady import Measurement, measure_loop
 from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 #: compile modes a ``Config`` takes; ``"eager"`` is no compile, ``"default"`` is ``torch.compile``'s default
@@ -372,3 +383,222 @@ class ZooLoop:
             self.step()
         synchronize(self.device)
         return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------- the user's classifier
+class UserClassifier(pl.LightningModule):
+    """A classifier as a user writes it: ``arch`` (``"resnet50"``: torchvision's), cross-entropy, its own
+    SGD (momentum 0.9) at the plain loop's rate, so both sides make the same update; uint8 batches are
+    normalized in ``training_step``.
+
+    Example:
+        >>> model = UserClassifier("small", num_classes=10)
+        >>> x = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
+        >>> model.training_step((x, torch.zeros(2).long()), 0).ndim
+        0
+    """
+
+    def __init__(self, arch: str = "resnet50", num_classes: int = 10, lr: float = 0.01) -> None:
+        super().__init__()
+        self.model = build_model(arch, num_classes)
+        self.lr = lr
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, persistent=False)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if x.dtype == torch.uint8:  # a loader that leaves normalizing to the GPU
+            x = ((x.float() - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
+
+
+def compiled_ceiling(arch: str, batch_size: int, image_size: int, num_classes: int, device: str,
+                     compile: bool = True) -> tuple[ZooLoop, float]:
+    """``UserClassifier``'s model in a ``ZooLoop`` on one batch kept on ``device`` (fp16 autocast on CUDA,
+    channels_last, fused SGD there), compiled, and the seconds its first steps took (the compile)."""
+    build = lambda classes: build_model(arch, classes)  # noqa: E731
+    spec = Spec("conv", batch_size, image_size, num_classes, build, build, "sgd")
+    cuda = device == "cuda"
+    config = Config("default" if compile else "eager", "fp16" if cuda else "fp32", channels_last=True, fused=cuda)
+    loop = ZooLoop(spec, config, device)
+    return loop, loop.warm(3)
+
+
+def measure_ceiling(loop: ZooLoop, warmup: int, steps: int) -> Measurement:
+    """``steps`` steps of the plain loop after ``warmup``, on the GPU's clock."""
+    return measure_loop(loop.step, loop.device, warmup, steps, loop.batch_size)
+
+
+# ----------------------------------------------------------------------------- the energy rows' classifiers
+class Uint8Classifier(ImageClassifier):
+    """``ImageClassifier`` fed uint8 batches, as a user whose loader leaves normalizing to the GPU writes it:
+    ``training_step`` makes them float (0-255) and ``forward`` normalizes them."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, model: Any = "small", num_classes: int = 10, lr: float = 0.05) -> None:
+        super().__init__(model, num_classes, lr)
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x - self.mean) / self.std)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return super().training_step((x.float() if x.dtype == torch.uint8 else x, y), batch_idx)
+
+
+class InPlaceNormalize(Uint8Classifier):
+    """Normalizes its input in place inside ``forward``: the compiled graph changes one of its inputs, for
+    which torch records no CUDA graphs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.sub_(self.mean).div_(self.std))
+
+
+class EncodedJPEGs:
+    """A batch's JPEG files as host tensors of bytes: not a collection, so Lightning leaves them on the host
+    (``decode_jpeg(device="cuda")`` reads host bytes)."""
+
+    def __init__(self, data: list[torch.Tensor]) -> None:
+        self.data = data
+
+
+def random_resized_crop(img: torch.Tensor, size: int) -> torch.Tensor:
+    """torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) of a CHW uint8 image, resized
+    antialiased: a ``(1, C, size, size)`` float tensor on the image's device."""
+    _, h, w = img.shape
+    ch, cw = min(h, w), min(h, w)
+    top, left = (h - ch) // 2, (w - cw) // 2  # the central square where ten draws do not fit
+    for _ in range(10):
+        area = h * w * random.uniform(0.08, 1.0)
+        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        tw, th = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+        if 0 < tw <= w and 0 < th <= h:
+            ch, cw, top, left = th, tw, random.randint(0, h - th), random.randint(0, w - tw)
+            break
+    crop = img[None, :, top : top + ch, left : left + cw].float()
+    return F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
+class GPUDecodeClassifier(Uint8Classifier):
+    """``Uint8Classifier`` whose batches arrive as JPEG bytes, decoded on the GPU by torchvision's batched
+    ``decode_jpeg`` (nvJPEG) in ``on_after_batch_transfer``, then cropped and flipped there."""
+
+    def __init__(self, model: Any = "small", num_classes: int = 10, image_size: int = 224) -> None:
+        super().__init__(model, num_classes)
+        self.image_size = image_size
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        encoded, y = batch
+        if not isinstance(encoded, EncodedJPEGs):
+            return batch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        images = decode_jpeg(encoded.data, mode=ImageReadMode.RGB, device=self.device)
+        x = torch.cat([random_resized_crop(img, self.image_size) for img in images])
+        flip = torch.rand(x.shape[0], device=x.device) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(3), x).round_().clamp_(0, 255)
+        return x.to(torch.uint8).contiguous(memory_format=torch.channels_last), y
+
+
+# ------------------------------------------------------------------------------------- accuracy_parity.py's
+class _Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c, c, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
+def _conv_bn(cin: int, cout: int, stride: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+
+class ParityNet(nn.Module):
+    """Three stages (``width``, ``2 width``, ``4 width`` channels), each a strided conv + ``blocks`` residual
+    blocks (a plain conv when ``blocks`` is 0), global average pooling and a linear classifier."""
+
+    def __init__(self, num_classes: int, width: int = 16, blocks: int = 0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for stage, c in enumerate((width, 2 * width, 4 * width)):
+            layers += _conv_bn(cin, c, 1 if stage == 0 else 2)
+            layers += [_Block(c) for _ in range(blocks)] if blocks else _conv_bn(c, c, 1)
+            cin = c
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class ParityClassifier(pl.LightningModule):
+    """``ParityNet`` trained with SGD (momentum 0.9, nesterov, weight decay 5e-4), one epoch of linear
+    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``).
+
+    Example:
+        >>> model = ParityClassifier(num_classes=4, width=16, blocks=0, lr=0.1)
+        >>> pl.Trainer(max_epochs=16).fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> model.top1  # fraction correct in the last validation pass  # doctest: +SKIP
+    """
+
+    def __init__(self, num_classes: int, width: int, blocks: int, lr: float) -> None:
+        super().__init__()
+        self.net = ParityNet(num_classes, width, blocks)
+        self.lr = lr
+        self.correct = 0
+        self.seen = 0
+        self.top1: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_validation_epoch_start(self) -> None:
+        self.correct, self.seen = 0, 0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.correct += int((self(x).argmax(1) == y).sum())
+        self.seen += int(y.numel())
+
+    def on_validation_epoch_end(self) -> None:
+        self.top1 = self.correct / max(1, self.seen)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        total = int(self.trainer.estimated_stepping_batches)
+        warm = max(1, total // max(1, self.trainer.max_epochs or 1))
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

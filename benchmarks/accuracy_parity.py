@@ -33,7 +33,6 @@ the folder) and prints a table last.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import statistics
@@ -45,8 +44,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import nn
-from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,6 +54,7 @@ from _parity_data import (
     reference_transform,
     torchvision_available,
 )
+from _zoo import ParityClassifier
 
 from lightning_gpuopt._common import cache_dir, eval_resize_size, format_table
 
@@ -124,95 +122,6 @@ SIZES: dict[str, ParityConfig] = {
 }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------- model
-class _Block(nn.Module):
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(c, c, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(c),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(c, c, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(c),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x + self.body(x))
-
-
-def _conv_bn(cin: int, cout: int, stride: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
-
-
-class ParityNet(nn.Module):
-    """Three stages (``width``, ``2 width``, ``4 width`` channels), each a strided conv + ``blocks`` residual
-    blocks (a plain conv when ``blocks`` is 0), global average pooling and a linear classifier."""
-
-    def __init__(self, num_classes: int, width: int = 16, blocks: int = 0) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        cin = 3
-        for stage, c in enumerate((width, 2 * width, 4 * width)):
-            layers += _conv_bn(cin, c, 1 if stage == 0 else 2)
-            layers += [_Block(c) for _ in range(blocks)] if blocks else _conv_bn(c, c, 1)
-            cin = c
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
-
-
-class ParityClassifier(pl.LightningModule):
-    """``ParityNet`` trained with SGD (momentum 0.9, nesterov, weight decay 5e-4), one epoch of linear
-    warm-up then cosine decay; counts top-1 over each whole validation pass (``top1``).
-
-    Example:
-        >>> model = ParityClassifier(num_classes=4, cfg=SIZES["cpu"])
-        >>> pl.Trainer(max_epochs=16).fit(model, datamodule=dm)  # doctest: +SKIP
-        >>> model.top1  # fraction correct in the last validation pass  # doctest: +SKIP
-    """
-
-    def __init__(self, num_classes: int, cfg: ParityConfig) -> None:
-        super().__init__()
-        self.net = ParityNet(num_classes, cfg.width, cfg.blocks)
-        self.lr = cfg.lr
-        self.correct = 0
-        self.seen = 0
-        self.top1: float | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def on_validation_epoch_start(self) -> None:
-        self.correct, self.seen = 0, 0
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.correct += int((self(x).argmax(1) == y).sum())
-        self.seen += int(y.numel())
-
-    def on_validation_epoch_end(self) -> None:
-        self.top1 = self.correct / max(1, self.seen)
-
-    def configure_optimizers(self) -> Any:
-        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-        total = int(self.trainer.estimated_stepping_batches)
-        warm = max(1, total // max(1, self.trainer.max_epochs or 1))
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
 # ------------------------------------------------------------------------------------------------ rows
 def nvjpeg_unavailable() -> str | None:
     """Why the nvJPEG row cannot run here, or ``None`` when it can."""
@@ -262,7 +171,7 @@ def train_once(
     from lightning_gpuopt import OptimizedDataModule, fast_trainer_kwargs
 
     pl.seed_everything(seed, workers=True, verbose=False)
-    model = ParityClassifier(num_classes, cfg)
+    model = ParityClassifier(num_classes, cfg.width, cfg.blocks, cfg.lr)
     trainer_args = {
         **QUIET,
         "accelerator": cfg.accelerator,

@@ -35,7 +35,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _shared import free, measured_fit, results_path
-from _user import UserClassifier
+from _zoo import UserClassifier
 
 from lightning_gpuopt import BottleneckAdvisor, ChannelsLast, GPUStatsMonitor
 from lightning_gpuopt._common import available_cpus, format_table

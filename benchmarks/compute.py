@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say, take_turns
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt import ChannelsLast
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 
 #: row -> (precision, channels_last, tf32); ``None`` precision: the preset chooses
 ROWS: dict[str, tuple[str | None, bool, bool]] = {

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _shared import add_common, free, hdf5_store, measured_fit, report, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _shared import add_common, free, hdf5_store, measured_fit, report, resident, results_path, say, take_turns
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -1,5 +1,5 @@
 """Energy per image: the joules a trained sample costs the GPU beside samples/s, the JPEG engine's load, and
-whether the compiled step replays CUDA graphs. Rows (``lightning_gpuopt.bench.energy`` says what each trains):
+whether the compiled step replays CUDA graphs. Rows (``_energy.py`` says what each trains):
 ``naive`` (the ladder's first row), ``preset`` (a batch kept on the GPU, through the preset), ``gpu_decode``
 (JPEGs decoded on the GPU: DALI, else torchvision's nvJPEG) and ``graphs_skipped`` (the preset with an input
 changed in place: no CUDA graphs). Rows take turns ``--repeats`` times, each repetition one fit measured by
@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _shared import RESULTS, add_common, add_model, chosen_rows, free, measured_fit, say
+import _energy as energy
+from _shared import RESULTS, add_common, add_model, chosen_rows, free, measured_fit, say, take_turns
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench import energy
 from lightning_gpuopt.bench.measure import machine_info, write_results
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 

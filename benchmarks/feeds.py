@@ -52,12 +52,12 @@ from _shared import (
     resident,
     results_path,
     say,
+    take_turns,
 )
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
-
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 from torch.utils.data import Dataset
 
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 BACKENDS = ("resident", "hdf5", "jpegstore", "folder", "dali")

@@ -41,14 +41,24 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _shared import (
+    add_feed,
+    feed_args,
+    format_rows,
+    free,
+    hdf5_store,
+    loader_rate,
+    measured_fit,
+    say,
+    take_turns,
+)
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 from peers import feed_torchvision_v2, files_of, folder_bytes
 
 from lightning_gpuopt import DecodeOptions
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import cpu_seconds, write_results
-from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
+from lightning_gpuopt.bench.steady import summarize
 from lightning_gpuopt.bench.synthetic import describe_images, make_jpeg_folder
 from lightning_gpuopt.data.backends import dali_installed
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,30 @@ def config_of(args: argparse.Namespace, out: Path) -> tuple[Any, dict[str, Any]]
     return config, size
 
 
+def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The ladder as a Markdown table (for README/docs), rows that did not run say why; ``ceiling_notes``
+    below it."""
+    from lightning_gpuopt.bench import report
+
+    lines = [
+        "| row | adds | samples/s | range | J/sample | p50 ms | p90 ms | of ceiling | of eager ceiling | x naive "
+        "| GPU-Util % | data-wait | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        status = "ok" if r.get("status") == report.OK else f"{r.get('status')}: {r.get('reason')}"
+        lines.append(
+            f"| `{r['name']}` | {r.get('adds', '')} | {report._num(r.get('samples_per_sec'))} | {report._range(r) or '-'} | "
+            f"{report._num(r.get('joules_per_sample'), '.3g')} | "
+            f"{report._ms(r.get('p50_ms'))} | {report._ms(r.get('p90_ms'))} | {report._num(r.get('ratio_to_ceiling'), '.3f')} | "
+            f"{report._num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
+            f"{report._num(r.get('speedup_vs_naive'), '.1f')} | {report._num(r.get('gpu_util_mean'), '.1f')} | "
+            f"{report._num(r.get('data_wait_frac'), '.3f')} | {status} |"
+        )
+    notes = report.ceiling_notes(rows)
+    return "\n".join([*lines, *(["", *notes] if notes else [])])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="results JSON (default results/<date>-ladder-<gpu>.json)")
@@ -131,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         targets=targets,
         quick=args.quick,
     )
-    out.with_suffix(".md").write_text(f"{title}\n\n{report.format_ladder_markdown(results)}\n")
+    out.with_suffix(".md").write_text(f"{title}\n\n{format_ladder_markdown(results)}\n")
     say(note or f"wrote {js}" + (f" and {png}" if png else "") + f"; TensorBoard runs in {config.tb_dir}")
     for k, t in targets.items():
         verdict = "n/a" if t["passed"] is None else ("PASS" if t["passed"] else "MISS")

@@ -49,15 +49,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _shared import add_common, device_of, free, measured_fit, results_path, say
+from _shared import add_common, device_of, free, measured_fit, results_path, say, take_turns
 from _zoo import COMPILE_MODES, ZOO, Config, Spec, ZooLoop, ZooModule, batches
 from _zoo_advice import advise
 from typing_extensions import override
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench.measure import command_line, machine_info, read_results, write_results
+from lightning_gpuopt.bench.measure import command_line, machine_info, write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
-from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize, take_turns
+from lightning_gpuopt.bench.steady import Measurement, measure_loop, summarize
 
 #: the preset's target: its share of each model's ceiling
 TARGET = 0.97
@@ -220,6 +220,21 @@ def preset_variant(
 def epoch_batches(spec: Spec, args: argparse.Namespace) -> int:
     """Batches in an epoch of the model's data set: the length of the loader its long run is judged on."""
     return max(1, spec.epoch_samples // spec.shape(args.quick)[0])
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """The results file at ``path`` (as ``write_results`` writes it), ``{"rows": []}`` where there is none; a
+    file that is not one raises ``ValueError`` naming it, before a run that would add to it starts."""
+    path = Path(path)
+    if not path.is_file():
+        return {"rows": []}
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a results file ({err}); pass another path or remove it") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows", []), list):
+        raise ValueError(f"{path} is not a results file (no list of rows); pass another path or remove it")
+    return doc
 
 
 # ------------------------------------------------------------------------------------------------- a model

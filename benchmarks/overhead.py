@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _shared import add_common, add_model, chosen_rows, free, measured_fit, report, resident, results_path, say, take_turns
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt import BottleneckAdvisor, GPUStatsMonitor, NVTXRanges
-from lightning_gpuopt.bench.steady import Measurement, take_turns
+from lightning_gpuopt.bench.steady import Measurement
 
 #: row -> the callbacks it adds
 ROWS: dict[str, Callable[[], list[Any]]] = {

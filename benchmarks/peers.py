@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _shared import add_feed, feed_args, free, hdf5_store, loader_rate, measured_fit, resident, say
-from _user import UserClassifier, compiled_ceiling, measure_ceiling
+from _shared import add_feed, feed_args, format_rows, free, hdf5_store, loader_rate, measured_fit, resident, say, take_turns
+from _zoo import UserClassifier, compiled_ceiling, measure_ceiling
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import write_results
 from lightning_gpuopt.bench.rows import DeviceBatches
-from lightning_gpuopt.bench.steady import format_rows, summarize, take_turns
+from lightning_gpuopt.bench.steady import summarize
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 
 ROWS = ("ours_resident", "ours_hdf5", "ours_jpeg_store", "ours_folder", "ours_dali", "torchvision_v2",

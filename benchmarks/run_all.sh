@@ -8,7 +8,7 @@
 # Steps (the default order): tests (python3 -m pytest -m gpu tests), ladder, peers, compute, feeds,
 # overhead, advisor and, with two GPUs visible, ddp_scaling (named on a
 # one-GPU machine it is skipped with a line saying so). By name only: parity (benchmarks/accuracy_parity.py
-# --size gpu, which trains for a long time), jpeg, stores, models and ceiling_frac (benchmarks/<name>.py).
+# --size gpu, which trains for a long time), jpeg, stores and models (benchmarks/<name>.py).
 # Results go to $RES/<date>-<step>-<gpu>.json (ddp_scaling to $RES/<date>-ddp-scaling-<gpu>x2.json, parity
 # into $RES). A failing step does not stop the others; each runs under timeout $SUITE_TIMEOUT (default 600 s).
 # SUITE_DRY_RUN=1 prints each step's command and runs nothing.
@@ -56,7 +56,7 @@ for name in "${steps[@]}"; do
   out="$RES/$day-${name//_/-}-$tag.json"
   case "$name" in
     tests) cmd=(python3 -m pytest -m gpu -q -p no:cacheprovider tests) ;;
-    ladder|peers|compute|feeds|advisor|jpeg|stores|models|ceiling_frac) cmd=(python3 "benchmarks/$name.py" --out "$out") ;;
+    ladder|peers|compute|feeds|advisor|jpeg|stores|models) cmd=(python3 "benchmarks/$name.py" --out "$out") ;;
     overhead) cmd=(python3 benchmarks/overhead.py --out "$out" --tensorboard "$TB/overhead") ;;
     ddp_scaling) cmd=(env CUDA_VISIBLE_DEVICES="$two" python3 benchmarks/ddp_scaling.py --out "$RES/$day-ddp-scaling-${tag}x2.json") ;;
     parity) cmd=(python3 benchmarks/accuracy_parity.py --size gpu --out "$RES") ;;

@@ -55,11 +55,9 @@ ROWS: dict[str, tuple[str, ...]] = {
 #: scripts checked otherwise, and how
 OTHERS = {
     "accuracy_parity.py": "tests/test_accuracy_parity.py runs it; --help here",
-    "profile_step.py": "CUDA only: its trace analysis runs on a made-up trace here",
     "stores.py": "tests/test_stores_bench.py runs its --quick and its eviction check",
     "models.py": "tests/test_models_bench.py runs its --quick on two stand-ins and its search lists",
     "jpeg.py": "tests/test_jpeg_bench.py runs its --quick, its hiding of DALI and its images' description",
-    "ceiling_frac.py": "tests/observe/test_ceiling.py runs its --quick; --help here",
     "energy.py": "tests/test_energy_bench.py runs its --quick and its rows' pieces",
 }
 
@@ -221,6 +219,21 @@ def test_no_function_over_80_lines(script: str) -> None:
     assert not long, f"{script}: split {long}"
 
 
+def test_one_module_holds_the_benchmarks_models_and_plain_loop() -> None:
+    """LightningModules and plain training loops are ``_zoo.py``'s; the scripts import them from there."""
+    elsewhere = []
+    for path in sorted(BENCH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or path.name == "_zoo.py":
+                continue
+            bases = {getattr(b, "attr", getattr(b, "id", "")) for b in node.bases}
+            if "LightningModule" in bases or any(b.endswith(("Classifier", "Loop")) for b in bases) or (
+                node.name.endswith("Loop")
+            ):
+                elsewhere.append(f"{path.name}: {node.name}")
+    assert elsewhere == []
+
+
 def _run_all(tmp: Path, *steps: str) -> list[str]:
     env = {**os.environ, "SUITE_DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
@@ -239,11 +252,11 @@ def test_run_all_runs_scripts_that_exist(tmp_path: Path) -> None:
     for line in lines:
         scripts = [w for w in line.split(": ", 1)[1].split() if w.endswith(".py")]
         assert all((REPO / s).is_file() for s in scripts), line
-    named = _run_all(tmp_path, "ddp_scaling", "parity", "jpeg", "stores", "models", "ceiling_frac")
+    named = _run_all(tmp_path, "ddp_scaling", "parity", "jpeg", "stores", "models")
     assert "skipped (needs two GPUs" in named[0] and "accuracy_parity.py --size gpu" in named[1]
-    for line, script in zip(named[2:], ("jpeg", "stores", "models", "ceiling_frac"), strict=True):
+    for line, script in zip(named[2:], ("jpeg", "stores", "models"), strict=True):
         assert f"benchmarks/{script}.py --out /tmp/run_all/results/" in line, line
-    assert named[-1].endswith("-ceiling-frac-gpu.json"), named[-1]
+    assert named[-1].endswith("-models-gpu.json"), named[-1]
 
 
 def test_screenshot_tool_finds_the_demo_runs_fit(tmp_path: Path) -> None:
@@ -286,30 +299,3 @@ def test_peers_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         load("peers.py").parse_args(["--only", "ours_hdf5,ffcv"])
     assert "unknown rows ['ffcv']" in capsys.readouterr().err
-
-
-def test_profile_step_reads_streams_gaps_and_launch_lead_from_a_trace(tmp_path: Path) -> None:
-    prof = load("profile_step.py")
-
-    def kernel(ts, dur, stream, corr):
-        return {"ph": "X", "cat": "kernel", "ts": ts, "dur": dur, "args": {"stream": stream, "correlation": corr}}
-
-    def launch(ts, corr):
-        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 5,
-                "args": {"correlation": corr}}  # fmt: skip
-
-    # two steps of 1000 us: the main stream busy 0-600 and 1000-1600 (overlapping kernels counted once),
-    # a side stream 100-300; each kernel launched 50 us before it starts
-    events = [kernel(0, 400, 7, 1), kernel(200, 400, 7, 2), kernel(1000, 600, 7, 3), kernel(100, 200, 9, 4),
-              kernel(1950, 50, 7, 5)]  # fmt: skip
-    events += [launch(e["ts"] - 50, e["args"]["correlation"]) for e in list(events)]
-    trace = tmp_path / "t.json"
-    trace.write_text(json.dumps({"traceEvents": events}))
-    got = prof.analyse(trace, steps=2)
-    assert got["main_stream"] == "7" and got["window_ms_per_step"] == pytest.approx(1.0)
-    assert got["streams"]["7"]["busy_ms_per_step"] == pytest.approx(0.625)  # (600 + 600 + 50) / 2
-    assert got["streams"]["9"]["busy_ms_per_step"] == pytest.approx(0.1)
-    assert got["main_idle_ms_per_step"] == pytest.approx(0.375)
-    assert got["main_stream_largest_gaps_ms"][:2] == [0.4, 0.35]
-    assert got["launch_to_start_ms_p10_p50_p90"] == [0.05, 0.05, 0.05]
-    assert got["host_cuda_api_ms_per_step"]["cudaLaunchKernel"] == pytest.approx(0.0125)

@@ -1,17 +1,20 @@
-"""``benchmarks/energy.py`` and its rows (``lightning_gpuopt.bench.energy``): the ``--quick`` CPU run, rows a
+"""``benchmarks/energy.py`` and its rows (``benchmarks/_energy.py``): the ``--quick`` CPU run, rows a
 CPU cannot run saying why, the rows' models and feeds, and on a GPU the four rows' figures."""
 
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from lightning_gpuopt.bench import energy
 from tests.test_benchmarks import load
+
+energy = load("_energy.py")
+zoo = sys.modules["_zoo"]  # the classifiers, as _energy imported them
 
 
 def test_quick_run_trains_naive_and_says_why_the_others_cannot(tmp_path):
@@ -59,8 +62,8 @@ def test_fit_figures_read_the_measured_windows_and_the_compile():
 
 def test_in_place_normalize_computes_the_same_and_changes_its_input():
     torch.manual_seed(0)
-    plain = energy.Uint8Classifier("small", num_classes=4)
-    in_place = energy.InPlaceNormalize("small", num_classes=4)
+    plain = zoo.Uint8Classifier("small", num_classes=4)
+    in_place = zoo.InPlaceNormalize("small", num_classes=4)
     in_place.load_state_dict(plain.state_dict())
     x = torch.randint(0, 256, (2, 3, 32, 32)).float()
     kept = x.clone()
@@ -74,14 +77,14 @@ def test_jpeg_bytes_stay_on_the_host_and_crops_have_the_size(jpeg_folder):
     assert encoded.data[0][:2].tolist() == [0xFF, 0xD8] and labels.tolist() == [data[0][1], data[1][1]]
     moved = move_data_to_device((encoded, labels), torch.device("meta"))
     assert moved[0] is encoded and moved[1].device.type == "meta"  # decode_jpeg reads host bytes
-    crop = energy._crop(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 32)
+    crop = zoo.random_resized_crop(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 32)
     assert crop.shape == (1, 3, 32, 32) and crop.min() >= 0 and crop.max() <= 255
 
 
 def test_gpu_decode_classifier_decodes_crops_and_flips(jpeg_folder):
     pytest.importorskip("torchvision", reason="torchvision decodes the JPEGs (not installed here)")
     data = energy.JPEGBytes(jpeg_folder)
-    model = energy.GPUDecodeClassifier("small", num_classes=3, image_size=16)
+    model = zoo.GPUDecodeClassifier("small", num_classes=3, image_size=16)
     x, y = model.on_after_batch_transfer(energy.collate_jpegs([data[i] for i in range(4)]), 0)
     assert x.shape == (4, 3, 16, 16) and x.dtype == torch.uint8 and y.shape == (4,)
 

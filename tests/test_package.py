@@ -284,6 +284,23 @@ def test_only_the_harness_imports_the_bench_package():
     assert offenders == {}
 
 
+def test_the_bench_package_holds_only_what_the_commands_use():
+    """Every module of ``lightning_gpuopt.bench`` is reached from the commands' imports (anywhere in a
+    module, functions included); what only the benchmark scripts use lives in ``benchmarks/``."""
+    sources = _package_sources()
+    bench = {n for n in sources if n.startswith("lightning_gpuopt.bench.")}
+    reached: set[str] = set()
+    todo = [n for n in sources if n.startswith("lightning_gpuopt.commands.")]
+    while todo:
+        name = todo.pop()
+        source, is_package = sources[name]
+        for imported in _imported_modules(source, name if is_package else name.rpartition(".")[0]):
+            if imported in bench and imported not in reached:
+                reached.add(imported)
+                todo.append(imported)
+    assert sorted(bench - reached) == []
+
+
 def test_every_availability_flag_is_used():
     from lightning_gpuopt import _imports
 

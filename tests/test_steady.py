@@ -1,4 +1,5 @@
-"""``bench.steady``: a fit measured from batch-end marks, stopped after its window; turns and their rows."""
+"""``bench.steady``: a fit measured from batch-end marks, stopped after its window; turns (``benchmarks/_shared.py``) and
+their rows."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop, summarize, take_turns
+from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop, summarize
 from tests._lightning import quiet_trainer
+from tests.test_benchmarks import load
 
 
 class _Module(pl.LightningModule):
@@ -100,7 +102,7 @@ def test_turns_alternate_and_a_failing_variant_keeps_its_error():
         order.append("bad")
         raise RuntimeError("no data")
 
-    out = take_turns({"ceiling": ok("ceiling"), "a": ok("a"), "bad": bad}, repeats=3)
+    out = load("_shared.py").take_turns({"ceiling": ok("ceiling"), "a": ok("a"), "bad": bad}, repeats=3)
     assert order == ["ceiling", "a", "bad", "ceiling", "a", "ceiling", "a"]
     rows = {r["name"]: r for r in summarize(out, "ceiling")}
     assert rows["bad"]["samples_per_sec"] is None and "no data" in rows["bad"]["error"]

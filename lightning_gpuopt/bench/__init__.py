@@ -1,24 +1,23 @@
 """The before/after ladder, its ceilings, and the demo models and data (``lightning-gpuopt bench`` and ``demo``).
 
-This package measures the product; the product (``data/``, ``compute/``, ``observe/``) never imports it.
+This package measures the product; the product (``data/``, ``compute/``, ``observe/``) never imports it. It
+holds what the two commands use; what only the benchmark scripts use lives in ``benchmarks/``.
 
 =================  ==========================================================================================
 module             what it holds
 =================  ==========================================================================================
 ``rows``           the ladder's rows (``ROW_SPECS``), ``LadderConfig``, the naive PIL dataset
 ``steady``         ``StepClock`` (a CUDA event at every batch end, warm-up past the compile and the
-                   prefetch, then a fixed window), ``measure_loop``, repetitions taking turns, ``summarize``
+                   prefetch, then a fixed window), ``measure_loop``, ``summarize``
 ``meter``          ``first_fast_step`` (when a compile is over), ``compare`` (a difference beyond the noise)
 ``runner``         ``run_ladder``: each row several Lightning fits (plain loops for the ceilings) taking turns
 ``ceilings``       ``fill_ratios``: ratios turn by turn against the compiled ceiling where measured, and the
                    eager one
 ``report``         tables, results JSON, PNG chart, the recorded GPU ladder shipped with the package
-``measure``        ``PlainLoop`` and ``plain_loop_throughput`` (the ceilings), ``ThroughputMeter``,
-                   ``write_results``
+``measure``        ``PlainLoop`` (the ceilings), ``write_results``, ``fit``, ``quiet_lightning``
 ``models``         ``ImageClassifier`` and the built-in ``SmallResNet``
 ``synthetic``      ``make_jpeg_folder``: ImageNet-shaped generated JPEGs
 ``demo``           ``run_demo``
-``energy``         the rows of ``benchmarks/energy.py``: joules a sample, the JPEG engine, CUDA graphs
 ``runs``           versioned run folders and output paths checked before work
 =================  ==========================================================================================
 
@@ -34,39 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "LadderConfig": "lightning_gpuopt.bench.rows",
-    "ROW_NAMES": "lightning_gpuopt.bench.rows",
-    "parse_rows": "lightning_gpuopt.bench.rows",
     "run_ladder": "lightning_gpuopt.bench.runner",
-    "StepClock": "lightning_gpuopt.bench.steady",
-    "PlainLoop": "lightning_gpuopt.bench.measure",
-    "plain_loop_throughput": "lightning_gpuopt.bench.measure",
-    "fill_ratios": "lightning_gpuopt.bench.ceilings",
-    "ThroughputMeter": "lightning_gpuopt.bench.measure",
-    "write_results": "lightning_gpuopt.bench.measure",
     "ImageClassifier": "lightning_gpuopt.bench.models",
-    "build_model": "lightning_gpuopt.bench.models",
     "make_jpeg_folder": "lightning_gpuopt.bench.synthetic",
-    "DemoOptions": "lightning_gpuopt.bench.demo",
-    "run_demo": "lightning_gpuopt.bench.demo",
 }
 
-__all__ = [
-    "ROW_NAMES",
-    "DemoOptions",
-    "ImageClassifier",
-    "LadderConfig",
-    "PlainLoop",
-    "StepClock",
-    "ThroughputMeter",
-    "build_model",
-    "fill_ratios",
-    "make_jpeg_folder",
-    "parse_rows",
-    "plain_loop_throughput",
-    "run_demo",
-    "run_ladder",
-    "write_results",
-]
+__all__ = ["ImageClassifier", "LadderConfig", "make_jpeg_folder", "run_ladder"]
 
 
 def __getattr__(name: str) -> Any:
@@ -83,16 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from lightning_gpuopt.bench.ceilings import fill_ratios
-    from lightning_gpuopt.bench.demo import DemoOptions, run_demo
-    from lightning_gpuopt.bench.measure import (
-        PlainLoop,
-        ThroughputMeter,
-        plain_loop_throughput,
-        write_results,
-    )
-    from lightning_gpuopt.bench.models import ImageClassifier, build_model
-    from lightning_gpuopt.bench.rows import ROW_NAMES, LadderConfig, parse_rows
+    from lightning_gpuopt.bench.models import ImageClassifier
+    from lightning_gpuopt.bench.rows import LadderConfig
     from lightning_gpuopt.bench.runner import run_ladder
-    from lightning_gpuopt.bench.steady import StepClock
     from lightning_gpuopt.bench.synthetic import make_jpeg_folder

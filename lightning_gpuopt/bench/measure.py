@@ -2,8 +2,8 @@
 
 Every benchmark writes one JSON file shaped the same way (``write_results``) so any reader can compare them,
 and measures variants as ratios *in one run* against a ceiling measured in that same run
-(``PlainLoop``, ``plain_loop_throughput``). ``fit`` and ``quiet_lightning`` keep a command's output to its own lines: no
-Lightning banners, and Ctrl-C reaches the caller as ``KeyboardInterrupt``.
+(``PlainLoop``, the ladder's ceilings). ``fit`` and ``quiet_lightning`` keep a command's output to its own
+lines: no Lightning banners, and Ctrl-C reaches the caller as ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from typing_extensions import override
 
 from lightning_gpuopt._common import available_cpus, synchronize
-from lightning_gpuopt.bench.steady import measure_loop
 from lightning_gpuopt.compute.optimizer import init_momentum_buffers
 
 ROW_KEYS = ("name", "samples_per_sec", "ratio_to_ceiling", "gpu_util_mean", "data_wait_frac")
@@ -136,25 +134,10 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
     return path
 
 
-def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The results file at ``path`` (as ``write_results`` writes it), ``{"rows": []}`` where there is none; a
-    file that is not one raises ``ValueError`` naming it, before a run that would add to it starts."""
-    path = Path(path)
-    if not path.is_file():
-        return {"rows": []}
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a results file ({err}); pass another path or remove it") from err
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows", []), list):
-        raise ValueError(f"{path} is not a results file (no list of rows); pass another path or remove it")
-    return doc
-
-
 class PlainLoop:
     """A plain PyTorch training loop on one batch already on the device, stepped by the caller: the ceilings.
 
-    ``bench.steady.measure_loop(loop.step, ...)`` measures it (``plain_loop_throughput`` does); the ladder
+    ``bench.steady.measure_loop(loop.step, ...)`` measures it; the ladder
     times its warm-up steps one by one (``timed_step``) to see when a compiled model's steps have become fast.
 
     Args:
@@ -163,15 +146,11 @@ class PlainLoop:
         channels_last: convert model and batch to channels_last.
         fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
             ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
-        feed: a callable returning the next ``(images, labels)`` batch on the device (a hand-written fed
-            loop); each step calls it. With ``use_feed=False`` the batch is fetched and discarded while the
-            step trains on the resident batch: what the pipeline's own GPU work costs the model.
         label_sets: the resident batch's labels cycle through this many random label tensors, so the loss
             does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
             work a real step does).
         compile: run the model through ``torch.compile(model, dynamic=False)`` (inductor); the first steps
-            compile it. A string is the compile ``mode`` (``"reduce-overhead"``: CUDA graphs, each step
-            marked as a new one).
+            compile it.
 
     Example:
         >>> from lightning_gpuopt.bench.models import build_model
@@ -192,10 +171,8 @@ class PlainLoop:
         device: str | torch.device = "cuda",
         lr: float = 0.01,
         fused: bool | None = None,
-        feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
-        use_feed: bool = True,
         label_sets: int = 1,
-        compile: bool | str = False,
+        compile: bool = False,
     ) -> None:
         self.device = device = torch.device(device)
         self.batch_size = batch_size
@@ -203,11 +180,9 @@ class PlainLoop:
         mf = torch.channels_last if channels_last else torch.contiguous_format
         model = model.to(device).to(memory_format=mf)  # type: ignore[call-overload]
         model.train()
-        mode = compile if isinstance(compile, str) else None
         self.model: Callable[[torch.Tensor], torch.Tensor] = (
-            torch.compile(model, dynamic=False, mode=mode) if compile else model
+            torch.compile(model, dynamic=False) if compile else model
         )
-        self._graphs = mode == "reduce-overhead"
         self.x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(
             memory_format=mf
         )
@@ -219,20 +194,13 @@ class PlainLoop:
         init_momentum_buffers(self.opt)  # a first step the GradScaler skips keeps zero momentum
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.feed, self.use_feed = feed, use_feed
         self._count = 0
 
     def step(self) -> None:
         """One training step (asynchronous on CUDA)."""
         xb, yb = self.x, self.ys[self._count % len(self.ys)]
         self._count += 1
-        if self.feed is not None:
-            fx, fy = self.feed()
-            if self.use_feed:
-                xb, yb = fx, fy
         self.opt.zero_grad(set_to_none=True)
-        if self._graphs:
-            torch.compiler.cudagraph_mark_step_begin()
         dtype = self.dtype
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = self.loss_fn(self.model(xb), yb)
@@ -249,89 +217,6 @@ class PlainLoop:
         return time.perf_counter() - t0
 
 
-def plain_loop_throughput(
-    model: nn.Module,
-    batch_size: int,
-    image_size: int = 224,
-    num_classes: int = 1000,
-    steps: int = 60,
-    warmup: int = 15,
-    dtype: torch.dtype | None = torch.float16,
-    channels_last: bool = True,
-    device: str | torch.device = "cuda",
-    lr: float = 0.01,
-    fused: bool | None = None,
-    feed: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
-    use_feed: bool = True,
-    label_sets: int = 1,
-) -> float:
-    """Samples/s of a plain PyTorch training loop on one batch already on the device: the ceiling.
-
-    ``warmup`` untimed steps, then ``steps`` steps timed on the device's clock (``measure_loop``: a CUDA event
-    after each); the other arguments are ``PlainLoop``'s.
-    """
-
-    loop = PlainLoop(
-        model,
-        batch_size,
-        image_size,
-        num_classes,
-        dtype=dtype,
-        channels_last=channels_last,
-        device=device,
-        lr=lr,
-        fused=fused,
-        feed=feed,
-        use_feed=use_feed,
-        label_sets=label_sets,
-    )
-    return measure_loop(loop.step, loop.device, warmup, steps, batch_size).samples_per_sec or 0.0
-
-
-class ThroughputMeter(pl.Callback):
-    """Wall-clock samples/s of a fit after ``warmup`` training batches, synchronised at both ends.
-
-    Only two device syncs in the whole run (start of the timed window and end of training), so the
-    figure is what the user's run achieves.
-
-    Example:
-        >>> meter = ThroughputMeter(warmup=10)
-        >>> trainer = pl.Trainer(max_steps=100, callbacks=[meter])  # doctest: +SKIP
-        >>> trainer.fit(model, loader); meter.samples_per_sec  # doctest: +SKIP
-    """
-
-    def __init__(self, warmup: int = 10) -> None:
-        self.warmup = warmup
-        self._t0: float | None = None
-        self._samples = 0
-        self.samples_per_sec: float | None = None
-        self.seconds: float | None = None
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step == self.warmup and self._t0 is None:
-            synchronize(pl_module.device)
-            self._t0 = time.perf_counter()
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._t0 is not None:
-            x = batch[0] if isinstance(batch, (list, tuple)) else batch
-            self._samples += int(x.shape[0]) if hasattr(x, "shape") else 0
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._t0 is None:
-            return
-        synchronize(pl_module.device)
-        self.seconds = time.perf_counter() - self._t0
-        self.samples_per_sec = self._samples / self.seconds if self.seconds > 0 else None
-
-
 def cpu_seconds() -> float:
     """CPU seconds this process and its live children (loader workers) have used so far (psutil)."""
     import psutil
@@ -342,10 +227,3 @@ def cpu_seconds() -> float:
         with contextlib.suppress(psutil.Error):
             total += sum(child.cpu_times()[:2])
     return total
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """Run ``fn`` and return ``(result, seconds)``."""
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

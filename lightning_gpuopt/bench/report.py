@@ -110,28 +110,6 @@ def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> s
     return "\n".join([table, *ceiling_notes(rows)]) if notes else table
 
 
-def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """The ladder as a Markdown table (for README/docs), rows that did not run say why; ``ceiling_notes``
-    below it."""
-    lines = [
-        "| row | adds | samples/s | range | J/sample | p50 ms | p90 ms | of ceiling | of eager ceiling | x naive "
-        "| GPU-Util % | data-wait | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        status = "ok" if r.get("status") == OK else f"{r.get('status')}: {r.get('reason')}"
-        lines.append(
-            f"| `{r['name']}` | {r.get('adds', '')} | {_num(r.get('samples_per_sec'))} | {_range(r) or '-'} | "
-            f"{_num(r.get('joules_per_sample'), '.3g')} | "
-            f"{_ms(r.get('p50_ms'))} | {_ms(r.get('p90_ms'))} | {_num(r.get('ratio_to_ceiling'), '.3f')} | "
-            f"{_num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
-            f"{_num(r.get('speedup_vs_naive'), '.1f')} | {_num(r.get('gpu_util_mean'), '.1f')} | "
-            f"{_num(r.get('data_wait_frac'), '.3f')} | {status} |"
-        )
-    notes = ceiling_notes(rows)
-    return "\n".join([*lines, *(["", *notes] if notes else [])])
-
-
 # ----------------------------------------------------------------------------------- this run vs recorded
 def load_reference() -> dict[str, Any]:
     """The recorded GPU ladder shipped with the package: ``{"machine", "date", "config", "rows", ...}``."""

@@ -249,7 +249,7 @@ class NaiveImageFolder(Dataset):
 class DeviceBatches:
     """One batch of images already on the device, ``length`` times (the Lightning ceiling's loader).
 
-    Labels cycle through ``labels`` (one tensor or several), as in ``plain_loop_throughput``.
+    Labels cycle through ``labels`` (one tensor or several), as in ``PlainLoop``.
 
     Example:
         >>> batches = DeviceBatches(torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.long), length=3)

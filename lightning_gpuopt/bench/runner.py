@@ -613,43 +613,49 @@ class LadderRunner:
             else:
                 fit(trainer, model, train_dataloaders=loader)
         m = clock.measurement
-        logged: dict[str, float] = {}
-        if m is None:
-            why = "the fit ended before the warm-up did (too few batches?)"
-            if spec.compiled and clock.compile_seconds is None:
-                why = "the fit ended before the step time settled after the compile"
-            row.update(status=FAILED, reason=why)
-        else:
-            if m.compile_seconds is not None and row["compile_seconds"] is None:
-                self._compile_seen.append(m.compile_seconds)
-                self.say(f"  compiled: {m.compile_seconds:.1f} s from the first step to the first fast one")
-            self._add_repeat(row, rnd, m, clock.steps)
-            gpu, wait = window_means(getattr(monitor, "history", []), trainer.global_step - m.steps)
-            if gpu is not None and self.cuda:
-                row["_gpu"].append(gpu)
-                row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
-            if wait is not None:
-                row["_wait"].append(wait)
-                row["data_wait_frac"] = statistics.fmean(row["_wait"])
-            history = getattr(monitor, "history", [])
-            joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
-            if joules is not None:
-                row["_joules"].append(joules)
-                row["joules_per_sample"] = statistics.fmean(row["_joules"])
-            this_fit = {
-                "samples_per_sec": m.samples_per_sec,
-                "p50_ms": m.p50_ms,
-                "p90_ms": m.p90_ms,
-                "gpu_util_mean": gpu if self.cuda else None,
-                "data_wait_frac": wait,
-                "joules_per_sample": joules,
-            }
-            logged = {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
+        logged = self._record_fit(spec, row, rnd, clock, monitor, trainer)
         for lg in trainer.loggers:
             if logged:
                 lg.log_metrics(logged, step=trainer.global_step)
             lg.finalize("success" if m is not None else "failed")
         del trainer, model, loader
+
+    def _record_fit(
+        self, spec: RowSpec, row: dict[str, Any], rnd: int, clock: RowClock, monitor: Any, trainer: pl.Trainer
+    ) -> dict[str, float]:
+        """Add a fit's measurement to its row (or the reason it has none); the figures to log for it."""
+        m = clock.measurement
+        if m is None:
+            why = "the fit ended before the warm-up did (too few batches?)"
+            if spec.compiled and clock.compile_seconds is None:
+                why = "the fit ended before the step time settled after the compile"
+            row.update(status=FAILED, reason=why)
+            return {}
+        if m.compile_seconds is not None and row["compile_seconds"] is None:
+            self._compile_seen.append(m.compile_seconds)
+            self.say(f"  compiled: {m.compile_seconds:.1f} s from the first step to the first fast one")
+        self._add_repeat(row, rnd, m, clock.steps)
+        gpu, wait = window_means(getattr(monitor, "history", []), trainer.global_step - m.steps)
+        if gpu is not None and self.cuda:
+            row["_gpu"].append(gpu)
+            row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
+        if wait is not None:
+            row["_wait"].append(wait)
+            row["data_wait_frac"] = statistics.fmean(row["_wait"])
+        history = getattr(monitor, "history", [])
+        joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
+        if joules is not None:
+            row["_joules"].append(joules)
+            row["joules_per_sample"] = statistics.fmean(row["_joules"])
+        this_fit = {
+            "samples_per_sec": m.samples_per_sec,
+            "p50_ms": m.p50_ms,
+            "p90_ms": m.p90_ms,
+            "gpu_util_mean": gpu if self.cuda else None,
+            "data_wait_frac": wait,
+            "joules_per_sample": joules,
+        }
+        return {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
 
     def _run_one(
         self,

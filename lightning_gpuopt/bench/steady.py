@@ -4,8 +4,7 @@ taking turns, medians with their spread.
 ``StepClock`` is a callback for any fit: it records a CUDA event at every batch end (no synchronisation on
 the way), skips a warm-up (a compile, cuDNN autotuning, and the batches the loader prefetched while the
 model was starting), measures ``steps`` steps, and stops the fit. ``PlainLoop`` runs are measured the same
-way by ``measure_loop``. ``take_turns`` runs each variant once a turn, for ``repeats`` turns, so a slow
-minute of the host lands on every variant alike, and ``summarize`` reduces each variant's repetitions to a
+way by ``measure_loop``. ``summarize`` reduces each variant's repetitions, taken in turns, to a
 row: the median repetition, the worst and best, the ratio to a ceiling taken turn by turn, and p50/p90 step
 times.
 
@@ -281,39 +280,6 @@ def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: i
     return Measurement(batch_size * steps, sum(step_ms) / 1e3, tuple(step_ms))
 
 
-Variant = Callable[[], Measurement]
-
-
-def take_turns(
-    variants: Mapping[str, Variant], repeats: int, on_result: Callable[[str, int, Measurement], None] | None = None
-) -> dict[str, list[Measurement | BaseException]]:
-    """Run each variant once a turn, in order, for ``repeats`` turns; a variant that raises keeps its error
-    in its place (the others go on) and is not run again.
-
-    Example:
-        >>> out = take_turns({"a": lambda: Measurement(8, 1.0, (1.0,))}, repeats=2)
-        >>> [m.samples_per_sec for m in out["a"]]
-        [8.0, 8.0]
-    """
-    check_int(repeats, "repeats", low=1)
-    out: dict[str, list[Measurement | BaseException]] = {name: [] for name in variants}
-    for turn in range(repeats):
-        for name, run in variants.items():
-            if any(isinstance(r, BaseException) for r in out[name]):
-                continue
-            try:
-                m = run()
-            except KeyboardInterrupt:
-                raise
-            except Exception as err:  # noqa: BLE001 - kept as the row's error
-                out[name].append(err)
-                continue
-            out[name].append(m)
-            if on_result is not None:
-                on_result(name, turn, m)
-    return out
-
-
 def _summed(values: Any) -> float | None:
     """The sum of the values that are not ``None``; ``None`` where all are."""
     known = [v for v in values if v is not None]
@@ -367,25 +333,3 @@ def summarize(
         )
         rows.append(row)
     return rows
-
-
-def format_rows(rows: Sequence[Mapping[str, Any]], ceiling_label: str = "of ceiling") -> str:
-    """A text table of ``summarize``'s rows: samples/s median [min-max], ratio median (worst), p50/p90."""
-    from lightning_gpuopt._common import format_table
-
-    def rate(r: Mapping[str, Any]) -> str | None:
-        if r.get("samples_per_sec") is None:
-            return r.get("error") and f"failed: {r['error'][:60]}"
-        return f"{r['samples_per_sec']:,.0f} [{r['samples_per_sec_min']:,.0f}-{r['samples_per_sec_max']:,.0f}]"
-
-    table = [
-        {
-            "row": r["name"],
-            "samples/s median [min-max]": rate(r),
-            ceiling_label: None if r.get("of_ceiling") is None else f"{r['of_ceiling']:.3f} ({r['of_ceiling_worst']:.3f})",
-            "p50 ms": r.get("p50_ms"),
-            "p90 ms": r.get("p90_ms"),
-        }
-        for r in rows
-    ]
-    return format_table(table, ["row", "samples/s median [min-max]", ceiling_label, "p50 ms", "p90 ms"])

@@ -40,8 +40,6 @@ def _src_size(text: str) -> tuple[int, int]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from lightning_gpuopt.bench.rows import ROW_NAMES
-
     parser.add_argument(
         "--data",
         help="class-per-subfolder image folder or a .h5 file made by `lightning-gpuopt convert` "
@@ -70,6 +68,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image-size", type=int, default=224, help="training crop side in pixels (default 224)"
     )
+    _add_run_args(parser)
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The rows, their timing and where the run writes."""
+    from lightning_gpuopt.bench.rows import ROW_NAMES
+
     parser.add_argument(
         "--rows",
         default=",".join(ROW_NAMES),

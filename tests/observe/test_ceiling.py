@@ -1,15 +1,11 @@
 """The replayed ceiling: it leaves training where it was, the monitor logs ``gpu/ceiling_frac`` from it and
-keeps the replay out of its windows, and ``benchmarks/ceiling_frac.py --quick`` runs."""
+keeps the replay out of its windows."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -19,8 +15,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpuopt.observe.ceiling import CEILING_KEY, CEILING_RATE_KEY, ReplayCeiling, ceiling_frac
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Net(pl.LightningModule):
@@ -273,24 +267,6 @@ def test_measure_ceiling_measures_again_at_the_next_window():
         warnings.simplefilter("ignore")
         trainer.fit(Net(), DataLoader(_Slow(), batch_size=8))
     assert again.first is not None and monitor.last_ceiling is not again.first
-
-
-def test_benchmark_quick_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    bench = REPO / "benchmarks"
-    monkeypatch.syspath_prepend(str(bench))
-    spec = importlib.util.spec_from_file_location("benchmarks_ceiling_frac", bench / "ceiling_frac.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    out = tmp_path / "ceiling.json"
-    assert module.main(["--quick", "--out", str(out)]) == 0
-    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
-    assert {"fed", "starved", "compiled", "ceiling_eager"} <= set(rows)
-    for name in ("fed", "starved", "compiled"):
-        row = rows[name]
-        assert row["monitor_ceiling_frac"] > 0 and row["separate_ceiling_frac"] > 0, row
-        assert row["difference"] == pytest.approx(row["monitor_ceiling_frac"] - row["separate_ceiling_frac"])
 
 
 @pytest.mark.gpu

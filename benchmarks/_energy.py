@@ -1,5 +1,5 @@
 """What a trained sample costs the GPU in joules, beside samples/s, and whether the step replays CUDA graphs:
-the rows of ``benchmarks/energy.py``.
+the rows of ``benchmarks/energy.py``, which imports it from its own folder.
 
 Each row fits an ``ImageClassifier`` (``--arch``) with a ``GPUStatsMonitor`` (the energy counter, the JPEG
 engine's load) and, where it goes through the preset, its own ``CompileModel`` (whether the step replays CUDA
@@ -28,9 +28,7 @@ its measured steps, over that window's samples/s (``meter.joules_per_sample``); 
 
 from __future__ import annotations
 
-import math
 import os
-import random
 import re
 import statistics
 from collections.abc import Sequence
@@ -38,19 +36,16 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
+from _zoo import EncodedJPEGs, GPUDecodeClassifier, InPlaceNormalize, Uint8Classifier
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus
+from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.meter import joules_per_sample, window_means
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.bench.rows import DeviceBatches, NaiveImageFolder
 
 __all__ = [
     "ROWS",
-    "GPUDecodeClassifier",
-    "InPlaceNormalize",
-    "Uint8Classifier",
     "fit_figures",
     "gpu_decoder",
     "gpu_tag",
@@ -102,43 +97,7 @@ def why_not(name: str, cuda: bool, decoder: str | None) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------ models
-class Uint8Classifier(ImageClassifier):
-    """``ImageClassifier`` fed uint8 batches, as a user whose loader leaves normalizing to the GPU writes it:
-    ``training_step`` makes them float (0-255) and ``forward`` normalizes them."""
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    def __init__(self, model: Any = "small", num_classes: int = 10, lr: float = 0.05) -> None:
-        super().__init__(model, num_classes, lr)
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model((x - self.mean) / self.std)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return super().training_step((x.float() if x.dtype == torch.uint8 else x, y), batch_idx)
-
-
-class InPlaceNormalize(Uint8Classifier):
-    """Normalizes its input in place inside ``forward``: the compiled graph changes one of its inputs, for
-    which torch records no CUDA graphs."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.sub_(self.mean).div_(self.std))
-
-
-class EncodedJPEGs:
-    """A batch's JPEG files as host tensors of bytes: not a collection, so Lightning leaves them on the host
-    (``decode_jpeg(device="cuda")`` reads host bytes)."""
-
-    def __init__(self, data: list[torch.Tensor]) -> None:
-        self.data = data
-
-
+# -------------------------------------------------------------------------------------------------- data
 class JPEGBytes(Dataset):
     """An image folder's files as ``(uint8 tensor of the file's bytes, label)``."""
 
@@ -158,44 +117,6 @@ class JPEGBytes(Dataset):
 
 def collate_jpegs(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[EncodedJPEGs, torch.Tensor]:
     return EncodedJPEGs([data for data, _ in items]), torch.tensor([label for _, label in items])
-
-
-def _crop(img: torch.Tensor, size: int) -> torch.Tensor:
-    """torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) of a CHW uint8 image, resized
-    antialiased: a ``(1, C, size, size)`` float tensor on the image's device."""
-    _, h, w = img.shape
-    ch, cw = min(h, w), min(h, w)
-    top, left = (h - ch) // 2, (w - cw) // 2  # the central square where ten draws do not fit
-    for _ in range(10):
-        area = h * w * random.uniform(0.08, 1.0)
-        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-        tw, th = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
-        if 0 < tw <= w and 0 < th <= h:
-            ch, cw, top, left = th, tw, random.randint(0, h - th), random.randint(0, w - tw)
-            break
-    crop = img[None, :, top : top + ch, left : left + cw].float()
-    return F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-
-
-class GPUDecodeClassifier(Uint8Classifier):
-    """``Uint8Classifier`` whose batches arrive as JPEG bytes, decoded on the GPU by torchvision's batched
-    ``decode_jpeg`` (nvJPEG) in ``on_after_batch_transfer``, then cropped and flipped there."""
-
-    def __init__(self, model: Any = "small", num_classes: int = 10, image_size: int = 224) -> None:
-        super().__init__(model, num_classes)
-        self.image_size = image_size
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        encoded, y = batch
-        if not isinstance(encoded, EncodedJPEGs):
-            return batch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        images = decode_jpeg(encoded.data, mode=ImageReadMode.RGB, device=self.device)
-        x = torch.cat([_crop(img, self.image_size) for img in images])
-        flip = torch.rand(x.shape[0], device=x.device) < 0.5
-        x = torch.where(flip[:, None, None, None], x.flip(3), x).round_().clamp_(0, 255)
-        return x.to(torch.uint8).contiguous(memory_format=torch.channels_last), y
 
 
 # ------------------------------------------------------------------------------------------------- rows
