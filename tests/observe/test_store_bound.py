@@ -20,12 +20,15 @@ from lightning_gpuopt.observe.advisor import diagnose
 
 
 class FakeStore(Dataset):
-    """An HDF5 store as the advisor sees it, whose reads take 2 ms an image and, when ``cold``, read a 512 px
-    canvas (``IMAGE_BYTES``) an image from "the disk" (``READ``: what the process's storage counter reports).
-    At that size the disk's rate stays far above ``store_read_mb_s`` however slowly a busy machine reads."""
+    """An HDF5 store as the advisor sees it, whose reads take 2 ms of the training thread's CPU an image and,
+    when ``cold``, read a 1024 px canvas (``IMAGE_BYTES``) an image from "the disk" (``READ``: what the
+    process's storage counter reports).
+
+    A busy machine slows the reads as much as the rest of the step, so the share of each step spent waiting
+    holds; at that canvas the disk's rate stays far above ``store_read_mb_s`` however slowly the steps run."""
 
     feed_info = FeedInfo(backend="hdf5", threads=2)
-    IMAGE_BYTES = 512 * 512 * 3
+    IMAGE_BYTES = 1024 * 1024 * 3
     READ = [0.0]
 
     def __init__(self, cold: bool) -> None:
@@ -35,7 +38,9 @@ class FakeStore(Dataset):
         return 4096
 
     def __getitem__(self, i: int):
-        time.sleep(0.002)
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
         if self.cold:
             FakeStore.READ[0] += FakeStore.IMAGE_BYTES
         return torch.randn(8), i % 2
