@@ -232,7 +232,7 @@ def test_a_second_conversion_to_the_same_store_fails_at_once(jpeg_folder, tmp_pa
         err = capsys.readouterr().err.strip()
         assert err.startswith("lightning-gpuopt convert: error: another conversion") and "same.h5" in err
         assert "wait for it to finish, or write to another name" in err and len(err.splitlines()) == 1
-        assert time.perf_counter() - t0 < 10  # refused before scanning or decoding anything
+        assert time.perf_counter() - t0 < 30  # a hang guard: refused before scanning or decoding anything
     finally:
         result, error = paused.resume()
     assert error is None and result.num_images == 48

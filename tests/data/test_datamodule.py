@@ -420,7 +420,8 @@ def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
     dm = OptimizedDataModule(val_dir=root, batch_size=256, num_workers="auto", image_size=8)
     start = time.perf_counter()
     _trainer().validate(Recorder(), datamodule=dm)
-    assert time.perf_counter() - start < 10  # measuring would take the whole 30 s budget
+    # a hang guard: measuring would take the whole 30 s budget (tuning_result None: nothing was measured)
+    assert time.perf_counter() - start < 25
     assert dm.tuning_result is None
     assert dm.val_dataloader().num_workers == 0 and dm.val_dataloader().read_threads == 0  # one batch
     assert dm.num_workers == "auto"  # a later fit still measures its training data

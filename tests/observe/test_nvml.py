@@ -1,6 +1,7 @@
 import pickle
 import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,7 @@ from lightning_gpuopt.observe.nvml import (
     nvml_device_index,
     parse_cuda_visible_devices,
 )
+from tests.observe import fake_pynvml
 from tests.observe.fake_pynvml import UUIDS, install
 
 
@@ -86,6 +88,8 @@ def test_sampler_windows_follow_the_load(monkeypatch):
         time.sleep(0.4)
         busy = sampler.window()
         fake.set(1, util=0.0, mem_util=0.0)
+        time.sleep(0.2)  # the thread reads the samples taken before the switch ...
+        sampler.window()  # ... into this window
         time.sleep(0.4)
         idle = sampler.window()
     finally:
@@ -101,20 +105,23 @@ def test_sampler_windows_follow_the_load(monkeypatch):
     assert busy["gpu/sm_active"] == pytest.approx(71.0)
     assert busy["gpu/tensor_active"] == pytest.approx(69.0)
     assert busy["gpu/sm_occupancy"] == pytest.approx(10.0)
-    # the idle window holds only samples taken after the switch (at most one straddles it)
-    assert idle["gpu/util"] < 10.0 and idle["gpu/util_min"] == 0.0
+    # a window that starts after the switch holds only samples taken after it
+    assert idle["gpu/util"] == 0.0 and idle["gpu/util_min"] == 0.0
 
 
 def test_window_mean_and_min_over_the_window(monkeypatch):
     fake = install(monkeypatch, sample_every_s=0.01)
+    clock = SimpleNamespace(now=1000.0)
+    # the driver takes its samples on a clock the test moves: 0.1 s at 100%, then 0.1 s at 0%
+    monkeypatch.setattr(fake_pynvml, "time", SimpleNamespace(monotonic=lambda: clock.now))
     sampler = NVMLSampler(0, period_s=100.0, gpm=False).start()  # thread samples once, then waits
     try:
-        time.sleep(0.05)
-        sampler.window()
+        while "gpu/power_w" not in sampler.window():  # the thread's one reading: a window ends there
+            time.sleep(0.01)
         fake.set(0, util=100.0)
-        time.sleep(0.1)
+        clock.now += 0.1
         fake.set(0, util=0.0)
-        time.sleep(0.1)
+        clock.now += 0.1
         sampler.sample_once()
         w = sampler.window()
         # no new sample since: the next window repeats the latest values instead of going blank
