@@ -2,10 +2,10 @@
 
 ``DecodedFolderBackend`` and ``DecodedStoreBackend`` are the folder and HDF5 backends with datasets read by
 threads of the training process (``ThreadDecodedFolder``, ``ThreadDecodedStore``) instead of worker
-processes. ``setup("fit")`` settles where the training split is decoded (``decode_choice.resolve_decoder``: nvJPEG
-or the CPU threads, one line on rank zero; under DDP every rank of a node takes its local rank zero's
-choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``. Evaluation splits, and training on
-the CPU threads, go through the host backends' loaders: canvases in pinned memory, cropped by ``GPUAugment``.
+processes. ``setup("fit")`` settles where the training split is decoded
+(``decode_choice.resolve_decoder``: nvJPEG or the CPU threads, one line on rank zero; under DDP every rank of
+a node takes its local rank zero's choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``.
+Evaluation splits, and training on the CPU threads, go through the host backends' loaders: canvases in pinned memory, cropped by ``GPUAugment``.
 ``backends.choose_backend`` picks them for JPEG folders and JPEG stores on a CUDA machine without DALI
 (``num_workers="auto"``), and wherever ``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
 """
@@ -72,7 +72,8 @@ class DecodedHostBackend(HostBackend):
 
         # Lightning's "does not have many workers": threads of this process read this loader
         warnings.filterwarnings("ignore", message="The 'train_dataloader' does not have many workers")
-        crops = NVJPEGCrops(dm.image_size, dm.augment, dm.mean, dm.std, seed=dm._stage_seed)  # type: ignore[attr-defined]
+        owner: Any = dm  # the DataModule: its crop settings, and the seed it drew for this training loader
+        crops = NVJPEGCrops(owner.image_size, owner.augment, owner.mean, owner.std, seed=owner._stage_seed)
         return NVJPEGLoader(
             dataset, batch_size=dm.batch_size, shuffle=True, drop_last=True, pin_memory=True,
             reader_threads=self.choice.threads, device_transform=crops,
