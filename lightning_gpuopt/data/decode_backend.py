@@ -7,7 +7,8 @@ processes. ``setup("fit")`` settles where the training split is decoded
 a node takes its local rank zero's choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``.
 Evaluation splits, and training on the CPU threads, go through the host backends' loaders: canvases in
 pinned memory, cropped by ``GPUAugment``. ``backends.choose_backend`` picks them for JPEG folders and JPEG
-stores on a CUDA machine without DALI (``num_workers="auto"``), and wherever ``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
+stores on a CUDA machine without DALI (``num_workers="auto"``), and wherever
+``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
 """
 
 from __future__ import annotations
