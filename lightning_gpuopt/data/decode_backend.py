@@ -62,6 +62,9 @@ class DecodedHostBackend(HostBackend):
         train = dm._dataset("train") if stage == "fit" else None
         if self.choice is None and isinstance(train, (ThreadDecodedFolder, ThreadDecodedStore)):
             self.choice = _settled(dm, self.decode, train)
+        resolved = getattr(dm, "_resolved", None)
+        if self.choice is not None and self.choice.decoder == "gpu" and callable(resolved):
+            resolved("train", self.choice.threads)  # dm.num_workers: the nvJPEG loader's reading threads
 
     def loader(self, dm: Owner, split: str) -> Any:
         dataset = dm._dataset(split) if split == "train" else None
