@@ -26,12 +26,16 @@ def test_quick_run_writes_the_rows(tmp_path):
     for name in ("ours_folder", "ours_jpeg_store", "ours_folder_dali"):
         row = by_name[name]
         assert row["decoder"] and row["loader_alone_per_sec"] > 0 and row["loader_alone_cpu_cores"] > 0, row
-        assert all(r["of_compiled_ceiling"] > 0 for r in row["repeats"]) and row["p90_ms"] >= row["p50_ms"], row
+        assert all(r["of_compiled_ceiling"] > 0 for r in row["repeats"]) and row["p90_ms"] >= row["p50_ms"], (
+            row
+        )
         assert row["dali_importable"] is (name == "ours_folder_dali"), row  # the others run as without DALI
     assert by_name["ours_folder"]["decoder"] == "CPU, 1 threads"
     assert by_name["ours_folder"]["bytes_per_image"] == doc["source_bytes_per_image"]
     assert 0 < by_name["ours_jpeg_store"]["bytes_per_image"] < doc["source_bytes_per_image"]
-    assert by_name["ours_folder_dali"]["backend"] == "dali" and by_name["ours_jpeg_store"]["backend"] == "hdf5"
+    assert (
+        by_name["ours_folder_dali"]["backend"] == "dali" and by_name["ours_jpeg_store"]["backend"] == "hdf5"
+    )
 
 
 def test_dali_is_unimportable_inside_and_back_afterwards():
@@ -53,11 +57,28 @@ def test_the_images_are_described_from_their_headers(tmp_path):
     from lightning_gpuopt.bench.synthetic import describe_images
 
     paths = []
-    for i, (size, mode, kw) in enumerate([((200, 100), "RGB", {}), ((100, 200), "L", {}),
-                                          ((300, 150), "CMYK", {}), ((120, 90), "RGB", {"progressive": True})]):
+    for i, (size, mode, kw) in enumerate(
+        [
+            ((200, 100), "RGB", {}),
+            ((100, 200), "L", {}),
+            ((300, 150), "CMYK", {}),
+            ((120, 90), "RGB", {"progressive": True}),
+        ]
+    ):
         paths.append(tmp_path / f"{i}.jpg")
         Image.new(mode, size).save(paths[-1], **kw)
     (tmp_path / "x.png").write_bytes(b"not a jpeg")
     got = describe_images([*paths, tmp_path / "x.png"])
-    assert got == {"count": 5, "jpeg": 4, "width_min": 100, "width_max": 300, "height_min": 90, "height_max": 200,
-                   "aspect_min": 0.5, "aspect_max": 2.0, "grayscale": 1, "cmyk": 1, "progressive": 1}
+    assert got == {
+        "count": 5,
+        "jpeg": 4,
+        "width_min": 100,
+        "width_max": 300,
+        "height_min": 90,
+        "height_max": 200,
+        "aspect_min": 0.5,
+        "aspect_max": 2.0,
+        "grayscale": 1,
+        "cmyk": 1,
+        "progressive": 1,
+    }

@@ -526,8 +526,9 @@ def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tu
         return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali})"
     if not torchvision_installed():
         return chosen, (
-            f"{what}, worker processes decode {them}; neither DALI nor torchvision is installed (pip install "
-            f"'lightning-gpuopt[vision]' decodes {them} in the training process, with nvJPEG on the GPU; {dali})"
+            f"{what}, worker processes decode {them}; neither DALI nor torchvision is installed (pip "
+            f"install 'lightning-gpuopt[vision]' decodes {them} in the training process, with nvJPEG on the "
+            f"GPU; {dali})"
         )
     from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
 

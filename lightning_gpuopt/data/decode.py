@@ -4,7 +4,8 @@ Two decoders, chosen per run (``resolve_decoder``, one setup line says which and
 ``DecodeOptions(decoder=...)`` chooses:
 
 - ``"cpu"``: threads of the training process decode whole batches onto canvases in pinned memory
-  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader`` datasets read by ``read_threads``).
+  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader`` datasets read by
+  ``read_threads``).
   A JPEG is decoded by torchvision's ``decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's) and resized
   by torch's antialiased kernel, both inside torch operators that release the GIL, so the threads decode in
   parallel; other formats, and JPEGs large enough for PIL's reduced-scale decode, go through
@@ -71,7 +72,8 @@ class DecodeOptions:
             ``None``: ``default_decode_threads``.
 
     Example:
-        >>> dm = OptimizedDataModule("data/train", "data/val", decode=DecodeOptions(decoder="cpu"))  # doctest: +SKIP
+        >>> options = DecodeOptions(decoder="cpu")
+        >>> dm = OptimizedDataModule("data/train", "data/val", decode=options)  # doctest: +SKIP
     """
 
     decoder: str | None = None

@@ -2,12 +2,13 @@
 
 ``DecodedFolderBackend`` and ``DecodedStoreBackend`` are the folder and HDF5 backends with datasets read by
 threads of the training process (``ThreadDecodedFolder``, ``ThreadDecodedStore``) instead of worker
-processes. ``setup("fit")`` settles where the training split is decoded (``decode_choice.resolve_decoder``: nvJPEG
-or the CPU threads, one line on rank zero; under DDP every rank of a node takes its local rank zero's
-choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``. Evaluation splits, and training on
-the CPU threads, go through the host backends' loaders: canvases in pinned memory, cropped by ``GPUAugment``.
-``backends.choose_backend`` picks them for JPEG folders and JPEG stores on a CUDA machine without DALI
-(``num_workers="auto"``), and wherever ``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
+processes. ``setup("fit")`` settles where the training split is decoded
+(``decode_choice.resolve_decoder``: nvJPEG or the CPU threads, one line on rank zero; under DDP every rank of
+a node takes its local rank zero's choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``.
+Evaluation splits, and training on the CPU threads, go through the host backends' loaders: canvases in
+pinned memory, cropped by ``GPUAugment``. ``backends.choose_backend`` picks them for JPEG folders and JPEG
+stores on a CUDA machine without DALI (``num_workers="auto"``), and wherever
+``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class DecodedHostBackend(HostBackend):
         train = dm._dataset("train") if stage == "fit" else None
         if self.choice is None and isinstance(train, (ThreadDecodedFolder, ThreadDecodedStore)):
             self.choice = _settled(dm, self.decode, train)
+        resolved = getattr(dm, "_resolved", None)
+        if self.choice is not None and self.choice.decoder == "gpu" and callable(resolved):
+            resolved("train", self.choice.threads)  # dm.num_workers: the nvJPEG loader's reading threads
 
     def loader(self, dm: Owner, split: str) -> Any:
         dataset = dm._dataset(split) if split == "train" else None
@@ -72,7 +76,8 @@ class DecodedHostBackend(HostBackend):
 
         # Lightning's "does not have many workers": threads of this process read this loader
         warnings.filterwarnings("ignore", message="The 'train_dataloader' does not have many workers")
-        crops = NVJPEGCrops(dm.image_size, dm.augment, dm.mean, dm.std, seed=dm._stage_seed)  # type: ignore[attr-defined]
+        owner: Any = dm  # the DataModule: its crop settings, and the seed it drew for this training loader
+        crops = NVJPEGCrops(owner.image_size, owner.augment, owner.mean, owner.std, seed=owner._stage_seed)
         return NVJPEGLoader(
             dataset, batch_size=dm.batch_size, shuffle=True, drop_last=True, pin_memory=True,
             reader_threads=self.choice.threads, device_transform=crops,

@@ -53,9 +53,9 @@ class DecodeChoice:
 def choose_jpeg_decoder(
     *, threads: int, cpu_rate: float, gpu_rate: float, model_rate: float | None = None
 ) -> tuple[str, str]:
-    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them, decoding ``cpu_rate`` images a second
-    together, decode at least ``model_rate`` (what the model trains at, when known: the GPU is then left to
-    the model) or at least nvJPEG's ``gpu_rate``; nvJPEG otherwise.
+    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them, decoding ``cpu_rate`` images a
+    second together, decode at least ``model_rate`` (what the model trains at, when known: the GPU is then
+    left to the model) or at least nvJPEG's ``gpu_rate``; nvJPEG otherwise.
 
     Example:
         >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0)[0]
@@ -176,7 +176,8 @@ def resolve_decoder(
 def _log(choice: DecodeChoice) -> DecodeChoice:
     where = "with nvJPEG on the GPU" if choice.decoder == "gpu" else f"on {choice.threads} CPU threads"
     how = "measured" if choice.measured else "chosen"
-    line = (f"OptimizedDataModule: JPEGs decoded {where} (decoder={choice.decoder!r}, {how}): {choice.reason}; "
+    line = (f"OptimizedDataModule: JPEGs decoded {where} (decoder={choice.decoder!r}, {how}): "
+            f"{choice.reason}; "
             "DecodeOptions(decoder='cpu' or 'gpu') overrides")  # fmt: skip
     if line not in _LOGGED:
         _LOGGED.add(line)

@@ -273,8 +273,9 @@ class NVJPEGLoader(ContinuousDataLoader):
     ``jpeg_bytes(i)`` and ``label(i)`` (``decode.ThreadDecodedFolder``, ``decode.ThreadDecodedStore``).
 
     Example:
+        >>> crops = NVJPEGCrops(224, AugmentConfig())
         >>> loader = NVJPEGLoader(folder, batch_size=256, shuffle=True, drop_last=True, pin_memory=True,
-        ...                       reader_threads=4, device_transform=NVJPEGCrops(224, AugmentConfig()))  # doctest: +SKIP
+        ...                       reader_threads=4, device_transform=crops)  # doctest: +SKIP
     """
 
     def __init__(self, *args: Any, reader_threads: int = GPU_READ_THREADS, device_transform: Any = None,

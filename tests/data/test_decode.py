@@ -468,7 +468,7 @@ def test_decoding_never_makes_the_training_stream_wait(tmp_path):
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert type(loader).__name__ == "NVJPEGLoader"
+    assert type(loader).__name__ == "NVJPEGLoader" and loader.reader_threads == dm.num_workers == 2
     batches = iter(loader)  # two batches a pass; the loader goes on into the next passes
     next(batches)  # nvJPEG made its handle: the first batch is not the one checked
     training = torch.cuda.current_stream()
