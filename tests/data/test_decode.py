@@ -134,10 +134,6 @@ def test_decode_canvas_fast_names_a_broken_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ the DataModule, on CPU
-class _Recorder:
-    pass
-
-
 def _module():  # type: ignore[no-untyped-def]
     import lightning.pytorch as pl
 
