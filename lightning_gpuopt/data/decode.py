@@ -189,6 +189,16 @@ def _cannot_decode(name: str, err: BaseException) -> ValueError:
     return ValueError(f"cannot decode image {name!r} ({type(err).__name__}: {detail[:200]}); {_FIX}")
 
 
+def check_pixels(info: JPEGInfo | None, name: str) -> None:
+    """PIL's decompression-bomb rule for a JPEG decoded outside PIL (``dali_pipeline.pixel_limit_problem``):
+    a warning above ``PIL.Image.MAX_IMAGE_PIXELS``, ``ValueError`` naming the file above twice it."""
+    from lightning_gpuopt.data.dali_pipeline import pixel_limit_problem  # imports no DALI
+
+    problem = None if info is None else pixel_limit_problem(name, (info.width, info.height))
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None) -> torch.Tensor:
     """One whole image as uint8 RGB ``(3, H, W)`` on the CPU: torchvision's ``decode_jpeg`` for a JPEG (PIL's
     pixels, grey and CMYK converted as PIL converts them), else PIL (``layout.to_rgb8``).
@@ -197,7 +207,9 @@ def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None)
         ValueError: the image cannot be decoded (``name`` is named).
     """
     data = data if isinstance(data, bytearray) else bytearray(data)
-    if _torchvision_io() is not None and (info or jpeg_info(data)) is not None:
+    info = info or jpeg_info(data)
+    if _torchvision_io() is not None and info is not None:
+        check_pixels(info, name)
         try:
             return _tv_decode(data)
         except RuntimeError as err:

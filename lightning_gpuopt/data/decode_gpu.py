@@ -31,6 +31,7 @@ from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
 from lightning_gpuopt.data.decode import (
     GPU_READ_THREADS,
     _torchvision_io,
+    check_pixels,
     decode_rgb,
     jpeg_info,
     nvjpeg_decodable,
@@ -80,6 +81,7 @@ def read_jpeg_batch(dataset: Any, indices: Sequence[int]) -> JPEGBatch:
         payload, name = dataset.jpeg_bytes(int(index))
         info = jpeg_info(payload)
         if nvjpeg_decodable(info):
+            check_pixels(info, name)
             data.append(torch.frombuffer(payload, dtype=torch.uint8))
             decoded.append(None)
         else:

@@ -123,6 +123,23 @@ def test_the_threads_decode_the_folder_backends_canvases(tmp_path):
     assert [threads.label(i) for i in range(n)] == labels.tolist()
 
 
+def test_a_decompression_bomb_is_refused_by_name_on_every_path(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the test image, 80x60, is over twice it
+    data = _jpeg(natural(80, 60, seed=1))
+
+    class One:
+        def jpeg_bytes(self, i):  # type: ignore[no-untyped-def]
+            return bytearray(data), "bomb.jpg"
+
+        def label(self, i):  # type: ignore[no-untyped-def]
+            return 0
+
+    with pytest.raises(ValueError, match=r"^image 'bomb\.jpg' is 80x60 = 4,800 pixels, more than twice"):
+        read_jpeg_batch(One(), [0])  # on its way to nvJPEG
+    with pytest.raises(ValueError, match=r"bomb"):
+        decode_rgb(data, "bomb.jpg")  # torchvision's CPU decoder, or PIL's own check
+
+
 def test_decode_canvas_fast_names_a_broken_file(tmp_path):
     data = _jpeg(natural(80, 60, seed=1))
     canvas = np.empty((40, 60, 3), np.uint8)
@@ -134,10 +151,6 @@ def test_decode_canvas_fast_names_a_broken_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ the DataModule, on CPU
-class _Recorder:
-    pass
-
-
 def _module():  # type: ignore[no-untyped-def]
     import lightning.pytorch as pl
 

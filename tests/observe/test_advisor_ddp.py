@@ -27,7 +27,8 @@ class _WriteVerdicts(pl.Callback):
 
 def _ddp_fit(tmp_path, model):
     # a 2-core CI machine shared by two ranks makes balanced ranks drift apart by up to ~12% of a step; the
-    # slowed rank is 27% late, so the threshold sits between the two
+    # slowed rank is two thirds of a step late, so the threshold sits between the two, and stays under it while
+    # a busy machine stretches each step's host work by up to 1.4 s
     advisor = BottleneckAdvisor(
         warmup_steps=3,
         window_steps=4,
@@ -48,16 +49,16 @@ def _ddp_fit(tmp_path, model):
 
 @pytest.mark.slow
 def test_a_slowed_rank_is_named_as_the_straggler(tmp_path):
-    ranks = _ddp_fit(tmp_path, TinyClassifier(sleep_s={0: 0.4, 1: 0.55}))
+    ranks = _ddp_fit(tmp_path, TinyClassifier(sleep_s={0: 0.2, 1: 0.6}))
     for rank in ranks:  # every rank gathers the same per-rank figures and reaches the same verdict
         straggler = [v for v in rank["verdicts"] if v["kind"] == "straggler"]
         assert len(straggler) == 1, rank["verdicts"]
         v = straggler[0]
         assert v["evidence"]["straggler_rank"] == 1 and v["cause"] == "compute"
-        assert v["evidence"]["late_ms"] >= 0.5 * 150.0
+        assert v["evidence"]["late_ms"] >= 0.5 * 400.0
         assert v["advice"].startswith("Rank 1 is late")
         waits = [float(w) for w in v["evidence"]["allreduce_wait_ms_per_rank"].split(",")]
-        assert waits[0] > waits[1] + 75.0
+        assert waits[0] > waits[1] + 200.0
         assert "comm-bound" not in [x["kind"] for x in rank["verdicts"]]
 
 
