@@ -153,14 +153,19 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
     from lightning_gpuopt.data import layout
     from lightning_gpuopt.data.jpeg_store import decode_into, encode_for_store
 
+    paths = [p for p in paths if os.path.isfile(p)]  # regular files: a FIFO would block the sample
     step = max(1, len(paths) // SAMPLE_IMAGES)
+    shape = (*layout.canvas_shape(storage_size), 3)
     encoded = []
     for path in list(paths)[::step][:SAMPLE_IMAGES]:
-        with contextlib.suppress(ValueError):  # an unreadable image: the conversion names it
-            encoded.append(encode_for_store(path, storage_size)[0])
+        # an unreadable image (or one whose store bytes do not decode) is left out: the conversion names it
+        with contextlib.suppress(ValueError, OSError):
+            data = encode_for_store(path, storage_size)[0]
+            decode_into(data, storage_size, np.zeros(shape, np.uint8), path)
+            encoded.append(data)
     if not encoded:
         return None
-    shape = (len(encoded), *layout.canvas_shape(storage_size), 3)
+    shape = (len(encoded), *shape)
     canvases, copies = np.zeros(shape, np.uint8), np.empty(shape, np.uint8)
     decoded, t0 = 0, time.perf_counter()
     while decoded < len(encoded) or time.perf_counter() - t0 < SAMPLE_SECONDS:

@@ -172,7 +172,7 @@ def test_the_preset_says_what_it_chose_and_why(fake_gpu, restore_backends, caplo
     transformer, conv, other = lines
     assert "precision='bf16-mixed' (a transformer on compute capability 9.0)" in transformer
     assert "no ChannelsLast (no Conv2d layer)" in transformer
-    assert "CompileModel (transformer: compiles when over 117 s of eager training is left)" in transformer
+    assert "CompileModel (transformer: compiles when over 117 s of eager training is left, a break-even assumed" in transformer
     assert "FusedOptimizer (bf16-mixed on CUDA: one kernel for each parameter group's update)" in transformer
     assert "precision='32-true' (yours)" in conv and "ChannelsLast (Conv2d layers)" in conv
     assert "CompileModel (conv: compiles when over 300 s" in conv and "FusedOptimizer" not in conv

@@ -55,7 +55,7 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from lightning_gpuopt import OptimizedDataModule
+    from lightning_gpuopt import DALIOptions, HDF5Options, OptimizedDataModule
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -83,7 +83,11 @@ def main() -> None:
                 path,
                 backend={"bad": "folder", "jpeg": "hdf5", "hdf5": "hdf5"}.get(backend, backend),
                 batch_size=4,
-                num_workers=1,
+                # worker processes where the backend has them; the raw store's and DALI's threads in their
+                # own options (num_workers means worker processes only)
+                num_workers={"hdf5": 0, "dali": "auto"}.get(backend, 1),
+                **({"dali": DALIOptions(threads=1)} if backend == "dali" else {}),
+                **({"hdf5": HDF5Options(threads=1)} if backend == "hdf5" else {}),
                 image_size=16,
                 on_corrupt="skip" if backend == "folder" else "raise",
             )

@@ -125,6 +125,7 @@ def test_window_mean_and_min_over_the_window(monkeypatch):
         sampler.sample_once()
         w = sampler.window()
         # no new sample since: the next window repeats the latest values instead of going blank
+        clock.now += 0.1
         sampler.sample_once()
         again = sampler.window()
     finally:
