@@ -53,11 +53,10 @@ def _own_folder(folder: str) -> bool:
 
 
 def _remove_if_orphaned(folder: str, parent: int) -> None:
-    """At a worker's exit: remove the loader's folder when the parent died (nobody else will) and no other
-    worker still keeps a folder in it."""
+    """At a worker's exit: remove the loader's folder when the parent died (nobody else will), with what a
+    sibling that exits at the same moment (or one killed) left in it: no live process of the loader needs it."""
     if os.getppid() != parent:
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class InWorkerFolder:
