@@ -69,16 +69,28 @@ class InWorkerFolder:
     workers make ``folder`` (the first of them; a parent killed before any started leaves nothing), and a
     worker whose parent died (PyTorch's workers notice within 5 s and exit) removes it once it is empty.
 
+    A worker made in the instant its parent is killed starts with another parent (pid 1 or a subreaper).
+    PyTorch's watchdog would take that one for the loader's process and wait for indices forever, so such a
+    worker removes the folder and exits at once.
+
     Args:
         folder: the iterator's folder (``worker_folder``).
         inner: the loader's own ``worker_init_fn`` (None: none).
+        parent: the pid the workers are children of (None: not checked, as under ``forkserver``, whose
+            server is every worker's parent).
     """
 
-    def __init__(self, folder: str, inner: Callable[[int], Any] | None = None) -> None:
+    def __init__(
+        self, folder: str, inner: Callable[[int], Any] | None = None, parent: int | None = None
+    ) -> None:
         self.folder = folder
         self.inner = inner
+        self.parent = parent
 
     def __call__(self, worker_id: int) -> None:
+        if self.parent is not None and os.getppid() != self.parent:  # the parent died making this worker
+            shutil.rmtree(self.folder, ignore_errors=True)
+            os._exit(1)
         if _own_folder(self.folder):
             tempfile.tempdir = self.folder  # public: the default folder of tempfile and multiprocessing
             multiprocessing.util.Finalize(
@@ -86,6 +98,17 @@ class InWorkerFolder:
             )
         if self.inner is not None:
             self.inner(worker_id)
+
+
+def _start_method(loader: Any) -> str | None:
+    """How ``loader``'s workers are started: its ``multiprocessing_context``, else the process default."""
+    context = getattr(loader, "multiprocessing_context", None)
+    if isinstance(context, str):
+        return context
+    if context is None:
+        # the first of all start methods is the default; get_start_method(allow_none=False) would fix it
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return context.get_start_method()
 
 
 def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], Callable[[], Any]]:
@@ -102,7 +125,9 @@ def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iter
     if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
         return start(), lambda: None
     own = loader.worker_init_fn
-    loader.worker_init_fn = InWorkerFolder(folder, own)
+    loader.worker_init_fn = InWorkerFolder(
+        folder, own, None if _start_method(loader) == "forkserver" else os.getpid()
+    )
     try:
         iterator = start()
     except BaseException:

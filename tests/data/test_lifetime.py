@@ -70,6 +70,29 @@ def test_a_worker_whose_parent_already_died_exits():
     assert os.waitstatus_to_exitcode(status) == 1
 
 
+@linux_only
+def test_a_worker_made_as_its_parent_died_removes_the_folder_and_exits(tmp_path):
+    from lightning_gpuopt.data._lifetime import InWorkerFolder
+
+    folder = tmp_path / "gpuopt-orphan"
+    folder.mkdir()  # a sibling made it before the parent died
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:  # the parent named is not this one's: it died while making this worker
+            InWorkerFolder(str(folder), parent=os.getppid() + 1)(0)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert not folder.exists()
+
+
+@linux_only
+def test_forkserver_workers_whose_parent_is_the_server_run():
+    loader = HostDataLoader(range(8), batch_size=2, num_workers=2, multiprocessing_context="forkserver")
+    assert sorted(int(x) for b in loader for x in b) == list(range(8))
+
+
 def test_a_loaders_own_worker_init_fn_runs_in_each_worker_and_stays_its_own():
     def init(worker_id: int) -> None:
         torch.manual_seed(1000 + worker_id)
