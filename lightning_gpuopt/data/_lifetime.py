@@ -157,14 +157,19 @@ def die_with_parent(expected_ppid: int | None = None) -> None:
         os._exit(1)
 
 
-# Reads stdin until its owner writes "d" (done) or dies (end of file: nobody holds the pipe any more); unless
-# done, removes the path (a file, or a folder with what is in it). Ignores the terminal's and a process
-# group's signals so that it outlives its owner by the moment it takes.
+# Waits until its owner writes "d" (done) to stdin, closes it, or dies (end of file, or a new parent: a forked
+# child of the owner may still hold the pipe); unless done, removes the path (a file, or a folder with what is
+# in it). Ignores the terminal's and a process group's signals so that it outlives its owner by the moment it
+# takes.
 _JANITOR = """
-import os, shutil, signal, sys
+import os, select, shutil, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if sys.stdin.buffer.read(1) != b"d":
+owner = int(sys.argv[2])
+while not select.select([0], [], [], 0.5)[0] and os.getppid() == owner:
+    pass
+done = os.getppid() == owner and os.read(0, 1) == b"d"
+if not done:
     path = sys.argv[1]
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
@@ -180,8 +185,8 @@ class Janitor:
     """A tiny process that removes ``path`` when its owner dies before calling ``release``.
 
     Start it before ``path`` exists, so no moment is left in which a SIGKILL strands it. The janitor notices
-    its owner's death as the end of a pipe only the owner holds (and the owner's forked children, which die
-    with it: ``die_with_parent``).
+    its owner's death as the end of a pipe only the owner holds, or within 0.5 s as a new parent (a forked
+    child of the owner may hold the pipe a while longer).
 
     Args:
         path: the temporary file or folder to remove.
@@ -194,7 +199,7 @@ class Janitor:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _JANITOR, os.fspath(path)],
+            [sys.executable, "-I", "-S", "-c", _JANITOR, os.fspath(path), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -269,6 +269,38 @@ def test_the_skip_folder_is_removed_after_a_sigkill(jpeg_folder, tmp_path):
     assert list(tmp_path.iterdir()) == [], "the skip folder outlived the killed process"
 
 
+_OWNER_WITH_A_FORKED_CHILD = """
+import os, sys, time
+from lightning_gpuopt.data._lifetime import Janitor
+Janitor(sys.argv[1])
+os.mkdir(sys.argv[1])
+child = os.fork()
+if child == 0:  # holds the janitor's pipe, as a DataLoader worker forked by the owner does
+    time.sleep(60)
+    os._exit(0)
+print("child", child, flush=True)
+time.sleep(60)
+"""
+
+
+@linux_only
+def test_a_janitor_removes_its_path_when_the_owner_dies_while_a_forked_child_holds_the_pipe(tmp_path):
+    path = tmp_path / "skipped"
+    proc = _child(_OWNER_WITH_A_FORKED_CHILD, str(path), tmpdir=tmp_path)
+    child = int(_lines_until(proc, "child "))
+    try:
+        assert path.is_dir()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and path.exists():
+            time.sleep(0.05)
+        assert _alive(child), "the forked child was to hold the pipe throughout"
+        assert not path.exists(), "the path outlived its owner while a forked child held the pipe"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_the_skip_folder_janitor_leaves_with_teardown(jpeg_folder):
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
