@@ -28,9 +28,7 @@ class OutputInUseError(ValueError):
 
     def __init__(self, path: str, pid: int | None) -> None:
         who = f"another conversion (pid {pid})" if pid is not None else "another conversion"
-        super().__init__(
-            f"{who} is writing {path!r}; wait for it to finish, or write to another name"
-        )
+        super().__init__(f"{who} is writing {path!r}; wait for it to finish, or write to another name")
         self.path = path
         self.pid = pid
 
