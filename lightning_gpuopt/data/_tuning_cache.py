@@ -43,12 +43,8 @@ _LOCK_WAIT_S = 10.0
 
 
 def _lock_current(path: Path, deadline: float) -> int | None:
-    """An fd of the file at ``path`` (created if missing) holding ``fcntl.flock`` on it, or ``None`` when
-    the wait ran past ``deadline``.
-
-    Writers replace the file, so a lock taken on a file that was replaced while this process waited for
-    it guards nothing: the lock counts only once the file locked is still the one at ``path``.
-    """
+    """An fd of the file at ``path`` holding ``fcntl.flock`` on it (None past ``deadline``); a file replaced
+    while this process waited is locked anew, as writers replace the file."""
     import fcntl
 
     while True:
@@ -77,13 +73,8 @@ def _lock_current(path: Path, deadline: float) -> int | None:
 
 @contextlib.contextmanager
 def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold ``fcntl.flock`` on the cache file itself; yields False when it cannot be had in ``_LOCK_WAIT_S``.
-
-    Writers read, change and replace the cache inside it, so entries written at once by several processes
-    are all kept, and nothing but the cache is left in its folder. Readers need no lock: the file is only
-    ever replaced whole (an empty file is one a writer has just created). Without ``fcntl`` (not POSIX)
-    nothing is locked.
-    """
+    """Hold ``fcntl.flock`` on the cache file (writers read, change and replace it inside); yields False
+    when it cannot be had in ``_LOCK_WAIT_S``. Readers need no lock: the file is replaced whole."""
     try:
         import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover -- not POSIX
@@ -124,11 +115,7 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 
 def _cached_problem(hit: Any, candidates: Sequence[int]) -> str | None:
-    """Why a cache entry cannot be used as a result (None: it can), checked as an argument would be.
-
-    ``best`` must be one of the candidates and a measured row, every row a candidate with a non-negative
-    rate: values ``tune_num_workers`` itself can return.
-    """
+    """Why a cache entry is not a result ``tune_num_workers`` could return (None: it is)."""
     if not isinstance(hit, dict):
         return f"the entry is a {type(hit).__name__}, not an object"
     best, table = hit.get("best"), hit.get("table")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shutil
 import tempfile
@@ -28,10 +30,17 @@ from lightning_gpuopt._common import (
     warn_at_user,
     warn_once,
 )
-from lightning_gpuopt.data._counts import MAX_WORKERS_PER_CPU, MIN_TUNE_BATCHES, SplitCounts
-from lightning_gpuopt.data._feed import feed_line, overridden_batch_hooks
+from lightning_gpuopt.data import backends
 from lightning_gpuopt.data._lifetime import Janitor
-from lightning_gpuopt.data.backends import BACKENDS, DALIBackend, FolderBackend, choose_backend
+from lightning_gpuopt.data.backends import (
+    BACKENDS,
+    Backend,
+    DALIBackend,
+    DALIStoreBackend,
+    FolderBackend,
+    HDF5Backend,
+    MixedBackend,
+)
 from lightning_gpuopt.data.folder import (
     ON_CORRUPT,
     UInt8ImageFolder,
@@ -41,97 +50,84 @@ from lightning_gpuopt.data.folder import (
 )
 from lightning_gpuopt.data.loader import (
     SPLITS,
+    STAGE_SPLITS,
+    BatchReader,
+    ContinuousDataLoader,
     StagedBatch,
     UInt8Collate,
     close_workers,
+    read_by_threads,
 )
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
-from lightning_gpuopt.data.tuning import TuningConfig
+from lightning_gpuopt.data.tuning import (
+    TuningConfig,
+    TuningResult,
+    _node_best,
+    auto_tuning_arguments,
+    dataset_fingerprint,
+    tune_num_workers,
+    unmeasured_workers,
+)
 
 if TYPE_CHECKING:
     from lightning_gpuopt.data.dali import DALIOptions
     from lightning_gpuopt.data.decode import DecodeOptions
     from lightning_gpuopt.data.hdf5 import HDF5Options
 
-__all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
+__all__ = [
+    "BACKENDS",
+    "MAX_WORKERS_PER_CPU",
+    "MIN_TUNE_BATCHES",
+    "OptimizedDataModule",
+    "UInt8Collate",
+    "choose_backend",
+]
 
-STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
-#: the splits labelled with the training split's class indices (``OptimizedDataModule.class_indices``); a
-#: prediction folder's classes (often one placeholder folder) keep their own labels.
+#: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores.
+MAX_WORKERS_PER_CPU = 4
+#: ``num_workers="auto"`` measures a split of at least this many batches; a smaller one gets a worker a batch.
+MIN_TUNE_BATCHES = 8
+#: the splits labelled with the training split's class indices; a prediction folder keeps its own labels.
 LABELLED_SPLITS = ("val", "test")
+#: Lightning's batch hooks a DataModule shares with the LightningModule: overridden, training does not stage.
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
-class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
+class OptimizedDataModule(pl.LightningDataModule):
     """A DataModule that keeps the GPU fed: whole uint8 images, crops on the GPU, tuned pinned loaders.
 
-    Host side, each image is decoded once, resized so its shorter side is ``storage_size`` and kept whole on
-    a fixed uint8 canvas (``lightning_gpuopt.data.layout``), a quarter of float32's bytes. Batches are pinned
-    when the Trainer runs on CUDA; the training loader keeps prefetching across epochs and stages the next
-    batch on the GPU on a side stream (``ContinuousDataLoader``); Lightning injects its
-    ``DistributedSampler`` under DDP as usual. A raw HDF5 store is read by threads of the training process
-    straight into pinned memory (``HDF5Options``; no worker processes); an image folder and a JPEG store by
-    worker processes that each decode a whole batch into shared memory (``readers.WholeBatches``); for other
-    datasets ``num_workers="auto"`` is measured in ``setup`` (``tune_num_workers``, cached). Device side,
-    ``on_after_batch_transfer`` turns ``(images, labels, meta)``
-    into ``(normalized channels_last float NCHW, labels)``: torchvision's random resized crop + flip from the
-    whole image for training, ``Resize + CenterCrop`` for evaluation (``GPUAugment``). ``setup`` and the split
-    hooks say, one line a split (rank zero), what reads it, each count and how it was chosen, and whether
-    training batches are staged.
-
-    Lightning's batch hooks: a subclass (or the LightningModule) that overrides ``on_before_batch_transfer``,
-    ``transfer_batch_to_device`` or ``on_after_batch_transfer`` gets what Lightning's docs describe, on every
-    host backend: the training loader then does not stage, ``on_before_batch_transfer`` sees the host batch
-    ``(uint8 NHWC images, int64 labels, int32 meta)``, ``transfer_batch_to_device`` moves it, and
-    ``super().on_after_batch_transfer`` returns ``(normalized float NCHW, labels)`` on the device. DALI makes
-    its batches on the device: there every hook sees ``(normalized float NCHW, int64 labels)`` already on it,
-    and ``super().on_after_batch_transfer`` returns them unchanged.
+    Each image is decoded once and kept whole on a uint8 canvas (``lightning_gpuopt.data.layout``);
+    ``on_after_batch_transfer`` turns ``(images, labels, meta)`` into ``(normalized channels_last float NCHW,
+    labels)`` on the device (``GPUAugment``). The training loader keeps prefetching across epochs and stages
+    the next batch on the GPU. Each split gets one line (rank zero) saying what reads it and each count with
+    how it was chosen. Overridden batch hooks see what Lightning's docs describe (docs/datamodule.md).
 
     Args:
         train_dir: training folder (``root/<class>/<image>``) or HDF5 file (None: override ``train_dataset``).
-        val_dir: validation folder or HDF5 file (None and no override: no validation). Its classes, and
-            ``test_dir``'s, are labelled by their index among the training split's classes
-            (``class_indices``); a class the training split lacks raises ``ValueError`` in ``setup``.
-        test_dir: test folder or HDF5 file.
+        val_dir: validation folder or HDF5 file, labelled by the training split's class indices.
+        test_dir: test folder or HDF5 file, labelled as ``val_dir`` is.
         predict_dir: prediction folder or HDF5 file.
-        backend: ``"auto"`` (a ``.h5``/``.hdf5`` file -> ``"hdf5"``; folders -> ``"dali"`` on a machine with
-            a CUDA GPU and DALI installed, else ``"folder"``, JPEG folders and JPEG stores decoded in the training
-            process on a CUDA machine without DALI (``decode``): ``backends.choose_backend``, logged with its
-            reason), ``"folder"`` (``UInt8ImageFolder``), ``"hdf5"`` (``HDF5ImageDataset``) or ``"dali"``
-            (DALI decodes JPEG folders; ``pip install 'lightning-gpuopt[dali]'``). ``dm.backend`` is the
-            resolved name, ``dm.backend_reason`` why ``"auto"`` chose it; the object behind it
-            (``lightning_gpuopt.data.backends``) builds the datasets and loaders.
+        backend: ``"auto"``, ``"folder"``, ``"hdf5"`` or ``"dali"``; ``dm.backend`` is the resolved name,
+            ``dm.backend_reason`` why ``"auto"`` chose it (``choose_backend``).
         batch_size: samples per batch per device.
         num_workers: DataLoader worker processes per loader (at most ``MAX_WORKERS_PER_CPU`` per CPU), or
-            ``"auto"``: for a dataset of yours of at least ``MIN_TUNE_BATCHES`` batches, measured in
-            ``setup`` (once per dataset, cached on disk); for an image folder or a JPEG store, whose workers
-            each decode whole batches, one a CPU (chosen, not measured); for a smaller split, one a batch
-            (not measured). A raw HDF5 store and DALI have no worker processes: their threads are set by
-            ``hdf5`` and ``dali``, and a count above 0 is refused for them (``backend="auto"`` reads image
-            folders with worker processes, not DALI, when given one). After ``setup("fit")`` the attribute
-            holds the training split's resolved count.
+            ``"auto"`` (docs/worker_tuning.md). After ``setup("fit")`` it holds the training split's count.
         image_size: side of the square images the model receives.
         storage_size: shorter side of the images the folder backend decodes (default
-            ``eval_resize_size(image_size)``, 256 at 224, where evaluation crops are exact pixel copies). A
-            store's own size is read from the store.
+            ``eval_resize_size(image_size)``).
         mean: per-channel mean in [0, 1] units.
         std: per-channel std in [0, 1] units.
         augment: the training crop and flip (``AugmentConfig``); ``True``: torchvision's defaults,
             ``False``: the evaluation view for training too.
         pin_memory: pin host batches (None: when the Trainer's device is CUDA).
-        on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: unreadable images are
-            replaced by the next readable one, counted, listed in ``skipped_images`` and warned at teardown).
-        check_images: decode every image of the folder splits of a stage in ``setup``, before training
-            (``folder.check_image_folder``: seconds for thousands of images), and raise one error listing
-            every one that cannot be decoded (``on_corrupt="skip"``: warn listing them). Store files were
-            checked when converted.
+        on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: replaced by the next
+            readable image, listed in ``skipped_images``).
+        check_images: decode every image of the stage's folder splits in ``setup``, raising one error that
+            lists the unreadable ones.
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
-        dali: DALI options for ``backend="dali"`` (``DALIOptions``: decoder, threads); ``build_dali_loader``
-            reads them from ``dm.dali``.
-        decode: how a JPEG folder or a JPEG store is decoded in the training process without DALI
-            (``DecodeOptions``: nvJPEG on the GPU or CPU threads, measured at setup by default); given, it
-            asks for that decoding on any machine. ``"auto"`` already decodes so on a CUDA machine without
-            DALI (``num_workers="auto"``, torchvision installed).
-        hdf5: how a raw HDF5 store is read (``HDF5Options``: reading threads of the training process).
+        dali: DALI options for ``backend="dali"`` (``DALIOptions``).
+        decode: JPEGs decoded in the training process without DALI (``DecodeOptions``), on any machine.
+        hdf5: how a raw HDF5 store is read (``HDF5Options``).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
@@ -175,30 +171,16 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         self.mean, self.std = check_mean_std(mean, std)
         tuning = TuningConfig() if tuning is None else tuning
         _check_kinds(augment, pin_memory, on_corrupt, check_images, tuning)
-        hooks = [f"{s}_dataset" for s in SPLITS]
-        own = any(getattr(type(self), h) is not getattr(OptimizedDataModule, h) for h in hooks)
+        own = any(
+            getattr(type(self), f"{s}_dataset") is not getattr(OptimizedDataModule, f"{s}_dataset")
+            for s in SPLITS
+        )
         self._backend, self.backend_reason = choose_backend(
             backend, paths, on_corrupt=on_corrupt, own_datasets=own, decode=decode, num_workers=num_workers
         )
-        self._backend.check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
-        check_arg(
-            hdf5 is None or own or not isinstance(self._backend, (FolderBackend, DALIBackend)),
-            "hdf5",
-            hdf5,
-            "None where no split is a store: HDF5Options sets the reading threads of a raw store",
-            "leave hdf5 out",
-        )
-        check_arg(
-            not (self._backend.device_batches and is_int(num_workers) and int(num_workers) > 0),
-            "num_workers",
-            num_workers,
-            "'auto' or 0 with backend='dali': DALI decodes on its own threads, it has no DataLoader workers",
-            f"pass dali=DALIOptions(threads={num_workers}) for DALI's threads, or backend='folder' for "
-            "worker processes",
-        )
+        _check_backend_args(self._backend, paths, on_corrupt, num_workers, dali, hdf5, own)
         if self.backend_reason is not None and self._backend.name != "hdf5" and any(paths.values()):
-            name, why = self._backend.name, self.backend_reason
-            rank_zero_info(f"OptimizedDataModule: backend='auto' -> {name!r} ({why})")
+            rank_zero_info(f"OptimizedDataModule: backend='auto' -> {self.backend!r} ({self.backend_reason})")
         self.dali: DALIOptions | None = dali
         self.decode: DecodeOptions | None = decode
         self.hdf5: HDF5Options | None = hdf5
@@ -208,24 +190,24 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         self.num_workers: int | str = num_workers
         self.image_size = image_size
         self.storage_size = storage_size
-        self.augment: AugmentConfig | None = (
+        self.augment = (
             augment if isinstance(augment, AugmentConfig) else (AugmentConfig() if augment else None)
         )
         self.pin_memory = pin_memory
         self.on_corrupt = on_corrupt
         self.check_images = check_images
-        self._checked: set[str] = set()  # folders check_images found readable
         self.tuning = tuning
+        self.tuning_result: TuningResult | None = None
         self.gpu_augment = GPUAugment(image_size, self.augment, self.mean, self.std)
         self._stage_seed = 0  # drawn for each training loader (train_dataloader)
         self._stage_generator: torch.Generator | None = None
-        self.tuning_result: Any = None
         self._auto_workers = num_workers == "auto"
+        self._checked: set[str] = set()  # folders check_images found readable
         self._split_workers: dict[str, int] = {}  # DataLoader worker processes of each split's loader
         self._split_threads: dict[str, int] = {}  # reading threads of a split read by threads (a raw store)
         self._how: dict[str, dict[str, str]] = {}  # per split: how each count was chosen, for the setup line
         self._said: set[str] = set()  # setup lines already given
-        self._measured: dict[str, tuple[int, str]] = {}
+        self._measured: dict[str, tuple[int, str]] = {}  # a dataset's fingerprint -> its measured count
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
         self._skip_janitor: Janitor | None = None
@@ -244,7 +226,7 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
 
     @property
     def backend(self) -> str:
-        """The backend reading the data: ``"folder"``, ``"hdf5"`` or ``"dali"`` (``"auto"`` resolved)."""
+        """The backend reading the data: ``"folder"``, ``"hdf5"``, ``"dali"`` or ``"hdf5+folder"``."""
         return self._backend.name
 
     # ----------------------------------------------------------------- dataset hooks (override these)
@@ -283,8 +265,7 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         return self._datasets[split]
 
     def _training_classes(self) -> tuple[list[str], Any] | None:
-        """The training split's class names (label order) and where they are read; ``None``: unknown (a
-        ``train_dataset()`` override without ``classes`` or not built in this stage, or no training data)."""
+        """The training split's class names and where they are read; ``None``: unknown."""
         train = self._datasets.get("train")
         if train is not None:
             classes = getattr(train, "classes", None)
@@ -296,10 +277,18 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         return None
 
     def class_indices(self, split: str, classes: Sequence[str], path: Any = None) -> list[int] | None:
-        """The labels of ``split``'s classes (its own class names, in its label order): their indices among
-        the training split's classes (``folder.class_indices``), so that a class gets the same label in every
-        split; ``None`` where they keep their own labels (the training and prediction splits, or training
-        classes unknown). Raises ``ValueError`` naming the split, ``path`` and the classes training lacks.
+        """The labels of ``split``'s classes: their indices among the training split's classes.
+
+        Args:
+            split: the split (``"val"`` or ``"test"``; the others keep their own labels).
+            classes: the split's own class names, in its label order.
+            path: where the split is read, for the error.
+
+        Returns:
+            The indices, or ``None`` where the split keeps its own labels (or training's classes are unknown).
+
+        Raises:
+            ValueError: naming the split, ``path`` and the classes training lacks.
 
         Example:
             >>> dm = OptimizedDataModule("data/train", "data/val")  # doctest: +SKIP
@@ -310,7 +299,6 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         return aligned[1] if aligned is not None else None
 
     def _aligned(self, split: str, classes: Sequence[str], path: Any) -> tuple[list[str], list[int]] | None:
-        """``(training classes, class_indices(...))`` of ``split``, or ``None`` (see ``class_indices``)."""
         if split not in LABELLED_SPLITS:
             return None
         train = self._training_classes()
@@ -320,7 +308,7 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         return train[0], class_indices(train[0], classes, split=split, path=path, train_path=train[1])
 
     def _align_classes(self, split: str, dataset: Any) -> None:
-        """Label ``dataset`` (a split's, with ``classes`` and ``relabel``) by the training split's classes."""
+        """Label ``dataset`` (one with ``classes`` and ``relabel``) by the training split's classes."""
         classes, relabel = getattr(dataset, "classes", None), getattr(dataset, "relabel", None)
         if classes is None or not callable(relabel):
             return  # a user dataset labels its own samples
@@ -330,17 +318,18 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
             relabel(*aligned)
 
     def _check_storage(self, split: str, dataset: Any) -> None:
-        """A store kept at another size than ``image_size`` needs: refuse upsampling, say what else happens."""
+        """Refuse a store that upsamples every crop; warn where its size differs from what ``image_size`` needs."""
         stored = getattr(dataset, "storage_size", None)
         if stored is None or isinstance(dataset, UInt8ImageFolder):
             return  # a user dataset's images are what they are; the folder decodes at storage_size
         resize = eval_resize_size(self.image_size)
         fix = f"convert the source with `lightning-gpuopt convert SRC OUT.h5 --size {resize}`"
+        must = f">= image_size ({self.image_size}), or every crop is upsampled"
         check_arg(
             not upsamples(stored, self.image_size),
             f"{split} data's storage size",
             stored,
-            f">= image_size ({self.image_size}), or every crop is upsampled",
+            must,
             f"{fix} or lower image_size",
         )
         if stored != resize:
@@ -351,11 +340,96 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
                 f"bilinearly instead of being exact pixel copies; {fix} for torchvision's exact pixels."
             )
 
+    # ----------------------------------------------------------------- worker and thread counts
+    def _local_world_size(self) -> int:
+        return max(1, self.trainer.num_devices) if self.trainer is not None else 1
+
+    def _workers(self, split: str) -> int:
+        """DataLoader worker processes of ``split``'s loader, resolved once per split and dataset."""
+        if split in self._split_workers:
+            return self._split_workers[split]
+        dataset = self._dataset(split)
+        if dataset is None:
+            return 0
+        if read_by_threads(dataset):
+            return self._resolved(split, 0, "a raw store has none: threads of the training process read it")
+        if not self._auto_workers:
+            return self._resolved(split, int(self.num_workers), "set by you")
+        return self._resolved(split, *self._auto_workers_for(split, dataset))
+
+    def _auto_workers_for(self, split: str, dataset: Dataset) -> tuple[int, str]:
+        """``(count, how)`` of ``num_workers="auto"``: ``unmeasured_workers`` where it decides, an evaluation
+        split the training split's count (at most a worker a batch), else measured."""
+        trained = self._split_workers.get("train")
+        if split == "train" or trained is None or isinstance(dataset, BatchReader):
+            local = self._local_world_size()
+            fixed = unmeasured_workers(
+                dataset, batch_size=self.batch_size, min_batches=MIN_TUNE_BATCHES, local_world_size=local
+            )
+            return fixed if fixed is not None else self._measure(dataset, split)
+        try:
+            batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
+        except TypeError:
+            batches = MIN_TUNE_BATCHES
+        return min(trained, batches if batches > 1 else 0), "the training split's count, not measured again"
+
+    def _resolved(self, split: str, workers: int, how: str) -> int:
+        """Keep ``split``'s worker count and how it was chosen; the training split's is ``num_workers``."""
+        self._split_workers[split] = workers
+        self._how.setdefault(split, {})["num_workers"] = how
+        if split == "train":
+            self.num_workers = workers
+        return workers
+
+    def _read_threads(self, split: str) -> int:
+        """Threads of the training process reading ``split``'s raw store (``HDF5Options``), resolved once."""
+        if split not in self._split_threads:
+            from lightning_gpuopt.data.hdf5 import HDF5Options
+
+            cpus = max(1, available_cpus() // self._local_world_size())
+            threads, how = (self.hdf5 or HDF5Options()).resolved_threads(cpus=cpus)
+            self._split_threads[split] = threads
+            self._how.setdefault(split, {})["threads"] = how
+        return self._split_threads[split]
+
+    def _measure(self, dataset: Dataset, split: str) -> tuple[int, str]:
+        """Measure ``dataset``'s count as ``lightning-gpuopt tune`` does, once per dataset."""
+        key = json.dumps(dataset_fingerprint(dataset), sort_keys=True, default=str)
+        if key in self._measured:  # the same data under another split or stage
+            return self._measured[key]
+
+        def progress(line: str) -> None:
+            rank_zero_info(f"OptimizedDataModule: num_workers='auto' for {split}: {line}")
+
+        arguments = auto_tuning_arguments(
+            dataset,
+            batch_size=self.batch_size,
+            pin_memory=self._pin(),
+            local_world_size=self._local_world_size(),
+            tuning=self.tuning,
+            source=f"{split}_dataset()",
+            progress=progress,
+        )
+        result = tune_num_workers(**arguments)
+        result.best = _node_best(self.trainer, result.best)
+        self.tuning_result = result
+        rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
+        self._measured[key] = (result.best, result.how())
+        return self._measured[key]
+
+    def _pin(self) -> bool:
+        """Pin host batches: as ``pin_memory`` says, else where the Trainer's device is CUDA."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device.type == "cuda"
+        return torch.cuda.is_available()
+
     # ----------------------------------------------------------------- Lightning hooks
     @override
     def setup(self, stage: str) -> None:
-        """Prepare the stage: build the datasets it needs (errors surface here, before training) and
-        resolve their workers; DALI lists and decodes its folders itself when its loaders are built."""
+        """Build the datasets the stage needs (errors surface here, before training) and resolve their
+        workers; DALI lists and decodes its folders itself when its loaders are built."""
         if self.check_images:
             self._check_images(stage)
         self._backend.setup(self, stage)
@@ -363,11 +437,8 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
     def _check_images(self, stage: str) -> None:
         """``check_images``: decode every image of the stage's folder splits once, listing the unreadable."""
         threads = max(1, 2 * available_cpus() // self._local_world_size())
-        fix = (
-            "each is replaced by the next readable image (on_corrupt='skip')"
-            if self.on_corrupt == "skip"
-            else ""
-        )
+        skip = self.on_corrupt == "skip"
+        fix = "each is replaced by the next readable image (on_corrupt='skip')" if skip else ""
         for split in STAGE_SPLITS.get(stage, SPLITS):
             path = getattr(self, f"{split}_dir")
             if path is None or path in self._checked or not os.path.isdir(path):
@@ -375,13 +446,13 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
             try:
                 check_image_folder(path, threads=threads, fix=fix)
             except UnreadableImagesError as err:
-                if self.on_corrupt == "raise":
+                if not skip:
                     raise
                 warn_once(f"OptimizedDataModule(check_images=True): {err}")
             self._checked.add(path)
 
     def _setup_datasets(self, stage: str) -> None:
-        """``setup`` of a backend that reads datasets on the host (``HostBackend``)."""
+        """``setup`` of a backend that reads datasets on the host."""
         try:
             if self.on_corrupt == "skip" and self._skip_dir is None:
                 self._make_skip_dir()
@@ -390,20 +461,10 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
                 self._dataset(split)
             if stage == "fit":
                 train = self._datasets.get("train")
-                check_arg(
-                    train is not None,
-                    "train_dir",
-                    None,
-                    "a folder or HDF5 file to fit (or train_dataset() overridden)",
-                    "pass train_dir= or override train_dataset()",
-                )
-                check_arg(
-                    len(train) >= self.batch_size,  # type: ignore[arg-type]
-                    "batch_size",
-                    self.batch_size,
-                    f"at most the {len(train)} training samples (the last partial batch is dropped)",  # type: ignore[arg-type]
-                    "lower batch_size",
-                )
+                check_arg(train is not None, *backends._NO_TRAIN, backends._NO_TRAIN_FIX)
+                n = len(train)  # type: ignore[arg-type]
+                must = f"at most the {n} training samples (the last partial batch is dropped)"
+                check_arg(n >= self.batch_size, "batch_size", self.batch_size, must, "lower batch_size")
             built = [split for split in splits if self._datasets.get(split) is not None]
             self._check_worker_count(built)
             for split in built:
@@ -411,6 +472,16 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         except BaseException:
             self._remove_skip_dir()
             raise
+
+    def _check_worker_count(self, splits: list[str]) -> None:
+        """Refuse a ``num_workers`` above 0 where every split is a raw store, read by threads."""
+        if self._auto_workers or not splits or int(self.num_workers) == 0:
+            return
+        n = int(self.num_workers)
+        must = "'auto' or 0 for a raw HDF5 store: it is read by threads of the training process, with no "
+        must += "DataLoader worker processes"
+        ok = not all(read_by_threads(self._datasets[split]) for split in splits)
+        check_arg(ok, "num_workers", n, must, f"pass hdf5=HDF5Options(threads={n}) for {n} reading threads")
 
     def _split_loader(self, split: str) -> Any:
         loader = self._backend.loader(self, split)
@@ -420,22 +491,15 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         return loader
 
     def _device_transform(self) -> Any:
-        """What the training loader applies to each batch on the GPU ahead of the step: the training
-        transform, or ``None`` where batch hooks of yours are overridden (they then see every batch on
-        Lightning's path, as its docs describe)."""
+        """The training loader's staging transform; ``None`` where batch hooks of the user's see each batch."""
         return None if overridden_batch_hooks(self, OptimizedDataModule) else self._stage_train_batch
 
     def _say_feed(self, split: str, loader: Any) -> None:
-        """One line for ``split`` (rank zero; again only when it changes): what reads it, each count and how
-        it was chosen, and for training whether batches are staged on the GPU (``_feed.feed_line``)."""
+        """The setup line of ``split`` (rank zero; again only when it changes)."""
         hooks = overridden_batch_hooks(self, OptimizedDataModule) if split == "train" else []
+        processes = self._local_world_size()
         line = feed_line(
-            split,
-            loader,
-            self._how.get(split, {}),
-            hooks=hooks,
-            dali=self.dali,
-            processes=self._local_world_size(),
+            split, loader, self._how.get(split, {}), hooks=hooks, dali=self.dali, processes=processes
         )
         if line is not None and line not in self._said:
             self._said.add(line)
@@ -463,21 +527,16 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``;
-        a batch DALI made on the device, or one the training loader staged, is normalized already and is
-        returned as it is."""
+        a batch made on the device (DALI) or staged by the training loader is returned as it is."""
         made = self._backend.device_batches or (
             self._backend.train_on_device and self.trainer is not None and self.trainer.training
         )
         if made or isinstance(batch, StagedBatch):
             return batch
-        check_arg(
-            isinstance(batch, (tuple, list)) and len(batch) in (2, 3),
-            "OptimizedDataModule.on_after_batch_transfer's batch",
-            type(batch).__name__,
-            "(images, labels[, meta])",
-            "return (uint8 HWC, label) samples from the dataset hooks",
-            error=TypeError,
-        )
+        name = "OptimizedDataModule.on_after_batch_transfer's batch"
+        ok = isinstance(batch, (tuple, list)) and len(batch) in (2, 3)
+        fix = "return (uint8 HWC, label) samples from the dataset hooks"
+        check_arg(ok, name, type(batch).__name__, "(images, labels[, meta])", fix, error=TypeError)
         training = self.trainer is not None and self.trainer.training and self.augment is not None
         meta = batch[2] if len(batch) == 3 else None
         return (self.gpu_augment(batch[0], meta, train=training), batch[1])
@@ -486,9 +545,8 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
         """The training transform, applied by ``ContinuousDataLoader`` ahead of time on a side stream."""
         images, labels, meta = batch
         if self.augment is not None and images.is_cuda:
-            # the crops are drawn on the staging thread: from a generator of their own, so the draws of the
-            # training thread (dropout, ...) and of the staging thread never interleave and a seeded run
-            # repeats; seeded from torch's CPU generator (``seed_everything``) when first used
+            # the staging thread draws its crops from a generator of its own, so its draws and the training
+            # thread's never interleave and a seeded run repeats
             gen = self.gpu_augment.generator
             if gen is None or gen.device != images.device:
                 gen = torch.Generator(images.device)
@@ -503,16 +561,15 @@ class OptimizedDataModule(SplitCounts, pl.LightningDataModule):
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """Release the same resources as ``teardown`` when a Trainer run raised (Lightning skips teardown)."""
+        """Release what ``teardown`` releases when a Trainer run raised (Lightning skips teardown)."""
         self._release("fit")
 
     def _release(self, stage: str | None) -> None:
         if self.trainer is not None:
-            # persistent workers left running at interpreter exit are terminated and leave their pymp-* folders
+            # persistent workers left running at interpreter exit are terminated, leaving their pymp-* folders
             for name in ("train_dataloader", "val_dataloaders", "test_dataloaders", "predict_dataloaders"):
                 close_workers(getattr(self.trainer, name, None))
-        # and the loaders a loop of the user's own took from the split hooks: their workers and reads ahead
-        close_workers(list(self._handed_out))
+        close_workers(list(self._handed_out))  # and the loaders a loop of the user's own took from the hooks
         for split, dataset in list(self._datasets.items()):
             close = getattr(dataset, "close", None)
             if callable(close):
@@ -592,39 +649,222 @@ def _check_sizes(batch_size: Any, num_workers: Any, image_size: Any, storage_siz
     check_int(batch_size, "batch_size", low=1)
     cap = MAX_WORKERS_PER_CPU * available_cpus()
     check_int(num_workers, "num_workers", low=0, also=("auto",))
-    check_arg(
-        not is_int(num_workers) or int(num_workers) <= cap,
-        "num_workers",
-        num_workers,
-        f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)",
-        "pass num_workers='auto' (see the docstring for how it is chosen)",
+    must = (
+        f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)"
     )
+    fix = "pass num_workers='auto' (see the docstring for how it is chosen)"
+    check_arg(not is_int(num_workers) or int(num_workers) <= cap, "num_workers", num_workers, must, fix)
     check_int(image_size, "image_size", low=1, what="(pixels)")
     resize = eval_resize_size(image_size)
     storage_size = resize if storage_size is None else storage_size
     fix = f"leave it None for eval_resize_size(image_size) = {resize}"
     check_int(storage_size, "storage_size", what=f">= image_size ({image_size})", fix=fix)
-    check_arg(
-        storage_size >= image_size, "storage_size", storage_size, f"an int >= image_size ({image_size})", fix
-    )
+    must = f"an int >= image_size ({image_size})"
+    check_arg(storage_size >= image_size, "storage_size", storage_size, must, fix)
     return int(storage_size)
 
 
 def _check_kinds(augment: Any, pin_memory: Any, on_corrupt: Any, check_images: Any, tuning: Any) -> None:
     """Refuse an argument of the wrong kind (``TypeError``) or an unknown ``on_corrupt``."""
-    check_arg(
-        isinstance(augment, (AugmentConfig, bool)),
-        "augment",
-        augment,
-        "an AugmentConfig, True (torchvision's defaults) or False",
-        error=TypeError,
-    )
-    check_arg(
-        pin_memory is None or isinstance(pin_memory, bool), "pin_memory", pin_memory, "None or a bool",
-        error=TypeError,
-    )  # fmt: skip
+    must = "an AugmentConfig, True (torchvision's defaults) or False"
+    check_arg(isinstance(augment, (AugmentConfig, bool)), "augment", augment, must, error=TypeError)
+    ok = pin_memory is None or isinstance(pin_memory, bool)
+    check_arg(ok, "pin_memory", pin_memory, "None or a bool", error=TypeError)
     check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
     check_bool(check_images, "check_images")
-    check_arg(
-        isinstance(tuning, TuningConfig), "tuning", tuning, "None or TuningConfig(...)", error=TypeError
+    must = "None or TuningConfig(...)"
+    check_arg(isinstance(tuning, TuningConfig), "tuning", tuning, must, error=TypeError)
+
+
+def _check_backend_args(
+    backend: Backend,
+    paths: dict[str, str | None],
+    on_corrupt: str,
+    workers: Any,
+    dali: Any,
+    hdf5: Any,
+    own: bool,
+) -> None:
+    """Refuse what the chosen backend cannot read: its checks, ``hdf5`` without a store, workers for DALI."""
+    backend.check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
+    ok = hdf5 is None or own or not isinstance(backend, (FolderBackend, DALIBackend))
+    must = "None where no split is a store: HDF5Options sets the reading threads of a raw store"
+    check_arg(ok, "hdf5", hdf5, must, "leave hdf5 out")
+    ok = not (backend.device_batches and is_int(workers) and int(workers) > 0)
+    must = "'auto' or 0 with backend='dali': DALI decodes on its own threads, it has no DataLoader workers"
+    fix = f"pass dali=DALIOptions(threads={workers}) for DALI's threads, or backend='folder' for worker "
+    fix += "processes"
+    check_arg(ok, "num_workers", workers, must, fix)
+
+
+def choose_backend(
+    backend: str,
+    paths: dict[str, str | None],
+    *,
+    on_corrupt: str = "raise",
+    own_datasets: bool = False,
+    decode: Any = None,
+    num_workers: int | str = "auto",
+) -> tuple[Backend, str | None]:
+    """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
+
+    ``"auto"`` picks DALI for image folders and a JPEG store's training split on a machine with a CUDA GPU and
+    DALI, in-process decoding on one without DALI (``num_workers="auto"``, torchvision installed), else
+    worker processes (docs/datamodule.md). An explicit name is taken as given (reason ``None``).
+
+    Example:
+        >>> choose_backend("auto", {"train": "data/train"})  # doctest: +SKIP
+        (DALIBackend(), 'image folders, a CUDA GPU and DALI installed: DALI decodes them')
+    """
+    chosen = backends.resolve_backend(backend, paths)
+    if decode is not None:
+        return _decoded(chosen, backend, paths.get("train"), decode, num_workers)
+    if backend != "auto":
+        return chosen, None
+    if own_datasets:
+        return chosen, "a <split>_dataset hook of yours gives the data"
+    if isinstance(chosen, MixedBackend):
+        why = "store files and image folders: each split is read by its kind, the folders by worker processes"
+        return chosen, why
+    if not isinstance(chosen, FolderBackend):
+        return _store_backend(chosen, paths.get("train"), num_workers)
+    if on_corrupt != "raise":
+        return chosen, f"on_corrupt={on_corrupt!r}: DALI cannot skip unreadable files"
+    if not torch.cuda.is_available():
+        return chosen, "image folders, no CUDA GPU: worker processes decode them"
+    if not backends.dali_installed():
+        return _without_dali(chosen, "image folders", "them", num_workers)
+    if is_int(num_workers) and int(num_workers) > 0:
+        return chosen, (
+            f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image folders; "
+            "DALI has none (leave num_workers='auto' for DALI, whose threads DALIOptions(threads=...) sets)"
+        )
+    return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
+
+
+def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tuple[Backend, str]:
+    """``what`` on a CUDA machine without DALI: decoded in the training process where torchvision is
+    installed and ``num_workers`` is ``"auto"``, else by worker processes."""
+    dali = f"pip install 'lightning-gpuopt[dali]' decodes {them} with DALI instead"
+    if num_workers != "auto":
+        return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali})"
+    if not backends.torchvision_installed():
+        return chosen, (
+            f"{what}, worker processes decode {them}; neither DALI nor torchvision is installed (pip "
+            f"install 'lightning-gpuopt[vision]' decodes {them} in the training process, with nvJPEG on the "
+            f"GPU; {dali})"
+        )
+    from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
+
+    decoded = DecodedFolderBackend() if isinstance(chosen, FolderBackend) else DecodedStoreBackend()
+    return decoded, (
+        f"{what}, a CUDA GPU, no DALI: the training process decodes {them}, with nvJPEG or on its CPU "
+        f"threads as measured at setup ({dali})"
     )
+
+
+def _decoded(
+    chosen: Backend, backend: str, train: str | None, decode: Any, num_workers: Any
+) -> tuple[Backend, str | None]:
+    """The in-process decoding ``decode=DecodeOptions(...)`` asks for, on a folder or a JPEG store."""
+    from lightning_gpuopt.data.decode_backend import (
+        DecodedFolderBackend,
+        DecodedStoreBackend,
+        check_decode_options,
+    )
+    from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+    check_decode_options(decode)
+    must = "'auto' with decode=DecodeOptions(...): the training process decodes with threads, not worker "
+    must += "processes"
+    fix = "set the threads with DecodeOptions(threads=...)"
+    check_arg(num_workers == "auto", "num_workers", num_workers, must, fix)
+    why = None if backend != "auto" else "decode=DecodeOptions(...): the training process decodes the JPEGs"
+    if isinstance(chosen, FolderBackend):
+        return DecodedFolderBackend(decode), why
+    store = isinstance(chosen, HDF5Backend) and not isinstance(chosen, DALIStoreBackend)
+    must = f"None with backend={backend!r} (it decodes JPEG folders and JPEG stores in the training process)"
+    fix = "use dali=DALIOptions(...) for DALI, or leave decode out"
+    check_arg(store and (train is None or _is_jpeg_store(train)), "decode", decode, must, fix)
+    return DecodedStoreBackend(decode), why
+
+
+def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto") -> tuple[Backend, str]:
+    """A JPEG store's training split goes to DALI where a CUDA GPU and DALI are there; any other store (and
+    a JPEG store elsewhere) to the HDF5 backend."""
+    from lightning_gpuopt.data.hdf5 import _is_jpeg_store
+
+    if train is None or not _is_jpeg_store(train):
+        return chosen, "a store file"
+    if not torch.cuda.is_available():
+        return chosen, "a JPEG store, no CUDA GPU: worker processes decode it"
+    if not backends.dali_installed():
+        return _without_dali(chosen, "a JPEG store", "it", num_workers)
+    return DALIStoreBackend(), (
+        "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes "
+        "its evaluation splits"
+    )
+
+
+def overridden_batch_hooks(dm: pl.LightningDataModule, base: type) -> list[str]:
+    """The batch hooks Lightning will call on ``dm``'s batches that are not ``base``'s: ``dm``'s overrides of
+    ``TRANSFER_HOOKS``, and its LightningModule's where the DataModule leaves the hook to it.
+
+    Example:
+        >>> overridden_batch_hooks(MyData(), OptimizedDataModule)  # doctest: +SKIP
+        ['MyData.on_before_batch_transfer']
+    """
+    found = [
+        f"{type(dm).__name__}.{h}" for h in TRANSFER_HOOKS if getattr(type(dm), h) is not getattr(base, h)
+    ]
+    model = dm.trainer.lightning_module if dm.trainer is not None else None
+    if model is None:
+        return found
+    for hook in TRANSFER_HOOKS:
+        left = getattr(type(dm), hook) is getattr(pl.LightningDataModule, hook)
+        if left and getattr(type(model), hook) is not getattr(pl.LightningModule, hook):
+            found.append(f"{type(model).__name__}.{hook}")
+    return found
+
+
+def _staging(loader: Any, hooks: list[str]) -> str:
+    """Whether the training ``loader`` stages its batches on the GPU, and why not where it does not."""
+    if not isinstance(loader, ContinuousDataLoader):
+        return "not staged (not this package's training loader)"
+    if loader.device_transform is None:
+        return f"not staged: {', '.join(hooks)} overridden, so Lightning's batch hooks see each host batch"
+    if not (loader.pin_memory and torch.cuda.is_available()):
+        return "not staged: no CUDA device (Lightning's batch hooks see each host batch)"
+    return "staged on the GPU ahead of each step (copied and augmented on a side stream)"
+
+
+def feed_line(
+    split: str, loader: Any, how: dict[str, str], *, hooks: list[str], dali: Any, processes: int
+) -> str | None:
+    """The setup line of ``split``'s ``loader``: what reads it, each count and how it was chosen (``how``),
+    and for training whether batches are staged; ``None`` for a loader without ``feed_info``."""
+    info = getattr(loader, "feed_info", None)
+    if info is None:
+        return None
+    if info.host_batches is False:  # DALI: decoded on its threads or by nvJPEG, made on the device
+        cpus = max(1, available_cpus() // max(1, processes))
+        threads = f"chosen from {cpus} cores a process, not measured"
+        if dali is not None and dali.threads:
+            threads = "set by you: DALIOptions(threads=...)"
+        parts = [
+            f"DALI, decoder={info.decoder!r} ({getattr(info, 'decoder_reason', None) or 'set'})",
+            f"threads={info.threads} ({threads})",
+            "no DataLoader worker processes; batches made on the device",
+        ]
+    else:
+        dataset = getattr(loader, "dataset", None)
+        source = {"folder": "image folder", "hdf5": "HDF5 store"}.get(info.backend or "", "")
+        parts = [
+            source or f"{type(dataset).__name__} (a dataset of yours)",
+            f"num_workers={getattr(loader, 'num_workers', 0)} ({how.get('num_workers', 'set')})",
+        ]
+        if getattr(loader, "read_threads", 0):
+            parts.append(f"reading threads={loader.read_threads} ({how.get('threads', 'set')})")
+        if split == "train":
+            parts.append(_staging(loader, hooks))
+    return f"OptimizedDataModule: {split}: " + "; ".join(parts)

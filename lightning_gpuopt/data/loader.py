@@ -1,30 +1,9 @@
-"""Host loaders for uint8 batches: the collate, a DataLoader that times its consumer, and one that keeps
-its workers prefetching across epoch boundaries.
+"""Host loaders for uint8 batches (docs/datamodule.md).
 
-``UInt8Collate`` stacks ``(image, label[, meta])`` samples into ``(uint8 NHWC, int64 labels, int32 meta)``.
-``HostDataLoader`` is a ``DataLoader`` that carries a ``feed_info`` (``_common.FeedInfo``) and counts
-``fetch_seconds``: the seconds its consumer spent inside ``next()`` waiting for a batch. Given
-``read_threads``, it reads a dataset that can fill a batch array itself (``readers.BatchReader``: the raw
-HDF5 store) on threads of this process, straight into pinned memory: one copy a batch. A reader whose
-decoding holds the GIL for part of each image (an image folder, a JPEG store) is read instead by worker
-processes a whole batch a call (``readers.WholeBatches``).
-
-``ContinuousDataLoader``: a plain DataLoader stops handing out work at the end of an epoch and restarts at
-the next ``iter()``, so the first batch of every epoch waits for one worker to build a whole batch from
-scratch while the GPU idles; on a small dataset fed to a fast GPU that stall is a large share of the run.
-This loader iterates its batch sampler endlessly behind one long-lived iterator and yields exactly
-``len(self)`` batches per ``iter()``, so workers are already building the next epoch's first batches while
-this epoch's last ones train (the idea of timm's ``MultiEpochsDataLoader``). It takes DataLoader's arguments
-(Lightning re-creates it from them with a ``DistributedSampler`` under DDP). Each pass over the sampler sets
-the sampler's epoch itself (``set_epoch``), because the next pass starts before Lightning calls
-``set_epoch`` for that epoch.
-
-With ``device_transform`` on a CUDA run, it also stages batches on the GPU ahead of time: a staging thread
-copies each pinned host batch on a side CUDA stream and transforms it there (GPU crop/flip/normalize) while
-the current step computes, so neither the copy nor the augmentation waits behind the step (apex's
-``data_prefetcher`` idea), and the thread that launches the training step spends no time on the feed:
-a compiled step's launches keep only a few milliseconds of work queued on the GPU, so any host time the
-feed takes from that thread shows up as GPU idle time.
+``UInt8Collate`` stacks samples into ``(uint8 NHWC, int64 labels, int32 meta)``; ``HostDataLoader`` describes
+its feed (``feed_info``), counts the seconds its consumer waited (``fetch_seconds``) and can read a
+``BatchReader`` on threads; ``ContinuousDataLoader`` keeps its workers prefetching across epochs and stages
+each batch on the GPU on a side stream ahead of the step.
 """
 
 from __future__ import annotations
@@ -61,13 +40,14 @@ from lightning_gpuopt.data.transforms import full_image_meta
 
 #: the splits a DataModule builds loaders for (Lightning's ``<split>_dataloader`` hooks).
 SPLITS = ("train", "val", "test", "predict")
+#: the splits each stage of Lightning's ``setup`` reads.
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 #: batches each DataLoader worker prepares ahead, wherever this package builds or measures a loader.
 PREFETCH_FACTOR = 4
 
 
 def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) -> Iterator[Any]:
-    """``batches`` (at most ``limit`` of them), adding the seconds each ``next()`` on them took to
-    ``owner``'s ``fetch_seconds`` (``_common.FETCH_SECONDS_ATTR``): the time its consumer waited for batches.
+    """``batches`` (at most ``limit``), adding the seconds each ``next()`` took to ``owner.fetch_seconds``.
 
     Example:
         >>> class Loader:
@@ -94,11 +74,8 @@ def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) 
 class UInt8Collate:
     """Collate ``[(uint8 HWC image, label[, meta]), ...]`` into ``(uint8 NHWC, int64 labels, int32 meta)``.
 
-    Samples are either ``(image, label)`` (a fixed-size image that is valid as a whole: its meta is
-    ``(H, W, 0)``) or ``(canvas, label, meta)`` with ``meta = (h, w, transposed)`` as
-    ``lightning_gpuopt.data.layout`` defines it. Images are stacked straight into one preallocated tensor (in
-    shared memory inside a worker, so handing it to the main process costs no extra copy). Raises
-    ``TypeError`` naming ``source`` (the dataset hook) when samples do not have that form.
+    ``meta = (h, w, transposed)`` as ``lightning_gpuopt.data.layout`` defines it; an ``(image, label)``
+    sample is valid as a whole. Raises ``TypeError`` naming ``source`` for samples of another form.
 
     Args:
         source: where samples come from, for error messages (e.g. ``"train_dataset()"``).
@@ -187,20 +164,9 @@ CLOSE_WAIT_S = 2.0
 class HostDataLoader(DataLoader):
     """A ``DataLoader`` that describes its feed, times its consumer, and leaves no temporary folder behind.
 
-    Takes DataLoader's arguments plus ``feed_info``; keeps ``fetch_seconds``
-    (``_common.FETCH_SECONDS_ATTR``): the cumulative seconds spent inside ``next()`` on its iterators, i.e.
-    the time the training or evaluation loop waited for batches (two ``perf_counter`` calls a batch). The
-    worker processes of each iterator keep their temporary files (``multiprocessing``'s ``pymp-*`` folders,
-    a dataset's own ``tempfile`` files) in a folder of that iterator, removed once its workers are stopped:
-    by ``close_workers``, when the iterator is garbage collected, or at interpreter exit
-    (``_lifetime.worker_folder``). Workers end through PyTorch's own lifecycle (at the end of an epoch, or
-    with the iterator for ``persistent_workers``; within 5 s of their parent's death).
-
-    With ``read_threads > 0`` (a ``BatchReader`` dataset, ``num_workers=0``, automatic batching), batches are
-    read by that many threads of this process, ``READS_PER_THREAD`` batches in flight each, into fresh
-    uint8 arrays (pinned with ``pin_memory``; PyTorch's pinned-memory cache reuses a buffer once the copy
-    that read it has finished), and arrive as ``(uint8 NHWC images, int64 labels, int32 meta)``, the shape
-    ``UInt8Collate`` gives; ``collate_fn`` is not used.
+    ``fetch_seconds`` is the time its consumer spent inside ``next()``. Its workers' temporary files go to a
+    folder of their iterator, removed once they stop (``_lifetime.worker_folder``). With ``read_threads``,
+    a ``BatchReader`` dataset is read by threads of this process into fresh (pinned) uint8 batches.
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -252,11 +218,9 @@ class HostDataLoader(DataLoader):
         return timed_batches(self, self._batches())
 
     def _index_batches(self) -> Any:
-        """The batches of indices the reading threads read: one pass over the batch sampler."""
-        return self.batch_sampler
+        return self.batch_sampler  # what the reading threads read: one pass
 
     def _batches(self) -> Iterator[Any]:
-        """A fresh iterator over the index sampler: DataLoader's own, or the reading threads'."""
         if self.read_threads:
             return _read_batches(self)
         if not self.num_workers or _compat.persistent_iterator(self) is not None:
@@ -319,9 +283,7 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
 class StagedBatch(tuple):
     """A batch a ``device_transform`` already produced on the GPU (the DataModule's hook passes it through).
 
-    The type is the marker: Lightning's collection helpers rebuild a tuple subclass with its own type, so
-    the mark survives ``batch_to_device`` and a precision plugin's ``convert_input`` (``"16-true"``), which
-    replace the tensors themselves.
+    The type is the mark: Lightning's collection helpers rebuild a tuple subclass with its own type.
 
     Example:
         >>> batch = StagedBatch((torch.zeros(2, 3, 4, 4), torch.arange(2)))
@@ -333,10 +295,8 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """Iterate ``batch_sampler`` forever from pass ``start`` on, leaving out the first ``skip`` batches of
-    indices of that pass (nothing is read for them). Each pass sets the underlying sampler's epoch and, given
-    ``seed``, seeds the sampler's generator with ``seed + pass``, so a pass's order is a function of its
-    number (what resuming mid-pass relies on)."""
+    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches of it; each pass's
+    order is a function of its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
@@ -365,9 +325,9 @@ class _RepeatSampler:
 class ContinuousDataLoader(HostDataLoader):
     """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries.
 
-    Use it exactly like ``DataLoader`` (same arguments); it needs automatic batching (``batch_size`` or
-    ``batch_sampler``). Every ``iter()`` yields ``len(self)`` batches, one pass over the sampler, so each
-    sample is still seen once per epoch. Batches an unfinished run had prefetched are dropped at ``close()``.
+    Use it like ``DataLoader`` (same arguments, automatic batching); every ``iter()`` yields ``len(self)``
+    batches, one pass over the sampler. ``state_dict`` holds its position, so a fit resumed mid-epoch
+    continues the interrupted pass in its order (docs/datamodule.md).
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -376,20 +336,6 @@ class ContinuousDataLoader(HostDataLoader):
         feed_info: see ``HostDataLoader``.
         read_threads: see ``HostDataLoader`` (the threads keep reading across epoch boundaries too).
         **kwargs: ``DataLoader``'s keyword arguments.
-
-    Resuming: ``state_dict()`` holds the position of the batches handed out (the pass and the batches of
-    it) and the seed of the shuffle, whose order is a function of the pass number (a ``RandomSampler``'s
-    generator is seeded with ``seed + pass``; a ``DistributedSampler`` gets ``set_epoch(pass)``). Lightning
-    saves it in a checkpoint and, resuming mid-epoch, calls ``load_state_dict`` before the first ``iter()``;
-    that ``iter()`` yields the rest of the interrupted pass, in its order, and every later one a whole pass.
-    ``close()`` (also when an error ended the source) moves the position to the start of the next pass, so
-    the next ``iter()`` is a whole pass again. A sampler whose order this loader cannot reproduce (neither of
-    those nor a ``SequentialSampler``) is warned about once at ``load_state_dict``: the rest of the
-    interrupted pass is then drawn from a fresh order, and later epochs are whole passes again.
-
-    Note:
-        An epoch cut short while the source keeps running (``limit_train_batches``) leaves the rest of its
-        pass for the next epoch, so epochs then no longer line up with passes over the sampler.
 
     Example:
         >>> loader = ContinuousDataLoader(range(10), batch_size=4, shuffle=True, drop_last=True)
@@ -449,8 +395,7 @@ class ContinuousDataLoader(HostDataLoader):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue at ``state_dict``'s position: the next ``iter()`` yields the rest of that pass, in the
-        order the saved run had (see the class docstring); a running source is closed first."""
+        """Continue at ``state_dict``'s position: the next ``iter()`` yields the rest of that pass."""
         self.close()
         per_pass = int(state_dict.get("batches_per_pass", len(self)))
         self._pass = int(state_dict.get("pass", 0))
@@ -479,7 +424,6 @@ class ContinuousDataLoader(HostDataLoader):
             )
 
     def _advance(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """``batches``, moving the position on by each one handed out."""
         n = len(self)
         for batch in batches:
             self._batch += 1
@@ -533,12 +477,8 @@ class ContinuousDataLoader(HostDataLoader):
 
 
 def close_workers(loader: Any) -> None:
-    """Stop the persistent workers of ``loader`` now and drop its iterator (the next ``iter()`` starts
-    afresh); a ``DALILoader`` releases its pipeline (a training loader keeps its place in the stream).
-
-    Workers otherwise run until the loader is garbage collected or the interpreter exits. A
-    ``HostDataLoader``'s workers' temporary folder goes with them. Loaders without persistent workers are
-    left as they are.
+    """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now; the next ``iter()``
+    starts afresh. A loader of another kind with a ``close()`` (``DALILoader``) is closed.
 
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
@@ -558,11 +498,8 @@ def close_workers(loader: Any) -> None:
         remove = getattr(loader, "_remove_worker_folder", None)
         if iterator is not None and callable(remove):
             remove()  # what a worker that did not exit through Python left there
-    else:
-        from lightning_gpuopt.data.dali import DALILoader  # DALI itself is imported by its pipelines only
-
-        if isinstance(loader, DALILoader):
-            loader.close()  # its pipeline's threads and memory now; the next iter() builds it again
+    elif callable(getattr(loader, "close", None)):
+        loader.close()  # a DALILoader: its pipeline's threads and memory now; the next iter() builds it again
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -596,15 +533,9 @@ _END = object()
 
 
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """Yield ``transform(batch on device)``, copied and transformed on a side stream by a staging thread.
-
-    The thread takes each batch from ``source``, copies it to ``device`` and applies ``transform`` on its
-    own CUDA stream, records an event and queues the result, ``STAGED_AHEAD`` batches ahead. The training
-    thread only makes its stream wait for that event, so neither the loader's work nor the copy and the
-    transform's kernel launches take time from the thread that launches the training step. An error in the
-    thread is raised here, on the next batch; closing this generator stops the thread and closes
-    ``source``.
-    """
+    """Yield ``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a
+    staging thread, so the thread launching the training step spends no time on the feed; the thread's
+    error is raised here, and closing this generator stops it and closes ``source``."""
     side = torch.cuda.Stream(device)
     ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
     stop = threading.Event()

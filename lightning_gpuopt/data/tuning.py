@@ -1,18 +1,7 @@
-"""Pick ``num_workers`` by measuring a DataLoader, within a time budget, and remember the answer.
+"""Pick ``num_workers`` by measuring a DataLoader within a time budget, and remember the answer.
 
-More workers is not always faster: past the point where decoding stops being the limit, extra workers
-compete for cores, memory bandwidth and the main process's collation/pinning, and throughput flattens or
-drops. So ``tune_num_workers`` measures candidate counts in ascending order, each until its rate is steady
-or one pass over the data is read, stops when throughput stops improving (or once the loader outruns what
-the model consumes), and returns the *smallest* count within ``tolerance`` of the best: fewer processes,
-less memory, same speed. The whole measurement takes at most a share of an epoch (``EPOCH_SHARE``), so
-its cost follows the size of the data.
-
-``tune_num_workers`` is a plain function (no Lightning). ``WorkerTuner`` applies it to loaders that
-``OptimizedDataModule`` did not build. ``OptimizedDataModule(num_workers="auto")`` decides through
-``unmeasured_workers`` (an image folder or a store, whose counts are chosen from the cores, not measured; a
-split too small to measure) and otherwise measures with ``tune_num_workers(**auto_tuning_arguments(...))``;
-``lightning-gpuopt tune`` says what ``unmeasured_workers`` chooses, or measures the counts it is given.
+``tune_num_workers`` measures candidate counts in ascending order and returns the smallest within
+``tolerance`` of the best (docs/worker_tuning.md); ``WorkerTuner`` applies it to loaders of your own.
 """
 
 from __future__ import annotations
@@ -20,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,31 +23,33 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
+from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int
 from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
+from lightning_gpuopt.data._lifetime import worker_folder
 from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
-from lightning_gpuopt.data._tuning_measure import _measure_counts, _pass_batches, _Plan
-from lightning_gpuopt.data.loader import PREFETCH_FACTOR, BatchReader, UInt8Collate, reads_in_workers
+from lightning_gpuopt.data.loader import (
+    PREFETCH_FACTOR,
+    BatchReader,
+    HostDataLoader,
+    UInt8Collate,
+    reads_in_workers,
+)
 
-# Batches are measured at most this large. What sets the right worker count is the per-sample cost; with
-# smaller batches each worker delivers several batches a second, so the rate settles within a short budget
-# (at 256 ImageNet JPEGs a batch, 16 workers deliver in bursts about a second apart).
+#: batches are measured at most this large: smaller batches arrive often enough for the rate to settle soon.
 MEASURE_BATCH_SIZE = 64
 CACHE_FILE = "workers.json"
 # bump when what is measured changes, so old cache entries are not reused
 _CACHE_VERSION = 4
 
-#: ``tune_num_workers`` stops at ``headroom * target``: a loader measured alone must be this much faster than
-#: the model consumes to keep up once it shares the CPUs with training (see ``headroom``).
+#: measured alone, a loader must deliver this multiple of the model's rate to keep up in training.
 TARGET_HEADROOM = 2.0
-#: ``tune_num_workers`` spends at most this share of an epoch (the dataset read once at the best rate
-#: measured so far) on measuring, and at least ``MIN_BUDGET_S``; ``budget_s`` stays the upper bound.
+#: the largest share of an epoch (at the best rate so far) the measurement may take.
 EPOCH_SHARE = 0.25
-#: seconds of measuring the epoch share never cuts below: enough for a few counts to start their workers.
+#: seconds of measuring the epoch share never cuts below.
 MIN_BUDGET_S = 2.0
-#: a count's measurement ends once the rate of its batches' second half is within this share of the first
-#: half's (the figure has settled; more batches would not change the answer).
+#: a count's measurement ends once its second half's rate is within this share of its first half's.
 STEADY_TOLERANCE = 0.1
 
 
@@ -89,10 +81,10 @@ class TuningConfig:
 
     Args:
         budget_s: seconds the measurement may take (worker start-up and shutdown included).
-        target_samples_per_sec: what your model consumes (samples/s); measuring stops once the loader,
-            measured alone, delivers ``TARGET_HEADROOM`` times that. ``None``: find the loader's own plateau.
-        cache_dir: folder of the result cache (``workers.json``); default ``_common.cache_dir()``
-            (``$LIGHTNING_GPUOPT_CACHE_DIR`` or ``~/.cache/lightning_gpuopt``).
+        target_samples_per_sec: what your model consumes (samples/s); measuring stops once the loader
+            delivers ``TARGET_HEADROOM`` times that. ``None``: find the loader's own plateau.
+        cache_dir: folder of the result cache (default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or
+            ``~/.cache/lightning_gpuopt``).
 
     Example:
         >>> TuningConfig(budget_s=10.0, target_samples_per_sec=3000.0)
@@ -123,14 +115,12 @@ def default_candidates(max_workers: int) -> list[int]:
 
 
 def default_cache_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``<cache_dir>/workers.json``; default folder ``_common.cache_dir()`` (``$LIGHTNING_GPUOPT_CACHE_DIR``,
-    else ``~/.cache/lightning_gpuopt``)."""
+    """``<cache_dir>/workers.json`` (default folder: ``_common.cache_dir()``)."""
     return _cache_folder(cache_dir) / CACHE_FILE
 
 
 def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
-    """What identifies a dataset for the cache: its own ``fingerprint()`` if it has one, else class, length
-    and the path/mtime of a ``root``/``path`` attribute when there is one."""
+    """What identifies a dataset for the cache: its own ``fingerprint()``, else class, length, path and mtime."""
     fp = getattr(dataset, "fingerprint", None)
     if callable(fp):
         with contextlib.suppress(Exception):  # a user fingerprint that fails falls back to the generic one
@@ -154,15 +144,11 @@ class TuningResult:
 
     Attributes:
         best: the chosen ``num_workers``.
-        table: one row per measured count: ``num_workers``, ``samples_per_sec`` (after warm-up),
-            ``startup_s`` (iterator creation to the first batch), ``batches`` (measured), ``until`` (what
-            ended it: ``"steady"``, ``"one pass"`` over the data, ``"slot"``: its share of the budget),
-            ``seconds`` (wall time spent on this count, shutdown included). Empty where the count was not
-            measured (``stop_reason`` says why).
+        table: one row per measured count (``num_workers``, ``samples_per_sec``, ``startup_s``, ``batches``,
+            ``until``, ``seconds``); empty where nothing was measured.
         seconds: total wall time of the tuning.
-        cached: True when the answer came from the cache (``table`` is the cached table).
-        stop_reason: why measuring stopped (``"all candidates"``, ``"no improvement"``, ``"target reached"``,
-            ``"budget"``).
+        cached: True when the answer came from the cache.
+        stop_reason: why measuring stopped, or why nothing was measured.
         key: the cache key.
 
     Example:
@@ -188,8 +174,7 @@ class TuningResult:
         return f"{head}\nnum_workers={self.best} ({src})"
 
     def how(self) -> str:
-        """How ``best`` was chosen, as the setup line says it: measured now, read from the cache, or why it
-        was not measured."""
+        """How ``best`` was chosen, as the setup line says it."""
         if not self.table:
             return self.stop_reason
         counts = ", ".join(str(r["num_workers"]) for r in self.table)
@@ -202,8 +187,7 @@ class TuningResult:
 
 
 def endless_sampler(dataset: Any, batch_size: int) -> RandomSampler:
-    """Random order without replacement, repeated: enough batches that a small dataset does not run out
-    while it is being measured (each pass over the data is a fresh permutation)."""
+    """Random order, repeated: a small dataset does not run out while it is measured."""
     return RandomSampler(dataset, replacement=False, num_samples=max(len(dataset), batch_size * 100_000))
 
 
@@ -227,37 +211,31 @@ def tune_num_workers(
 ) -> TuningResult:
     """Measure loader throughput for candidate ``num_workers`` and return the smallest good one.
 
-    Candidates (0: reading in the loop) are measured in ascending order, each in an equal share of the budget
-    left, after its warm-up (a batch a worker), until steady (``STEADY_TOLERANCE``), one pass over the data or
-    the end of its share; all of them in at most ``epoch_share`` of an epoch (at least ``MIN_BUDGET_S``) and
-    at most ``budget_s``. Measuring stops when ``patience`` counts in a row fail to beat the best by more than
-    ``tolerance``, or a count reaches ``headroom * target_samples_per_sec``. The answer is the smallest count
-    reaching that if one did, else the smallest within ``tolerance`` of the best (0 where it is that).
+    How it measures and when it stops: docs/worker_tuning.md.
 
     Args:
-        loader: ``make_loader(num_workers) -> iterable of batches`` (typically a ``DataLoader``; it may
-            hold more batches than the budget can consume, e.g. with ``endless_sampler``: a pass over its
-            ``dataset`` ends the count's measurement), or a map-style dataset (then ``DataLoader(dataset,
-            batch_size, sampler=endless_sampler(...), **loader_kwargs)``).
+        loader: ``make_loader(num_workers) -> iterable of batches`` (one pass over its ``dataset`` ends a
+            count's measurement), or a map-style dataset.
         candidates: worker counts to try (default ``default_candidates(max_workers)``).
         budget_s: wall-clock budget for all measurements (worker start-up and shutdown included).
-        target_samples_per_sec: what the consumer (the model) can take; reaching it ends the search.
+        target_samples_per_sec: what the model consumes; ``headroom`` times that ends the search.
         tolerance: relative slack when comparing throughputs (0.05 = 5%).
         batch_size: batch size when ``loader`` is a dataset.
-        loader_kwargs: extra DataLoader arguments when ``loader`` is a dataset (collate_fn, pin_memory...).
+        loader_kwargs: extra DataLoader arguments when ``loader`` is a dataset.
         max_workers: the largest default candidate (default: CPUs available to this process).
-        cache: read and write the result cache (``~/.cache/lightning_gpuopt/workers.json``).
-        cache_dir: folder of the cache file (default ``$LIGHTNING_GPUOPT_CACHE_DIR`` or ``~/.cache/...``).
-        cache_key: extra key values (e.g. local world size) beside the data's fingerprint, batch size, CPUs.
+        cache: read and write the result cache.
+        cache_dir: folder of the cache file.
+        cache_key: extra key values beside the data's fingerprint, batch size and CPUs.
         patience: counts in a row without improvement before stopping.
-        headroom: how much faster than ``target_samples_per_sec`` the loader must be measured alone: in
-            training its workers share the CPUs with the training process (docs/worker_tuning.md).
+        headroom: how much faster than ``target_samples_per_sec`` the loader must be measured alone.
         epoch_share: the largest share of an epoch the measurement may take (None: ``budget_s`` alone).
-        progress: called with a line (``"measuring num_workers=2 (2 of 4) ..."``) as each count starts.
+        progress: called with a line as each count starts.
 
     Returns:
-        ``TuningResult`` (``best``, ``table``, ...); raises ``ValueError`` for a bad argument or a loader that
-        yields no batch.
+        ``TuningResult``.
+
+    Raises:
+        ValueError: a bad argument, or a loader that yields no batch.
     """
     _check_budget_tolerance(budget_s, tolerance)
     _check_target(target_samples_per_sec, "target_samples_per_sec")
@@ -291,8 +269,7 @@ def tune_num_workers(
 
 @dataclass
 class _Source:
-    """What ``tune_num_workers`` measures: ``make(n)`` builds a loader on ``n`` workers; the data's samples
-    and batches a pass (None: unknown) and what identifies it in the cache key."""
+    """What ``tune_num_workers`` measures: ``make(n)``, the data's samples and batches a pass, its key."""
 
     make: Callable[[int], Iterable[Any]]
     samples_per_pass: int | None
@@ -301,8 +278,6 @@ class _Source:
 
     @classmethod
     def of(cls, loader: Any, first: int, batch_size: int, loader_kwargs: dict[str, Any] | None) -> _Source:
-        """The source of ``tune_num_workers``'s ``loader`` (a factory, probed once with ``first`` workers and
-        not iterated, or a dataset read by ``DataLoader(dataset, batch_size, **loader_kwargs)``)."""
         if isinstance(loader, Dataset) or not callable(loader):
             dataset = loader
             kwargs = dict(loader_kwargs or {})
@@ -326,7 +301,6 @@ class _Source:
 
 
 def _smallest_good(table: list[dict[str, Any]], goal: float | None, tolerance: float) -> int:
-    """The smallest count reaching ``goal`` where one did, else the smallest within ``tolerance`` of the best."""
     top = max(r["samples_per_sec"] for r in table)
     threshold = goal if goal is not None and top >= goal else top * (1 - tolerance)
     return int(min(r["num_workers"] for r in table if r["samples_per_sec"] >= threshold))
@@ -340,7 +314,6 @@ def _length(data: Any) -> int | None:
 
 
 def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
-    """The cached result of ``key`` where it is usable for ``cands``; one warning where it is not."""
     hit = _read_cache(path).get(key)
     if hit is None:
         return None
@@ -390,9 +363,7 @@ def _check_cache_dir(cache_dir: Any, name: str) -> None:
 @dataclass(frozen=True)
 class DatasetLoaders:
     """``n -> DataLoader`` reading ``dataset`` on ``n`` worker processes, as ``num_workers="auto"`` measures
-    it: batches of ``batch_size`` in an endless random order (``endless_sampler``), ``UInt8Collate``,
-    ``prefetch_factor=PREFETCH_FACTOR``, pinned with ``pin_memory``. Two are equal when they read the same
-    dataset object the same way (``source`` only names the dataset in a collate error).
+    it (``source`` names the dataset in a collate error).
 
     Example:
         >>> make = DatasetLoaders(dataset, batch_size=64)  # doctest: +SKIP
@@ -423,15 +394,9 @@ def _cpus_per_process(local_world_size: int) -> int:
 def unmeasured_workers(
     dataset: Any, *, batch_size: int, min_batches: int, local_world_size: int = 1
 ) -> tuple[int, str] | None:
-    """The DataLoader worker processes ``num_workers="auto"`` gives ``dataset`` without measuring them, and
-    how they were chosen; None: they are measured.
-
-    A ``BatchReader`` read by worker processes a whole batch each (an image folder, a JPEG store) gets one a
-    CPU (its ``auto_readers``), at most one a batch of the pass; one read by threads of the training process
-    (a raw store) gets none. A dataset of fewer than ``min_batches`` batches of ``batch_size`` gets a worker
-    per batch (none for a single batch): measuring would cost more than reading it. Either is at most the
-    CPUs of one of the ``local_world_size`` processes of the node. ``OptimizedDataModule`` and
-    ``lightning-gpuopt tune`` both decide through this function.
+    """The worker processes ``num_workers="auto"`` gives ``dataset`` without measuring, and how they were
+    chosen; None: they are measured. A folder or JPEG store gets one a CPU, a raw store none, a split of
+    fewer than ``min_batches`` batches one a batch.
 
     Example:
         >>> unmeasured_workers(list(range(30)), batch_size=32, min_batches=8)
@@ -467,12 +432,6 @@ def auto_tuning_arguments(
 ) -> dict[str, Any]:
     """The arguments ``tune_num_workers`` measures ``dataset`` with under ``num_workers="auto"``.
 
-    ``OptimizedDataModule`` and ``lightning-gpuopt tune`` both call ``tune_num_workers(**arguments)``, so on
-    the same data and machine they measure the same loaders (``DatasetLoaders`` at ``min(batch_size,
-    MEASURE_BATCH_SIZE)``), the same candidates (up to the CPUs per process, at most a worker per training
-    batch) and share one cache entry (keyed by ``local_world_size``, ``pin_memory`` and the training
-    ``batch_size``).
-
     Args:
         dataset: the map-style dataset to read.
         batch_size: the training batch size (per process).
@@ -480,7 +439,10 @@ def auto_tuning_arguments(
         local_world_size: training processes on this node (they share its CPUs).
         tuning: the budget, target and cache folder (``TuningConfig``; None: its defaults).
         source: names the dataset in a collate error (``"train_dataset()"``).
-        progress: called with a line as each count starts (``tune_num_workers``'s ``progress``).
+        progress: called with a line as each count starts.
+
+    Returns:
+        ``tune_num_workers``'s keyword arguments.
 
     Example:
         >>> args = auto_tuning_arguments(dataset, batch_size=256, pin_memory=True)  # doctest: +SKIP
@@ -506,7 +468,7 @@ def auto_tuning_arguments(
 
 
 def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Callable[[int], DataLoader]:
-    """A factory rebuilding ``loader`` with another worker count (same dataset, batch size, collate...)."""
+    """A factory rebuilding ``loader`` with another worker count."""
     dataset = loader.dataset
     batch_size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
 
@@ -528,8 +490,7 @@ def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Calla
 
 
 def _node_best(trainer: pl.Trainer | None, best: int) -> int:
-    """The count local rank zero of this rank's node chose: the ranks of a node use one count, measured on
-    that node's CPUs (nodes may differ). One ``all_gather`` of three ints a rank; every rank must call it."""
+    """The count local rank zero of this rank's node chose (one ``all_gather``; every rank must call it)."""
     if trainer is None or trainer.world_size <= 1:
         return best
     row = torch.tensor([trainer.node_rank, trainer.local_rank, best], device=trainer.strategy.root_device)
@@ -540,31 +501,17 @@ def _node_best(trainer: pl.Trainer | None, best: int) -> int:
 class WorkerTuner(pl.Callback):
     """Tune ``num_workers`` of training DataLoaders this package did not build (your own ``DataLoader``).
 
-    At ``on_train_start`` (loaders are built but not yet iterated) each training ``DataLoader`` is
-    measured with ``tune_num_workers`` (same dataset, collate_fn and pin_memory, batches of at most
-    ``MEASURE_BATCH_SIZE`` samples, worker counts up to the CPUs per local rank) and, with ``apply=True``, its
-    ``num_workers`` is set to the result before the first epoch starts (``DataLoader`` allows changing
-    ``num_workers`` after construction; a ``prefetch_factor`` of None is set to ``data.loader.PREFETCH_FACTOR``,
-    as it was measured). Under DDP every rank measures at the same time (so contention is realistic) and
-    each node uses its local rank zero's answer (nodes may have other CPUs). Results are cached, so the next
-    run starts at once. Validation loaders are left alone.
-
-    Limits: the change takes effect at the loader's next ``iter()``; the fit loop first iterates it after
-    this hook, but a ``persistent_workers`` loader you iterated yourself beforehand keeps its old workers.
-    ``persistent_workers=True`` on a loader built with ``num_workers=0`` is refused by PyTorch itself, so
-    such a loader gets workers that are restarted each epoch.
+    At ``on_train_start`` each training ``DataLoader`` is measured with ``tune_num_workers`` and, with
+    ``apply=True``, its ``num_workers`` set to the result (each node takes its local rank zero's answer).
+    Logged: ``tuning/num_workers`` and ``tuning/samples_per_sec`` (docs/worker_tuning.md).
 
     Args:
         budget_s: tuning budget in seconds (per loader).
         candidates: worker counts to try (default 1, 2, 4, 6, 8, 12, ... up to the CPUs per local rank).
-        target_samples_per_sec: what your model consumes (samples/s); tuning stops once a loader delivers
-            twice that measured alone (``tune_num_workers``'s ``headroom``).
+        target_samples_per_sec: what your model consumes (samples/s).
         tolerance: the smallest count within this fraction of the best wins.
         apply: set the tuned count on the loader (False: only measure and log).
         cache: use the result cache; ``cache_dir`` overrides its folder.
-
-    Logged: ``tuning/num_workers`` (count) and ``tuning/samples_per_sec`` (samples/s of the loader at the
-    chosen count) once, at step 0, through ``trainer.loggers``. The table goes to the console (rank 0).
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[WorkerTuner(budget_s=20.0)])  # doctest: +SKIP
@@ -671,3 +618,163 @@ class WorkerTuner(pl.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.num_workers = state_dict.get("num_workers")
+
+
+# ----------------------------------------------------------------- measuring
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
+
+
+def _steady(times: Sequence[float], samples: Sequence[int], group: int, tolerance: float) -> bool:
+    """Whether the second half's rate is within ``tolerance`` of the first's (split at a multiple of ``group``)."""
+    k = len(times) - 1
+    half = (k // group // 2) * group
+    first, second = times[half] - times[0], times[k] - times[half]
+    if half <= 0 or first <= 0 or second <= 0:
+        return False
+    r1, r2 = samples[half] / first, (samples[k] - samples[half]) / second
+    return abs(r1 - r2) <= tolerance * max(r1, r2)
+
+
+def _measure(
+    loader: Iterable[Any],
+    warmup_batches: int,
+    deadline: Callable[[float], float],
+    max_batches: int | None,
+    steady: float,
+) -> tuple[float, float, int, str]:
+    """``(samples_per_sec, startup_s, measured_batches, until)`` of ``loader`` after ``warmup_batches``,
+    until steady, ``max_batches`` (one pass) or ``deadline(rate so far)``; ``until`` says which."""
+    t0 = time.perf_counter()
+    remove_folder: Callable[[], Any] = lambda: None  # noqa: E731 - what a plain DataLoader's workers left
+    if isinstance(loader, DataLoader) and loader.num_workers and not isinstance(loader, HostDataLoader):
+        it, remove_folder = worker_folder(loader, lambda: iter(loader))
+    else:
+        it = iter(loader)  # a HostDataLoader keeps its workers' folder itself
+    startup = None
+    delivered = 0  # every sample, warm-up included
+    times: list[float] = []  # arrival time of each measured batch; the first is the origin
+    samples: list[int] = []  # samples delivered since the origin, at each of them
+    group = max(2, warmup_batches)
+    until = "one pass"
+    end = t0
+    try:
+        for i, batch in enumerate(it):
+            now = time.perf_counter()
+            if startup is None:
+                startup = now - t0
+            size = _batch_len(batch)
+            delivered += size
+            last = max_batches is not None and i + 1 >= max_batches
+            if times and now > times[0]:
+                until_s = deadline(samples[-1] / (now - times[0]))
+            else:
+                until_s = deadline(delivered / (now - t0) if now > t0 else 0.0)
+            # warm-up may eat at most ~60% of the slot, so something is left to measure
+            if i < warmup_batches and not last and now - t0 < 0.6 * (until_s - t0):
+                continue
+            times.append(now)
+            samples.append(samples[-1] + size if samples else 0)
+            k = len(times) - 1
+            if k >= 2 * group and k % group == 0 and _steady(times, samples, group, steady):
+                until = "steady"
+                break
+            if now >= until_s:
+                until = "slot"
+                break
+            if last:
+                break
+        end = time.perf_counter()
+    finally:
+        # shuts worker processes down now rather than at garbage collection (counted in the slot)
+        _compat.shutdown_workers(it)
+        del it
+        remove_folder()
+    if startup is None:
+        return 0.0, 0.0, 0, "no batch"
+    measured = len(times) - 1
+    if measured > 0 and end > times[0]:
+        return samples[-1] / (end - times[0]), startup, measured, until
+    # too slow (or too little data) to measure after warm-up: the pessimistic overall rate
+    total = end - t0
+    return delivered / total if total > 0 else 0.0, startup, 0, until
+
+
+def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int | None:
+    """Batches in one pass over ``dataset`` (None: not known)."""
+    if not is_int(batch_size) or batch_size < 1:
+        return None
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+@dataclass
+class _Plan:
+    """How ``_measure_counts`` spends its time and when it stops."""
+
+    budget_s: float
+    epoch_share: float | None
+    min_budget_s: float
+    samples_per_pass: int | None
+    tolerance: float
+    patience: int
+    goal: float | None
+    progress: Callable[[str], None] | None = None
+    steady: float = 0.1
+
+    def allowed_s(self, best_sps: float) -> float:
+        """``budget_s``, cut to the epoch share once a rate is known."""
+        if self.epoch_share is None or not self.samples_per_pass or best_sps <= 0:
+            return self.budget_s
+        share = self.epoch_share * self.samples_per_pass / best_sps
+        return min(self.budget_s, max(self.min_budget_s, share))
+
+
+def _measure_counts(
+    make_loader: Callable[[int], Iterable[Any]], cands: Sequence[int], plan: _Plan, pass_batches: int | None
+) -> tuple[list[dict[str, Any]], str]:
+    """Measure ``cands`` in order, each in its share of the budget left; the table and why it stopped."""
+    t_start = time.perf_counter()
+    table: list[dict[str, Any]] = []
+    best_sps, since_improved = 0.0, 0
+    for i, n in enumerate(cands):
+        allowed = plan.allowed_s(best_sps)
+        if allowed - (time.perf_counter() - t_start) <= 0.05 * allowed and table:
+            return table, "budget"
+        if plan.progress is not None:
+            plan.progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
+        t_c, left = time.perf_counter(), len(cands) - i
+
+        def deadline(rate: float, t_c: float = t_c, left: int = left, best: float = best_sps) -> float:
+            # its share of the budget left (cut once its own rate shortens the epoch), less time to join
+            return t_c + 0.85 * max(0.0, plan.allowed_s(max(best, rate)) - (t_c - t_start)) / left
+
+        sps, startup, batches, until = _measure(
+            make_loader(n), max(1, n), deadline, max_batches=pass_batches, steady=plan.steady
+        )
+        if until == "no batch":
+            raise ValueError(
+                f"the loader built with num_workers={n} yielded no batch, so nothing could be measured; "
+                "give a dataset of at least one batch"
+            )
+        row = {"num_workers": n, "samples_per_sec": sps, "startup_s": startup, "batches": batches}
+        table.append({**row, "until": until, "seconds": time.perf_counter() - t_c})
+        if plan.goal is not None and sps >= plan.goal:
+            return table, "target reached"
+        since_improved = 0 if sps > best_sps * (1 + plan.tolerance) else since_improved + 1
+        best_sps = max(best_sps, sps)
+        if since_improved >= plan.patience:
+            return table, "no improvement"
+    return table, "all candidates"

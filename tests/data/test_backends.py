@@ -13,12 +13,11 @@ from lightning_gpuopt.data.backends import (
     HDF5Backend,
     HostBackend,
     MixedBackend,
-    choose_backend,
     dali_installed,
     host_loader,
     resolve_backend,
 )
-from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.datamodule import OptimizedDataModule, choose_backend
 from lightning_gpuopt.data.folder import UInt8ImageFolder
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR, ContinuousDataLoader, HostDataLoader, close_workers
 

@@ -16,7 +16,7 @@ from lightning_gpuopt.data import backends  # noqa: E402
 from lightning_gpuopt.data.convert import convert_folder_to_hdf5  # noqa: E402
 from lightning_gpuopt.data.dali import DALIOptions  # noqa: E402
 from lightning_gpuopt.data.dali_store import DALIStoreLoader, StoreBatches  # noqa: E402
-from lightning_gpuopt.data.datamodule import OptimizedDataModule  # noqa: E402
+from lightning_gpuopt.data.datamodule import OptimizedDataModule, choose_backend  # noqa: E402
 from lightning_gpuopt.data.hdf5 import HDF5ImageDataset  # noqa: E402
 from lightning_gpuopt.data.loader import StagedBatch  # noqa: E402
 from tests._lightning import quiet_trainer  # noqa: E402
@@ -213,16 +213,16 @@ def test_the_datamodule_trains_on_dali_and_validates_on_the_host(store):
 def test_auto_takes_dali_for_a_jpeg_store_only_where_it_runs(store, tmp_path, monkeypatch):
     paths = {"train": str(store.path), "val": None, "test": None, "predict": None}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    chosen, why = backends.choose_backend("auto", paths)
+    chosen, why = choose_backend("auto", paths)
     assert chosen.name == "hdf5" and "no CUDA GPU" in why
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(backends, "dali_installed", lambda: False)
-    chosen, why = backends.choose_backend("auto", paths)
+    chosen, why = choose_backend("auto", paths)
     assert chosen.name == "hdf5" and "lightning-gpuopt[dali]" in why
     monkeypatch.setattr(backends, "dali_installed", lambda: True)
-    chosen, why = backends.choose_backend("auto", paths)
+    chosen, why = choose_backend("auto", paths)
     assert isinstance(chosen, backends.DALIStoreBackend) and "DALI decodes its training batches" in why
-    assert backends.choose_backend("auto", paths, own_datasets=True)[0].name == "hdf5"
+    assert choose_backend("auto", paths, own_datasets=True)[0].name == "hdf5"
 
 
 def test_dali_on_a_raw_store_names_the_fix(tmp_path):

@@ -13,7 +13,6 @@ from PIL import Image
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 from lightning_gpuopt._common import available_cpus
-from lightning_gpuopt.data import _counts as counts_module
 from lightning_gpuopt.data import datamodule as datamodule_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
 from lightning_gpuopt.data.folder import CorruptImageError, UInt8ImageFolder, UnreadableImagesError
@@ -435,13 +434,13 @@ def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
 
 def test_auto_workers_measured_once_per_dataset(jpeg_folder, tmp_path, monkeypatch):
     calls = []
-    real = counts_module.tune_num_workers
+    real = datamodule_module.tune_num_workers
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("budget_s"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(counts_module, "tune_num_workers", counting)
+    monkeypatch.setattr(datamodule_module, "tune_num_workers", counting)
     tuning = TuningConfig(budget_s=1.0, cache_dir=tmp_path)
     dm = PerImageData(
         jpeg_folder, jpeg_folder, jpeg_folder, batch_size=4, num_workers="auto", image_size=8, tuning=tuning

@@ -20,6 +20,7 @@ import lightning_gpuopt.data.decode as decode
 import lightning_gpuopt.data.decode_choice as decode_choice
 from lightning_gpuopt import OptimizedDataModule
 from lightning_gpuopt._common import eval_resize_size
+from lightning_gpuopt.data.datamodule import choose_backend
 from lightning_gpuopt.data.decode import (
     DecodeOptions,
     ThreadDecodedFolder,
@@ -301,16 +302,16 @@ def test_auto_decodes_in_the_training_process_on_a_cuda_machine_without_dali(jpe
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(backends, "dali_installed", lambda: False)
     monkeypatch.setattr(backends, "torchvision_installed", lambda: True)
-    chosen, why = backends.choose_backend("auto", {"train": str(jpeg_folder)})
+    chosen, why = choose_backend("auto", {"train": str(jpeg_folder)})
     assert isinstance(chosen, DecodedFolderBackend) and "the training process decodes them" in why
-    chosen, why = backends.choose_backend("auto", {"train": str(jpeg_folder)}, num_workers=8)
+    chosen, why = choose_backend("auto", {"train": str(jpeg_folder)}, num_workers=8)
     assert type(chosen) is backends.FolderBackend and "num_workers=8: worker processes" in why
     monkeypatch.setattr(backends, "torchvision_installed", lambda: False)
-    chosen, why = backends.choose_backend("auto", {"train": str(jpeg_folder)})
+    chosen, why = choose_backend("auto", {"train": str(jpeg_folder)})
     assert type(chosen) is backends.FolderBackend and "pip install 'lightning-gpuopt[vision]'" in why
     monkeypatch.setattr(backends, "dali_installed", lambda: True)  # DALI stays the choice where installed
-    assert backends.choose_backend("auto", {"train": str(jpeg_folder)})[0].name == "dali"
-    asked, why = backends.choose_backend("auto", {"train": str(jpeg_folder)}, decode=DecodeOptions())
+    assert choose_backend("auto", {"train": str(jpeg_folder)})[0].name == "dali"
+    asked, why = choose_backend("auto", {"train": str(jpeg_folder)}, decode=DecodeOptions())
     assert isinstance(asked, DecodedFolderBackend)  # unless the user asks for this decoding
     with pytest.raises(ValueError, match=r"^decode must be None with backend='dali'"):
         OptimizedDataModule(jpeg_folder, backend="dali", decode=DecodeOptions())

@@ -11,7 +11,6 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpuopt.data import _tuning_measure
 from lightning_gpuopt.data import tuning as tuning_mod
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR
 from lightning_gpuopt.data.tuning import (
@@ -25,7 +24,7 @@ from tests._lightning import quiet_trainer
 
 
 class _Clock:
-    """The tuner's clock (``time`` of ``tuning`` and ``_tuning_measure``), moved only by the fake loaders:
+    """The tuner's clock (``time`` of ``tuning``), moved only by the fake loaders:
     what the tuner measures is their nominal rate, on a loaded machine too."""
 
     def __init__(self) -> None:
@@ -45,7 +44,6 @@ class _Clock:
 def clock(monkeypatch):
     fake = _Clock()
     monkeypatch.setattr(tuning_mod, "time", fake)
-    monkeypatch.setattr(_tuning_measure, "time", fake)
     return fake
 
 
@@ -402,21 +400,20 @@ def test_auto_on_eight_small_batches_is_quick_and_says_it_measured(eight_batches
     """``lightning-gpuopt tune`` reads folders and stores only, whose counts are chosen, not measured: it no
     longer has a path of its own for a dataset of the user's (the DataModule measures those), so the half of
     this test that compared the two is gone; the setup line now says how the count was chosen."""
-    from lightning_gpuopt.data import _counts, datamodule
+    from lightning_gpuopt.data import datamodule
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
 
     monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
     # no floor of seconds under the epoch share (MIN_BUDGET_S): on a busy machine a count's slot could end
     # before the data does, and what is tested here is that each count ends with the data
     monkeypatch.setattr(tuning_mod, "MIN_BUDGET_S", TuningConfig().budget_s)
-    _recording(monkeypatch, [_counts, tuning_mod])
+    _recording(monkeypatch, [datamodule, tuning_mod])
 
     class Data(OptimizedDataModule):
         def train_dataset(self):
             return _FolderImages(eight_batches)
 
     lines = []
-    monkeypatch.setattr(_counts, "rank_zero_info", lines.append)
     monkeypatch.setattr(datamodule, "rank_zero_info", lines.append)
     dm = Data(batch_size=64, num_workers="auto", image_size=32)
     t0 = time.perf_counter()
