@@ -1,13 +1,8 @@
 """``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or measured.
 
-Without ``--candidates`` the command says what the DataModule chooses for the folder or store, through the
-same function (``unmeasured_workers``): an image folder or a JPEG store gets one DataLoader worker process
-a CPU (each decodes whole batches), a raw HDF5 store none (threads of the training process read it,
-``HDF5Options``), all chosen from the cores, not measured; so it refuses the flags that only shape a
-measurement (``--budget``, ``--target``, ``--tolerance``, ``--no-cache``). With ``--candidates`` it measures
-those counts (``tune_num_workers``, 0 included: reading in the training loop), honouring every flag:
-worker processes for a folder or a JPEG store, reading threads for a raw store. Pinning follows
-``torch.cuda.is_available()``, as a fit on a GPU pins.
+Without ``--candidates`` it says what the DataModule chooses (``unmeasured_workers``) and refuses the flags
+that only shape a measurement; with it, it measures those counts: worker processes for a folder or a JPEG
+store, reading threads for a raw store (docs/worker_tuning.md).
 """
 
 from __future__ import annotations
@@ -29,68 +24,32 @@ FOLDER_ONLY = {"size": 256, "on_corrupt": "raise"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="class-per-subfolder image folder (or a .h5/.hdf5 file)")
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=256,
-        help="training batch size (measured in batches of at most 64; default 256)",
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("path", help="class-per-subfolder image folder (or a .h5/.hdf5 file)")
+    add("--batch-size", type=int, default=256, help="training batch size (measured in batches of at most 64)")
+    add(
         "--candidates",
-        default=None,
         help="comma-separated counts to measure, e.g. 0,1,2,4: worker processes for a folder or a JPEG store, "
         "reading threads for a raw store (0: read in the training loop); without it nothing is measured",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        help="seconds to spend measuring (default 30; with --candidates)",
-    )
-    parser.add_argument(
-        "--target",
-        type=float,
-        default=None,
-        help="what the model consumes (samples/s); stop once the loader delivers twice that (with --candidates)",
-    )
-    parser.add_argument(
-        "--tolerance",
-        type=float,
-        default=None,
-        help="pick the smallest count within this of the best (default 0.05; with --candidates)",
-    )
-    parser.add_argument(
-        "--no-cache", action="store_true", help="measure even if a cached result exists (with --candidates)"
-    )
-    parser.add_argument(
+    add("--budget", type=float, help="seconds to spend measuring (default 30; with --candidates)")
+    add("--target", type=float, help="the model's samples/s: stop once the loader delivers twice that")
+    add("--tolerance", type=float, help="pick the smallest count within this of the best (default 0.05)")
+    add("--no-cache", action="store_true", help="measure even if a cached result exists (with --candidates)")
+    add(
         "--size",
         type=int,
-        default=None,
         help="storage size of an image folder: each image is decoded whole, its shorter side resized to "
         "this many pixels, as convert stores it (default 256; image folders only)",
     )
-    parser.add_argument(
-        "--on-corrupt",
-        choices=("raise", "skip"),
-        default=None,
-        help="stop at an unreadable image (raise, default) or measure without it (skip); image folders only",
-    )
-    parser.add_argument(
-        "--devices",
-        type=int,
-        default=1,
-        help="training processes on this machine (the GPUs of a DDP run); they share its CPUs (default 1)",
-    )
-    parser.add_argument(
-        "--json", default=None, help="also write the result as JSON to this file (checked before measuring)"
-    )
+    add("--on-corrupt", choices=("raise", "skip"), help="stop at an unreadable image (raise) or skip it")
+    add("--devices", type=int, default=1, help="training processes on this machine, sharing its CPUs")
+    add("--json", help="also write the result as JSON to this file (checked before measuring)")
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
-    """Refuse a missing path, a bad value or a flag this run would not use, before anything heavy is
-    imported or measured; fill in the defaults of the rest; returns the parsed ``--candidates`` (``None``:
-    nothing is measured)."""
+    """Refuse a missing path, a bad value or an unused flag before anything heavy is imported; fill in the
+    defaults; returns the parsed ``--candidates`` (``None``: nothing is measured)."""
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
@@ -102,69 +61,45 @@ def check_args(args: argparse.Namespace) -> list[int] | None:
         if getattr(args, name) is None:
             setattr(args, name, default)
     check_arg(math.isfinite(args.budget) and args.budget > 0, "--budget", args.budget, "> 0 seconds")
-    check_arg(
-        args.size >= 1, "--size", args.size, "a positive number of pixels", fix="e.g. 256 for 224 crops"
-    )
-    check_arg(
-        math.isfinite(args.tolerance) and 0 <= args.tolerance < 1,
-        "--tolerance",
-        args.tolerance,
-        "a fraction in [0, 1) such as 0.05",
-    )
-    check_arg(
-        args.target is None or (math.isfinite(args.target) and args.target > 0),
-        "--target",
-        args.target,
-        "> 0 samples/s",
-        fix="leave it out to find the fastest count",
-    )
+    check_arg(args.size >= 1, "--size", args.size, "a positive number of pixels", "e.g. 256 for 224 crops")
+    ok = math.isfinite(args.tolerance) and 0 <= args.tolerance < 1
+    check_arg(ok, "--tolerance", args.tolerance, "a fraction in [0, 1) such as 0.05")
+    ok = args.target is None or (math.isfinite(args.target) and args.target > 0)
+    check_arg(ok, "--target", args.target, "> 0 samples/s", "leave it out to find the fastest count")
     return candidates
 
 
 def _parse_candidates(text: str | None) -> list[int] | None:
     if not text:
         return None
-    counts = [_int_or_none(c) for c in text.split(",") if c.strip()]
-    check_arg(
-        bool(counts) and None not in counts and min(c for c in counts if c is not None) >= 0,
-        "--candidates",
-        text,
-        "comma-separated counts >= 0 such as 0,2,4",
-    )
-    return [int(c) for c in counts if c is not None]
+    counts = [c.strip() for c in text.split(",") if c.strip()]
+    ok = bool(counts) and all(c.isdigit() for c in counts)
+    check_arg(ok, "--candidates", text, "comma-separated counts >= 0 such as 0,2,4")
+    return [int(c) for c in counts]
 
 
 def _refuse_unused(args: argparse.Namespace, *, store: bool, measuring: bool) -> None:
-    """A flag this run would ignore is an error naming why: the measuring flags without ``--candidates``,
-    a folder's flags for a store file, ``--devices`` with ``--candidates`` (the counts are given)."""
-    flag = {name: "--" + name.replace("_", "-") for name in (*MEASURING, *FOLDER_ONLY, "devices")}
+    """A flag this run would ignore is an error naming why."""
     for name in MEASURING:
         value = getattr(args, name)
-        check_arg(
-            measuring or value is None or value is False,
-            flag[name],
-            value,
-            "given only with --candidates: without it nothing is measured (num_workers='auto' chooses the "
-            "count from the cores for an image folder or a store)",
-            "add --candidates 0,1,2 to measure those counts, or leave the flag out",
-        )
+        must = "given only with --candidates: without it nothing is measured (num_workers='auto' chooses the "
+        must += "count from the cores for an image folder or a store)"
+        fix = "add --candidates 0,1,2 to measure those counts, or leave the flag out"
+        check_arg(measuring or value is None or value is False, _flag(name), value, must, fix)
     for name in FOLDER_ONLY:
         value = getattr(args, name)
-        check_arg(
-            not store or value is None,
-            flag[name],
-            value,
-            "given only for an image folder: a store file keeps its own size and holds no unreadable images",
-            "leave it out",
+        must = (
+            "given only for an image folder: a store file keeps its own size and holds no unreadable images"
         )
-    check_arg(
-        not measuring or args.devices == 1,
-        "--devices",
-        args.devices,
-        "left out with --candidates: the counts measured are the ones listed (--devices divides the cores "
-        "for the chosen count)",
-        "leave --devices out, or drop --candidates to see the count chosen for that many processes",
-    )
+        check_arg(not store or value is None, _flag(name), value, must, "leave it out")
+    must = "left out with --candidates: the counts measured are the ones listed (--devices divides the cores "
+    must += "for the chosen count)"
+    fix = "leave --devices out, or drop --candidates to see the count chosen for that many processes"
+    check_arg(not measuring or args.devices == 1, "--devices", args.devices, must, fix)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _is_store(path: Path) -> bool:
@@ -182,7 +117,14 @@ def run(args: argparse.Namespace) -> int:
 
     # a result that cannot be saved is found out now, not after the measurement
     json_path = check_writable_file(args.json, "--json") if args.json else None
-    dataset = _dataset(path, args)
+    if _is_store(path):
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+
+        dataset: Any = HDF5ImageDataset(str(path))
+    else:
+        from lightning_gpuopt.data.folder import UInt8ImageFolder
+
+        dataset = UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
     result = chosen(dataset, args) if candidates is None else measured(dataset, args, candidates)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -190,19 +132,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dataset(path: Path, args: argparse.Namespace) -> Any:
-    if _is_store(path):
-        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
-
-        return HDF5ImageDataset(str(path))
-    from lightning_gpuopt.data.folder import UInt8ImageFolder
-
-    return UInt8ImageFolder(path, size=args.size, on_corrupt=args.on_corrupt)
-
-
 def chosen(dataset: Any, args: argparse.Namespace) -> Any:
-    """The ``TuningResult`` of what ``OptimizedDataModule(num_workers="auto", batch_size=args.batch_size)``
-    chooses for ``dataset`` on ``args.devices`` processes (``unmeasured_workers``), printed with how."""
+    """The ``TuningResult`` of what ``num_workers="auto"`` chooses for ``dataset``, printed with how."""
     from lightning_gpuopt._common import available_cpus
     from lightning_gpuopt.data.datamodule import MIN_TUNE_BATCHES
     from lightning_gpuopt.data.loader import read_by_threads
@@ -217,16 +148,13 @@ def chosen(dataset: Any, args: argparse.Namespace) -> Any:
     if read_by_threads(dataset):
         from lightning_gpuopt.data.hdf5 import HDF5Options
 
-        cpus = max(1, available_cpus() // args.devices)
-        threads, how = HDF5Options().resolved_threads(cpus=cpus)
+        threads, how = HDF5Options().resolved_threads(cpus=max(1, available_cpus() // args.devices))
         print(f"reading threads for {dataset!r}: {threads} ({how}; HDF5Options(threads=...) sets them)")
     return TuningResult(best=fixed[0], stop_reason=fixed[1])
 
 
 def measured(dataset: Any, args: argparse.Namespace, candidates: list[int]) -> Any:
-    """The ``TuningResult`` of ``candidates`` measured on ``dataset``: worker processes reading whole batches
-    (a folder, a JPEG store) or reading threads (a raw store). Prints the header, a line as each count
-    starts and the table."""
+    """The ``TuningResult`` of ``candidates`` measured on ``dataset`` (worker processes or reading threads)."""
     from lightning_gpuopt.data.loader import read_by_threads
     from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
 
@@ -268,35 +196,29 @@ def suggestion(dataset: Any, best: int, *, measured: bool) -> str:
     )
 
 
-def _int_or_none(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 def _reader_loaders(dataset: Any, batch_size: int, *, workers: bool) -> Any:
-    """``n -> loader`` reading ``dataset`` (a ``BatchReader``) on ``n`` threads, or with ``workers`` in ``n``
-    worker processes a whole batch each (0: in the loop)."""
+    """``n -> loader`` reading ``dataset`` on ``n`` threads, or (``workers``) ``n`` worker processes."""
     import torch
-    from torch.utils.data import DataLoader
 
     from lightning_gpuopt.data.loader import PREFETCH_FACTOR, HostDataLoader, UInt8Collate, WholeBatches
     from lightning_gpuopt.data.tuning import endless_sampler
 
     pin = torch.cuda.is_available()
 
-    def make(n: int) -> DataLoader:
-        sampler = endless_sampler(dataset, batch_size)
+    def make(n: int) -> Any:
+        kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": endless_sampler(dataset, batch_size)}
         if workers:
+            prefetch = PREFETCH_FACTOR if n else None
             return HostDataLoader(
-                WholeBatches(dataset), batch_size=batch_size, sampler=sampler, pin_memory=pin, num_workers=n,
-                prefetch_factor=PREFETCH_FACTOR if n else None, collate_fn=UInt8Collate(),
-            )  # fmt: skip
-        if n == 0:
-            return DataLoader(
-                dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin, collate_fn=UInt8Collate()
+                WholeBatches(dataset),
+                pin_memory=pin,
+                num_workers=n,
+                prefetch_factor=prefetch,
+                collate_fn=UInt8Collate(),
+                **kwargs,
             )
-        return HostDataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin, read_threads=n)
+        if n == 0:
+            return HostDataLoader(dataset, pin_memory=pin, collate_fn=UInt8Collate(), **kwargs)
+        return HostDataLoader(dataset, pin_memory=pin, read_threads=n, **kwargs)
 
     return make

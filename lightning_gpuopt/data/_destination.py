@@ -1,10 +1,5 @@
-"""Where a conversion writes: its destination checked, claimed for one writer, and published.
-
-A conversion holds an exclusive claim on ``OUT`` (``_Claim``: a lock on ``.OUT.lock`` beside it) from its
-first check to its last step, creates ``OUT.tmp-<pid>`` before any decoding (``_create_temp``), checks
-that the store fits (``_check_free_space``), and gives the finished file its name with ``_publish``, which
-never replaces an existing file without ``overwrite``.
-"""
+"""Where a conversion writes: its destination checked, claimed for one writer (``_Claim``), and published
+without replacing an existing file unless ``overwrite`` (``_publish``); docs/hdf5.md."""
 
 from __future__ import annotations
 
@@ -60,14 +55,8 @@ def _cannot_create(err: OSError, dest: Path) -> OSError:
 
 
 class _Claim:
-    """An exclusive claim on a conversion's destination, held from its first check to its last step.
-
-    ``fcntl.flock`` on ``.<name>.lock`` beside the destination, taken without waiting: a second conversion
-    to the same file raises ``OutputInUseError`` at once. The lock file is removed while still locked, and
-    a claim taken on a lock file that its holder removed meanwhile is taken again on the current one. The
-    kernel drops the lock of a killed process, so a lock file left by a SIGKILL never blocks a later
-    conversion. Without ``fcntl`` (not POSIX) nothing is claimed.
-    """
+    """An exclusive claim on a conversion's destination: ``fcntl.flock`` on ``.<name>.lock`` beside it, taken
+    without waiting (a second conversion raises ``OutputInUseError``); the kernel drops a killed holder's."""
 
     def __init__(self, dest: Path, shown: str) -> None:
         self.path = dest.with_name(f".{dest.name}.lock")

@@ -1,13 +1,6 @@
-"""Processes and temporary files that end with their owner.
-
-``worker_folder`` gives the DataLoader worker processes of one iterator a temporary folder of their own:
-``multiprocessing`` makes each worker's ``pymp-*`` folder inside it (``InWorkerFolder``), and the folder is
-removed once those workers have ended. ``die_with_parent`` and ``Janitor`` serve ``lightning-gpuopt convert``
-and the DataModule's skipped-image folder, which must not outlive a process killed with SIGKILL.
-
-What each mechanism is for, and the test that shows the platform leaking without it, is in
-``docs/reliability.md`` ("What ends the processes and temporary folders").
-"""
+"""Processes and temporary files that end with their owner (docs/reliability.md, "What ends the processes
+and temporary folders"): ``worker_folder`` for DataLoader workers, ``die_with_parent`` and ``Janitor`` for
+what must not outlive a process killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -53,25 +46,15 @@ def _own_folder(folder: str) -> bool:
 
 
 def _remove_if_orphaned(folder: str, parent: int) -> None:
-    """At a worker's exit: remove the loader's folder when the parent died (nobody else will), with what a
-    sibling that exits at the same moment (or one killed) left in it: no live process of the loader needs it."""
+    """At a worker's exit: remove the loader's folder when the parent died (nobody else will)."""
     if os.getppid() != parent:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 class InWorkerFolder:
-    """A DataLoader ``worker_init_fn``: the worker's temporary files go to ``folder``; ``inner`` runs after.
-
-    ``multiprocessing`` makes a worker's ``pymp-*`` folder (the socket that hands a batch's shared memory
-    to the main process) in ``tempfile.gettempdir()`` and removes it when the worker exits through Python.
-    A worker that ends otherwise (terminated by PyTorch after its 5 s shutdown wait, or a batch still being
-    handed over while the worker exits) leaves it behind; inside ``folder`` it goes with the folder. The
-    workers make ``folder`` (the first of them; a parent killed before any started leaves nothing), and a
-    worker whose parent died (PyTorch's workers notice within 5 s and exit) removes it once it is empty.
-
-    A worker made in the instant its parent is killed starts with another parent (pid 1 or a subreaper).
-    PyTorch's watchdog would take that one for the loader's process and wait for indices forever, so such a
-    worker removes the folder and exits at once.
+    """A DataLoader ``worker_init_fn``: the worker's temporary files (its ``pymp-*`` folder) go to ``folder``,
+    which the workers make and a worker whose parent died removes; ``inner`` runs after. A worker made as its
+    parent is killed (another parent already: PyTorch's watchdog would wait forever) removes it and exits.
 
     Args:
         folder: the iterator's folder (``worker_folder``).
@@ -101,7 +84,6 @@ class InWorkerFolder:
 
 
 def _start_method(loader: Any) -> str | None:
-    """How ``loader``'s workers are started: its ``multiprocessing_context``, else the process default."""
     context = getattr(loader, "multiprocessing_context", None)
     if isinstance(context, str):
         return context
@@ -113,13 +95,8 @@ def _start_method(loader: Any) -> str | None:
 
 def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], Callable[[], Any]]:
     """``start()`` (a DataLoader iterator of ``loader``) with its workers' temporary files in a folder of
-    their own, and the call that removes that folder (once the workers are stopped).
-
-    The folder is also removed when the iterator is garbage collected (after PyTorch's ``__del__`` has
-    stopped its workers) and at interpreter exit (``weakref.finalize``). ``loader.worker_init_fn`` is wrapped
-    in ``InWorkerFolder`` only while the workers start; the loader keeps its own. Where a worker's socket
-    would not fit inside such a folder (a long ``TMPDIR``: AF_UNIX paths are short), the workers keep
-    ``multiprocessing``'s own folders and nothing is removed here.
+    their own, and the call that removes it; it also goes when the iterator is collected or at exit. Where a
+    worker's socket would not fit in it (a long ``TMPDIR``), the workers keep ``multiprocessing``'s folders.
     """
     folder = os.path.join(tempfile.gettempdir(), _PREFIX + secrets.token_hex(4))  # the workers make it
     if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
@@ -142,9 +119,7 @@ def die_with_parent(expected_ppid: int | None = None) -> None:
     """In a child process: get SIGKILL when the parent dies (Linux), and exit now if it already died.
 
     Args:
-        expected_ppid: the parent's pid as the parent knew it; None: the pid ``multiprocessing`` recorded in
-            the parent when it made this process (else the current parent pid). A process forked in the
-            instant its parent dies already sees another parent (pid 1 or a subreaper) and exits.
+        expected_ppid: the parent's pid as the parent knew it; None: the pid ``multiprocessing`` recorded.
     """
     if expected_ppid is None:
         parent = multiprocessing.parent_process()
@@ -182,11 +157,8 @@ if not done:
 
 
 class Janitor:
-    """A tiny process that removes ``path`` when its owner dies before calling ``release``.
-
-    Start it before ``path`` exists, so no moment is left in which a SIGKILL strands it. The janitor notices
-    its owner's death as the end of a pipe only the owner holds, or within 0.5 s as a new parent (a forked
-    child of the owner may hold the pipe a while longer).
+    """A tiny process that removes ``path`` when its owner dies before calling ``release``; start it before
+    ``path`` exists, so no moment is left in which a SIGKILL strands it.
 
     Args:
         path: the temporary file or folder to remove.

@@ -224,21 +224,18 @@ class MixedBackend(HostBackend):
         return (HDF5Backend() if _store_file(path) else FolderBackend()).classes(path)
 
 
-def _check_options(value: Any, name: str, kind: type, example: str) -> None:
-    must = f"None or a {kind.__name__}"
-    check_arg(value is None or isinstance(value, kind), name, value, must, example, error=TypeError)
-
-
 def _check_dali_options(dali: Any) -> None:
     from lightning_gpuopt.data.dali import DALIOptions  # DALI itself is imported only by its loaders
 
-    _check_options(dali, "dali", DALIOptions, "e.g. dali=DALIOptions(decoder='cpu')")
+    ok = dali is None or isinstance(dali, DALIOptions)
+    check_arg(ok, "dali", dali, "None or a DALIOptions", "e.g. dali=DALIOptions(decoder='cpu')", TypeError)
 
 
 def _check_hdf5_options(hdf5: Any) -> None:
     from lightning_gpuopt.data.hdf5 import HDF5Options  # h5py itself is imported by the stores only
 
-    _check_options(hdf5, "hdf5", HDF5Options, "e.g. hdf5=HDF5Options(threads=8)")
+    ok = hdf5 is None or isinstance(hdf5, HDF5Options)
+    check_arg(ok, "hdf5", hdf5, "None or an HDF5Options", "e.g. hdf5=HDF5Options(threads=8)", TypeError)
 
 
 def _check_folders(paths: dict[str, str | None], must: str) -> None:

@@ -339,25 +339,13 @@ def _check_share(headroom: float, epoch_share: float | None) -> None:
 
 
 def _check_target(target: float | None, name: str) -> None:
-    check_float(
-        target,
-        name,
-        low=0,
-        low_open=True,
-        none_ok=True,
-        what="(your model's samples/s)",
-        fix="None measures up to the loader's plateau",
-    )
+    fix = "None measures up to the loader's plateau"
+    check_float(target, name, low=0, low_open=True, none_ok=True, what="(your model's samples/s)", fix=fix)
 
 
 def _check_cache_dir(cache_dir: Any, name: str) -> None:
-    check_arg(
-        cache_dir is None or isinstance(cache_dir, (str, os.PathLike)),
-        name,
-        cache_dir,
-        "None or a folder path",
-        error=TypeError,
-    )
+    ok = cache_dir is None or isinstance(cache_dir, (str, os.PathLike))
+    check_arg(ok, name, cache_dir, "None or a folder path", error=TypeError)
 
 
 @dataclass(frozen=True)
@@ -529,21 +517,13 @@ class WorkerTuner(pl.Callback):
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_budget_tolerance(budget_s, tolerance)
-        check_arg(
-            candidates is None
-            or (
-                isinstance(candidates, Sequence)
-                and not isinstance(candidates, str)
-                and len(candidates) > 0
-                and all(is_int(c) and c >= 0 for c in candidates)
-            ),
-            "candidates",
-            candidates,
-            "None or a non-empty sequence of worker counts (ints >= 0)",
-            error=TypeError
-            if candidates is not None and not isinstance(candidates, Sequence)
-            else ValueError,
+        sequence = isinstance(candidates, Sequence) and not isinstance(candidates, str)
+        ok = candidates is None or (
+            sequence and bool(candidates) and all(is_int(c) and c >= 0 for c in candidates)
         )
+        error = TypeError if candidates is not None and not isinstance(candidates, Sequence) else ValueError
+        must = "None or a non-empty sequence of worker counts (ints >= 0)"
+        check_arg(ok, "candidates", candidates, must, error=error)
         _check_target(target_samples_per_sec, "target_samples_per_sec")
         check_bool(apply, "apply")
         check_bool(cache, "cache")
@@ -561,14 +541,10 @@ class WorkerTuner(pl.Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loaders = trainer.train_dataloader
-        if isinstance(loaders, DataLoader):
-            flat = [loaders]
-        elif isinstance(loaders, dict):
-            flat = [v for v in loaders.values() if isinstance(v, DataLoader)]
-        elif isinstance(loaders, (list, tuple)):
-            flat = [v for v in loaders if isinstance(v, DataLoader)]
-        else:
-            flat = []
+        if isinstance(loaders, dict):
+            loaders = list(loaders.values())
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        flat = [v for v in loaders if isinstance(v, DataLoader)]
         if not flat:
             warn_once("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
             return
