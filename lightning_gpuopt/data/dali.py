@@ -16,7 +16,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpuopt._checks import check_arg, check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
-    DALI_HW_DECODER_LOAD,
     DECODERS,
     READER_NAME,
     SAMPLE_JPEGS,
@@ -25,7 +24,6 @@ from lightning_gpuopt.data.dali_pipeline import (
     choose_decoder,
     dali_modules,
     decode_error,
-    default_hw_decoder_load,
     default_num_threads,
     measure_decode_rates,
     renice_dali_workers,
@@ -34,19 +32,7 @@ from lightning_gpuopt.data.dali_pipeline import (
 )
 from lightning_gpuopt.data.transforms import AugmentConfig
 
-__all__ = [
-    "DALI_HW_DECODER_LOAD",
-    "DECODERS",
-    "DALIFeedInfo",
-    "DALILoader",
-    "DALIOptions",
-    "build_dali_loader",
-    "build_dali_pipeline",
-    "choose_decoder",
-    "default_hw_decoder_load",
-    "default_num_threads",
-    "validate_image_files",
-]
+__all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
 
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
 _MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder

@@ -24,13 +24,8 @@ __all__ = [
     "DecodeOptions",
     "ThreadDecodedFolder",
     "ThreadDecodedStore",
-    "check_pixels",
-    "decode_canvas_fast",
     "decode_rgb",
-    "default_decode_threads",
     "jpeg_info",
-    "nvjpeg_decodable",
-    "pixel_limit_problem",
 ]
 
 #: where the training process decodes JPEGs: nvJPEG on the GPU, or its own CPU threads

@@ -90,7 +90,7 @@ def test_mixed_sizes_and_modes_decode_like_the_folder_backend(tmp_path):
 
     root = _mixed_folder(tmp_path / "mixed")
     files, labels = _indexed(root)
-    (images, got), *rest = list(
+    (images, _got), *rest = list(
         _loader(files, labels, batch_size=6, image_size=16, train=False, dtype=torch.float32)
     )
     assert rest == [] and images.shape == (6, 3, 16, 16) and torch.isfinite(images).all()
