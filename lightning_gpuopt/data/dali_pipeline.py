@@ -43,7 +43,7 @@ _SIGNATURES: tuple[bytes, ...] = (
     *(f"P{k}".encode() for k in range(1, 7)),  # PNM
 )
 _SEARCH_BUDGET_S = 60.0
-_HEADER_BYTES = 1 << 16  # where a JPEG's frame header is, but after the largest EXIF or ICC segments
+_HEADER_BYTES = 1 << 16  # holds a JPEG's frame header unless EXIF or ICC data is larger (PIL then reads it)
 _FIX = "remove or replace it (DALI cannot decode it)"
 
 
@@ -222,8 +222,8 @@ def _crop_images(
     augment: AugmentConfig | None,
     decode_kw: dict[str, Any],
     gpu: bool,
-) -> tuple[Any, dict[str, Any], Any]:
-    """``(resized images, crop_mirror_normalize's crop arguments, mirror)``: the training crop and flip, or
+) -> tuple[Any, dict[str, Any]]:
+    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``: the training crop and flip, or
     with ``augment=None`` torchvision's evaluation resize, centre-cropped by ``crop_mirror_normalize``."""
     op_device = "gpu" if gpu else "cpu"
     resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
@@ -238,7 +238,7 @@ def _crop_images(
         if gpu and decode_kw["device"] == "cpu":
             images = images.gpu()  # the decoded crop goes to the GPU to be resized there
         images = fn.resize(images, resize_x=image_size, resize_y=image_size, **resize_kw)
-        return images, {}, fn.random.coin_flip(probability=augment.flip_p)
+        return images, {"mirror": fn.random.coin_flip(probability=augment.flip_p)}
     shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
     # libjpeg's fancy upsampling, as PIL decodes
     images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
@@ -251,7 +251,7 @@ def _crop_images(
         "crop_pos_x": _center_crop_pos(fn, types, fn.cast(new_w, dtype=types.INT64), image_size),
         "crop_pos_y": _center_crop_pos(fn, types, fn.cast(new_h, dtype=types.INT64), image_size),
     }
-    return images, crop, 0
+    return images, crop
 
 
 def build_dali_pipeline(
@@ -278,7 +278,7 @@ def build_dali_pipeline(
     """Define (not build) the DALI pipeline for one rank.
 
     Args:
-        files: image paths (the whole data set: the reader picks this rank's shard); ignored with ``source``.
+        files: image paths of the whole split (the reader picks this rank's shard).
         labels: class index of each file.
         batch_size: samples per batch on this rank.
         image_size: output height and width.
@@ -295,9 +295,7 @@ def build_dali_pipeline(
         seed: seed of the random crops and flips.
         checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
-        source: instead of ``files``, a batch callback for ``fn.external_source`` (``batch_info=True``)
-            returning ``(JPEG byte arrays, int32 labels (n, 1))``, kept alive ``PREFETCH_QUEUE_DEPTH`` calls
-            (``dali_store.StoreBatches``).
+        source: instead of ``files``, a batch callback for ``fn.external_source`` (``StoreBatches``).
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
@@ -309,6 +307,12 @@ def build_dali_pipeline(
     dali, fn, types = dali_modules()
     gpu = device_id is not None
     decode_kw = _decode_kwargs(types, device_id, decoder)
+    norm: dict[str, Any] = {
+        "device": "gpu" if gpu else "cpu",
+        "dtype": types.FLOAT16 if half else types.FLOAT,
+    }
+    # NHWC batch == channels_last NCHW view, no copy
+    norm.update(output_layout="HWC", mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std])
 
     @dali.pipeline_def(
         batch_size=batch_size,
@@ -320,28 +324,13 @@ def build_dali_pipeline(
         checkpoint=checkpoint,
     )
     def pipeline() -> Any:
-        if source is not None:
-            jpegs, label = fn.external_source(
-                source=source,
-                num_outputs=2,
-                batch=True,
-                batch_info=True,
-                dtype=[types.UINT8, types.INT32],
-                no_copy=True,  # the source keeps each batch alive until DALI has consumed it
-            )
-        else:
+        if source is None:
             jpegs, label = _read_files(fn, files, labels, train, (shard_id, num_shards))
-        images, crop, mirror = _crop_images(fn, types, jpegs, image_size, augment, decode_kw, gpu)
-        images = fn.crop_mirror_normalize(
-            images,
-            device="gpu" if gpu else "cpu",
-            dtype=types.FLOAT16 if half else types.FLOAT,
-            output_layout="HWC",  # NHWC batch == channels_last NCHW view, no copy
-            mean=[float(m) * 255.0 for m in mean],
-            std=[float(s) * 255.0 for s in std],
-            mirror=mirror,
-            **crop,
-        )
+        else:  # the source keeps each batch alive until DALI has consumed it
+            kw = {"num_outputs": 2, "batch": True, "batch_info": True, "no_copy": True}
+            jpegs, label = fn.external_source(source=source, dtype=[types.UINT8, types.INT32], **kw)
+        images = _crop_images(fn, types, jpegs, image_size, augment, decode_kw, gpu)
+        images = fn.crop_mirror_normalize(images[0], **norm, **images[1])
         label = fn.cast(label, dtype=types.INT64)
         return images, label.gpu() if gpu else label
 
