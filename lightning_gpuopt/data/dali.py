@@ -1,21 +1,11 @@
-"""NVIDIA DALI backend: images decoded (nvJPEG or CPU threads) and augmented by DALI, in a Lightning loader.
-
-``DALIOptions`` holds what a user decides (where JPEGs are decoded, how many threads; by default the decoder
-follows from rates measured on the run's own files, ``choose_decoder``, the threads from the cores); the pipeline itself
-(``lightning_gpuopt.data.dali_pipeline``) follows torchvision's recipes on the whole image.
-``DALILoader`` wraps DALI's ``DALIGenericIterator`` and adds what Lightning needs: a ``len`` known before
-the pipeline is built, one ``__iter__`` per epoch that neither ends early nor loses or repeats batches
-after a partially consumed epoch, the same batch count on every rank, and ``state_dict`` /
-``load_state_dict`` backed by DALI checkpointing, so a resumed fit continues the sample order.
-``build_dali_loader(dm, split)`` builds one from an ``OptimizedDataModule``.
-
-Without a CUDA root device the same pipeline runs on the CPU (``device_id=None``), so it can be developed
-and tested anywhere. Importing this module does not import DALI.
-"""
+"""NVIDIA DALI backend (docs/dali.md): ``DALIOptions``, and ``DALILoader``, a Lightning-ready loader over a
+DALI pipeline (``dali_pipeline``): its length known up front, partial epochs continued, the same batch count on
+every rank, resumable. Importing this module does not import DALI."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +16,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpuopt._checks import check_arg, check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
-    DALI_HW_DECODER_LOAD,
     DECODERS,
     READER_NAME,
     SAMPLE_JPEGS,
@@ -35,29 +24,15 @@ from lightning_gpuopt.data.dali_pipeline import (
     choose_decoder,
     dali_modules,
     decode_error,
-    default_hw_decoder_load,
     default_num_threads,
     measure_decode_rates,
     renice_dali_workers,
     thread_ids,
     validate_image_files,
 )
-from lightning_gpuopt.data.loader import SPLITS, timed_batches
 from lightning_gpuopt.data.transforms import AugmentConfig
 
-__all__ = [
-    "DALI_HW_DECODER_LOAD",
-    "DECODERS",
-    "DALIFeedInfo",
-    "DALILoader",
-    "DALIOptions",
-    "build_dali_loader",
-    "build_dali_pipeline",
-    "choose_decoder",
-    "default_hw_decoder_load",
-    "default_num_threads",
-    "validate_image_files",
-]
+__all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
 
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
 _MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder
@@ -71,16 +46,10 @@ class DALIOptions:
     """What a user decides about the DALI backend; everything else is fixed at its measured best.
 
     Attributes:
-        decoder: ``None`` (default): chosen when the loader is built by ``choose_decoder`` from the rates
-            this host decodes the split's own files at (``measure_decode_rates``): CPU threads where they
-            decode at least as fast as nvJPEG on this GPU, nvJPEG otherwise; the choice, its figures and
-            reason are logged once and kept in the loader's ``feed_info``. ``"gpu"``:
-            nvJPEG, DALI's ``"mixed"`` decoder (the hardware JPEG decoder takes every image on Hopper and
-            newer). ``"cpu"``: libjpeg-turbo decodes on DALI's CPU threads (only the random crop, for
-            training) and the GPU only resizes and normalizes; it costs the model less where the cores
-            keep up. A CPU run decodes on the CPU whatever this says.
-        threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder
-            (with ``"gpu"`` half the rank's CPUs, at most 8; with ``"cpu"`` all of them but two).
+        decoder: ``None`` (default): ``choose_decoder`` on rates measured on the split's own files when the
+            loader is built. ``"gpu"``: nvJPEG (DALI's ``"mixed"`` decoder). ``"cpu"``: libjpeg-turbo on
+            DALI's CPU threads. A CPU run decodes on the CPU whatever this says.
+        threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder.
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", backend="dali",
@@ -107,41 +76,31 @@ class DALIOptions:
             fix="the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
         )
 
-    def resolved_decoder(
+    def resolved(
         self,
         local_world_size: int = 1,
         *,
         cuda: bool = True,
         measure: Callable[[int], DecodeRates] | None = None,
-    ) -> tuple[str, str]:
-        """``(decoder, reason)`` for a run with ``local_world_size`` ranks on this machine.
-
-        ``"cpu"`` without ``cuda`` (a CPU pipeline), ``decoder`` when set, else ``choose_decoder`` on the
-        rates ``measure(threads)`` takes for the threads the CPU decoder would have (``DALILoader`` measures
-        on its own files); with nothing to measure on, nvJPEG.
-        """
-        if not cuda:
-            return "cpu", "no CUDA device: the pipeline runs on the CPU"
-        if self.decoder is not None:
-            return self.decoder, f"DALIOptions(decoder={self.decoder!r})"
-        if measure is None:
-            return "gpu", "nvJPEG: no files given to measure the CPU threads on"
-        return choose_decoder(measure(self.threads or default_num_threads(local_world_size, "cpu")))
-
-    def resolved_threads(self, local_world_size: int = 1, *, cuda: bool = True) -> int:
-        """``threads``, or the default for the resolved decoder and this many ranks on the machine."""
-        return self.resolved(local_world_size, cuda=cuda)[1]
-
-    def resolved(self, local_world_size: int = 1, **rule: Any) -> tuple[str, int, str]:
-        """``(decoder, threads, reason)`` settled for a run: ``resolved_decoder`` (``rule``: its keywords
-        ``cuda``, ``measure``), then ``threads`` or ``default_num_threads`` for that decoder (chosen from the
-        cores, not measured); the plain values a pipeline is built with.
+    ) -> tuple[str, int, str]:
+        """``(decoder, threads, reason)`` for a run with ``local_world_size`` ranks on this machine: ``"cpu"``
+        without ``cuda``, ``decoder`` where set, else ``choose_decoder`` on ``measure(threads)`` (nvJPEG
+        with nothing to measure on); ``threads`` or ``default_num_threads`` for that decoder.
 
         Example:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
             ('cpu', 4, "DALIOptions(decoder='cpu')")
         """
-        decoder, reason = self.resolved_decoder(local_world_size, **rule)
+        if not cuda:
+            decoder, reason = "cpu", "no CUDA device: the pipeline runs on the CPU"
+        elif self.decoder is not None:
+            decoder, reason = self.decoder, f"DALIOptions(decoder={self.decoder!r})"
+        elif measure is None:
+            decoder, reason = "gpu", "nvJPEG: no files given to measure the CPU threads on"
+        else:
+            decoder, reason = choose_decoder(
+                measure(self.threads or default_num_threads(local_world_size, "cpu"))
+            )
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
@@ -150,10 +109,8 @@ class DALIFeedInfo(FeedInfo):
     """``FeedInfo`` of a ``DALILoader``, with why its decoder was chosen.
 
     Attributes:
-        decoder_reason: ``choose_decoder``'s reason when ``DALIOptions.decoder`` was ``None``, else what
-            set it (the option, or a CPU run).
-        cpu_decode_rate: images a second DALI's CPU threads decoded this source at, measured when the
-            loader was built (``None``: not measured: the decoder was set, or a CPU run).
+        decoder_reason: ``choose_decoder``'s reason, or what set the decoder.
+        cpu_decode_rate: images a second DALI's CPU threads decoded this source at (``None``: not measured).
         gpu_decode_rate: the same for nvJPEG on this GPU.
 
     Example:
@@ -169,31 +126,12 @@ class DALIFeedInfo(FeedInfo):
 class DALILoader:
     """Lightning-ready iterable over a DALI pipeline: ``(images, labels)`` batches on the device.
 
-    ``images`` is an NCHW channels_last view (no copy) of DALI's NHWC output, normalized, fp16 or fp32
-    (bf16 is cast from fp32 on the device); ``labels`` is int64 ``(batch,)`` on the same device.
-    Training crops follow torchvision's ``RandomResizedCrop`` + flip on the whole image; evaluation is
-    ``Resize(eval_resize_size(image_size))`` + ``CenterCrop(image_size)`` (``dali_pipeline``).
-
-    Epochs and ranks:
-        * training: every rank yields ``floor(floor(N / world_size) / batch_size)`` full batches a pass
-          (DALI's ``DROP``), so DDP never waits on a rank with one batch more; the few samples left over
-          change from pass to pass (the list is reshuffled every epoch, with a seed shared by the ranks).
-          A new ``__iter__`` after a partially consumed epoch (``limit_train_batches``, ``max_steps``)
-          continues the stream where it stopped, crossing DALI's epoch boundary when needed, so no sample
-          is skipped or repeated within a pass.
-        * evaluation: the reader pads shards to equal size and DALI trims the padding (``PARTIAL``), so
-          across ranks each sample is seen once, in file order; every rank yields the same number of
-          batches (``len``). Shards differ by one sample at most: where a smaller shard ends on a batch
-          boundary its last batch is its last sample again (as Lightning's ``DistributedSampler`` pads:
-          fewer than ``num_shards`` repeats in all). A new ``__iter__`` after a partial pass (the sanity
-          check) drains the rest, so every evaluation starts from the first batch.
-
-    Resuming: a training loader's ``state_dict()`` holds DALI's checkpoint of the reader and random state
-    plus the batches already yielded this epoch; Lightning saves it with the fit loop and
-    ``load_state_dict`` restores it, so a resumed fit continues the same sample order.
-
-    ``feed_info`` (``DALIFeedInfo``) describes the feed for the advisor, with the decoder used and why;
-    ``fetch_seconds`` is the cumulative time the consumer spent inside ``next()``.
+    ``images``: an NCHW channels_last view of DALI's normalized NHWC output; ``labels``: int64 ``(batch,)``.
+    Training yields ``floor(floor(N / world_size) / batch_size)`` batches a rank and a new ``__iter__``
+    continues a partial epoch; evaluation sees each sample once across ranks, every rank the same number of
+    batches (docs/dali.md). ``state_dict`` holds DALI's checkpoint, so a resumed fit continues the sample
+    order. ``feed_info`` (``DALIFeedInfo``) describes the feed; ``fetch_seconds`` is the time the consumer
+    waited for batches.
 
     Args:
         files: image paths of the whole split (every rank passes the same list).
@@ -201,17 +139,14 @@ class DALILoader:
         batch_size: per-rank batch size.
         image_size: output height and width.
         train: training semantics (shuffle, whole batches, continue partial epochs, checkpointing).
-        augment: the training crop and flip (``AugmentConfig``: torchvision's ``RandomResizedCrop`` and
-            ``RandomHorizontalFlip`` by default); ``None`` trains on the evaluation transform. Evaluation
-            loaders ignore it.
+        augment: the training crop and flip; ``None`` trains on the evaluation transform.
         device: ``torch.device`` to deliver to; CUDA runs a GPU pipeline, CPU a CPU pipeline.
         shard_id: this rank (global rank).
         num_shards: world size.
         dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
         mean: per-channel mean in [0, 1] units.
         std: per-channel standard deviation in [0, 1] units.
-        options: ``DALIOptions`` (decoder, threads); a ``None`` decoder or thread count is resolved for
-            ``local_world_size`` ranks on this machine.
+        options: ``DALIOptions`` (decoder, threads).
         local_world_size: training processes on this machine (they share its CPUs).
         epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
             Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
@@ -286,12 +221,11 @@ class DALILoader:
         # per shard, so ranks do not draw the same crops; torch's seed makes runs reproducible
         self.seed = (torch.initial_seed() + 7919 * self.shard_id) % (2**31 - 1)
         self._rates: DecodeRates | None = None
-        options = options or DALIOptions()
-        decoder, threads, reason = options.resolved(
+        decoder, threads, reason = (options or DALIOptions()).resolved(
             local_world_size, cuda=self.device.type == "cuda", measure=self._measure
         )
         self.settle(decoder, threads, reason)
-        self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: cumulative seconds spent inside next()
+        self.fetch_seconds = 0.0  # _common.FETCH_SECONDS_ATTR: seconds the consumer waited for DALI
         self._iterator: Any = None
         self._pulled = 0  # batches taken from DALI since its last epoch boundary
         self._yielded = 0  # batches yielded in the current (consumer) epoch
@@ -308,8 +242,7 @@ class DALILoader:
         return out
 
     def _measure(self, threads: int) -> DecodeRates:
-        """This host's decode rates on a sample of this split's files (``measure_decode_rates``), once a
-        process for the same files, threads, device and kind of decode."""
+        """``measure_decode_rates`` on a sample of this split, once a process for the same sample."""
         device_id = self.device.index if self.device.type == "cuda" else None
         key = (self.files[0], len(self.files), threads, device_id, self.augment if self.train else None)
         if key not in _MEASURED:
@@ -320,9 +253,7 @@ class DALILoader:
         return self._rates
 
     def settle(self, decoder: str, threads: int, reason: str) -> None:
-        """Build the pipeline with ``decoder`` on ``threads`` threads (``reason``: why), as ``__init__`` does
-        with the options' choice, before the first iteration; ``build_dali_loader`` settles every rank on
-        rank zero's decoder. Logged once a process."""
+        """Build the pipeline with ``decoder`` on ``threads`` threads (``reason``: why; logged once a process)."""
         self.options = DALIOptions(decoder, threads)
         self._decoder, self._threads = decoder, threads  # what the pipeline is built with
         if self.device.type == "cuda" and reason not in _LOGGED and "DALIOptions(" not in reason:
@@ -345,7 +276,6 @@ class DALILoader:
             gpu_decode_rate=rates.gpu if rates is not None else None,
         )
 
-    # ------------------------------------------------------------------ length
     def __len__(self) -> int:
         """Batches per epoch on this rank, as DALI's iterator counts them (known before building)."""
         n, s = len(self.files), self.num_shards
@@ -355,7 +285,6 @@ class DALILoader:
         largest = max((i + 1) * n // s - i * n // s for i in range(s))
         return math.ceil(largest / self.batch_size)
 
-    # ------------------------------------------------------------------ build
     def _build(self) -> None:
         if self._iterator is not None:
             return
@@ -425,9 +354,9 @@ class DALILoader:
                 self._checkpoint = None
         self._iterator = None
 
-    # ------------------------------------------------------------------ iteration
     def _pull(self) -> list[dict[str, torch.Tensor]] | None:
         """One batch from DALI, or ``None`` at DALI's epoch boundary (the iterator has reset itself)."""
+        start = time.perf_counter()
         try:
             out = next(self._iterator)
         except StopIteration:
@@ -435,11 +364,12 @@ class DALILoader:
             return None
         except RuntimeError as err:
             raise self._decode_error(err) from err
+        finally:
+            self.fetch_seconds += time.perf_counter() - start
         self._pulled += 1
         return out
 
     def _decode_error(self, err: RuntimeError) -> Exception:
-        """The error to raise for DALI's ``err``: the file it names or an undecodable one, where found."""
         return decode_error(err, self.files)
 
     def _convert(self, out: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -459,7 +389,7 @@ class DALILoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._build()
         skip, self._skip_on_resume = self._skip_on_resume, 0
-        return timed_batches(self, self._continue_epoch(skip) if self.train else self._restart_epoch())
+        return self._continue_epoch(skip) if self.train else self._restart_epoch()
 
     def _continue_epoch(self, skip: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._yielded = skip if skip < self._target() else 0
@@ -499,7 +429,6 @@ class DALILoader:
             self._yielded += 1
             yield images, labels
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """DALI's checkpoint (reader position, shuffle and random state) and batches yielded this epoch."""
         checkpoint = None
@@ -543,17 +472,12 @@ def build_dali_loader(
     options: DALIOptions | None = None,
     device: torch.device | str | None = None,
 ) -> DALILoader | list[Any]:
-    """Build the ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``).
-
-    Reads ``dm.<split>_dir`` (a class-per-subfolder folder, labelled as ``scan_image_folder`` does, so as
-    the folder backend), ``batch_size``, ``image_size``, ``mean``, ``std``, ``augment`` and ``dali``
-    (``DALIOptions``: the decoder and DALI's threads).
-    Batches are float32, as the other backends deliver them. The shard is the Trainer's global rank of its
-    world size; the device is its root device.
+    """Build the float32 ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``):
+    its ``<split>_dir`` (labelled as ``scan_image_folder`` labels it), ``batch_size``, ``image_size``,
+    ``mean``, ``std``, ``augment`` and ``dali``, on the Trainer's root device and global rank.
 
     Args:
-        dm: the ``OptimizedDataModule`` (attached to a Trainer, or standalone: rank 0 of 1 on the current
-            device).
+        dm: the ``OptimizedDataModule`` (standalone: rank 0 of 1 on the current device).
         split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``; an evaluation split without a folder
             gives ``[]`` (Lightning skips it), a missing ``train_dir`` raises ``ValueError``.
         options: ``DALIOptions`` that replace the DataModule's.
@@ -565,7 +489,8 @@ def build_dali_loader(
     """
     from lightning_gpuopt.data.folder import scan_image_folder
 
-    check_arg(split in SPLITS, "split", split, f"one of {SPLITS}")
+    splits = ("train", "val", "test", "predict")  # Lightning's <split>_dataloader hooks
+    check_arg(split in splits, "split", split, f"one of {splits}")
     source = getattr(dm, f"{split}_dir")
     if source is None and split != "train":
         return []  # like the other backends: Lightning skips a stage whose loader list is empty
@@ -577,12 +502,26 @@ def build_dali_loader(
         "pass train_dir to OptimizedDataModule",
     )
     _, samples = scan_image_folder(source)
-    train = split == "train"
-    root, rank, world, local_world, epoch_batches = loader_placement(dm, train=train)
-    options = dm_options(dm, options)
-    loader = DALILoader(
-        [p for p, _ in samples],
-        [y for _, y in samples],
+    files, labels = [p for p, _ in samples], [y for _, y in samples]
+    return dm_loader(DALILoader, dm, files, labels, train=split == "train", options=options, device=device)
+
+
+def dm_loader(cls: Any, dm: Any, *args: Any, train: bool, options: Any = None, device: Any = None) -> Any:
+    """``cls(*args, ...)`` with the DataModule's settings and ``dali`` options (or ``options``), on its
+    Trainer's root device (or ``device``) as its global rank (standalone: rank 0 of 1 on the current device);
+    under DDP, settled on global rank zero's decoder where the options leave it to the measurement."""
+    trainer = dm.trainer
+    options = options if options is not None else dm.dali or DALIOptions()
+    if trainer is None:
+        cuda = torch.cuda.is_available()
+        root = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        rank, world, local_world, batches = 0, 1, 1, None
+    else:
+        root, rank, world = trainer.strategy.root_device, trainer.global_rank, trainer.world_size
+        local_world = max(1, trainer.num_devices)
+        batches = (lambda: trainer.num_training_batches) if train else None
+    loader = cls(
+        *args,
         batch_size=dm.batch_size,
         image_size=dm.image_size,
         train=train,
@@ -594,44 +533,15 @@ def build_dali_loader(
         std=dm.std,
         options=options,
         local_world_size=local_world,
-        epoch_batches=epoch_batches,
+        epoch_batches=batches,
     )
-    return rank_zero_decoder(dm.trainer, loader, options, local_world)
-
-
-def rank_zero_decoder(trainer: Any, loader: DALILoader, options: DALIOptions, local_world: int) -> Any:
-    """``loader`` settled on global rank zero's decoder where the options leave it to the measurement and
-    the run has several ranks (each measured on its own GPU; one ``broadcast``, every rank calls it), so all
-    ranks decode alike; each keeps its own thread count, from its node's cores."""
-    if trainer is None or trainer.world_size <= 1 or options.decoder is not None:
+    if world <= 1 or options.decoder is not None or loader.device.type != "cuda":
         return loader
-    if loader.device.type != "cuda":
-        return loader
+    # each rank measured on its own GPU: all decode as rank zero does, each keeping its node's threads
     decoder, reason = trainer.strategy.broadcast(
         (loader.options.decoder, loader.feed_info.decoder_reason), src=0
     )
     if decoder != loader.options.decoder:
-        loader.settle(
-            decoder, options.threads or default_num_threads(local_world, decoder), f"rank 0's: {reason}"
-        )
+        threads = options.threads or default_num_threads(local_world, decoder)
+        loader.settle(decoder, threads, f"rank 0's: {reason}")
     return loader
-
-
-def loader_placement(dm: Any, *, train: bool) -> tuple[torch.device, int, int, int, Any]:
-    """Where a DataModule's DALI loader runs: ``(root device, global rank, world size, local ranks,
-    epoch_batches)`` from its Trainer, or the current device as rank 0 of 1 standalone; ``epoch_batches``
-    reads the Trainer's ``num_training_batches`` for a training loader (else ``None``)."""
-    trainer = dm.trainer
-    if trainer is None:
-        cuda = torch.cuda.is_available()
-        root = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        return root, 0, 1, 1, None
-    batches = (lambda: trainer.num_training_batches) if train else None
-    local = max(1, trainer.num_devices)
-    return trainer.strategy.root_device, trainer.global_rank, trainer.world_size, local, batches
-
-
-def dm_options(dm: Any, options: DALIOptions | None = None) -> DALIOptions:
-    """``options``, else the DataModule's ``dali`` (or the defaults). DALI's threads are
-    ``DALIOptions.threads``; ``num_workers`` counts DataLoader worker processes, which DALI has none of."""
-    return options if options is not None else dm.dali or DALIOptions()

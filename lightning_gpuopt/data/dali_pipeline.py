@@ -1,21 +1,11 @@
-"""The DALI pipeline behind ``DALILoader``, and the checks and diagnostics around it.
-
-``build_dali_pipeline`` defines one rank's pipeline: ``fn.readers.file`` sharded by rank, decoding with
-nvJPEG (``device="mixed"``) or libjpeg-turbo on DALI's CPU threads, then torchvision's recipes on the
-whole image. Training: ``RandomResizedCrop(image_size)`` with the ``AugmentConfig``'s area and aspect
-ranges (torchvision's ``(0.08, 1)`` and ``(3/4, 4/3)`` by default; ten attempts, decoding only the crop)
-+ horizontal flip. Evaluation: ``Resize(eval_resize_size(image_size))``
-(shorter side, longer side truncated as torchvision computes it) + ``CenterCrop(image_size)`` (offsets
-rounded as torchvision rounds them). Resizing uses the antialiased linear filter (PIL's bilinear). Output:
-normalized fp16/fp32 NHWC. EXIF orientation is ignored, as PIL does, so every backend sees the same pixels.
-"""
+"""The DALI pipeline behind ``DALILoader`` (torchvision's recipes on the whole image, docs/dali.md), and the
+checks and diagnostics around it."""
 
 from __future__ import annotations
 
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,9 +25,12 @@ PREFETCH_QUEUE_DEPTH = 2
 SHUFFLE_SEED = 42
 #: DALI's own default share for the hardware JPEG decoder (tuned for A100)
 DALI_HW_DECODER_LOAD = 0.65
+#: cores a rank keeps off CPU decoding: the training loop and DALI's executor
+RESERVED_CORES = 2
+#: JPEGs ``measure_decode_rates`` decodes (spread over the split), and the least seconds a decoder runs
+SAMPLE_JPEGS, MEASURE_SECONDS = 64, 0.3
 
-# Leading bytes of the formats DALI's image decoders read; a file that starts with none of them (or is
-# empty) cannot be decoded, and DALI's error for it does not name the file, so it is caught up front.
+# Leading bytes of the formats DALI's image decoders read: DALI's error for another file does not name it
 _SIGNATURES: tuple[bytes, ...] = (
     b"\xff\xd8",  # JPEG
     b"\x89PNG",
@@ -50,11 +43,8 @@ _SIGNATURES: tuple[bytes, ...] = (
     *(f"P{k}".encode() for k in range(1, 7)),  # PNM
 )
 _SEARCH_BUDGET_S = 60.0
+_HEADER_BYTES = 1 << 16  # holds a JPEG's frame header unless EXIF or ICC data is larger (PIL then reads it)
 _FIX = "remove or replace it (DALI cannot decode it)"
-_BOMB_FIX = (
-    "refused as the folder and HDF5 backends refuse it: remove or replace the file, or raise "
-    "PIL.Image.MAX_IMAGE_PIXELS if you trust it"
-)
 
 
 def dali_modules() -> tuple[Any, Any, Any]:
@@ -66,11 +56,7 @@ def dali_modules() -> tuple[Any, Any, Any]:
 
 
 def default_hw_decoder_load(device_id: int | None) -> float:
-    """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0 (Hopper on), else 0.65.
-
-    Whatever the hardware decoder does not take is decoded by CUDA kernels on the SMs the model trains on;
-    on Hopper the hardware decoder keeps up alone. ``device_id=None`` (CPU pipeline): unused, 0.65.
-    """
+    """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0, else DALI's 0.65."""
     if device_id is None:
         return DALI_HW_DECODER_LOAD
     import torch
@@ -82,18 +68,10 @@ def default_hw_decoder_load(device_id: int | None) -> float:
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
-#: cores a rank keeps off CPU decoding: the training loop and DALI's executor
-RESERVED_CORES = 2
-#: JPEGs of the user's ``measure_decode_rates`` decodes (spread over the split), and the least seconds it
-#: decodes them for on each decoder
-SAMPLE_JPEGS, MEASURE_SECONDS = 64, 0.3
-
-
 @dataclass(frozen=True)
 class DecodeRates:
-    """What ``measure_decode_rates`` measured on this host: images a second ``threads`` of DALI's CPU threads
-    decode (``cpu``) and nvJPEG on this GPU decodes (``gpu``; ``None`` without one), over ``images`` of the
-    split's JPEGs, as its loader decodes them (the training crop, or the whole image)."""
+    """Images a second ``threads`` of DALI's CPU threads (``cpu``) and nvJPEG (``gpu``; ``None`` without a
+    GPU) decoded ``images`` of the split's JPEGs at (``measure_decode_rates``)."""
 
     cpu: float
     gpu: float | None
@@ -102,12 +80,7 @@ class DecodeRates:
 
 
 def choose_decoder(rates: DecodeRates) -> tuple[str, str]:
-    """Where a GPU run decodes its JPEGs by default: ``("cpu" | "gpu", reason)``, from this host's ``rates``.
-
-    CPU threads where they decode at least as fast as nvJPEG on this GPU (both measured on the run's own
-    files before its loader is built, so before any step: the model's rate is not known yet): the GPU is
-    then left to the model; nvJPEG otherwise, which costs the model a share of the GPU beside it but keeps
-    up where the rank's cores do not. Without a GPU figure the CPU threads decode.
+    """``("cpu" | "gpu", reason)``: CPU threads where they decode at least as fast as nvJPEG, else nvJPEG.
 
     Example:
         >>> choose_decoder(DecodeRates(cpu=5900.0, gpu=9800.0, images=64, threads=14))[0]
@@ -127,10 +100,8 @@ def choose_decoder(rates: DecodeRates) -> tuple[str, str]:
 def measure_decode_rates(
     jpegs: Sequence[bytes], *, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> DecodeRates:
-    """This host's decode rates on ``jpegs`` (the run's own files): DALI's CPU decoder on ``threads``
-    threads, and nvJPEG (DALI's ``"mixed"`` decoder) on ``device_id`` where given; each decodes the whole
-    sample as one batch, once to warm up, then for at least ``MEASURE_SECONDS``. ``crop``: the training
-    crop's ranges (decode the crop only, as training does); ``None``: whole images, as evaluation does."""
+    """This host's decode rates on ``jpegs``: DALI's CPU decoder on ``threads`` threads, and nvJPEG on
+    ``device_id`` where given; ``crop``: decode the training crop only (``None``: whole images)."""
     cpu = _decode_rate(jpegs, device="cpu", threads=threads, device_id=device_id, crop=crop)
     gpu = None
     if device_id is not None:
@@ -141,7 +112,7 @@ def measure_decode_rates(
 def _decode_rate(
     jpegs: Sequence[bytes], *, device: str, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> float:
-    """Images a second one DALI decoder (``device``: ``"cpu"`` or ``"mixed"``) decodes ``jpegs`` at."""
+    """Images a second one DALI decoder decodes ``jpegs`` at, as one batch, after one warm-up batch."""
     import numpy as np
 
     dali, fn, types = dali_modules()
@@ -149,16 +120,23 @@ def _decode_rate(
     kw: dict[str, Any] = {"device": device, "output_type": types.RGB}
     if device == "mixed":
         kw["hw_decoder_load"] = default_hw_decoder_load(device_id)
+    if crop is not None:
+        kw.update(
+            random_area=list(crop.scale), random_aspect_ratio=list(crop.ratio), num_attempts=CROP_ATTEMPTS
+        )
+    decode = fn.decoders.image if crop is None else fn.decoders.image_random_crop
 
-    @dali.pipeline_def(batch_size=len(batch), num_threads=threads, device_id=device_id, seed=0,
-                       exec_pipelined=False, exec_async=False, prefetch_queue_depth=1)  # fmt: skip
+    @dali.pipeline_def(
+        batch_size=len(batch),
+        num_threads=threads,
+        device_id=device_id,
+        seed=0,
+        exec_pipelined=False,
+        exec_async=False,
+        prefetch_queue_depth=1,
+    )
     def pipeline() -> Any:
-        data = fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8)
-        if crop is None:
-            return fn.decoders.image(data, **kw)
-        return fn.decoders.image_random_crop(data, random_area=list(crop.scale),
-                                             random_aspect_ratio=list(crop.ratio), num_attempts=CROP_ATTEMPTS,
-                                             **kw)  # fmt: skip
+        return decode(fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8), **kw)
 
     pipe = pipeline()
     pipe.build()
@@ -177,13 +155,8 @@ def _decode_rate(
 
 
 def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
-    """DALI CPU threads per rank.
-
-    ``decoder="gpu"`` (nvJPEG): half of this process's CPUs shared by the local ranks, 1..8; the other half
-    is for the training loop, the CUDA driver and DALI's own executor threads. ``decoder="cpu"``: the
-    threads decode every JPEG, so each rank takes its share of the CPUs less ``RESERVED_CORES`` (the
-    training loop and DALI's executor), at least 1. See docs/benchmarks.md for the measurements behind both.
-    """
+    """DALI CPU threads per rank: with ``"gpu"`` half the rank's share of the CPUs, 1..8; with ``"cpu"``
+    that share less ``RESERVED_CORES`` (docs/benchmarks.md has the measurements)."""
     share = available_cpus() // max(1, local_world_size)
     if decoder == "cpu":
         return max(1, share - RESERVED_CORES)
@@ -191,8 +164,7 @@ def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
 
 
 def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any, Any]:
-    """``(width, height)`` torchvision's ``Resize(size)`` gives an image of ``shape`` (H, W, C): the shorter
-    side becomes ``size``, the longer ``int(size * long / short)`` (integer arithmetic, exact)."""
+    """``(width, height)`` of torchvision's ``Resize(size)`` of an image of ``shape`` (H, W, C)."""
     h, w = shape[0], shape[1]
     portrait = fn.cast(w <= h, dtype=types.INT64)
     new_w = portrait * size + (1 - portrait) * ((size * w) // h)
@@ -201,12 +173,85 @@ def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any
 
 
 def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
-    """``crop_pos`` placing a ``size`` crop at torchvision's ``CenterCrop`` offset
-    ``round((length - size) / 2)`` (Python rounds halves to even; DALI's own centring rounds them up)."""
+    """``crop_pos`` of torchvision's ``CenterCrop`` offset ``round((length - size) / 2)`` (halves to even;
+    DALI's own centring rounds them up)."""
     d = length - size
     k = d // 2
     offset = k + (d - 2 * k) * (k - 2 * (k // 2))
     return fn.cast(offset, dtype=types.FLOAT) / fn.cast(d + (d == 0), dtype=types.FLOAT)
+
+
+def _decode_kwargs(types: Any, device_id: int | None, decoder: str) -> dict[str, Any]:
+    """The image decoder's arguments: nvJPEG (``"mixed"``) for ``decoder="gpu"`` on a GPU, else the CPU."""
+    kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False, "device": "cpu"}
+    if device_id is not None and decoder == "gpu":
+        # paddings from DALI's ImageNet example: avoid reallocations for the largest images
+        kw.update(
+            device="mixed",
+            hw_decoder_load=default_hw_decoder_load(device_id),
+            device_memory_padding=211025920,
+            host_memory_padding=140544512,
+        )
+    return kw
+
+
+def _read_files(
+    fn: Any, files: Sequence[str], labels: Sequence[int], train: bool, shard: tuple[int, int]
+) -> Any:
+    return fn.readers.file(
+        files=list(files),
+        labels=[int(v) for v in labels],
+        shard_id=shard[0],
+        num_shards=shard[1],
+        # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so shards
+        # stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
+        shuffle_after_epoch=train,
+        shuffle_after_epoch_seed=SHUFFLE_SEED,
+        # every shard the same size, a multiple of the batch; an epoch never reads into the next shard
+        pad_last_batch=True,
+        stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
+        name=READER_NAME,
+    )
+
+
+def _crop_images(
+    fn: Any,
+    types: Any,
+    jpegs: Any,
+    image_size: int,
+    augment: AugmentConfig | None,
+    decode_kw: dict[str, Any],
+    gpu: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``: the training crop and flip, or
+    with ``augment=None`` torchvision's evaluation resize, centre-cropped by ``crop_mirror_normalize``."""
+    op_device = "gpu" if gpu else "cpu"
+    resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
+    if augment is not None:
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            random_area=list(augment.scale),
+            random_aspect_ratio=list(augment.ratio),
+            num_attempts=CROP_ATTEMPTS,
+            **decode_kw,
+        )
+        if gpu and decode_kw["device"] == "cpu":
+            images = images.gpu()  # the decoded crop goes to the GPU to be resized there
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size, **resize_kw)
+        return images, {"mirror": fn.random.coin_flip(probability=augment.flip_p)}
+    shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
+    # libjpeg's fancy upsampling, as PIL decodes
+    images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
+    if gpu and decode_kw["device"] == "cpu":
+        images = images.gpu()
+    new_w, new_h = _torchvision_resize(fn, types, shape, eval_resize_size(image_size))
+    images = fn.resize(images, resize_x=new_w, resize_y=new_h, **resize_kw)
+    crop = {
+        "crop": (image_size, image_size),
+        "crop_pos_x": _center_crop_pos(fn, types, fn.cast(new_w, dtype=types.INT64), image_size),
+        "crop_pos_y": _center_crop_pos(fn, types, fn.cast(new_h, dtype=types.INT64), image_size),
+    }
+    return images, crop
 
 
 def build_dali_pipeline(
@@ -233,14 +278,13 @@ def build_dali_pipeline(
     """Define (not build) the DALI pipeline for one rank.
 
     Args:
-        files: image paths (the whole data set: the reader picks this rank's shard); ignored with ``source``.
+        files: image paths of the whole split (the reader picks this rank's shard).
         labels: class index of each file.
         batch_size: samples per batch on this rank.
         image_size: output height and width.
         train: reshuffle the file list every epoch (else read it in order, each rank its own shard).
-        device_id: CUDA device for decoding and the GPU operators, or ``None`` for a CPU-only pipeline.
-        decoder: ``"gpu"`` (nvJPEG, DALI's ``"mixed"`` decoder) or ``"cpu"`` (libjpeg-turbo on DALI's
-            threads); a CPU pipeline decodes on the CPU either way.
+        device_id: CUDA device, or ``None`` for a CPU-only pipeline.
+        decoder: ``"gpu"`` (nvJPEG) or ``"cpu"`` (DALI's threads); a CPU pipeline decodes on the CPU.
         num_threads: DALI CPU threads.
         augment: the training crop and flip (``AugmentConfig``); ``None``: resize + center crop.
         shard_id: this rank's shard (global rank).
@@ -251,10 +295,7 @@ def build_dali_pipeline(
         seed: seed of the random crops and flips.
         checkpointing: let the iterator save the reader and random state.
         checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
-        source: instead of reading ``files``, a batch callback for ``fn.external_source`` (``batch_info``:
-            called with DALI's ``BatchInfo``) returning ``(JPEG byte arrays, int32 labels (n, 1))`` of this
-            rank, raising ``StopIteration`` at the end of an epoch (``dali_store.StoreBatches``). DALI reads
-            the arrays in place: the callback keeps each batch alive for ``PREFETCH_QUEUE_DEPTH`` more calls.
+        source: instead of ``files``, a batch callback for ``fn.external_source`` (``StoreBatches``).
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
@@ -265,37 +306,13 @@ def build_dali_pipeline(
     check_int(num_threads, "num_threads", low=1)
     dali, fn, types = dali_modules()
     gpu = device_id is not None
-    mean255 = [float(m) * 255.0 for m in mean]
-    std255 = [float(s) * 255.0 for s in std]
-    resize_kw = {"interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
-    decode_kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False}
-    if gpu and decoder == "gpu":
-        # paddings from DALI's ImageNet example: avoid reallocations for the largest images
-        decode_kw.update(
-            device="mixed",
-            hw_decoder_load=default_hw_decoder_load(device_id),
-            device_memory_padding=211025920,
-            host_memory_padding=140544512,
-        )
-    else:
-        decode_kw["device"] = "cpu"
-    op_device = "gpu" if gpu else "cpu"
-
-    def _read_files(fn: Any) -> Any:
-        return fn.readers.file(
-            files=list(files),
-            labels=[int(v) for v in labels],
-            shard_id=shard_id,
-            num_shards=num_shards,
-            # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so
-            # shards stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
-            shuffle_after_epoch=train,
-            shuffle_after_epoch_seed=SHUFFLE_SEED,
-            # every shard the same size, a multiple of the batch; an epoch never reads into the next shard
-            pad_last_batch=True,
-            stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
-            name=READER_NAME,
-        )
+    decode_kw = _decode_kwargs(types, device_id, decoder)
+    norm: dict[str, Any] = {
+        "device": "gpu" if gpu else "cpu",
+        "dtype": types.FLOAT16 if half else types.FLOAT,
+    }
+    # NHWC batch == channels_last NCHW view, no copy
+    norm.update(output_layout="HWC", mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std])
 
     @dali.pipeline_def(
         batch_size=batch_size,
@@ -307,56 +324,15 @@ def build_dali_pipeline(
         checkpoint=checkpoint,
     )
     def pipeline() -> Any:
-        if source is not None:
-            jpegs, label = fn.external_source(
-                source=source, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32],
-                no_copy=True,  # the source keeps each batch alive until DALI has consumed it
-            )
-        else:
-            jpegs, label = _read_files(fn)
-        if augment is not None:
-            images = fn.decoders.image_random_crop(
-                jpegs,
-                random_area=list(augment.scale),
-                random_aspect_ratio=list(augment.ratio),
-                num_attempts=CROP_ATTEMPTS,
-                **decode_kw,
-            )
-            if gpu and decode_kw["device"] == "cpu":
-                images = images.gpu()  # the decoded crop goes to the GPU to be resized there
-            images = fn.resize(
-                images, device=op_device, resize_x=image_size, resize_y=image_size, **resize_kw
-            )
-            crop: dict[str, Any] = {}
-            mirror = fn.random.coin_flip(probability=augment.flip_p)
-        else:
-            shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
-            # libjpeg's fancy upsampling, as PIL decodes
-            images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
-            if gpu and decode_kw["device"] == "cpu":
-                images = images.gpu()
-            new_w, new_h = _torchvision_resize(fn, types, shape, eval_resize_size(image_size))
-            images = fn.resize(images, device=op_device, resize_x=new_w, resize_y=new_h, **resize_kw)
-            crop = {
-                "crop": (image_size, image_size),
-                "crop_pos_x": _center_crop_pos(fn, types, fn.cast(new_w, dtype=types.INT64), image_size),
-                "crop_pos_y": _center_crop_pos(fn, types, fn.cast(new_h, dtype=types.INT64), image_size),
-            }
-            mirror = 0
-        images = fn.crop_mirror_normalize(
-            images,
-            device=op_device,
-            dtype=types.FLOAT16 if half else types.FLOAT,
-            output_layout="HWC",  # NHWC batch == channels_last NCHW view, no copy
-            mean=mean255,
-            std=std255,
-            mirror=mirror,
-            **crop,
-        )
+        if source is None:
+            jpegs, label = _read_files(fn, files, labels, train, (shard_id, num_shards))
+        else:  # the source keeps each batch alive until DALI has consumed it
+            kw = {"num_outputs": 2, "batch": True, "batch_info": True, "no_copy": True}
+            jpegs, label = fn.external_source(source=source, dtype=[types.UINT8, types.INT32], **kw)
+        images = _crop_images(fn, types, jpegs, image_size, augment, decode_kw, gpu)
+        images = fn.crop_mirror_normalize(images[0], **norm, **images[1])
         label = fn.cast(label, dtype=types.INT64)
-        if gpu:
-            label = label.gpu()
-        return images, label
+        return images, label.gpu() if gpu else label
 
     return pipeline()
 
@@ -364,96 +340,34 @@ def build_dali_pipeline(
 # -- files: checked up front, named when DALI fails --------------------------------------------------
 
 
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-
-
-def _jpeg_size(fh: Any) -> tuple[int, int] | None:
-    """``(width, height)`` from a JPEG's frame header (the markers before it skipped by their lengths)."""
-    pos = 2
-    while True:
-        fh.seek(pos)
-        seg = fh.read(4)
-        if len(seg) < 4 or seg[0] != 0xFF:
-            return None
-        marker = seg[1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            pos += 2
-            continue
-        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before them
-            return None
-        if marker in _JPEG_SOF:
-            frame = fh.read(5)
-            if len(frame) < 5:
-                return None
-            return int.from_bytes(frame[3:5], "big"), int.from_bytes(frame[1:3], "big")
-        pos += 2 + int.from_bytes(seg[2:4], "big")
-
-
 def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
-    """PIL's pixel limit for an open image file, read from its header alone (no pixel is decoded).
+    """PIL's pixel limit for an open image file, from its header alone; a header that cannot be read
+    passes (DALI decodes the file or names it)."""
+    from PIL import Image
 
-    PNG and JPEG sizes are read directly (the IHDR chunk; the frame header) and checked by
-    ``pixel_limit_problem``; other formats are opened with ``PIL.Image.open``, which parses only the header
-    and applies the same rule itself. ``head`` holds the file's first 24 bytes (or the whole file). A
-    header that cannot be read passes: DALI decodes the file or names it.
-    """
+    from lightning_gpuopt.data.decode import BOMB_FIX, jpeg_info, pixel_limit_problem
+
     size = None
     if head.startswith(b"\x89PNG") and head[12:16] == b"IHDR" and len(head) >= 24:
         size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
     elif head.startswith(b"\xff\xd8"):
-        size = _jpeg_size(fh)
+        info = jpeg_info(head)
+        size = None if info is None else (info.width, info.height)
     if size is not None:
         return pixel_limit_problem(path, size)
-    from PIL import Image
-
     fh.seek(0)
     try:
-        with Image.open(fh):
+        with Image.open(fh):  # parses the header only, and applies PIL's limit itself
             return None
     except Image.DecompressionBombError as err:
-        return f"image {path!r} is a possible decompression bomb ({err}); {_BOMB_FIX}"
-    except Exception:  # noqa: BLE001 -- a header PIL cannot parse: DALI decodes it or names it
+        return f"image {path!r} is a possible decompression bomb ({err}); {BOMB_FIX}"
+    except Exception:  # a header PIL cannot parse: DALI decodes it or names it
         return None
-
-
-def pixel_limit_problem(path: str, size: tuple[int, int]) -> str | None:
-    """PIL's decompression-bomb rule for an image of ``size``, as the folder and HDF5 backends apply it.
-
-    ``PIL.Image.MAX_IMAGE_PIXELS`` (read at each call; None turns the check off): above it a
-    ``DecompressionBombWarning``, above twice it the image is refused (returns why).
-    """
-    from PIL import Image
-
-    limit = Image.MAX_IMAGE_PIXELS
-    width, height = size
-    pixels = width * height
-    if limit is None or pixels <= limit:
-        return None
-    if pixels > 2 * limit:
-        return (
-            f"image {path!r} is {width}x{height} = {pixels:,} pixels, more than twice PIL's limit "
-            f"(PIL.Image.MAX_IMAGE_PIXELS = {limit:,}): a possible decompression bomb; {_BOMB_FIX}"
-        )
-    warnings.warn(
-        f"image {path!r} is {width}x{height} = {pixels:,} pixels, over PIL.Image.MAX_IMAGE_PIXELS = "
-        f"{limit:,}: it could be a decompression bomb",
-        Image.DecompressionBombWarning,
-        stacklevel=2,
-    )
-    return None
 
 
 def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
     """Check that every file exists, is non-empty, starts with a known image signature and is within
-    PIL's pixel limit.
-
-    A cheap read of each file's header (threaded): its leading bytes and its size in pixels, checked by
-    ``pixel_limit_problem``, the rule the other backends apply through PIL (``_pixel_check``).
-    Full decodability is only known when DALI decodes the file, and ``DALILoader`` then names the file in
-    its error.
+    PIL's pixel limit, from its header (threaded).
 
     Raises:
         ValueError: naming the first bad file and the fix.
@@ -462,7 +376,7 @@ def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
     def check(path: str) -> str | None:
         try:
             with open(path, "rb") as fh:
-                head = fh.read(24)
+                head = fh.read(_HEADER_BYTES)
                 if not head:
                     return f"corrupt or unreadable image: {path!r} is empty; {_FIX}"
                 if not head.startswith(_SIGNATURES):
@@ -484,14 +398,11 @@ def _file_in_message(message: str, files: Sequence[str]) -> str | None:
     match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
     if match:
         return match.group(1)
-    for path in files:  # failure path only: a linear scan is fine
-        if path in message:
-            return path
-    return None
+    return next((path for path in files if path in message), None)  # failure path only: a linear scan
 
 
 def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
-    """The first file PIL cannot fully decode, searching for at most ``budget_s`` seconds (failure path)."""
+    """The first file PIL cannot fully decode, searching for at most ``budget_s`` seconds."""
     from PIL import Image
 
     def bad(path: str) -> bool:
@@ -503,10 +414,9 @@ def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
         return False
 
     deadline = time.monotonic() + budget_s
-    chunk = 256
     with ThreadPoolExecutor(max_workers=min(16, available_cpus())) as pool:
-        for start in range(0, len(files), chunk):
-            part = files[start : start + chunk]
+        for start in range(0, len(files), 256):
+            part = files[start : start + 256]
             for path, is_bad in zip(part, pool.map(bad, part), strict=True):
                 if is_bad:
                     return path
@@ -520,10 +430,8 @@ def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
     message = str(err)
     if "decod" not in message and "nvImageCodec" not in message:
         return err
-    path = _file_in_message(message, files)
-    if path is None:
-        # some codec errors ("nvImageCodec failure: '#3'") do not name the file: look for it with PIL
-        path = _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
+    # some codec errors ("nvImageCodec failure: '#3'") do not name the file: look for it with PIL
+    path = _file_in_message(message, files) or _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
     if path is not None:
         return ValueError(
             f"DALI could not decode image {path!r}; remove or replace the file. DALI said: {err}"
@@ -545,20 +453,14 @@ def thread_ids() -> set[int]:
         return set()
 
 
-def renice_dali_workers(existing: set[int], nice: int) -> list[int]:
-    """Lower the priority of DALI pool threads started since ``existing`` (thread ids) by ``nice``.
-
-    DALI names its pool threads ``[DALI][TP<n>]...``; its executor and prefetch threads, the CUDA driver's
-    and the training loop's are left alone. Linux only (per-thread nice values); returns the threads changed.
-    """
-    changed = []
+def renice_dali_workers(existing: set[int], nice: int) -> None:
+    """Lower by ``nice`` the priority of DALI's pool threads (``[DALI][TP<n>]...``) started since
+    ``existing`` (thread ids); its executor's, the CUDA driver's and the training loop's keep theirs."""
     for tid in sorted(thread_ids() - existing):
         try:
             with open(f"/proc/self/task/{tid}/comm") as fh:
                 name = fh.read().strip()
             if name.startswith("[DALI][TP"):
                 os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-                changed.append(tid)
         except OSError:  # the thread ended meanwhile
             continue
-    return changed

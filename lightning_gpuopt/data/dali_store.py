@@ -1,20 +1,6 @@
-"""Training batches of a compact JPEG store, decoded by DALI.
-
-``OptimizedDataModule("train_jpeg.h5")`` on a machine with a CUDA GPU and DALI installed reads a JPEG store
-(``lightning-gpuopt convert --format jpeg``) this way; ``backend="dali"`` asks for it anywhere:
-
-- ``StoreBatches`` is the pipeline's source (``fn.external_source``): this rank's share of a new permutation
-  of the store every epoch (seeded by the epoch and the same on every rank, so the shards stay disjoint),
-  whole batches only, each image's JPEG bytes read with one ``pread`` by threads a few batches ahead, so the
-  training thread hands DALI batches already in memory.
-- ``DALIStoreLoader`` is a ``DALILoader`` over that source: DALI decodes each image's training crop
-  (``fn.decoders.image_random_crop``: torchvision's ``RandomResizedCrop`` over the stored image, the crop the
-  store's other readers draw) on its CPU threads or with nvJPEG, as ``DALIOptions`` resolves, then resizes,
-  flips and normalizes on the GPU; batches reach the DataModule staged (``StagedBatch``).
-
-Evaluation splits are read as the HDF5 backend reads a JPEG store (worker processes, the store's evaluation
-transform), so validation pixels do not depend on the decoder.
-"""
+"""Training batches of a compact JPEG store decoded by DALI (docs/dali.md): ``StoreBatches`` reads each
+batch's JPEG bytes a few batches ahead as the pipeline's source, ``DALIStoreLoader`` is a ``DALILoader`` over
+it. Evaluation splits are read as the HDF5 backend reads a JPEG store."""
 
 from __future__ import annotations
 
@@ -28,8 +14,7 @@ import numpy as np
 import torch
 
 from lightning_gpuopt._checks import check_arg
-from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
-from lightning_gpuopt.data.dali import DALILoader, dm_options, loader_placement, rank_zero_decoder
+from lightning_gpuopt.data.dali import DALILoader, dm_loader
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
     SAMPLE_JPEGS,
@@ -48,9 +33,8 @@ class StoreBatches:
     """``fn.external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` of one rank, as
     ``(list of uint8 JPEG byte arrays, int32 labels (n, 1))``; ``StopIteration`` past an epoch's last batch.
 
-    An epoch is ``num_shards * batches * batch_size`` images of a permutation seeded by ``(seed, epoch)``:
-    rank ``r`` takes the ``r``-th run of ``batches * batch_size`` of them, whole batches only
-    (``batches = (N // num_shards) // batch_size``), so the few images left over change every epoch.
+    Each epoch is a permutation seeded by ``(seed, epoch)``; rank ``r`` takes its ``r``-th run of
+    ``(N // num_shards) // batch_size`` whole batches.
 
     Args:
         path: the store file.
@@ -176,18 +160,12 @@ class StoreBatches:
 
 
 class DALIStoreLoader(DALILoader):
-    """``DALILoader`` over a JPEG store's training split (``StoreBatches`` as the pipeline's source).
-
-    Yields ``StagedBatch((images, labels))`` on the device: ``images`` a normalized channels_last NCHW view,
-    ``labels`` int64. Training semantics are ``DALILoader``'s (whole batches, a partial epoch continued by
-    the next ``__iter__``); ``state_dict`` holds the epoch and the batch the stream has reached, so a resumed
-    fit continues the same sample order (the crops are drawn afresh).
+    """``DALILoader`` over a JPEG store's training split, yielding ``StagedBatch((images, labels))``;
+    ``state_dict`` holds the epoch and batch the stream has reached.
 
     Args:
         store: the training ``JPEGStoreDataset``.
-        **kwargs: ``DALILoader``'s (``batch_size``, ``image_size``, ``augment``, ``device``, ``shard_id``,
-            ``num_shards``, ``dtype``, ``mean``, ``std``, ``options``, ``local_world_size``,
-            ``epoch_batches``); ``train`` is always true.
+        **kwargs: ``DALILoader``'s; ``train`` is always true.
 
     Example:
         >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
@@ -200,7 +178,7 @@ class DALIStoreLoader(DALILoader):
         self._starts, self._lengths = starts, lengths
         # one entry an image: DALILoader counts its batches and shards from its files (and measures the
         # decoders on a sample of the store's own JPEGs, _sample_jpegs)
-        super().__init__([self.store_path] * len(store), store.labels, train=True, **kwargs)
+        super().__init__([self.store_path] * len(store), store.labels, **{**kwargs, "train": True})
         self._epoch = 0  # the stream's epoch
         self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
         self._source: StoreBatches | None = None
@@ -292,25 +270,6 @@ class DALIStoreLoader(DALILoader):
 
 
 def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None) -> DALIStoreLoader:
-    """The training ``DALIStoreLoader`` of an ``OptimizedDataModule`` over a JPEG store, after its ``setup``:
-    its training dataset, ``batch_size``, ``image_size``, ``augment``, ``mean``, ``std`` and ``dali``
-    options, on the Trainer's root device as rank ``global_rank`` of ``world_size`` (standalone: rank 0 of 1
-    on the current device)."""
-    store = dm._dataset("train")
-    root, rank, world, local_world, epoch_batches = loader_placement(dm, train=True)
-    options = dm_options(dm)
-    loader = DALIStoreLoader(
-        store,
-        batch_size=dm.batch_size,
-        image_size=dm.image_size,
-        augment=dm.augment,
-        device=root if device is None else device,
-        shard_id=rank,
-        num_shards=world,
-        mean=getattr(dm, "mean", IMAGENET_MEAN),
-        std=getattr(dm, "std", IMAGENET_STD),
-        options=options,
-        local_world_size=local_world,
-        epoch_batches=epoch_batches,
-    )
-    return rank_zero_decoder(dm.trainer, loader, options, local_world)
+    """The training ``DALIStoreLoader`` of an ``OptimizedDataModule`` over a JPEG store, after its ``setup``
+    (``dali.dm_loader``: its settings, on its Trainer's root device and rank)."""
+    return dm_loader(DALIStoreLoader, dm, dm._dataset("train"), train=True, device=device)

@@ -1,24 +1,6 @@
-"""JPEG folders and JPEG stores decoded inside the training process, without DALI.
-
-Two decoders, chosen per run (``resolve_decoder``, one setup line says which and why) unless
-``DecodeOptions(decoder=...)`` chooses:
-
-- ``"cpu"``: threads of the training process decode whole batches onto canvases in pinned memory
-  (``ThreadDecodedFolder``, ``ThreadDecodedStore``: ``readers.BatchReader`` datasets read by
-  ``read_threads``).
-  A JPEG is decoded by torchvision's ``decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's) and resized
-  by torch's antialiased kernel, both inside torch operators that release the GIL, so the threads decode in
-  parallel; other formats, and JPEGs large enough for PIL's reduced-scale decode, go through
-  ``folder.decode_canvas`` (PIL), the folder backend's routine. The canvases are what the folder backend
-  and the stores give.
-- ``"gpu"``: threads read the JPEG bytes and nvJPEG decodes each training batch on the GPU, its hardware
-  decoder where the GPU has one (``decode_gpu``); evaluation splits are decoded by the CPU threads.
-
-``decode_choice.choose_jpeg_decoder`` is the rule: CPU threads where they decode at least what the model
-trains at (when that is known: ``TuningConfig.target_samples_per_sec``) or at least what nvJPEG does; nvJPEG
-otherwise. Both rates are measured at setup on a sample of the run's own files
-(``decode_choice.measure_rates``).
-"""
+"""JPEG folders and JPEG stores decoded inside the training process, without DALI: threads of the process
+decode onto the host backends' canvases (``"cpu"``), or nvJPEG decodes training batches (``"gpu"``,
+``decode_gpu``); ``decode_choice`` chooses (docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -34,20 +16,16 @@ import torch
 from lightning_gpuopt._checks import check_choice, check_int
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.data import layout
-from lightning_gpuopt.data.folder import UInt8ImageFolder, decode_canvas
+from lightning_gpuopt.data.folder import SKIP_FIX, CorruptImageError, UInt8ImageFolder, decode_canvas
 from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
 
 __all__ = [
     "DECODERS",
     "DecodeOptions",
-    "JPEGInfo",
     "ThreadDecodedFolder",
     "ThreadDecodedStore",
-    "decode_canvas_fast",
     "decode_rgb",
-    "default_decode_threads",
     "jpeg_info",
-    "nvjpeg_decodable",
 ]
 
 #: where the training process decodes JPEGs: nvJPEG on the GPU, or its own CPU threads
@@ -56,7 +34,11 @@ DECODERS = ("gpu", "cpu")
 RESERVED_THREADS = 2
 #: threads reading JPEG bytes for nvJPEG (and decoding what it cannot) by default
 GPU_READ_THREADS = 4
-_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
+#: what a refused decompression bomb's error advises
+BOMB_FIX = (
+    "refused as the folder and HDF5 backends refuse it: remove or replace the file, or raise "
+    "PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+)
 
 
 @dataclass(frozen=True)
@@ -64,12 +46,11 @@ class DecodeOptions:
     """How ``OptimizedDataModule`` decodes a JPEG folder or a JPEG store without DALI.
 
     Attributes:
-        decoder: ``None`` (default): chosen at setup from rates measured on the run's own files
-            (``choose_jpeg_decoder``), logged in one line. ``"gpu"``: nvJPEG through torchvision, the GPU's
-            hardware JPEG decoder where it has one, training batches only. ``"cpu"``: threads of the
-            training process. A run without a CUDA device decodes on the CPU whatever this says.
-        threads: threads of the training process that decode (``"cpu"``) or read JPEG bytes (``"gpu"``);
-            ``None``: ``default_decode_threads``.
+        decoder: ``None`` (default): chosen at setup from rates measured on the run's own files.
+            ``"gpu"``: nvJPEG through torchvision, training batches only. ``"cpu"``: threads of the training
+            process. A run without a CUDA device decodes on the CPU whatever this says.
+        threads: threads that decode (``"cpu"``) or read JPEG bytes (``"gpu"``); ``None``:
+            ``default_decode_threads``.
 
     Example:
         >>> options = DecodeOptions(decoder="cpu")
@@ -100,11 +81,9 @@ def default_decode_threads(decoder: str, local_world_size: int = 1) -> int:
     return max(1, share - RESERVED_THREADS)
 
 
-# ----------------------------------------------------------------------------------------------- headers
 class JPEGInfo(NamedTuple):
-    """What a JPEG's frame header says: size, components (1 grey, 3 YCbCr or RGB, 4 CMYK/YCCK), whether it
-    is baseline (8-bit, Huffman, sequential: what a hardware decoder takes) and Adobe's colour transform
-    (``None`` without an Adobe marker; 0 means RGB or CMYK stored as they are)."""
+    """A JPEG's frame header: size, components, baseline (what a hardware decoder takes) and Adobe's colour
+    transform (``None`` without an Adobe marker)."""
 
     width: int
     height: int
@@ -156,12 +135,10 @@ def jpeg_info(data: bytes | bytearray | memoryview) -> JPEGInfo | None:
 
 
 def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
-    """Whether nvJPEG's batched decode takes the JPEG: baseline YCbCr colour. Grey, CMYK, RGB-stored,
-    progressive and 12-bit JPEGs (and other formats) are decoded on the CPU instead, one by one."""
+    """Whether nvJPEG's batched decode takes the JPEG: baseline YCbCr colour (else decoded on the CPU)."""
     return info is not None and info.baseline and info.components == 3 and info.adobe_transform in (None, 1)
 
 
-# ------------------------------------------------------------------------------------------------ decoding
 _TVIO: list[Any] = []  # torchvision.io once looked up (None: it does not import)
 
 
@@ -178,22 +155,32 @@ def _torchvision_io() -> Any | None:
     return _TVIO[0]
 
 
-def _tv_decode(data: bytearray) -> torch.Tensor:
-    tvio = _torchvision_io()
-    assert tvio is not None
-    return tvio.decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
+def pixel_limit_problem(path: str, size: tuple[int, int]) -> str | None:
+    """PIL's decompression-bomb rule for an image of ``size`` (``PIL.Image.MAX_IMAGE_PIXELS``, read at each
+    call): a ``DecompressionBombWarning`` above it; above twice it, why the image is refused."""
+    from PIL import Image
 
-
-def _cannot_decode(name: str, err: BaseException) -> ValueError:
-    detail = str(err).strip().splitlines()[-1] if str(err).strip() else ""
-    return ValueError(f"cannot decode image {name!r} ({type(err).__name__}: {detail[:200]}); {_FIX}")
+    limit = Image.MAX_IMAGE_PIXELS
+    width, height = size
+    pixels = width * height
+    if limit is None or pixels <= limit:
+        return None
+    if pixels > 2 * limit:
+        return (
+            f"image {path!r} is {width}x{height} = {pixels:,} pixels, more than twice PIL's limit "
+            f"(PIL.Image.MAX_IMAGE_PIXELS = {limit:,}): a possible decompression bomb; {BOMB_FIX}"
+        )
+    warnings.warn(
+        f"image {path!r} is {width}x{height} = {pixels:,} pixels, over PIL.Image.MAX_IMAGE_PIXELS = "
+        f"{limit:,}: it could be a decompression bomb",
+        Image.DecompressionBombWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def check_pixels(info: JPEGInfo | None, name: str) -> None:
-    """PIL's decompression-bomb rule for a JPEG decoded outside PIL (``dali_pipeline.pixel_limit_problem``):
-    a warning above ``PIL.Image.MAX_IMAGE_PIXELS``, ``ValueError`` naming the file above twice it."""
-    from lightning_gpuopt.data.dali_pipeline import pixel_limit_problem  # imports no DALI
-
+    """``pixel_limit_problem`` for a JPEG decoded outside PIL, raised as ``ValueError``."""
     problem = None if info is None else pixel_limit_problem(name, (info.width, info.height))
     if problem is not None:
         raise ValueError(problem)
@@ -201,17 +188,18 @@ def check_pixels(info: JPEGInfo | None, name: str) -> None:
 
 def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None) -> torch.Tensor:
     """One whole image as uint8 RGB ``(3, H, W)`` on the CPU: torchvision's ``decode_jpeg`` for a JPEG (PIL's
-    pixels, grey and CMYK converted as PIL converts them), else PIL (``layout.to_rgb8``).
+    pixels), else PIL (``layout.to_rgb8``).
 
     Raises:
         ValueError: the image cannot be decoded (``name`` is named).
     """
     data = data if isinstance(data, bytearray) else bytearray(data)
     info = info or jpeg_info(data)
-    if _torchvision_io() is not None and info is not None:
+    tvio = _torchvision_io()
+    if tvio is not None and info is not None:
         check_pixels(info, name)
         try:
-            return _tv_decode(data)
+            return tvio.decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
         except RuntimeError as err:
             raise _cannot_decode(name, err) from err
     from PIL import Image
@@ -224,10 +212,14 @@ def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None)
     return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
 
+def _cannot_decode(name: str, err: BaseException) -> CorruptImageError:
+    detail = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+    return CorruptImageError.of(name, f"{type(err).__name__}: {detail[:200]}")
+
+
 def decode_canvas_fast(data: bytes | bytearray, storage_size: int, out: np.ndarray, name: str) -> np.ndarray:
-    """``folder.decode_canvas`` of ``data`` onto ``out``, with the decode and the resize inside torch
-    operators that release the GIL where torchvision is installed (a JPEG small enough that PIL would not
-    decode it at a reduced scale); return the image's meta ``(h, w, transposed)``.
+    """``folder.decode_canvas`` of ``data`` onto ``out``, decoded and resized inside torch operators that
+    release the GIL where torchvision is installed and PIL would not draft the JPEG; returns the meta.
 
     Raises:
         ValueError: the image cannot be decoded (``name`` is named).
@@ -253,20 +245,13 @@ def _read_file(path: str) -> bytearray:
     return data if got == size else data[:got]
 
 
-# ------------------------------------------------------------------------------------------------ datasets
-class ThreadDecodedFolder(UInt8ImageFolder):
-    """``UInt8ImageFolder`` read by ``threads`` threads of the training process (``read_into`` into pinned
-    batches; ``decode_canvas_fast``), not by worker processes; the same canvases.
-
-    Example:
-        >>> ds = ThreadDecodedFolder("data/train", size=256, threads=14)  # doctest: +SKIP
-    """
+class _Threaded:
+    """Read by ``threads`` threads of the training process (``read_into``), not by worker processes."""
 
     read_in_workers = False
+    threads: int
 
-    def __init__(self, root: Any, size: int = 256, on_corrupt: str = "raise", skip_log: Any = None,
-                 threads: int | None = None) -> None:  # fmt: skip
-        super().__init__(root, size, on_corrupt, skip_log)
+    def _set_threads(self, threads: int | None) -> None:
         check_int(threads, "threads", low=1, none_ok=True)
         self.threads = threads or default_decode_threads("cpu")
 
@@ -274,6 +259,19 @@ class ThreadDecodedFolder(UInt8ImageFolder):
     def auto_readers(self) -> int:
         """Reading threads ``num_workers="auto"`` gives it: ``threads``."""
         return self.threads
+
+
+class ThreadDecodedFolder(_Threaded, UInt8ImageFolder):
+    """``UInt8ImageFolder`` decoded by threads of the training process (``decode_canvas_fast``).
+
+    Example:
+        >>> ds = ThreadDecodedFolder("data/train", size=256, threads=14)  # doctest: +SKIP
+    """
+
+    def __init__(self, root: Any, size: int = 256, on_corrupt: str = "raise", skip_log: Any = None,
+                 threads: int | None = None) -> None:  # fmt: skip
+        super().__init__(root, size, on_corrupt, skip_log)
+        self._set_threads(threads)
 
     def label(self, index: int) -> int:
         """Sample ``index``'s label."""
@@ -285,49 +283,26 @@ class ThreadDecodedFolder(UInt8ImageFolder):
         try:
             return _read_file(path), path
         except OSError as err:
-            raise ValueError(f"cannot read image {path!r} ({err.strerror or err}); {_FIX}") from err
+            raise ValueError(f"cannot read image {path!r} ({err.strerror or err}); {SKIP_FIX}") from err
 
     def _load(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
         data, name = self.jpeg_bytes(index)
         return self.samples[index][1], decode_canvas_fast(data, self.size, out, name)
 
-    def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
-        if self.on_corrupt == "raise":
-            return self._load(index, out)
-        n = len(self.samples)
-        for offset in range(min(n, 64)):
-            try:
-                return self._load((index + offset) % n, out)
-            except ValueError:
-                self._record_skip(self.samples[(index + offset) % n][0])
-        raise ValueError(
-            f"{min(n, 64)} consecutive images from index {index} in {self.root!r} are unreadable; "
-            "the folder looks broken (check the files, e.g. with PIL)"
-        )
-
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "read": "threads"}
 
 
-class ThreadDecodedStore(JPEGStoreDataset):
-    """``JPEGStoreDataset`` read by ``threads`` threads of the training process (``decode_canvas_fast``),
-    not by worker processes; the same canvases.
+class ThreadDecodedStore(_Threaded, JPEGStoreDataset):
+    """``JPEGStoreDataset`` decoded by threads of the training process (``decode_canvas_fast``).
 
     Example:
         >>> ds = ThreadDecodedStore("train_jpeg.h5", threads=14)  # doctest: +SKIP
     """
 
-    read_in_workers = False
-
     def __init__(self, path: Any, threads: int | None = None) -> None:
         super().__init__(path)
-        check_int(threads, "threads", low=1, none_ok=True)
-        self.threads = threads or default_decode_threads("cpu")
-
-    @property
-    def auto_readers(self) -> int:
-        """Reading threads ``num_workers="auto"`` gives it: ``threads``."""
-        return self.threads
+        self._set_threads(threads)
 
     def label(self, index: int) -> int:
         """Image ``index``'s label."""

@@ -1,15 +1,6 @@
-"""The folder and JPEG-store backends that decode in the training process (``data.decode``), without DALI.
-
-``DecodedFolderBackend`` and ``DecodedStoreBackend`` are the folder and HDF5 backends with datasets read by
-threads of the training process (``ThreadDecodedFolder``, ``ThreadDecodedStore``) instead of worker
-processes. ``setup("fit")`` settles where the training split is decoded
-(``decode_choice.resolve_decoder``: nvJPEG or the CPU threads, one line on rank zero; under DDP every rank of
-a node takes its local rank zero's choice), and a training split decoded by nvJPEG gets an ``NVJPEGLoader``.
-Evaluation splits, and training on the CPU threads, go through the host backends' loaders: canvases in
-pinned memory, cropped by ``GPUAugment``. ``backends.choose_backend`` picks them for JPEG folders and JPEG
-stores on a CUDA machine without DALI (``num_workers="auto"``), and wherever
-``OptimizedDataModule(decode=DecodeOptions(...))`` asks.
-"""
+"""The folder and JPEG-store backends that decode in the training process (``data.decode``), without DALI:
+``setup("fit")`` settles the decoder (``decode_choice``); nvJPEG's training split gets an ``NVJPEGLoader``,
+the rest the host backends' loaders (docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -40,9 +31,8 @@ def check_decode_options(decode: Any) -> None:
 
 
 class DecodedHostBackend(HostBackend):
-    """What both in-process backends share: the options (``decode``), the choice settled at ``setup("fit")``
-    (``choice``, a ``decode_choice.DecodeChoice``) and the training loader it asks for: an
-    ``decode_gpu.NVJPEGLoader`` for nvJPEG, else the host backends' loader over the decoding threads.
+    """What both in-process backends share: ``decode``, the ``choice`` settled at ``setup("fit")`` and an
+    ``NVJPEGLoader`` for nvJPEG's training split (else the host backends' loader).
 
     Example:
         >>> DecodedFolderBackend(DecodeOptions(decoder="cpu")).decode
@@ -96,8 +86,7 @@ class DecodedHostBackend(HostBackend):
 
 
 def _settled(dm: Any, options: DecodeOptions, train: Any) -> DecodeChoice:
-    """``resolve_decoder`` for ``dm``'s training split on its Trainer's device; under DDP the choice of the
-    node's local rank zero (the ranks of a node measure the same files on the same cores)."""
+    """``resolve_decoder`` for ``dm``'s training split; under DDP the choice of the node's local rank zero."""
     import torch
 
     from lightning_gpuopt.data.tuning import _node_best
@@ -126,8 +115,7 @@ def _settled(dm: Any, options: DecodeOptions, train: Any) -> DecodeChoice:
 
 
 class DecodedFolderBackend(DecodedHostBackend, FolderBackend):
-    """Class-per-subfolder image folders decoded in the training process: nvJPEG on the GPU for training, or
-    threads of the process (``ThreadDecodedFolder``).
+    """Class-per-subfolder image folders decoded in the training process (``ThreadDecodedFolder``).
 
     Example:
         >>> DecodedFolderBackend().name
@@ -141,8 +129,7 @@ class DecodedFolderBackend(DecodedHostBackend, FolderBackend):
 
 
 class DecodedStoreBackend(DecodedHostBackend, HDF5Backend):
-    """A compact JPEG store decoded in the training process (``ThreadDecodedStore``); a raw store among its
-    splits is read as ``HDF5Backend`` reads it.
+    """A compact JPEG store decoded in the training process (``ThreadDecodedStore``); raw stores as usual.
 
     Example:
         >>> DecodedStoreBackend().name

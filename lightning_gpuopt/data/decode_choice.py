@@ -1,10 +1,5 @@
-"""Where a run decodes its JPEGs without DALI: nvJPEG on the GPU or threads of the training process
-(``data.decode``), measured at setup on the run's own files and stated in one line.
-
-``choose_jpeg_decoder`` is the rule; ``measure_rates`` measures both decoders on a sample of the training
-split; ``resolve_decoder`` settles the choice for a run (options first, then what the machine has, then the
-measurement) and logs it once on rank zero.
-"""
+"""Where a run decodes its JPEGs without DALI (nvJPEG or threads of the training process), measured at
+setup on the run's own files and stated in one line."""
 
 from __future__ import annotations
 
@@ -30,17 +25,8 @@ _LOGGED: set[str] = set()
 
 @dataclass
 class DecodeChoice:
-    """Where a run decodes its JPEGs and why (``resolve_decoder``).
-
-    Attributes:
-        decoder: ``"gpu"`` or ``"cpu"``.
-        threads: decoding (``"cpu"``) or byte-reading (``"gpu"``) threads of the training process.
-        reason: why, as the setup line says it.
-        measured: the rates behind the choice were measured on the run's files (else chosen from the
-            options or the machine).
-        cpu_rate: images a second the threads decoded together, where measured.
-        gpu_rate: images a second nvJPEG decoded and cropped, where measured.
-    """
+    """Where a run decodes its JPEGs (``"gpu"`` or ``"cpu"``), on how many threads, why, and the rates
+    measured (``measured``: the choice came from them)."""
 
     decoder: str
     threads: int
@@ -53,9 +39,8 @@ class DecodeChoice:
 def choose_jpeg_decoder(
     *, threads: int, cpu_rate: float, gpu_rate: float, model_rate: float | None = None
 ) -> tuple[str, str]:
-    """``("cpu" | "gpu", reason)``: CPU threads where ``threads`` of them, decoding ``cpu_rate`` images a
-    second together, decode at least ``model_rate`` (what the model trains at, when known: the GPU is then
-    left to the model) or at least nvJPEG's ``gpu_rate``; nvJPEG otherwise.
+    """``("cpu" | "gpu", reason)``: CPU threads where they decode at least ``model_rate`` (when known) or
+    nvJPEG's ``gpu_rate``; nvJPEG otherwise.
 
     Example:
         >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0)[0]
@@ -82,9 +67,7 @@ def _sample_indices(n: int, k: int) -> list[int]:
 def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, image_size: int,
                   threads: int) -> tuple[float, float]:  # fmt: skip
     """``(images a second threads decode onto canvases, images a second nvJPEG decodes and crops)`` on
-    ``indices`` of ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``): ``threads`` threads at
-    once, each reading and decoding its share, as they do in training (the GIL they share included); nvJPEG
-    on all of them as one batch, after one warm-up batch."""
+    ``indices`` of ``dataset``, each as in training (nvJPEG after one warm-up batch)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from lightning_gpuopt.data.decode_gpu import NVJPEGCrops, read_jpeg_batch
@@ -137,10 +120,8 @@ def resolve_decoder(
     local_world_size: int = 1,
     model_rate: float | None = None,
 ) -> DecodeChoice:
-    """Where the training split ``dataset`` (a ``ThreadDecodedFolder`` or ``ThreadDecodedStore``) is decoded:
-    ``options.decoder`` where set, CPU threads without a CUDA ``device`` or without torchvision's nvJPEG,
-    else ``choose_jpeg_decoder`` on rates measured on a sample of its own images (``measure_rates``). The
-    choice is logged once on rank zero.
+    """Where the training split ``dataset`` is decoded: ``options.decoder`` where set, CPU threads without
+    CUDA or torchvision, else ``choose_jpeg_decoder`` on ``measure_rates``; logged once on rank zero.
 
     Example:
         >>> resolve_decoder(DecodeOptions(decoder="cpu", threads=4), ds, device=torch.device("cpu"),

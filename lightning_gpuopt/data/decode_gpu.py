@@ -1,20 +1,6 @@
-"""Training batches decoded by nvJPEG (torchvision's ``decode_jpeg(list, device="cuda")``), cropped and
-normalized on the GPU, beside the training stream.
-
-- ``read_jpeg_batch`` (threads of the training process, ``NVJPEGLoader``): each image's JPEG bytes, read
-  as they are stored; what nvJPEG's batched decode does not take (grey, CMYK, progressive JPEGs, other
-  formats: ``decode.nvjpeg_decodable``) is decoded on the reading thread (``decode.decode_rgb``).
-- ``NVJPEGCrops`` (the loader's staging thread, on its side stream): one batched nvJPEG call, its hardware
-  decoder where the GPU has one. torchvision decodes on a stream of its own, waits for it on the calling
-  thread and makes the caller's current stream (the side stream) wait for it, so the training stream is never
-  made to wait. A batch nvJPEG refuses is decoded image by image, each on the CPU where nvJPEG refuses it
-  too, so one odd file does not fail the batch and a broken one is named. Then torchvision's
-  ``RandomResizedCrop`` box of each whole image (``transforms.random_resized_crop_boxes``, drawn on the host)
-  and a flip, or the evaluation box (``center_crop_boxes``), resampled as PIL's bilinear resize of the box
-  (``transforms.resample``): each image's region around its box is copied onto a canvas (the longer side
-  along its width), images grouped by size so a canvas carries little padding, two batched matrix products
-  a group. Output: normalized channels_last float32, as ``GPUAugment`` gives.
-"""
+"""Training batches decoded by nvJPEG (torchvision's batched ``decode_jpeg`` on the GPU) on the staging
+thread's side stream, cropped as ``GPUAugment`` crops, from JPEG bytes read by threads of the training
+process (docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -56,9 +42,8 @@ HELD = 4
 
 
 class JPEGBatch:
-    """A batch as its reading thread leaves it: per image either JPEG bytes for nvJPEG (``data``, a uint8
-    CPU tensor) or the image decoded on the CPU (``decoded``, uint8 ``(3, H, W)``), its name for errors, and
-    the int64 labels. Not a tuple, so the staging thread hands it to the transform as it is."""
+    """A batch as its reading thread leaves it: per image JPEG bytes for nvJPEG (``data``) or the image decoded
+    on the CPU (``decoded``), its name, and the int64 labels (not a tuple: staged as it is)."""
 
     __slots__ = ("data", "decoded", "labels", "names")
 
@@ -71,8 +56,7 @@ class JPEGBatch:
 
 
 def read_jpeg_batch(dataset: Any, indices: Sequence[int]) -> JPEGBatch:
-    """Read the images at ``indices`` of ``dataset`` (``jpeg_bytes(i)``, ``label(i)``); decode on this thread
-    those nvJPEG's batched decode does not take."""
+    """Read the images at ``indices`` of ``dataset``; decode here those nvJPEG's batched decode does not take."""
     data: list[torch.Tensor | None] = []
     decoded: list[torch.Tensor | None] = []
     names, labels = [], []
@@ -104,13 +88,9 @@ def _nvjpeg(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
 
 
 class NVJPEGCrops:
-    """``JPEGBatch`` -> ``(normalized channels_last float32 NCHW, int64 labels)`` on the current CUDA device:
-    nvJPEG decodes, then torchvision's training crop and flip of each whole image (``augment``; ``None``:
-    ``Resize(eval_resize_size) + CenterCrop``), resized as PIL's bilinear resize of the box.
-
-    Crops and flips are drawn on the host from a CPU generator seeded with ``seed``: no device value is read.
-    The images come out grouped by size, their labels with them. ``device``: where to decode and crop
-    (default: the current CUDA device; on a CPU, torchvision's CPU decoder stands in for nvJPEG).
+    """``JPEGBatch`` -> ``(normalized channels_last float32 NCHW, int64 labels)`` on ``device`` (default: the
+    current CUDA device): nvJPEG decodes, then ``augment``'s crop and flip (``None``: ``Resize + CenterCrop``),
+    drawn on the host from ``seed``, resized as PIL's bilinear; images come out grouped by size.
 
     Example:
         >>> crops = NVJPEGCrops(224, AugmentConfig(), seed=0)  # doctest: +SKIP
@@ -180,8 +160,7 @@ class NVJPEGCrops:
         return boxes, torch.rand(heights.shape[0], generator=self.generator) < a.flip_p
 
     def crop(self, images: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The crops of ``images`` (rounded values, NCHW channels_last, float16 on a GPU) and the order they
-        come in."""
+        """The crops of ``images`` (NCHW channels_last, float16 on a GPU) and the order they come in."""
         size = self.image_size
         hw = torch.tensor([[int(t.shape[1]), int(t.shape[2])] for t in images], dtype=torch.float32)
         boxes, flip = self.boxes(hw[:, 0], hw[:, 1])
@@ -225,8 +204,7 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:
-    """The pixels ``(x0, y0, x1, y1)`` each box's resampling reads: the box, widened by the filter's reach
-    (its half-width ``max(box side / size, 1)``) and a pixel, kept inside the image."""
+    """The pixels ``(x0, y0, x1, y1)`` each box's resampling reads: the box widened by the filter's reach."""
     x0, y0, bw, bh = boxes.to(torch.float64).unbind(1)
     mx = torch.ceil(torch.clamp(bw / size, min=1.0)) + 1
     my = torch.ceil(torch.clamp(bh / size, min=1.0)) + 1
@@ -239,8 +217,7 @@ def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
-    """``read_jpeg_batch`` of each batch of ``loader``'s index batches, ``READS_PER_THREAD`` batches in
-    flight on each of its ``reader_threads``."""
+    """``read_jpeg_batch`` of ``loader``'s index batches, ``READS_PER_THREAD`` in flight a reading thread."""
     dataset, indices = loader.dataset, iter(loader._index_batches())
     pool = ThreadPoolExecutor(loader.reader_threads, thread_name_prefix="lightning_gpuopt-jpeg",
                               initializer=torch.set_num_threads, initargs=(1,))  # fmt: skip
@@ -269,10 +246,8 @@ def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
 
 
 class NVJPEGLoader(ContinuousDataLoader):
-    """A ``ContinuousDataLoader`` whose batches are JPEG bytes read by ``reader_threads`` threads of this
-    process and decoded on the GPU by its ``device_transform`` (an ``NVJPEGCrops``) on the staging thread's
-    side stream; they arrive as ``StagedBatch`` ``(normalized images, labels)``. Its dataset has
-    ``jpeg_bytes(i)`` and ``label(i)`` (``decode.ThreadDecodedFolder``, ``decode.ThreadDecodedStore``).
+    """A ``ContinuousDataLoader`` of JPEG bytes read by ``reader_threads`` threads, decoded by its
+    ``device_transform`` (``NVJPEGCrops``) on the staging thread; its dataset has ``jpeg_bytes`` and ``label``.
 
     Example:
         >>> crops = NVJPEGCrops(224, AugmentConfig())

@@ -1,12 +1,6 @@
-"""Class-per-subfolder image folders decoded to whole uint8 images on a fixed canvas, on the CPU.
-
-Images stay uint8 HWC on the host: four times less memory and host-to-device copy than float32. Each is
-kept whole (``lightning_gpuopt.data.layout``), so the GPU's random crops can reach every part of it; all
-float work (crop, flip, normalize) happens on the GPU afterwards (``lightning_gpuopt.data.transforms``).
-
-``load_canvas`` is the decode + resize routine; a store converted with it gives the same pixels as the
-folder.
-"""
+"""Class-per-subfolder image folders decoded on the CPU to whole uint8 images on a fixed canvas
+(``data.layout``), cropped later on the GPU (``data.transforms``); ``decode_canvas`` is the package's one
+decode routine, so a converted store gives the folder's pixels."""
 
 from __future__ import annotations
 
@@ -44,9 +38,7 @@ ON_CORRUPT = ("raise", "skip")
 _SKIP_LOG_LOCK = threading.Lock()
 #: what an unreadable image's error advises by default.
 SKIP_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
-#: the shorter side ``check_image_folder`` decodes to: a JPEG is then decoded at a reduced DCT scale, which
-#: still entropy-decodes every byte of it (a truncated or damaged file fails as in training), for about half
-#: the cost of the decode at 256
+#: the shorter side ``check_image_folder`` decodes to: a reduced DCT scale still entropy-decodes every byte
 CHECK_SIZE = 16
 #: unreadable images an error lists by name (``UnreadableImagesError.errors`` holds them all)
 _LISTED = 20
@@ -54,12 +46,8 @@ _MESSAGE = re.compile(r"cannot decode image ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)
 
 
 class CorruptImageError(ValueError):
-    """An image file its decoder refuses; the message is one line naming the file and the fix.
-
-    Raised in a DataLoader worker, it reaches the main process as that line too: DataLoader re-raises a
-    worker's exception by calling its type with the worker's traceback text, and this type keeps the
-    text's last line, its own message (``_compat.worker_error_message``), and reads ``path`` and
-    ``reason`` back from it.
+    """An image file its decoder refuses; the message is one line naming the file and the fix, also when
+    DataLoader re-raises it from a worker's traceback text (``_compat.worker_error_message``).
 
     Attributes:
         path: the file.
@@ -133,7 +121,7 @@ def _cannot_read(path: Any, err: OSError) -> OSError:
 
 def folder_classes(root: str | os.PathLike[str]) -> list[str]:
     """The class names of a class-per-subfolder image folder: its sorted immediate subfolders, hidden ones
-    (``.ipynb_checkpoints``) left out. Only ``root`` itself is listed.
+    left out.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -167,11 +155,7 @@ def class_indices(
     path: str | os.PathLike[str] | None,
     train_path: str | os.PathLike[str] | None = None,
 ) -> list[int]:
-    """The training split's index of each of a split's classes: the labels every split uses.
-
-    A class gets the same label in every split: its index among the training split's classes. A split may
-    hold a subset of them (a validation folder without some classes); a class the training split lacks has no
-    label the model was trained to give and is refused.
+    """The training split's index of each of a split's classes (a split may hold a subset of them).
 
     Args:
         train_classes: the training split's class names, in label order.
@@ -184,8 +168,7 @@ def class_indices(
         ``indices`` with ``indices[i]`` the training label of ``classes[i]``.
 
     Raises:
-        ValueError: ``classes`` holds names that are not training classes (the split, its path and those
-            names are given, with the fix).
+        ValueError: ``classes`` holds names that are not training classes.
 
     Example:
         >>> class_indices(["cat", "dog", "fox"], ["cat", "fox"], split="val", path="data/val")
@@ -209,13 +192,8 @@ def class_indices(
 
 
 def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
-    """List a class-per-subfolder image folder.
-
-    Class names are the sorted immediate subfolders of ``root`` (``folder_classes``); each class folder is
-    walked recursively and its images (``IMAGE_EXTENSIONS``, any case: torchvision's ``ImageFolder``
-    extensions) sorted. Files directly in ``root`` (such as a generator's manifest) and hidden files or
-    folders (``.DS_Store``, ``.ipynb_checkpoints``) are ignored; other files in a class folder (``notes.txt``)
-    are skipped, as ``ImageFolder`` skips them, with one warning that lists them.
+    """List a class-per-subfolder image folder, as torchvision's ``ImageFolder`` does (docs/datamodule.md):
+    each class folder walked recursively, hidden files ignored, other files skipped with one warning.
 
     Args:
         root: the folder (``root/<class>/<image>``).
@@ -269,13 +247,8 @@ def decode_canvas(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decode one whole image onto a uint8 canvas: the one decode routine of the package.
 
-    The image is decoded to 8-bit RGB (``layout.to_rgb8``: 16-bit and float images are scaled, not
-    clipped), resized like torchvision's ``Resize(storage_size)`` (``layout.resized_size``, PIL bilinear,
-    which is antialiased when shrinking) and placed on the canvas (``layout.place_on_canvas``; portrait images
-    are stored transposed; a long side longer than the canvas is cut to its centre, ``layout.cut_window``).
-    A JPEG at least four times the target size is decoded at a reduced DCT scale first (``Image.draft``, still
-    at least twice the target size: ``layout.draft_size``), and the resize reads exactly the region of the
-    original image.
+    8-bit RGB (``layout.to_rgb8``), resized like torchvision's ``Resize(storage_size)`` (PIL bilinear), placed
+    on the canvas (``layout.place_on_canvas``); a large JPEG is drafted first (``layout.draft_size``).
 
     Args:
         source: an image file's path, its encoded bytes, or a binary file object positioned at its start.
@@ -287,8 +260,7 @@ def decode_canvas(
         ``(canvas, meta)``: uint8 ``(H, W, 3)`` canvas and int32 ``(h, w, transposed)``.
 
     Raises:
-        CorruptImageError: (a ``ValueError``) the image cannot be read or decoded (``name`` or the path is
-            named).
+        CorruptImageError: (a ``ValueError``) the image cannot be read or decoded.
 
     Example:
         >>> canvas, meta = decode_canvas(open("cat.jpg", "rb").read(), 256, name="cat.jpg")  # doctest: +SKIP
@@ -326,14 +298,8 @@ def decode_canvas(
 
 
 def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
-    """``rgb`` (an 8-bit RGB PIL image) resized to ``target`` ``(width, height)`` with antialiased bilinear
-    interpolation, as uint8 ``(h, w, 3)``.
-
-    The whole image goes through torch's antialiased bilinear kernel on uint8 (``F.interpolate(...,
-    antialias=True)``, ``_compat.resize_rgb_uint8``), whose weights are PIL's bilinear ones (results within
-    one level of ``Image.resize``) at a fraction of its cost; a JPEG decoded at a reduced scale keeps PIL's resize, which reads the exact region ``box`` of the
-    original. The GIL is released while either resizes.
-    """
+    """``rgb`` resized to ``target`` ``(width, height)`` as uint8: torch's antialiased bilinear kernel (PIL's
+    weights, a fraction of its cost), or PIL's resize of the exact region ``box`` of a drafted JPEG."""
     from PIL import Image
 
     if box is not None:
@@ -351,29 +317,13 @@ def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
 def load_canvas(
     path: str | os.PathLike[str], storage_size: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode the image file at ``path`` onto a uint8 canvas (``decode_canvas`` of the path).
-
-    Args:
-        path: image file.
-        storage_size: shorter side of the stored image (``layout.canvas_shape(storage_size)`` is the canvas).
-        out: canvas-shaped uint8 array to fill in place.
-
-    Returns:
-        ``(canvas, meta)``: uint8 ``(H, W, 3)`` canvas and int32 ``(h, w, transposed)``.
-
-    Raises:
-        ValueError: the file cannot be read or decoded (the path is named).
-    """
+    """``decode_canvas`` of the image file at ``path``."""
     return decode_canvas(path, storage_size, out)
 
 
 def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = None, fix: str = "") -> int:
-    """Decode every image of a class-per-subfolder folder; raise one error listing each it cannot decode.
-
-    Each image goes through ``decode_canvas``, the routine training and ``convert`` decode with, to a
-    ``CHECK_SIZE`` px shorter side: a large JPEG is decoded at a reduced DCT scale, which still reads and
-    entropy-decodes every byte of it, so a truncated or damaged file fails here as it would in training.
-    Threads decode the images in parallel (the decoders release the GIL).
+    """Decode every image of a class-per-subfolder folder (``decode_canvas`` to ``CHECK_SIZE``, in threads);
+    raise one error listing each it cannot decode.
 
     Args:
         root: folder laid out as ``root/<class>/<image>`` (``scan_image_folder``).
@@ -384,8 +334,7 @@ def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = No
         The number of images, all of which decode.
 
     Raises:
-        UnreadableImagesError: (a ``ValueError``) naming the images that cannot be decoded, all of them
-            in ``errors``.
+        UnreadableImagesError: (a ``ValueError``) naming the images that cannot be decoded.
         FileNotFoundError, PermissionError, ValueError: as ``scan_image_folder`` raises them.
 
     Example:
@@ -421,25 +370,17 @@ def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = No
 class UInt8ImageFolder(DecodesInWorkers, Dataset):
     """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
 
-    Every image is decoded whole, resized so its shorter side is ``size`` and placed on a
-    ``layout.canvas_shape(size)`` uint8 canvas (``load_canvas``); ``meta`` is int32 ``(h, w, transposed)``.
-    Random crops and flips happen later on the GPU, from the whole image. The object holds only paths and
-    plain values, so it pickles cheaply for ``spawn`` workers and DDP.
-
-    It is a ``readers.BatchReader`` read in worker processes (``read_in_workers``): ``read_into`` decodes a
-    batch straight onto the rows of one array; ``OptimizedDataModule``'s workers do so into shared memory
-    (``readers.WholeBatches``), each reading a whole batch in one call and handing it over without a copy.
-    ``OptimizedDataModule`` gives it one worker a CPU with ``num_workers="auto"`` (``auto_readers``): part of
-    each image's decoding holds the GIL, so threads of one process would not decode in parallel. A plain
-    ``DataLoader`` takes it through ``__getitem__`` as any map-style dataset.
+    Every image is decoded whole onto a ``layout.canvas_shape(size)`` uint8 canvas (``decode_canvas``);
+    ``meta`` is int32 ``(h, w, transposed)``. A ``readers.BatchReader`` read by worker processes a whole
+    batch a call (``read_into``); a plain ``DataLoader`` takes it through ``__getitem__``.
 
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
         size: shorter side of the stored images in pixels (256 for 224 crops: ``eval_resize_size``).
         on_corrupt: ``"raise"`` (default) raises ``CorruptImageError`` naming an unreadable file; ``"skip"``
             returns the next readable image in its place (so batches keep their size) and records the path.
-        skip_log: folder where skipped paths are appended (one file per process), so skips made inside
-            DataLoader worker processes can be counted by the main process (``OptimizedDataModule`` sets it).
+        skip_log: folder where skipped paths are appended (one file per process), so the main process counts
+            the workers' skips.
 
     Example:
         >>> ds = UInt8ImageFolder("train/", size=256)  # doctest: +SKIP
@@ -485,12 +426,8 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode the images at ``indices`` onto the rows of ``images``; return their ``(labels, meta)``.
-
-        ``images`` must be a writable C-contiguous uint8 ``(len(indices), *image_shape)`` array (a pinned
-        tensor's ``.numpy()``). Safe to call from several threads at once; ``on_corrupt="skip"`` puts the
-        next readable image in an unreadable one's place, as ``__getitem__`` does.
-        """
+        """Decode the images at ``indices`` onto the rows of ``images`` (a writable C-contiguous uint8
+        ``(len(indices), *image_shape)`` array); return their ``(labels, meta)``. Thread-safe."""
         idx = [int(i) for i in indices]
         shape = (len(idx), *self.image_shape)
         check_batch_array(images, shape, "UInt8ImageFolder.read_into's images")
@@ -500,26 +437,28 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
             labels[row], meta[row] = self._decode_into(index, images[row])
         return labels, meta
 
+    def _load(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
+        path, label = self.samples[index]
+        return label, load_canvas(path, self.size, out)[1]
+
     def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
         """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""
         if self.on_corrupt == "raise":
-            path, label = self.samples[index]
             try:
-                return label, load_canvas(path, self.size, out)[1]
+                return self._load(index, out)
             except CorruptImageError as err:  # the fix names this folder's check
                 fix = (
                     f"remove or replace it (`lightning-gpuopt check {shlex.quote(self.root)}` lists every "
                     f"unreadable image at once), or pass on_corrupt='skip' to skip unreadable images"
                 )
-                raise CorruptImageError.of(path, err.reason or "", fix) from None
+                raise CorruptImageError.of(self.samples[index][0], err.reason or "", fix) from None
         n = len(self.samples)
         # try the following images in turn; give up if a long run is unreadable (a broken folder)
         for offset in range(min(n, 64)):
-            path, label = self.samples[(index + offset) % n]
             try:
-                return label, load_canvas(path, self.size, out)[1]
+                return self._load((index + offset) % n, out)
             except ValueError:
-                self._record_skip(path)
+                self._record_skip(self.samples[(index + offset) % n][0])
         raise ValueError(
             f"{min(n, 64)} consecutive images from index {index} in {self.root!r} are unreadable; "
             "the folder looks broken (check the files, e.g. with PIL)"
@@ -535,18 +474,15 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
                     fh.write(path + "\n")
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
-        """Label each sample of class ``self.classes[i]`` with ``indices[i]``; ``classes`` (whose names those
-        labels index, the training split's) becomes ``self.classes`` (``class_indices`` gives ``indices``)."""
+        """Label each sample of class ``self.classes[i]`` with ``indices[i]`` (``class_indices``), naming them
+        by ``classes``."""
         n = len(self.classes)
         check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a class")
         self.samples = [(path, int(indices[label])) for path, label in self.samples]
         self.classes = list(classes)
 
     def skipped(self) -> list[str]:
-        """Paths skipped so far as unreadable, in this process and (via ``skip_log``) in worker processes.
-
-        A path skipped again in a later epoch appears again.
-        """
+        """Paths skipped so far as unreadable, in this process and (via ``skip_log``) in worker processes."""
         paths = list(self._skipped_here)
         if self.skip_log is not None and os.path.isdir(self.skip_log):
             own = f"skipped-{os.getpid()}.txt"

@@ -1,21 +1,6 @@
-"""GPU batch transforms: uint8 canvases -> normalized float NCHW (channels_last), cropped from the whole image.
-
-The host ships uint8 images kept whole on a fixed canvas (``lightning_gpuopt.data.layout``) with a per-sample
-``meta = (h, w, transposed)``; everything else happens here on the device, for the whole batch at once:
-
-- train: torchvision's ``RandomResizedCrop`` sampling (area fraction uniform in ``scale``, log aspect ratio
-  uniform in ``ratio``, 10 tries, then the whole image clamped to the ratio range) drawn per sample in the
-  image's own coordinates, plus a horizontal flip;
-- eval: ``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)`` of the whole image, as a box.
-
-Each box is resized to the output as PIL's bilinear resize of that box (torchvision's ``antialias=True``):
-resizing an axis-aligned box is separable, so each sample gets one matrix per axis holding the triangle
-filter's weights (widened by the shrink, normalized, nothing read past the image's valid region), the flip
-reverses the image x matrix's rows and a transposed (portrait) sample swaps the axes; two batched matrix
-products (float16 on a GPU, float32 on a CPU) resample the whole batch. Values are rounded to integers as
-torchvision's uint8 pipeline rounds, then normalized into channels_last NCHW. No per-sample Python loop, no
-host synchronisation; random numbers are drawn on the batch's device.
-"""
+"""GPU batch transforms: uint8 canvases -> normalized float NCHW (channels_last), cropped from the whole image
+(torchvision's ``RandomResizedCrop`` + flip, or ``Resize + CenterCrop``), each box resized as PIL's bilinear
+resize of it by two batched matrix products (docs/accuracy.md), without host synchronisation."""
 
 from __future__ import annotations
 
@@ -65,10 +50,7 @@ class AugmentConfig:
 
 
 def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
-    """Return ``images`` if it is a uint8 ``(N, H, W, C)`` tensor, else raise ``TypeError`` saying why.
-
-    Only metadata is read (no device sync).
-    """
+    """Return ``images`` if it is a uint8 ``(N, H, W, C)`` tensor, else raise ``TypeError`` saying why."""
     name = f"{where}'s images"
     check_arg(
         isinstance(images, torch.Tensor),
@@ -121,12 +103,8 @@ def random_resized_crop_boxes(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Sample one random-resized-crop box per image, torchvision's ``get_params`` rule, vectorized.
-
-    Each try draws an area fraction uniformly from ``scale`` and an aspect ratio (w/h) log-uniformly from
-    ``ratio``; the first of ``CROP_ATTEMPTS`` tries that fits inside the image is kept and placed uniformly
-    at random. When none fits, the whole image clamped to the ratio range is used, centered. Coordinates
-    are continuous pixels (the resampling interpolates), not rounded.
+    """One random-resized-crop box per image by torchvision's ``get_params`` rule (``CROP_ATTEMPTS`` tries,
+    then the whole image clamped to the ratio range), vectorized, in continuous pixels.
 
     Args:
         heights: float ``(N,)`` image heights in pixels.
@@ -163,12 +141,8 @@ def random_resized_crop_boxes(
 
 
 def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: int) -> torch.Tensor:
-    """The evaluation view as boxes: torchvision's ``Resize(eval_resize_size(image_size))`` then
-    ``CenterCrop(image_size)`` of each whole image, mapped back to the image's pixels.
-
-    The resized sides follow torchvision (shorter side to the resize size, the longer one truncated) and the
-    crop offset rounds half to even as ``round`` does, so where the image is stored at the resize size the
-    box is a whole-pixel window and the result an exact copy of those pixels.
+    """torchvision's ``Resize(eval_resize_size(image_size))`` + ``CenterCrop(image_size)`` of each whole
+    image as a box in the image's pixels (its sides and offsets rounded as torchvision rounds them).
 
     Returns:
         float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``.
@@ -203,15 +177,10 @@ def resize_weights(
     antialias: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Per-sample interpolation matrices of PIL's bilinear resize of a box along one axis, ``(N, size, extent)``.
-
-    Output pixel ``o`` reads input pixel ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``c_o`` the centre of
-    ``o`` in input pixels (``start + (o + 0.5) * length / size``, ``o`` reversed where ``flip``), ``tri`` the
-    unit triangle and ``f = max(length / size, 1)`` (``antialias``) or ``1``; pixels at or past ``valid`` get
-    no weight and each row is normalized, so the image's edge pixels stand in for what lies beyond them, as in
-    PIL's ``Image.resize(..., box=...)`` and torchvision's ``antialias=True``. With ``f = 1`` this is plain
-    bilinear sampling with edges replicated. Only a band of ``band`` pixels around each centre is computed
-    (``band_size``), then scattered into the dense matrix, so the work is small and needs no host sync.
+    """Per-sample matrices of PIL's bilinear resize of a box along one axis, ``(N, size, extent)``: output
+    pixel ``o`` reads input pixel ``j`` with weight ``tri((j + 0.5 - c_o) / f)`` (``f = max(length / size, 1)``
+    with ``antialias``, else 1), nothing at or past ``valid``, each row normalized; only a band of ``band``
+    pixels around each centre is computed.
 
     Args:
         start: float ``(N,)`` box start in input pixels.
@@ -256,12 +225,8 @@ def resample(
     band: int,
     antialias: bool = True,
 ) -> torch.Tensor:
-    """Resize each sample's box of its stored canvas to ``size x size`` as two batched matrix products,
-    PIL's bilinear resize of the box (``resize_weights``), rounded to integers.
-
-    The box is in the upright image's pixels; a transposed sample stores the image's x along the canvas rows,
-    so its matrices swap axes and its result is transposed back. Runs in ``images``' dtype (float16 on a
-    GPU: uint8 values are exact and cuBLAS accumulates in float32).
+    """Resize each sample's box (in the upright image's pixels) of its stored canvas to ``size x size`` as two
+    batched matrix products in ``images``' dtype (``resize_weights``), rounded to integers.
 
     Args:
         images: ``(N, C, H, W)`` canvases (contiguous), values 0..255.
@@ -300,34 +265,6 @@ def resample(
     nhwc = torch.empty_like(out)
     torch.where(t.view(n, 1, 1, 1), out.transpose(1, 2), out, out=nhwc)
     return nhwc.round_().permute(0, 3, 1, 2)
-
-
-def normalize(
-    images: torch.Tensor,
-    mean: Sequence[float],
-    std: Sequence[float],
-    input_scale: float = 1.0,
-    dtype: torch.dtype | None = None,
-    memory_format: torch.memory_format = torch.channels_last,
-) -> torch.Tensor:
-    """``(images * input_scale - mean) / std`` per channel, written once in ``memory_format`` and ``dtype``.
-
-    ``input_scale=1/255`` folds the uint8 -> [0, 1] scaling into the same multiply-add. The constants are
-    copied to the device on each call; ``GPUAugment`` caches them instead.
-    """
-    c = images.shape[1]
-    check_arg(
-        len(mean) == c and len(std) == c,
-        "mean/std",
-        (tuple(mean), tuple(std)),
-        f"one value per channel ({c})",
-    )
-    compute = images.dtype if images.dtype.is_floating_point else torch.float32
-    scale = torch.tensor([input_scale / s for s in std], dtype=compute).view(1, c, 1, 1)
-    bias = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)], dtype=compute).view(1, c, 1, 1)
-    return _scale_shift(
-        images.to(compute), scale.to(images.device), bias.to(images.device), dtype, memory_format
-    )
 
 
 def _scale_shift(
@@ -371,14 +308,8 @@ def check_mean_std(mean: object, std: object) -> tuple[tuple[float, ...], tuple[
 
 
 class GPUAugment(nn.Module):
-    """uint8 canvases on the device -> normalized, cropped, channels_last NCHW float batch.
-
-    Train: a random resized crop (``augment.scale``, ``augment.ratio``) drawn in each image's own
-    coordinates plus a horizontal flip (``augment.flip_p``). Eval: ``Resize(eval_resize_size(image_size))``
-    + ``CenterCrop(image_size)`` of the whole image. Both resize each box with two batched matrix products
-    (``resample``; see the module docstring), then normalize per channel, written channels_last in
-    ``output_dtype``. Resampling is PIL's bilinear resize of the box: a box larger than the output is
-    antialiased as PIL (and torchvision's ``antialias=True``) does.
+    """uint8 canvases on the device -> normalized, cropped, channels_last NCHW float batch: a random resized
+    crop and flip (train) or ``Resize + CenterCrop`` (eval) of the whole image, resized as PIL's bilinear.
 
     Args:
         image_size: output side in pixels.
@@ -387,9 +318,7 @@ class GPUAugment(nn.Module):
         std: per-channel std in [0, 1] units.
         output_dtype: dtype of the output (resampling runs in float16 on a GPU, float32 on a CPU).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
-        antialias: low-pass the samples a box shrinks, as PIL's bilinear resize (torchvision's
-            ``antialias=True``) does; ``False`` samples plain bilinear (the triangle not widened: the same
-            cost), which aliases crops shrunk by more than about 1.5x.
+        antialias: low-pass the samples a box shrinks, as PIL does; ``False``: plain bilinear (aliases).
 
     Example:
         >>> from lightning_gpuopt.data import layout
@@ -450,8 +379,7 @@ class GPUAugment(nn.Module):
         return center_crop_boxes(heights, widths, self.image_size)
 
     def band(self, canvas: tuple[int, int], train: bool) -> int:
-        """Input pixels per output pixel the resize weights of a ``canvas``-sized batch span (``band_size``):
-        from the largest shrink a box can have, decided from shapes alone, so no device value is read."""
+        """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
         if not self.antialias:
             return band_size(1.0)
         # a training crop can span the whole stored image; the evaluation box is image_size /

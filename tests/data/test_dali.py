@@ -90,7 +90,7 @@ def test_mixed_sizes_and_modes_decode_like_the_folder_backend(tmp_path):
 
     root = _mixed_folder(tmp_path / "mixed")
     files, labels = _indexed(root)
-    (images, got), *rest = list(
+    (images, _got), *rest = list(
         _loader(files, labels, batch_size=6, image_size=16, train=False, dtype=torch.float32)
     )
     assert rest == [] and images.shape == (6, 3, 16, 16) and torch.isfinite(images).all()
@@ -293,15 +293,15 @@ def test_options_resolve_the_decoder_per_run(monkeypatch):
         asked.append(threads)
         return fast_cpu
 
-    assert DALIOptions().resolved_decoder(1, measure=measure)[0] == "cpu"  # the threads decode faster here
+    assert DALIOptions().resolved(1, measure=measure)[0] == "cpu"  # the threads decode faster here
     assert asked == [62]  # measured with the threads the CPU decoder would have: the rank's cores less two
     slow_cpu = dali_pipeline.DecodeRates(cpu=2_000.0, gpu=9_000.0, images=64, threads=14)
-    assert DALIOptions().resolved_decoder(4, measure=lambda threads: slow_cpu)[0] == "gpu"
-    assert DALIOptions().resolved_threads(1) == 8 and DALIOptions().resolved_threads(8) == 4  # nvJPEG's
-    assert DALIOptions("gpu").resolved_decoder(1) == ("gpu", "DALIOptions(decoder='gpu')")  # the override
-    assert DALIOptions("cpu").resolved_decoder(4, measure=measure) == ("cpu", "DALIOptions(decoder='cpu')")
-    assert DALIOptions("gpu").resolved_decoder(1, cuda=False)[0] == "cpu"  # a CPU pipeline decodes on the CPU
-    assert DALIOptions("gpu", threads=3).resolved_threads(1) == 3
+    assert DALIOptions().resolved(4, measure=lambda threads: slow_cpu)[:2] == ("gpu", 8)  # nvJPEG's threads
+    assert DALIOptions().resolved(1)[1] == 8 and DALIOptions().resolved(8)[1] == 4
+    assert DALIOptions("gpu").resolved(1) == ("gpu", 8, "DALIOptions(decoder='gpu')")  # the override
+    assert DALIOptions("cpu").resolved(4, measure=measure) == ("cpu", 14, "DALIOptions(decoder='cpu')")
+    assert DALIOptions("gpu").resolved(1, cuda=False)[0] == "cpu"  # a CPU pipeline decodes on the CPU
+    assert DALIOptions("gpu", threads=3).resolved(1)[1] == 3
     assert len(asked) == 1  # an explicit decoder or a CPU run measures nothing
 
 

@@ -11,7 +11,6 @@ from lightning_gpuopt.data.transforms import (
     GPUAugment,
     band_size,
     center_crop_boxes,
-    normalize,
     resample,
     resize_weights,
 )
@@ -184,14 +183,6 @@ def test_value_range_matches_normalization(train):
     lo = min(-m / s for m, s in zip(MEAN, STD, strict=True))
     hi = max((1 - m) / s for m, s in zip(MEAN, STD, strict=True))
     assert x.min() >= lo - 1e-4 and x.max() <= hi + 1e-4
-
-
-def test_normalize_function():
-    x = torch.full((1, 3, 2, 2), 255.0)
-    out = normalize(x, MEAN, STD, input_scale=1 / 255)
-    assert torch.allclose(
-        out[0, :, 0, 0], torch.tensor([(1 - m) / s for m, s in zip(MEAN, STD, strict=True)])
-    )
 
 
 def test_flip_frequency_half():
