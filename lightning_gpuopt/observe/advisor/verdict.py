@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["INPUT_CAUSES", "KINDS", "RANK_CAUSES", "EvidenceValue", "Verdict", "sort_verdicts"]
+__all__ = ["KINDS", "EvidenceValue", "Verdict", "sort_verdicts"]
 
-#: Every verdict kind the advisor can raise, in report order. Stable names: they are logged as
-#: ``advisor/<kind>`` flags and may be matched on by users.
+#: Every verdict kind, in report order; logged as ``advisor/<kind>`` flags (stable names).
 KINDS: tuple[str, ...] = (
     "input-bound",
     "host-bound",
@@ -26,20 +25,6 @@ KINDS: tuple[str, ...] = (
     "memory-headroom",
     "gpu-metrics-missing",
 )
-
-#: Causes of an ``input-bound`` verdict (``Verdict.cause``).
-INPUT_CAUSES: tuple[str, ...] = (
-    "too-many-workers",
-    "too-few-workers",
-    "decode-bound",
-    "dali-bound",
-    "store-bound",
-    "slow-loader",
-    "jpeg-engine",
-)
-
-#: Causes of a ``straggler`` verdict: what makes the slow rank late.
-RANK_CAUSES: tuple[str, ...] = ("loader", "compute")
 
 EvidenceValue = float | int | str
 
@@ -58,10 +43,9 @@ class Verdict:
         evidence: the measured figures and configuration values the finding rests on.
         advice: the concrete change, in this package's terms.
         severity: ``"warning"`` (costs throughput now) or ``"info"`` (an opportunity or a blind spot).
-        cause: refinement of the kind (``input-bound``: one of :data:`INPUT_CAUSES`; ``straggler``: one of
-            :data:`RANK_CAUSES`), else ``None``.
-        gain: the most the fix can speed the run up (``1.6``: up to 1.6x the samples/s), from the figure
-            the verdict rests on (``docs/advisor.md`` says which); ``None`` where no figure bounds it.
+        cause: refinement of ``input-bound`` and ``straggler`` (docs/advisor.md), else ``None``.
+        gain: the most the fix can speed the run up (``1.6``: up to 1.6x the samples/s); ``None`` where no
+            figure bounds it.
     """
 
     kind: str
@@ -78,12 +62,7 @@ class Verdict:
 
     @property
     def gain_text(self) -> str:
-        """``"up to 1.6x"``, or ``"gain not bounded by these figures"`` where ``gain`` is ``None``.
-
-        Example:
-            >>> Verdict("input-bound", {}, "", gain=1.6).gain_text
-            'up to 1.60x'
-        """
+        """``"up to 1.60x"``, or ``"gain not bounded by these figures"`` where ``gain`` is ``None``."""
         if self.gain is None:
             return "gain not bounded by these figures"
         digits = 2 if self.gain < 2 else 1 if self.gain < 10 else 0
@@ -96,14 +75,7 @@ class Verdict:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
         """Inverse of :meth:`to_dict`."""
-        return cls(
-            kind=str(d["kind"]),
-            evidence=dict(d.get("evidence", {})),
-            advice=str(d.get("advice", "")),
-            severity=str(d.get("severity", "warning")),
-            cause=d.get("cause"),
-            gain=d.get("gain"),
-        )
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def sort_verdicts(verdicts: list[Verdict]) -> list[Verdict]:
