@@ -1,14 +1,5 @@
-"""Per-rank timing under DDP: how long each rank waits in the gradient all-reduce, gathered once a window.
-
-A rank's all-reduce wait is the time from its last gradient being ready (a post-accumulate-grad hook on the
-first parameter in module order that requires grad: in a feed-forward network the last to receive its
-gradient) to the end of its backward (``on_after_backward``, after DDP waited for the reduced gradients). A
-rank that is late makes every other rank's wait long and its own short; a slow interconnect makes every
-rank's wait long. On CUDA both ends are CUDA events on the stream doing the work, read without a sync once
-they completed; on the CPU they are host clock readings (gloo's all-reduce blocks the host). A window reports
-the median step, so one step held up by something else (a preempted process, a garbage collection) does not
-make a rank look late.
-"""
+"""Per-rank timing under DDP: each rank's wait in the gradient all-reduce (from its last gradient being ready
+to the end of its backward), gathered once a window (docs/advisor.md)."""
 
 from __future__ import annotations
 

@@ -471,11 +471,9 @@ def memory_headroom(c: Context) -> Verdict | None:
     if used is None or total is None:
         used, total = ev.mem_used_gb, ev.mem_total_gb
     saturated = c.gpu_busy and (ev.sm_active is None or ev.sm_active >= t.launch_sm_active)
-    measured = ev.gpu_util is not None and used is not None and total
-    if (
-        not (c.cuda and measured and c.starved != "input" and not saturated)
-        or used / total >= t.headroom_mem_frac
-    ):
+    if not (c.cuda and ev.gpu_util is not None and c.starved != "input" and not saturated):
+        return None
+    if used is None or not total or used / total >= t.headroom_mem_frac:
         return None
     mem_frac = used / total
     factor = 2 ** max(1, math.floor(math.log2(0.8 / max(mem_frac, 1e-3))))

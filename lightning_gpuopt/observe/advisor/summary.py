@@ -26,8 +26,8 @@ class Hysteresis:
     """
 
     def __init__(self, raise_after: int = 2, clear_after: int = 2) -> None:
-        for name, value in (("raise_after", raise_after), ("clear_after", clear_after)):
-            check_int(value, name, low=1, what="(windows)")
+        check_int(raise_after, "raise_after", low=1, what="(windows)")
+        check_int(clear_after, "clear_after", low=1, what="(windows)")
         self.raise_after = raise_after
         self.clear_after = clear_after
         self.on: dict[str, int] = {}
@@ -74,14 +74,7 @@ class Hysteresis:
 
 
 def ceiling_sentence(ceiling_frac: float | None) -> str:
-    """``"this run gets 0.62 of its ceiling ..."``; empty where the ceiling was not measured.
-
-    Example:
-        >>> ceiling_sentence(0.62)
-        'this run trains at 0.62 of its own ceiling (the model replayed on a batch kept on the device).'
-        >>> ceiling_sentence(1.04)
-        'this run trains at its own ceiling (1.04 of the model replayed on a batch kept on the device).'
-    """
+    """``"this run trains at 0.62 of its own ceiling ..."``; empty where the ceiling was not measured."""
     if ceiling_frac is None:
         return ""
     replay = "the model replayed on a batch kept on the device"
