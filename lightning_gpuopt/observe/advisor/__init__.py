@@ -15,8 +15,7 @@ from lightning_gpuopt.observe.advisor.config import (
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RankEvidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer
 from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose
-from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary
-from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.advisor.verdict import KINDS, Hysteresis, Verdict, format_summary
 
 __all__ = [
     "KINDS",

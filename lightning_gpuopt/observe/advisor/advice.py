@@ -49,9 +49,7 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     cores = f" of {ev.cpu_cores:.0f}" if ev.cpu_cores else ""
     busy = f"{ev.cpu_busy_frac:.0%}{cores} cores busy"
     if cfg.num_workers == 0:
-        main = (
-            f" (its main thread at {ev.cpu_main_pct:.0f}% of a core)" if ev.cpu_main_pct is not None else ""
-        )
+        main = "" if ev.cpu_main_pct is None else f" (its main thread at {ev.cpu_main_pct:.0f}% of a core)"
         return f"The training process builds every batch itself{main}; {busy}. "
     others = ""
     if ev.cpu_workers_pct:
@@ -139,10 +137,9 @@ def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
     """Advice of a ``store-bound`` verdict: the disk's rate where it was measured, else the reading threads."""
     if ev.read_mb_s is None:
         return (
-            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
-            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
-            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
-            "memory (/dev/shm), or read with more threads for more reads in flight "
+            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. A store "
+            "larger than the page cache can hold, or on a network filesystem, is read at the storage's speed: keep "
+            "it on a local NVMe disk or in memory (/dev/shm), or read with more threads for more reads in flight "
             "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
         )
     per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
@@ -171,12 +168,10 @@ def input_bound(cause: str, ev: Evidence, cfg: RunConfig, cores: int | None, cor
         text = _workers(cause, cfg, cores, cores_full, folder_threads)
     elif cause == "jpeg-engine":
         text = (
-            f"The GPU's JPEG decoder is busy {ev.jpeg_util or 0:.0f}% of the time: the hardware engine that "
-            "decodes the batches (nvJPEG's hardware backend, which DALI's GPU decoder uses) is the limit, not the "
-            "CPU or the SMs. Give it fewer pixels to decode: the compact store (`lightning-gpuopt convert SRC "
-            "OUT.h5 --format jpeg`) keeps each image re-encoded at 256 px on its shorter side; or store decoded "
-            "uint8 (`--format raw`) and decode nothing; or decode on DALI's CPU threads where the host has cores "
-            'to spare (DALIOptions(decoder="cpu")).'
+            f"The GPU's JPEG decoder is busy {ev.jpeg_util or 0:.0f}% of the time: that hardware engine (nvJPEG's, "
+            "which DALI's GPU decoder uses) is the limit, not the CPU or the SMs. Give it fewer pixels: the compact "
+            "store (`lightning-gpuopt convert SRC OUT.h5 --format jpeg`, 256 px on the shorter side); or store "
+            'decoded uint8 (`--format raw`); or decode on spare CPU cores (DALIOptions(decoder="cpu")).'
         )
     elif cause == "dali-bound":
         text = _dali_bound(cfg, cores, threads)
@@ -238,11 +233,10 @@ def comm_bound(least_ms: float, frac: float, world_size: int) -> str:
     """Advice of a ``comm-bound`` verdict: every rank waits for the gradient all-reduce."""
     return (
         f"Every one of the {world_size} ranks waits at least {least_ms:.1f} ms a step ({frac:.0%} of the step) "
-        "for the gradient all-reduce after its backward: communication is not hidden behind compute. Grow the "
-        "batch per GPU or accumulate gradients (Trainer(accumulate_grad_batches=k)) so the all-reduce runs "
-        "less often per sample; compress gradients (DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook "
-        "or fp16_compress_hook)); try DDPStrategy(static_graph=True, gradient_as_bucket_view=True) and a "
-        "different bucket_cap_mb; check the interconnect (nvidia-smi topo -m: NVLink or PCIe)."
+        "for the gradient all-reduce: communication is not hidden behind compute. Grow the batch per GPU or "
+        "accumulate gradients (Trainer(accumulate_grad_batches=k)); compress gradients (DDPStrategy(ddp_comm_hook="
+        "default_hooks.bf16_compress_hook or fp16_compress_hook)); try DDPStrategy(static_graph=True, "
+        "gradient_as_bucket_view=True) or another bucket_cap_mb; check the interconnect (nvidia-smi topo -m)."
     )
 
 
@@ -281,14 +275,11 @@ def amp_host_sync(
     head = (
         f"The optimizer{'s' if len(names) > 1 else ''} {listed} cannot skip an inf/NaN step on the device, so "
         f"under {precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host "
-        "waits for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches "
-        "leave the GPU idle."
+        "waits for the GPU every step, and the GPU idles through what the host does next."
     )
     if clip is not None:
         cc = f"compute capability {cap[0]}.{cap[1]}" if cap is not None else ""
-        bf16 = (
-            'use Trainer(precision="bf16-mixed") instead: no GradScaler, no sync, and clipping keeps working'
-        )
+        bf16 = 'use Trainer(precision="bf16-mixed") instead: no GradScaler, no sync, and clipping works'
         if cap is None:
             bf16 = f"On compute capability >= 8.0 {bf16}"
         elif cap >= (8, 0):
@@ -309,10 +300,7 @@ def amp_host_sync(
     example = fusable[0] if fusable else "SGD"
     momentum = ", momentum=0.9" if example == "SGD" else ""
     line = f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)`"
-    how = (
-        "in configure_optimizers: the GradScaler then hands it grad_scale and found_inf and the inf/NaN step "
-        "is skipped on the device."
-    )
+    how = "in configure_optimizers: the GradScaler then skips an inf/NaN step on the device."
     if not fusable:
         return (
             f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
@@ -328,10 +316,9 @@ def amp_host_sync(
         text += f" {others} has no fused step: switch it to one of those too."
     if "SGD" in fusable:
         text += (
-            " A fused SGD with momentum needs its momentum buffers made before its first step: torch's leaves "
-            "them uninitialized when the GradScaler skips that step (fp16's first steps often overflow), and "
-            f"the weights turn to NaN. FusedOptimizer() makes them zero; by hand, call {_MOMENTUM} before the "
-            "first step."
+            " A fused SGD with momentum needs its momentum buffers made before its first step, which fp16 often "
+            "skips (torch's are left uninitialized, and the weights turn to NaN): FusedOptimizer() makes them "
+            f"zero; by hand, call {_MOMENTUM} before the first step."
         )
     return text
 

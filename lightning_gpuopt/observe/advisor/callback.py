@@ -22,8 +22,7 @@ from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
 from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, unmet_needs
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
-from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
-from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.advisor.verdict import KINDS, Hysteresis, Verdict, format_summary, markdown
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
 

@@ -17,7 +17,7 @@ from lightning_gpuopt.observe.advisor.evidence import RankEvidence
 
 __all__ = ["AllReduceWaitTimer", "gather_ranks"]
 
-_MAX_PENDING = 256  # event pairs kept waiting for completion; more means the GPU is far behind
+_MAX_PENDING = 256
 
 
 class AllReduceWaitTimer:
@@ -36,7 +36,8 @@ class AllReduceWaitTimer:
         self._handle: Any = None
         self._ready_s: float | None = None
         self._ready_event: Any = None
-        self._pending: deque[tuple[Any, Any]] = deque()
+        # event pairs waiting for completion; past the bound the GPU is far behind and the oldest are dropped
+        self._pending: deque[tuple[Any, Any]] = deque(maxlen=_MAX_PENDING)
         self._free: list[Any] = []
         self._waits_ms: list[float] = []
 
@@ -76,8 +77,6 @@ class AllReduceWaitTimer:
             done.record()
             self._pending.append((self._ready_event, done))
             self._ready_event = None
-            if len(self._pending) > _MAX_PENDING:
-                self._free.extend(self._pending.popleft())
         elif self._ready_s is not None:
             self._waits_ms.append(1000.0 * (time.perf_counter() - self._ready_s))
             self._ready_s = None
@@ -96,10 +95,7 @@ class AllReduceWaitTimer:
 def gather_ranks(
     loop: Loop, step_ms: float | None, data_wait_ms: float | None, wait_ms: float | None
 ) -> RankEvidence:
-    """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather`` of three floats.
-
-    Every rank must call it at the same point (the advisor does at the end of each window).
-    """
+    """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather``, called by every rank."""
     row = [math.nan if v is None else float(v) for v in (step_ms, data_wait_ms, wait_ms)]
     local = torch.tensor(row, dtype=torch.float64, device=loop.device)
     gathered = loop.all_gather(local)
