@@ -61,7 +61,7 @@ class ScaleWatch:
         self.scaler = scaler
         self.device = device
         self._event_factory = event_factory
-        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque()
+        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque(maxlen=_MAX_PENDING)
         self._first: tuple[int, float] | None = None  # (global step, scale) of the first read
         self._last: tuple[int, float] | None = None
         self.falls = 0  # backoffs seen across the fit
@@ -117,8 +117,6 @@ class ScaleWatch:
         event = (self._event_factory or torch.cuda.Event)()
         event.record()
         self._pending.append((step, host, event))
-        if len(self._pending) > _MAX_PENDING:
-            self._pending.popleft()
 
     def _collect(self) -> None:
         while self._pending and self._pending[0][2].query():
