@@ -94,6 +94,8 @@ def test_input_bound_folder_read_by_threads_counts_its_threads(threads, cause, w
     assert [(v.kind, v.cause) for v in out] == [("input-bound", cause)]
     assert words in out[0].advice and "workers cannot" not in out[0].advice
     assert "num_workers" not in out[0].advice and "measures" not in out[0].advice
+    # like any loader's, the advice opens with the measured wait
+    assert out[0].advice.startswith("The loop waits for data 45% of each step while the GPU is busy 55%")
 
 
 @pytest.mark.parametrize(

@@ -7,31 +7,16 @@ from collections.abc import Sequence
 from lightning_gpuopt.compute.optimizer import FUSED_OPTIMIZERS
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 
-__all__ = [
-    "amp_host_sync",
-    "comm_bound",
-    "cpu_sentence",
-    "cudnn_benchmark_off",
-    "fp16_overflow",
-    "fp32_on_tensor_cores",
-    "gpu_metrics_missing",
-    "graphs_sentence",
-    "host_bound",
-    "input_bound",
-    "launch_bound",
-    "memory_headroom",
-    "nchw_convolutions",
-    "pageable_copies",
-    "straggler",
-    "sync_sentence",
-]
-
-_STORE = "Convert the images once with `lightning-gpuopt convert SRC OUT.h5 --format auto` (decoded uint8 "
-_STORE += "where the store fits in memory, else the compact JPEG store, about a quarter of the source's "
-_STORE += 'bytes) and read it with OptimizedDataModule("OUT.h5")'
+_STORE = (
+    "Convert the images once with `lightning-gpuopt convert SRC OUT.h5 --format auto` (decoded uint8 where the "
+    "store fits in memory, else the compact JPEG store, about a quarter of the source's bytes) and read it "
+    'with OptimizedDataModule("OUT.h5")'
+)
 _HDF5 = _STORE + ', or decode on the GPU with backend="dali".'
-
 _HOST_SYNCS = ".item(), .cpu(), printing tensors, self.log(..., sync_dist=True) every step"
+_COMPILE = 'torch.compile(model) fuses kernels and mode="reduce-overhead" replays them as CUDA graphs.'
+_NSIGHT = "NVTXRanges with Nsight Systems shows where the host's time goes."
+_MOMENTUM = "lightning_gpuopt.compute.optimizer.init_momentum_buffers(optimizer)"
 
 
 def sync_sentence(ev: Evidence) -> str:
@@ -64,24 +49,13 @@ def cpu_sentence(ev: Evidence, cfg: RunConfig, full_frac: float) -> str:
     cores = f" of {ev.cpu_cores:.0f}" if ev.cpu_cores else ""
     busy = f"{ev.cpu_busy_frac:.0%}{cores} cores busy"
     if cfg.num_workers == 0:
-        main = (
-            f" (its main thread at {ev.cpu_main_pct:.0f}% of a core)" if ev.cpu_main_pct is not None else ""
-        )
+        main = "" if ev.cpu_main_pct is None else f" (its main thread at {ev.cpu_main_pct:.0f}% of a core)"
         return f"The training process builds every batch itself{main}; {busy}. "
-    others = (
-        f"; worker processes and other threads use {ev.cpu_workers_pct / 100:.1f} cores"
-        if ev.cpu_workers_pct
-        else ""
-    )
+    others = ""
+    if ev.cpu_workers_pct:
+        others = f"; worker processes and other threads use {ev.cpu_workers_pct / 100:.1f} cores"
     state = "full" if ev.cpu_busy_frac >= full_frac else "not full"
     return f"The CPU cores are {state} ({busy}{others}). "
-
-
-def _nvjpeg_measured_slower(cfg: RunConfig) -> bool:
-    """Whether nvJPEG decoded this loader's files no faster than its CPU threads when the loader measured
-    both (``DALIOptions(decoder=None)``): then it is no remedy for slow CPU decoding."""
-    cpu, gpu = cfg.cpu_decode_rate, cfg.gpu_decode_rate
-    return cpu is not None and gpu is not None and gpu <= cpu
 
 
 def _auto_workers(cfg: RunConfig) -> str:
@@ -91,144 +65,124 @@ def _auto_workers(cfg: RunConfig) -> str:
     return 'OptimizedDataModule(num_workers="auto") (for a dataset of yours it measures the loader)'
 
 
-def _folder_threads(
-    cause: str, cfg: RunConfig, cores_per_process: int | None, cores_full: bool | None
-) -> str:
-    """Advice for an image folder decoded by ``cfg.decode_threads`` threads of the training process."""
-    n, cores = cfg.decode_threads, cores_per_process
+def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | None, threads: bool) -> str:
+    """Advice of too many, too few or busy decoding workers (or a folder's reading threads)."""
+    n = cfg.decode_threads if threads else cfg.num_workers
+    suggest = max(1, (cores or 2) - 1)
     if cause == "too-many-workers":
-        return (
-            f"{n} reading threads x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so the "
-            "threads and the training loop compete. Leave the thread count to its default (chosen from the "
-            "cores of the process, not measured)."
+        who, fix = ("reading threads", "the threads") if threads else ("workers", "workers")
+        text = (
+            f"{n} {who} x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so {fix} and the "
+            "training loop compete. "
         )
-    if cause == "too-few-workers":
+        if threads:
+            return (
+                text
+                + "Leave the thread count to its default (chosen from the process's cores, not measured)."
+            )
+        return text + f"Use {_auto_workers(cfg)} or at most num_workers={suggest}."
+    if cause == "too-few-workers" and threads:
         return (
             f"The folder's {n} reading threads use few of the {cores} cores this process has, and each decodes "
             f"JPEGs. Leave the thread count to its default (one a CPU, chosen, not measured). {_HDF5}"
         )
-    on = f"on {cores} cores " if cores else ""
-    if cores_full is False:
-        return (
-            f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more "
-            f"threads can use them (the default: one a CPU, chosen, not measured). {_HDF5}"
-        )
-    return f"{n} reading threads {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
-
-
-def _dali_bound(cfg: RunConfig, cores_per_process: int | None, threads: str) -> str:
-    """Advice of a ``dali-bound`` verdict: the other decoder where it is the remedy, else a store."""
-    slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
-    if cfg.decoder == "cpu" and _nvjpeg_measured_slower(cfg):
-        # the loader measured nvJPEG on its own files: no faster than these threads
-        return (
-            f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded '
-            f"{cfg.gpu_decode_rate:,.0f} img/s of these files against the threads' {cfg.cpu_decode_rate:,.0f}, "
-            f"measured when the loader was built: slower still). {_STORE}: either store fed a compiled "
-            "ResNet-50 at its ceiling on a 16-core host. More cores per GPU add decoding threads."
-        )
-    if cfg.decoder == "cpu":
-        return (
-            f"{slow_threads} "
-            '(decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default chooses '
-            f"where it decodes the files faster than these threads. {_STORE}."
-        )
-    return (
-        "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
-        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once '
-        '(backend="hdf5").'
-    )
-
-
-def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
-    """Advice of a ``store-bound`` verdict: the disk's figure and the compact store where it was measured,
-    else the reading threads."""
-    if ev.read_mb_s is None:
-        return (
-            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. From "
-            "the page cache a batch is one memory copy; a store larger than the memory left for the page cache, "
-            "or on a network filesystem, is read at the storage's speed: keep it on a local NVMe disk or in "
-            "memory (/dev/shm), or read with more threads for more reads in flight "
-            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
-        )
-    per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
-    text = (
-        f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page "
-        "cache (a store larger than the memory left for it, or evicted), so the disk's rate bounds the "
-        "loader. "
-    )
-    if cfg.decoder is None:
-        return text + (
-            "Convert to the compact store, about the size of the source JPEGs "
-            "(`lightning-gpuopt convert --format jpeg`), so each image reads fewer bytes; or keep the "
-            "store on a faster local NVMe disk, or give the page cache room for it."
-        )
-    return text + (
-        "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
-        "(/dev/shm), or give the page cache room for it."
-    )
-
-
-def input_bound(
-    cause: str,
-    ev: Evidence,
-    cfg: RunConfig,
-    cores_per_process: int | None,
-    cores_full: bool | None,
-    head: str,
-) -> str:
-    """Advice of an ``input-bound`` verdict of ``cause``; ``head`` states what was measured."""
-    w = cfg.num_workers
-    suggest = max(1, (cores_per_process or 2) - 1)
-    threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
-    folder_threads = cfg.backend == "folder" and w is None and cfg.decode_threads is not None
-    if folder_threads and cause in ("too-many-workers", "too-few-workers", "decode-bound"):
-        return _folder_threads(cause, cfg, cores_per_process, cores_full)
-    if cause == "too-many-workers":
+    if cause == "too-few-workers":
         text = (
-            f"{w} workers x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so workers and "
-            f"the training loop compete. Use {_auto_workers(cfg)} or at most num_workers={suggest}."
-        )
-    elif cause == "too-few-workers":
-        text = (
-            f"num_workers={w} uses few of the {cores_per_process} cores this process has. Use "
-            f"{_auto_workers(cfg)} or DataLoader(num_workers={suggest}, persistent_workers=True)."
+            f"num_workers={n} uses few of the {cores} cores this process has. Use {_auto_workers(cfg)} or "
+            f"DataLoader(num_workers={suggest}, persistent_workers=True)."
         )
         if cfg.backend == "folder":
             text += (
                 ' JPEG decoding is what the workers spend their time on: backend="hdf5" (after '
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
+        return text
+    who = "reading threads" if threads else "workers"
+    on = f"on {cores} cores " if cores else ""
+    idle = ""
+    if cores_full is False:
+        more = f"{_auto_workers(cfg)}, or a larger num_workers"
+        if threads:
+            more = "the default: one a CPU, chosen, not measured"
+        idle = f", yet cores are idle: more {who.split()[-1]} can use them ({more})"
+    return (
+        f"{'The' if n is None else n} {who} {on}cannot decode JPEGs as fast as the GPU trains{idle}. {_HDF5}"
+    )
+
+
+def _dali_bound(cfg: RunConfig, cores_per_process: int | None, threads: str) -> str:
+    """Advice of a ``dali-bound`` verdict: the other decoder where it is the remedy, else a store."""
+    slow_threads = f"DALI's {threads}CPU threads decode JPEGs more slowly than the GPU trains"
+    cpu, gpu = cfg.cpu_decode_rate, cfg.gpu_decode_rate
+    if cfg.decoder == "cpu" and cpu is not None and gpu is not None and gpu <= cpu:
+        # the loader measured nvJPEG on its own files: no faster than these threads
+        return (
+            f'{slow_threads} (decoder="cpu", {cores_per_process} cores a process; nvJPEG decoded {gpu:,.0f} img/s '
+            f"of these files against the threads' {cpu:,.0f}, measured when the loader was built: slower "
+            f"still). {_STORE}: either store fed a compiled ResNet-50 at its ceiling on a 16-core host. More "
+            "cores per GPU add decoding threads."
+        )
+    if cfg.decoder == "cpu":
+        return (
+            f'{slow_threads} (decoder="cpu"). Decode with nvJPEG (DALIOptions(decoder="gpu")), which the default '
+            f"chooses where it decodes the files faster than these threads. {_STORE}."
+        )
+    return (
+        "The DALI pipeline (nvJPEG) does not keep up: give it more CPU threads; with many cores per GPU "
+        'decode on them instead (DALIOptions(decoder="cpu")), or store decoded uint8 once (backend="hdf5").'
+    )
+
+
+def _store_bound(ev: Evidence, cfg: RunConfig, threads: str) -> str:
+    """Advice of a ``store-bound`` verdict: the disk's rate where it was measured, else the reading threads."""
+    if ev.read_mb_s is None:
+        return (
+            f"The HDF5 store's {threads}reading threads do not deliver batches as fast as the GPU trains. A store "
+            "larger than the page cache can hold, or on a network filesystem, is read at the storage's speed: keep "
+            "it on a local NVMe disk or in memory (/dev/shm), or read with more threads for more reads in flight "
+            "(OptimizedDataModule(..., hdf5=HDF5Options(threads=8)))."
+        )
+    per = f" ({1000.0 * ev.read_mb_s / ev.samples_per_sec:.0f} kB a sample)" if ev.samples_per_sec else ""
+    text = (
+        f"The store is read from the disk at {ev.read_mb_s:.0f} MB/s{per}: its pages are not in the page cache "
+        "(a store larger than the memory left for it, or evicted), so the disk's rate bounds the loader. "
+    )
+    if cfg.decoder is None:
+        text += (
+            "Convert to the compact store, about the size of the source JPEGs (`lightning-gpuopt convert "
+            "--format jpeg`), so each image reads fewer bytes; or keep the store on a faster local NVMe disk"
+        )
+    else:
+        text += (
+            "The store is already compact (JPEG bytes): keep it on a faster local NVMe disk or in memory "
+            "(/dev/shm)"
+        )
+    return text + ", or give the page cache room for it."
+
+
+def input_bound(cause: str, ev: Evidence, cfg: RunConfig, cores: int | None, cores_full: bool | None) -> str:
+    """Advice of an ``input-bound`` verdict of ``cause``."""
+    threads = f"{cfg.decode_threads} " if cfg.decode_threads else ""
+    folder_threads = cfg.backend == "folder" and cfg.num_workers is None and cfg.decode_threads is not None
+    if cause in ("too-many-workers", "too-few-workers", "decode-bound"):
+        text = _workers(cause, cfg, cores, cores_full, folder_threads)
     elif cause == "jpeg-engine":
         text = (
-            f"The GPU's JPEG decoder is busy {ev.jpeg_util or 0:.0f}% of the time: the hardware engine that "
-            "decodes the batches (nvJPEG's hardware backend, which DALI's GPU decoder uses) is the limit, not the "
-            "CPU or the SMs. Give it fewer pixels to decode: the compact store (`lightning-gpuopt convert SRC "
-            "OUT.h5 --format jpeg`) keeps each image re-encoded at 256 px on its shorter side; or store decoded "
-            "uint8 (`--format raw`) and decode nothing; or decode on DALI's CPU threads where the host has cores "
-            'to spare (DALIOptions(decoder="cpu")).'
+            f"The GPU's JPEG decoder is busy {ev.jpeg_util or 0:.0f}% of the time: that hardware engine (nvJPEG's, "
+            "which DALI's GPU decoder uses) is the limit, not the CPU or the SMs. Give it fewer pixels: the compact "
+            "store (`lightning-gpuopt convert SRC OUT.h5 --format jpeg`, 256 px on the shorter side); or store "
+            'decoded uint8 (`--format raw`); or decode on spare CPU cores (DALIOptions(decoder="cpu")).'
         )
     elif cause == "dali-bound":
-        text = _dali_bound(cfg, cores_per_process, threads)
+        text = _dali_bound(cfg, cores, threads)
     elif cause == "store-bound":
         text = _store_bound(ev, cfg, threads)
-    elif cause == "decode-bound":
-        n = w if w is not None else "The"
-        if cores_full is False:
-            text = (
-                f"{n} workers cannot decode JPEGs as fast as the GPU trains, yet cores are idle: more workers "
-                f"can use them ({_auto_workers(cfg)}, or a larger num_workers). {_HDF5}"
-            )
-        else:
-            on = f"on {cores_per_process} cores " if cores_per_process else ""
-            text = f"{n} workers {on}cannot decode JPEGs as fast as the GPU trains. {_HDF5}"
     else:
         text = (
             "The loader does not keep up. Profile the dataset's __getitem__; move augmentation to the GPU "
             '(GPUAugment); try OptimizedDataModule(num_workers="auto") and a decoded store (backend="hdf5") or '
             'GPU decoding (backend="dali").'
         )
-    text = head + text
     if cfg.device_type == "cuda" and cfg.pin_memory is False and cfg.host_batches is not False:
         text += " Part of this wait can be the pageable host-to-GPU copy waiting for the GPU (see pageable-copies)."
     return text
@@ -250,16 +204,10 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
         text += " The GradScaler's found_inf check is one such sync (see amp-host-sync)."
     if cfg.cuda_graphs_skipped:
         text += " " + graphs_sentence(cfg)
-    text += " Remove per-step syncs; log less often (log_every_n_steps);"
+    text += " Remove per-step syncs; log less often (log_every_n_steps)"
     if small_batch and cfg.batch_size:
-        text += f" grow the batch (batch_size={cfg.batch_size}) so each launch does more work;"
-    if cfg.cuda_graphs_skipped:
-        return text.rstrip(";") + ". NVTXRanges with Nsight Systems shows where the host's time goes."
-    return (
-        text
-        + ' torch.compile(model) fuses kernels and mode="reduce-overhead" replays the step as CUDA graphs. '
-        "NVTXRanges with Nsight Systems shows where the host's time goes."
-    )
+        text += f"; grow the batch (batch_size={cfg.batch_size}) so each launch does more work"
+    return f"{text}. {'' if cfg.cuda_graphs_skipped else _COMPILE + ' '}{_NSIGHT}"
 
 
 def straggler(rank: int, cause: str, waits: str, late_ms: float, frac: float) -> str:
@@ -285,54 +233,38 @@ def comm_bound(least_ms: float, frac: float, world_size: int) -> str:
     """Advice of a ``comm-bound`` verdict: every rank waits for the gradient all-reduce."""
     return (
         f"Every one of the {world_size} ranks waits at least {least_ms:.1f} ms a step ({frac:.0%} of the step) "
-        "for the gradient all-reduce after its backward: communication is not hidden behind compute. Grow the "
-        "batch per GPU or accumulate gradients (Trainer(accumulate_grad_batches=k)) so the all-reduce runs "
-        "less often per sample; compress gradients (DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook "
-        "or fp16_compress_hook)); try DDPStrategy(static_graph=True, gradient_as_bucket_view=True) and a "
-        "different bucket_cap_mb; check the interconnect (nvidia-smi topo -m: NVLink or PCIe)."
+        "for the gradient all-reduce: communication is not hidden behind compute. Grow the batch per GPU or "
+        "accumulate gradients (Trainer(accumulate_grad_batches=k)); compress gradients (DDPStrategy(ddp_comm_hook="
+        "default_hooks.bf16_compress_hook or fp16_compress_hook)); try DDPStrategy(static_graph=True, "
+        "gradient_as_bucket_view=True) or another bucket_cap_mb; check the interconnect (nvidia-smi topo -m)."
     )
 
 
-def pageable_copies() -> str:
-    return (
-        "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the "
-        "GPU's queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
-        "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
-    )
+PAGEABLE_COPIES = (
+    "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the GPU's "
+    "queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
+    "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
+)
 
 
 def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
-    why = (
-        f"GPU-Util {util:.0f}%"
-        + (f", SM activity {ev.sm_active:.0f}%" if ev.sm_active is not None else "")
-        + (f" at {ev.step_ms:.1f} ms a step" if ev.step_ms is not None else "")
-        + " without waiting for data: the GPU runs short kernels and idles while Python launches the next ones "
-        "(or while the host synchronizes)."
-    )
-    grow = f"Grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "Grow the batch"
+    """Advice of a ``launch-bound`` verdict: the locator's lines first where it found them."""
+    grow = f"grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "grow the batch"
+    graphs = f" {graphs_sentence(cfg)}" if cfg.cuda_graphs_skipped else ""
     if ev.sync_sites:
         inside = (
             f" ({ev.step_idle_frac:.0%} of its time inside steps)" if ev.step_idle_frac is not None else ""
         )
-        if cfg.cuda_graphs_skipped:
-            return (
-                f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%. "
-                f"{graphs_sentence(cfg)} Then {grow.lower()} so each kernel does more work."
-            )
-        return (
-            f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%. Then {grow.lower()} "
-            'so each kernel does more work; torch.compile(model) fuses kernels and mode="reduce-overhead" '
-            "replays them as CUDA graphs."
-        )
-    if cfg.cuda_graphs_skipped:
-        return (
-            f"{why} {graphs_sentence(cfg)} {grow} so each kernel does more work; remove per-step host syncs "
-            f"({_HOST_SYNCS})."
-        )
-    return (
-        f"{why} {grow} so each kernel does more work; remove per-step host syncs ({_HOST_SYNCS}); "
-        'torch.compile(model) fuses kernels and mode="reduce-overhead" replays them as CUDA graphs.'
+        text = f"{sync_sentence(ev)} The GPU waits on the host{inside}: GPU-Util {util:.0f}%.{graphs} Then "
+        return text + f"{grow} so each kernel does more work" + ("." if graphs else f"; {_COMPILE}")
+    sm = f", SM activity {ev.sm_active:.0f}%" if ev.sm_active is not None else ""
+    step = f" at {ev.step_ms:.1f} ms a step" if ev.step_ms is not None else ""
+    text = (
+        f"GPU-Util {util:.0f}%{sm}{step} without waiting for data: the GPU runs short kernels and idles while "
+        f"Python launches the next ones (or while the host synchronizes).{graphs} {grow[0].upper()}{grow[1:]} "
+        f"so each kernel does more work; remove per-step host syncs ({_HOST_SYNCS})"
     )
+    return text + ("." if graphs else f"; {_COMPILE}")
 
 
 def amp_host_sync(
@@ -343,24 +275,18 @@ def amp_host_sync(
     head = (
         f"The optimizer{'s' if len(names) > 1 else ''} {listed} cannot skip an inf/NaN step on the device, so "
         f"under {precision or 'fp16 mixed precision'} GradScaler.step reads found_inf with .item(): the host "
-        "waits for the GPU every step, and fetching the next batch, Lightning's hooks and the next launches "
-        "leave the GPU idle."
+        "waits for the GPU every step, and the GPU idles through what the host does next."
     )
     if clip is not None:
-        if cap is not None and cap >= (8, 0):
-            bf16 = (
-                f'Use Trainer(precision="bf16-mixed") instead: compute capability {cap[0]}.{cap[1]} has '
-                "bf16 tensor cores, bf16 needs no GradScaler (no sync) and clipping keeps working"
-            )
-        elif cap is not None:
-            bf16 = (
-                f"bf16 is not fast on compute capability {cap[0]}.{cap[1]} (bf16-mixed needs >= 8.0), so "
-                "choose between clipping and the sync"
-            )
+        cc = f"compute capability {cap[0]}.{cap[1]}" if cap is not None else ""
+        bf16 = 'use Trainer(precision="bf16-mixed") instead: no GradScaler, no sync, and clipping works'
+        if cap is None:
+            bf16 = f"On compute capability >= 8.0 {bf16}"
+        elif cap >= (8, 0):
+            bf16 = f"{cc[0].upper()}{cc[1:]} has bf16 tensor cores: {bf16}"
         else:
             bf16 = (
-                'On compute capability >= 8.0 use Trainer(precision="bf16-mixed") instead: no GradScaler, '
-                "no sync, and clipping keeps working"
+                f"bf16 is not fast on {cc} (bf16-mixed needs >= 8.0), so choose between clipping and the sync"
             )
         return (
             f"{head} The fused optimizers that avoid it are not an option as configured: with "
@@ -370,55 +296,44 @@ def amp_host_sync(
             "before its first step); or accept the sync."
         )
     fusable = [n for n in names if n in FUSED_OPTIMIZERS]
-    others = [n for n in names if n not in FUSED_OPTIMIZERS]
+    others = ", ".join(n for n in names if n not in FUSED_OPTIMIZERS)
     example = fusable[0] if fusable else "SGD"
     momentum = ", momentum=0.9" if example == "SGD" else ""
     line = f"`torch.optim.{example}(self.parameters(), lr=lr{momentum}, fused=True)`"
-    how = (
-        "in configure_optimizers: the GradScaler then hands it grad_scale and found_inf and the inf/NaN step "
-        "is skipped on the device."
-    )
-    if fusable:
-        text = (
-            f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), "
-            f"e.g. {line} {how} Where you do not construct it yourself, add FusedOptimizer() to the Trainer's "
-            "callbacks (fast_trainer_kwargs adds it under 16-mixed): it switches them in place."
+    how = "in configure_optimizers: the GradScaler then skips an inf/NaN step on the device."
+    if not fusable:
+        return (
+            f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
+            f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
+            "(no GradScaler)."
         )
-        if others:
-            text += f" {', '.join(others)} has no fused step: switch it to one of those too."
-        if "SGD" in fusable:
-            text += (
-                " A fused SGD with momentum needs its momentum buffers made before its first step: torch's "
-                "leaves them uninitialized when the GradScaler skips that step (fp16's first steps often "
-                "overflow), and the weights turn to NaN. FusedOptimizer() makes them zero; by hand, call "
-                "lightning_gpuopt.compute.optimizer.init_momentum_buffers(optimizer) before the first step."
-            )
-        return text
-    return (
-        f"{head} {listed} has no fused step: switch to one that has ({', '.join(FUSED_OPTIMIZERS)}) with "
-        f'fused=True, e.g. {line} {how} Or train in precision="bf16-mixed" on compute capability >= 8.0 '
-        "(no GradScaler)."
+    text = (
+        f"{head} Construct the optimizer with fused=True ({', '.join(FUSED_OPTIMIZERS)} have it on CUDA), "
+        f"e.g. {line} {how} Where you do not construct it yourself, add FusedOptimizer() to the Trainer's "
+        "callbacks (fast_trainer_kwargs adds it under 16-mixed): it switches them in place."
     )
+    if others:
+        text += f" {others} has no fused step: switch it to one of those too."
+    if "SGD" in fusable:
+        text += (
+            " A fused SGD with momentum needs its momentum buffers made before its first step, which fp16 often "
+            "skips (torch's are left uninitialized, and the weights turn to NaN): FusedOptimizer() makes them "
+            f"zero; by hand, call {_MOMENTUM} before the first step."
+        )
+    return text
 
 
 def fp16_overflow(
-    start: float,
-    end: float,
-    falls: int,
-    steps: int,
-    low: bool,
-    floor: float,
-    cap: tuple[int, int] | None,
+    start: float, end: float, falls: int, steps: int, low: bool, floor: float, cap: tuple[int, int] | None
 ) -> str:
     """``fp16-overflow``: what the GradScaler's falls mean; bf16 as the fix (fp32 where bf16 is slow)."""
+    text = f"The GradScaler's scale is {end:g} after warm-up."
     if falls:
         text = (
             f"The GradScaler backed off at least {falls} time(s) in {steps} optimizer steps since warm-up, "
             f"its scale falling from {start:g} to {end:g}: each fall is a step whose fp16 gradients held inf "
             "or NaN, which the scaler skipped (the weights did not change)."
         )
-    else:
-        text = f"The GradScaler's scale is {end:g} after warm-up."
     if low:
         text += (
             f" Below {floor:g} the scale no longer lifts small gradients: the model's values overflow fp16 "
@@ -427,28 +342,27 @@ def fp16_overflow(
     fix = (
         'Train with precision="bf16-mixed": bf16 has fp32\'s exponent range, so nothing overflows and no '
         "GradScaler is needed (no step skipped), and on compute capability >= 8.0 (Ampere, Hopper) it trains "
-        "about as fast as fp16 for most models: "
-        '`Trainer(**fast_trainer_kwargs(model, precision="bf16-mixed"))`.'
+        'about as fast as fp16 for most models: `Trainer(**fast_trainer_kwargs(model, precision="bf16-mixed"))`.'
     )
     if cap is not None and cap < (8, 0):
         fix = (
-            f"bf16-mixed is the fix on compute capability >= 8.0, but {cap[0]}.{cap[1]} has no fast bf16: "
-            "keep the layers that overflow in fp32 "
-            '(`with torch.autocast("cuda", enabled=False):` around them, their inputs cast with .float()), '
-            'or train in precision="32-true".'
+            f"bf16-mixed is the fix on compute capability >= 8.0, but {cap[0]}.{cap[1]} has no fast bf16: keep "
+            'the layers that overflow in fp32 (`with torch.autocast("cuda", enabled=False):` around them, their '
+            'inputs cast with .float()), or train in precision="32-true".'
         )
     if low:  # every step skipped: a loss that is inf or NaN in any precision also does this
         fix += (
             " If the loss itself is inf or NaN (log it, or run a few steps in bf16 or fp32), the model has "
             "diverged and no precision fixes it: a learning rate too high for the batch (warm it up), or bad "
             "inputs; or, with a fused SGD with momentum whose first step the scaler skipped, torch's "
-            "uninitialized momentum buffers (FusedOptimizer() zeroes them before the first step, as "
-            "lightning_gpuopt.compute.optimizer.init_momentum_buffers(optimizer) does by hand)."
+            f"uninitialized momentum buffers (FusedOptimizer() zeroes them before the first step, as {_MOMENTUM} "
+            "does by hand)."
         )
     return f"{text} {fix}"
 
 
 def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> str:
+    """Advice of an ``fp32-on-tensor-cores`` verdict on compute capability ``cap``."""
     bf16 = cap >= (8, 0)
     alt = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if bf16 else ""
     text = (
@@ -461,6 +375,7 @@ def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> 
 
 
 def nchw_convolutions(nchw: int, total: int) -> str:
+    """Advice of an ``nchw-convolutions`` verdict."""
     return (
         f"{nchw} of {total} convolutions keep NCHW weights, so cuDNN transposes around its tensor-core (NHWC) "
         "kernels. Add ChannelsLast() to the Trainer's callbacks (or call apply_channels_last(model)); "
@@ -468,14 +383,14 @@ def nchw_convolutions(nchw: int, total: int) -> str:
     )
 
 
-def cudnn_benchmark_off() -> str:
-    return (
-        "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
-        "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
-    )
+CUDNN_BENCHMARK_OFF = (
+    "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
+    "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
+)
 
 
 def memory_headroom(mem_frac: float, total_gb: float, batch_size: int | None, factor: int) -> str:
+    """Advice of a ``memory-headroom`` verdict."""
     bs = f"batch_size={batch_size} could grow about {factor}x" if batch_size else "the batch could grow"
     return (
         f"Peak memory is {mem_frac:.0%} of {total_gb:.0f} GiB while the GPU is not saturated: {bs} (scale the "
@@ -484,13 +399,14 @@ def memory_headroom(mem_frac: float, total_gb: float, batch_size: int | None, fa
 
 
 def gpu_metrics_missing(monitor: bool) -> str:
-    if not monitor:
+    """Advice of a ``gpu-metrics-missing`` verdict."""
+    if monitor:
         return (
-            "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing "
-            "only and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's "
-            "callbacks (GPU-Util needs nvidia-ml-py)."
+            "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
+            "device, or a fixed window_steps shorter than the monitor's window)."
         )
     return (
-        "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
-        "device, or a fixed window_steps shorter than the monitor's window)."
+        "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing only "
+        "and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's callbacks "
+        "(GPU-Util needs nvidia-ml-py)."
     )

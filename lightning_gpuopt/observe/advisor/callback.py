@@ -1,5 +1,4 @@
-"""``BottleneckAdvisor``: the Lightning callback that feeds ``diagnose`` one window at a time (in a Trainer, or
-in a Fabric loop through ``observe.fabric.FabricObserver``)."""
+"""``BottleneckAdvisor``: the Lightning callback that feeds ``diagnose`` one window at a time."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ from lightning_gpuopt.observe.advisor.evidence import Evidence, RunConfig
 from lightning_gpuopt.observe.advisor.ranks import AllReduceWaitTimer, gather_ranks
 from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, unmet_needs
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
-from lightning_gpuopt.observe.advisor.summary import Hysteresis, format_summary, markdown
-from lightning_gpuopt.observe.advisor.verdict import KINDS, Verdict
+from lightning_gpuopt.observe.advisor.verdict import KINDS, Hysteresis, Verdict, format_summary, markdown
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
 
@@ -38,34 +36,15 @@ _HISTORY = 1000
 class BottleneckAdvisor(ObserverCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
-    After warm-up it judges the run one window at a time: its own host timing (step time, data wait, time
-    inside the loader), the GPU side from a ``GPUStatsMonitor`` among the callbacks (GPU idle share between
-    steps, GPU-Util, SM activity, memory, CPU load), under DDP every rank's wait in the gradient all-reduce,
-    and the run's configuration read at that moment (so callbacks that change it, such as ``FusedOptimizer``,
-    have run). A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared after
-    ``clear_windows`` windows without it; ``advisor.verdicts`` holds the raised :class:`Verdict` objects. In a
-    Lightning Fabric loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
+    After warm-up it judges the run one window at a time from its own host timing, a ``GPUStatsMonitor``
+    among the callbacks (put it first), every rank's all-reduce wait under DDP, and the run's configuration
+    read at that moment. A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared
+    after ``clear_windows`` windows without it; ``verdicts`` holds the raised :class:`Verdict` objects, each
+    with the most its fix is worth (``gain``). docs/advisor.md lists the kinds, their rules and thresholds.
 
-    The verdict kinds (``KINDS``), the rule that raises each and its default thresholds
-    (``AdvisorThresholds``) are listed in docs/advisor.md.
-
-    Each warning carries ``gain``, the most its fix is worth (``1 / gpu/ceiling_frac`` where the monitor
-    measured the run's ceiling, ``GPUStatsMonitor(ceiling=True)``, else from the share of time its figure
-    says is lost), printed as "up to 1.6x"; where the monitor's host-sync locator named lines of the user's,
-    ``launch-bound`` and ``host-bound`` advice leads with them; ``store-bound`` with the disk's read rate
-    (``host/read_mb_s``) names a store read from the disk rather than the page cache (``docs/advisor.md``).
-
-    Windows: with ``window_steps=None`` and a monitor, the monitor's logging windows (so both sides cover
-    the same steps); otherwise ``window_steps`` batches (20 by default). Where an epoch is short, a fixed
-    window shrinks to half an epoch (but not below 2 batches) and warm-up to at most half an epoch.
-
-    Logged (straight to every logger, at each window, rank zero): ``advisor/<kind>`` (1 while verdict
-    ``<kind>`` is raised; only the kinds the run can raise, ``rules.NEEDS``, the rest named once at start),
-    ``advisor/num_warnings`` (raised warnings) and, to a TensorBoardLogger, ``advisor/summary`` (a markdown
-    table, on change and at the end).
-
-    At the end of fit, rank zero prints a summary (``rank_zero_info``; ``verbose=False`` silences it). Without
-    a logger it says so once at setup; the verdicts are then only printed and kept in ``verdicts``.
+    Logged (to every logger, at each window, rank zero; docs/advisor.md): ``advisor/<kind>`` (0/1, only the
+    kinds the run can raise), ``advisor/num_warnings`` (count) and ``advisor/summary`` (a markdown table, to a
+    TensorBoardLogger). At the end of fit, rank zero prints a summary (``verbose=False`` silences it).
 
     Example:
         >>> from lightning_gpuopt import GPUStatsMonitor
@@ -76,10 +55,9 @@ class BottleneckAdvisor(ObserverCallback):
         ['input-bound (decode-bound)']
 
     Args:
-        warmup_steps: training batches ignored first (worker start-up, cuDNN autotuning, allocator growth).
-            Following a monitor, warm-up ends with the first monitor window that closes at or after it.
-        window_steps: training batches a window spans; ``None`` follows the ``GPUStatsMonitor``'s windows
-            (20 batches when there is no monitor).
+        warmup_steps: training batches ignored first (at most half an epoch).
+        window_steps: training batches a window spans (at most half an epoch); ``None`` follows the
+            ``GPUStatsMonitor``'s windows (20 batches when there is no monitor).
         min_windows: consecutive windows a verdict must hold before it is raised.
         clear_windows: consecutive windows without it before a raised verdict is cleared.
         thresholds: numbers the rules use (:class:`AdvisorThresholds`).
@@ -96,24 +74,13 @@ class BottleneckAdvisor(ObserverCallback):
         verbose: bool = True,
     ) -> None:
         check_int(warmup_steps, "warmup_steps", low=0, what="(training batches)")
-        check_int(
-            window_steps,
-            "window_steps",
-            low=1,
-            none_ok=True,
-            what="(training batches)",
-            fix="None follows the GPUStatsMonitor's windows",
-        )
+        follow = "None follows the GPUStatsMonitor's windows"
+        check_int(window_steps, "window_steps", low=1, none_ok=True, what="(training batches)", fix=follow)
         check_int(min_windows, "min_windows", low=1)
         check_int(clear_windows, "clear_windows", low=1)
-        check_arg(
-            thresholds is None or isinstance(thresholds, AdvisorThresholds),
-            "thresholds",
-            thresholds,
-            "an AdvisorThresholds instance or None",
-            fix="e.g. AdvisorThresholds(gpu_idle_frac=0.05)",
-            error=TypeError,
-        )
+        ok = thresholds is None or isinstance(thresholds, AdvisorThresholds)
+        must, fix = "an AdvisorThresholds instance or None", "e.g. AdvisorThresholds(gpu_idle_frac=0.05)"
+        check_arg(ok, "thresholds", thresholds, must, fix=fix, error=TypeError)
         check_bool(verbose, "verbose")
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
@@ -127,20 +94,17 @@ class BottleneckAdvisor(ObserverCallback):
         self._said_no_logger = False
         self._reduce: AllReduceWaitTimer | None = None
         self._scale: ScaleWatch | None = None
-        self._reset_run()
-
-    # -- state -----------------------------------------------------------------------------------------------
-    def _reset_run(self) -> None:
         self._timer: StepTimer | None = None
         self._monitor: GPUStatsMonitor | None = None
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        self._release()
         self._batches = 0
         self._follow = False  # windows are the monitor's
-        self._warm = False  # warm-up is over
-        self._warmup = self.warmup_steps  # warm-up of this fit (shortened for short epochs)
-        self._window = self.window_steps or _DEFAULT_WINDOW  # fixed window of this fit
         self._seen = 0  # monitor history entries already accounted for
         self._warm_seen = 0  # monitor history length when warm-up ended
-        self._window_len = self._window  # batches in the latest window (for the summary)
+        self._fit_epochs(None)
         self._last_eval_batch = 0
         self._probe_input = True
         self._input_channels_last: bool | None = None
@@ -148,10 +112,6 @@ class BottleneckAdvisor(ObserverCallback):
         self._fetch_s: float | None = None  # the loader's fetch_seconds at the window's start
         #: the latest judged window's ``gpu/ceiling_frac`` (None where the monitor did not measure it)
         self.ceiling_frac: float | None = None
-        if self._reduce is not None:
-            self._reduce.detach()
-        self._reduce = None
-        self._scale = None
         self._flags: tuple[str, ...] = KINDS  # the kinds this fit can raise, logged as advisor/<kind>
 
     @property
@@ -178,12 +138,9 @@ class BottleneckAdvisor(ObserverCallback):
         self.history = list(state_dict.get("history", []))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_reduce"] = None  # hooks and CUDA events do not pickle; a copy starts without them
-        state["_scale"] = None
-        return state
+        # hooks and CUDA events do not pickle; a copy starts without them
+        return {**self.__dict__, "_reduce": None, "_scale": None}
 
-    # -- the work, for any loop ------------------------------------------------------------------------------
     def _begin(self, loop: Loop) -> None:
         """A fit begins: a new run (a checkpoint restore, ``load_state_dict``, comes after this and wins)."""
         self._filter = Hysteresis(self.min_windows, self.clear_windows)
@@ -235,10 +192,9 @@ class BottleneckAdvisor(ObserverCallback):
         """Where an epoch is short, a window of half an epoch (at least 2 batches), warm-up at most as long."""
         self._window, self._warmup = self.window_steps or _DEFAULT_WINDOW, self.warmup_steps
         if per_epoch is not None:
-            half = per_epoch // 2
-            self._window = min(self._window, max(_MIN_WINDOW, half))
-            self._warmup = min(self._warmup, half)
-        self._window_len = self._window
+            self._window = min(self._window, max(_MIN_WINDOW, per_epoch // 2))
+            self._warmup = min(self._warmup, per_epoch // 2)
+        self._window_len = self._window  # batches in the latest window (for the summary)
         self._warm = self._warmup == 0
 
     def _epoch_start(self, loop: Loop) -> None:
@@ -251,7 +207,7 @@ class BottleneckAdvisor(ObserverCallback):
 
     def _paused(self) -> tuple[float, float] | None:
         """The monitor's latest pause for its own work (the ceiling's replay), left out of our timing."""
-        pause = getattr(self._monitor, "pause", None) if self._monitor is not None else None
+        pause = getattr(self._monitor, "pause", None)
         return pause if isinstance(pause, tuple) else None
 
     def _batch_start(self, loop: Loop, batch: Any) -> None:
@@ -285,12 +241,10 @@ class BottleneckAdvisor(ObserverCallback):
             history = self._monitor_history()
             if len(history) < self._seen:  # the monitor's history was reset
                 self._seen = 0
-            if len(history) == self._seen:
-                return
             new, self._seen = history[self._seen :], len(history)
-            if self._warm:
+            if new and self._warm:
                 self._evaluate(loop, Evidence.mean_of(new))
-            elif self._batches >= self._warmup:
+            elif new and self._batches >= self._warmup:
                 self._end_warmup(loop)
             return
         if not self._warm and self._batches >= self._warmup:
@@ -378,12 +332,11 @@ class BottleneckAdvisor(ObserverCallback):
         if self._scale is not None:
             self._scale.sample(step)
             evidence = evidence.merged_with(self._scale.evidence())
-        syncs = getattr(self._monitor, "host_syncs", None) if self._monitor is not None else None
+        syncs = getattr(self._monitor, "host_syncs", None)
         if syncs:
             from lightning_gpuopt.observe.host_sync import user_sites
 
-            mine = user_sites(syncs)
-            evidence.sync_sites = tuple(s.describe() for s in mine) or None
+            evidence.sync_sites = tuple(s.describe() for s in user_sites(syncs)) or None
         self.ceiling_frac = evidence.ceiling_frac
         if loop.world_size > 1:
             wait = self._reduce.window() if self._reduce is not None else None
@@ -405,8 +358,7 @@ class BottleneckAdvisor(ObserverCallback):
                 "raised": [v.kind for v in self.verdicts],
             }
         )
-        if len(self.history) > _HISTORY:
-            del self.history[: len(self.history) - _HISTORY]
+        del self.history[:-_HISTORY]
         if loop.is_global_zero:
             self._log_flags(loop, step)
             if changed:

@@ -1,14 +1,9 @@
-"""Read a run's configuration (``RunConfig``) through public Lightning and torch API: no GPU work, no sync.
-
-The training loader is described by its ``feed_info`` (a ``_common.FeedInfo``), or its dataset's, where one
-is set; a plain ``DataLoader`` is described from its public attributes. The optimizers are read as they are
-when this runs, so call it after the callbacks that change them (``FusedOptimizer``) have run.
-"""
+"""Read a run's configuration (``RunConfig``) through public Lightning and torch API: no GPU work, no sync."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,21 +19,14 @@ from lightning_gpuopt.observe.advisor.evidence import RunConfig, finite
 __all__ = [
     "amp_facts",
     "collect_config",
-    "compiled_graphs_skipped",
     "conv_memory_formats",
     "describe_feed",
     "distinct_memory_format",
     "image_tensor",
     "loop_config",
-    "train_loader",
 ]
 
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-
-def train_loader(trainer: Any) -> Any | None:
-    """The (first) training loader of ``trainer``, or ``None`` before it exists."""
-    return first_loader(getattr(trainer, "train_dataloader", None))
 
 
 def _unwrap_dataset(ds: Any) -> Any:
@@ -56,19 +44,13 @@ def _feed_info_of(obj: Any) -> FeedInfo | None:
     return info if isinstance(info, FeedInfo) else None
 
 
-def _any_tensor(obj: Any, depth: int = 0) -> torch.Tensor | None:
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors of a batch or sample, nested up to 4 levels in lists, tuples and dicts."""
     if isinstance(obj, torch.Tensor):
-        return obj
-    if depth > 3:
-        return None
-    if isinstance(obj, Mapping):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            t = _any_tensor(item, depth + 1)
-            if t is not None:
-                return t
-    return None
+        yield obj
+    elif depth <= 3 and isinstance(obj, (Mapping, list, tuple)):
+        for item in obj.values() if isinstance(obj, Mapping) else obj:
+            yield from _tensors(item, depth + 1)
 
 
 def _dataset_on_host(ds: Any) -> bool | None:
@@ -83,10 +65,8 @@ def _dataset_on_host(ds: Any) -> bool | None:
         item = ds[0]
     except Exception:  # an unusual dataset: the rule that needs this stays silent
         return None
-    t = _any_tensor(item)
-    if t is None:
-        return True  # numpy arrays and PIL images are host memory
-    return t.device.type == "cpu"
+    t = next(_tensors(item), None)
+    return t is None or t.device.type == "cpu"  # numpy arrays and PIL images are host memory
 
 
 def _image_files(ds: Any) -> bool:
@@ -107,15 +87,9 @@ def _fabric_loader(obj: Any) -> bool:
 
 
 def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
-    """How ``loader`` feeds the GPU.
-
-    The loader's ``feed_info`` wins, its dataset's fills what it leaves ``None``, and a ``DataLoader``'s public
-    attributes (``num_workers``, or ``read_threads`` as ``threads`` for a loader read by threads, ``pin_memory``,
-    ``batch_size``) fill the rest; the loader ``fabric.setup_dataloaders`` returned is read the same way. A
-    dataset listing image files (``samples``, as torchvision's ``ImageFolder``) is a ``"folder"`` feed decoded
-    on the CPU. With ``probe_dataset``, a map-style dataset read without workers is asked for one item to see
-    whether batches are already on the device.
-    """
+    """How ``loader`` feeds the GPU: its ``feed_info``, its dataset's, then a ``DataLoader``'s public attributes
+    (docs/advisor.md). With ``probe_dataset``, a map-style dataset read without workers is asked for one item
+    to see whether batches are already on the device."""
     layers = [_feed_info_of(loader)]
     loader_like = isinstance(loader, DataLoader) or _fabric_loader(loader)
     dataset = getattr(loader, "dataset", None) if loader_like else None
@@ -154,14 +128,9 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
 
 
 def amp_facts(trainer: Any) -> dict[str, Any]:
-    """``grad_scaler``, ``unfused_optimizers`` and ``gradient_clip_val`` of a run; host attributes only, no sync.
-
-    ``trainer`` is a Trainer or a ``Loop`` (which has the same three attributes). Reads
-    ``trainer.precision_plugin.scaler`` (Lightning's ``MixedPrecision`` and ``FSDPPrecision`` keep their
-    ``GradScaler`` there; other plugins have none), ``trainer.optimizers`` as they are now, and
-    ``trainer.gradient_clip_val``. An optimizer counts as unfused when ``GradScaler.step`` would read its
-    ``found_inf`` on the host (``_compat.supports_amp_scaling``).
-    """
+    """``grad_scaler``, ``unfused_optimizers`` and ``gradient_clip_val`` of a Trainer or a ``Loop``, read from
+    its precision plugin's ``scaler``, its optimizers as they are now and its ``gradient_clip_val``; an
+    optimizer is unfused where ``GradScaler.step`` would read its ``found_inf`` on the host."""
     facts: dict[str, Any] = {}
     plugin = getattr(trainer, "precision_plugin", None)
     if plugin is not None:
@@ -180,24 +149,10 @@ def amp_facts(trainer: Any) -> dict[str, Any]:
     return facts
 
 
-def compiled_graphs_skipped(trainer: Any) -> str | None:
-    """torch's reason for skipping the CUDA graphs a ``CompileModel`` among ``trainer``'s callbacks compiled
-    the step to record (``CompileModel.cuda_graphs_skipped``), or ``None``."""
-    from lightning_gpuopt.compute.compile import CompileModel
-
-    for cb in getattr(trainer, "callbacks", None) or ():
-        if isinstance(cb, CompileModel) and cb.cuda_graphs_skipped is not None:
-            return cb.cuda_graphs_skipped
-    return None
-
-
 def distinct_memory_format(t: torch.Tensor) -> bool | None:
     """True if channels_last, False if NCHW, None if the strides cannot tell (e.g. 1x1 kernels, C == 1)."""
     cl = t.is_contiguous(memory_format=torch.channels_last)
-    nchw = t.is_contiguous()
-    if cl == nchw:
-        return None
-    return cl
+    return None if cl == t.is_contiguous() else cl
 
 
 def conv_memory_formats(model: nn.Module) -> tuple[int, int]:
@@ -215,14 +170,7 @@ def conv_memory_formats(model: nn.Module) -> tuple[int, int]:
 
 def image_tensor(batch: Any) -> torch.Tensor | None:
     """The floating 4-D tensor of a batch (a uint8 batch still to be normalized on the device says nothing)."""
-    items = list(batch.values()) if isinstance(batch, Mapping) else batch
-    if isinstance(items, torch.Tensor):
-        items = [items]
-    if isinstance(items, (list, tuple)):
-        for item in items:
-            if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
-                return item
-    return None
+    return next((t for t in _tensors(batch, 3) if t.dim() == 4 and t.is_floating_point()), None)
 
 
 def collect_config(
@@ -258,7 +206,11 @@ def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> 
     cfg.gpu_decode_rate = getattr(feed, "gpu_decode_rate", None)
     for key, value in amp_facts(loop).items():
         setattr(cfg, key, value)
-    cfg.cuda_graphs_skipped = compiled_graphs_skipped(getattr(loop, "trainer", None))
+    from lightning_gpuopt.compute.compile import CompileModel
+
+    # torch's reason for not replaying the CUDA graphs a CompileModel compiled the step to record
+    compiled = [cb for cb in loop.callbacks if isinstance(cb, CompileModel) and cb.cuda_graphs_skipped]
+    cfg.cuda_graphs_skipped = compiled[0].cuda_graphs_skipped if compiled else None
     cfg.conv_layers, cfg.conv_channels_last = conv_memory_formats(loop.module)
     cfg.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     cfg.cudnn_deterministic = bool(torch.backends.cudnn.deterministic)

@@ -1,6 +1,6 @@
 """What the advisor judges: ``Evidence`` (what one window measured, every rank's timing under DDP) and
-``RunConfig`` (how the run is configured). Plain dataclasses; ``None`` means not measured or unknown, and a
-rule that needs a missing value stays silent."""
+``RunConfig`` (how the run is configured). ``None`` means not measured or unknown: a rule that needs it stays
+silent."""
 
 from __future__ import annotations
 
@@ -12,37 +12,7 @@ from typing import Any
 
 from lightning_gpuopt._checks import check_arg, is_number
 
-__all__ = ["METRIC_FIELDS", "Evidence", "RankEvidence", "RunConfig", "finite"]
-
-#: logged metric key (``GPUStatsMonitor`` and the advisor's own timer) -> :class:`Evidence` field
-METRIC_FIELDS: dict[str, str] = {
-    "time/step_ms": "step_ms",
-    "time/data_wait_ms": "data_wait_ms",
-    "time/data_wait_frac": "data_wait_frac",
-    "time/loader_wait_frac": "loader_wait_frac",
-    "time/gpu_blocked_frac": "gpu_blocked_frac",
-    "throughput/samples_per_sec": "samples_per_sec",
-    "gpu/idle_frac": "gpu_idle_frac",
-    "gpu/util": "gpu_util",
-    "gpu/util_min": "gpu_util_min",
-    "gpu/sm_active": "sm_active",
-    "gpu/sm_occupancy": "sm_occupancy",
-    "gpu/tensor_active": "tensor_active",
-    "gpu/mem_used_gb": "mem_used_gb",
-    "gpu/mem_total_gb": "mem_total_gb",
-    "host/cpu_main_pct": "cpu_main_pct",
-    "host/cpu_workers_pct": "cpu_workers_pct",
-    "host/cpu_busy_frac": "cpu_busy_frac",
-    "host/cpu_cores": "cpu_cores",
-    "host/read_mb_s": "read_mb_s",
-    "gpu/step_idle_frac": "step_idle_frac",
-    "gpu/ceiling_frac": "ceiling_frac",
-    "gpu/host_syncs_per_step": "host_syncs_per_step",
-    "gpu/jpeg_util": "jpeg_util",
-}
-
-# keys merged across windows by their minimum rather than their mean
-_MIN_KEYS = frozenset({"gpu/util_min"})
+__all__ = ["Evidence", "RankEvidence", "RunConfig", "field_of", "finite"]
 
 
 def finite(value: Any) -> bool:
@@ -56,11 +26,8 @@ class RankEvidence:
 
     Attributes:
         step_ms: mean host time a training batch took, data wait included (ms).
-        data_wait_ms: mean time the rank's loop waited for its next batch (ms): inside the loader's ``next()``
-            where the loader keeps ``fetch_seconds``, else the whole gap between batches.
-        allreduce_wait_ms: time from the rank's last gradient being ready to the end of its backward, median
-            over the window's steps: the gradient all-reduce it waited for, on the GPU clock on CUDA, on the
-            host clock on the CPU (ms). ``None`` where not measured.
+        data_wait_ms: mean wait for the next batch (ms): inside the loader where it is timed.
+        allreduce_wait_ms: median wait in the gradient all-reduce at the end of backward (ms).
     """
 
     step_ms: tuple[float | None, ...]
@@ -74,57 +41,26 @@ class RankEvidence:
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[float]]) -> RankEvidence:
         """From one ``(step_ms, data_wait_ms, allreduce_wait_ms)`` row a rank (NaN: not measured)."""
-
-        def col(i: int) -> tuple[float | None, ...]:
-            return tuple(float(r[i]) if finite(r[i]) else None for r in rows)
-
-        return cls(step_ms=col(0), data_wait_ms=col(1), allreduce_wait_ms=col(2))
+        cols = [tuple(float(r[i]) if finite(r[i]) else None for r in rows) for i in range(3)]
+        return cls(*cols)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Sequence[float | None]]) -> RankEvidence:
-        return cls(
-            step_ms=tuple(d.get("step_ms", ())),
-            data_wait_ms=tuple(d.get("data_wait_ms", ())),
-            allreduce_wait_ms=tuple(d.get("allreduce_wait_ms", ())),
-        )
+        return cls(*(tuple(d.get(f.name, ())) for f in dataclasses.fields(cls)))
 
 
 @dataclass
 class Evidence:
     """Measurements of one window; ``None`` where not measured.
 
+    A field named after a logged key holds that key's mean over the window (``field_of``: ``gpu/idle_frac``
+    is ``gpu_idle_frac``, ``time/step_ms`` is ``step_ms``; docs/gpu_stats.md says what each measures).
+
     Attributes:
-        step_ms: mean host time a training batch took, data wait included (ms).
-        data_wait_ms: mean host time between training batches (ms): the loader's ``next()`` plus any time the
-            host was blocked behind the GPU there.
-        data_wait_frac: ``data_wait_ms / step_ms`` (0-1).
-        loader_wait_frac: share of the host's time spent inside the loader's ``next()`` (0-1), where the loader
-            keeps ``fetch_seconds``.
-        gpu_blocked_frac: share of the host's time blocked behind the GPU between batches (0-1).
-        samples_per_sec: training samples per second.
-        gpu_idle_frac: share of the GPU's wall time the training stream sat idle between steps (0-1), from CUDA
-            events: the GPU-side measure of starvation.
-        gpu_util: NVML GPU-Util, mean over the window (%): time a kernel was running.
-        gpu_util_min: lowest GPU-Util sample of the window (%).
-        sm_active / sm_occupancy / tensor_active: GPM SM activity, occupancy and tensor-pipe activity (%).
-        mem_used_gb / mem_total_gb: NVML device memory used / total (GiB).
-        cpu_main_pct: CPU use of the training process (%, 100 = one core busy).
-        cpu_workers_pct: CPU time of the loader's workers (worker processes, DALI threads) together (%).
-        cpu_busy_frac: share of the cores this process may use that were busy (0-1).
-        cpu_cores: cores this process may use.
-        read_mb_s: bytes the process and its children read from storage (page-cache misses), MB/s.
-        step_idle_frac: share of the GPU's time idle inside steps (0-1): NVML's idle share less
-            ``gpu_idle_frac``.
-        ceiling_frac: the run's samples/s over the model's own rate on a batch kept on the device (0-1).
-        host_syncs_per_step: synchronizing CUDA calls a step from the user's lines (the host-sync locator).
-        jpeg_util: the hardware JPEG decoder's busy share (%, NVML).
-        sync_sites: the host-sync locator's sentences for those lines (``"`model.py:42` synchronizes every
-            step (`loss.item()`)"``), most frequent first; ``None`` where it did not run.
-        grad_scale_start / grad_scale: the GradScaler's scale at the first read after warm-up and at the
-            latest read (the advisor's own, at window ends: ``scale.ScaleWatch``).
-        grad_scale_falls: times the scale fell between those reads, across the fit (each at least one step
-            skipped for an fp16 overflow).
-        grad_scale_window_falls: of those, the falls read in this window.
+        sync_sites: the host-sync locator's sentences for the user's lines that synchronize, most frequent
+            first; ``None`` where it did not run.
+        grad_scale_start / grad_scale: the GradScaler's scale at the first read after warm-up and the latest.
+        grad_scale_falls / grad_scale_window_falls: times it fell since the first read / in this window.
         grad_scale_steps: optimizer steps between the first and the latest read.
         ranks: every rank's timing under DDP, else ``None``.
     """
@@ -163,22 +99,18 @@ class Evidence:
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> Evidence:
         """Build from logged keys (``"gpu/idle_frac"``...) or field names (``"gpu_idle_frac"``...); other keys
-        are ignored. ``"ranks"`` takes a :class:`RankEvidence` or its dict, ``"sync_sites"`` a list of
-        sentences."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"ranks", "sync_sites"}
+        are ignored. ``"ranks"`` takes a :class:`RankEvidence` or its dict, ``"sync_sites"`` a list."""
         kwargs: dict[str, Any] = {}
         for key, value in metrics.items():
-            name = METRIC_FIELDS.get(key, key)
-            if name in names and finite(value):
+            name = field_of(key)
+            if name is not None and finite(value):
                 kwargs[name] = float(value)
         sites = metrics.get("sync_sites")
         if isinstance(sites, (list, tuple)):
             kwargs["sync_sites"] = tuple(str(x) for x in sites)
         ranks = metrics.get("ranks")
-        if isinstance(ranks, RankEvidence):
-            kwargs["ranks"] = ranks
-        elif isinstance(ranks, Mapping):
-            kwargs["ranks"] = RankEvidence.from_dict(ranks)
+        if isinstance(ranks, (RankEvidence, Mapping)):
+            kwargs["ranks"] = ranks if isinstance(ranks, RankEvidence) else RankEvidence.from_dict(ranks)
         return cls(**kwargs)
 
     @classmethod
@@ -187,23 +119,37 @@ class Evidence:
         values: dict[str, list[float]] = {}
         for w in windows:
             for key, value in w.items():
-                if key in METRIC_FIELDS and finite(value):
+                if "/" in key and field_of(key) is not None and finite(value):
                     values.setdefault(key, []).append(float(value))
-        merged = {k: (min(v) if k in _MIN_KEYS else sum(v) / len(v)) for k, v in values.items()}
+        merged = {k: (min(v) if k == "gpu/util_min" else sum(v) / len(v)) for k, v in values.items()}
         return cls.from_metrics(merged)
 
     def merged_with(self, other: Evidence) -> Evidence:
         """Fields of ``self``, with ``other`` filling those that are ``None``."""
-        return Evidence(
-            **{
-                f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(other, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
+        mine = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Evidence(**{k: getattr(other, k) if v is None else v for k, v in mine.items()})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of field names (``ranks`` as a dict of per-rank lists)."""
         return dataclasses.asdict(self)
+
+
+_NUMBERS = frozenset(f.name for f in dataclasses.fields(Evidence)) - {"ranks", "sync_sites"}
+
+
+def field_of(key: str) -> str | None:
+    """The numeric :class:`Evidence` field of a logged key or field name; ``None`` for any other key.
+
+    Example:
+        >>> field_of("gpu/idle_frac"), field_of("host/cpu_cores"), field_of("gpu/power_w")
+        ('gpu_idle_frac', 'cpu_cores', None)
+    """
+    group, _, name = key.rpartition("/")
+    if group not in ("", "time", "throughput", "gpu", "host"):
+        return None
+    if name not in _NUMBERS and group == "gpu":
+        name = f"gpu_{name}"
+    return name if name in _NUMBERS else None
 
 
 @dataclass
@@ -211,40 +157,26 @@ class RunConfig:
     """What the run is configured to do; ``None`` where unknown (a rule that needs it then stays silent).
 
     Attributes:
-        device_type: ``"cuda"``, ``"cpu"``...
-        gpu_name: device name.
-        capability: CUDA compute capability ``(major, minor)``.
+        device_type / gpu_name / capability: the device: ``"cuda"``, ``"cpu"``...; its name; CUDA compute
+            capability ``(major, minor)``.
         precision: Lightning precision string (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``...).
-        num_workers: loader worker processes per training process.
-        cpus: CPU cores this process may use.
-        processes_per_node: training processes sharing those cores (devices per node under DDP).
-        world_size: training processes in the run.
-        pin_memory: whether the loader pins its host batches.
-        host_batches: whether batches start in host memory and are copied to the device each step.
-        batch_size: samples per batch per process.
-        backend: ``"folder"`` (JPEGs decoded on the CPU by worker processes), ``"hdf5"`` (decoded uint8),
-            ``"dali"``, or ``None``.
-        decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None``.
-        decode_threads: the loader's threads (DALI's decoding pool, the HDF5 store's reading threads).
-        cpu_decode_rate: images a second the DALI loader's CPU threads decoded its files at, measured when it
-            chose its decoder, or ``None``.
-        gpu_decode_rate: the same for nvJPEG on its GPU, or ``None``.
-        conv_layers: 4-D convolution weights whose memory format is decidable (1x1 kernels are ambiguous).
-        conv_channels_last: how many of those are channels_last.
-        input_channels_last: whether the 4-D input batch is channels_last.
-        cudnn_benchmark / cudnn_deterministic / cudnn_allow_tf32: ``torch.backends.cudnn`` flags.
-        float32_matmul_precision: ``torch.get_float32_matmul_precision()``.
-        mem_peak_gb: peak memory the caching allocator reserved (GiB).
-        mem_total_gb: device memory (GiB).
+        num_workers / cpus / processes_per_node / world_size: loader worker processes per training process;
+            CPU cores this process may use; training processes sharing them; training processes in the run.
+        pin_memory / host_batches / batch_size: whether the loader pins its batches; whether they start in
+            host memory; samples per batch per process.
+        backend / decoder / decode_threads: ``"folder"``, ``"hdf5"``, ``"dali"`` or ``None``; where JPEGs are
+            decoded (``"cpu"``, ``"gpu"``); the loader's decoding or reading threads.
+        cpu_decode_rate / gpu_decode_rate: img/s a DALI loader measured its CPU threads / nvJPEG decode at.
+        conv_layers / conv_channels_last / input_channels_last: 4-D conv weights of decidable memory format,
+            how many are channels_last, whether the input batch is.
+        cudnn_benchmark / cudnn_deterministic / cudnn_allow_tf32 / float32_matmul_precision: torch's flags.
+        mem_peak_gb / mem_total_gb: the caching allocator's peak reserved memory; device memory (GiB).
         gpu_monitor: whether a ``GPUStatsMonitor`` is in the run.
-        grad_scaler: whether the precision plugin steps the optimizers through an enabled ``GradScaler``.
-        unfused_optimizers: class names of the optimizers ``GradScaler.step`` cannot hand the scale and inf flag
-            to, so it reads ``found_inf`` on the host: a GPU sync every step. Empty: every optimizer scales on
-            the device.
+        grad_scaler: whether the optimizers step through an enabled ``GradScaler``.
+        unfused_optimizers: class names of the optimizers whose ``found_inf`` ``GradScaler.step`` reads on the
+            host (a sync every step).
         gradient_clip_val: ``Trainer(gradient_clip_val=...)``; ``None`` when clipping is off.
-        cuda_graphs_skipped: torch's reason for not replaying the CUDA graphs a ``CompileModel`` compiled the
-            step to record (``CompileModel.cuda_graphs_skipped``); ``None`` where they replay, or none were
-            asked for.
+        cuda_graphs_skipped: torch's reason for not replaying a ``CompileModel``'s CUDA graphs, else ``None``.
     """
 
     device_type: str = "cpu"
@@ -283,14 +215,8 @@ class RunConfig:
         """Build from a dict of field names; unknown keys raise ``TypeError`` naming them."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
-        check_arg(
-            not unknown,
-            "every key of d",
-            unknown,
-            "a RunConfig field",
-            fix=f"valid fields: {sorted(names)}",
-            error=TypeError,
-        )
+        fix = f"valid fields: {sorted(names)}"
+        check_arg(not unknown, "every key of d", unknown, "a RunConfig field", fix=fix, error=TypeError)
         kwargs = dict(d)
         if kwargs.get("capability") is not None:
             kwargs["capability"] = tuple(int(x) for x in kwargs["capability"])

@@ -1,14 +1,5 @@
-"""Per-rank timing under DDP: how long each rank waits in the gradient all-reduce, gathered once a window.
-
-A rank's all-reduce wait is the time from its last gradient being ready (a post-accumulate-grad hook on the
-first parameter in module order that requires grad: in a feed-forward network the last to receive its
-gradient) to the end of its backward (``on_after_backward``, after DDP waited for the reduced gradients). A
-rank that is late makes every other rank's wait long and its own short; a slow interconnect makes every
-rank's wait long. On CUDA both ends are CUDA events on the stream doing the work, read without a sync once
-they completed; on the CPU they are host clock readings (gloo's all-reduce blocks the host). A window reports
-the median step, so one step held up by something else (a preempted process, a garbage collection) does not
-make a rank look late.
-"""
+"""Per-rank timing under DDP: each rank's wait in the gradient all-reduce (from its last gradient being ready
+to the end of its backward), gathered once a window (docs/advisor.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ from lightning_gpuopt.observe.advisor.evidence import RankEvidence
 
 __all__ = ["AllReduceWaitTimer", "gather_ranks"]
 
-_MAX_PENDING = 256  # event pairs kept waiting for completion; more means the GPU is far behind
+_MAX_PENDING = 256
 
 
 class AllReduceWaitTimer:
@@ -45,7 +36,8 @@ class AllReduceWaitTimer:
         self._handle: Any = None
         self._ready_s: float | None = None
         self._ready_event: Any = None
-        self._pending: deque[tuple[Any, Any]] = deque()
+        # event pairs waiting for completion; past the bound the GPU is far behind and the oldest are dropped
+        self._pending: deque[tuple[Any, Any]] = deque(maxlen=_MAX_PENDING)
         self._free: list[Any] = []
         self._waits_ms: list[float] = []
 
@@ -85,8 +77,6 @@ class AllReduceWaitTimer:
             done.record()
             self._pending.append((self._ready_event, done))
             self._ready_event = None
-            if len(self._pending) > _MAX_PENDING:
-                self._free.extend(self._pending.popleft())
         elif self._ready_s is not None:
             self._waits_ms.append(1000.0 * (time.perf_counter() - self._ready_s))
             self._ready_s = None
@@ -105,10 +95,7 @@ class AllReduceWaitTimer:
 def gather_ranks(
     loop: Loop, step_ms: float | None, data_wait_ms: float | None, wait_ms: float | None
 ) -> RankEvidence:
-    """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather`` of three floats.
-
-    Every rank must call it at the same point (the advisor does at the end of each window).
-    """
+    """Every rank's ``(step_ms, data_wait_ms, allreduce_wait_ms)``: one ``all_gather``, called by every rank."""
     row = [math.nan if v is None else float(v) for v in (step_ms, data_wait_ms, wait_ms)]
     local = torch.tensor(row, dtype=torch.float64, device=loop.device)
     gathered = loop.all_gather(local)

@@ -1,13 +1,9 @@
-"""The rules: one function a verdict kind, each reading one window's ``Evidence`` and the ``RunConfig``.
-
-``diagnose`` runs them all. Starvation is judged first and once (``Context.starved``): where the GPU-side
-``gpu_idle_frac`` is measured it decides whether the GPU starves, and the loader's share of the host time
-decides whether the loader (``input-bound``) or the host itself (``host-bound``) is to blame; without it, the
-host-side loader wait (else the whole data wait) decides, unless GPU-Util shows the GPU busy.
-"""
+"""The rules: one function a verdict kind, each reading one window's ``Evidence`` and the ``RunConfig``;
+``diagnose`` runs them all. Starvation is judged once (``Context.starved``, docs/advisor.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,46 +19,33 @@ __all__ = ["NEEDS", "RULES", "AdvisorThresholds", "Context", "diagnose", "unmet_
 
 @dataclass(frozen=True)
 class AdvisorThresholds:
-    """The numbers the rules compare against (tabulated in ``docs/advisor.md``).
+    """The numbers the rules compare against; docs/advisor.md says which rule uses each, and how.
 
     Example:
         >>> strict = AdvisorThresholds(gpu_idle_frac=0.05, input_wait_frac=0.05)
 
     Attributes:
-        gpu_idle_frac: share of the GPU's time idle between steps from which the GPU starves.
-        loader_share: share of that idle time the loader's wait must account for to blame the loader
-            (``input-bound``); below it the host is late (``host-bound``).
-        input_wait_frac: without a GPU-side measure: loader (else data) wait fraction of the step from which
-            the run is input-bound.
-        input_wait_min_ms: and the data wait must be at least this long (ms), so loop overhead of tiny steps
-            is not mistaken for a slow loader.
-        gpu_busy_util: GPU-Util (%) at or above which the GPU counts as busy when its idle share is not
-            measured: a host wait then overlaps GPU work and is not a bottleneck.
-        few_workers_frac: fewer workers than this fraction of the process's cores is "too few".
+        gpu_idle_frac: GPU idle share between steps from which the GPU starves.
+        loader_share: share of that idle time the loader's wait must account for to blame the loader.
+        input_wait_frac: without a GPU-side measure, the loader (else data) wait share that is input-bound.
+        input_wait_min_ms: and the data wait must be at least this long (ms).
+        gpu_busy_util: GPU-Util (%) from which the GPU counts as busy.
+        few_workers_frac: fewer workers than this share of the process's cores is "too few".
         cores_full_frac: share of the cores busy from which the CPU counts as full.
-        launch_util: GPU-Util (%) below which a run that does not starve between steps is launch-bound.
+        launch_util: GPU-Util (%) below which a run that does not starve is launch-bound.
         launch_sm_active: SM activity (%) below which kernels are too small to fill the GPU.
         small_batch: batch size up to which GPU-Util under ``gpu_busy_util`` counts as launch-bound.
-        headroom_mem_frac: peak memory fraction below which the batch could grow.
+        headroom_mem_frac: peak memory share below which the batch could grow.
         tensor_core_capability: compute capability from which fp16 tensor cores exist.
-        channels_last_frac: fraction of convolutions that must be channels_last.
-        host_sync_wait_frac: GPU idle or data wait fraction from which a per-step host sync
-            (``amp-host-sync``) counts as costly.
-        host_sync_busy_util: GPU-Util (%) below which a per-step host sync counts as costly.
-        rank_wait_frac: under DDP, all-reduce wait as a share of the step: the spread between ranks from
-            which one straggles, and the least wait of every rank from which the run is communication-bound.
+        channels_last_frac: share of the convolutions that must be channels_last.
+        host_sync_wait_frac: GPU idle or data wait share from which ``amp-host-sync`` is a warning.
+        host_sync_busy_util: GPU-Util (%) below which ``amp-host-sync`` is a warning.
+        rank_wait_frac: under DDP, all-reduce wait share of the step for ``straggler`` and ``comm-bound``.
         rank_wait_min_ms: and that wait must be at least this long (ms).
-        store_read_mb_s: an HDF5 store's loader starving the GPU while the process reads at least this many
-            MB/s from storage (page-cache misses) is disk-bound (``store-bound``); below it the store is
-            served from memory.
-        fp16_scale_floor: under ``16-mixed``, a GradScaler scale below this (``fp16-overflow``): at 1 the
-            scaler no longer lifts small gradients at all, so only values that overflow fp16 unscaled keep
-            it falling there.
-        fp16_scale_falls: under ``16-mixed``, backoffs of the GradScaler in one window from which the model
-            overflows fp16 (``fp16-overflow``); a healthy scaler backs off about once every
-            ``growth_interval`` (2000) steps, after each growth.
-        jpeg_busy_util: the hardware JPEG decoder's busy share (%) from which a loader starving the GPU is
-            bound by that engine (``input-bound``, cause ``jpeg-engine``).
+        store_read_mb_s: storage reads (MB/s) from which a starving HDF5 store is disk-bound.
+        fp16_scale_floor: a GradScaler scale below this is ``fp16-overflow``.
+        fp16_scale_falls: GradScaler backoffs in one window from which the run is ``fp16-overflow``.
+        jpeg_busy_util: hardware JPEG decoder busy share (%) from which the loader is ``jpeg-engine`` bound.
     """
 
     gpu_idle_frac: float = 0.10
@@ -88,12 +71,14 @@ class AdvisorThresholds:
     jpeg_busy_util: float = 90.0
 
     def __post_init__(self) -> None:
-        for name in _FRACTIONS:
-            check_float(getattr(self, name), name, low=0, high=1, what="(a fraction)", fix="e.g. 0.1 for 10%")
-        for name in _PERCENTS:
-            check_float(getattr(self, name), name, low=0, high=100, what="(%)")
-        for name in _MILLISECONDS:
-            check_float(getattr(self, name), name, low=0, what="(ms)")
+        for f in dataclasses.fields(self):
+            name, value = f.name, getattr(self, f.name)
+            if name.endswith("_frac") or name == "loader_share":
+                check_float(value, name, low=0, high=1, what="(a fraction)", fix="e.g. 0.1 for 10%")
+            elif name.endswith(("_util", "_sm_active")):
+                check_float(value, name, low=0, high=100, what="(%)")
+            elif name.endswith("_ms"):
+                check_float(value, name, low=0, what="(ms)")
         check_float(self.store_read_mb_s, "store_read_mb_s", low=0, what="(MB/s)")
         check_int(self.small_batch, "small_batch", low=0, what="(samples)")
         check_float(self.fp16_scale_floor, "fp16_scale_floor", low=0, what="(a GradScaler scale)")
@@ -105,22 +90,6 @@ class AdvisorThresholds:
         check_arg(min(cap) >= 0, "tensor_core_capability", cap, must, fix="e.g. (7, 0)")
 
 
-# the thresholds by kind, for the checks in AdvisorThresholds.__post_init__
-_FRACTIONS = (
-    "gpu_idle_frac",
-    "loader_share",
-    "input_wait_frac",
-    "few_workers_frac",
-    "cores_full_frac",
-    "headroom_mem_frac",
-    "channels_last_frac",
-    "host_sync_wait_frac",
-    "rank_wait_frac",
-)
-_PERCENTS = ("gpu_busy_util", "launch_util", "launch_sm_active", "host_sync_busy_util", "jpeg_busy_util")
-_MILLISECONDS = ("input_wait_min_ms", "rank_wait_min_ms")
-
-
 def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
@@ -129,41 +98,24 @@ _MAX_GAIN = 100.0
 
 
 def gain_of_frac(frac: float | None) -> float | None:
-    """The speed-up from removing a share ``frac`` (0-1) of the time: ``1 / (1 - frac)``; ``None`` if unknown.
-
-    Example:
-        >>> gain_of_frac(0.375)
-        1.6
-    """
+    """The speed-up from removing a share ``frac`` (0-1) of the time: ``1 / (1 - frac)``."""
     if frac is None or frac < 0:
         return None
     return min(1.0 / (1.0 - frac), _MAX_GAIN) if frac < 1 else _MAX_GAIN
 
 
 def gain_of_ceiling(ceiling_frac: float | None) -> float | None:
-    """The speed-up to the model's own ceiling: ``1 / ceiling_frac`` (at least 1); ``None`` if unmeasured.
-
-    Example:
-        >>> gain_of_ceiling(0.625)
-        1.6
-    """
+    """The speed-up to the model's own ceiling: ``1 / ceiling_frac`` (at least 1)."""
     if ceiling_frac is None or ceiling_frac <= 0:
         return None
     return min(max(1.0 / ceiling_frac, 1.0), _MAX_GAIN)
 
 
-def _precision_family(precision: str | None) -> str | None:
-    """``"fp32"``, ``"fp64"``, ``"half"`` (fp16/bf16, mixed or true) or ``None``."""
-    if precision is None:
-        return None
-    p = str(precision).lower()
-    if p.startswith(("32", "fp32")):
-        return "fp32"
-    if p.startswith(("64", "fp64")):
-        return "fp64"
-    if p.startswith(("16", "bf16", "fp16", "half", "transformer-engine")):
-        return "half"
-    return None
+_FAMILIES = {
+    "fp32": ("32", "fp32"),
+    "fp64": ("64", "fp64"),
+    "half": ("16", "bf16", "fp16", "half", "transformer-engine"),
+}
 
 
 @dataclass
@@ -177,12 +129,12 @@ class Context:
     def __post_init__(self) -> None:
         ev, t = self.ev, self.t
         self.cuda = self.cfg.device_type == "cuda"
-        self.gpu_known = ev.gpu_util is not None
         self.gpu_busy = ev.gpu_util is not None and ev.gpu_util >= t.gpu_busy_util
         procs = max(1, self.cfg.processes_per_node)
         self.cores_per_process = max(1, self.cfg.cpus // procs) if self.cfg.cpus else None
         self.cores_full = None if ev.cpu_busy_frac is None else ev.cpu_busy_frac >= t.cores_full_frac
-        self.family = _precision_family(self.cfg.precision)
+        precision = str(self.cfg.precision).lower()
+        self.family = next((f for f, starts in _FAMILIES.items() if precision.startswith(starts)), None)
         # the host's wait for data: inside the loader where it says so, else the whole gap between batches
         self.wait = ev.loader_wait_frac if ev.loader_wait_frac is not None else ev.data_wait_frac
         self.starved = self._starved()
@@ -210,24 +162,15 @@ class Context:
 
     def figures(self, *names: str, nd: int = 3) -> dict[str, EvidenceValue]:
         """The measured ``names`` of the evidence, rounded; unmeasured ones left out."""
-        out: dict[str, EvidenceValue] = {}
-        for name in names:
-            value = getattr(self.ev, name)
-            if value is not None:
-                out[name] = _r(value, nd)
-        return out
+        values = {name: getattr(self.ev, name) for name in names}
+        return {name: _r(v, nd) for name, v in values.items() if v is not None}
 
     def settings(self, *names: str) -> dict[str, EvidenceValue]:
         """The known ``names`` of the configuration."""
-        out: dict[str, EvidenceValue] = {}
-        for name in names:
-            value = getattr(self.cfg, name)
-            if value is not None:
-                out[name] = value if isinstance(value, (int, float, str)) else str(value)
-        return out
-
-
-_CPU_FIGURES = ("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores")
+        values = {name: getattr(self.cfg, name) for name in names}
+        return {
+            k: v if isinstance(v, (int, float, str)) else str(v) for k, v in values.items() if v is not None
+        }
 
 
 def _input_cause(c: Context) -> str:
@@ -243,27 +186,38 @@ def _input_cause(c: Context) -> str:
         return "too-many-workers"
     if w is not None and cpp is not None and (w == 0 or w < cpp * c.t.few_workers_frac):
         return "too-few-workers"
-    if cfg.backend == "dali":
-        return "dali-bound"
-    if cfg.backend == "folder":
-        return "decode-bound"
-    if cfg.backend == "hdf5" and w is None:
+    backend_cause = {"dali": "dali-bound", "folder": "decode-bound"}.get(str(cfg.backend))
+    if backend_cause is None and cfg.backend == "hdf5" and w is None:
         return "store-bound"  # a store read by threads of the training process
-    return "slow-loader"
+    return backend_cause or "slow-loader"
+
+
+def _waited(c: Context, wait: float) -> str:
+    """What the input-bound advice opens with: the figures the verdict rests on."""
+    ev = c.ev
+    waits = f"waits for data {wait:.0%} of each step"
+    if ev.loader_wait_frac is not None and ev.data_wait_frac is not None:
+        waits += f" ({ev.loader_wait_frac:.0%} inside the loader)"
+    if ev.gpu_idle_frac is not None:
+        return f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop {waits}. "
+    if not c.cuda:
+        return f"On this {c.cfg.device_type or 'CPU'} run the verdict rests on host figures only: the loop {waits}. "
+    busy = f" while the GPU is busy {ev.gpu_util:.0f}% of the time" if ev.gpu_util is not None else ""
+    return f"The loop {waits}{busy}. "
 
 
 def input_bound(c: Context) -> Verdict | None:
     """The loader does not deliver batches as fast as the GPU trains."""
     if c.starved != "input" or c.wait is None:
         return None
-    ev = c.ev
+    ev, cfg = c.ev, c.cfg
     figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "ceiling_frac")
     figs.update(c.figures("data_wait_ms", "step_ms", "samples_per_sec", nd=2))
     figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
-    figs.update(c.figures(*_CPU_FIGURES, nd=2))
+    figs.update(c.figures("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores", nd=2))
     figs.update(c.settings("num_workers", "cpus"))
-    if c.cfg.cpus is not None:
-        figs["processes_per_node"] = c.cfg.processes_per_node
+    if cfg.cpus is not None:
+        figs["processes_per_node"] = cfg.processes_per_node
     figs.update(c.settings("backend", "batch_size"))
     cause = _input_cause(c)
     if cause == "dali-bound":
@@ -271,26 +225,14 @@ def input_bound(c: Context) -> Verdict | None:
     if cause == "jpeg-engine":
         figs.update(c.figures("jpeg_util", nd=1))
         figs.update(c.settings("decoder"))
-    if cause == "store-bound" and c.cfg.decode_threads is not None:
-        figs["read_threads"] = c.cfg.decode_threads
-    if c.cfg.backend == "hdf5":
+    if cause == "store-bound" and cfg.decode_threads is not None:
+        figs["read_threads"] = cfg.decode_threads
+    if cfg.backend == "hdf5":
         figs.update(c.figures("read_mb_s", nd=1))
     # the headline figure is the logged time/data_wait_frac; the loader's own share, where known, beside it
     wait = ev.data_wait_frac if ev.data_wait_frac is not None else c.wait
-    waits = f"waits for data {wait:.0%} of each step"
-    if ev.loader_wait_frac is not None and ev.data_wait_frac is not None:
-        waits += f" ({ev.loader_wait_frac:.0%} inside the loader)"
-    if ev.gpu_idle_frac is not None:
-        head = f"The GPU sits idle {ev.gpu_idle_frac:.0%} of the time between steps while the loop {waits}. "
-    elif not c.cuda:
-        head = f"On this {c.cfg.device_type or 'CPU'} run the verdict rests on host figures only: the loop {waits}. "
-    else:
-        head = f"The loop {waits}"
-        head += (
-            f" while the GPU is busy {ev.gpu_util:.0f}% of the time. " if ev.gpu_util is not None else ". "
-        )
-    head += advice.cpu_sentence(ev, c.cfg, c.t.cores_full_frac)
-    text = advice.input_bound(cause, ev, c.cfg, c.cores_per_process, c.cores_full, head)
+    head = _waited(c, wait) + advice.cpu_sentence(ev, cfg, c.t.cores_full_frac)
+    text = head + advice.input_bound(cause, ev, cfg, c.cores_per_process, c.cores_full)
     gain = c.gain(ev.gpu_idle_frac if ev.gpu_idle_frac is not None else wait)
     return Verdict("input-bound", figs, text, "warning", cause, gain)
 
@@ -312,15 +254,16 @@ def host_bound(c: Context) -> Verdict | None:
     return Verdict("host-bound", figs, text, gain=c.gain(c.ev.gpu_idle_frac))
 
 
-def _rank_waits(ranks: RankEvidence | None) -> tuple[list[float], float] | None:
-    """Every rank's all-reduce wait and the mean step time, when every rank measured both."""
+def _rank_waits(c: Context) -> tuple[RankEvidence, list[float], float] | None:
+    """The ranks, every rank's all-reduce wait and the mean step time, when every rank measured both."""
+    ranks = c.ev.ranks
     if ranks is None or ranks.world_size < 2:
         return None
     waits = [w for w in ranks.allreduce_wait_ms if w is not None]
     steps = [s for s in ranks.step_ms if s is not None and s > 0]
     if len(waits) < ranks.world_size or len(steps) < ranks.world_size:
         return None
-    return waits, sum(steps) / len(steps)
+    return ranks, waits, sum(steps) / len(steps)
 
 
 def _rank_figures(ranks: RankEvidence) -> dict[str, EvidenceValue]:
@@ -341,23 +284,24 @@ def _long_wait(ms: float, step: float, t: AdvisorThresholds) -> bool:
 
 def straggler(c: Context) -> Verdict | None:
     """Under DDP, one rank is late and the others wait for it in the gradient all-reduce."""
-    measured = _rank_waits(c.ev.ranks)
-    if measured is None or c.ev.ranks is None:
+    measured = _rank_waits(c)
+    if measured is None or not _long_wait(max(measured[1]) - min(measured[1]), measured[2], c.t):
         return None
-    waits, step = measured
-    if not _long_wait(max(waits) - min(waits), step, c.t):
-        return None
+    ranks, waits, step = measured
     late = waits.index(min(waits))  # the rank nobody waits for is the one everybody waits for
     others = [w for r, w in enumerate(waits) if r != late]
     late_ms = sum(others) / len(others) - waits[late]
-    data = c.ev.ranks.data_wait_ms
+    data = ranks.data_wait_ms
     cause = "compute"
-    if data[late] is not None and all(d is not None for d in data):
+    if all(d is not None for d in data):
         rest = [float(d) for r, d in enumerate(data) if r != late]  # type: ignore[arg-type]
         if float(data[late]) - sum(rest) / len(rest) >= 0.5 * late_ms:  # type: ignore[arg-type]
             cause = "loader"
-    figs: dict[str, EvidenceValue] = {"straggler_rank": late, "late_ms": _r(late_ms, 2)}
-    figs.update(_rank_figures(c.ev.ranks))
+    figs: dict[str, EvidenceValue] = {
+        "straggler_rank": late,
+        "late_ms": _r(late_ms, 2),
+        **_rank_figures(ranks),
+    }
     waits_text = ", ".join(f"{w:.1f}" for w in waits)
     text = advice.straggler(late, cause, waits_text, late_ms, late_ms / step)
     return Verdict("straggler", figs, text, "warning", cause, gain_of_frac(late_ms / step))
@@ -365,17 +309,17 @@ def straggler(c: Context) -> Verdict | None:
 
 def comm_bound(c: Context) -> Verdict | None:
     """Under DDP, every rank waits for the gradient all-reduce, none much longer: communication is exposed."""
-    measured = _rank_waits(c.ev.ranks)
-    if measured is None or c.ev.ranks is None:
+    measured = _rank_waits(c)
+    if measured is None:
         return None
-    waits, step = measured
+    ranks, waits, step = measured
     least = min(waits)
     # a straggler comes first: the waits left once it is fixed tell whether the network is slow
     if not _long_wait(least, step, c.t) or _long_wait(max(waits) - least, step, c.t):
         return None
     figs: dict[str, EvidenceValue] = {"least_allreduce_wait_ms": _r(least, 2), "wait_frac": _r(least / step)}
-    figs.update(_rank_figures(c.ev.ranks))
-    text = advice.comm_bound(least, least / step, c.ev.ranks.world_size)
+    figs.update(_rank_figures(ranks))
+    text = advice.comm_bound(least, least / step, ranks.world_size)
     return Verdict("comm-bound", figs, text, gain=gain_of_frac(least / step))
 
 
@@ -388,7 +332,7 @@ def pageable_copies(c: Context) -> Verdict | None:
     figs: dict[str, EvidenceValue] = {"pin_memory": "False"}
     figs.update(c.figures("data_wait_frac", "gpu_blocked_frac"))
     figs.update(c.settings("num_workers", "batch_size"))
-    return Verdict("pageable-copies", figs, advice.pageable_copies(), gain=c.gain(c.ev.data_wait_frac))
+    return Verdict("pageable-copies", figs, advice.PAGEABLE_COPIES, gain=c.gain(c.ev.data_wait_frac))
 
 
 def launch_bound(c: Context) -> Verdict | None:
@@ -497,10 +441,8 @@ def nchw_convolutions(c: Context) -> Verdict | None:
     )
     if not (c.cuda and cfg.conv_layers > 0 and tensor_core_math):
         return None
-    if cap is not None and cap < c.t.tensor_core_capability:
-        return None
     frac = cfg.conv_channels_last / cfg.conv_layers
-    if frac >= c.t.channels_last_frac:
+    if (cap is not None and cap < c.t.tensor_core_capability) or frac >= c.t.channels_last_frac:
         return None
     figs: dict[str, EvidenceValue] = {
         "conv_layers": cfg.conv_layers,
@@ -519,7 +461,7 @@ def cudnn_benchmark_off(c: Context) -> Verdict | None:
     if not (c.cuda and cfg.conv_layers > 0 and cfg.cudnn_benchmark is False and not cfg.cudnn_deterministic):
         return None
     figs: dict[str, EvidenceValue] = {"cudnn_benchmark": "False", "conv_layers": cfg.conv_layers}
-    return Verdict("cudnn-benchmark-off", figs, advice.cudnn_benchmark_off(), "info")
+    return Verdict("cudnn-benchmark-off", figs, advice.CUDNN_BENCHMARK_OFF, "info")
 
 
 def memory_headroom(c: Context) -> Verdict | None:
@@ -529,11 +471,11 @@ def memory_headroom(c: Context) -> Verdict | None:
     if used is None or total is None:
         used, total = ev.mem_used_gb, ev.mem_total_gb
     saturated = c.gpu_busy and (ev.sm_active is None or ev.sm_active >= t.launch_sm_active)
-    if not (c.cuda and c.gpu_known and c.starved != "input" and not saturated and used is not None and total):
+    if not (c.cuda and ev.gpu_util is not None and c.starved != "input" and not saturated):
+        return None
+    if used is None or not total or used / total >= t.headroom_mem_frac:
         return None
     mem_frac = used / total
-    if mem_frac >= t.headroom_mem_frac:
-        return None
     factor = 2 ** max(1, math.floor(math.log2(0.8 / max(mem_frac, 1e-3))))
     figs: dict[str, EvidenceValue] = {
         "mem_used_gb": _r(used, 2),
@@ -542,9 +484,8 @@ def memory_headroom(c: Context) -> Verdict | None:
     }
     figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
     figs.update(c.settings("batch_size"))
-    return Verdict(
-        "memory-headroom", figs, advice.memory_headroom(mem_frac, total, cfg.batch_size, factor), "info"
-    )
+    text = advice.memory_headroom(mem_frac, total, cfg.batch_size, factor)
+    return Verdict("memory-headroom", figs, text, "info")
 
 
 def gpu_metrics_missing(c: Context) -> Verdict | None:
@@ -572,7 +513,6 @@ RULES: tuple[Callable[[Context], Verdict | None], ...] = (
     gpu_metrics_missing,
 )
 
-
 #: What a run must have for a rule to raise its kind at all: ``"cuda"`` (a CUDA device), ``"ranks"``
 #: (several processes) or ``"scaler"`` (an enabled GradScaler); a kind not listed can be raised on any run.
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -593,22 +533,10 @@ _NEED_WORDS = {"cuda": "a CUDA device", "ranks": "several processes", "scaler": 
 
 
 def unmet_needs(cuda: bool, world_size: int, grad_scaler: bool) -> dict[str, str]:
-    """The kinds a run of this device, process count and precision can never raise, each with what it lacks
-    (:data:`NEEDS`); the kinds left out can be raised.
-
-    Example:
-        >>> unmet_needs(cuda=False, world_size=1, grad_scaler=False)["straggler"]
-        'several processes'
-        >>> unmet_needs(cuda=True, world_size=2, grad_scaler=True)
-        {}
-    """
+    """The kinds a run of this device, process count and precision can never raise, each with what it lacks."""
     have = {"cuda": cuda, "ranks": world_size > 1, "scaler": grad_scaler}
-    out: dict[str, str] = {}
-    for kind, needs in NEEDS.items():
-        missing = [_NEED_WORDS[n] for n in needs if not have[n]]
-        if missing:
-            out[kind] = " and ".join(missing)
-    return out
+    missing = {kind: [_NEED_WORDS[n] for n in needs if not have[n]] for kind, needs in NEEDS.items()}
+    return {kind: " and ".join(words) for kind, words in missing.items() if words}
 
 
 def diagnose(

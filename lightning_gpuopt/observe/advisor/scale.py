@@ -1,15 +1,5 @@
 """The GradScaler's scale at the advisor's window ends, read without a sync (``ScaleWatch``): the figures of
-the ``fp16-overflow`` rule.
-
-Under ``16-mixed`` the GradScaler multiplies the loss by its scale, skips an optimizer step whose gradients
-hold inf or NaN and multiplies the scale by its backoff factor (0.5) there; after ``growth_interval`` (2000)
-clean steps it multiplies it by its growth factor (2). Each fall of the scale between two reads is therefore
-at least one skipped step. ``GradScaler.get_scale()`` synchronizes with the GPU (``.item()`` on a CUDA
-tensor), so on CUDA the scale tensor is copied to pinned host memory behind a CUDA event at each window end
-and read once that event has completed (``Event.query()``, never ``synchronize``): a window's figures can
-trail it by a window. On the CPU (a ``GradScaler("cpu")``) the scale is read at once: there is no device to
-wait for.
-"""
+the ``fp16-overflow`` rule (docs/advisor.md)."""
 
 from __future__ import annotations
 
@@ -30,9 +20,7 @@ _MAX_PENDING = 8  # reads queued behind the GPU; past this the oldest are droppe
 
 
 def falls_between(before: float, after: float, backoff: float = 0.5) -> int:
-    """Backoffs that took the scale from ``before`` to ``after``: at least one where it fell, else none.
-
-    A growth between the two reads hides a backoff, so this is a lower bound of the skipped steps.
+    """Backoffs that took the scale from ``before`` to ``after``: a lower bound (a growth hides one).
 
     Example:
         >>> falls_between(65536.0, 8192.0)
@@ -64,8 +52,7 @@ class ScaleWatch:
     Args:
         scaler: an enabled ``torch.amp.GradScaler`` (the precision plugin's ``scaler``).
         device: the training device: on CUDA the scale is read once its copy has completed.
-        event_factory: makes the events that mark a queued copy (``torch.cuda.Event`` by default; tests pass
-            stand-ins with ``record()`` and ``query()``).
+        event_factory: makes the events that mark a queued copy (``torch.cuda.Event`` by default).
     """
 
     def __init__(
@@ -74,7 +61,7 @@ class ScaleWatch:
         self.scaler = scaler
         self.device = device
         self._event_factory = event_factory
-        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque()
+        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque(maxlen=_MAX_PENDING)
         self._first: tuple[int, float] | None = None  # (global step, scale) of the first read
         self._last: tuple[int, float] | None = None
         self.falls = 0  # backoffs seen across the fit
@@ -94,14 +81,12 @@ class ScaleWatch:
             return None
         return cls(scaler, device) if enabled else None
 
-    def _backoff(self) -> float:
-        get = getattr(self.scaler, "get_backoff_factor", None)
-        value = get() if callable(get) else 0.5
-        return float(value) if isinstance(value, (int, float)) else 0.5
-
     def _read(self, step: int, value: float) -> None:
         if self._last is not None:
-            n = falls_between(self._last[1], value, self._backoff())
+            backoff = getattr(self.scaler, "get_backoff_factor", lambda: 0.5)()
+            n = falls_between(
+                self._last[1], value, float(backoff) if isinstance(backoff, (int, float)) else 0.5
+            )
             self.falls += n
             self._window_falls += n
         self._last = (step, value)
@@ -113,18 +98,15 @@ class ScaleWatch:
         if self._blind:
             return
         get_async = async_scale_reader(self.scaler)
-        if get_async is None:
-            if self.device.type == "cuda":
-                self._blind = True  # get_scale() would make the host wait for the GPU: step aside
-                warn_once(
-                    "BottleneckAdvisor: this torch's GradScaler has no `_get_scale_async`; reading its scale "
-                    "would synchronize the GPU every window, so fp16-overflow is not judged."
-                )
-                return
-            self._read(step, float(self.scaler.get_scale()))
+        if get_async is None and self.device.type == "cuda":
+            self._blind = True  # get_scale() would make the host wait for the GPU: step aside
+            warn_once(
+                "BottleneckAdvisor: this torch's GradScaler has no `_get_scale_async`; reading its scale "
+                "would synchronize the GPU every window, so fp16-overflow is not judged."
+            )
             return
-        scale = get_async()
-        if not isinstance(scale, torch.Tensor):  # no step scaled yet: the initial scale, nothing to wait for
+        scale = get_async() if get_async is not None else None
+        if not isinstance(scale, torch.Tensor):  # no step scaled yet, or a CPU scaler: nothing to wait for
             self._read(step, float(self.scaler.get_scale()))
             return
         if not scale.is_cuda and self._event_factory is None:
@@ -135,8 +117,6 @@ class ScaleWatch:
         event = (self._event_factory or torch.cuda.Event)()
         event.record()
         self._pending.append((step, host, event))
-        if len(self._pending) > _MAX_PENDING:
-            self._pending.popleft()
 
     def _collect(self) -> None:
         while self._pending and self._pending[0][2].query():
@@ -145,7 +125,7 @@ class ScaleWatch:
 
     def evidence(self) -> Evidence:
         """The reads completed so far: the scale at the first and the latest read, the falls across the fit
-        and since the last call, and the optimizer steps between the first and the latest read."""
+        and since the last call, and the optimizer steps between those reads."""
         self._collect()
         window, self._window_falls = self._window_falls, 0
         if self._first is None or self._last is None:
