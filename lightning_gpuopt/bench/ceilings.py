@@ -1,17 +1,6 @@
-"""The ladder's two ceilings and the ratios against them.
-
-Both ceilings train the same model in a plain PyTorch loop on a batch already on the device:
-``ceiling_eager`` as it is, ``ceiling_compiled`` through ``torch.compile``. A compiled model runs faster
-than the eager one, so a row's share of the eager ceiling overstates how close it comes to what the device
-can do. ``ratio_to_ceiling`` is therefore taken against the compiled ceiling where it was measured (else the
-eager one), and ``ratio_to_eager_ceiling`` against the eager ceiling.
-
-The ceilings are measured every turn, before the other rows of that turn, so a ratio is taken turn by turn:
-each repetition of a row against the ceiling's repetition of the same turn (``repeats[i]["turn"]``), and the
-row's ratio is the median of those, ``ratio_to_ceiling_worst`` the lowest. Where no turn of a row has a
-ceiling beside it (rows without ``repeats``, a ceiling that stopped early) the ratio is of the two medians.
-``fill_ratios`` is the pure function that does it; ``ceiling_summary`` gives the run-level keys of the results
-JSON.
+"""The ladder's two ceilings (``ceiling_eager``, ``ceiling_compiled``) and the ratios against them, taken
+turn by turn: each repetition of a row over the ceiling's repetition of the same turn (docs/benchmarks.md,
+"Two ceilings").
 """
 
 from __future__ import annotations
@@ -47,8 +36,7 @@ def _by_turn(row: dict[str, Any]) -> dict[int, float]:
 
 
 def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[float | None]:
-    """Each of ``row``'s repetitions over the ceiling's repetition of the same turn (``None`` where the
-    ceiling has none).
+    """Each of ``row``'s repetitions over the ceiling's of the same turn (``None`` where it has none).
 
     Example:
         >>> row = {"repeats": [{"turn": 0, "samples_per_sec": 90.0}, {"turn": 1, "samples_per_sec": 45.0}]}
@@ -67,8 +55,7 @@ def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[flo
 def _ratio(
     row: dict[str, Any], ceiling: dict[str, Any] | None, key: str
 ) -> tuple[float | None, float | None]:
-    """The row's ``key`` ratio (median turn by turn, else of the medians) and its worst turn; each repetition
-    gets its own ``key``."""
+    """The median and worst turn of the row's ``key`` ratio (else of the medians), set on each repetition."""
     ratios = turn_ratios(row, ceiling)
     for rep, ratio in zip(row.get("repeats") or (), ratios, strict=True):
         rep[key] = ratio
@@ -81,13 +68,8 @@ def _ratio(
 
 
 def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The run-level keys: which ceiling the ratios use, both ceilings, and the compile times.
-
-    Returns:
-        ``{"ceiling": "ceiling_compiled" | "ceiling_eager" | None, "ceiling_samples_per_sec",
-        "ceiling_eager_samples_per_sec", "ceiling_compiled_samples_per_sec", "compile_seconds"}``;
-        ``compile_seconds`` maps each compiled row that measured it to its seconds from the first compiled
-        step to the first fast step.
+    """The run-level keys: ``ceiling`` (the row the ratios use), ``ceiling_samples_per_sec``, each ceiling's
+    samples/s, and ``compile_seconds`` (``{row: seconds}``).
 
     Example:
         >>> rows = [{"name": "ceiling_eager", "samples_per_sec": 6176.0},
@@ -109,9 +91,8 @@ def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fill_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Set each row's ``ratio_to_ceiling`` (against the compiled ceiling where it was measured, else the eager
-    one) with ``ratio_to_ceiling_worst``, ``ratio_to_eager_ceiling`` and ``speedup_vs_naive`` (of the
-    medians), and each repetition's two ratios; rows without ``samples_per_sec`` get ``None``.
+    """Set each row's ``ratio_to_ceiling`` (and ``_worst``), ``ratio_to_eager_ceiling`` and
+    ``speedup_vs_naive``, and each repetition's two ratios.
 
     Returns:
         ``ceiling_summary(rows)``.

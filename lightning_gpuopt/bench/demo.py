@@ -1,19 +1,10 @@
-"""``lightning-gpuopt demo``: a short monitored Lightning fit, then the ladder on this machine beside the
-recorded GPU ladder shipped with the package.
-
-On generated JPEGs (cached under ``_common.cache_dir()``), it first trains a small ResNet for a few steps with
-``GPUStatsMonitor`` on and logs to TensorBoard, then runs every ladder row that can run here (rows that need a
-CUDA GPU say so), each in three fits taking turns with the other rows; a fit warms up past its loader's
-prefetch and then times a fixed number of steps at every batch end. Rows show the median fit [min-max] and
-p50/p90 step times. The recorded run is printed beside it, with one line on what a CPU cannot show, and
-where the fits of a row or two rows overlap the numbers are called noise-level. Each run writes into a new
-``<out>/version_<n>`` folder.
+"""``lightning-gpuopt demo``: a short monitored fit on generated JPEGs, then every ladder row that can run
+here beside the recorded GPU ladder shipped with the package; each run writes a new ``<out>/version_<n>``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size
-from lightning_gpuopt.bench.runs import check_output_folder, new_run_dir
+from lightning_gpuopt.bench.runs import check_output_folder, in_new_run
 
 Say = Callable[[str], None]
 
@@ -30,11 +21,10 @@ NUM_CLASSES = 10
 
 @dataclass
 class DemoOptions:
-    """Settings of ``lightning-gpuopt demo`` (each field is the flag of the same name).
+    """Settings of ``lightning-gpuopt demo`` (each field is the flag of that name).
 
     Example:
-        >>> opts = DemoOptions(out="runs/demo", ladder_seconds=2.0)
-        >>> run_demo(opts)  # doctest: +SKIP
+        >>> run_demo(DemoOptions(out="runs/demo", ladder_seconds=2.0))  # doctest: +SKIP
     """
 
     out: str | os.PathLike[str] = "./gpuopt_runs/demo"
@@ -72,13 +62,11 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
 def _machine(use_gpu: bool) -> str:
     import torch
 
-    if use_gpu:
-        return f"{torch.cuda.get_device_name(0)}, {available_cpus()} CPUs"
-    return f"{available_cpus()} CPUs, no CUDA GPU in use"
+    return torch.cuda.get_device_name(0) if use_gpu else f"{available_cpus()} CPUs"
 
 
 def _busy_note() -> str | None:
-    """A line when other processes already kept this machine's CPUs busy before the demo started."""
+    """A line when other processes already kept this machine's CPUs busy."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not on Windows
@@ -147,28 +135,23 @@ def _fit(opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, 
     return Path(logger.log_dir)
 
 
-def _cpu_cannot_show(rows: list[dict[str, Any]]) -> str:
-    from lightning_gpuopt.bench.rows import CANNOT_RUN, SPEC_BY_NAME
+def _notes(rows: list[dict[str, Any]], use_gpu: bool) -> list[str]:
+    """What a CPU run cannot show, and the compiled rows this run skipped."""
+    from lightning_gpuopt.bench.rows import CANNOT_RUN, SKIPPED, SPEC_BY_NAME
 
-    gpu_rows = [
-        r["name"]
-        for r in rows
-        if r["status"] == CANNOT_RUN and SPEC_BY_NAME[r["name"]].needs_cuda is not None
-    ]
-    return (
-        f"a CPU cannot show: the GPU rows ({', '.join(gpu_rows)}), what 16-mixed and channels_last buy on "
-        "tensor cores, or GPU-Util; and the 'GPU' augmentation runs here on the same CPU cores that train"
+    gpu_rows = [r["name"] for r in rows if r["status"] == CANNOT_RUN and SPEC_BY_NAME[r["name"]].needs_cuda]
+    notes = (
+        []
+        if use_gpu
+        else [
+            f"a CPU cannot show: the GPU rows ({', '.join(gpu_rows)}), what 16-mixed and channels_last buy on "
+            "tensor cores, or GPU-Util; and the 'GPU' augmentation runs here on the same CPU cores that train"
+        ]
     )
-
-
-def _skipped_compile(rows: list[dict[str, Any]]) -> str | None:
-    """One line naming the compiled rows this run skipped, and why (a CPU run leaves them out)."""
-    from lightning_gpuopt.bench.rows import SKIPPED, SPEC_BY_NAME
-
     skipped = [r for r in rows if r["status"] == SKIPPED and SPEC_BY_NAME[r["name"]].compiled]
-    if not skipped:
-        return None
-    return f"skipped here: {', '.join(r['name'] for r in skipped)}: {skipped[0]['reason']}"
+    if skipped:
+        notes.append(f"skipped here: {', '.join(r['name'] for r in skipped)}: {skipped[0]['reason']}")
+    return notes
 
 
 def _ladder(
@@ -212,37 +195,19 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
     Raises:
         ValueError: a bad option or an ``--out`` that cannot be written, before any work.
     """
+    import torch
+
     opts.validate()
     check_output_folder(opts.out)
     busy = _busy_note()
-    import torch
-
     use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
     if use_gpu and not torch.cuda.is_available():
         raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
-    run = new_run_dir(opts.out)
-    try:
-        return _run_in(run, opts, use_gpu, busy, say)
-    except BaseException:
-        # a run that raised before its results were written leaves no version_<n> (nor half its logs)
-        if not (run / "ladder.json").is_file():
-            shutil.rmtree(run, ignore_errors=True)
-        raise
+    return in_new_run(opts.out, lambda run: _run_in(run, opts, use_gpu, busy, say))
 
 
 def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: Say) -> Path:
-    """The demo's work in its run folder ``run``; returns ``run``."""
-    import torch
-
     from lightning_gpuopt.bench.measure import quiet_lightning
-    from lightning_gpuopt.bench.report import (
-        compile_note,
-        format_comparison,
-        load_reference,
-        noise_notes,
-        reference_label,
-        write_outputs,
-    )
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
     say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
@@ -255,34 +220,34 @@ def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: 
     workers = opts.workers if opts.workers is not None else min(4, available_cpus() - 1)
     with quiet_lightning():
         log_dir = _fit(opts, data, run, use_gpu, workers, say)
-        rows: list[dict[str, Any]] = []
         if opts.ladder_seconds > 0:
             rows, config = _ladder(opts, data, run, use_gpu, workers, say)
-    if rows:
-        reference = load_reference()
-        device = torch.cuda.get_device_name(0) if use_gpu else f"{available_cpus()} CPUs"
-        title = f"this run: small ResNet, batch {opts.batch_size}, {opts.image_size} px on {device}"
-        _, png, note = write_outputs(
-            rows, config, run / "ladder.json", run / "ladder.png", title, reference=reference
-        )
-        say("")
-        say(format_comparison(rows, reference))
-        precision = "16-mixed where a row adds it" if use_gpu else "32-true: a CPU has no 16-mixed"
-        say(f"left: {title} ({precision}). right of |: {reference_label(reference)}")
-        if not use_gpu:
-            say(_cpu_cannot_show(rows))
-        skipped = _skipped_compile(rows)
-        if skipped:
-            say(skipped)
-        compiled = compile_note(rows)
-        if compiled:
-            say(compiled)
-        for line in noise_notes(rows):
-            say(line)
-        say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))
+    if opts.ladder_seconds > 0:
+        _report(rows, config, run, opts, use_gpu, say)
     say(f"logs: {log_dir}")
     if (run / "tensorboard").is_dir():
         say(f"open them with: tensorboard --logdir {run / 'tensorboard'}")
     else:
         say(f"metrics table: {log_dir / 'metrics.csv'}")
     return run
+
+
+def _report(
+    rows: list[dict[str, Any]], config: Any, run: Path, opts: DemoOptions, use_gpu: bool, say: Say
+) -> None:
+    """The ladder beside the recorded one, its notes, and the files it was written to."""
+    from lightning_gpuopt.bench import report
+
+    reference = report.load_reference()
+    title = f"this run: small ResNet, batch {opts.batch_size}, {opts.image_size} px on {_machine(use_gpu)}"
+    _, png, note = report.write_outputs(
+        rows, config, run / "ladder.json", run / "ladder.png", title, reference
+    )
+    say("")
+    say(report.format_comparison(rows, reference))
+    precision = "16-mixed where a row adds it" if use_gpu else "32-true: a CPU has no 16-mixed"
+    say(f"left: {title} ({precision}). right of |: {report.reference_label(reference)}")
+    compiled = report.compile_note(rows)
+    for line in [*_notes(rows, use_gpu), *([compiled] if compiled else []), *report.noise_notes(rows)]:
+        say(line)
+    say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))

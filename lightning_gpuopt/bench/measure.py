@@ -1,9 +1,5 @@
-"""What the benchmark scripts, ``lightning-gpuopt bench`` and ``lightning-gpuopt demo`` share.
-
-Every benchmark writes one JSON file shaped the same way (``write_results``) so any reader can compare them,
-and measures variants as ratios *in one run* against a ceiling measured in that same run
-(``PlainLoop``, the ladder's ceilings). ``fit`` and ``quiet_lightning`` keep a command's output to its own
-lines: no Lightning banners, and Ctrl-C reaches the caller as ``KeyboardInterrupt``.
+"""What the benchmark scripts and the two commands share: one results JSON shape (``write_results``), the
+plain-loop ceiling (``PlainLoop``), and fits whose output is the command's own (``fit``, ``quiet_lightning``).
 """
 
 from __future__ import annotations
@@ -47,9 +43,7 @@ _NOISE = (
 
 @contextlib.contextmanager
 def quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's banners ("GPU available", tips, model summary notes) and notices that do not
-    concern the measurement, for the duration of the block; the logger level and warning filters are
-    restored afterwards. Warnings about the run itself still show."""
+    """Silence Lightning's banners and the notices that do not concern the measurement, inside the block."""
     log = logging.getLogger("lightning.pytorch")
     level = log.level
     log.setLevel(logging.WARNING)
@@ -63,12 +57,8 @@ def quiet_lightning() -> Iterator[None]:
 
 
 def fit(trainer: pl.Trainer, model: pl.LightningModule, **kwargs: Any) -> None:
-    """``trainer.fit(model, **kwargs)``, with Ctrl-C raised to the caller as ``KeyboardInterrupt``.
-
-    Lightning turns a Ctrl-C inside ``fit`` into ``sys.exit(1)`` after its graceful shutdown and leaves SIGINT
-    ignored; a command then could neither tell an interruption from a failure nor be interrupted again. This
-    restores the SIGINT handler and re-raises the interruption as what it is.
-    """
+    """``trainer.fit(model, **kwargs)``, with Ctrl-C raised to the caller as ``KeyboardInterrupt`` (Lightning
+    turns it into ``sys.exit(1)`` and leaves SIGINT ignored; the handler is restored)."""
     handler = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit(model, **kwargs)
@@ -117,9 +107,8 @@ def command_line() -> str:
 
 
 def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], **extra: Any) -> Path:
-    """Write ``{"machine", "command", "date", "rows", **extra}`` as JSON; missing row keys become null.
-    ``machine`` defaults to this one's (``machine_info``); a file merged from other machines' runs passes
-    theirs."""
+    """Write ``{"machine", "command", "date", "rows", **extra}`` as JSON; missing ``ROW_KEYS`` become null and
+    ``machine`` defaults to this one's."""
     full_rows = [{**{k: None for k in ROW_KEYS}, **row} for row in rows]
     doc = {
         "machine": extra.pop("machine", None) or machine_info(),
@@ -135,27 +124,22 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
 
 
 class PlainLoop:
-    """A plain PyTorch training loop on one batch already on the device, stepped by the caller: the ceilings.
-
-    ``bench.steady.measure_loop(loop.step, ...)`` measures it; the ladder
-    times its warm-up steps one by one (``timed_step``) to see when a compiled model's steps have become fast.
+    """A plain PyTorch training loop on one channels_last batch already on the device (the ceilings).
 
     Args:
         model: the model (moved to ``device``; trained in place).
-        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for full fp32/TF32.
-        channels_last: convert model and batch to channels_last.
-        fused: fused SGD (no per-step host sync under a GradScaler); ``None``: fused on CUDA, as
-            ``ImageClassifier`` does, so the ceiling and the fed runs use the same optimizer.
-        label_sets: the resident batch's labels cycle through this many random label tensors, so the loss
-            does not collapse to zero as it would on one fixed batch (whose vanishing gradients are not the
-            work a real step does).
-        compile: run the model through ``torch.compile(model, dynamic=False)`` (inductor); the first steps
-            compile it.
+        batch_size: samples a step.
+        image_size: the batch's side in pixels.
+        num_classes: classes of the random labels.
+        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for fp32.
+        device: where it trains; SGD is fused on CUDA, as ``ImageClassifier``'s.
+        lr: SGD learning rate.
+        label_sets: label tensors the batch cycles through, so that the loss does not collapse to zero.
+        compile: ``torch.compile(model, dynamic=False)``; the first steps compile it.
 
     Example:
         >>> from lightning_gpuopt.bench.models import build_model
-        >>> loop = PlainLoop(build_model("small", 10), batch_size=8, image_size=32, dtype=None, device="cpu",
-        ...                  num_classes=10)
+        >>> loop = PlainLoop(build_model("small", 10), batch_size=8, image_size=32, dtype=None, device="cpu")
         >>> loop.timed_step() > 0
         True
     """
@@ -165,45 +149,40 @@ class PlainLoop:
         model: nn.Module,
         batch_size: int,
         image_size: int = 224,
-        num_classes: int = 1000,
+        num_classes: int = 10,
         dtype: torch.dtype | None = torch.float16,
-        channels_last: bool = True,
         device: str | torch.device = "cuda",
         lr: float = 0.01,
-        fused: bool | None = None,
         label_sets: int = 1,
         compile: bool = False,
     ) -> None:
         self.device = device = torch.device(device)
-        self.batch_size = batch_size
         self.dtype = dtype
-        mf = torch.channels_last if channels_last else torch.contiguous_format
-        model = model.to(device).to(memory_format=mf)  # type: ignore[call-overload]
+        model = model.to(device).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         model.train()
         self.model: Callable[[torch.Tensor], torch.Tensor] = (
             torch.compile(model, dynamic=False) if compile else model
         )
-        self.x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(
-            memory_format=mf
-        )
+        x = torch.randn(batch_size, 3, image_size, image_size, device=device)
+        self.x = x.contiguous(memory_format=torch.channels_last)
         self.ys = [
             torch.randint(0, num_classes, (batch_size,), device=device) for _ in range(max(1, label_sets))
         ]
-        fused = device.type == "cuda" if fused is None else fused
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused or None)
+        fused = device.type == "cuda" or None
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, fused=fused)
         init_momentum_buffers(self.opt)  # a first step the GradScaler skips keeps zero momentum
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-        self.loss_fn = nn.CrossEntropyLoss()
         self._count = 0
 
     def step(self) -> None:
         """One training step (asynchronous on CUDA)."""
-        xb, yb = self.x, self.ys[self._count % len(self.ys)]
+        yb = self.ys[self._count % len(self.ys)]
         self._count += 1
         self.opt.zero_grad(set_to_none=True)
-        dtype = self.dtype
-        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = self.loss_fn(self.model(xb), yb)
+        with torch.autocast(
+            self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None
+        ):
+            loss = nn.functional.cross_entropy(self.model(self.x), yb)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.opt)
         self.scaler.update()

@@ -1,12 +1,5 @@
-"""How a ladder row's repetitions are read: when a compiled model's step time has settled, whether two rows
-differ by more than their repetitions vary, and the monitor's means over a measured window.
-
-A row's ``samples_per_sec`` is the median of its repetitions (each one fit measured by
-``bench.steady.StepClock``), ``samples_per_sec_min``/``_max`` their range and ``spread`` the range over the
-median. ``compare`` tells a difference between two rows from noise: it is a difference only where their
-ranges do not overlap. ``first_fast_step`` says from which step on a compiled model's step time has settled:
-what comes before it is the compile. ``joules_per_sample`` turns the monitor's power into the energy a sample
-costs.
+"""How a ladder row's fits are read: when a compile is over, whether two rows differ beyond their noise,
+and the monitor's means over a measured window.
 """
 
 from __future__ import annotations
@@ -30,11 +23,9 @@ SETTLE_LIMIT_S = 600.0
 def first_fast_step(
     step_seconds: Sequence[float], run: int = FAST_RUN, spread: float = FAST_SPREAD
 ) -> int | None:
-    """Index of the first fast step: the step from which on every step takes at most ``spread`` times the
-    settled step time, once the last ``run`` steps agree within ``spread`` (their median is the settled time).
-
-    ``None`` while the step time has not settled. The time of the steps before the first fast one is what a
-    compile (and cuDNN autotuning, and a recompile) cost.
+    """Index of the first step from which every step takes at most ``spread`` times the settled step time
+    (the median of the last ``run`` steps, once they agree within ``spread``); ``None`` while unsettled.
+    The steps before it are what a compile cost.
 
     Example:
         >>> first_fast_step([41.0, 0.10, 0.11, 0.10])
@@ -56,7 +47,7 @@ def first_fast_step(
 
 def compare(row: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``row``'s median over ``other``'s, or ``None`` when either did not run or their ranges overlap (the
-    difference is within what the repetitions of one row already vary by).
+    difference is within the noise).
 
     Example:
         >>> compare({"samples_per_sec": 31, "samples_per_sec_min": 30, "samples_per_sec_max": 33},
@@ -78,8 +69,7 @@ def window_means(
     start_step: int | None,
     keys: Sequence[str] = ("gpu/util", "time/data_wait_frac"),
 ) -> tuple[float | None, ...]:
-    """Mean of each of ``keys`` (``gpu/util`` and ``time/data_wait_frac``) over monitor windows logged after
-    ``start_step`` (the warm-up's last step), or over all of them when none was."""
+    """Mean of each of ``keys`` over the monitor windows logged after ``start_step`` (else all of them)."""
     rows = [h for h in history if start_step is None or h.get("step", 0) > start_step] or list(history)
 
     def mean(key: str) -> float | None:
@@ -92,8 +82,7 @@ def window_means(
 def joules_per_sample(
     history: Sequence[dict[str, float]], start_step: int | None, samples_per_sec: float | None
 ) -> float | None:
-    """The energy a trained sample cost in a measured window: the monitor's mean ``gpu/power_w`` over its
-    windows after ``start_step``, over the window's ``samples_per_sec``; ``None`` without either.
+    """The monitor's mean ``gpu/power_w`` after ``start_step`` over ``samples_per_sec``; ``None`` without.
 
     Example:
         >>> joules_per_sample([{"step": 9, "gpu/power_w": 300.0}, {"step": 19, "gpu/power_w": 500.0}], 9, 1000.0)

@@ -1,9 +1,6 @@
-"""What a ladder run leaves behind: the text and Markdown tables, the results JSON and the PNG chart, plus the
-recorded GPU ladder shipped with the package (``load_reference``) that ``demo`` prints beside a CPU run.
-
-Numbers carry their noise: a row shows the median of its repetitions with their range and its p50/p90 step
-times, and a comparison between two rows whose ranges overlap is marked ``~`` (within what one row already
-varies by).
+"""What a ladder run leaves behind (tables, results JSON, PNG chart) and the recorded GPU ladder shipped
+with the package (``load_reference``). A row shows its median repetition with their range; a comparison of
+two rows whose ranges overlap is marked ``~`` (within the noise).
 """
 
 from __future__ import annotations
@@ -28,21 +25,9 @@ from lightning_gpuopt.bench.rows import OK, ROW_ALIASES, LadderConfig
 REFERENCE_FILE = "ladder_h200.json"
 
 TABLE_COLUMNS = (
-    "name",
-    "samples_per_sec",
-    "range",
-    "joules_per_sample",
-    "p50_ms",
-    "p90_ms",
-    "ratio_to_ceiling",
-    "ratio_to_eager_ceiling",
-    "speedup_vs_naive",
-    "gpu_util_mean",
-    "data_wait_frac",
-    "backend",
-    "num_workers",
-    "precision",
-    "status",
+    *("name", "samples_per_sec", "range", "joules_per_sample", "p50_ms", "p90_ms", "ratio_to_ceiling"),
+    *("ratio_to_eager_ceiling", "speedup_vs_naive", "gpu_util_mean", "data_wait_frac", "backend"),
+    *("num_workers", "precision", "status"),
 )
 
 
@@ -62,8 +47,7 @@ def _ms(value: float | None) -> str:
 
 
 def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The lines printed under the ladder: which ceiling each ratio is taken against, and the compile time
-    (seconds from the first compiled step to the first fast step) of each compiled row that measured it."""
+    """The lines under the ladder: the ceiling each ratio is taken against, and ``compile_note``."""
     summary = ceiling_summary(rows)
     eager = summary["ceiling_eager_samples_per_sec"]
     lines = []
@@ -87,8 +71,7 @@ def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
-    """The compile time line: seconds from the first compiled step to the first fast step, per compiled row
-    that measured it; ``None`` when none did."""
+    """The compile time of each compiled row that measured it, in one line; ``None`` when none did."""
     seconds = ceiling_summary(rows)["compile_seconds"]
     if not seconds:
         return None
@@ -97,9 +80,7 @@ def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
 
 
 def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> str:
-    """The ladder as a text table (median samples/s, the repetitions' range, p50/p90 step times in ms); rows
-    that did not run show ``status: reason``. With ``notes``, ``ceiling_notes`` follow the table on lines of
-    their own."""
+    """The ladder as a text table (rows that did not run show ``status: reason``), ``ceiling_notes`` under it."""
     shown = []
     for r in rows:
         s = dict(r, range=_range(r))
@@ -139,8 +120,8 @@ def _ratio_cell(value: float | None, within_noise: bool) -> str:
 
 
 def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per row: ``x_naive`` and ``vs_above`` (the nearest row above that ran; ceilings are not compared),
-    each ``(ratio, within_noise)`` or ``None``."""
+    """Per row: ``x_naive`` and ``vs_above`` (the nearest row above that ran; not for ceilings), each
+    ``(ratio, within_noise)`` or ``None``."""
     out = []
     naive = next((r for r in rows if r["name"] == "naive"), None)
     above: dict[str, Any] | None = None
@@ -162,8 +143,8 @@ def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] | None) -> str:
-    """This run's rows (median samples/s [repetitions' range], p50/p90 step ms, x naive, vs the row above)
-    and, right of the ``|``, the recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
+    """This run's rows (samples/s [range], p50/p90 ms, x naive, vs the row above) and, right of ``|``, the
+    recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
     ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
     for old, new in ROW_ALIASES.items():  # a recording made before a row was renamed
         if old in ref_rows and new not in ref_rows:
@@ -200,8 +181,7 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
 
 
 def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]:
-    """Lines saying which rows are noisy and (``marks``) what ``~`` in ``format_comparison`` means; empty
-    when every row held steady."""
+    """Which rows are noisy and (``marks``) what ``~`` means; empty when every row held steady."""
     noisy = [r["name"] for r in rows if _ran(r) and (r.get("spread") or 0.0) > NOISE_SPREAD]
     marked = marks and any(
         (c["x_naive"] and c["x_naive"][1]) or (c["vs_above"] and c["vs_above"][1]) for c in compare_rows(rows)
@@ -218,16 +198,6 @@ def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]
 
 
 # ------------------------------------------------------------------------------------------------- files
-def write_ladder_json(
-    path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], config: LadderConfig, **extra: Any
-) -> Path:
-    """``write_results`` with the ladder's config, its ceilings and compile times (``ceiling_summary``)."""
-    cfg = asdict(config)
-    cfg = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in cfg.items()}
-    cfg["rows"] = list(config.rows)
-    return write_results(path, rows, benchmark="ladder", config=cfg, **ceiling_summary(rows), **extra)
-
-
 def _bar_label(r: dict[str, Any], value: float) -> str:
     if r.get("status") != OK:
         return textwrap.fill(f"{r.get('status')}: {r.get('reason')}", 60)
@@ -275,8 +245,8 @@ def plot_ladder(
     title: str = "",
     reference: dict[str, Any] | None = None,
 ) -> Path:
-    """Horizontal bars of samples/s per row, the repetitions' range as error bars, the recorded run below when
-    ``reference`` is given. Labels sit right of the bars and the image grows to hold them (nothing clipped).
+    """Bars of samples/s per row with the repetitions' range, the recorded run below when ``reference`` is
+    given; the image grows to hold every label.
 
     Raises:
         ModuleNotFoundError: matplotlib is missing (extra ``plot``).
@@ -314,7 +284,8 @@ def write_outputs(
     reference: dict[str, Any] | None = None,
     **extra: Any,
 ) -> tuple[Path, Path | None, str | None]:
-    """Write the JSON and (when matplotlib is installed) the PNG; returns ``(json, png or None, note)``."""
+    """Write the results JSON (``write_results`` with the config and ``ceiling_summary``) and, where
+    matplotlib is installed, the PNG; returns ``(json, png or None, note)``."""
     png: Path | None = None
     note: str | None = None
     if png_path is not None:
@@ -322,5 +293,9 @@ def write_outputs(
             png = plot_ladder(rows, png_path, title, reference)
         except ModuleNotFoundError as err:
             note = f"PNG chart skipped: {err}"
-    js = write_ladder_json(json_path, rows, config, png=os.fspath(png) if png else None, **extra)
+    cfg = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in asdict(config).items()}
+    cfg["rows"] = list(config.rows)
+    png_name = os.fspath(png) if png else None
+    summary = ceiling_summary(rows)
+    js = write_results(json_path, rows, benchmark="ladder", config=cfg, png=png_name, **summary, **extra)
     return js, png, note

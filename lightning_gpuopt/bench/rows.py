@@ -1,34 +1,8 @@
-"""The rows of the before/after ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
+"""The rows of the ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
 
-The same model is trained through Lightning's ``Trainer`` under a ladder of settings, each row adding one
-thing to the row above it, from a naive input pipeline to the full stack and the full stack compiled, plus
-three ceiling rows that feed the model synthetic batches already on the device:
-
-=====================  ==================================================================================
-row                    what it adds
-=====================  ==================================================================================
-``naive``              plain ``DataLoader`` over PIL decode + random-resized-crop + float CHW normalize on
-                       the CPU; 0 workers, fp32 (``32-true``), NCHW, pageable memory
-``+workers``           the worker count ``tune_num_workers`` measures for that dataset
-``+pinned``            ``pin_memory=True`` (needs a CUDA device)
-``+uint8_gpu_aug``     ``OptimizedDataModule`` folder backend: uint8 batches, crop/flip/normalize on the GPU
-``+hdf5``              the same images as a uint8 HDF5 file (converted once, cached)
-``+dali``              ``OptimizedDataModule(backend="dali")``: DALI decoding, the decoder its default picks
-                       for the run's files on this host (needs DALI and CUDA)
-``+16-mixed``          ``precision="16-mixed"`` on the best data backend measured above (needs CUDA)
-``+channels_last``     ``ChannelsLast`` callback: the full stack
-``+compile``           ``CompileModel()``: the full stack with the model's forward compiled
-``ceiling_lightning``  synthetic batches already on the device, through Lightning (16-mixed, channels_last)
-``ceiling_eager``      ``PlainLoop``: the same model in a plain PyTorch loop (``ceiling_plain`` names it too)
-``ceiling_compiled``   the same plain loop with ``torch.compile(model)``: the ratios' ceiling where measured
-=====================  ==================================================================================
-
-The compiled rows (``+compile``, ``ceiling_compiled``) measure after their compile, and record its seconds.
-On a CPU (inductor's C++ kernels take a minute or more to build) they run only when asked: named in a
-``rows`` list shorter than the whole ladder. The whole ladder on a CPU skips them and says how to ask.
-
-A row that cannot run on this machine (no GPU, no DALI, an HDF5 file given to a folder row) or whose
-component is missing stays in the results with ``status`` and ``reason`` saying why; nothing is faked.
+Each row trains the same model through Lightning's ``Trainer`` and adds one thing to the row above it; the
+ceilings feed it batches already on the device. The rows, what each adds and needs: docs/benchmarks.md.
+A row that cannot run here stays in the results with ``status`` and ``reason``.
 """
 
 from __future__ import annotations
@@ -62,14 +36,13 @@ class RowSpec:
     Attributes:
         name: row name (as given to ``--rows``).
         adds: one line: what this row adds to the row above.
-        loader: ``"naive"`` (``NaiveImageFolder`` + ``DataLoader``), ``"folder"``, ``"hdf5"``, ``"dali"``
-            (``OptimizedDataModule`` backends), ``"best"`` (the fastest data backend measured in this run),
-            ``"device"`` (synthetic batches on the device, through Lightning) or ``"plain"`` (plain loop).
-        tuned_workers: use the tuned worker count (else 0; only for ``loader="naive"``).
-        pin_memory: pin host batches (only for ``loader="naive"``; the data module pins on CUDA itself).
-        mixed: ``16-mixed`` precision (fp32 ``32-true`` otherwise).
+        loader: ``"naive"``, ``"folder"``, ``"hdf5"``, ``"dali"``, ``"best"`` (the fastest data backend
+            measured in this run), ``"device"`` (synthetic batches, through Lightning) or ``"plain"``.
+        tuned_workers: the tuned worker count (else 0; ``loader="naive"``).
+        pin_memory: pin host batches (``loader="naive"``).
+        mixed: ``16-mixed`` precision (else ``32-true``).
         channels_last: ``ChannelsLast`` on the model.
-        compiled: the model compiled (``CompileModel()`` in a fit, ``torch.compile`` in the plain loop).
+        compiled: the model compiled.
         needs_cuda: why the row means nothing without a CUDA GPU (``None``: it runs on a CPU too).
 
     Example:
@@ -158,8 +131,7 @@ FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
-    """Validate row names (comma-separated string or list) and return them in ladder order, aliases
-    (``ROW_ALIASES``) replaced by the row's name.
+    """Row names (comma-separated string or list) in ladder order, ``ROW_ALIASES`` replaced.
 
     Raises:
         ValueError: an unknown or empty name; the message lists the valid ones.
@@ -178,11 +150,8 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
 
 # --------------------------------------------------------------------------------------------- naive data
 class NaiveImageFolder(Dataset):
-    """The input pipeline most tutorials start with, all on the CPU in the loader process.
-
-    Per image: PIL decode of the full JPEG, random-resized-crop (scale 0.08-1, ratio 3/4-4/3) resampled to
-    ``size x size``, random horizontal flip, then float32 CHW in [0, 1] normalized by ``mean``/``std``
-    (what ``ToTensor`` + ``Normalize`` do). It returns ``(float32 CHW tensor, label)``.
+    """The input pipeline most tutorials start with, all on the CPU: PIL decode, random-resized-crop to
+    ``size``, random flip, float32 CHW normalized by ``mean``/``std``; items are ``(tensor, label)``.
 
     Args:
         root: class-per-subfolder image folder.
@@ -247,9 +216,7 @@ class NaiveImageFolder(Dataset):
 
 
 class DeviceBatches:
-    """One batch of images already on the device, ``length`` times (the Lightning ceiling's loader).
-
-    Labels cycle through ``labels`` (one tensor or several), as in ``PlainLoop``.
+    """One batch already on the device, ``length`` times, its labels cycling through ``labels``.
 
     Example:
         >>> batches = DeviceBatches(torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.long), length=3)
@@ -272,33 +239,25 @@ class DeviceBatches:
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
 class LadderConfig:
-    """Settings of one ladder run (see ``lightning-gpuopt bench --help``).
+    """Settings of one ladder run; each field is the ``lightning-gpuopt bench`` flag of that name
+    (docs/benchmarks.md, "Arguments").
 
     Attributes:
-        data: class-per-subfolder image folder, or a ``.h5``/``.hdf5`` file (then only rows that can read
-            HDF5 run; folder rows say why not).
+        data: class-per-subfolder image folder, or a ``.h5``/``.hdf5`` file.
         model: ``"small"``, ``"resnet18"`` or ``"resnet50"``.
         batch_size: samples a step.
         image_size: training crop side in pixels.
-        rows: row names in ladder order (``parse_rows``). ``ceiling_eager`` is always measured, and
-            ``ceiling_compiled`` (the ratios' ceiling) on CUDA or with a compiled row; on a CPU the compiled
-            rows run only when named in a list shorter than the whole ladder (``compile_asked``).
-        seconds: measured seconds a row, over all its repetitions (``0``: no time box, ``steps`` must be set).
-            A row's first fit turns its share into a step count from the rate of its last warm-up steps;
-            every repetition of the row then measures that many steps.
-        steps: steps each repetition measures (with ``seconds``: at most this many); ``None``: from ``seconds``.
-        warmup: warm-up steps of each fit before its window, counted past what the loader prefetches (its
-            workers' or reading threads' batches in flight) and, for a compiled model, past the compile.
-        repeats: fits a row, the rows taking turns (round robin: one fit of every row a turn, the ceilings
-            first), so a slow spell of a shared machine lands on every row alike; a row reports the median
-            repetition and their range, and its ratios to the ceilings are taken turn by turn.
+        rows: row names (``parse_rows``); the ceilings the ratios need are added.
+        seconds: measured seconds a row over its repetitions (``0``: ``steps`` alone).
+        steps: steps each repetition measures (with ``seconds``: at most this many).
+        warmup: warm-up steps of each fit, past the loader's prefetch and a compile.
+        repeats: fits a row, the rows taking turns.
         accelerator: ``"auto"``, ``"cpu"`` or ``"gpu"``.
-        num_workers: DataLoader workers for tuned rows; ``None`` measures them (``tune_num_workers``).
+        num_workers: DataLoader workers for tuned rows; ``None`` measures them.
         tune_seconds: time budget for each worker tuning.
-        cache_dir: where HDF5 conversions are cached.
-        tb_dir: TensorBoard ``save_dir`` (one run a row, ``name=<NN>_<row>``); ``None``: no TensorBoard.
-        time_budget_s: whole-run budget: a row's first fit sizes its steps to its share of what is left, and
-            the fits left once it is spent are skipped.
+        cache_dir: where HDF5 conversions and worker counts are cached.
+        tb_dir: TensorBoard ``save_dir`` (one run a row); ``None``: no TensorBoard.
+        time_budget_s: whole-run seconds; the fits left once it is spent are skipped.
         lr: SGD learning rate.
 
     Example:
@@ -324,8 +283,7 @@ class LadderConfig:
     lr: float = 0.05
 
     def validate(self, check_data: bool = True) -> None:
-        """Raise ``ValueError`` naming the argument for a bad setting (``check_data=False``: all but ``data``,
-        for a folder that is generated afterwards)."""
+        """Raise ``ValueError`` naming the flag of a bad setting (``check_data=False``: all but ``data``)."""
         from lightning_gpuopt.bench.models import MODEL_NAMES
 
         if self.model not in MODEL_NAMES:
@@ -376,8 +334,8 @@ class LadderConfig:
 
 
 def compile_asked(rows: Sequence[str]) -> bool:
-    """Whether ``rows`` asks for a compiled row by name: named in a list shorter than the whole ladder (the
-    whole ladder, the default, on a CPU leaves the compiled rows out).
+    """Whether ``rows`` names a compiled row in a list shorter than the whole ladder (on a CPU they run
+    only then).
 
     Example:
         >>> compile_asked(["naive", "+compile"]), compile_asked(ROW_NAMES)
@@ -388,8 +346,7 @@ def compile_asked(rows: Sequence[str]) -> bool:
 
 
 def ladder_device(accelerator: str) -> torch.device:
-    """The device a ladder run trains on: CUDA device 0 for ``"gpu"``/``"cuda"`` (and ``"auto"`` where CUDA
-    is there), else the CPU."""
+    """CUDA device 0 for ``"gpu"`` (and ``"auto"`` where CUDA is there), else the CPU."""
     if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     return torch.device("cuda", 0)
@@ -398,20 +355,18 @@ def ladder_device(accelerator: str) -> torch.device:
 def cannot_run(
     spec: RowSpec, device: torch.device, data_is_h5: bool = False, compile_named: bool = False
 ) -> tuple[str, str] | None:
-    """``(status, reason)`` when row ``spec`` cannot run on ``device`` (the reason says what would make it
-    run), else ``None``. Decided from the machine and the settings alone, before any data is made or read.
+    """``(status, reason)`` when row ``spec`` cannot run on ``device``, the reason saying what would make
+    it run; else ``None``. Decided before any data is made or read.
 
     Args:
         spec: the row.
         device: where the ladder trains (``ladder_device``).
-        data_is_h5: ``--data`` is an HDF5 store (rows that read the image folder cannot run).
-        compile_named: the compiled rows were asked for by name (``compile_asked``): on a CPU they run only then.
+        data_is_h5: ``--data`` is an HDF5 store.
+        compile_named: the compiled rows were named (``compile_asked``).
 
     Example:
         >>> cannot_run(SPEC_BY_NAME["+pinned"], torch.device("cpu"))[0]
         'cannot run'
-        >>> cannot_run(SPEC_BY_NAME["naive"], torch.device("cpu")) is None
-        True
     """
     from lightning_gpuopt import _imports
 
@@ -459,8 +414,7 @@ def _cannot_compile(device: torch.device, compile_named: bool) -> tuple[str, str
 
 
 def blocked_rows(config: LadderConfig) -> dict[str, tuple[str, str]]:
-    """The rows of ``config.rows`` that cannot run here, each with ``(status, reason)`` (``cannot_run``);
-    ``bench`` ends at once, before any data is made, when they are all of them."""
+    """``{row: (status, reason)}`` for the rows of ``config.rows`` that cannot run here."""
     device = ladder_device(config.accelerator)
     h5 = is_hdf5_path(Path(config.data).expanduser())
     named = compile_asked(config.rows)

@@ -1,14 +1,6 @@
-"""Runs the ladder (``lightning_gpuopt.bench.rows``) as a user measures a long fit: each row ``repeats`` short
-fits, the rows taking turns, each measured in its steady state by ``bench.steady``.
-
-A fit warms up for ``warmup`` steps past what its loader prefetches (a compiled model first until its step
-time has settled: the compile is never measured, and its seconds are the row's ``compile_seconds``), then
-measures a fixed number of steps from a CUDA event at every batch end (``StepClock``; the plain-loop
-ceilings through ``measure_loop``): GPU-side step times, their p50 and p90, and samples/s. A row's first
-fit sets that number from its share of ``seconds`` and the rate of its last warm-up steps (at most
-``steps``); its later fits measure as many. The ceilings run first in every turn, so the worker tuner knows
-what the model consumes and each repetition has a ceiling of its own turn to be divided by
-(``ceilings.fill_ratios``).
+"""Runs the ladder (``bench.rows``) as a user measures a long fit: each row ``repeats`` short fits, the
+rows taking turns and the ceilings first in every turn, each fit measured in its steady state
+(``RowClock``, ``bench.steady``) past its warm-up and compile; docs/benchmarks.md says how.
 """
 
 from __future__ import annotations
@@ -68,6 +60,23 @@ _ROW_OF_BACKEND = {"folder": "+uint8_gpu_aug", "hdf5": "+hdf5", "dali": "+dali"}
 # label sets the synthetic batch cycles through: one batch with fixed labels would be fitted exactly, and its
 # vanishing gradients are not the work a real step does
 _LABEL_SETS = 8
+# a row's keys that stay null until measured (or forever, ``whole_epochs``: kept for readers of older files)
+_ROW_NONE_KEYS = (
+    *(
+        "reason",
+        "samples_per_sec",
+        "samples_per_sec_min",
+        "samples_per_sec_max",
+        "spread",
+        "p50_ms",
+        "p90_ms",
+    ),
+    *("ratio_to_ceiling", "ratio_to_ceiling_worst", "ratio_to_eager_ceiling", "speedup_vs_naive"),
+    *("gpu_util_mean", "data_wait_frac", "joules_per_sample", "backend", "num_workers", "pin_memory"),
+    *("compile_seconds", "steps_measured", "seconds_measured", "whole_epochs", "_steps"),
+)
+# the monitor's figures a row averages over its fits
+_FIT_MEANS = ("gpu_util_mean", "data_wait_frac", "joules_per_sample")
 
 
 def _no_h5py() -> str | None:
@@ -82,15 +91,12 @@ def _slug(index: int, name: str) -> str:
 
 
 def prefetched_batches(loader: Any) -> int:
-    """Batches ``loader`` can have ready before the model asks for them: its workers' prefetch (workers x
-    prefetch factor), its reading threads' batches in flight, a DALI pipeline's queue, a batch staged on the
-    GPU, and the one batch Lightning fetches ahead.
+    """Batches ``loader`` can have ready before the model asks: its workers' prefetch, its reading threads'
+    batches in flight, a DALI pipeline's queue, a batch staged on the GPU, and the one Lightning fetches ahead.
 
     Example:
         >>> prefetched_batches(DataLoader(range(8), num_workers=2, prefetch_factor=4))
         9
-        >>> prefetched_batches([(0, 0)])
-        1
     """
     from lightning_gpuopt.data.loader import READS_PER_THREAD
 
@@ -107,25 +113,20 @@ def prefetched_batches(loader: Any) -> int:
 
 
 class RowClock(StepClock):
-    """``StepClock`` for one fit of a ladder row: the warm-up counted past the loader's prefetch, and the
-    window's step count from a time share when the row has none yet.
-
-    With ``seconds``, the window measures as many steps as the rate of the warm-up's last ``warmup`` steps
-    (past the prefetch; after a compile, its settled steps) fits into ``seconds``, at most ``max_steps``;
-    ``steps`` holds that count once the window opens, and ``warmup_step_s`` the step time it was sized from.
-    Without, it measures ``steps``.
+    """``StepClock`` for one fit of a ladder row: the warm-up counted past the loader's prefetch and, with
+    ``seconds``, the window's step count sized from the warm-up's last steps.
 
     Args:
-        warmup: warm-up steps past the prefetch (``prefetched_batches`` of the fit's train loader).
+        warmup: warm-up steps past the prefetch (``prefetched_batches``).
         steps: steps measured (the count to start from when ``seconds`` is given).
-        seconds: the measuring time the step count is sized to, or ``None``.
+        seconds: the measuring time the step count is sized to (``steps`` then holds it, and
+            ``warmup_step_s`` the step time it came from), or ``None``.
         max_steps: the most steps ``seconds`` may give (``None``: no cap).
         settle: a compiled model: wait for the step time to settle first.
 
     Example:
         >>> clock = RowClock(warmup=5, steps=2, seconds=3.0)
         >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
-        >>> trainer.fit(model, loader); clock.steps, clock.measurement.p90_ms  # doctest: +SKIP
     """
 
     def __init__(
@@ -346,50 +347,25 @@ class LadderRunner:
         return cannot_run(spec, self.device, self.data_is_h5, self._compile_asked)
 
     def _base_row(self, spec: RowSpec) -> dict[str, Any]:
-        return {
-            "name": spec.name,
-            "adds": spec.adds,
-            "status": OK,
-            "reason": None,
-            "samples_per_sec": None,
-            "samples_per_sec_min": None,
-            "samples_per_sec_max": None,
-            "spread": None,
-            "p50_ms": None,
-            "p90_ms": None,
-            "windows": [],
-            "repeats": [],
-            "ratio_to_ceiling": None,
-            "ratio_to_ceiling_worst": None,
-            "ratio_to_eager_ceiling": None,
-            "speedup_vs_naive": None,
-            "gpu_util_mean": None,
-            "data_wait_frac": None,
-            "joules_per_sample": None,
-            "backend": None,
-            "num_workers": None,
-            "pin_memory": None,
-            "precision": self._precision(spec) if spec.loader != "plain" else None,
-            "channels_last": spec.channels_last,
-            "compiled": spec.compiled,
-            "compile_seconds": None,
-            "batch_size": self.cfg.batch_size,
-            "steps_measured": None,
-            "seconds_measured": None,
-            "whole_epochs": None,
-            "_measured": [],
-            "_steps": None,
-            "_gpu": [],
-            "_wait": [],
-            "_joules": [],
-        }
+        row: dict[str, Any] = dict.fromkeys(_ROW_NONE_KEYS)
+        row.update(
+            name=spec.name,
+            adds=spec.adds,
+            status=OK,
+            windows=[],
+            repeats=[],
+            precision=self._precision(spec) if spec.loader != "plain" else None,
+            channels_last=spec.channels_last,
+            compiled=spec.compiled,
+            batch_size=self.cfg.batch_size,
+            _measured=[],
+            _means={k: [] for k in _FIT_MEANS},
+        )
+        return row
 
     def _row_seconds(self, fits_left: int, pending_compiles: int = 0) -> float | None:
-        """The next fit's measured seconds within the whole-run budget, or ``None`` when it is spent.
-
-        ``pending_compiles`` compiled rows other than this one have yet to compile: their compile time is
-        kept out of the share of the budget this fit gets.
-        """
+        """The next fit's measured seconds within the whole-run budget (the expected compile time of
+        ``pending_compiles`` other compiled rows kept aside), or ``None`` when it is spent."""
         cfg = self.cfg
         per_fit = cfg.seconds / cfg.repeats
         if cfg.time_budget_s is None:
@@ -404,14 +380,13 @@ class LadderRunner:
         return max(min(1.0, per_fit), min(per_fit, share))
 
     def _expected_compile(self) -> float:
-        """Seconds a compile is expected to take: the longest measured in this run, else ``COMPILE_SECONDS``."""
+        """The longest compile measured in this run, else ``COMPILE_SECONDS``."""
         from lightning_gpuopt.compute.compile import COMPILE_SECONDS
 
         return max(self._compile_seen, default=COMPILE_SECONDS)
 
     def _budget_short_of_compile(self, spec: RowSpec, row: dict[str, Any]) -> str | None:
-        """Why a compiled row's first fit does not fit in the time budget left, or ``None``: a compile
-        started late would overrun the budget by its own length."""
+        """Why a compiled row's first fit (a compile and its measuring) no longer fits the budget, or ``None``."""
         if not spec.compiled or row["compile_seconds"] is not None or self.cfg.time_budget_s is None:
             return None
         expected = self._expected_compile()
@@ -442,7 +417,6 @@ class LadderRunner:
             image_size=cfg.image_size,
             num_classes=self.num_classes,
             dtype=dtype,
-            channels_last=True,
             device=self.device,
             lr=cfg.lr,
             label_sets=_LABEL_SETS,
@@ -474,7 +448,7 @@ class LadderRunner:
         del loop
 
     def _steps_for(self, seconds: float, step_s: float) -> int:
-        """The window's step count for ``seconds`` of measuring at ``step_s`` a step, at most ``steps``."""
+        """The window's step count for ``seconds`` at ``step_s`` a step, at most ``steps``."""
         cfg = self.cfg
         if cfg.seconds == 0 or step_s <= 0:
             return cfg.steps or 2
@@ -482,8 +456,7 @@ class LadderRunner:
         return min(steps, cfg.steps) if cfg.steps else steps
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
-        """The row's DataLoader or data module; ``None`` with ``row`` marked skipped when a dependency is
-        missing."""
+        """The row's DataLoader or data module; ``None`` with the row skipped when a dependency is missing."""
         cfg = self.cfg
         if spec.loader == "naive":
             from lightning_gpuopt.data.loader import PREFETCH_FACTOR
@@ -538,8 +511,8 @@ class LadderRunner:
 
     @staticmethod
     def _add_repeat(row: dict[str, Any], turn: int, m: Measurement, steps: int) -> None:
-        """Add turn ``turn``'s measurement to the row (its window of ``steps`` steps, the count every later
-        repetition measures) and refresh the row's median, range and p50/p90 (``summarize``)."""
+        """Add turn ``turn``'s measurement (a window of ``steps``, the count later repetitions measure) and
+        refresh the row's median, range and p50/p90."""
         row["_steps"] = row["_steps"] or steps
         row["_measured"].append((turn, m))
         (summary,) = summarize({row["name"]: [x for _, x in row["_measured"]]}, None)
@@ -635,26 +608,19 @@ class LadderRunner:
             self._compile_seen.append(m.compile_seconds)
             self.say(f"  compiled: {m.compile_seconds:.1f} s from the first step to the first fast one")
         self._add_repeat(row, rnd, m, clock.steps)
-        gpu, wait = window_means(getattr(monitor, "history", []), trainer.global_step - m.steps)
-        if gpu is not None and self.cuda:
-            row["_gpu"].append(gpu)
-            row["gpu_util_mean"] = statistics.fmean(row["_gpu"])
-        if wait is not None:
-            row["_wait"].append(wait)
-            row["data_wait_frac"] = statistics.fmean(row["_wait"])
         history = getattr(monitor, "history", [])
+        gpu, wait = window_means(history, trainer.global_step - m.steps)
         joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
-        if joules is not None:
-            row["_joules"].append(joules)
-            row["joules_per_sample"] = statistics.fmean(row["_joules"])
         this_fit = {
-            "samples_per_sec": m.samples_per_sec,
-            "p50_ms": m.p50_ms,
-            "p90_ms": m.p90_ms,
             "gpu_util_mean": gpu if self.cuda else None,
             "data_wait_frac": wait,
             "joules_per_sample": joules,
         }
+        for key, value in this_fit.items():
+            if value is not None:
+                row["_means"][key].append(value)
+                row[key] = statistics.fmean(row["_means"][key])
+        this_fit.update(samples_per_sec=m.samples_per_sec, p50_ms=m.p50_ms, p90_ms=m.p90_ms)
         return {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
 
     def _run_one(
@@ -713,12 +679,7 @@ class LadderRunner:
         return True
 
     def run(self) -> list[dict[str, Any]]:
-        """Run the selected rows and return them in ladder order, ratios filled in.
-
-        The rows take turns: each of ``repeats`` rounds runs one fit of every row, the ceilings first. Rows
-        that cannot run here (``rows.cannot_run``) are dropped before any fit, with their reason; where none
-        of the rows asked for can run, nothing runs, not even the ceilings.
-        """
+        """The rows in ladder order, ratios filled in; where none of the rows asked for can run, nothing runs."""
         cfg = self.cfg
         selected = set(cfg.rows)
         asked = [n for n in cfg.rows if self.cannot_run_reason(SPEC_BY_NAME[n]) is None]
@@ -762,31 +723,13 @@ class LadderRunner:
                 done[name].update(status=SKIPPED, reason="time budget spent")
         rows = [done[n] for n in ROW_NAMES if n in done]
         for row in rows:
-            del row["_gpu"], row["_wait"], row["_joules"], row["_measured"], row["_steps"]
+            del row["_means"], row["_measured"], row["_steps"]
         fill_ratios(rows)
         return rows
 
 
 def run_ladder(config: LadderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Run the ladder and return its rows (dicts with the ``write_results`` row keys and more).
-
-    A row's measured keys:
-
-    ==========================================  =====  ==================================================
-    key                                         unit   what
-    ==========================================  =====  ==================================================
-    ``samples_per_sec``                         1/s    the median repetition
-    ``samples_per_sec_min``/``_max``, spread    1/s    the repetitions' range; ``spread``: over the median
-    ``p50_ms``, ``p90_ms``                      ms     step times over every measured step (GPU-side)
-    ``ratio_to_ceiling``, ``_worst``            1      median and lowest of the turn-by-turn ratios
-    ``ratio_to_eager_ceiling``                  1      the same against ``ceiling_eager``
-    ``repeats``                                 -      one dict a fit: ``turn``, ``samples_per_sec``,
-                                                       ``p50_ms``, ``p90_ms``, ``steps``, ``seconds``,
-                                                       ``halves``, ``compile_seconds``, both ratios
-    ``windows``                                 1/s    each repetition's samples/s, in turn order
-    ``steps_measured``, ``seconds_measured``    -, s   summed over the repetitions
-    ``whole_epochs``                            -      null: windows start past the prefetch instead
-    ==========================================  =====  ==================================================
+    """Run the ladder and return its rows (the keys: docs/benchmarks.md, "Outputs").
 
     Args:
         config: what to run.

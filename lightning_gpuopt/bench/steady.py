@@ -1,12 +1,8 @@
-"""Steady-state measurement as a user reads a long fit: step times from the GPU's own clock, repetitions
-taking turns, medians with their spread.
+"""Steady-state measurement: step times from the device's own clock, repetitions taking turns, medians with
+their spread.
 
-``StepClock`` is a callback for any fit: it records a CUDA event at every batch end (no synchronisation on
-the way), skips a warm-up (a compile, cuDNN autotuning, and the batches the loader prefetched while the
-model was starting), measures ``steps`` steps, and stops the fit. ``PlainLoop`` runs are measured the same
-way by ``measure_loop``. ``summarize`` reduces each variant's repetitions, taken in turns, to a
-row: the median repetition, the worst and best, the ratio to a ceiling taken turn by turn, and p50/p90 step
-times.
+``StepClock`` times a fit from an event at every batch end after a warm-up; ``measure_loop`` times a plain
+loop the same way; ``summarize`` reduces each variant's repetitions to a row (docs/benchmarks.md).
 
 Example:
     >>> clock = StepClock(warmup=30, steps=200)
@@ -16,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,9 +25,6 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import synchronize
-
-#: the first and the second half of a measured window differ by more than this: the pipeline was not steady
-UNSTEADY = 0.05
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -51,11 +45,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One measured window: ``steps`` steps of ``samples`` samples in ``seconds``, and each step's time.
-
-    ``seconds`` is the GPU's time from the batch end before the window to its last batch end (CUDA events),
-    so a GPU left waiting for the host counts as time; on a CPU it is the host clock.
-    """
+    """One measured window: ``steps`` steps of ``samples`` samples in ``seconds`` (the device's clock), and
+    each step's time."""
 
     samples: int
     seconds: float
@@ -108,10 +99,8 @@ class _Marks:
         self.cuda = device.type == "cuda"
         self.device = device
         self.marks: list[Any] = []
-        self.host: list[float] = []  # the host clock at each mark: when the host got past the batch end
 
     def mark(self) -> None:
-        self.host.append(time.perf_counter())
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(self.device))
@@ -121,12 +110,10 @@ class _Marks:
 
     def step_ms(self) -> list[float]:
         """Milliseconds between consecutive marks (one device sync, here, after the window)."""
-        if len(self.marks) < 2:
-            return []
-        if self.cuda:
+        if self.cuda and self.marks:
             synchronize(self.device)
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+            return [a.elapsed_time(b) for a, b in itertools.pairwise(self.marks)]
+        return [(b - a) * 1e3 for a, b in itertools.pairwise(self.marks)]
 
 
 def _batch_size(batch: Any) -> int:
@@ -142,25 +129,16 @@ def _batch_size(batch: Any) -> int:
 class StepClock(pl.Callback):
     """Measures a fit's steady state from a CUDA event recorded at every batch end, then stops the fit.
 
-    The first ``warmup`` steps are not measured; with ``settle`` they start counting once the step time has
-    settled (a compiled model's first steps compile it: each warm-up step is then timed with a host sync
-    until three agree, the compile's time kept as ``compile_seconds``). Choose ``warmup`` past what the
-    loader prefetches (workers x prefetch factor batches, or a pipeline's depth), so the measured steps are
-    fed at the rate the loader sustains, not from its buffer. Then ``steps`` steps are measured with no
-    synchronisation, and the fit is stopped.
+    Choose ``warmup`` past what the loader prefetches, so the window is fed at the rate the loader sustains.
+    Under a ``GradScaler``, ``measurement.extra`` holds ``grad_scale_start``, ``grad_scale_end`` and
+    ``grad_scale_falls`` (each fall is a skipped update).
 
     Args:
         warmup: steps before the window (after the compile, with ``settle``).
         steps: steps measured.
-        settle: wait for the step time to settle before counting the warm-up (compiled models).
-        cpu: read the host's CPU use over the window (``HostCPUReader``: this process and its loader
-            workers), kept in ``measurement.extra`` as ``host/cpu_main_pct``, ``host/cpu_cores``, ...
-
-    Under fp16 (a ``GradScaler``) ``measurement.extra`` also holds the scaler's scale at the window's start
-    and end and its falls between (``grad_scale_start``, ``grad_scale_end``, ``grad_scale_falls``; read
-    without a host sync inside the window): each step whose gradients overflow is skipped (no weight
-    update) and halves the scale, so falls mean the window timed skipped updates, and an end far below 1 a
-    loss that is NaN.
+        settle: wait for the step time to settle (a compiled model) before counting the warm-up; the time
+            until then is ``compile_seconds``.
+        cpu: keep the host's CPU use over the window (``HostCPUReader``) in ``measurement.extra``.
 
     Example:
         >>> clock = StepClock(warmup=30, steps=200, settle=True)
@@ -196,12 +174,26 @@ class StepClock(pl.Callback):
         synchronize(pl_module.device)
         self._starts.append(time.perf_counter())
         if len(self._starts) > FAST_RUN:
-            steps = [b - a for a, b in zip(self._starts, self._starts[1:], strict=False)]
-            fast = first_fast_step(steps)
+            fast = first_fast_step([b - a for a, b in itertools.pairwise(self._starts)])
             if fast is not None:
                 self._settled = True
                 self.compile_seconds = self._starts[fast] - self._starts[0]
-                self._warm_done = len(steps) - fast
+                self._warm_done = len(self._starts) - 1 - fast
+
+    def _open(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Open the window at this batch end."""
+        from lightning_gpuopt.observe.advisor.scale import ScaleWatch
+
+        self._marks = _Marks(pl_module.device)
+        self._marks.mark()
+        self._scale = ScaleWatch.of(trainer.precision_plugin, pl_module.device)
+        if self._scale is not None:
+            self._scale.sample(trainer.global_step)  # a queued copy, read after the window
+        if self.cpu:
+            from lightning_gpuopt.observe.host_cpu import HostCPUReader
+
+            self._cpu = HostCPUReader()
+            self._cpu.read()
 
     @override
     def on_train_batch_end(
@@ -211,46 +203,31 @@ class StepClock(pl.Callback):
             return
         if not self._settled:
             self._settle_step(pl_module)
-            return
-        if self._marks is None:
-            if self._warm_done < self.warmup:
-                self._warm_done += 1
-                return
-            self._marks = _Marks(pl_module.device)
-            self._marks.mark()  # the window opens at this batch's end
-            from lightning_gpuopt.observe.advisor.scale import ScaleWatch
-
-            self._scale = ScaleWatch.of(trainer.precision_plugin, pl_module.device)
-            if self._scale is not None:
-                self._scale.sample(trainer.global_step)  # a queued copy, read after the window
-            if self.cpu:
-                from lightning_gpuopt.observe.host_cpu import HostCPUReader
-
-                self._cpu = HostCPUReader()
-                self._cpu.read()
-            return
-        self._samples += _batch_size(batch)
-        self._marks.mark()
-        if len(self._marks.marks) > self.steps:
-            self._finish(trainer)
-            trainer.should_stop = True
+        elif self._marks is None and self._warm_done < self.warmup:
+            self._warm_done += 1
+        elif self._marks is None:
+            self._open(trainer, pl_module)
+        else:
+            self._samples += _batch_size(batch)
+            self._marks.mark()
+            if len(self._marks.marks) > self.steps:
+                self._finish(trainer)
+                trainer.should_stop = True
 
     def _finish(self, trainer: pl.Trainer) -> None:
         step_ms = self._marks.step_ms() if self._marks is not None else []
         extra = dict(self._cpu.window()) if self._cpu is not None else {}
-        if self._marks is not None and len(self._marks.host) > 1:
-            h = self._marks.host
-            host_ms = [(b - a) * 1e3 for a, b in zip(h, h[1:], strict=False)]
-            extra.update(host_p50_ms=percentile(host_ms, 0.5), host_p90_ms=percentile(host_ms, 0.9))
         if self._scale is not None:
             self._scale.sample(trainer.global_step)
             synchronize(trainer.strategy.root_device)  # the window has closed: the reads may complete
             e = self._scale.evidence()
-            extra.update(grad_scale_start=e.grad_scale_start, grad_scale_end=e.grad_scale,
-                         grad_scale_falls=e.grad_scale_falls)  # fmt: skip
-        self.measurement = Measurement(
-            self._samples, sum(step_ms) / 1e3, tuple(step_ms), compile_seconds=self.compile_seconds, extra=extra
-        )
+            extra.update(
+                grad_scale_start=e.grad_scale_start,
+                grad_scale_end=e.grad_scale,
+                grad_scale_falls=e.grad_scale_falls,
+            )
+        seconds = sum(step_ms) / 1e3
+        self.measurement = Measurement(self._samples, seconds, tuple(step_ms), self.compile_seconds, extra)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -259,8 +236,9 @@ class StepClock(pl.Callback):
             self._finish(trainer)
 
 
-def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: int, steps: int,
-                 batch_size: int) -> Measurement:
+def measure_loop(
+    step: Callable[[], None], device: torch.device | str, warmup: int, steps: int, batch_size: int
+) -> Measurement:
     """``warmup`` calls of ``step``, then ``steps`` calls each closed by a mark on the device's clock.
 
     Example:
@@ -268,10 +246,9 @@ def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: i
         >>> m.steps, m.samples
         (5, 40)
     """
-    device = torch.device(device)
     for _ in range(warmup):
         step()
-    marks = _Marks(device)
+    marks = _Marks(torch.device(device))
     marks.mark()
     for _ in range(steps):
         step()
@@ -280,56 +257,53 @@ def measure_loop(step: Callable[[], None], device: torch.device | str, warmup: i
     return Measurement(batch_size * steps, sum(step_ms) / 1e3, tuple(step_ms))
 
 
-def _summed(values: Any) -> float | None:
-    """The sum of the values that are not ``None``; ``None`` where all are."""
-    known = [v for v in values if v is not None]
-    return float(sum(known)) if known else None
-
-
 def summarize(
     results: Mapping[str, Sequence[Measurement | BaseException]], ceiling: str | None
 ) -> list[dict[str, Any]]:
     """A row a variant: the median repetition's samples/s, the worst and best, each repetition's ratio to the
-    ceiling of the same turn (``repeats``), the median and worst of those ratios, and p50/p90 step times over
-    all measured steps.
+    ceiling of the same turn, the median and worst of those ratios, and p50/p90 over all measured steps.
 
     Example:
-        >>> res = {"ceiling": [Measurement(100, 1.0, (10.0,))] * 3,
-        ...        "fed": [Measurement(90, 1.0, (11.0,)), Measurement(80, 1.0, (12.0,)), Measurement(95, 1.0, (11.0,))]}
+        >>> m = lambda sps, ms: Measurement(sps, 1.0, (ms,))
+        >>> res = {"ceiling": [m(100, 10.0)] * 3, "fed": [m(90, 11.0), m(80, 12.0), m(95, 11.0)]}
         >>> row = summarize(res, "ceiling")[1]
         >>> row["samples_per_sec"], row["of_ceiling"], row["of_ceiling_worst"], row["grad_scale_falls"]
         (90.0, 0.9, 0.8, None)
     """
-    base = [r for r in results.get(ceiling, ())] if ceiling else []
+    base = list(results.get(ceiling, ())) if ceiling else []
     rows = []
     for name, reps in results.items():
         errors = [r for r in reps if isinstance(r, BaseException)]
         ms = [r for r in reps if isinstance(r, Measurement)]
-        row: dict[str, Any] = {"name": name, "error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None}
         rates = [m.samples_per_sec or 0.0 for m in ms]
         ratios = []
-        for turn, m in enumerate(reps):
-            c = base[turn] if turn < len(base) else None
+        for m, c in zip(reps, base, strict=False):
             if isinstance(m, Measurement) and isinstance(c, Measurement) and c.samples_per_sec:
                 ratios.append((m.samples_per_sec or 0.0) / c.samples_per_sec)
         steps = [s for m in ms for s in m.step_ms]
         med = statistics.median(rates) if rates else None
-        row.update(
-            samples_per_sec=med,
-            samples_per_sec_min=min(rates) if rates else None,
-            samples_per_sec_max=max(rates) if rates else None,
-            spread=(max(rates) - min(rates)) / med if med and len(rates) > 1 else None,
-            of_ceiling=statistics.median(ratios) if ratios else None,
-            of_ceiling_worst=min(ratios) if ratios else None,
-            p50_ms=percentile(steps, 0.5),
-            p90_ms=percentile(steps, 0.9),
-            compile_seconds=next((m.compile_seconds for m in ms if m.compile_seconds is not None), None),
-            # the GradScaler's falls inside the windows, summed over the repetitions (None: no scaler)
-            grad_scale_falls=_summed(m.extra.get("grad_scale_falls") for m in ms),
-            repeats=[
-                {**m.to_dict(), "of_ceiling": ratios[i] if i < len(ratios) else None}
-                for i, m in enumerate(ms)
-            ],
+        # the GradScaler's falls inside the windows, summed over the repetitions (None: no scaler)
+        falls = [m.extra["grad_scale_falls"] for m in ms if m.extra.get("grad_scale_falls") is not None]
+        rows.append(
+            {
+                "name": name,
+                "error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None,
+                "samples_per_sec": med,
+                "samples_per_sec_min": min(rates, default=None),
+                "samples_per_sec_max": max(rates, default=None),
+                "spread": (max(rates) - min(rates)) / med if med and len(rates) > 1 else None,
+                "of_ceiling": statistics.median(ratios) if ratios else None,
+                "of_ceiling_worst": min(ratios, default=None),
+                "p50_ms": percentile(steps, 0.5),
+                "p90_ms": percentile(steps, 0.9),
+                "compile_seconds": next(
+                    (m.compile_seconds for m in ms if m.compile_seconds is not None), None
+                ),
+                "grad_scale_falls": float(sum(falls)) if falls else None,
+                "repeats": [
+                    {**m.to_dict(), "of_ceiling": ratios[i] if i < len(ratios) else None}
+                    for i, m in enumerate(ms)
+                ],
+            }
         )
-        rows.append(row)
     return rows

@@ -1,13 +1,6 @@
-"""Generated image folders for demos, benchmarks and tests.
-
-The images look like ImageNet's to a decoder, so that decoding costs what it costs on real data. By default
-(``image_size="imagenet"``) each image's size, orientation and mode are drawn from a distribution like
-ImageNet's (``imagenet_like``): most images 500 px on the long side (4:3, 3:2 and other aspects up to 2:1),
-the rest with a shorter side spread from 200 to 800 px, widths from 200 to 1,000 px, a quarter portrait,
-and a few grey and CMYK JPEGs. A fixed
-``image_size=(width, height)`` gives every image that size, in RGB. The content is photo-like: smooth colour
-fields (which JPEG compresses well), a few sharp-edged shapes, and per-pixel texture whose strength varies
-across the image (which JPEG does not compress). Each class has its own hue, so a model can learn the labels.
+"""Generated image folders for the demo, the benchmarks and the tests: JPEGs that cost a decoder what
+ImageNet's do (sizes, aspects and modes drawn by ``imagenet_like``, photo-like content), each class its own
+hue so that a model can learn the labels.
 """
 
 from __future__ import annotations
@@ -51,12 +44,9 @@ class ImageSpec(NamedTuple):
 def imagenet_like(seed: int, index: int) -> ImageSpec:
     """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``).
 
-    Drawn from a distribution like ImageNet's: with probability 0.55 the long side is 500 px (ImageNet's
-    median image is 500x375); otherwise the shorter side is log-normal around 400 px, clipped to 200-800,
-    and the long side at most 1,000 px (``SIDE_RANGE``: widths from 200 to 1,000 px). The aspect ratio is
-    4:3 (60 %), 3:2 (20 %), 1:1, 16:9, or anywhere in 1.1-2.0; a quarter of the images are portrait (width /
-    height from 0.5 to 2 in all). ``GREY_SHARE`` of them are grey and ``CMYK_SHARE`` CMYK JPEGs. The same
-    ``(seed, index)`` always gives the same spec, whatever the folder's size.
+    Most images 500 px on the long side, the rest with a shorter side around 400 px (200-800), widths up to
+    ``SIDE_RANGE``; aspects 4:3, 3:2, 1:1, 16:9 or 1.1-2.0, a quarter portrait, ``GREY_SHARE`` grey and
+    ``CMYK_SHARE`` CMYK. The same ``(seed, index)`` always gives the same spec.
     """
     rng = np.random.default_rng((seed, index, 0x1A6E))
     weights = np.array([w for _, w in _ASPECTS])
@@ -137,18 +127,13 @@ def _add_shapes(img: np.ndarray, rng: np.random.Generator) -> None:
             region += colour
 
 
-def _write_one(job: tuple[str, int, int, int, int, int, float, int, str, str, bool]) -> int:
+def _write_one(job: tuple[str, int, int, int, int, str, dict[str, Any]]) -> int:
     from PIL import Image
 
-    path, seed, label, num_classes, width, height, texture, quality, fmt, mode, photo = job
-    arr = _make_image(seed, label, num_classes, width, height, texture, photo)
-    img = Image.fromarray(arr)
-    if mode != "RGB":
-        img = img.convert(mode)
-    if fmt == "JPEG":
-        img.save(path, format="JPEG", quality=quality)
-    else:
-        img.save(path, format=fmt)
+    path, seed, label, width, height, mode, spec = job
+    photo = spec["image_size"] == IMAGENET
+    arr = _make_image(seed, label, spec["num_classes"], width, height, spec["texture"], photo)
+    Image.fromarray(arr).convert(mode).save(path, format="JPEG", quality=spec["quality"])
     return os.path.getsize(path)
 
 
@@ -161,43 +146,37 @@ def make_jpeg_folder(
     texture: float | None = None,
     seed: int = 0,
     workers: int | None = None,
-    image_format: str = "JPEG",
 ) -> Path:
-    """Write a class-per-subfolder image folder (``root/class_XX/img_XXXXXX.jpg``) and return ``root``.
+    """Write a class-per-subfolder JPEG folder (``root/class_XX/img_XXXXXX.jpg``) and return ``root``.
 
-    A manifest makes the call idempotent: a folder already made with the same arguments is reused, so
-    benchmarks pay the generation once. A folder with other contents raises instead of being mixed into.
-    The same arguments always give the same files.
+    A folder already made with the same arguments is reused (a manifest records them); one with other
+    contents raises. The same arguments always give the same files.
 
     Args:
         root: output folder (created).
         num_images: images in total, spread evenly over the classes.
         num_classes: subfolders.
-        image_size: ``"imagenet"`` (default): each image's size, orientation and mode drawn from
-            ``imagenet_like`` (mixed sizes and aspects, a quarter portrait, ``GREY_SHARE`` grey and
-            ``CMYK_SHARE`` CMYK JPEGs; with ``image_format="PNG"`` the CMYK ones are RGB), with photo-like
+        image_size: ``"imagenet"``: each image's size and mode from ``imagenet_like``, with photo-like
             content; or ``(width, height)`` in pixels for every image, in RGB.
         quality: JPEG quality.
-        texture: standard deviation of per-pixel noise (default 28 for a fixed size: about 110 kB per
-            500x375 image at quality 90; 22 for ``"imagenet"``, whose mean file is then about ImageNet's).
+        texture: standard deviation of per-pixel noise (default 28 for a fixed size, about 110 kB per
+            500x375 image; 22 for ``"imagenet"``, about ImageNet's mean file).
         seed: base seed; image ``i`` uses ``seed + i``.
         workers: processes used to encode (default: the CPUs this process may use).
-        image_format: ``"JPEG"`` or ``"PNG"``.
+
+    Raises:
+        ValueError: a bad count or size, or a ``root`` that holds other files.
     """
     if num_images < 1 or num_classes < 1:
         raise ValueError(f"num_images ({num_images}) and num_classes ({num_classes}) must be >= 1")
-    if isinstance(image_size, str):
-        if image_size != IMAGENET:
-            raise ValueError(f"image_size must be {IMAGENET!r} or (width, height), got {image_size!r}")
-    elif len(image_size) != 2 or min(image_size) < 8:
+    if isinstance(image_size, str) and image_size != IMAGENET:
+        raise ValueError(f"image_size must be {IMAGENET!r} or (width, height), got {image_size!r}")
+    if not isinstance(image_size, str) and (len(image_size) != 2 or min(image_size) < 8):
         raise ValueError(
             f"image_size must be {IMAGENET!r} or (width, height) with both >= 8, got {tuple(image_size)}"
         )
     if texture is None:
         texture = _IMAGENET_TEXTURE if image_size == IMAGENET else 28.0
-    image_format = image_format.upper()
-    if image_format not in ("JPEG", "PNG"):
-        raise ValueError(f"image_format must be 'JPEG' or 'PNG', got {image_format!r}")
     root = Path(root)
     spec = {
         "num_images": num_images,
@@ -206,7 +185,7 @@ def make_jpeg_folder(
         "quality": quality,
         "texture": texture,
         "seed": seed,
-        "format": image_format,
+        "format": "JPEG",
         **({"sides": list(SIDE_RANGE)} if image_size == IMAGENET else {}),  # ``imagenet_like``'s sizes
     }
     manifest = root / _MANIFEST
@@ -221,56 +200,34 @@ def make_jpeg_folder(
     # written beside root and renamed into place when complete: an interrupted run leaves no half folder
     tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     try:
-        sizes = _write_all(tmp, spec, num_images, num_classes, workers)
-        manifest_tmp = tmp / _MANIFEST
-        manifest_tmp.write_text(json.dumps({"spec": spec, "mean_bytes": float(np.mean(sizes))}, indent=1))
+        sizes = _write_all(tmp, spec, workers)
+        (tmp / _MANIFEST).write_text(
+            json.dumps({"spec": spec, "mean_bytes": float(np.mean(sizes))}, indent=1)
+        )
         if root.exists():
             root.rmdir()
         tmp.rename(root)
-    except OSError:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if manifest.is_file() and json.loads(manifest.read_text()).get("spec") == spec:
+        same = manifest.is_file() and json.loads(manifest.read_text()).get("spec") == spec
+        if isinstance(err, OSError) and same:
             return root  # another process made the same folder at the same time
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     return root
 
 
-def _write_all(
-    folder: Path, spec: dict[str, Any], num_images: int, num_classes: int, workers: int | None
-) -> list[int]:
-    image_format = spec["format"]
-    ext = ".jpg" if image_format == "JPEG" else ".png"
+def _write_all(folder: Path, spec: dict[str, Any], workers: int | None) -> list[int]:
     mixed = spec["image_size"] == IMAGENET
     jobs = []
-    for i in range(num_images):
-        label = i % num_classes
+    for i in range(spec["num_images"]):
+        label = i % spec["num_classes"]
         sub = folder / f"class_{label:02d}"
         sub.mkdir(parents=True, exist_ok=True)
-        if mixed:
-            width, height, mode = imagenet_like(spec["seed"], i)
-            mode = "RGB" if mode == "CMYK" and image_format != "JPEG" else mode
-        else:
-            (width, height), mode = spec["image_size"], "RGB"
-        jobs.append(
-            (
-                str(sub / f"img_{i:06d}{ext}"),
-                spec["seed"] + i,
-                label,
-                num_classes,
-                int(width),
-                int(height),
-                spec["texture"],
-                spec["quality"],
-                image_format,
-                mode,
-                mixed,
-            )
-        )
+        width, height, mode = imagenet_like(spec["seed"], i) if mixed else (*spec["image_size"], "RGB")
+        path = str(sub / f"img_{i:06d}.jpg")
+        jobs.append((path, spec["seed"] + i, label, int(width), int(height), mode, spec))
     workers = workers or available_cpus()
-    if workers > 1 and num_images >= 64:
+    if workers > 1 and len(jobs) >= 64:
         # Ctrl-C reaches the whole process group: the parent reports it, the encoders stop quietly
         with ProcessPoolExecutor(
             max_workers=workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
@@ -286,41 +243,30 @@ def cached_jpeg_folder(
     image_size: Sequence[int] | str,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """The generated folder for these settings under ``parent`` (``jpeg_<N>_<C>c_<W>x<H>``, or
-    ``jpeg_<N>_<C>c_imagenet``), made on first use.
-
-    Args:
-        parent: cache folder (``_common.cache_dir()`` in the commands).
-        num_images: images in total.
-        num_classes: classes (at most ``num_images``).
-        image_size: ``(width, height)`` in pixels, or ``"imagenet"`` (``make_jpeg_folder``).
-        progress: called with one line when the folder is generated or reused.
-    """
+    """``make_jpeg_folder`` under ``parent`` (``jpeg_<N>_<C>c_<W>x<H>`` or ``..._imagenet``), made on first
+    use; ``progress`` gets one line saying which."""
     import time
 
     say = progress or (lambda _msg: None)
-    size: Sequence[int] | str
-    if isinstance(image_size, str):
-        size, shape = image_size, image_size
-    else:
-        size = (int(image_size[0]), int(image_size[1]))
-        shape = f"{size[0]}x{size[1]}"
+    size = image_size if isinstance(image_size, str) else (int(image_size[0]), int(image_size[1]))
+    shape = size if isinstance(size, str) else f"{size[0]}x{size[1]}"
     classes = min(num_classes, num_images)
     root = Path(parent).expanduser() / f"jpeg_{num_images}_{classes}c_{shape}"
-    if (root / _MANIFEST).is_file():
+    cached = (root / _MANIFEST).is_file()
+    if cached:
         say(f"using cached generated images {root}")
-        return make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
-    say(f"generating {num_images} {shape} JPEGs in {classes} classes under {root} (once, cached)...")
+    else:
+        say(f"generating {num_images} {shape} JPEGs in {classes} classes under {root} (once, cached)...")
     t0 = time.perf_counter()
     make_jpeg_folder(root, num_images=num_images, num_classes=classes, image_size=size)
-    say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
+    if not cached:
+        say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
 
 
 def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
     """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
-    frame headers), ``width_min``/``width_max``, ``height_min``/``height_max``, ``aspect_min``/``aspect_max``
-    (width / height), ``grayscale`` and ``cmyk`` (1 and 4 components) and ``progressive`` (not baseline).
+    headers), ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``.
 
     Example:
         >>> describe_images(sorted(make_jpeg_folder("/tmp/j", 8, 2).rglob("*.jpg")))["count"]  # doctest: +SKIP
@@ -333,11 +279,14 @@ def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
         with open(path, "rb") as fh:
             infos.append(jpeg_info(fh.read(1 << 16)))
     ok = [i for i in infos if i is not None]
-    widths, heights, aspects = [i.width for i in ok], [i.height for i in ok], [i.width / i.height for i in ok]
-    return {
-        "count": len(infos), "jpeg": len(ok), "width_min": min(widths, default=None),
-        "width_max": max(widths, default=None), "height_min": min(heights, default=None),
-        "height_max": max(heights, default=None), "aspect_min": min(aspects, default=None),
-        "aspect_max": max(aspects, default=None), "grayscale": sum(i.components == 1 for i in ok),
-        "cmyk": sum(i.components == 4 for i in ok), "progressive": sum(not i.baseline for i in ok),
-    }  # fmt: skip
+    out: dict[str, Any] = {"count": len(infos), "jpeg": len(ok)}
+    for key, values in (
+        ("width", [i.width for i in ok]),
+        ("height", [i.height for i in ok]),
+        ("aspect", [i.width / i.height for i in ok]),
+    ):
+        out.update({f"{key}_min": min(values, default=None), f"{key}_max": max(values, default=None)})
+    out["grayscale"] = sum(i.components == 1 for i in ok)
+    out["cmyk"] = sum(i.components == 4 for i in ok)
+    out["progressive"] = sum(not i.baseline for i in ok)
+    return out

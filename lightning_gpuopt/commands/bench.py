@@ -1,18 +1,11 @@
-"""``lightning-gpuopt bench``: the ladder from a naive input pipeline to the full stack, on this machine.
-
-Each row is measured in ``--repeats`` fits, the rows taking turns: a warm-up past what the loader prefetches
-(and past a compile), then a fixed number of steps timed by a CUDA event at every batch end. ``--seconds``
-sizes that number from a row's first warm-up; ``--steps`` caps it (or sets it, with ``--seconds 0``).
-Each run writes into a new ``<out>/version_<n>`` folder: ``ladder.json`` (``write_results`` shape),
-``ladder.png`` (extra ``plot``) and TensorBoard runs under ``tensorboard/`` (one run a row), and prints the
-table last. Progress goes to stderr. The work is ``lightning_gpuopt.bench``'s.
+"""``lightning-gpuopt bench``: the ladder from a naive input pipeline to the full stack, on this machine
+(``lightning_gpuopt.bench``); each run writes a new ``<out>/version_<n>`` and prints the table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,14 +32,36 @@ def _src_size(text: str) -> tuple[int, int]:
     return w, h
 
 
+# (flag, type, default, help) of the flags that take one value; docs/benchmarks.md says more of each
+_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("--images", int, 8192, "images in the generated folder (default 8192)"),
+    ("--classes", int, 100, "classes in the generated folder (default 100)"),
+    ("--batch-size", int, 256, "samples a step (default 256)"),
+    ("--image-size", int, 224, "training crop side in pixels (default 224)"),
+    ("--seconds", float, 10.0, "measured seconds a row over its repetitions (default 10; 0: --steps alone)"),
+    ("--steps", int, None, "steps a repetition measures: at most (with --seconds) or exactly (--seconds 0)"),
+    ("--warmup", int, 5, "warm-up steps of a fit, past the loader's prefetch and a compile (default 5)"),
+    ("--repeats", int, 3, "fits a row, the rows taking turns; rows report the median and range (default 3)"),
+    ("--workers", int, None, "DataLoader workers for the tuned rows (default: measured)"),
+    ("--tune-seconds", float, 10.0, "budget of each worker tuning (default 10)"),
+    ("--time-budget", float, None, "whole-run seconds; rows shrink to fit (default: none)"),
+    ("--out", str, "lightning_gpuopt_bench", "output folder; each run writes a new version_<n> inside it"),
+    (
+        "--cache-dir",
+        str,
+        None,
+        "cache (default $LIGHTNING_GPUOPT_CACHE_DIR or ~/.cache/lightning_gpuopt)",
+    ),
+)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    from lightning_gpuopt.bench.rows import ROW_NAMES
+
     parser.add_argument(
         "--data",
         help="class-per-subfolder image folder or a .h5 file made by `lightning-gpuopt convert` "
         "(default: a generated ImageNet-shaped JPEG folder, cached)",
-    )
-    parser.add_argument(
-        "--images", type=int, default=8192, help="images in the generated folder (default 8192)"
     )
     parser.add_argument(
         "--image-size-src",
@@ -56,86 +71,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="size of the generated JPEGs (default 500x375, ImageNet's median)",
     )
     parser.add_argument(
-        "--classes", type=int, default=100, help="classes in the generated folder (default 100)"
-    )
-    parser.add_argument(
         "--model",
         choices=("small", "resnet18", "resnet50"),
-        default=None,
         help="model (default resnet50 when torchvision is installed, else the built-in small ResNet)",
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="samples a step (default 256)")
-    parser.add_argument(
-        "--image-size", type=int, default=224, help="training crop side in pixels (default 224)"
-    )
-    _add_run_args(parser)
-
-
-def _add_run_args(parser: argparse.ArgumentParser) -> None:
-    """The rows, their timing and where the run writes."""
-    from lightning_gpuopt.bench.rows import ROW_NAMES
-
     parser.add_argument(
         "--rows",
         default=",".join(ROW_NAMES),
-        help=f"comma-separated rows to run, in any order (default all: {','.join(ROW_NAMES)}); "
-        "ceiling_eager runs beside any row that can run; ceiling_compiled (the ratios' ceiling) on CUDA or "
-        "with +compile; on a CPU the compiled rows run only when named; rows this machine cannot run are "
-        "dropped with the reason, and when none can the command ends at once (exit 1)",
+        help=f"comma-separated rows to run (default all: {','.join(ROW_NAMES)}); ceiling_eager runs beside "
+        "any row that can run, ceiling_compiled on CUDA or with +compile; on a CPU the compiled rows run "
+        "only when named; rows this machine cannot run say why, and when none can the command ends (exit 1)",
     )
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=10.0,
-        help="measured seconds a row over its repetitions, turned into a step count from the row's first "
-        "warm-up (default 10; 0: steps from --steps alone)",
-    )
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="steps each repetition measures: at most this many with --seconds, exactly with --seconds 0 "
-        "(default: from --seconds)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=5,
-        help="warm-up steps of each fit, past what the loader prefetches and past a compile (default 5)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="fits a row, the rows taking turns; rows report the median and range (default 3)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="DataLoader workers for the tuned rows (default: measured with tune_num_workers)",
-    )
-    parser.add_argument(
-        "--tune-seconds", type=float, default=10.0, help="budget of each worker tuning (default 10)"
-    )
-    parser.add_argument(
-        "--time-budget",
-        type=float,
-        default=None,
-        help="whole-run seconds; rows shrink to fit (default: none)",
-    )
-    parser.add_argument(
-        "--out",
-        default="lightning_gpuopt_bench",
-        help="output folder; each run writes into a new version_<n> folder inside it "
-        "(default ./lightning_gpuopt_bench)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        default=None,
-        help="where generated data, HDF5 copies and worker counts are cached "
-        "(default $LIGHTNING_GPUOPT_CACHE_DIR or ~/.cache/lightning_gpuopt)",
-    )
+    for flag, kind, default, text in _FLAGS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto", help="default auto")
     parser.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard runs")
 
@@ -154,11 +102,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
     )
 
 
-def _check_model(model: str) -> None:
+def _check_model(model: str | None) -> None:
     """A torchvision model without torchvision is refused before any folder is made or data generated."""
     from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
 
-    if model != "small" and not _TORCHVISION_AVAILABLE:
+    if model not in (None, "small") and not _TORCHVISION_AVAILABLE:
         raise ValueError(
             f"--model {model} is torchvision's, which is not installed; "
             "pip install 'lightning-gpuopt[vision]' (or torchvision), or pass --model small"
@@ -205,8 +153,7 @@ def _some_row_runs(config: LadderConfig) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
-    if args.model is not None:
-        _check_model(args.model)  # before the heavy imports: found in a moment
+    _check_model(args.model)  # before the heavy imports: found in a moment
     from lightning_gpuopt._common import cache_dir
     from lightning_gpuopt.bench import rows, runs
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
@@ -229,7 +176,6 @@ def run(args: argparse.Namespace) -> int:
         time_budget_s=args.time_budget,
     )
     config.validate(check_data=bool(args.data))  # bad arguments fail before any dataset work
-    _check_model(config.model)
     if not _some_row_runs(config):
         return 1
     runs.check_output_folder(args.out)
@@ -237,15 +183,7 @@ def run(args: argparse.Namespace) -> int:
         config.data = cached_jpeg_folder(
             cache, args.images, args.classes, args.image_size_src, progress=_progress
         )
-    run = runs.new_run_dir(args.out)
-    try:
-        code = _run_in(run, args, config)
-    except BaseException:
-        # a run that raised before its results were written leaves no version_<n> (nor half its logs)
-        if not (run / "ladder.json").is_file():
-            shutil.rmtree(run, ignore_errors=True)
-        raise
-    return code
+    return runs.in_new_run(args.out, lambda run: _run_in(run, args, config))
 
 
 def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
