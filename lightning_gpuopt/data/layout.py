@@ -1,23 +1,9 @@
 """How a decoded image is kept on the host: resized as torchvision's ``Resize`` does, on a uint8 canvas.
 
-Training crops are drawn from the stored image (torchvision's ``RandomResizedCrop``) and validation is
-``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)``. Batches need one shape, so each image is
-resized like torchvision's ``Resize(storage_size)`` (shorter side to ``storage_size``, the longer one
-truncated as torchvision truncates it) and placed at the top-left of a landscape canvas of
-``storage_size x ceil(storage_size * MAX_ASPECT)``; a portrait image is stored transposed so its long side
-lies along the canvas width. An image whose resized long side is longer than the canvas (more elongated
-than ``MAX_ASPECT``) keeps its shorter side at ``storage_size`` and is cut to the canvas along its long side:
-the stored part is the centre of the resized image (``cut_window``), on torchvision's pixel grid, so its
-evaluation centre crop is exactly torchvision's wherever ``storage_size`` is the evaluation resize size.
-Training crops of such an image are drawn from that central part (at most 3:2) rather than from its whole
-length. Every backend (the folder, the raw and the JPEG HDF5 stores) stores an image with this rule; DALI
-decodes the original file and follows torchvision on the whole image.
-
-Each sample carries ``meta = (h, w, transposed)``: the valid region of the canvas and whether it holds the
-image transposed. The GPU side (``GPUAugment``) samples crops inside that region, in the image's own
-orientation, so the result is what torchvision would produce from the stored image.
-
-A canvas costs ``3 * storage_size * ceil(storage_size * 1.5)`` bytes (294,912 at 256), read at a fixed cost.
+Each image is resized like ``Resize(storage_size)`` and placed at the top-left of a landscape canvas of
+``storage_size x ceil(storage_size * MAX_ASPECT)`` (a portrait image transposed, a longer one cut to its centre
+by ``cut_window``), with ``meta = (h, w, transposed)``, its valid region. docs/datamodule.md, "Whole images on
+a canvas", says why and what it costs.
 """
 
 from __future__ import annotations
@@ -31,6 +17,15 @@ from lightning_gpuopt._checks import check_arg, check_int, is_int
 
 #: long side / short side the canvas holds at full resolution (covers 4:3 and 3:2 photos).
 MAX_ASPECT = 1.5
+#: version of this canvas rule a store records. 1: an image more elongated than the canvas shrunk to fit (no
+#: longer read); 2: its shorter side kept at storage_size and its long side cut to the canvas (``cut_window``).
+LAYOUT_VERSION = 2
+#: the rule in words, as the stores record it (their ``resize`` attribute).
+RESIZE_DOC = (
+    "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), a long side "
+    "longer than the storage_size x ceil(1.5 storage_size) canvas cut to its centre, portrait images "
+    "transposed; meta = (h, w, transposed)"
+)
 
 
 def canvas_shape(storage_size: int) -> tuple[int, int]:

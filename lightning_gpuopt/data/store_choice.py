@@ -151,7 +151,8 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
     import numpy as np
 
     from lightning_gpuopt.data import layout
-    from lightning_gpuopt.data.jpeg_store import decode_into, encode_for_store
+    from lightning_gpuopt.data.folder import decode_canvas
+    from lightning_gpuopt.data.jpeg_store import encode_for_store
 
     paths = [p for p in paths if os.path.isfile(p)]  # regular files: a FIFO would block the sample
     step = max(1, len(paths) // SAMPLE_IMAGES)
@@ -161,7 +162,7 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
         # an unreadable image (or one whose store bytes do not decode) is left out: the conversion names it
         with contextlib.suppress(ValueError, OSError):
             data = encode_for_store(path, storage_size)[0]
-            decode_into(data, storage_size, np.zeros(shape, np.uint8), path)
+            decode_canvas(data, storage_size, np.zeros(shape, np.uint8), name=path)
             encoded.append(data)
     if not encoded:
         return None
@@ -170,7 +171,7 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
     decoded, t0 = 0, time.perf_counter()
     while decoded < len(encoded) or time.perf_counter() - t0 < SAMPLE_SECONDS:
         k = decoded % len(encoded)
-        decode_into(encoded[k], storage_size, canvases[k], f"sample {k}")
+        decode_canvas(encoded[k], storage_size, canvases[k], name=f"sample {k}")
         decoded += 1
     decode = decoded / (time.perf_counter() - t0)
     copied, t0 = 0, time.perf_counter()
