@@ -8,6 +8,7 @@ import io
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         view, offset = view[done:], offset + done
 
 
-class HDF5Writes(io.RawIOBase):
+class HDF5Writes(io.FileIO):
     """The file HDF5 writes through (h5py's file-object driver), with failures held back.
 
     The first failed write or truncate is kept in ``error`` and every later one only pretends, so HDF5 still
@@ -34,75 +35,45 @@ class HDF5Writes(io.RawIOBase):
     """
 
     def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        self.pos = 0
+        super().__init__(path, "r+")
         self.error: OSError | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos}.get(whence)
-        self.pos = (os.fstat(self.fd).st_size if base is None else base) + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, buffer: Any) -> int:
-        data = os.pread(self.fd, len(buffer), self.pos)
-        buffer[: len(data)] = data
-        self.pos += len(data)
-        return len(data)
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
         if self.error is None:
             try:
-                pwrite_all(self.fd, data, self.pos)
+                pwrite_all(self.fileno(), data, self.tell())
             except OSError as err:
                 self.error = err
-        self.pos += size
+        self.seek(size, os.SEEK_CUR)
         return size
 
     def truncate(self, size: int | None = None) -> int:
-        size = self.pos if size is None else size
+        size = self.tell() if size is None else size
         if self.error is None:
             try:
-                os.ftruncate(self.fd, size)
+                super().truncate(size)
             except OSError as err:
                 self.error = err
         return size
 
-    def flush(self) -> None:
-        pass  # every write went straight to the file
 
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        super().close()
-
-
+@dataclass(eq=False)
 class StoreFile:
     """A store being written into ``tmp``: the images first (by the subclass), then the tables, root
     attributes and completeness mark in one last HDF5 pass (``complete``), once every image is flushed (a
     copy of ``tmp`` taken before has no mark)."""
 
-    def __init__(
-        self, h5py: Any, tmp: Path, classes: list[str], rel: list[str], labels: np.ndarray, storage_size: int,
-        source: str,
-    ) -> None:  # fmt: skip
-        self.h5py, self.tmp, self.classes, self.rel, self.labels = h5py, tmp, classes, rel, labels
-        self.storage_size, self.source = storage_size, source
-        self.meta = np.zeros((len(rel), 3), dtype=np.int32)
+    h5py: Any
+    tmp: Path
+    classes: list[str]
+    rel: list[str]
+    labels: np.ndarray
+    storage_size: int
+    source: str
+
+    def __post_init__(self) -> None:
+        self.meta = np.zeros((len(self.rel), 3), dtype=np.int32)
         self.written = 0
 
     def failed(self, err: OSError) -> OSError:

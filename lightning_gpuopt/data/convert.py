@@ -40,7 +40,7 @@ from lightning_gpuopt.data._lifetime import Janitor, die_with_parent
 from lightning_gpuopt.data._upsampling import smaller_sources, source_size, warn_upsampled
 from lightning_gpuopt.data.folder import ON_CORRUPT, CorruptImageError
 from lightning_gpuopt.data.hdf5 import FORMAT, FORMAT_VERSION
-from lightning_gpuopt.data.jpeg_store import JPEGStoreWriter, encode_block
+from lightning_gpuopt.data.jpeg_store import JPEGStoreWriter, encode_for_store
 
 _BLOCK_IMAGES = 32  # images a decode task returns: big enough to amortise IPC, small enough to stream
 _PER_IMAGE_OVERHEAD = 128  # bytes a stored image costs beyond its canvas: label, meta, chunk index, name
@@ -99,27 +99,34 @@ _parent_pid: int | None = None
 
 
 def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
-    """Decode a block of images onto canvases, or encode them for the JPEG store (``job[3] == "jpeg"``)."""
+    """Decode a block of images onto canvases, or encode them for the JPEG store (``job[3] == "jpeg"``:
+    ``(bytes, kept as it is)`` items); failures come back as ``(index, path, reason)``."""
     from lightning_gpuopt.data.folder import load_canvas
 
     paths, storage_size, keep_going, fmt = job
     if _parent_pid is not None and os.getppid() != _parent_pid:
         os._exit(1)  # orphaned: nobody will read the result
     sizes = np.array([source_size(p) for p in paths], dtype=np.int32).reshape(-1, 2)
-    if fmt == "jpeg":
-        return (*encode_block(paths, storage_size, keep_going), sizes)
-    canvases = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
     metas = np.zeros((len(paths), 3), dtype=np.int32)
+    if fmt == "jpeg":
+        images = np.empty(len(paths), dtype=object)
+        images[:] = [(b"", False)] * len(paths)
+    else:
+        images = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
     errors: list[tuple[int, str, str]] = []
     for j, path in enumerate(paths):
         try:
-            _, metas[j] = load_canvas(path, storage_size, out=canvases[j])
-        except ValueError as err:  # load_canvas reports every unreadable file as ValueError
+            if fmt == "jpeg":
+                data, metas[j], as_is = encode_for_store(path, storage_size)
+                images[j] = (data, as_is)
+            else:
+                _, metas[j] = load_canvas(path, storage_size, out=images[j])
+        except ValueError as err:  # an unreadable file is reported as ValueError
             cause = err.__cause__ or err
             errors.append((j, path, f"{type(cause).__name__}: {cause}"))
             if not keep_going:
                 break
-    return canvases, metas, errors, sizes
+    return images, metas, errors, sizes
 
 
 def _remove_stale_temps(dest: Path) -> None:
@@ -314,20 +321,21 @@ def convert_folder_to_hdf5(
     Example:
         >>> convert_folder_to_hdf5("data/train", "train_256.h5", storage_size=256)  # doctest: +SKIP
     """
-    h5py = require("h5py")
+    require("h5py")  # a missing extra is named before any other check
     t_start = time.perf_counter()
     layout.canvas_shape(storage_size)  # validates storage_size
     check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
     check_choice(format, "format", ("raw", "jpeg"))
     check_int(workers, "workers", low=0, none_ok=True)
-    out_path, dest = _destination(out, overwrite)
+    src_path, (out_path, dest) = Path(src).expanduser(), _destination(out, overwrite)
     with _sigterm_cleans_up():
         claim = _Claim(dest, str(out_path))
         try:
             if dest.exists() and not overwrite:  # finished by a conversion that held the claim until now
                 raise OutputExistsError(str(out_path))
-            result = _convert_claimed(h5py, Path(src).expanduser(), out_path, dest, storage_size, workers,
-                                      progress, on_corrupt, overwrite, format)  # fmt: skip
+            result = _convert_claimed(
+                src_path, out_path, dest, storage_size, workers, progress, on_corrupt, overwrite, format
+            )
         finally:
             claim.release()
     result.seconds = time.perf_counter() - t_start
@@ -337,7 +345,6 @@ def convert_folder_to_hdf5(
 
 
 def _convert_claimed(
-    h5py: Any,
     src_path: Path,
     out_path: Path,
     dest: Path,
@@ -353,6 +360,7 @@ def _convert_claimed(
 
     from lightning_gpuopt.data.folder import scan_image_folder
 
+    h5py = require("h5py")
     classes, samples = scan_image_folder(src_path)  # names the path for a missing/empty/invalid folder
     paths = [p for p, _ in samples]
     rel = [os.path.relpath(p, src_path).replace(os.sep, "/") for p in paths]
@@ -378,7 +386,7 @@ def _convert_claimed(
             janitors.append(Janitor(path))  # before the file exists: it is removed even after a SIGKILL
         _create_temp(tmp, dest)
         decoder = _Decoder(jobs, workers)  # before HDF5 opens the file: forked workers never inherit it
-        writer = JPEGStoreWriter(h5py, tmp, spill, *store[2:]) if jpeg else _StoreWriter(*store)
+        writer = JPEGStoreWriter(*store, spill) if jpeg else _StoreWriter(*store)
         keep, skipped, source_sizes = _write_blocks(writer, decoder.blocks(), keep_going, bar.update)
         if writer.written == 0:
             raise ValueError(f"no readable images in {str(src_path)!r} ({len(skipped)} skipped)")
@@ -401,17 +409,18 @@ def _convert_claimed(
         bar.close()
     source = sum(s for s, k in zip(sources, keep, strict=True) if k)
     small = smaller_sources(map(tuple, source_sizes), storage_size)
-    return ConversionResult(out_path, writer.written, list(classes), skipped, 0.0, storage_size, fmt,
-                            int(writer.bytes_written), int(source), *small)  # fmt: skip
+    stored = (writer.written, list(classes), skipped, 0.0, storage_size, fmt, int(writer.bytes_written))
+    return ConversionResult(out_path, *stored, int(source), *small)
 
 
+@dataclass(eq=False)
 class _StoreWriter(StoreFile):
     """Writes a raw store into ``tmp``: HDF5 lays the file out first, every image chunk allocated (not
     filled), then each image is written with plain ``pwrite`` at its chunk's offset, so HDF5 itself writes
     nothing while decoding runs."""
 
-    def __init__(self, h5py: Any, tmp: Path, *args: Any) -> None:
-        super().__init__(h5py, tmp, *args)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         ch, cw = layout.canvas_shape(self.storage_size)
         self.image_bytes, self.fd = ch * cw * 3, -1
         shape = (len(self.rel), ch, cw, 3)
@@ -425,8 +434,10 @@ class _StoreWriter(StoreFile):
 
         self.hdf5("w", lay_out)
         if int(self.offsets.min()) < 0:
-            raise RuntimeError(f"HDF5 did not allocate every image chunk of {str(tmp)!r}; please report this")
-        self.fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            raise RuntimeError(
+                f"HDF5 did not allocate every image chunk of {str(self.tmp)!r}; please report this"
+            )
+        self.fd = os.open(self.tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
 
     @property
     def bytes_written(self) -> int:

@@ -162,8 +162,6 @@ class HDF5ImageDataset(Dataset):
         self._rows: np.ndarray | None = None  # (N, image bytes) rows of its read-only map
         self._file_lock = threading.Lock()
 
-    # -- checks -------------------------------------------------------------------------------------
-
     def _fix(self) -> str:
         return f"re-run `lightning-gpuopt convert SRC_FOLDER {self.path} --overwrite{self._FIX}`"
 
@@ -210,11 +208,9 @@ class HDF5ImageDataset(Dataset):
         self._image_bytes = int(np.prod(self.image_shape))
         meta, labels = f["meta"], f["labels"]
         n = int(labels.shape[0])
-        consistent = (
-            n > 0 and meta.shape == (n, 3) and labels.shape == (n,) and labels.dtype.kind in "iu"
-            and float(attrs.get("max_aspect", 0)) == layout.MAX_ASPECT and self._read_offsets(f, n)
-        )  # fmt: skip
-        if not consistent:
+        tables_ok = n > 0 and meta.shape == (n, 3) and labels.shape == (n,) and labels.dtype.kind in "iu"
+        aspect_ok = float(attrs.get("max_aspect", 0)) == layout.MAX_ASPECT
+        if not (tables_ok and aspect_ok and self._read_offsets(f, n)):
             raise ValueError(
                 f"HDF5 file {self.path!r} is inconsistent (shapes, chunks, filters or offsets differ from the "
                 f"format, or disagree with HDF5); {self._fix()}"
@@ -226,13 +222,10 @@ class HDF5ImageDataset(Dataset):
     def _read_offsets(self, f: Any, n: int) -> bool:
         """Read the image offsets; whether the image datasets are as the format has them."""
         images, canvas = f["images"], self.image_shape
-        if not (
-            images.dtype == np.uint8 and tuple(images.shape[1:]) == canvas
-            # a skipped image's row is kept, or cut off
-            and int(images.shape[0]) in (n, n + int(f.attrs.get("num_skipped", 0)))
-            and images.chunks == (1, *canvas) and images.id.get_create_plist().get_nfilters() == 0
-            and f["chunk_offsets"].shape == (n,)
-        ):  # fmt: skip
+        rows = (n, n + int(f.attrs.get("num_skipped", 0)))  # a skipped image's row is kept, or cut off
+        shape_ok = images.dtype == np.uint8 and images.shape[1:] == canvas and images.shape[0] in rows
+        plain = images.chunks == (1, *canvas) and images.id.get_create_plist().get_nfilters() == 0
+        if not (shape_ok and plain and f["chunk_offsets"].shape == (n,)):
             return False
         self._offsets: np.ndarray = f["chunk_offsets"][()].astype(np.int64)
         # images at equal strides are rows of one (N, image bytes) block of the file: a batch is one gather
@@ -256,8 +249,6 @@ class HDF5ImageDataset(Dataset):
 
     def _truncated(self) -> RuntimeError:
         return RuntimeError(f"HDF5 store {self.path!r} was truncated while open; {self._fix()}")
-
-    # -- per-process file ---------------------------------------------------------------------------
 
     def _open_checked(self) -> int:
         """A read-only descriptor of the store, checked to be the file this dataset was made for."""
@@ -308,21 +299,14 @@ class HDF5ImageDataset(Dataset):
         self.__dict__.update(state)
         self._file_lock = threading.Lock()
 
-    # -- reads --------------------------------------------------------------------------------------
-
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def _index(self, index: Any) -> int:
         check_arg(_is_index(index), "HDF5ImageDataset indices", index, "integers", error=TypeError)
         i, n = operator.index(index), len(self)
-        check_arg(
-            -n <= i < n,
-            "index",
-            i,
-            f"in range for the {n} images in {self.path!r} (valid: {-n} to {n - 1})",
-            error=IndexError,
-        )
+        valid = f"in range for the {n} images in {self.path!r} (valid: {-n} to {n - 1})"
+        check_arg(-n <= i < n, "index", i, valid, error=IndexError)
         return i % n
 
     def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -330,18 +314,12 @@ class HDF5ImageDataset(Dataset):
         idx = np.asarray(indices).reshape(-1)
         if idx.size == 0:
             return idx.astype(np.int64)
-        check_arg(
-            idx.dtype.kind in "iu",
-            "HDF5ImageDataset indices",
-            f"an array of {idx.dtype}",
-            "integers",
-            error=TypeError,
-        )
-        n = len(self)
-        bad = (idx < -n) | (idx >= n)
+        what = f"an array of {idx.dtype}"
+        check_arg(idx.dtype.kind in "iu", "HDF5ImageDataset indices", what, "integers", error=TypeError)
+        bad = (idx < -len(self)) | (idx >= len(self))
         if bad.any():
             self._index(int(idx[np.argmax(bad)]))  # raises IndexError naming the first bad index
-        return idx.astype(np.int64) % n
+        return idx.astype(np.int64) % len(self)
 
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
@@ -387,8 +365,6 @@ class HDF5ImageDataset(Dataset):
         batch = np.empty((int(idx.size), *self.image_shape), dtype=np.uint8)
         labels, meta = self.read_into(idx, batch)
         return list(zip(batch, labels.tolist(), meta, strict=True))
-
-    # -- metadata -----------------------------------------------------------------------------------
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
         """Label each image of stored class ``self.classes[i]`` with ``indices[i]``, ``classes`` becoming
@@ -448,11 +424,9 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
         blob = f["jpeg"]
         self._offsets = f["jpeg_offsets"][()].astype(np.int64)
         self._base = int(f.attrs.get("jpeg_data_offset", -1))
-        return (
-            blob.dtype == np.uint8 and blob.chunks is None and blob.id.get_offset() == self._base
-            and self._offsets.shape == (n + 1,) and bool(np.all(np.diff(self._offsets) > 0))
-            and int(self._offsets[-1]) <= blob.shape[0]
-        )  # fmt: skip
+        blob_ok = blob.dtype == np.uint8 and blob.chunks is None and blob.id.get_offset() == self._base
+        offsets_ok = self._offsets.shape == (n + 1,) and bool(np.all(np.diff(self._offsets) > 0))
+        return blob_ok and offsets_ok and int(self._offsets[-1]) <= blob.shape[0]
 
     def _raw_end(self) -> int:
         return self._base + int(self._offsets[-1])
@@ -476,15 +450,7 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Read and decode the images at ``indices`` into ``images``; return their ``(labels, meta)``.
-
-        Args:
-            indices: image indices (negative ones count from the end).
-            images: a writable C-contiguous uint8 ``(len(indices), *image_shape)`` array.
-
-        Returns:
-            int64 ``(B,)`` labels and int32 ``(B, 3)`` meta ``(h, w, transposed)``, new arrays.
-        """
+        """``HDF5ImageDataset.read_into``: each image read with one ``pread`` and decoded onto its row."""
         idx = self._indices(indices)
         check_batch_array(
             images, (int(idx.size), *self.image_shape), f"{type(self).__name__}.read_into's images"
@@ -494,7 +460,3 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
         for j, i in enumerate(idx.tolist()):
             meta[j] = self._decode(fd, i, images[j])
         return self.labels[idx], meta
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies this dataset for caches: the raw store's keys and the format."""
-        return {**super().fingerprint(), "format": JPEG_FORMAT}

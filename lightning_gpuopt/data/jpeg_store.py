@@ -9,7 +9,7 @@ import contextlib
 import errno
 import io
 import os
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,38 +67,19 @@ def encode_for_store(
     return out.getvalue(), meta, False
 
 
-def encode_block(
-    paths: Sequence[str], storage_size: int, keep_going: bool
-) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]:
-    """``encode_for_store`` over a block (in a worker): ``(items, metas, errors)``, ``items`` an object array
-    of ``(jpeg bytes, kept as it is)``; failures come back as ``(index, path, reason)``."""
-    items = np.empty(len(paths), dtype=object)
-    items[:] = [(b"", False)] * len(paths)
-    metas = np.zeros((len(paths), 3), dtype=np.int32)
-    errors: list[tuple[int, str, str]] = []
-    for j, path in enumerate(paths):
-        try:
-            data, metas[j], as_is = encode_for_store(path, storage_size)
-        except ValueError as err:
-            cause = err.__cause__ or err
-            errors.append((j, path, f"{type(cause).__name__}: {cause}"))
-            if not keep_going:
-                break
-            continue
-        items[j] = (data, as_is)
-    return items, metas, errors
-
-
+@dataclass(eq=False)
 class JPEGStoreWriter(StoreFile):
-    """Writes a JPEG store into ``tmp``: the bytes appended to ``spill`` as they arrive; once every image is in,
-    ``/jpeg`` laid out at its exact size, the bytes copied in, then ``StoreFile.complete``."""
+    """Writes a JPEG store into ``tmp``: the bytes appended to ``spill_path`` as they arrive; once every image is
+    in, ``/jpeg`` laid out at its exact size, the bytes copied in, then ``StoreFile.complete``."""
 
-    def __init__(self, h5py: Any, tmp: Path, spill: Path, *args: Any) -> None:
-        super().__init__(h5py, tmp, *args)
-        self.spill_path, self.offsets, self.kept = spill, [0], 0
+    spill_path: Path
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.offsets, self.kept = [0], 0
         try:
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-            self.spill = os.open(spill, flags, 0o600)
+            self.spill = os.open(self.spill_path, flags, 0o600)
         except OSError as err:
             raise self.failed(err) from err
 

@@ -35,12 +35,8 @@ def canvas_shape(storage_size: int) -> tuple[int, int]:
 
 
 def resized_size(width: int, height: int, storage_size: int) -> tuple[int, int]:
-    """``(width, height)`` an image of ``width x height`` is resized to before it is placed on the canvas.
-
-    torchvision's ``Resize(storage_size)``: the shorter side becomes ``storage_size`` and the longer
-    ``int(storage_size * long / short)``. ``place_on_canvas`` cuts a long side longer than the canvas
-    (``cut_window``); ``stored_meta`` is what the canvas then holds.
-    """
+    """``(width, height)`` of a ``width x height`` image resized as torchvision's ``Resize(storage_size)``
+    resizes it: the shorter side ``storage_size``, the longer ``int(storage_size * long / short)``."""
     check_arg(
         is_int(width) and is_int(height) and width >= 1 and height >= 1,
         "width/height",
@@ -74,8 +70,7 @@ def cut_window(long: int, storage_size: int) -> tuple[int, int]:
 
 
 def stored_meta(width: int, height: int, storage_size: int) -> np.ndarray:
-    """int32 ``(h, w, transposed)`` a ``width x height`` image gets on the canvas, as ``place_on_canvas``
-    gives it for the image resized to ``resized_size``, without decoding it."""
+    """int32 ``(h, w, transposed)`` a ``width x height`` image gets on the canvas, without decoding it."""
     rw, rh = resized_size(width, height, storage_size)
     transposed = rh > rw
     short, long = (rw, rh) if transposed else (rh, rw)
@@ -94,12 +89,8 @@ def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
 
 
 def to_rgb8(img: object) -> object:
-    """A PIL image as 8-bit RGB, scaling high-bit-depth modes instead of clipping them.
-
-    16-bit grey (``I;16*``, and ``I`` holding values above 255) is divided by 257 (65535 -> 255); float
-    images (``F``) in ``[0, 1]`` are multiplied by 255, others clipped to ``[0, 255]``; palette, grey, CMYK
-    and alpha modes go through PIL's own conversion (alpha is dropped).
-    """
+    """A PIL image as 8-bit RGB, scaling high-bit-depth modes instead of clipping them: 16-bit grey divided by
+    257, float images in ``[0, 1]`` multiplied by 255 (others clipped), the other modes as PIL converts them."""
     from PIL import Image
 
     check_arg(isinstance(img, Image.Image), "img", type(img).__name__, "a PIL image", error=TypeError)
@@ -126,12 +117,8 @@ def to_rgb8(img: object) -> object:
 def place_on_canvas(
     rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas; return ``(canvas, meta)``.
-
-    A long side longer than the canvas is cut to its centre (``cut_to_canvas``); a portrait image
-    (``h > w``) is transposed. ``out`` (canvas-shaped, uint8) is filled in place when given; the area outside
-    the image is zero.
-    """
+    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas (``out`` when given, filled
+    in place, zero outside the image); return ``(canvas, meta)``."""
     ch, cw = canvas_shape(storage_size)
     rgb = cut_to_canvas(rgb, storage_size)
     transposed = rgb.shape[0] > rgb.shape[1]
@@ -156,11 +143,9 @@ def place_on_canvas(
 def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, int] | None:
     """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for, or ``None`` to decode in full.
 
-    A JPEG at least four times ``target`` (``(width, height)`` after the resize, ``resized_size``) on both
-    sides is decoded at a reduced DCT scale, kept at least twice ``target`` on both sides, so the bilinear
-    resize that follows still averages over several decoded pixels: the resized image then stays within
-    2/255 (mean absolute) of the full decode's, noise included. A target under 8 pixels on a side (a
-    ``storage_size`` under 8) is decoded in full, where the reduced decode would change its few pixels.
+    A JPEG at least four times ``target`` on both sides is decoded at a reduced DCT scale, kept at least twice
+    ``target``, so the bilinear resize that follows still averages over several decoded pixels (within 2/255
+    mean absolute of the full decode's); a target under 8 pixels on a side is decoded in full.
     """
     tw, th = target
     if min(tw, th) < 8 or width < 4 * tw or height < 4 * th:
