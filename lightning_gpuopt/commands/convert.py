@@ -41,10 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("raw", "jpeg", "auto"),
         default=None,
-        help="raw (default): uint8 canvases, no decoding when read; jpeg: the compact store, JPEG bytes "
-        "an image (no more than the source's), decoded by a thread a CPU; auto: the one the rule in "
-        "docs/hdf5.md picks for this machine (from the store's size against memory, the disk's bandwidth "
-        "and the cores a GPU has)",
+        help="raw (default): uint8 canvases; jpeg: the compact JPEG store; auto: the one the rule in "
+        "docs/hdf5.md picks for this machine",
     )
     parser.add_argument("--workers", type=int, default=None, help="decode processes (default: all CPUs)")
     parser.add_argument(
@@ -103,17 +101,17 @@ def _folder_of(out: str) -> Path:
     return dest.absolute().parent
 
 
+_WHY = {
+    errno.EROFS: "its folder {} is on a read-only file system; choose an output on a writable disk",
+    errno.EACCES: "permission denied in its folder {}; choose a folder you can write to, or change its "
+    "permissions (chmod/chown)",
+}
+
+
 def _unwritable(out: str, code: int | None) -> str | None:
     """Why ``out`` cannot be written and what to do, for a read-only or forbidden folder."""
-    folder = str(_folder_of(out))
-    if code == errno.EROFS:
-        return f"cannot write {out!r}: its folder {folder!r} is on a read-only file system; choose an output on a writable disk"
-    if code in (errno.EACCES, errno.EPERM):
-        return (
-            f"cannot write {out!r}: permission denied in its folder {folder!r}; choose a folder you can "
-            "write to, or change its permissions (chmod/chown)"
-        )
-    return None
+    why = _WHY.get(errno.EACCES if code == errno.EPERM else code or 0)
+    return None if why is None else f"cannot write {out!r}: " + why.format(repr(str(_folder_of(out))))
 
 
 def _check_destination_folder(out: str) -> None:

@@ -93,7 +93,6 @@ class ConversionResult:
 
 
 # (canvases or JPEG items, metas, failures (index, path, reason), source (width, height) of each image)
-# (canvases or JPEG items, metas, failures (index, path, reason), source (width, height) of each image)
 _Block = tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]], np.ndarray]
 _parent_pid: int | None = None
 
@@ -287,11 +286,9 @@ def convert_folder_to_hdf5(
 ) -> ConversionResult:
     """Convert a class-per-subfolder image folder into an HDF5 store of whole images.
 
-    Each image is decoded, resized like torchvision's ``Resize(storage_size)`` and kept whole on a
-    ``storage_size x ceil(1.5 * storage_size)`` canvas (``folder.load_canvas``, ``data.layout``), by worker
-    processes. Names, permissions and free space are checked before any decoding; the file is written under
-    an exclusive claim on ``out`` as ``OUT.tmp-<pid>`` beside it and given its name only once complete; an
-    error, Ctrl-C, SIGTERM or SIGKILL leaves nothing behind (docs/hdf5.md, "Converting").
+    Each image is decoded by worker processes, resized like torchvision's ``Resize(storage_size)`` and kept
+    whole on a canvas (``data.layout``). The output appears only complete, and an error, Ctrl-C, SIGTERM or
+    SIGKILL leaves nothing behind (docs/hdf5.md, "Converting").
 
     Args:
         src: folder laid out as ``src/<class>/<image>``.

@@ -49,10 +49,8 @@ _FADVISE = getattr(os, "posix_fadvise", None)
 
 @dataclass(frozen=True)
 class HDF5Options:
-    """What a user decides about reading a raw HDF5 store (``OptimizedDataModule(hdf5=...)``).
-
-    A raw store is read by threads of the training process straight into pinned memory, not by DataLoader
-    worker processes; a JPEG store is decoded by worker processes (``num_workers``) and takes nothing here.
+    """How threads of the training process read a raw HDF5 store (``OptimizedDataModule(hdf5=...)``); a JPEG
+    store is decoded by worker processes (``num_workers``) and takes nothing here.
 
     Attributes:
         threads: reading threads per training process; ``None`` (default): ``READ_THREADS``, at most the CPUs
@@ -110,12 +108,9 @@ def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
 class HDF5ImageDataset(Dataset):
     """Map-style dataset over a store written by ``convert_folder_to_hdf5``: ``(canvas, label, meta)``.
 
-    ``canvas`` is a uint8 ``(S, ceil(1.5 S), 3)`` array holding the image resized like torchvision's
-    ``Resize(S)`` (``S = storage_size``), ``meta`` int32 ``(h, w, transposed)``, its valid region
-    (``lightning_gpuopt.data.layout``). ``read_into(indices, images)`` fills a caller's ``(B, S, W, 3)`` array
-    with a batch, safely from several threads at once. The file is checked here and opened again by each
-    process on its first read; a store converted again under the same path since raises ``RuntimeError``
-    naming it. A JPEG store's path gives a ``JPEGStoreDataset``.
+    ``canvas`` is uint8 ``(S, ceil(1.5 S), 3)``, ``meta`` int32 ``(h, w, transposed)`` (``data.layout``).
+    ``read_into`` fills a caller's batch array, from several threads at once. A store converted again under
+    the same path since raises ``RuntimeError`` naming it. A JPEG store's path gives a ``JPEGStoreDataset``.
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert SRC OUT.h5`` makes one).
@@ -398,11 +393,8 @@ class HDF5ImageDataset(Dataset):
 
 class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
     """Map-style dataset over a JPEG store (``convert_folder_to_hdf5(..., format="jpeg")``): the raw store's
-    ``(canvas, label, meta)``, each image's JPEG read with one ``pread`` and decoded onto its canvas by the
-    folder backend's routine.
-
-    ``HDF5ImageDataset(path)`` returns one of these for a JPEG store. Like an image folder it is read by
-    DataLoader worker processes, a whole batch a call (``readers.WholeBatches``).
+    ``(canvas, label, meta)``, each image read with one ``pread`` and decoded by the folder backend's routine,
+    by DataLoader worker processes a whole batch a call (``readers.WholeBatches``).
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert SRC OUT.h5 --format jpeg`` makes one).

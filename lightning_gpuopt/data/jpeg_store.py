@@ -34,10 +34,8 @@ def encode_for_store(
 ) -> tuple[bytes, np.ndarray, bool]:
     """The bytes the JPEG store keeps for the image at ``path``: ``(jpeg bytes, meta, kept as it is)``.
 
-    A JPEG in RGB or grey no larger than ``layout.resized_size(w, h, storage_size)`` is kept byte for byte;
-    any other image is decoded onto its canvas as the raw store's (``folder.decode_canvas``) and the part the
-    canvas holds encoded at ``quality`` (grey for a grey source). A JPEG whose re-encoding would be larger than
-    its file is kept.
+    A JPEG in RGB or grey no larger than the store needs, or whose re-encoding would be larger, is kept byte
+    for byte; any other image is decoded as the raw store's and the part its canvas holds encoded at ``quality``.
 
     Raises:
         ValueError: the file cannot be read or decoded (the path is named).

@@ -41,13 +41,9 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 @runtime_checkable
 class BatchReader(Protocol):
-    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``).
-
-    ``image_shape`` is every sample's ``(H, W, C)``; ``read_into(indices, images)`` fills the C-contiguous
-    uint8 ``(len(indices), H, W, C)`` array ``images`` and returns int64 labels ``(B,)`` and int32 meta
-    ``(B, 3)`` (``lightning_gpuopt.data.layout``). It must be safe to call from several threads at once and
-    should release the GIL while it copies; one whose ``read_in_workers`` is true is read by worker processes.
-    """
+    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``): ``read_into``
+    fills the uint8 ``(len(indices), *image_shape)`` array ``images`` and returns int64 labels and int32 meta,
+    safely from several threads at once; one whose ``read_in_workers`` is true is read by worker processes."""
 
     image_shape: tuple[int, int, int]
 
