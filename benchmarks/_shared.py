@@ -311,7 +311,8 @@ def hdf5_store(
     Returns:
         ``{"cached": True}`` for a reused store, else ``{"cached": False, "seconds", "images_per_sec"}``.
     """
-    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
     from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
 
     path = Path(path)

@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "GPUAugment": "lightning_gpuopt.data.transforms",
     "UInt8ImageFolder": "lightning_gpuopt.data.folder",
     "HDF5ImageDataset": "lightning_gpuopt.data.hdf5",
-    "convert_folder_to_hdf5": "lightning_gpuopt.data.hdf5",
+    "convert_folder_to_hdf5": "lightning_gpuopt.data.convert",
     "DALILoader": "lightning_gpuopt.data.dali",
     "WorkerTuner": "lightning_gpuopt.data.tuning",
     "tune_num_workers": "lightning_gpuopt.data.tuning",
@@ -82,11 +82,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gpuopt.compute.optimizer import FusedOptimizer
     from lightning_gpuopt.compute.precision import choose_precision
     from lightning_gpuopt.compute.preset import fast_trainer_kwargs
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
     from lightning_gpuopt.data.dali import DALILoader, DALIOptions
     from lightning_gpuopt.data.datamodule import OptimizedDataModule
     from lightning_gpuopt.data.decode import DecodeOptions
     from lightning_gpuopt.data.folder import UInt8ImageFolder
-    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, HDF5Options, convert_folder_to_hdf5
+    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, HDF5Options
     from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment
     from lightning_gpuopt.data.tuning import TuningConfig, WorkerTuner, tune_num_workers
     from lightning_gpuopt.lightning_cli import GPUOptCLI

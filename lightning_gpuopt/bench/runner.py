@@ -297,7 +297,8 @@ class LadderRunner:
         why = _no_h5py()
         if why is not None:
             return None, why
-        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset, convert_folder_to_hdf5
+        from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+        from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
 
         src = self.data.resolve()
         digest = hashlib.sha1(f"{src}:{os.path.getmtime(src)}".encode()).hexdigest()[:10]

@@ -1,8 +1,5 @@
-"""``lightning-gpuopt check DIR``: decode every image of a class-per-subfolder folder and list each one that
-cannot be decoded (``folder.check_image_folder``), before a training run meets it.
-
-Exit codes: 0 every image decodes; 1 some cannot (each on stdout, one a line: ``<path>: <reason>``, then one
-line on stderr); 2 a user error (no such folder, no class subfolders, a bad option).
+"""``lightning-gpuopt check DIR``: decode every image of a folder and list each one that cannot be decoded,
+``<path>: <reason>`` a line. Exit codes: 0 every image decodes; 1 some cannot; 2 a user error.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """``lightning-gpuopt convert SRC OUT.h5``: a class-per-subfolder image folder to an HDF5 store.
 
 ``--format raw`` (default) writes uint8 canvases, ``--format jpeg`` the compact JPEG store, ``--format auto``
-the one ``lightning_gpuopt.data.store_choice`` picks for this machine (stated before converting). After
-converting the command prints the store's bytes (total, an image, against the source files'), a warning
-when source images are smaller than ``--size`` (upsampled to it: ``_common.upsamples``, the rule by which
-``OptimizedDataModule`` refuses a store smaller than its crops) with the size that upsamples none, and its
-expected read rate (page cache, or the disk's ``O_DIRECT`` bandwidth measured on the written file), and,
-when ``--format`` is not given, which store the rule recommends here.
-
-Exit codes: 0 written; 2 the user's to fix (bad arguments, an unreadable image, an existing or busy output,
-a missing, read-only, forbidden or full destination); 1 a failure of the machine (a write that failed with an
-I/O error, a decode worker that died); 130 interrupted. A failed run leaves no output, temporary file or
-lock behind.
+the one ``lightning_gpuopt.data.store_choice`` picks here. The command then prints what the store costs and
+delivers (docs/hdf5.md). Exit codes: 0 written; 2 the user's to fix; 1 a failure of the machine (an I/O
+error, a decode worker that died); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -49,10 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("raw", "jpeg", "auto"),
         default=None,
-        help="raw (default): uint8 canvases, no decoding when read; jpeg: the compact store, JPEG bytes "
-        "an image (no more than the source's), decoded by a thread a CPU; auto: the one the rule in "
-        "docs/hdf5.md picks for this machine (from the store's size against memory, the disk's bandwidth "
-        "and the cores a GPU has)",
+        help="raw (default): uint8 canvases; jpeg: the compact JPEG store; auto: the one the rule in "
+        "docs/hdf5.md picks for this machine",
     )
     parser.add_argument("--workers", type=int, default=None, help="decode processes (default: all CPUs)")
     parser.add_argument(
@@ -93,15 +83,14 @@ def _check_source(src: str) -> None:
     path = Path(src).expanduser()
     if not path.is_file():
         return  # a missing or badly laid out folder is named by the conversion itself
+    layout = "SRC must be a class-per-subfolder image folder, SRC/<class>/<image>"
     if path.suffix.lower() in (".h5", ".hdf5"):
         raise ValueError(
             f"SRC {src!r} is an HDF5 file, already a store: there is nothing to convert; pass it to "
-            f"OptimizedDataModule or `lightning-gpuopt tune {src}` directly "
-            "(SRC must be a class-per-subfolder image folder, SRC/<class>/<image>)"
+            f"OptimizedDataModule or `lightning-gpuopt tune {src}` directly ({layout})"
         )
     raise ValueError(
-        f"SRC {src!r} is a file, not a folder; SRC must be a class-per-subfolder image folder "
-        "laid out as SRC/<class>/<image> (one subfolder a class, holding its images)"
+        f"SRC {src!r} is a file, not a folder; {layout} (one subfolder a class, holding its images)"
     )
 
 
@@ -112,24 +101,22 @@ def _folder_of(out: str) -> Path:
     return dest.absolute().parent
 
 
-def _unwritable(out: str, folder: Path, code: int | None) -> str | None:
-    """Why ``out`` cannot be written in ``folder`` and what to do, for a read-only or forbidden folder."""
-    if code == errno.EROFS:
-        return (
-            f"cannot write {out!r}: its folder {str(folder)!r} is on a read-only file system; "
-            "choose an output on a writable disk"
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return (
-            f"cannot write {out!r}: permission denied in its folder {str(folder)!r}; choose a folder you can "
-            "write to, or change its permissions (chmod/chown)"
-        )
-    return None
+_WHY = {
+    errno.EROFS: "its folder {} is on a read-only file system; choose an output on a writable disk",
+    errno.EACCES: "permission denied in its folder {}; choose a folder you can write to, or change its "
+    "permissions (chmod/chown)",
+}
+
+
+def _unwritable(out: str, code: int | None) -> str | None:
+    """Why ``out`` cannot be written and what to do, for a read-only or forbidden folder."""
+    why = _WHY.get(errno.EACCES if code == errno.EPERM else code or 0)
+    return None if why is None else f"cannot write {out!r}: " + why.format(repr(str(_folder_of(out))))
 
 
 def _check_destination_folder(out: str) -> None:
-    """Refuse a read-only or forbidden output folder before anything is scanned (so a read-only disk,
-    which reports no free space, is not reported as a full one)."""
+    """Refuse a read-only or forbidden output folder before anything is scanned (a read-only disk reports no
+    free space: it would be reported as a full one)."""
     folder = _folder_of(out)
     if not folder.is_dir():
         return  # the conversion names the missing folder
@@ -137,52 +124,29 @@ def _check_destination_folder(out: str) -> None:
         read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # no statvfs here: the conversion's own checks decide
         read_only = False
-    if read_only:
-        raise ValueError(_unwritable(out, folder, errno.EROFS))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(_unwritable(out, folder, errno.EACCES))
-
-
-def _writes_out(filename: str, out: str) -> bool:
-    """Whether ``filename`` is one the conversion writes for ``out``: the output, its temporary file or its
-    lock (a source folder beside the output is not)."""
-    path, dest = Path(filename).absolute(), Path(out).expanduser().absolute()
-    name = dest.name
-    return path.parent == dest.parent and (
-        path.name == name or path.name.startswith(f"{name}.tmp-") or path.name == f".{name}.lock"
-    )
+    if read_only or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(_unwritable(out, errno.EROFS if read_only else errno.EACCES))
 
 
 def _os_error_message(err: OSError, out: str) -> str:
-    folder = _folder_of(out)
-    # the conversion marks a refusal of its destination; other errors without a file name carry the
-    # package's own message, which names the path and the fix
+    # the conversion marks a refusal of its destination; a file name beside the output is one of its own
+    # (the output, its temporary file or its lock), not a source file's
     named = getattr(err, "destination", None) or err.filename
-    about_out = named is not None and _writes_out(os.fsdecode(named), out)
-    reason = _unwritable(out, folder, err.errno) if about_out else None  # not a source file's error
-    if reason is not None:
-        return reason
+    if named is not None:
+        path, dest = Path(os.fsdecode(named)).absolute(), Path(out).expanduser().absolute()
+        ours = (
+            path.name == dest.name
+            or path.name.startswith(f"{dest.name}.tmp-")
+            or path.name == f".{dest.name}.lock"
+        )
+        reason = _unwritable(out, err.errno) if path.parent == dest.parent and ours else None
+        if reason is not None:
+            return reason
     if err.filename is None:
         return err.strerror or str(err)  # the package's own message names the path and the fix
     from lightning_gpuopt.cli import describe_os_error
 
     return describe_os_error(err)
-
-
-def _source_files(src: str) -> list[str]:
-    """The image files of the folder ``src``, listed as the conversion lists them."""
-    from lightning_gpuopt.data.folder import scan_image_folder
-
-    _, samples = scan_image_folder(Path(src).expanduser())
-    return [p for p, _ in samples]
-
-
-def _host_rates(args: argparse.Namespace) -> Any:
-    """This host's decode and copy rates on a sample of the source (``store_choice.measure_rates``): what
-    the rule weighs instead of another host's figures."""
-    from lightning_gpuopt.data import store_choice
-
-    return store_choice.measure_rates(_source_files(args.src), args.size)
 
 
 def _raw_bytes(num_images: int, size: int) -> int:
@@ -192,19 +156,16 @@ def _raw_bytes(num_images: int, size: int) -> int:
     return num_images * ch * cw * 3
 
 
-def _auto_format(args: argparse.Namespace, rates: Any) -> str:
+def _auto_format(args: argparse.Namespace, files: list[str], rates: Any) -> str:
     """``--format auto``: the store the rule picks, stated in one line before converting. The disk is
-    measured (a probe file written beside OUT, then removed) only where the raw store would not fit in
-    memory."""
+    measured (a probe file beside OUT, then removed) only where the raw store would not fit in memory."""
     from lightning_gpuopt.data import store_choice
 
-    files = _source_files(args.src)
     sizes = [os.stat(p).st_size for p in files]
-    raw = _raw_bytes(len(sizes), args.size)
-    disk = None
+    raw, disk = _raw_bytes(len(sizes), args.size), None
     if not store_choice.fits(raw, store_choice.memory_bytes()):
-        out = Path(args.out).expanduser()
-        disk = store_choice.probe_disk_gbps(_folder_of(args.out), f"{out.name}.tmp-probe-{os.getpid()}")
+        probe = f"{Path(args.out).name}.tmp-probe-{os.getpid()}"
+        disk = store_choice.probe_disk_gbps(_folder_of(args.out), probe)
     choice = store_choice.choose_store_format(len(sizes), raw, sum(sizes), disk_gbps=disk, rates=rates)
     print(f"--format auto: the {'JPEG' if choice.format == 'jpeg' else 'raw'} store: {choice.reason}")
     return choice.format
@@ -218,20 +179,18 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
     """What the written store costs and delivers, and (``--format`` not given) the rule's recommendation."""
     from lightning_gpuopt.data import store_choice
 
-    n = max(1, result.num_images)
+    n, fmt = max(1, result.num_images), result.format
     stored, source = result.bytes_written, result.source_bytes
-    fmt = result.format
-    per, source_per = stored / n / 1e3, source / n / 1e3
     lines = [
-        f"bytes: {_gb(stored)} of images, {per:,.1f} kB an image: {stored / max(1, source):.2f}x the source "
-        f"files ({_gb(source)}, {source_per:,.1f} kB an image)"
+        f"bytes: {_gb(stored)} of images, {stored / n / 1e3:,.1f} kB an image: {stored / max(1, source):.2f}x "
+        f"the source files ({_gb(source)}, {source / n / 1e3:,.1f} kB an image)"
     ]
     disk = store_choice.disk_read_gbps(result.path)
     raw = stored if fmt == "raw" else _raw_bytes(n, result.storage_size)
     jpeg = stored if fmt == "jpeg" else source  # the JPEG store holds no more than the sources
     choice = store_choice.choose_store_format(n, raw, jpeg, disk_gbps=disk, rates=rates)
     disk_text = f"the disk: {choice.disk_gbps:.2f} GB/s, " + ("O_DIRECT, measured" if disk else "assumed")
-    cold = choice.disk_gbps * 1e9 / (stored / n)
+    cold = f"about {choice.disk_gbps * 1e9 / (stored / n):,.0f} img/s ({disk_text})"
     if fmt == "raw":
         size = f"{_gb(stored)} against {_gb(choice.memory)} memory"
         if store_choice.fits(stored, choice.memory):
@@ -239,25 +198,26 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
             rate = f"about {choice.raw_rate:,.0f} img/s while the page cache holds it ({how}; {size})"
         else:
             rate = f"the disk's, the store being over half the memory ({size})"
-        lines.append(f"expected read rate: {rate}; from a cold cache about {cold:,.0f} img/s ({disk_text})")
+        lines.append(f"expected read rate: {rate}; from a cold cache {cold}")
     else:
-        cores = choice.cores_per_gpu
         per_core = (
             f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
             if rates is not None
             else f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
         )
         lines.append(
-            f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({cores} cores a GPU decoding x "
-            f"{per_core}); its bytes come from a cold cache at about {cold:,.0f} img/s ({disk_text})"
+            f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({choice.cores_per_gpu} cores a GPU "
+            f"decoding x {per_core}); its bytes come from a cold cache at {cold}"
         )
     if given is None:
-        lines.append(f"recommended here: --format {choice.format}: {choice.reason} (docs/hdf5.md, "
-                     '"Raw or JPEG store")')  # fmt: skip
+        lines.append(
+            f'recommended here: --format {choice.format}: {choice.reason} (docs/hdf5.md, "Raw or JPEG store")'
+        )
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
+    from lightning_gpuopt.data import store_choice
     from lightning_gpuopt.data.convert import (
         CorruptImageError,
         DecodeWorkerError,
@@ -265,12 +225,15 @@ def run(args: argparse.Namespace) -> int:
         OutputInUseError,
         convert_folder_to_hdf5,
     )
+    from lightning_gpuopt.data.folder import scan_image_folder
 
     check_args(args)
     given = args.format
     try:
-        rates = _host_rates(args)
-        fmt = _auto_format(args, rates) if given == "auto" else given or "raw"
+        files = [p for p, _ in scan_image_folder(Path(args.src).expanduser())[1]]
+        # this host's rates on a sample of the source: what the rule weighs instead of another host's figures
+        rates = store_choice.measure_rates(files, args.size)
+        fmt = _auto_format(args, files, rates) if given == "auto" else given or "raw"
         with warnings.catch_warnings(record=True) as caught:
             result = convert_folder_to_hdf5(
                 args.src,
@@ -284,8 +247,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except CorruptImageError as err:
         _fail(
-            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, "
-            "or pass --on-corrupt skip"
+            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, or pass --on-corrupt skip"
         )
         return EXIT_USER
     except OutputExistsError:  # appeared after the check above, e.g. written by another conversion
@@ -299,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except OSError as err:
         # a read-only, forbidden, missing or full destination is the user's to fix (2); a failed device
-        # write (EIO) is not (1). The message names the path and the fix.
+        # write (EIO) is not (1)
         _fail(_os_error_message(err, args.out))
         return EXIT_FAILED if err.errno == errno.EIO else EXIT_USER
     except KeyboardInterrupt:

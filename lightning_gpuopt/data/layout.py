@@ -1,23 +1,9 @@
 """How a decoded image is kept on the host: resized as torchvision's ``Resize`` does, on a uint8 canvas.
 
-Training crops are drawn from the stored image (torchvision's ``RandomResizedCrop``) and validation is
-``Resize(eval_resize_size(image_size)) + CenterCrop(image_size)``. Batches need one shape, so each image is
-resized like torchvision's ``Resize(storage_size)`` (shorter side to ``storage_size``, the longer one
-truncated as torchvision truncates it) and placed at the top-left of a landscape canvas of
-``storage_size x ceil(storage_size * MAX_ASPECT)``; a portrait image is stored transposed so its long side
-lies along the canvas width. An image whose resized long side is longer than the canvas (more elongated
-than ``MAX_ASPECT``) keeps its shorter side at ``storage_size`` and is cut to the canvas along its long side:
-the stored part is the centre of the resized image (``cut_window``), on torchvision's pixel grid, so its
-evaluation centre crop is exactly torchvision's wherever ``storage_size`` is the evaluation resize size.
-Training crops of such an image are drawn from that central part (at most 3:2) rather than from its whole
-length. Every backend (the folder, the raw and the JPEG HDF5 stores) stores an image with this rule; DALI
-decodes the original file and follows torchvision on the whole image.
-
-Each sample carries ``meta = (h, w, transposed)``: the valid region of the canvas and whether it holds the
-image transposed. The GPU side (``GPUAugment``) samples crops inside that region, in the image's own
-orientation, so the result is what torchvision would produce from the stored image.
-
-A canvas costs ``3 * storage_size * ceil(storage_size * 1.5)`` bytes (294,912 at 256), read at a fixed cost.
+Each image is resized like ``Resize(storage_size)`` and placed at the top-left of a landscape canvas of
+``storage_size x ceil(storage_size * MAX_ASPECT)`` (a portrait image transposed, a longer one cut to its centre
+by ``cut_window``), with ``meta = (h, w, transposed)``, its valid region. docs/datamodule.md, "Whole images on
+a canvas", says why and what it costs.
 """
 
 from __future__ import annotations
@@ -31,6 +17,15 @@ from lightning_gpuopt._checks import check_arg, check_int, is_int
 
 #: long side / short side the canvas holds at full resolution (covers 4:3 and 3:2 photos).
 MAX_ASPECT = 1.5
+#: version of this canvas rule a store records. 1: an image more elongated than the canvas shrunk to fit (no
+#: longer read); 2: its shorter side kept at storage_size and its long side cut to the canvas (``cut_window``).
+LAYOUT_VERSION = 2
+#: the rule in words, as the stores record it (their ``resize`` attribute).
+RESIZE_DOC = (
+    "shorter side resized to storage_size (PIL bilinear, antialiased; torchvision Resize), a long side "
+    "longer than the storage_size x ceil(1.5 storage_size) canvas cut to its centre, portrait images "
+    "transposed; meta = (h, w, transposed)"
+)
 
 
 def canvas_shape(storage_size: int) -> tuple[int, int]:
@@ -40,12 +35,8 @@ def canvas_shape(storage_size: int) -> tuple[int, int]:
 
 
 def resized_size(width: int, height: int, storage_size: int) -> tuple[int, int]:
-    """``(width, height)`` an image of ``width x height`` is resized to before it is placed on the canvas.
-
-    torchvision's ``Resize(storage_size)``: the shorter side becomes ``storage_size`` and the longer
-    ``int(storage_size * long / short)``. ``place_on_canvas`` cuts a long side longer than the canvas
-    (``cut_window``); ``stored_meta`` is what the canvas then holds.
-    """
+    """``(width, height)`` of a ``width x height`` image resized as torchvision's ``Resize(storage_size)``
+    resizes it: the shorter side ``storage_size``, the longer ``int(storage_size * long / short)``."""
     check_arg(
         is_int(width) and is_int(height) and width >= 1 and height >= 1,
         "width/height",
@@ -79,8 +70,7 @@ def cut_window(long: int, storage_size: int) -> tuple[int, int]:
 
 
 def stored_meta(width: int, height: int, storage_size: int) -> np.ndarray:
-    """int32 ``(h, w, transposed)`` a ``width x height`` image gets on the canvas, as ``place_on_canvas``
-    gives it for the image resized to ``resized_size``, without decoding it."""
+    """int32 ``(h, w, transposed)`` a ``width x height`` image gets on the canvas, without decoding it."""
     rw, rh = resized_size(width, height, storage_size)
     transposed = rh > rw
     short, long = (rw, rh) if transposed else (rh, rw)
@@ -99,12 +89,8 @@ def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
 
 
 def to_rgb8(img: object) -> object:
-    """A PIL image as 8-bit RGB, scaling high-bit-depth modes instead of clipping them.
-
-    16-bit grey (``I;16*``, and ``I`` holding values above 255) is divided by 257 (65535 -> 255); float
-    images (``F``) in ``[0, 1]`` are multiplied by 255, others clipped to ``[0, 255]``; palette, grey, CMYK
-    and alpha modes go through PIL's own conversion (alpha is dropped).
-    """
+    """A PIL image as 8-bit RGB, scaling high-bit-depth modes instead of clipping them: 16-bit grey divided by
+    257, float images in ``[0, 1]`` multiplied by 255 (others clipped), the other modes as PIL converts them."""
     from PIL import Image
 
     check_arg(isinstance(img, Image.Image), "img", type(img).__name__, "a PIL image", error=TypeError)
@@ -131,12 +117,8 @@ def to_rgb8(img: object) -> object:
 def place_on_canvas(
     rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas; return ``(canvas, meta)``.
-
-    A long side longer than the canvas is cut to its centre (``cut_to_canvas``); a portrait image
-    (``h > w``) is transposed. ``out`` (canvas-shaped, uint8) is filled in place when given; the area outside
-    the image is zero.
-    """
+    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas (``out`` when given, filled
+    in place, zero outside the image); return ``(canvas, meta)``."""
     ch, cw = canvas_shape(storage_size)
     rgb = cut_to_canvas(rgb, storage_size)
     transposed = rgb.shape[0] > rgb.shape[1]
@@ -161,11 +143,9 @@ def place_on_canvas(
 def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, int] | None:
     """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for, or ``None`` to decode in full.
 
-    A JPEG at least four times ``target`` (``(width, height)`` after the resize, ``resized_size``) on both
-    sides is decoded at a reduced DCT scale, kept at least twice ``target`` on both sides, so the bilinear
-    resize that follows still averages over several decoded pixels: the resized image then stays within
-    2/255 (mean absolute) of the full decode's, noise included. A target under 8 pixels on a side (a
-    ``storage_size`` under 8) is decoded in full, where the reduced decode would change its few pixels.
+    A JPEG at least four times ``target`` on both sides is decoded at a reduced DCT scale, kept at least twice
+    ``target``, so the bilinear resize that follows still averages over several decoded pixels (within 2/255
+    mean absolute of the full decode's); a target under 8 pixels on a side is decoded in full.
     """
     tw, th = target
     if min(tw, th) < 8 or width < 4 * tw or height < 4 * th:

@@ -1,24 +1,7 @@
 """Raw or JPEG store: the rule ``lightning-gpuopt convert`` states, from the store's size against memory, the
-disk's read bandwidth, the cores a GPU has and this host's rates on the user's own images (docs/hdf5.md,
-"Raw or JPEG store").
-
-A raw store (uint8 canvases) costs no decoding: while the page cache holds it, a batch is a memory copy
-(``measure_rates``: one thread copying canvases, measured on this host); once it does not fit, every epoch
-reads it from the disk, at the disk's bandwidth over its bytes an image. A JPEG store holds no more bytes than
-the source JPEGs (about a quarter to a third of the raw store's at 256 px) and is decoded by a thread a CPU,
-at the rate one core decodes the user's images as the store keeps them (``measure_rates``: a sample of the
-source encoded as the store encodes it, then decoded onto its canvas); from the disk its bytes come several
-times faster than the raw store's. ``choose_store_format`` takes the store with the higher expected read
-rate:
-
-* the raw store fits in ``MEMORY_SHARE`` of the machine's memory: raw at the copy rate against JPEG at the
-  decode rate (raw, unless the host decodes faster than it copies);
-* else: raw at ``disk GB/s / raw bytes an image`` against JPEG at the smaller of ``cores a GPU x decode
-  rate a core`` and its own read rate (the page cache's where it fits, else the disk's).
-
-``disk_read_gbps`` measures a file's read bandwidth with ``O_DIRECT`` (past the page cache). Where a figure
-could not be measured the rule takes ``ASSUMED_DISK_GBPS``, ``RAW_CACHED_RATE`` or
-``JPEG_DECODE_RATE_PER_CORE``, one H200 host's and a 2-core host's figures, and says "assumed".
+disk's read bandwidth, the cores a GPU has and this host's rates on the user's own images (docs/hdf5.md, "Raw
+or JPEG store"). Where a figure could not be measured the rule takes the ``ASSUMED_DISK_GBPS``,
+``RAW_CACHED_RATE`` or ``JPEG_DECODE_RATE_PER_CORE`` below and says "assumed".
 """
 
 from __future__ import annotations
@@ -36,11 +19,9 @@ from lightning_gpuopt._common import available_cpus
 #: share of the machine's memory a store may take and still be read from the page cache every epoch (the
 #: rest is the training processes': the model, pinned batches, the loader)
 MEMORY_SHARE = 0.5
-#: images a second a raw store delivers from the page cache, assumed where not measured: 4 reading threads on
-#: one H200 host (docs/hdf5.md)
+#: images a second a raw store delivers from the page cache: 4 reading threads on one H200 host (docs/hdf5.md)
 RAW_CACHED_RATE = 49_000
-#: images a second one core decodes out of a JPEG store converted at 256 px (decode and placement on the
-#: canvas), assumed where not measured: the low end of one core of a 2-core x86 host (docs/hdf5.md)
+#: images a second one core decodes out of a JPEG store at 256 px: the low end of a 2-core x86 host's core
 JPEG_DECODE_RATE_PER_CORE = 1_000
 #: source images ``measure_rates`` encodes and decodes, and the least seconds it decodes them for
 SAMPLE_IMAGES, SAMPLE_SECONDS = 32, 0.25
@@ -51,19 +32,15 @@ PROBE_BYTES, MIN_PROBE_BYTES = 256 << 20, 32 << 20
 _BLOCK = 8 << 20
 
 
-def gpus() -> int:
-    """CUDA GPUs this process sees (0 without CUDA)."""
+def cores_per_gpu() -> int:
+    """The CPUs this process may use, shared by the CUDA GPUs it sees (all of them without a GPU)."""
     try:
         import torch
 
-        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def cores_per_gpu() -> int:
-    """The CPUs this process may use, shared by the GPUs it sees (all of them without a GPU)."""
-    return max(1, available_cpus() // max(1, gpus()))
+        gpus = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA setup counts as no GPU
+        gpus = 0
+    return max(1, available_cpus() // max(1, gpus))
 
 
 def memory_bytes() -> int:
@@ -74,9 +51,8 @@ def memory_bytes() -> int:
 
 
 def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> float | None:
-    """GB/s of reading the first ``limit`` bytes of ``path`` with ``O_DIRECT`` (the disk, not the page cache),
-    in 8 MiB reads into a page-aligned buffer; ``None`` where the file is smaller than ``MIN_PROBE_BYTES``
-    or the file system takes no ``O_DIRECT`` reads (tmpfs, some network file systems)."""
+    """GB/s of reading the first ``limit`` bytes of ``path`` with ``O_DIRECT`` (the disk, not the page cache);
+    ``None`` where the file is smaller than ``MIN_PROBE_BYTES`` or the file system takes no ``O_DIRECT``."""
     flag = getattr(os, "O_DIRECT", 0)
     size = min(os.path.getsize(path), limit)
     if not flag or size < MIN_PROBE_BYTES:
@@ -85,13 +61,10 @@ def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> fl
         fd = os.open(path, os.O_RDONLY | flag)
     except OSError:
         return None
-    buf = mmap.mmap(-1, _BLOCK)
+    buf = mmap.mmap(-1, _BLOCK)  # page-aligned, as O_DIRECT needs
     try:
         done, t0 = 0, time.perf_counter()
-        while done < size:
-            n = os.preadv(fd, [buf], done)
-            if n <= 0:
-                break
+        while done < size and (n := os.preadv(fd, [buf], done)) > 0:
             done += n
         seconds = time.perf_counter() - t0
     except OSError:
@@ -104,8 +77,7 @@ def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> fl
 
 def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
     """The read bandwidth of the disk under ``folder``: ``PROBE_BYTES`` written to ``folder/name``, flushed,
-    read back with ``disk_read_gbps`` and removed (also on failure). ``None`` where it cannot be measured
-    (no room, no ``O_DIRECT``)."""
+    read back with ``disk_read_gbps`` and removed (also on failure); ``None`` where it cannot be measured."""
     path = Path(folder) / name
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -129,9 +101,8 @@ def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
 
 @dataclass(frozen=True)
 class HostRates:
-    """What ``measure_rates`` measured on this host: ``decode`` images a second one core decodes out of a JPEG
-    store (the user's images as the store keeps them), ``copy`` images a second one thread copies out of a
-    raw store in memory, over ``images`` sampled images."""
+    """Images a second one core decodes out of a JPEG store (``decode``) and one thread copies out of a raw
+    store in memory (``copy``), measured over ``images`` of the user's images."""
 
     decode: float
     copy: float
@@ -139,10 +110,9 @@ class HostRates:
 
 
 def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
-    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths`` (evenly spread): each encoded as the JPEG
-    store keeps it (``jpeg_store.encode_for_store``, not timed), then decoded onto its canvas one after the
-    other on this thread for at least ``SAMPLE_SECONDS``; and the same canvases copied as a raw store's batch
-    is read from the page cache. ``None``: no image of the sample could be read.
+    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths`` (evenly spread), encoded as the JPEG store
+    keeps them, then decoded onto their canvases on this thread for at least ``SAMPLE_SECONDS``, and copied
+    as a raw store's batch; ``None`` where no image of the sample could be read.
 
     Example:
         >>> measure_rates(["a.jpg", "b.jpg"], 256)  # doctest: +SKIP
@@ -151,26 +121,25 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
     import numpy as np
 
     from lightning_gpuopt.data import layout
-    from lightning_gpuopt.data.jpeg_store import decode_into, encode_for_store
+    from lightning_gpuopt.data.folder import decode_canvas
+    from lightning_gpuopt.data.jpeg_store import encode_for_store
 
     paths = [p for p in paths if os.path.isfile(p)]  # regular files: a FIFO would block the sample
-    step = max(1, len(paths) // SAMPLE_IMAGES)
     shape = (*layout.canvas_shape(storage_size), 3)
     encoded = []
-    for path in list(paths)[::step][:SAMPLE_IMAGES]:
+    for path in paths[:: max(1, len(paths) // SAMPLE_IMAGES)][:SAMPLE_IMAGES]:
         # an unreadable image (or one whose store bytes do not decode) is left out: the conversion names it
         with contextlib.suppress(ValueError, OSError):
             data = encode_for_store(path, storage_size)[0]
-            decode_into(data, storage_size, np.zeros(shape, np.uint8), path)
+            decode_canvas(data, storage_size, np.zeros(shape, np.uint8), name=path)
             encoded.append(data)
     if not encoded:
         return None
-    shape = (len(encoded), *shape)
-    canvases, copies = np.zeros(shape, np.uint8), np.empty(shape, np.uint8)
+    canvases, copies = np.zeros((len(encoded), *shape), np.uint8), np.empty((len(encoded), *shape), np.uint8)
     decoded, t0 = 0, time.perf_counter()
     while decoded < len(encoded) or time.perf_counter() - t0 < SAMPLE_SECONDS:
         k = decoded % len(encoded)
-        decode_into(encoded[k], storage_size, canvases[k], f"sample {k}")
+        decode_canvas(encoded[k], storage_size, canvases[k], name=f"sample {k}")
         decoded += 1
     decode = decoded / (time.perf_counter() - t0)
     copied, t0 = 0, time.perf_counter()
@@ -182,29 +151,15 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
 
 @dataclass
 class StoreChoice:
-    """What ``choose_store_format`` decided and from what.
-
-    Attributes:
-        format: ``"raw"`` or ``"jpeg"``.
-        reason: the rule's comparison in one line.
-        raw_rate: images a second the raw store is expected to be read at.
-        jpeg_rate: likewise for the JPEG store.
-        raw_bytes: the raw store's image bytes.
-        jpeg_bytes: the JPEG store's image bytes (or their bound, the source JPEGs').
-        memory: the machine's memory in bytes.
-        disk_gbps: the disk's read bandwidth used.
-        disk_measured: whether ``disk_gbps`` was measured (else ``ASSUMED_DISK_GBPS``).
-        cores_per_gpu: the cores decoding for a GPU.
-        rates: this host's decode and copy rates where measured (``measure_rates``), else ``None`` (the
-            assumed ``JPEG_DECODE_RATE_PER_CORE`` and ``RAW_CACHED_RATE``).
-    """
+    """What ``choose_store_format`` decided (``format``, ``"raw"`` or ``"jpeg"``; ``reason``, the rule's
+    comparison in one line) and from what: the expected images a second of each store, the machine's memory
+    in bytes, the disk's GB/s (``disk_measured`` or ``ASSUMED_DISK_GBPS``), the cores decoding for a GPU and
+    this host's measured rates (``None``: the assumed ones)."""
 
     format: str
     reason: str
     raw_rate: float
     jpeg_rate: float
-    raw_bytes: int
-    jpeg_bytes: int
     memory: int
     disk_gbps: float
     disk_measured: bool
@@ -219,9 +174,9 @@ def fits(store_bytes: int, memory: int) -> bool:
 
 def _readers(cores: int) -> int:
     """The threads that read a raw store: ``HDF5Options``' default for a process of ``cores`` cores."""
-    from lightning_gpuopt.data.hdf5 import READ_THREADS
+    from lightning_gpuopt.data.hdf5 import HDF5Options
 
-    return min(READ_THREADS, max(1, cores))
+    return HDF5Options().resolved_threads(cpus=cores)[0]
 
 
 def read_rates(
@@ -233,8 +188,8 @@ def read_rates(
     cores: int,
     rates: HostRates | None = None,
 ) -> tuple[float, float]:
-    """Expected ``(raw store, JPEG store)`` images a second under the rule (module docstring), from this
-    host's ``rates`` where measured, else the assumed ones."""
+    """Expected ``(raw store, JPEG store)`` images a second under the rule, from this host's ``rates`` where
+    measured, else the assumed ones."""
     disk = disk_gbps * 1e9
     cached = rates.copy * _readers(cores) if rates is not None else RAW_CACHED_RATE
     raw = cached if fits(raw_bytes, memory) else disk / (raw_bytes / num_images)
@@ -253,8 +208,7 @@ def choose_store_format(
     cores: int | None = None,
     rates: HostRates | None = None,
 ) -> StoreChoice:
-    """The store the rule picks for ``num_images`` images (``raw_bytes`` as canvases, ``jpeg_bytes`` as JPEG;
-    the source JPEGs' bytes bound the latter): the one with the higher expected read rate, raw on a tie.
+    """The store with the higher expected read rate for ``num_images`` images, the raw one on a tie.
 
     Args:
         num_images: images in the store.
@@ -274,11 +228,9 @@ def choose_store_format(
         'jpeg'
     """
     memory = memory_bytes() if memory is None else int(memory)
-    measured = disk_gbps is not None
     disk = float(disk_gbps) if disk_gbps is not None else ASSUMED_DISK_GBPS
     cores = cores_per_gpu() if cores is None else max(1, int(cores))
     raw, jpeg = read_rates(num_images, raw_bytes, jpeg_bytes, memory, disk, cores, rates)
-    gb = 1e9
     if rates is not None:
         per_core = f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
         cache = (
@@ -287,21 +239,18 @@ def choose_store_format(
     else:
         per_core = f"{JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
         cache = f"about {raw:,.0f} img/s, assumed"
-    decode = f"{cores} cores a GPU x {per_core}"
-    disk_text = f"{disk:.2f} GB/s{'' if measured else ', assumed'}"
+    decode, gb = f"{cores} cores a GPU x {per_core}", 1e9
+    store = f"the raw store ({raw_bytes / gb:,.2f} GB)"
     if fits(raw_bytes, memory):
         reason = (
-            f"the raw store ({raw_bytes / gb:,.2f} GB) fits in half of {memory / gb:,.0f} GB memory: read "
-            f"from the page cache ({cache}), against the JPEG store's {jpeg:,.0f} ({decode})"
+            f"{store} fits in half of {memory / gb:,.0f} GB memory: read from the page cache ({cache}), "
+            f"against the JPEG store's {jpeg:,.0f} ({decode})"
         )
     else:
         reason = (
-            f"the raw store ({raw_bytes / gb:,.2f} GB) does not fit in half of {memory / gb:,.0f} GB memory: "
-            f"read from the disk ({disk_text}) at about {raw:,.0f} img/s, against the JPEG store's "
-            f"{jpeg:,.0f} ({decode}, its bytes from the "
-            f"{'page cache' if fits(jpeg_bytes, memory) else 'disk'})"
+            f"{store} does not fit in half of {memory / gb:,.0f} GB memory: read from the disk ({disk:.2f} GB/s"
+            f"{'' if disk_gbps is not None else ', assumed'}) at about {raw:,.0f} img/s, against the JPEG "
+            f"store's {jpeg:,.0f} ({decode}, its bytes from the {'page cache' if fits(jpeg_bytes, memory) else 'disk'})"
         )
     fmt = "raw" if raw >= jpeg else "jpeg"
-    return StoreChoice(
-        fmt, reason, raw, jpeg, int(raw_bytes), int(jpeg_bytes), memory, disk, measured, cores, rates
-    )
+    return StoreChoice(fmt, reason, raw, jpeg, memory, disk, disk_gbps is not None, cores, rates)

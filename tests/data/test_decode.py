@@ -203,7 +203,7 @@ def test_a_short_cpu_fit_decodes_on_threads_of_the_training_process(tmp_path, ca
 
 
 def test_a_jpeg_store_is_decoded_on_threads_too(tmp_path):
-    from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
 
     pytest.importorskip("h5py")
     root = _mixed_folder(tmp_path / "f", n=16)

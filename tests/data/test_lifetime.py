@@ -365,7 +365,7 @@ def test_teardown_stops_the_workers_of_a_loader_the_users_own_loop_took(jpeg_fol
 
 def test_teardown_closes_a_stores_reading_threads_the_users_own_loop_took(jpeg_folder, tmp_path):
     from lightning_gpuopt import OptimizedDataModule
-    from lightning_gpuopt.data.hdf5 import convert_folder_to_hdf5
+    from lightning_gpuopt.data.convert import convert_folder_to_hdf5
 
     store = tmp_path / "train.h5"
     convert_folder_to_hdf5(jpeg_folder, store, storage_size=32)
