@@ -1,21 +1,10 @@
-"""The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``).
+"""The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``): each subcommand is
+``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs.
 
-Each subcommand lives in ``lightning_gpuopt/commands/<name>.py`` and defines ``HELP`` (one line),
-``configure(parser)`` and ``run(args) -> int``. The module is imported only when its subcommand runs, so
-``lightning-gpuopt --help`` stays fast.
-
-Exit codes, one per kind of failure, each with one line on stderr and no traceback:
-
-- 0: done.
-- 1: the command ran but could not measure what was asked (``bench`` or ``demo``: no requested row ran, or a
-  row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``; ``check`` found images
-  that cannot be decoded (listed).
-- 2: a user error, found before any work where it can be: a bad option or value (``CommandParser``), a
-  missing file, a path that cannot be written, a missing optional package or a torchvision that cannot be
-  imported with this torch (checked before Lightning is imported, which it would take down), data that
-  cannot be read:
-  ``lightning-gpuopt <cmd>: error: ...`` with the fix, advice spelled as the command's options.
-- 130: Ctrl-C, ``lightning-gpuopt <cmd>: interrupted``.
+Exit codes, each failure with one line on stderr and no traceback: 0 done; 1 the command could not measure
+what was asked (no ``bench`` row ran) or ``check`` found undecodable images; 2 a user error (bad option or
+value, missing file or package, unwritable path, unreadable data, a torchvision built for another torch),
+found before any work where it can be; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -72,8 +61,8 @@ _OS_FIXES = {
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: a usage error is one line, ``<prog>: error: <message> (see <prog> --help)``,
-    exit status 2; it remembers its options so that advice written for the Python API can name them.
+    """A subcommand's parser: a usage error is one line (exit status 2), and advice written for the Python API
+    names its options (``cli_advice``).
 
     Example:
         >>> parser = CommandParser(prog="lightning-gpuopt tune")
@@ -100,9 +89,8 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def cli_advice(self, message: str) -> str:
-        """``message`` with a Python keyword argument it advises (``on_corrupt='skip'``) spelled as this
-        command's option (``--on-corrupt skip``); a clause ``, or pass name=value ...`` (up to the next
-        ``;``) naming an argument the command has no option for is left out."""
+        """``message`` with a keyword argument it advises (``on_corrupt='skip'``) spelled as this command's option
+        (``--on-corrupt skip``), and a clause ``, or pass name=value ...`` naming no option left out."""
         for action in self._options:
             for choice in action.choices or ():
                 flag = f"{action.option_strings[-1]} {choice}"
@@ -139,8 +127,7 @@ def describe_os_error(err: OSError) -> str:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line; for an error re-raised from a DataLoader worker, the worker's own
-    message rather than the traceback text torch wraps around it (its last line, ``ValueError: ...``)."""
+    """The message of ``err`` on one line (a DataLoader worker's error: the worker's own message)."""
     text = str(err).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and "Original Traceback" in text:

@@ -48,21 +48,21 @@ def test_break_even_follows_from_the_constants():
 @pytest.mark.parametrize(
     ("kwargs", "expected", "reason"),
     [
-        ({"has_conv": False, **H200}, False, "no convolution or attention"),
+        ({"family": None, **H200}, False, "no convolution or attention"),
         ({"family": None, **H200}, False, "conv nets and transformers"),
         # a transformer: 35 s of compiling against 30% faster steps, a 117 s break-even
         ({"family": "transformer", **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, "transformer's"),
         ({"family": "transformer", **H200, "steps_left": 2_000, "step_seconds": 0.04}, False, "117 s"),
         ({"family": "conv", **H200, "steps_left": 4_000, "step_seconds": 0.04}, False, "conv's 300 s"),
-        ({"family": "transformer", "has_conv": True, **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, ""),
-        ({"has_conv": True, "device": "cpu"}, False, "CUDA devices only"),
-        ({"has_conv": True, "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
+        ({"family": "transformer", **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, ""),
+        ({"family": "conv", "device": "cpu"}, False, "CUDA devices only"),
+        ({"family": "conv", "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
         # steps known: eager time = steps * step time against the 300 s break-even
-        ({"has_conv": True, **H200, "steps_left": 50_000, "step_seconds": 0.04}, True, "2000 s"),
-        ({"has_conv": True, **H200, "steps_left": 5_000, "step_seconds": 0.04}, False, "200 s"),
+        ({"family": "conv", **H200, "steps_left": 50_000, "step_seconds": 0.04}, True, "2000 s"),
+        ({"family": "conv", **H200, "steps_left": 5_000, "step_seconds": 0.04}, False, "200 s"),
         (
             {
-                "has_conv": True,
+                "family": "conv",
                 "device": "cuda",
                 "capability": (7, 0),
                 "steps_left": 8_000,
@@ -72,19 +72,19 @@ def test_break_even_follows_from_the_constants():
             "320 s",
         ),
         # steps known, step time not yet: time some steps first, unless max_time already rules it out
-        ({"has_conv": True, **H200, "steps_left": 5_000}, None, "time a few steps"),
-        ({"has_conv": True, **H200, "steps_left": 5_000, "time_left": 120.0}, False, "max_time"),
+        ({"family": "conv", **H200, "steps_left": 5_000}, None, "time a few steps"),
+        ({"family": "conv", **H200, "steps_left": 5_000, "time_left": 120.0}, False, "max_time"),
         # max_time caps a long step budget
         (
-            {"has_conv": True, **H200, "steps_left": 1e6, "step_seconds": 0.04, "time_left": 250.0},
+            {"family": "conv", **H200, "steps_left": 1e6, "step_seconds": 0.04, "time_left": 250.0},
             False,
             "250 s",
         ),
         # no set length: max_time decides, else the run is taken as long
-        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 3600.0}, True, "3600 s"),
-        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 200.0}, False, "200 s"),
-        ({"has_conv": True, **H200, "steps_left": float("inf")}, True, "no set length"),
-        ({"has_conv": True, **H200}, True, "no set length"),
+        ({"family": "conv", **H200, "steps_left": float("inf"), "time_left": 3600.0}, True, "3600 s"),
+        ({"family": "conv", **H200, "steps_left": float("inf"), "time_left": 200.0}, False, "200 s"),
+        ({"family": "conv", **H200, "steps_left": float("inf")}, True, "no set length"),
+        ({"family": "conv", **H200}, True, "no set length"),
     ],
 )
 def test_should_compile(kwargs, expected, reason):
@@ -96,9 +96,9 @@ def test_should_compile(kwargs, expected, reason):
 
 def test_should_compile_reads_the_capability_of_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
-    assert should_compile(has_conv=True, device="cuda:0").compile is False
+    assert should_compile(family="conv", device="cuda:0").compile is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert should_compile(has_conv=True, device="cuda:0").compile is True
+    assert should_compile(family="conv", device="cuda:0").compile is True
 
 
 # --- the callback on a real fit -----------------------------------------------------------------------------
@@ -660,8 +660,14 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
 
     def run(callbacks: list) -> ImageClassifier:
         model = copy.deepcopy(initial)
-        trainer = quiet_trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=callbacks,
-                                num_sanity_val_steps=0, deterministic=False)
+        trainer = quiet_trainer(
+            accelerator="gpu",
+            devices=1,
+            max_epochs=2,
+            callbacks=callbacks,
+            num_sanity_val_steps=0,
+            deterministic=False,
+        )
         trainer.fit(model, _data(52, 8), _data(20, 8, seed=1))
         return model.cpu()
 
@@ -714,4 +720,6 @@ def test_gpu_an_input_changed_in_place_skips_cuda_graphs_and_is_named():
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: mutated inputs"):
         trainer.fit(InPlace(convnet()), _data(64, 8))
     assert cb.mode_used == "reduce-overhead" and cb.cuda_graphs is False
-    assert (cb.cuda_graphs_skipped or "").startswith("mutated inputs")  # torch's words (and its line, if found)
+    assert (cb.cuda_graphs_skipped or "").startswith(
+        "mutated inputs"
+    )  # torch's words (and its line, if found)
