@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -100,7 +101,6 @@ _INTERNAL_PACKAGES = (
     "lightning_utilities",
     "torch",
 )
-_INTERNAL_DIRS: tuple[str, ...] | None = None
 
 
 def package_dirs(names: Sequence[str]) -> tuple[str, ...]:
@@ -118,11 +118,9 @@ def package_dirs(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dirs)
 
 
+@functools.cache
 def _internal_dirs() -> tuple[str, ...]:
-    global _INTERNAL_DIRS
-    if _INTERNAL_DIRS is None:
-        _INTERNAL_DIRS = package_dirs(_INTERNAL_PACKAGES)
-    return _INTERNAL_DIRS
+    return package_dirs(_INTERNAL_PACKAGES)
 
 
 def _user_frame(frame: FrameType | None) -> FrameType | None:
@@ -140,17 +138,12 @@ def _user_frame(frame: FrameType | None) -> FrameType | None:
     return outside_own or first
 
 
-_WARNING_CACHE: Any = None
-
-
+@functools.cache
 def _warnings() -> Any:
     """The messages warned so far (a ``WarningCache``, a ``set``)."""
-    global _WARNING_CACHE
-    if _WARNING_CACHE is None:
-        from lightning.pytorch.utilities.rank_zero import WarningCache
+    from lightning.pytorch.utilities.rank_zero import WarningCache
 
-        _WARNING_CACHE = WarningCache()
-    return _WARNING_CACHE
+    return WarningCache()
 
 
 def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:

@@ -40,6 +40,7 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch.UntypedStorage", "_new_shared"),
     _Internal("torch.optim.SGD", "_step_supports_amp_scaling", instance=_fused_sgd),
     _Internal("torch.cpu", "_is_avx512_bf16_supported"),
+    _Internal("torch.cpu", "_is_amx_tile_supported"),
     _Internal(_LOOP, "_broadcast_sigterm_tensor"),
     _Internal("torch.ops.aten._upsample_bilinear2d_aa", "out"),
     _Internal(

@@ -31,17 +31,15 @@ def require(name: str) -> ModuleType:
     dist, module, extra = _OPTIONAL[name]
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as err:
+    except Exception as err:  # installed but failing: a torchvision built for another torch
         if name == "torchvision" and importlib.util.find_spec(module) is not None:
             raise ImportError(torchvision_mismatch(err)) from err
+        if not isinstance(err, ModuleNotFoundError):
+            raise
         raise ModuleNotFoundError(
             f"{module!r} is not installed. Install it with `pip install 'lightning-gpuopt[{extra}]'` "
             f"(or `pip install {dist}`)."
         ) from err
-    except Exception as err:  # installed, but it fails to import: torchvision built for another torch
-        if name != "torchvision":
-            raise
-        raise ImportError(torchvision_mismatch(err)) from err
 
 
 #: the torchvision release made for a torch 2.x release is 0.(x + 15): torch 2.13 pairs with torchvision 0.28

@@ -20,28 +20,13 @@ from typing_extensions import override
 
 from lightning_gpuopt import __version__
 
-# subcommand -> (module, one-line help). Help is duplicated here so --help needs no heavy import.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": (
-        "lightning_gpuopt.commands.demo",
-        "short monitored fit, then the ladder on this machine beside a recorded GPU run",
-    ),
-    "bench": (
-        "lightning_gpuopt.commands.bench",
-        "benchmark a ladder of settings from naive to fully optimized",
-    ),
-    "convert": (
-        "lightning_gpuopt.commands.convert",
-        "convert a class-per-subfolder image folder to an HDF5 store (raw uint8 or JPEG)",
-    ),
-    "tune": (
-        "lightning_gpuopt.commands.tune",
-        "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
-    ),
-    "check": (
-        "lightning_gpuopt.commands.check",
-        "decode every image of a folder and list each one that cannot be decoded",
-    ),
+# subcommand (the module lightning_gpuopt.commands.<name>) -> one-line help, here so --help needs no import
+COMMANDS: dict[str, str] = {
+    "demo": "short monitored fit, then the ladder on this machine beside a recorded GPU run",
+    "bench": "benchmark a ladder of settings from naive to fully optimized",
+    "convert": "convert a class-per-subfolder image folder to an HDF5 store (raw uint8 or JPEG)",
+    "tune": "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
+    "check": "decode every image of a folder and list each one that cannot be decoded",
 }
 
 EXIT_USAGE = 2
@@ -112,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightning-gpuopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text, add_help=False)
     return parser
 
@@ -128,13 +113,11 @@ def describe_os_error(err: OSError) -> str:
 
 def _one_line(err: BaseException) -> str:
     """The message of ``err`` on one line (a DataLoader worker's error: the worker's own message)."""
+    from lightning_gpuopt._compat import worker_error_message
+
     text = str(err).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1 and "Original Traceback" in text:
-        kind, sep, message = lines[-1].partition(": ")
-        named = kind.replace(".", "_").isidentifier() and kind.endswith(("Error", "Exception"))
-        return message if sep and named else lines[-1]
-    return lines[0] if lines else type(err).__name__
+    lines = text.splitlines()
+    return worker_error_message(text, type(err)) or (lines[0].strip() if lines else type(err).__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None and not argv else EXIT_USAGE
     name = argv[0]
-    module_name, help_text = COMMANDS[name]
+    help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
     sub_parser = CommandParser(prog=prefix, description=help_text)
     from lightning_gpuopt._imports import torchvision_problem
@@ -155,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix}: error: {broken}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f"lightning_gpuopt.commands.{name}")
         module.configure(sub_parser)
         args = sub_parser.parse_args(argv[1:])
         return int(module.run(args) or 0)

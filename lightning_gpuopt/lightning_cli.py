@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
-from lightning_gpuopt.compute.preset import fast_trainer_kwargs
+from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS, fast_trainer_kwargs
 
 __all__ = ["GPUOptArgumentParser", "GPUOptCLI", "preset_choices"]
 
@@ -43,16 +43,12 @@ _EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\.? ?(?:Got value: (.*)
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
 _SUBTYPES = re.compile(r"Subtypes: \[(.*?)\]\n")
 _GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
-
-
-def _require_jsonargparse() -> None:
-    try:
-        importlib.import_module("jsonargparse")
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            "GPUOptCLI needs jsonargparse. Install it with `pip install 'lightning-gpuopt[all]'` "
-            "(or `pip install 'jsonargparse[signatures]'`)."
-        ) from err
+#: the ``preset:`` section: name, type, default, help
+_PRESET_OPTIONS = (
+    ("tf32", bool, True, "Enable TF32 for fp32 matmuls and convolutions on CUDA."),
+    ("fused_optimizer", bool, True, "Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer."),
+    ("compile", bool | None, None, "null: CompileModel(when='auto') where it may pay; true: CompileModel()."),
+)
 
 
 # ------------------------------------------------------------------------------------------------ the preset
@@ -211,29 +207,17 @@ def _expected(key: str, detail: str) -> str | None:
 
 def _subtype_names(text: str) -> list[str]:
     found = _SUBTYPES.search(text)
-    if found is None:
-        return []
     names = []
-    for path in re.findall(r"<class '([\w.]+)'>", found.group(1)):
-        name = path.rpartition(".")[2]
+    for path in re.findall(r"<class '([\w.]+)'>", found.group(1) if found else ""):
+        module, _, name = path.rpartition(".")
         if name in ("NoneType", "bool"):
             names.append("null" if name == "NoneType" else "true or false")
             continue
-        fields = _dataclass_fields(path)
+        cls = getattr(sys.modules.get(module), name, None)
+        fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
         article = "an" if name[:1].lower() in "aeiou" else "a"
         names.append(f"{article} {name} mapping ({', '.join(fields)})" if fields else name)
     return names
-
-
-def _dataclass_fields(path: str) -> list[str]:
-    module, _, name = path.rpartition(".")
-    if not module:
-        return []
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return []
-    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
 def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | None:
@@ -374,19 +358,17 @@ class GPUOptCLI(LightningCLI):
 
     Example::
 
-        # main.py
-        from lightning_gpuopt import GPUOptCLI, OptimizedDataModule
-
-        if __name__ == "__main__":
-            GPUOptCLI(MyLightningModule, OptimizedDataModule)
-
-        # python main.py fit --config config.yaml --print_config   (docs/lightning_cli.md)
+        GPUOptCLI(MyLightningModule, OptimizedDataModule)  # python main.py fit --config config.yaml
     """
 
     def __init__(
         self, *args: Any, parser_class: type[LightningArgumentParser] = GPUOptArgumentParser, **kwargs: Any
     ):
-        _require_jsonargparse()
+        if importlib.util.find_spec("jsonargparse") is None:
+            raise ModuleNotFoundError(
+                "GPUOptCLI needs jsonargparse. Install it with `pip install 'lightning-gpuopt[all]'` "
+                "(or `pip install 'jsonargparse[signatures]'`)."
+            )
         self._print_flags: list[str] | None = None
         self._parsers: list[LightningArgumentParser] = []
         self.preset: dict[str, Any] = {}
@@ -400,24 +382,8 @@ class GPUOptCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument(
-            "--preset.tf32",
-            type=bool,
-            default=True,
-            help="Enable TF32 for fp32 matmuls and convolutions on CUDA.",
-        )
-        parser.add_argument(
-            "--preset.fused_optimizer",
-            type=bool,
-            default=True,
-            help="Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer: the optimizers run fused.",
-        )
-        parser.add_argument(
-            "--preset.compile",
-            type=bool | None,
-            default=None,
-            help="null: add CompileModel(when='auto') for a conv net on CUDA; true: CompileModel(); false: none.",
-        )
+        for name, kind, default, help_text in _PRESET_OPTIONS:
+            parser.add_argument(f"--preset.{name}", type=kind, default=default, help=help_text)
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -478,17 +444,14 @@ class GPUOptCLI(LightningCLI):
         kept = {k: trainer_config[k] for k in _CHOSEN if trainer_config.get(k) is not None}
         self._record(section, settings, added)
         self.preset = {**settings, "callbacks": added, "device": device}
-        if device is None:
-            rank_zero_info(
-                "GPUOptCLI preset: nothing chosen (it chooses for CPU and CUDA runs; "
-                f"trainer.accelerator is {trainer_config.get('accelerator')!r})"
-            )
-        else:
-            what = type(model).__name__ if model is not None else "no model"
-            rank_zero_info(
-                f"GPUOptCLI preset for {what} on {device}: {_describe(settings, added, kept)} "
-                "(a value the config sets wins; the preset's options are under preset:)"
-            )
+        what = type(model).__name__ if model is not None else "no model"
+        rank_zero_info(
+            f"GPUOptCLI preset for {what} on {device}: {_describe(settings, added, kept)} "
+            "(a value the config sets wins; the preset's options are under preset:)"
+            if device is not None
+            else "GPUOptCLI preset: nothing chosen (it chooses for CPU and CUDA runs; "
+            f"trainer.accelerator is {trainer_config.get('accelerator')!r})"
+        )
         if self._print_flags is not None:
             self._print_config(self._print_flags)
         return super().instantiate_trainer(**{**kwargs, **settings, "callbacks": listed + added})
@@ -502,8 +465,6 @@ class GPUOptCLI(LightningCLI):
             return
         for key, value in settings.items():
             if isinstance(value, DDPStrategy):
-                from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
-
                 trainer[key] = Namespace(
                     class_path="lightning.pytorch.strategies.DDPStrategy",
                     init_args=Namespace(**PRESET_DDP_KWARGS),

@@ -131,18 +131,7 @@ def should_compile(
     figures = f" ({compile_seconds:.0f} s to compile, {saving:.0%} of a step saved: {source})"
     if saving <= 0:
         return CompileDecision(False, f"compiled steps saved nothing{figures}")
-    return _by_length(family, compile_seconds / saving, figures, steps_left, step_seconds, time_left)
-
-
-def _by_length(
-    family: str,
-    break_even: float,
-    figures: str,
-    steps_left: float | None,
-    step_seconds: float | None,
-    time_left: float | None,
-) -> CompileDecision:
-    """``should_compile``'s last test: the eager training left against the family's ``break_even``."""
+    break_even = compile_seconds / saving
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
@@ -313,7 +302,7 @@ class CompileModel(pl.Callback):
         if self.when == "always":
             decision = CompileDecision(True, "when='always'")
         else:
-            decision = self._should_compile(trainer)
+            decision = self._should_compile(trainer, pl_module)
         if decision.compile is None:
             self._timing = True
             self.decision = None
@@ -324,19 +313,17 @@ class CompileModel(pl.Callback):
             self._decide(pl_module, decision)
         self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
 
-    def _should_compile(self, trainer: pl.Trainer, step_seconds: float | None = None) -> CompileDecision:
-        time_left = None
-        for cb in trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(cb, Timer):
-                time_left = cb.time_remaining("train")
-                break
+    def _should_compile(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step_seconds: float | None = None
+    ) -> CompileDecision:
+        timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]  # type: ignore[attr-defined]
         total = float(trainer.estimated_stepping_batches)  # optimizer steps of the whole fit; inf if unknown
         return should_compile(
-            family=_model.family(trainer.lightning_module),
+            family=_model.family(pl_module),
             device=trainer.strategy.root_device,
             steps_left=max(0.0, total - trainer.global_step) * trainer.accumulate_grad_batches,
             step_seconds=step_seconds,
-            time_left=time_left,
+            time_left=timers[0].time_remaining("train") if timers else None,
             cost=measured_cost(self._cost_key) if self._cost_key else None,
         )
 
@@ -366,7 +353,7 @@ class CompileModel(pl.Callback):
             synchronize(pl_module.device)
             self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
             self._timing = False
-            decision = self._should_compile(trainer, self.step_seconds)
+            decision = self._should_compile(trainer, pl_module, self.step_seconds)
             # every rank must run the same code: rank zero's timing decides
             self._decide(pl_module, trainer.strategy.broadcast(decision, src=0))
             if self.compiled:  # this batch is the first compiled one
@@ -493,7 +480,7 @@ class CompileModel(pl.Callback):
         self.cuda_graphs_reason = None if graphs else f"mode={compile_mode!r} records no CUDA graphs"
         if graphs:
             self._graphs_key = (getattr(original, "__func__", original), self.backend, compile_mode)
-            self._watch = SkipWatch().start()  # torch compiles at the first calls: count from here
+            self._watch = SkipWatch()  # torch compiles at the first calls: count from here
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)

@@ -114,7 +114,3 @@ class NonBlockingStepChecks(pl.Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.active = trainer.world_size > 1 and nonblocking_sigterm_check(trainer)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {}

@@ -133,10 +133,8 @@ class FusedOptimizer(pl.Callback):
                     'precision. Drop clipping to fuse, or use precision="bf16-mixed" (no GradScaler, no sync).'
                 )
             return
-        for opt in optimizers:
+        for opt in (o for o in optimizers if not is_fused(o)):
             name = type(getattr(opt, "optimizer", opt)).__name__
-            if is_fused(opt):
-                continue
             why = fuse_optimizer(opt, amp_scaling=amp_scaling)
             if why is None:
                 self.fused.append(name)
@@ -151,10 +149,9 @@ class FusedOptimizer(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        # once an optimizer: after every layout change, before its step
         inner = getattr(optimizer, "optimizer", optimizer)
-        if (
-            id(inner) not in self._buffers_ready
-        ):  # once an optimizer: after every layout change, before its step
+        if id(inner) not in self._buffers_ready:
             self._buffers_ready.add(id(inner))
             init_momentum_buffers(inner)
 

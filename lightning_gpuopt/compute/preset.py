@@ -38,36 +38,30 @@ def _add_callbacks(
 ) -> None:
     """Append the preset's callbacks of the classes ``callbacks`` lacks; ``said`` gets each one's reason."""
 
-    def add(callback_type: type, make: Any, why: str) -> None:
-        if not any(isinstance(c, callback_type) for c in callbacks):
-            callbacks.append(make())
-            said.append(f"{callback_type.__name__} ({why})")
+    def add(callback: Any, why: str) -> None:
+        if not any(isinstance(c, type(callback)) for c in callbacks):
+            callbacks.append(callback)
+            said.append(f"{type(callback).__name__} ({why})")
 
     if (model is None or has_conv(model, dims=2)) and dev.type in ("cuda", "cpu"):
-        add(ChannelsLast, ChannelsLast, "Conv2d layers" if model is not None else "no model given")
+        add(ChannelsLast(), "Conv2d layers" if model is not None else "no model given")
     elif dev.type in ("cuda", "cpu"):
         said.append("no ChannelsLast (no Conv2d layer)")
     if ddp:
-        add(NonBlockingStepChecks, NonBlockingStepChecks, "DDP")
+        add(NonBlockingStepChecks(), "DDP")
     if fused_optimizer and precision in ("16-mixed", "16"):
-        add(FusedOptimizer, FusedOptimizer, "16-mixed: no GradScaler host sync")
+        add(FusedOptimizer(), "16-mixed: no GradScaler host sync")
     elif fused_optimizer and precision == "bf16-mixed" and dev.type == "cuda":
-        add(
-            FusedOptimizer, FusedOptimizer, "bf16-mixed on CUDA: one kernel for each parameter group's update"
-        )
+        add(FusedOptimizer(), "bf16-mixed on CUDA: one kernel for each parameter group's update")
     kind = None if model is None else family(model)
     if compile:
-        add(CompileModel, CompileModel, "compile=True")
-    elif (
-        compile is None
-        and dev.type == "cuda"
-        and tuple(torch.cuda.get_device_capability(dev)) >= MIN_CAPABILITY
-    ):
+        add(CompileModel(), "compile=True")
+    elif compile is None and dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= MIN_CAPABILITY:
         if model is None or kind is not None:
             seconds, saving = COMPILE_COST[kind or "conv"]
             why = f"{kind or 'no model given'}: compiles when over {seconds / saving:.0f} s of eager training"
             why += " is left, a break-even assumed until this model's compile is measured on this GPU"
-            add(CompileModel, lambda: CompileModel(when="auto"), why)
+            add(CompileModel(when="auto"), why)
         else:
             said.append("no CompileModel (no convolution or attention layer: not judged by the compile rule)")
 
