@@ -47,7 +47,7 @@ _GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
 _PRESET_OPTIONS = (
     ("tf32", bool, True, "Enable TF32 for fp32 matmuls and convolutions on CUDA."),
     ("fused_optimizer", bool, True, "Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer."),
-    ("compile", bool | None, None, "null: CompileModel(when='auto') where it may pay; true: CompileModel()."),
+    ("compile", bool | None, None, "null: CompileModel(when='auto'); true: CompileModel(); false: none."),
 )
 
 

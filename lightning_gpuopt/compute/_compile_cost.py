@@ -16,7 +16,8 @@ import torch
 from lightning_gpuopt._common import cache_dir, synchronize
 
 COST_FILE = "compile.json"
-#: compiled training batches to warm up after the first (graph trees record, the allocator settles), then timed
+#: batches to warm up (cuDNN autotunes, graph trees record, the allocator settles), then timed: eager batches
+#: for ``CompileModel(when="auto")``'s decision, compiled ones after the first for the cost
 WARMUP_BATCHES, TIMED_BATCHES = 5, 10
 
 
@@ -78,13 +79,7 @@ def record(key: str, cost: MeasuredCost) -> None:
 
 class CostMeter:
     """Times a run compiled from batch ``first``: that batch, then ``TIMED_BATCHES`` compiled batches after
-    ``WARMUP_BATCHES`` more, each boundary after a device sync.
-
-    Example:
-        >>> meter = CostMeter(first=15, eager_step=0.04)
-        >>> for i in range(15, 40):
-        ...     cost = meter.at_batch_start(i, torch.device("cpu"))  # a MeasuredCost at the last one
-    """
+    ``WARMUP_BATCHES`` more, each boundary after a device sync."""
 
     def __init__(self, first: int, eager_step: float | None) -> None:
         self.first, self.eager_step = first, eager_step

@@ -18,7 +18,15 @@ from typing_extensions import override
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import synchronize, warn_once
 from lightning_gpuopt.compute import _model
-from lightning_gpuopt.compute._compile_cost import CostMeter, MeasuredCost, cost_key, measured_cost, record
+from lightning_gpuopt.compute._compile_cost import (
+    TIMED_BATCHES,
+    WARMUP_BATCHES,
+    CostMeter,
+    MeasuredCost,
+    cost_key,
+    measured_cost,
+    record,
+)
 from lightning_gpuopt.compute._cudagraphs import SkipWatch
 
 __all__ = [
@@ -56,10 +64,6 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 When = Literal["always", "auto"]
-# auto mode times batches [_WARMUP_BATCHES, _WARMUP_BATCHES + _TIMED_BATCHES): the first ones autotune
-# cuDNN and fill the allocator's cache
-_WARMUP_BATCHES = 5
-_TIMED_BATCHES = 10
 # compiled training steps after which the graphs are recorded and any skip is counted
 _GRAPH_CHECK_STEPS = 3
 _LOGGED: set[str] = set()  # mode reasons already logged in this process
@@ -336,7 +340,7 @@ class CompileModel(pl.Callback):
         if self._watch is not None and self._train_compiled >= _GRAPH_CHECK_STEPS:
             self._graphs_checked()
         calls = self.compiled_calls + self.eager_calls
-        if self._batches == _WARMUP_BATCHES + _TIMED_BATCHES + 1 and self.compiled and calls == 0:
+        if self._batches == WARMUP_BATCHES + TIMED_BATCHES + 1 and self.compiled and calls == 0:
             warn_once(
                 f"CompileModel: {type(pl_module).__name__}.training_step did not call forward (self(x)) in "
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
@@ -346,12 +350,12 @@ class CompileModel(pl.Callback):
             self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
-        if index == _WARMUP_BATCHES:
+        if index == WARMUP_BATCHES:
             synchronize(pl_module.device)
             self._t0 = time.perf_counter()
-        elif index == _WARMUP_BATCHES + _TIMED_BATCHES and self._t0 is not None:
+        elif index == WARMUP_BATCHES + TIMED_BATCHES and self._t0 is not None:
             synchronize(pl_module.device)
-            self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
+            self.step_seconds = (time.perf_counter() - self._t0) / TIMED_BATCHES
             self._timing = False
             decision = self._should_compile(trainer, pl_module, self.step_seconds)
             # every rank must run the same code: rank zero's timing decides

@@ -410,16 +410,16 @@ def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_s
     cb.on_train_start(trainer, model)
     assert cb._timing and cb.decision is None
     try:
-        for i in range(compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES + 1):
+        for i in range(compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES + 1):
             trainer.global_step = i
             cb.on_train_batch_start(trainer, model, None, i)
-            if i < compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES:
+            if i < compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES:
                 assert not cb.compiled  # eager while timing
         assert cb.step_seconds == pytest.approx(batch_seconds)
         assert cb.decision is not None and cb.decision.compile is compiles
         assert cb.compiled is compiles
         assert len(broadcasts) == 1 and broadcasts[0][1] == 0  # rank zero's decision, once
-        left = total_steps - (compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES)
+        left = total_steps - (compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES)
         assert cb.decision.eager_seconds == pytest.approx(left * batch_seconds)
     finally:
         cb.teardown(trainer, model, "fit")
@@ -457,7 +457,7 @@ def test_auto_measures_what_compiling_cost_and_keeps_it_for_the_next_fit(
     monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(compile_mod, "time", _scripted([0.0, 0.4]))  # eager: 10 batches of 40 ms
-    first = compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES  # the first compiled batch
+    first = compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES  # the first compiled batch
     timed = _compile_cost.TIMED_BATCHES
     # the first compiled step takes 30.04 s (30 s compiling), then a window of `timed` compiled steps
     monkeypatch.setattr(
@@ -677,7 +677,7 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
     assert cb.cuda_graphs is True and cb.cuda_graphs_skipped is None  # torch skipped none
     # an epoch: 6 full training batches and a partial one, 2 full validation batches and a partial one
     assert cb.compiled_calls == 12 + 2 * 2 and cb.eager_calls == 2 + 2
-    for a, b in zip(graphs.parameters(), eager.parameters()):
+    for a, b in zip(graphs.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
