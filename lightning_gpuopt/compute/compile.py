@@ -17,16 +17,8 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import synchronize, warn_once
-from lightning_gpuopt.compute import _model
-from lightning_gpuopt.compute._compile_cost import (
-    TIMED_BATCHES,
-    WARMUP_BATCHES,
-    CostMeter,
-    MeasuredCost,
-    cost_key,
-    measured_cost,
-    record,
-)
+from lightning_gpuopt.compute import _compile_cost, _model
+from lightning_gpuopt.compute._compile_cost import CostMeter, MeasuredCost, cost_key, measured_cost, record
 from lightning_gpuopt.compute._cudagraphs import SkipWatch
 
 __all__ = [
@@ -335,12 +327,13 @@ class CompileModel(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        warm, timed = _compile_cost.WARMUP_BATCHES, _compile_cost.TIMED_BATCHES
         self._batches += 1
         self._mark_step()
         if self._watch is not None and self._train_compiled >= _GRAPH_CHECK_STEPS:
             self._graphs_checked()
         calls = self.compiled_calls + self.eager_calls
-        if self._batches == WARMUP_BATCHES + TIMED_BATCHES + 1 and self.compiled and calls == 0:
+        if self._batches == warm + timed + 1 and self.compiled and calls == 0:
             warn_once(
                 f"CompileModel: {type(pl_module).__name__}.training_step did not call forward (self(x)) in "
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
@@ -350,12 +343,12 @@ class CompileModel(pl.Callback):
             self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
-        if index == WARMUP_BATCHES:
+        if index == warm:
             synchronize(pl_module.device)
             self._t0 = time.perf_counter()
-        elif index == WARMUP_BATCHES + TIMED_BATCHES and self._t0 is not None:
+        elif index == warm + timed and self._t0 is not None:
             synchronize(pl_module.device)
-            self.step_seconds = (time.perf_counter() - self._t0) / TIMED_BATCHES
+            self.step_seconds = (time.perf_counter() - self._t0) / timed
             self._timing = False
             decision = self._should_compile(trainer, pl_module, self.step_seconds)
             # every rank must run the same code: rank zero's timing decides

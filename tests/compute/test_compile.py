@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_gpuopt._common import _warnings
 from lightning_gpuopt._compat import cudagraph_skip_logger
 from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.compute import _compile_cost
 from lightning_gpuopt.compute import compile as compile_mod
 from lightning_gpuopt.compute._cudagraphs import _Collect
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
@@ -410,16 +411,16 @@ def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_s
     cb.on_train_start(trainer, model)
     assert cb._timing and cb.decision is None
     try:
-        for i in range(compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES + 1):
+        for i in range(_compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES + 1):
             trainer.global_step = i
             cb.on_train_batch_start(trainer, model, None, i)
-            if i < compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES:
+            if i < _compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES:
                 assert not cb.compiled  # eager while timing
         assert cb.step_seconds == pytest.approx(batch_seconds)
         assert cb.decision is not None and cb.decision.compile is compiles
         assert cb.compiled is compiles
         assert len(broadcasts) == 1 and broadcasts[0][1] == 0  # rank zero's decision, once
-        left = total_steps - (compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES)
+        left = total_steps - (_compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES)
         assert cb.decision.eager_seconds == pytest.approx(left * batch_seconds)
     finally:
         cb.teardown(trainer, model, "fit")
@@ -452,12 +453,10 @@ def test_auto_measures_what_compiling_cost_and_keeps_it_for_the_next_fit(
     """After compiling, the first compiled step and a window of later ones are timed against the eager step:
     the cost is kept in the cache and the next fit's decision weighs it; compiled steps measured slower than
     eager ones turn compiling off for the rest of the fit."""
-    from lightning_gpuopt.compute import _compile_cost
-
     monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(compile_mod, "time", _scripted([0.0, 0.4]))  # eager: 10 batches of 40 ms
-    first = compile_mod.WARMUP_BATCHES + compile_mod.TIMED_BATCHES  # the first compiled batch
+    first = _compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES  # the first compiled batch
     timed = _compile_cost.TIMED_BATCHES
     # the first compiled step takes 30.04 s (30 s compiling), then a window of `timed` compiled steps
     monkeypatch.setattr(
