@@ -388,10 +388,7 @@ class GPUOptCLI(LightningCLI):
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = sys.argv[1:] if args is None else args
-        if not isinstance(argv, (list, tuple)):
-            super().parse_arguments(parser, args)
-            return
-        argv = [str(a) for a in argv]
+        argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # a dict: no flags
         flags = [a for a in argv if a == _PRINT_CONFIG or a.startswith(_PRINT_CONFIG + "=")]
         if not flags:
             super().parse_arguments(parser, args)
