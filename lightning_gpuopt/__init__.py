@@ -1,12 +1,8 @@
 """lightning-gpuopt: keep the GPU busy in PyTorch Lightning.
 
-``data/`` feeds the GPU, ``compute/`` makes its work cheaper, ``observe/`` shows what it does. The benchmark
-harness (``lightning_gpuopt.bench``: the ladder, its models and generated data) and the ``lightning-gpuopt``
-command sit beside the product and are not exported here.
-
-Public names are resolved lazily (PEP 562) so that ``import lightning_gpuopt`` stays light: it imports
-neither pynvml, h5py, nvidia.dali nor nvtx, does not import lightning or torch until a name that needs
-them is touched, and never initialises CUDA.
+``data/`` feeds the GPU, ``compute/`` makes its work cheaper, ``observe/`` shows what it does. Public names
+are resolved lazily (PEP 562): ``import lightning_gpuopt`` imports no optional package, nor lightning or
+torch until a name needs them, and never initialises CUDA.
 
 Example:
     >>> from lightning_gpuopt import GPUStatsMonitor, OptimizedDataModule, fast_trainer_kwargs

@@ -9,16 +9,8 @@ from typing import Any
 def check_arg(
     ok: bool, name: str, value: Any, must: str, fix: str = "", error: type[Exception] = ValueError
 ) -> None:
-    """Raise ``error("<name> must be <must>, got <value!r>; <fix>")`` unless ``ok``.
-
-    Args:
-        ok: the condition the argument meets.
-        name: the argument as the user wrote it (``"num_workers"``, ``"augment.scale"``).
-        value: what the user passed.
-        must: what the argument must be.
-        fix: what to pass instead, when that is not obvious from ``must``.
-        error: ``ValueError`` for a bad value, ``TypeError`` for a bad type.
-    """
+    """Raise ``error("<name> must be <must>, got <value!r>; <fix>")`` unless ``ok`` (``ValueError`` for a bad
+    value, ``TypeError`` for a bad type)."""
     if not ok:
         raise error(f"{name} must be {must}, got {value!r}" + (f"; {fix}" if fix else ""))
 
@@ -50,10 +42,8 @@ def check_pair(value: Any, name: str, low: float, high: float | None, what: str)
 
 
 def check_bool(value: Any, name: str, *, none_ok: bool = False, fix: str = "") -> None:
-    """``TypeError`` unless ``value`` is ``True`` or ``False`` (or ``None`` where ``none_ok``).
-
-    Strings are refused: ``"false"`` and ``"no"`` are truthy, so accepting them would turn a feature on.
-    """
+    """``TypeError`` unless ``value`` is ``True`` or ``False`` (or ``None`` where ``none_ok``); strings are
+    refused (``"false"`` is truthy)."""
     must = "True, False or None" if none_ok else "True or False"
     check_arg(isinstance(value, bool) or (none_ok and value is None), name, value, must, fix, TypeError)
 
@@ -82,14 +72,9 @@ def check_int(
     what: str = "",
     fix: str = "",
 ) -> None:
-    """``TypeError`` unless ``value`` is an ``int``, ``ValueError`` unless it is within the bounds.
-
-    A ``bool`` is not an int here; ``None`` passes where ``none_ok``, and the strings of ``also`` (such as
-    ``"auto"``) pass too: there another string is a wrong value (``ValueError``). Each bound applies where
-    given.
-
-    ``what`` is added to the message after the bounds (``"an int >= 1 (optimizer steps)"``).
-    """
+    """``TypeError`` unless ``value`` is an ``int`` (not a ``bool``), ``ValueError`` unless within the bounds;
+    ``None`` passes where ``none_ok``, the strings of ``also`` (``"auto"``) too. ``what`` follows the bounds
+    in the message (``"an int >= 1 (optimizer steps)"``)."""
     bounds = _bounds(low, high, False, False)
     must = " or ".join([*(repr(a) for a in also), _must("an int", bounds, what, none_ok)])
     if (none_ok and value is None) or (isinstance(value, str) and value in also):
@@ -111,12 +96,8 @@ def check_float(
     what: str = "",
     fix: str = "",
 ) -> float | None:
-    """``value`` as a float: ``TypeError`` unless a real number, ``ValueError`` unless finite and in bounds.
-
-    An ``int`` or ``float`` passes, a ``bool`` does not; ``None`` passes (and is returned) where ``none_ok``.
-    ``low_open``/``high_open`` make a bound exclusive (``low=0, low_open=True``: ``> 0``). NaN and infinity
-    are refused: neither is a period, a fraction or a threshold that a comparison treats sensibly.
-    """
+    """``value`` as a float: ``TypeError`` unless a real number (not a ``bool``), ``ValueError`` unless finite
+    and in bounds (``low_open``/``high_open`` make a bound exclusive); ``None`` passes where ``none_ok``."""
     bounds = _bounds(low, high, low_open, high_open)
     must = _must("a finite number", bounds, what, none_ok)
     if none_ok and value is None:
@@ -140,8 +121,7 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], *, fix: str = 
 
 
 def check_batch_array(images: Any, shape: tuple[int, ...], name: str) -> None:
-    """``images`` must be a writable C-contiguous uint8 numpy array of ``shape`` (a batch a ``read_into``
-    fills, such as a pinned tensor's ``.numpy()``); ``name`` is what the error calls it."""
+    """``images`` must be a writable C-contiguous uint8 numpy array of ``shape`` (a batch ``read_into`` fills)."""
     import numpy as np
 
     array = isinstance(images, np.ndarray)

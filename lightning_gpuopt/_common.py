@@ -1,9 +1,8 @@
-"""Facts the whole package shares, each defined once: CPU budget, ImageNet statistics, the evaluation
-resize rule, the upsampling rule, the cache folder, warn-once and info-once, a text table, and how a loader
-describes its feed."""
+"""Facts the whole package shares, each defined once."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -30,16 +29,13 @@ def available_cpus() -> int:
 
 
 def eval_resize_size(image_size: int) -> int:
-    """The shorter side torchvision's evaluation recipe resizes to before ``CenterCrop(image_size)``
-    (``Resize(256) + CenterCrop(224)`` at 224)."""
+    """The shorter side torchvision's evaluation recipe resizes to before ``CenterCrop(image_size)``."""
     return round(image_size * 256 / 224)
 
 
 def upsamples(source_px: int, target_px: int) -> bool:
-    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it: makes pixels the
-    source does not have. The one rule of stored sizes: ``OptimizedDataModule`` refuses a store whose crops
-    it would upsample (``image_size`` above the storage size) and ``convert`` warns about source images
-    whose shorter side is below ``--size``.
+    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it (the one rule of stored
+    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it).
 
     Example:
         >>> upsamples(60, 256), upsamples(256, 224)
@@ -60,9 +56,8 @@ def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
 
 
 def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn once per process and message, on rank zero only (Lightning's ``WarningCache``), attributed to
-    the user's line: the first caller outside this package and outside Lightning and torch (where the call
-    comes through a Lightning hook, the user's ``trainer.fit(...)``)."""
+    """Warn once per process and message, on rank zero only, attributed to the user's line (the first caller
+    outside this package, Lightning and torch)."""
     cache = _warnings()
     if message in cache:
         return
@@ -71,14 +66,12 @@ def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
 
 
 def info_once(message: str) -> None:
-    """Log ``message`` at INFO level once per process, on rank zero only (``rank_zero_info``, Lightning's
-    console logger): a note that explains a run rather than warns about it."""
+    """Log ``message`` at INFO level once per process, on rank zero only."""
     _warnings().info(message)
 
 
 def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn on rank zero only, attributed to the user's line as ``warn_once`` attributes it (a warning that
-    may come again, such as one a fit's end reports)."""
+    """Warn on rank zero only, attributed to the user's line as ``warn_once`` attributes it (every time)."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     if getattr(rank_zero_only, "rank", 0) != 0:
@@ -88,21 +81,18 @@ def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
         warnings.warn(message, category=category, stacklevel=2)
         return
     module_globals = frame.f_globals
-    # what warnings.warn does for the frame it settles on: its registry (the "default" action's once-per-
-    # location memory) and globals (the source line via linecache)
+    # as warnings.warn does for the frame it settles on: its registry and globals (the source line)
     args = (message, category, frame.f_code.co_filename, frame.f_lineno)
     module = module_globals.get("__name__", "<unknown>")
     registry = module_globals.setdefault("__warningregistry__", {})
     try:
         warnings.warn_explicit(*args, module=module, registry=registry, module_globals=module_globals)
     except ImportError:
-        # ``python -c``, ``python - < script`` and the interactive prompt: ``__main__``'s loader
-        # (BuiltinImporter) raises when linecache asks it for source; warn without the source line
+        # ``python -c`` and the prompt: ``__main__``'s loader raises when linecache asks it for source
         warnings.warn_explicit(*args, module=module, registry=registry)
 
 
-#: package folders whose frames a warning is never attributed to (this package first, then the frameworks
-#: a Lightning hook calls it through).
+# package folders whose frames a warning is never attributed to (this package first)
 _INTERNAL_PACKAGES = (
     "lightning_gpuopt",
     "lightning",
@@ -111,12 +101,10 @@ _INTERNAL_PACKAGES = (
     "lightning_utilities",
     "torch",
 )
-_INTERNAL_DIRS: tuple[str, ...] | None = None
 
 
 def package_dirs(names: Sequence[str]) -> tuple[str, ...]:
-    """The folders (real paths, ending in a separator) of the importable packages ``names``; a missing one
-    adds none."""
+    """The folders (real paths, ending in a separator) of the importable packages ``names``."""
     import importlib.util
 
     dirs = []
@@ -130,16 +118,14 @@ def package_dirs(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dirs)
 
 
+@functools.cache
 def _internal_dirs() -> tuple[str, ...]:
-    global _INTERNAL_DIRS
-    if _INTERNAL_DIRS is None:
-        _INTERNAL_DIRS = package_dirs(_INTERNAL_PACKAGES)
-    return _INTERNAL_DIRS
+    return package_dirs(_INTERNAL_PACKAGES)
 
 
 def _user_frame(frame: FrameType | None) -> FrameType | None:
-    """The first frame from ``frame`` outward outside the packages of ``_INTERNAL_PACKAGES``; where every
-    frame is inside them (a thread this package started), the first outside this package; else ``frame``."""
+    """The first frame from ``frame`` outward outside ``_INTERNAL_PACKAGES``, else outside this package, else
+    ``frame``."""
     internal, own = _internal_dirs(), _internal_dirs()[:1]
     first, outside_own = frame, None
     while frame is not None:
@@ -152,31 +138,20 @@ def _user_frame(frame: FrameType | None) -> FrameType | None:
     return outside_own or first
 
 
-_WARNING_CACHE: Any = None
-
-
+@functools.cache
 def _warnings() -> Any:
-    """The messages warned so far (a ``WarningCache``, a ``set``; tests ``clear()`` it)."""
-    global _WARNING_CACHE
-    if _WARNING_CACHE is None:
-        from lightning.pytorch.utilities.rank_zero import WarningCache
+    """The messages warned so far (a ``WarningCache``, a ``set``)."""
+    from lightning.pytorch.utilities.rank_zero import WarningCache
 
-        _WARNING_CACHE = WarningCache()
-    return _WARNING_CACHE
+    return WarningCache()
 
 
 def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:
-    """The package's one fixed-width text table: a header line, a rule of dashes, then a line a row, columns
-    left-aligned and two spaces apart, trailing spaces stripped.
+    """The package's one fixed-width text table: a header, a rule of dashes, then a line a row.
 
     Args:
-        rows: each row a mapping (its cells looked up by column name; a missing key is an empty cell) or a
-            sequence of cells in column order (for tables whose headers repeat, such as two ``x naive``
-            columns).
+        rows: each row a mapping (cells by column name) or a sequence of cells in column order.
         columns: the header of each column, in order.
-
-    A cell that is ``None`` shows as ``-``, a float with 3 decimals below 10 and with thousands separators
-    and one decimal from 10 up; anything else as ``str()``.
 
     Example:
         >>> print(format_table([{"row": "naive", "samples/s": 1234.5}, {"row": "hdf5"}], ["row", "samples/s"]))
@@ -211,10 +186,8 @@ def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Seq
 
 @dataclass
 class FeedInfo:
-    """How a training loader feeds the GPU, as the ``BottleneckAdvisor`` reads it.
-
-    A loader (or its dataset) that sets a ``feed_info`` attribute to one of these is described by it; a
-    plain ``torch.utils.data.DataLoader`` is described from its public attributes instead.
+    """How a training loader feeds the GPU, as the ``BottleneckAdvisor`` reads it from a loader's (or its
+    dataset's) ``feed_info`` attribute.
 
     Attributes:
         backend: ``"folder"`` (JPEGs decoded by worker processes), ``"hdf5"`` (uint8 store), ``"dali"``,
@@ -240,13 +213,12 @@ class FeedInfo:
 
 
 #: Name of the attribute a loader sets to the cumulative seconds its consumer spent inside ``next()``
-#: (waiting for a batch): ``GPUStatsMonitor`` reads it to split the host-side wait into time inside the loader
-#: and time the host was blocked behind the GPU. ``ContinuousDataLoader`` and ``DALILoader`` keep it.
+#: (``GPUStatsMonitor`` reads it to tell time inside the loader from time blocked behind the GPU).
 FETCH_SECONDS_ATTR = "fetch_seconds"
 
 
 def synchronize(device: Any) -> None:
-    """Wait for ``device``'s queued work (``torch.cuda.synchronize``); nothing to wait for on a CPU."""
+    """Wait for ``device``'s queued work (CUDA only)."""
     import torch
 
     device = torch.device(device)

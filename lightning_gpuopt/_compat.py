@@ -1,10 +1,7 @@
-"""The private torch and Lightning internals the package relies on, each behind one function.
-
-Everything else in the package uses public torch and Lightning API only. ``missing_internals()`` lists the
-internals this torch and Lightning lack; ``tests/test_compat.py`` fails when it is not empty, so a release
-that renames one is noticed before a user is. Where an internal is missing at run time, the function falls
-back to public behaviour (slower or less precise, never wrong) and warns once naming the torch version.
-"""
+"""The private torch and Lightning internals the package relies on, each behind one function (the rest of
+the package uses public API only). ``missing_internals()`` lists those this torch and Lightning lack (a test
+checks it is empty); where one is missing at run time, its function falls back to public behaviour and warns
+once."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ TESTED_TORCH = ">=2.4,<2.14"
 class _Internal(NamedTuple):
     owner: str  # importable dotted path of the module, class or object that carries the attribute
     attribute: str
-    used_for: str
     # for an attribute that ``__init__`` sets: builds an instance from the owner to look it up on
     instance: Callable[[Any], Any] | None = None
 
@@ -34,67 +30,26 @@ def _fused_sgd(cls: Any) -> Any:
     return cls([torch.zeros(1, requires_grad=True)], lr=0.1, fused=True)
 
 
+# what each is used for: the docstring of the function below that uses it
+_LOOP = "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop"
 _INTERNALS: tuple[_Internal, ...] = (
+    _Internal("torch.utils.data.DataLoader", "_index_sampler"),
+    _Internal("torch.utils.data.DataLoader", "_auto_collation"),
+    _Internal("torch.utils.data.DataLoader", "_iterator", instance=lambda cls: cls([])),
+    _Internal("torch.utils.data.dataloader._MultiProcessingDataLoaderIter", "_shutdown_workers"),
+    _Internal("torch.UntypedStorage", "_new_shared"),
+    _Internal("torch.optim.SGD", "_step_supports_amp_scaling", instance=_fused_sgd),
+    _Internal("torch.cpu", "_is_avx512_bf16_supported"),
+    _Internal("torch.cpu", "_is_amx_tile_supported"),
+    _Internal(_LOOP, "_broadcast_sigterm_tensor"),
+    _Internal("torch.ops.aten._upsample_bilinear2d_aa", "out"),
     _Internal(
-        "torch.utils.data.DataLoader", "_index_sampler", "ContinuousDataLoader repeats the batch sampler"
+        "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector", "_sigterm_notifier_fn"
     ),
-    _Internal(
-        "torch.utils.data.DataLoader", "_auto_collation", "ContinuousDataLoader repeats the batch sampler"
-    ),
-    _Internal(
-        "torch.utils.data.DataLoader",
-        "_iterator",
-        "ContinuousDataLoader.close() drops the persistent workers",
-        instance=lambda cls: cls([]),
-    ),
-    _Internal(
-        "torch.utils.data.dataloader._MultiProcessingDataLoaderIter",
-        "_shutdown_workers",
-        "worker tuning stops each candidate's workers at once",
-    ),
-    _Internal("torch.UntypedStorage", "_new_shared", "the uint8 collate allocates batches in shared memory"),
-    _Internal(
-        "torch.optim.SGD",
-        "_step_supports_amp_scaling",
-        "GradScaler skips its host sync for fused optimizers",
-        instance=_fused_sgd,
-    ),
-    _Internal("torch.cpu", "_is_avx512_bf16_supported", "bf16 is chosen on CPUs with native bf16"),
-    _Internal(
-        "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop",
-        "_broadcast_sigterm_tensor",
-        "under DDP the SIGTERM check runs every step without blocking the host",
-    ),
-    _Internal(
-        "torch.ops.aten._upsample_bilinear2d_aa",
-        "out",
-        "an image folder's resizes write interleaved RGB straight into their result",
-    ),
-    _Internal(
-        "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector",
-        "_sigterm_notifier_fn",
-        "under DDP the SIGTERM handler issues no collective of its own (the per-step check carries the flag)",
-    ),
-    _Internal(
-        "torch.amp.GradScaler",
-        "_get_scale_async",
-        "the advisor reads the GradScaler's scale without a host sync",
-    ),
-    _Internal(
-        "torch._utils",
-        "ExceptionWrapper",
-        "an unreadable image in a DataLoader worker ends the fit with its own one-line message",
-    ),
-    _Internal(
-        "torch._dynamo.utils",
-        "counters",
-        "CompileModel tells whether the compiled step replays CUDA graphs (inductor's cudagraph_skips)",
-    ),
-    _Internal(
-        "torch._inductor.cudagraph_utils",
-        "cudagraphs_log",
-        "CompileModel names the reason torch gives for skipping CUDA graphs",
-    ),
+    _Internal("torch.amp.GradScaler", "_get_scale_async"),
+    _Internal("torch._utils", "ExceptionWrapper"),
+    _Internal("torch._dynamo.utils", "counters"),
+    _Internal("torch._inductor.cudagraph_utils", "cudagraphs_log"),
 )
 
 
@@ -112,8 +67,7 @@ def _resolve(owner: str) -> Any:
 
 
 def _has(target: Any, attribute: str, instance: Callable[[Any], Any] | None = None) -> bool:
-    """Whether ``target`` has ``attribute``, looked up on it, or on ``instance(target)`` when it is not there
-    (an attribute ``__init__`` sets); building the instance failing counts as missing."""
+    """Whether ``target`` (or else ``instance(target)``, where that can be built) has ``attribute``."""
     if hasattr(target, attribute):
         return True
     if instance is None:
@@ -145,8 +99,8 @@ def _fallback(what: str) -> None:
 
 
 def repeat_index_sampler(loader: DataLoader, wrap: Any) -> Any:
-    """The index sampler ``loader``'s iterators should read: ``wrap(batch_sampler)`` under automatic
-    batching, else DataLoader's own. Called from a ``DataLoader`` subclass's ``_index_sampler``."""
+    """For ``ContinuousDataLoader._index_sampler``: ``wrap(batch_sampler)`` under automatic batching, else
+    DataLoader's own index sampler."""
     sampler = DataLoader._index_sampler.fget(loader)  # type: ignore[attr-defined]
     if getattr(loader, "_auto_collation", False) and sampler is loader.batch_sampler:
         return wrap(sampler)
@@ -159,8 +113,7 @@ def persistent_iterator(loader: DataLoader) -> Any:
 
 
 def drop_persistent_iterator(loader: DataLoader) -> None:
-    """Drop the iterator ``persistent_workers=True`` keeps, so its workers shut down and the next
-    ``iter()`` starts afresh."""
+    """Drop the iterator ``persistent_workers=True`` keeps, so its workers shut down."""
     if hasattr(loader, "_iterator"):
         loader._iterator = None  # type: ignore[attr-defined]
 
@@ -173,10 +126,8 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 def worker_error_message(text: str, error: type[BaseException]) -> str | None:
-    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text the main
-    process re-raises it with (``torch._utils.ExceptionWrapper.reraise`` calls ``error(text)``, ``text``
-    being ``Caught <Type> in DataLoader worker process <n>.`` and the worker's traceback, whose last line
-    is ``<module>.<Type>: <message>``); ``None`` for any other text (a message of one line among them).
+    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text
+    ``torch._utils.ExceptionWrapper.reraise`` re-raises it with; ``None`` for any other text.
 
     Example:
         >>> text = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback ...\nValueError: bad"
@@ -192,8 +143,7 @@ def worker_error_message(text: str, error: type[BaseException]) -> str | None:
 
 
 def shared_uint8(numel: int) -> torch.Tensor:
-    """A flat uint8 tensor in shared memory (as ``default_collate`` allocates inside a worker), so a batch
-    reaches the main process without another copy; ordinary memory where torch lacks the call."""
+    """A flat uint8 tensor in shared memory (as ``default_collate`` allocates inside a worker)."""
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:
         _fallback("UntypedStorage._new_shared (batches are copied once more)")
@@ -202,9 +152,8 @@ def shared_uint8(numel: int) -> torch.Tensor:
 
 
 def resize_rgb_uint8(pixels: Any, height: int, width: int) -> Any:
-    """Antialiased bilinear resize of a uint8 ``(H, W, 3)`` numpy image to ``(height, width, 3)`` (numpy,
-    C-contiguous): ``F.interpolate(..., antialias=True)``'s kernel, with its result written interleaved;
-    the public call's planar result and an interleaving copy where torch lacks the ``out`` overload."""
+    """Antialiased bilinear resize of a uint8 ``(H, W, 3)`` numpy image to ``(height, width, 3)``, written
+    interleaved by ``F.interpolate(..., antialias=True)``'s kernel."""
     from torch.nn import functional as F
 
     nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view of the pixels
@@ -221,10 +170,14 @@ def resize_rgb_uint8(pixels: Any, height: int, width: int) -> Any:
 
 
 def supports_amp_scaling(optimizer: Any) -> bool:
-    """Whether ``GradScaler.step`` hands the scale to ``optimizer`` (fused kernels) instead of reading
-    ``found_inf`` on the host: the attribute ``GradScaler`` itself checks."""
+    """Whether ``GradScaler.step`` hands the scale to ``optimizer`` (fused) instead of syncing the host."""
     inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch optimizer
     return bool(getattr(inner, "_step_supports_amp_scaling", False))
+
+
+def set_amp_scaling(optimizer: Any, value: bool) -> None:
+    """Mark ``optimizer`` as unscaling inside its step, as ``__init__`` does for ``fused=True``."""
+    optimizer._step_supports_amp_scaling = value
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -237,11 +190,7 @@ def cpu_has_fast_bf16() -> bool:
 
 def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:
     """Make ``trainer``'s training loop call ``check()`` where Lightning broadcasts rank zero's SIGTERM flag at
-    the start of every step (``_TrainingEpochLoop._broadcast_sigterm_tensor``); only this trainer's loop changes.
-
-    Returns:
-        Whether it was replaced (``False``, warning once, where this Lightning lacks the loop method).
-    """
+    every step; return whether it was replaced (``False``, warning once, where the loop lacks the method)."""
     loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
     if loop is None or not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
         _fallback("Lightning's _TrainingEpochLoop._broadcast_sigterm_tensor (DDP keeps a host sync per step)")
@@ -251,8 +200,7 @@ def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:
 
 
 class _SigtermNotifier:
-    """Lightning's SIGTERM notifier without its broadcast: it forwards the signal to the launcher's child
-    processes once and sets the flag the per-step check broadcasts."""
+    """Lightning's SIGTERM notifier without its broadcast: it forwards the signal and sets the flag."""
 
     def __init__(self, connector: Any) -> None:
         self.connector = connector
@@ -267,17 +215,9 @@ class _SigtermNotifier:
 
 
 def drop_sigterm_broadcast(trainer: Any) -> bool:
-    """Make the SIGTERM handler Lightning registered for ``trainer``'s fit stop issuing a collective.
-
-    Lightning's handler broadcasts from inside the signal handler, on whichever rank the signal reaches and
-    at whatever point that rank is: a rank inside the gradient all-reduce then waits for a broadcast the
-    other never matches, and the run hangs. Where the per-step check broadcasts rank zero's flag every step
-    (``replace_sigterm_check``), the handler's own broadcast adds nothing; it is taken out of the handler
-    Lightning registered (restored with the others at the end of the fit).
-
-    Returns:
-        Whether it was taken out (``False``, warning once, where this Lightning handles SIGTERM otherwise).
-    """
+    """Take the broadcast out of the SIGTERM handler Lightning registered for ``trainer``'s fit: issued from a
+    signal handler mid-step it can hang the run, and the per-step check carries the flag; return whether it
+    was taken out (``False``, warning once where Lightning lacks the handler)."""
     import signal
     import threading
 
@@ -297,9 +237,7 @@ def drop_sigterm_broadcast(trainer: Any) -> bool:
 
 
 def async_scale_reader(scaler: Any) -> Callable[[], Any] | None:
-    """``scaler``'s ``_get_scale_async``: its scale as a device tensor read without a host sync
-    (``None`` before its first scaled step); ``None`` where this torch lacks it (the caller decides what
-    reading then costs)."""
+    """``scaler``'s ``_get_scale_async`` (its scale without a host sync), or ``None`` where torch lacks it."""
     get = getattr(scaler, "_get_scale_async", None)
     return get if callable(get) else None
 
@@ -316,21 +254,17 @@ def _dynamo_counter(group: str, name: str) -> int | None:
 
 
 def cudagraph_skip_count() -> int | None:
-    """How often torch has skipped CUDA graphs in this process (``torch._dynamo.utils.counters["inductor"]
-    ["cudagraph_skips"]``, bumped by inductor and the ``"cudagraphs"`` backend at each skip), or ``None``
-    where this torch keeps no such count."""
+    """How often torch has skipped CUDA graphs in this process, or ``None`` where it keeps no such count."""
     return _dynamo_counter("inductor", "cudagraph_skips")
 
 
 def compiled_frame_count() -> int | None:
-    """How many frames dynamo has compiled in this process (``counters["frames"]["ok"]``): unchanged over a
-    call that reused code compiled earlier; ``None`` where this torch keeps no such count."""
+    """How many frames dynamo has compiled in this process, or ``None`` where it keeps no such count."""
     return _dynamo_counter("frames", "ok")
 
 
 def cudagraph_skip_logger() -> logging.Logger | None:
-    """The logger torch writes each CUDA graph skip's reason to (``"skipping cudagraphs due to ..."``, a
-    warning), or ``None`` where this torch has none of the known ones (the reason is then not known)."""
+    """The logger torch writes each CUDA graph skip's reason to, or ``None`` where it has none known."""
     try:
         utils = importlib.import_module("torch._inductor.cudagraph_utils")
     except ImportError:

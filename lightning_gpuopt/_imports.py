@@ -1,8 +1,4 @@
-"""Optional dependencies: availability flags and imports that name the extra to install.
-
-Nothing here imports an optional package at module import time; ``RequirementCache`` only looks up
-distribution metadata.
-"""
+"""Optional dependencies: availability flags (no import) and imports that name the extra to install."""
 
 from __future__ import annotations
 
@@ -30,25 +26,20 @@ _DALI_AVAILABLE = RequirementCache(module="nvidia.dali")
 
 
 def require(name: str) -> ModuleType:
-    """Import an optional dependency or raise ``ModuleNotFoundError`` naming the extra to install.
-
-    Args:
-        name: one of ``pynvml``, ``nvtx``, ``h5py``, ``tensorboard``, ``torchvision``, ``matplotlib``.
-    """
+    """Import the optional dependency ``name`` (a key of ``_OPTIONAL``) or raise ``ModuleNotFoundError`` naming
+    the extra to install."""
     dist, module, extra = _OPTIONAL[name]
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as err:
+    except Exception as err:  # installed but failing: a torchvision built for another torch
         if name == "torchvision" and importlib.util.find_spec(module) is not None:
             raise ImportError(torchvision_mismatch(err)) from err
+        if not isinstance(err, ModuleNotFoundError):
+            raise
         raise ModuleNotFoundError(
             f"{module!r} is not installed. Install it with `pip install 'lightning-gpuopt[{extra}]'` "
             f"(or `pip install {dist}`)."
         ) from err
-    except Exception as err:  # installed, but it fails to import: torchvision built for another torch
-        if name != "torchvision":
-            raise
-        raise ImportError(torchvision_mismatch(err)) from err
 
 
 #: the torchvision release made for a torch 2.x release is 0.(x + 15): torch 2.13 pairs with torchvision 0.28
@@ -56,13 +47,8 @@ _TORCHVISION_MINOR_OFFSET = 15
 
 
 def torchvision_mismatch(err: BaseException) -> str:
-    """One line: the installed torchvision cannot be imported with this torch (``err`` says how it failed),
-    and the pip command that installs the torchvision made for it.
-
-    A torchvision built for another torch release, or for a CUDA torch where torch is a CPU build (or the
-    reverse), fails at import (``operator torchvision::nms does not exist``), and takes ``import
-    lightning.pytorch`` down with it through torchmetrics.
-    """
+    """One line: the installed torchvision cannot be imported with this torch (it fails as ``err``, and takes
+    ``import lightning.pytorch`` down through torchmetrics), and the pip command that installs the right one."""
     import torch
 
     try:
@@ -89,9 +75,8 @@ def torchvision_mismatch(err: BaseException) -> str:
 
 
 def torchvision_problem() -> str | None:
-    """``torchvision_mismatch`` of an installed torchvision that fails to import, else ``None`` (it
-    imports, or it is not installed). It imports torchvision where it is installed, as ``import
-    lightning.pytorch`` does through torchmetrics: the commands call it before importing Lightning."""
+    """``torchvision_mismatch`` of an installed torchvision that fails to import, else ``None`` (it imports
+    torchvision, as ``import lightning.pytorch`` does: call it before importing Lightning)."""
     if importlib.util.find_spec("torchvision") is None:
         return None
     try:

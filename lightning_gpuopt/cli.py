@@ -1,21 +1,10 @@
-"""The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``).
+"""The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``): each subcommand is
+``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs.
 
-Each subcommand lives in ``lightning_gpuopt/commands/<name>.py`` and defines ``HELP`` (one line),
-``configure(parser)`` and ``run(args) -> int``. The module is imported only when its subcommand runs, so
-``lightning-gpuopt --help`` stays fast.
-
-Exit codes, one per kind of failure, each with one line on stderr and no traceback:
-
-- 0: done.
-- 1: the command ran but could not measure what was asked (``bench`` or ``demo``: no requested row ran, or a
-  row failed), with the reasons: ``lightning-gpuopt <cmd>: error: no row ran (...)``; ``check`` found images
-  that cannot be decoded (listed).
-- 2: a user error, found before any work where it can be: a bad option or value (``CommandParser``), a
-  missing file, a path that cannot be written, a missing optional package or a torchvision that cannot be
-  imported with this torch (checked before Lightning is imported, which it would take down), data that
-  cannot be read:
-  ``lightning-gpuopt <cmd>: error: ...`` with the fix, advice spelled as the command's options.
-- 130: Ctrl-C, ``lightning-gpuopt <cmd>: interrupted``.
+Exit codes, each failure with one line on stderr and no traceback: 0 done; 1 the command could not measure
+what was asked (no ``bench`` row ran) or ``check`` found undecodable images; 2 a user error (bad option or
+value, missing file or package, unwritable path, unreadable data, a torchvision built for another torch),
+found before any work where it can be; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,28 +20,13 @@ from typing_extensions import override
 
 from lightning_gpuopt import __version__
 
-# subcommand -> (module, one-line help). Help is duplicated here so --help needs no heavy import.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": (
-        "lightning_gpuopt.commands.demo",
-        "short monitored fit, then the ladder on this machine beside a recorded GPU run",
-    ),
-    "bench": (
-        "lightning_gpuopt.commands.bench",
-        "benchmark a ladder of settings from naive to fully optimized",
-    ),
-    "convert": (
-        "lightning_gpuopt.commands.convert",
-        "convert a class-per-subfolder image folder to an HDF5 store (raw uint8 or JPEG)",
-    ),
-    "tune": (
-        "lightning_gpuopt.commands.tune",
-        "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
-    ),
-    "check": (
-        "lightning_gpuopt.commands.check",
-        "decode every image of a folder and list each one that cannot be decoded",
-    ),
+# subcommand (the module lightning_gpuopt.commands.<name>) -> one-line help, here so --help needs no import
+COMMANDS: dict[str, str] = {
+    "demo": "short monitored fit, then the ladder on this machine beside a recorded GPU run",
+    "bench": "benchmark a ladder of settings from naive to fully optimized",
+    "convert": "convert a class-per-subfolder image folder to an HDF5 store (raw uint8 or JPEG)",
+    "tune": "the num_workers that OptimizedDataModule(num_workers='auto') uses for a folder or store",
+    "check": "decode every image of a folder and list each one that cannot be decoded",
 }
 
 EXIT_USAGE = 2
@@ -72,8 +46,8 @@ _OS_FIXES = {
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: a usage error is one line, ``<prog>: error: <message> (see <prog> --help)``,
-    exit status 2; it remembers its options so that advice written for the Python API can name them.
+    """A subcommand's parser: a usage error is one line (exit status 2), and advice written for the Python API
+    names its options (``cli_advice``).
 
     Example:
         >>> parser = CommandParser(prog="lightning-gpuopt tune")
@@ -100,9 +74,8 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def cli_advice(self, message: str) -> str:
-        """``message`` with a Python keyword argument it advises (``on_corrupt='skip'``) spelled as this
-        command's option (``--on-corrupt skip``); a clause ``, or pass name=value ...`` (up to the next
-        ``;``) naming an argument the command has no option for is left out."""
+        """``message`` with a keyword argument it advises (``on_corrupt='skip'``) spelled as this command's option
+        (``--on-corrupt skip``), and a clause ``, or pass name=value ...`` naming no option left out."""
         for action in self._options:
             for choice in action.choices or ():
                 flag = f"{action.option_strings[-1]} {choice}"
@@ -124,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightning-gpuopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text, add_help=False)
     return parser
 
@@ -139,15 +112,12 @@ def describe_os_error(err: OSError) -> str:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line; for an error re-raised from a DataLoader worker, the worker's own
-    message rather than the traceback text torch wraps around it (its last line, ``ValueError: ...``)."""
+    """The message of ``err`` on one line (a DataLoader worker's error: the worker's own message)."""
+    from lightning_gpuopt._compat import worker_error_message
+
     text = str(err).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1 and "Original Traceback" in text:
-        kind, sep, message = lines[-1].partition(": ")
-        named = kind.replace(".", "_").isidentifier() and kind.endswith(("Error", "Exception"))
-        return message if sep and named else lines[-1]
-    return lines[0] if lines else type(err).__name__
+    lines = text.splitlines()
+    return worker_error_message(text, type(err)) or (lines[0].strip() if lines else type(err).__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None and not argv else EXIT_USAGE
     name = argv[0]
-    module_name, help_text = COMMANDS[name]
+    help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
     sub_parser = CommandParser(prog=prefix, description=help_text)
     from lightning_gpuopt._imports import torchvision_problem
@@ -168,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix}: error: {broken}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f"lightning_gpuopt.commands.{name}")
         module.configure(sub_parser)
         args = sub_parser.parse_args(argv[1:])
         return int(module.run(args) or 0)

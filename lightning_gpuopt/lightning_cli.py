@@ -1,8 +1,5 @@
-"""``GPUOptCLI``: Lightning's ``LightningCLI`` with the compute preset (``fast_trainer_kwargs``) applied to the
-model the config builds and written into the config, and one-line errors for this package's classes
-(``GPUOptCLI``'s docstring and docs/lightning_cli.md say how). Needs ``jsonargparse[signatures]``
-(``pip install 'lightning-gpuopt[all]'``).
-"""
+"""``GPUOptCLI``: ``LightningCLI`` with the compute preset applied to the model the config builds and written
+into the config, and one-line errors for this package's classes (docs/lightning_cli.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
-from lightning_gpuopt.compute.preset import fast_trainer_kwargs
+from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS, fast_trainer_kwargs
 
 __all__ = ["GPUOptArgumentParser", "GPUOptCLI", "preset_choices"]
 
@@ -46,21 +43,17 @@ _EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\.? ?(?:Got value: (.*)
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
 _SUBTYPES = re.compile(r"Subtypes: \[(.*?)\]\n")
 _GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
-
-
-def _require_jsonargparse() -> None:
-    try:
-        importlib.import_module("jsonargparse")
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            "GPUOptCLI needs jsonargparse. Install it with `pip install 'lightning-gpuopt[all]'` "
-            "(or `pip install 'jsonargparse[signatures]'`)."
-        ) from err
+#: the ``preset:`` section: name, type, default, help
+_PRESET_OPTIONS = (
+    ("tf32", bool, True, "Enable TF32 for fp32 matmuls and convolutions on CUDA."),
+    ("fused_optimizer", bool, True, "Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer."),
+    ("compile", bool | None, None, "null: CompileModel(when='auto'); true: CompileModel(); false: none."),
+)
 
 
 # ------------------------------------------------------------------------------------------------ the preset
 def _device(trainer_config: dict[str, Any]) -> str | None:
-    """The device ``trainer.accelerator`` names, as ``fast_trainer_kwargs`` takes it; ``None``: not CPU or CUDA."""
+    """The device ``trainer.accelerator`` names; ``None``: not CPU or CUDA."""
     accelerator = trainer_config.get("accelerator", "auto")
     name = accelerator.lower() if isinstance(accelerator, str) else type(accelerator).__name__.lower()
     cuda = torch.cuda.is_available()
@@ -85,18 +78,16 @@ def preset_choices(
     """What ``fast_trainer_kwargs`` adds to a config's trainer settings for ``model``.
 
     Args:
-        model: the model the run trains (``None``: unknown, as ``fast_trainer_kwargs`` takes it).
-        trainer_config: the ``Trainer`` arguments the config gives (instantiated: callbacks are objects).
-            ``precision`` and ``benchmark`` set (not ``None``) are kept, and so is every callback listed.
+        model: the model the run trains (``None``: unknown).
+        trainer_config: the ``Trainer`` arguments the config gives (instantiated: callbacks are objects); its
+            ``precision``, ``benchmark`` and callbacks are kept.
         tf32: as ``fast_trainer_kwargs(tf32=...)``.
         fused_optimizer: as ``fast_trainer_kwargs(fused_optimizer=...)``.
         compile: as ``fast_trainer_kwargs(compile=...)``.
 
     Returns:
-        ``(settings, callbacks, device)``: the Trainer settings the preset chooses (``precision`` and
-        ``benchmark`` where the config leaves them unset, ``strategy`` where it names ``"ddp"``), the callbacks
-        it adds after the config's, and the device it chose for (``None`` for an accelerator other than CPU and
-        CUDA, where it chooses nothing).
+        ``(settings, callbacks, device)``: the Trainer settings the preset chooses, the callbacks it adds after
+        the config's, and the device it chose for (``None`` for an accelerator other than CPU and CUDA).
 
     Example:
         >>> from torch import nn
@@ -120,14 +111,13 @@ def preset_choices(
 
 
 def _as_list(value: Any) -> list[Any]:
-    """A config's ``callbacks`` value as a list (``None``: empty, one callback: a list of it)."""
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _class_path(obj: Any) -> str:
-    """The class path of ``obj``'s class: ``lightning_gpuopt.<Name>`` for a public name of the package."""
+    """``obj``'s class path: ``lightning_gpuopt.<Name>`` for a public name of the package."""
     cls = type(obj)
     if (
         cls.__module__.startswith(_PACKAGE + ".")
@@ -138,7 +128,7 @@ def _class_path(obj: Any) -> str:
 
 
 def _init_args(obj: Any) -> dict[str, Any]:
-    """The constructor arguments of ``obj`` that differ from their defaults, read back from its attributes."""
+    """``obj``'s constructor arguments that differ from their defaults, read back from its attributes."""
     out: dict[str, Any] = {}
     for name, param in inspect.signature(type(obj).__init__).parameters.items():
         if (
@@ -154,7 +144,6 @@ def _init_args(obj: Any) -> dict[str, Any]:
 
 
 def _config_entry(obj: Any) -> Any:
-    """``obj`` as a config entry: ``{class_path, init_args}``."""
     from jsonargparse import Namespace
 
     init_args = _init_args(obj)
@@ -218,39 +207,22 @@ def _expected(key: str, detail: str) -> str | None:
 
 def _subtype_names(text: str) -> list[str]:
     found = _SUBTYPES.search(text)
-    if found is None:
-        return []
     names = []
-    for path in re.findall(r"<class '([\w.]+)'>", found.group(1)):
-        name = path.rpartition(".")[2]
+    for path in re.findall(r"<class '([\w.]+)'>", found.group(1) if found else ""):
+        module, _, name = path.rpartition(".")
         if name in ("NoneType", "bool"):
             names.append("null" if name == "NoneType" else "true or false")
             continue
-        fields = _dataclass_fields(path)
+        cls = getattr(sys.modules.get(module), name, None)
+        fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
         article = "an" if name[:1].lower() in "aeiou" else "a"
         names.append(f"{article} {name} mapping ({', '.join(fields)})" if fields else name)
     return names
 
 
-def _dataclass_fields(path: str) -> list[str]:
-    module, _, name = path.rpartition(".")
-    if not module:
-        return []
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return []
-    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-
-
 def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | None:
-    """One line for a jsonargparse parse error about one of this package's classes; ``None`` for other errors.
-
-    Args:
-        message: what jsonargparse passes to ``ArgumentParser.error`` (``Parser key "data.augment": ...``).
-        package_keys: the top-level config keys whose class is this package's (``"data"`` for an
-            ``OptimizedDataModule``).
-    """
+    """One line for a jsonargparse parse ``message`` about one of this package's classes (or under one of the
+    ``package_keys``, such as ``"data"``); ``None`` for other errors."""
     found = _PARSER_KEY.match(message.strip())
     if found is None:
         return None
@@ -285,7 +257,7 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
 
 
 def _from_package(err: BaseException) -> bool:
-    """``err`` was raised by this package's code (its innermost frame is in the package)."""
+    """Whether ``err``'s innermost frame is in this package."""
     tb = err.__traceback__
     if tb is None:
         return False
@@ -316,13 +288,8 @@ def _config_keys(config: Any, prefix: str = "") -> list[str]:
 
 
 def instantiation_error_line(err: BaseException, config: Any) -> str | None:
-    """One line for an error one of this package's classes raised while the config was built, its argument
-    named by its config key (``data.augment.scale``); ``None`` for an error from other code.
-
-    Args:
-        err: what building the config's classes raised.
-        config: the (sub)command's config, whose keys name the arguments.
-    """
+    """One line for an error one of this package's classes raised while the ``config`` was built, its
+    argument named by its config key (``data.augment.scale``); ``None`` for an error from other code."""
     ours = next(
         (e for e in _chain(err) if _from_package(e) and isinstance(e, (ValueError, TypeError, OSError))), None
     )
@@ -349,7 +316,7 @@ def _in_package(filename: str) -> bool:
 
 
 def _raising_class(err: BaseException) -> type | None:
-    """The class whose method in this package raised ``err`` (the outermost such frame), if any."""
+    """The class whose method in this package raised ``err`` (the outermost such frame)."""
     tb = err.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
@@ -361,11 +328,8 @@ def _raising_class(err: BaseException) -> type | None:
 
 # ------------------------------------------------------------------------------------------------ the CLI
 class GPUOptArgumentParser(LightningArgumentParser):
-    """``LightningArgumentParser`` whose parse errors about this package's classes are one line: the config key,
-    what it must be, what was given (``data.augment.flip_p must be a number, got 'foo'``).
-
-    ``GPUOptCLI`` uses it; pass ``parser_class=`` a subclass of it to customize the parser further.
-    """
+    """``LightningArgumentParser`` whose parse errors about this package's classes are one line
+    (``data.augment.flip_p must be a number, got 'foo'``); ``GPUOptCLI`` uses it."""
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -384,44 +348,27 @@ class GPUOptArgumentParser(LightningArgumentParser):
 class GPUOptCLI(LightningCLI):
     """``LightningCLI`` that applies the compute preset to the model it builds and shows it in the config.
 
-    Everything ``LightningCLI`` takes works the same (``GPUOptCLI(MyModel, OptimizedDataModule)``, subcommands,
-    ``--config``, ``--print_config``, the saved ``config.yaml``). On top of it:
-
-    - After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
-      the precision for that model and device, ``benchmark`` on CUDA, ``ChannelsLast``, ``FusedOptimizer``
-      under ``16-mixed`` (and ``bf16-mixed`` on CUDA), ``CompileModel(when="auto")`` on CUDA, and under
-      ``strategy: ddp`` a tuned ``DDPStrategy`` with ``NonBlockingStepChecks``. What it chooses is written
-      into the config (``trainer.precision``, ``trainer.benchmark``, ``trainer.strategy``,
-      ``trainer.callbacks``), so the saved ``config.yaml`` and ``--print_config`` show it, and one log line
-      says it.
-    - The config wins: a ``trainer.precision`` or ``trainer.benchmark`` it sets is kept, and a callback of a
-      class it lists is not added again. An accelerator other than CPU and CUDA gets nothing.
-    - A ``preset:`` section holds the preset's own options: ``tf32`` (enable TF32 on CUDA), ``fused_optimizer``
-      (add ``FusedOptimizer`` under ``16-mixed``, and ``bf16-mixed`` on CUDA) and ``compile`` (``null``:
-      where it pays, ``true``, ``false``), as ``fast_trainer_kwargs`` takes them.
-    - ``--print_config`` prints once the model and the DataModule are built (the Trainer is not), so the
-      preset's choices are in it and a value the classes refuse is refused there too.
-    - A bad value for one of this package's classes ends the command with one line (``<prog> fit: error: ...``,
-      exit status 2) naming the config key and the fix.
-
-    Override ``add_arguments_to_parser`` calling ``super().add_arguments_to_parser(parser)`` to keep the
-    ``preset:`` section.
+    After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
+    the precision, ``benchmark``, the compute callbacks and under ``strategy: ddp`` a tuned ``DDPStrategy``;
+    the choices are written into the config (so ``--print_config`` and the saved ``config.yaml`` show them)
+    and logged in one line. A value the config sets wins. A ``preset:`` section holds ``tf32``,
+    ``fused_optimizer`` and ``compile``, as ``fast_trainer_kwargs`` takes them; override
+    ``add_arguments_to_parser`` calling ``super()`` to keep it. A bad value for one of this package's classes
+    ends the command with one line (exit status 2). docs/lightning_cli.md has the details.
 
     Example::
 
-        # main.py
-        from lightning_gpuopt import GPUOptCLI, OptimizedDataModule
-
-        if __name__ == "__main__":
-            GPUOptCLI(MyLightningModule, OptimizedDataModule)
-
-        # python main.py fit --config config.yaml --print_config   (docs/lightning_cli.md)
+        GPUOptCLI(MyLightningModule, OptimizedDataModule)  # python main.py fit --config config.yaml
     """
 
     def __init__(
         self, *args: Any, parser_class: type[LightningArgumentParser] = GPUOptArgumentParser, **kwargs: Any
     ):
-        _require_jsonargparse()
+        if importlib.util.find_spec("jsonargparse") is None:
+            raise ModuleNotFoundError(
+                "GPUOptCLI needs jsonargparse. Install it with `pip install 'lightning-gpuopt[all]'` "
+                "(or `pip install 'jsonargparse[signatures]'`)."
+            )
         self._print_flags: list[str] | None = None
         self._parsers: list[LightningArgumentParser] = []
         self.preset: dict[str, Any] = {}
@@ -435,32 +382,13 @@ class GPUOptCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument(
-            "--preset.tf32",
-            type=bool,
-            default=True,
-            help="Enable TF32 for fp32 matmuls and convolutions on CUDA.",
-        )
-        parser.add_argument(
-            "--preset.fused_optimizer",
-            type=bool,
-            default=True,
-            help="Under 16-mixed (and bf16-mixed on CUDA), add FusedOptimizer: the optimizers run fused.",
-        )
-        parser.add_argument(
-            "--preset.compile",
-            type=bool | None,
-            default=None,
-            help="null: add CompileModel(when='auto') for a conv net on CUDA; true: CompileModel(); false: none.",
-        )
+        for name, kind, default, help_text in _PRESET_OPTIONS:
+            parser.add_argument(f"--preset.{name}", type=kind, default=default, help=help_text)
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         argv = sys.argv[1:] if args is None else args
-        if not isinstance(argv, (list, tuple)):
-            super().parse_arguments(parser, args)
-            return
-        argv = [str(a) for a in argv]
+        argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # a dict: no flags
         flags = [a for a in argv if a == _PRINT_CONFIG or a.startswith(_PRINT_CONFIG + "=")]
         if not flags:
             super().parse_arguments(parser, args)
@@ -494,7 +422,6 @@ class GPUOptCLI(LightningCLI):
             _fail(prog, line)
 
     def _section(self, config: Any) -> Any:
-        """The subcommand's part of ``config`` (the whole of it without subcommands)."""
         return config.get(str(self.subcommand), config) if self.subcommand else config
 
     @override
@@ -514,23 +441,20 @@ class GPUOptCLI(LightningCLI):
         kept = {k: trainer_config[k] for k in _CHOSEN if trainer_config.get(k) is not None}
         self._record(section, settings, added)
         self.preset = {**settings, "callbacks": added, "device": device}
-        if device is None:
-            rank_zero_info(
-                "GPUOptCLI preset: nothing chosen (it chooses for CPU and CUDA runs; "
-                f"trainer.accelerator is {trainer_config.get('accelerator')!r})"
-            )
-        else:
-            what = type(model).__name__ if model is not None else "no model"
-            rank_zero_info(
-                f"GPUOptCLI preset for {what} on {device}: {_describe(settings, added, kept)} "
-                "(a value the config sets wins; the preset's options are under preset:)"
-            )
+        what = type(model).__name__ if model is not None else "no model"
+        rank_zero_info(
+            f"GPUOptCLI preset for {what} on {device}: {_describe(settings, added, kept)} "
+            "(a value the config sets wins; the preset's options are under preset:)"
+            if device is not None
+            else "GPUOptCLI preset: nothing chosen (it chooses for CPU and CUDA runs; "
+            f"trainer.accelerator is {trainer_config.get('accelerator')!r})"
+        )
         if self._print_flags is not None:
             self._print_config(self._print_flags)
         return super().instantiate_trainer(**{**kwargs, **settings, "callbacks": listed + added})
 
     def _record(self, section: Any, settings: dict[str, Any], added: list[Callback]) -> None:
-        """Write the preset's choices into the config, so that the saved config.yaml and --print_config show them."""
+        """Write the preset's choices into the config (the saved config.yaml and --print_config show them)."""
         from jsonargparse import Namespace
 
         trainer = section.get("trainer")
@@ -538,8 +462,6 @@ class GPUOptCLI(LightningCLI):
             return
         for key, value in settings.items():
             if isinstance(value, DDPStrategy):
-                from lightning_gpuopt.compute.preset import PRESET_DDP_KWARGS
-
                 trainer[key] = Namespace(
                     class_path="lightning.pytorch.strategies.DDPStrategy",
                     init_args=Namespace(**PRESET_DDP_KWARGS),

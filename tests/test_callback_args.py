@@ -15,7 +15,6 @@ import re
 from typing import Any
 
 import pytest
-import torch
 from lightning.pytorch.callbacks import Callback
 
 import lightning_gpuopt
@@ -121,10 +120,6 @@ BAD: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
     (AdvisorThresholds, {"fp16_scale_falls": 0}, ValueError, "fp16_scale_falls"),
     (AdvisorThresholds, {"jpeg_busy_util": 101.0}, ValueError, "jpeg_busy_util"),
     # ChannelsLast
-    (ChannelsLast, {"memory_format": "nchw"}, ValueError, "memory_format"),
-    (ChannelsLast, {"memory_format": torch.contiguous_format}, ValueError, "memory_format"),
-    (ChannelsLast, {"memory_format": None}, TypeError, "memory_format"),
-    (ChannelsLast, {"memory_format": 4}, TypeError, "memory_format"),
     (ChannelsLast, {"convert_inputs": "yes"}, TypeError, "convert_inputs"),
     (ChannelsLast, {"convert_inputs": None}, TypeError, "convert_inputs"),
     # CompileModel
@@ -212,9 +207,7 @@ GOOD: list[tuple[Any, dict[str, Any]]] = [
     (AdvisorThresholds, {"gpu_idle_frac": 0, "loader_share": 1, "gpu_busy_util": 100, "small_batch": 0}),
     (AdvisorThresholds, {"tensor_core_capability": (8, 0), "rank_wait_min_ms": 0.0}),
     (ChannelsLast, {}),
-    (ChannelsLast, {"memory_format": "channels_last_3d", "convert_inputs": False}),
-    (ChannelsLast, {"memory_format": torch.channels_last}),
-    (ChannelsLast, {"memory_format": "torch.channels_last_3d"}),
+    (ChannelsLast, {"convert_inputs": False}),
     (CompileModel, {}),
     (CompileModel, {"when": "auto", "backend": "aot_eager"}),
     (CompileModel, {"mode": "reduce-overhead"}),
@@ -225,8 +218,8 @@ GOOD: list[tuple[Any, dict[str, Any]]] = [
 ]
 
 
-# stored otherwise than passed: a memory format by name, a GPM interval clamped to NVML's minimum
-_STORED_OTHERWISE = {"memory_format", "gpm_min_interval_s"}
+# stored otherwise than passed: a GPM interval clamped to NVML's minimum
+_STORED_OTHERWISE = {"gpm_min_interval_s"}
 
 
 @pytest.mark.parametrize(

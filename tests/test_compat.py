@@ -50,8 +50,8 @@ def test_missing_internals_names_what_is_missing(monkeypatch):
         "_INTERNALS",
         (
             *_compat._INTERNALS,
-            _compat._Internal("torch.utils.data.DataLoader", "_renamed", "a test"),
-            _compat._Internal("torch.no_such_module.Thing", "_x", "a test"),
+            _compat._Internal("torch.utils.data.DataLoader", "_renamed"),
+            _compat._Internal("torch.no_such_module.Thing", "_x"),
         ),
     )
     assert _compat.missing_internals() == [

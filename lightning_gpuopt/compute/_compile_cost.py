@@ -1,13 +1,5 @@
-"""What compiling costs a model and saves it, measured in the run and kept for the next run on this GPU.
-
-``CompileModel`` compiles where the eager training left exceeds a break-even, compile seconds over the share
-of an eager step a compiled one saves. Those two figures depend on the model and the host, so each compiled
-run measures them (``CostMeter``: the first compiled training step against an eager one, then a window of
-compiled steps against the eager step time; four device syncs in all) and keeps them in ``compile.json`` in
-the cache folder (``_common.cache_dir()``), keyed by the model's class and parameter count, the GPU and the
-torch version (``cost_key``). The next run's decision weighs them (``measured_cost``); only a model never
-compiled on this GPU is judged by its family's figures measured on one H200 host, and the decision says so.
-"""
+"""What compiling costs a model and saves it, measured in a compiled run (``CostMeter``) and kept in
+``compile.json`` in the cache folder for the next run's decision on this GPU (docs/compute.md)."""
 
 from __future__ import annotations
 
@@ -17,25 +9,22 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_gpuopt._common import cache_dir, synchronize
 
-#: the cache file of measured compile costs, in ``_common.cache_dir()``
 COST_FILE = "compile.json"
-#: compiled training batches left to warm up after the first (graph trees record, the allocator settles)
-#: and then timed
+#: batches to warm up (cuDNN autotunes, graph trees record, the allocator settles), then timed: eager batches
+#: for ``CompileModel(when="auto")``'s decision, compiled ones after the first for the cost
 WARMUP_BATCHES, TIMED_BATCHES = 5, 10
 
 
 @dataclass(frozen=True)
 class MeasuredCost:
-    """A compiled run's own figures: ``seconds`` compiling cost (the first compiled step less an eager one),
-    ``saving`` the share of an eager step a compiled one saved (negative: compiled steps were slower),
-    ``compiled_step`` and ``eager_step`` the step times behind it (seconds)."""
+    """A compiled run's figures: ``seconds`` compiling cost, ``saving`` the share of an eager step a compiled
+    one saved (negative: slower), and the ``compiled_step`` and ``eager_step`` times (seconds)."""
 
     seconds: float
     saving: float | None
@@ -44,7 +33,7 @@ class MeasuredCost:
 
 
 def cost_key(module: torch.nn.Module, device: torch.device) -> str:
-    """What identifies a compile cost: the model's class and parameter count, the GPU, the torch version."""
+    """A compile cost's key: the model's class and parameter count, the GPU, the torch version."""
     name = device.type
     if device.type == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(device)
@@ -57,13 +46,9 @@ def cost_key(module: torch.nn.Module, device: torch.device) -> str:
     return hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _path() -> Path:
-    return cache_dir() / COST_FILE
-
-
 def _read() -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
-        data = json.loads(_path().read_text())
+        data = json.loads((cache_dir() / COST_FILE).read_text())
         if isinstance(data, dict):
             return data
     return {}
@@ -82,7 +67,7 @@ def measured_cost(key: str) -> tuple[float, float] | None:
 
 def record(key: str, cost: MeasuredCost) -> None:
     """Keep ``cost`` under ``key`` for the next run (a folder that cannot be written keeps nothing)."""
-    path = _path()
+    path = cache_dir() / COST_FILE
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read()
@@ -93,14 +78,8 @@ def record(key: str, cost: MeasuredCost) -> None:
 
 
 class CostMeter:
-    """Times a run compiled from batch ``first``: that batch (the compile and one step), then
-    ``TIMED_BATCHES`` compiled batches after ``WARMUP_BATCHES`` more, each boundary after a device sync.
-
-    Example:
-        >>> meter = CostMeter(first=15, eager_step=0.04)
-        >>> for i in range(15, 40):
-        ...     cost = meter.at_batch_start(i, torch.device("cpu"))  # a MeasuredCost at the last one
-    """
+    """Times a run compiled from batch ``first``: that batch, then ``TIMED_BATCHES`` compiled batches after
+    ``WARMUP_BATCHES`` more, each boundary after a device sync."""
 
     def __init__(self, first: int, eager_step: float | None) -> None:
         self.first, self.eager_step = first, eager_step

@@ -1,10 +1,5 @@
-"""Whether compiled steps replay CUDA graphs: the skips torch records while it compiles and first runs them.
-
-``torch.compile(mode="reduce-overhead")`` (and the ``"cudagraphs"`` backend) fall back to launching kernels
-one by one, silently, where a graph cannot be recorded: an input changed in place, a CPU tensor in the graph,
-varying shapes. torch counts each such skip and logs its reason as a warning ("skipping cudagraphs due to
-..."); ``SkipWatch`` reads both from ``start()`` to ``stop()`` (``_compat``: where torch keeps them).
-"""
+"""Whether compiled steps replay CUDA graphs: the skips torch counts while it compiles and first runs them,
+and the reasons it logs ("skipping cudagraphs due to ...")."""
 
 from __future__ import annotations
 
@@ -53,44 +48,23 @@ class _Collect(logging.Handler):
 
 
 class SkipWatch:
-    """The CUDA graph skips torch records between ``start()`` and ``stop()``, and the reasons it gives.
-
-    Reading them costs nothing per step: a counter read twice, and a logging handler torch's own skip
-    warning passes through.
-
-    Attributes:
-        reasons: each skip's reason (``skip_reason``), in the order torch logged them; empty where torch's
-            log is off (``TORCH_LOGS``, a logging level above warnings).
-        compiled: after ``stop``, whether dynamo compiled anything in between (``False``: code compiled
-            earlier was reused, and its skips were counted then, not now); ``None`` where unknown.
-    """
+    """The CUDA graph skips torch records from construction to ``stop()`` (a counter read twice), with their
+    ``reasons`` as torch logged them, and whether dynamo ``compiled`` anything in between."""
 
     def __init__(self) -> None:
         self.reasons: list[str] = []
         self.compiled: bool | None = None
-        self._start: int | None = None
-        self._frames: int | None = None
-        self._logger: logging.Logger | None = None
-        self._handler: _Collect | None = None
-
-    def start(self) -> SkipWatch:
-        self.reasons.clear()
-        self.compiled = None
-        self._start = cudagraph_skip_count()
-        self._frames = compiled_frame_count()
-        logger = cudagraph_skip_logger()
-        if logger is not None and self._handler is None:
-            self._handler = _Collect(self.reasons)
-            logger.addHandler(self._handler)
-            self._logger = logger
-        return self
+        self._start, self._frames = cudagraph_skip_count(), compiled_frame_count()
+        self._logger = cudagraph_skip_logger()
+        self._handler = _Collect(self.reasons)
+        if self._logger is not None:
+            self._logger.addHandler(self._handler)
 
     def stop(self) -> int | None:
-        """The skips counted since ``start`` (``None`` where this torch keeps no count); ``reasons`` keeps
-        what torch said. Safe to call twice."""
-        if self._logger is not None and self._handler is not None:
+        """The skips counted since the start (``None`` where this torch keeps no count); safe to call twice."""
+        if self._logger is not None:
             self._logger.removeHandler(self._handler)
-        self._logger = self._handler = None
+        self._logger = None
         start, self._start = self._start, None
         frames, self._frames = self._frames, None
         now, frames_now = cudagraph_skip_count(), compiled_frame_count()

@@ -1,14 +1,5 @@
-"""``torch.compile`` for a Lightning fit, when it pays: the ``CompileModel`` callback and the rule behind it.
-
-Compiling makes a conv net's or a transformer's steps faster but costs tens of seconds first;
-``should_compile`` is the pure rule that weighs the two, ``CompileModel`` applies it to a fit. It replaces
-the ``LightningModule``'s ``forward`` with ``torch.compile(forward, dynamic=False)`` on the instance, as
-``trainer.fit(torch.compile(model))`` does, and restores the class's ``forward`` at ``teardown``: the module
-keeps its identity and its ``state_dict`` keys, and forward hooks (``ChannelsLast``) stay outside the compiled
-code. Each mode is compiled for the first input shape it sees; other shapes run eagerly. ``choose_mode``
-picks CUDA graphs (``"reduce-overhead"``) for a conv net on one CUDA device, and ``CompileModel`` says once
-whether the step replays them (``compute._cudagraphs.SkipWatch``). docs/compute.md tells the whole story.
-"""
+"""``torch.compile`` for a Lightning fit, when it pays: the ``CompileModel`` callback and the rule behind it
+(``should_compile``, ``choose_mode``); docs/compute.md tells the whole story."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import synchronize, warn_once
-from lightning_gpuopt.compute import _model
+from lightning_gpuopt.compute import _compile_cost, _model
 from lightning_gpuopt.compute._compile_cost import CostMeter, MeasuredCost, cost_key, measured_cost, record
 from lightning_gpuopt.compute._cudagraphs import SkipWatch
 
@@ -49,15 +40,12 @@ COMPILE_STEP_SAVING = 0.15
 COMPILE_SECONDS = 45.0
 #: Eager training time after which compiling has paid for itself: ``COMPILE_SECONDS / COMPILE_STEP_SAVING``.
 BREAK_EVEN_SECONDS = COMPILE_SECONDS / COMPILE_STEP_SAVING
-#: Per family (``_model.family``): (seconds compiling costs, share of an eager step it saves), assumed for a
-#: model not yet compiled on this GPU (a compiled run measures its own, ``_compile_cost``). Conv nets:
-#: ResNet-50's figures (the smallest saving of the conv nets measured); transformers: the longer compile and
-#: the smaller saving of ViT-B/16 and a GPT-2-small-shaped model (``docs/compute.md``), all on one H200.
+#: Per family: (seconds compiling costs, share of an eager step it saves), assumed for a model not yet
+#: compiled on this GPU (ResNet-50's; ViT-B/16's and a GPT-2's, on one H200: ``docs/compute.md``).
 COMPILE_COST: dict[str, tuple[float, float]] = {
     "conv": (COMPILE_SECONDS, COMPILE_STEP_SAVING),
     "transformer": (35.0, 0.30),
 }
-#: where each family's ``COMPILE_COST`` comes from, as a decision names it
 _ASSUMED = {"conv": "ResNet-50's on one H200", "transformer": "ViT-B/16's and a GPT-2's on one H200"}
 #: Lowest CUDA compute capability inductor generates GPU kernels for (Triton).
 MIN_CAPABILITY = (7, 0)
@@ -68,17 +56,11 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 When = Literal["always", "auto"]
-_WHEN = ("always", "auto")
-# auto mode times batches [_WARMUP_BATCHES, _WARMUP_BATCHES + _TIMED_BATCHES): the first ones autotune
-# cuDNN and fill the allocator's cache
-_WARMUP_BATCHES = 5
-_TIMED_BATCHES = 10
-# compiled training steps after which the graphs are recorded (a warm-up run, then the recording) and any
-# skip is counted
+# compiled training steps after which the graphs are recorded and any skip is counted
 _GRAPH_CHECK_STEPS = 3
 _LOGGED: set[str] = set()  # mode reasons already logged in this process
-# (forward function, backend, mode) -> (cuda_graphs, cuda_graphs_reason) of its compile in this process: a
-# later fit of the same class reuses that compiled code, and torch records its skips only when it compiles
+# (forward function, backend, mode) -> (cuda_graphs, reason) of its compile in this process: a later fit
+# reuses that compiled code, and torch records its skips only when it compiles
 _GRAPH_RESULTS: dict[tuple[Any, str, str], tuple[bool, str | None]] = {}
 
 
@@ -98,22 +80,9 @@ class CompileDecision:
     eager_seconds: float | None = None
 
 
-def _device_refusal(dev: torch.device, capability: tuple[int, int] | None) -> CompileDecision | None:
-    """The rule's refusal for a device it never compiles on; ``None`` where it may."""
-    if dev.type != "cuda":
-        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
-    major_minor = capability if capability is not None else tuple(torch.cuda.get_device_capability(dev))
-    if tuple(major_minor) < MIN_CAPABILITY:
-        return CompileDecision(
-            False, f"compute capability {major_minor[0]}.{major_minor[1]} is below 7.0 (no Triton kernels)"
-        )
-    return None
-
-
 def should_compile(
     *,
-    has_conv: bool | None = None,
-    family: str | None = None,
+    family: str | None,
     device: torch.device | str,
     capability: tuple[int, int] | None = None,
     steps_left: float | None = None,
@@ -123,48 +92,34 @@ def should_compile(
 ) -> CompileDecision:
     """Whether compiling the model will shorten the run: the rule ``CompileModel(when="auto")`` applies.
 
-    Compile when all hold:
-
-    1. the model is of a family the rule has measured (``COMPILE_COST``): a conv net or a transformer
-       (``_model.family``: attention layers make a transformer, else a convolution a conv net); other models
-       are not judged,
-    2. the device is CUDA with compute capability >= ``MIN_CAPABILITY`` (7.0),
-    3. the eager training time left exceeds the family's break-even, compile seconds over the share of an
-       eager step compiled steps save: a conv net 45 s / 0.15 = 300 s (``BREAK_EVEN_SECONDS``), a transformer
-       35 s / 0.30 = 117 s. That time is ``steps_left * step_seconds`` when the run has a known length,
-       capped by ``time_left`` (``Trainer(max_time=...)``); a run with neither (``max_epochs=-1``, an
-       endless loader) is taken as long and compiled.
+    Compile a conv net or a transformer on CUDA of compute capability >= 7.0 when the eager training time
+    left (``steps_left * step_seconds``, capped by ``time_left``; unknown: taken as long) exceeds the
+    break-even, compile seconds over the share of a step saved (docs/compute.md).
 
     Args:
-        has_conv: the model has a ``Conv*d`` layer (a conv net); read when ``family`` is not given.
-        family: ``"conv"``, ``"transformer"`` or ``None`` (not judged); wins over ``has_conv``.
+        family: ``"conv"``, ``"transformer"`` or ``None`` (not judged).
         device: the training device.
         capability: the CUDA device's compute capability; ``None`` reads it from ``device``.
         steps_left: training batches left (``float("inf")`` or ``None``: unknown).
         step_seconds: seconds an eager training batch takes; needed when ``steps_left`` is finite.
         time_left: seconds left under ``max_time``, or ``None``.
-        cost: ``(compile seconds, share of a step saved)`` measured for this model on this GPU in an earlier
-            run (``_compile_cost.measured_cost``); ``None``: the family's ``COMPILE_COST``, assumed. The
-            reason names which.
+        cost: ``(compile seconds, share of a step saved)`` measured for this model on this GPU;
+            ``None``: the family's ``COMPILE_COST``, assumed.
 
     Returns:
         A ``CompileDecision``; its ``compile`` is ``None`` when ``step_seconds`` is needed to decide.
-
-    Example::
-
-        should_compile(family="conv", device="cuda", capability=(9, 0), steps_left=50_000, step_seconds=0.04)
-        # CompileDecision(compile=True, reason='... 2000 s of eager training ...', eager_seconds=2000.0)
     """
-    if family is None and has_conv:
-        family = "conv"
     if family not in COMPILE_COST:
         return CompileDecision(
             False,
             "the model has no convolution or attention layer: the rule judges conv nets and transformers",
         )
-    refused = _device_refusal(torch.device(device), capability)
-    if refused is not None:
-        return refused
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CompileDecision(False, f"the rule compiles on CUDA devices only, not on {dev.type!r}")
+    major, minor = capability if capability is not None else torch.cuda.get_device_capability(dev)
+    if (major, minor) < MIN_CAPABILITY:
+        return CompileDecision(False, f"compute capability {major}.{minor} is below 7.0 (no Triton kernels)")
     compile_seconds, saving = cost if cost is not None else COMPILE_COST[family]
     source = "measured for this model on this GPU" if cost is not None else (
         f"assumed, {_ASSUMED[family]}: not yet measured for this model here"
@@ -172,23 +127,13 @@ def should_compile(
     figures = f" ({compile_seconds:.0f} s to compile, {saving:.0%} of a step saved: {source})"
     if saving <= 0:
         return CompileDecision(False, f"compiled steps saved nothing{figures}")
-    return _by_length(family, compile_seconds / saving, figures, steps_left, step_seconds, time_left)
-
-
-def _by_length(
-    family: str,
-    break_even: float,
-    figures: str,
-    steps_left: float | None,
-    step_seconds: float | None,
-    time_left: float | None,
-) -> CompileDecision:
-    """``should_compile``'s last test: the eager training left against the family's ``break_even``."""
+    break_even = compile_seconds / saving
     estimates: list[float] = []
     if steps_left is not None and steps_left != float("inf"):
         if step_seconds is None:
             if time_left is not None and time_left <= break_even:
-                return _by_time(time_left, break_even)
+                why = f"max_time leaves {time_left:.0f} s, below the {break_even:.0f} s break-even"
+                return CompileDecision(False, why, max(0.0, time_left))
             return CompileDecision(None, "the run's length depends on the eager step time: time a few steps")
         estimates.append(max(0.0, steps_left) * step_seconds)
     if time_left is not None:
@@ -198,17 +143,9 @@ def _by_length(
             True, "the run has no set length (max_steps, max_epochs, max_time): taken as long"
         )
     eager = min(estimates)
-    if eager > break_even:
-        return CompileDecision(
-            True,
-            f"{eager:.0f} s of eager training left exceeds the {family}'s {break_even:.0f} s break-even{figures}",
-            eager,
-        )
-    return CompileDecision(
-        False,
-        f"{eager:.0f} s of eager training left is below the {family}'s {break_even:.0f} s break-even{figures}",
-        eager,
-    )
+    side = "exceeds" if eager > break_even else "is below"
+    why = f"{eager:.0f} s of eager training left {side} the {family}'s {break_even:.0f} s break-even{figures}"
+    return CompileDecision(eager > break_even, why, eager)
 
 
 def choose_mode(
@@ -223,12 +160,8 @@ def choose_mode(
     """The ``torch.compile`` mode ``CompileModel(mode=None)`` compiles with, and why: ``(mode, reason)``.
 
     ``"reduce-overhead"`` (CUDA graphs) for a conv net on one CUDA device, optimized automatically with one
-    optimizer step a batch; ``"default"`` otherwise: CPUs have no CUDA graphs, a transformer gains nothing
-    measurable from them (``docs/compute.md``), several processes (DDP) and gradient accumulation keep
-    gradients across graph replays, manual optimization steps the graphs where the rule cannot see, and a
-    DALI loader decoding JPEGs with nvJPEG on the same GPU (``gpu_decoding``: a DALI loader's ``feed_info``
-    decoder ``"gpu"``) fed a model replaying graphs more slowly than one launching its kernels
-    (``docs/dali.md``).
+    optimizer step a batch and not fed by DALI's nvJPEG on the same GPU (``gpu_decoding``); ``"default"``
+    otherwise (docs/compute.md says why).
 
     Example:
         >>> choose_mode(family="conv", device="cuda")[0], choose_mode(family="transformer", device="cuda")[0]
@@ -252,14 +185,6 @@ def choose_mode(
     )
 
 
-def _by_time(time_left: float, break_even: float) -> CompileDecision:
-    return CompileDecision(
-        False,
-        f"max_time leaves {time_left:.0f} s, below the {break_even:.0f} s break-even",
-        max(0.0, time_left),
-    )
-
-
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     # what dynamo specializes a static graph on: each tensor's shape, strides, dtype and device
     found: list[Any] = []
@@ -275,25 +200,16 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 class CompileModel(pl.Callback):
     """Compile the ``LightningModule``'s ``forward`` with ``torch.compile`` for the fit.
 
-    With ``when="always"`` the forward is compiled at the start of training (and at the start of a
-    ``validate``/``test``/``predict`` run), on any device inductor supports, the CPU included. With
-    ``when="auto"`` ``should_compile`` decides: at the start of training when the run's length is set by
-    ``max_time`` or unknown, else after timing training batches 5 to 15 eagerly (two device syncs), from the
-    training batches left; the first 15 batches then run eagerly. Under DDP rank zero's decision is broadcast
-    once. On a device other than CUDA ``"auto"`` warns once and steps aside.
-
-    Write ``training_step`` to call ``self(x)``: only ``forward`` is compiled. If training finishes its first
-    15 batches without calling it, a warning says so. Each mode is compiled for the first input shape it sees;
-    batches of other shapes run eagerly (docs/compute.md). ``forward`` is restored at
-    ``teardown``, so the module can be saved, copied and pickled as usual afterwards.
+    ``"auto"`` lets ``should_compile`` decide (after timing training batches 5 to 15 eagerly where the run's
+    length depends on it; on a device other than CUDA it warns once and steps aside). Only ``forward`` is
+    compiled (call ``self(x)`` in ``training_step``), for the first input shape each mode sees, until
+    ``teardown``; docs/compute.md has the details.
 
     Args:
         when: ``"always"`` compile; ``"auto"`` compile where ``should_compile`` says it pays.
-        backend: ``torch.compile``'s backend; ``"inductor"`` generates the faster kernels, ``"aot_eager"``
-            and ``"eager"`` help to tell a compile problem from a kernel problem.
-        mode: ``torch.compile``'s mode (one of ``MODES``); ``None`` (default): ``choose_mode`` picks CUDA
-            graphs (``"reduce-overhead"``) or the default mode for the run. With CUDA graphs the callback
-            marks the start of every step (``torch.compiler.cudagraph_mark_step_begin``).
+        backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` or ``"eager"`` to tell a compile
+            problem from a kernel problem).
+        mode: ``torch.compile``'s mode (one of ``MODES``); ``None``: ``choose_mode`` picks.
 
     Attributes:
         decision: the ``CompileDecision`` of the last run (``None`` before one, or while timing).
@@ -302,48 +218,23 @@ class CompileModel(pl.Callback):
         compiled_calls: ``forward`` calls that ran compiled.
         eager_calls: ``forward`` calls of another input shape that ran eagerly.
         mode_used: the mode ``forward`` was compiled with (``None`` before it is), and ``mode_reason``.
-        cuda_graphs: whether the compiled training step replays CUDA graphs: known after its first three
-            compiled steps (``None`` before, and where this torch does not count skips); ``False`` in a
-            mode that records none.
-        cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``: the reason torch gave for skipping
-            them (``"mutated inputs (1 instances) at model.py:12"``), or the mode that records none.
-        cost: what compiling cost and saved in this fit (``_compile_cost.MeasuredCost``: the first compiled
-            training step against an eager one, then 10 compiled steps after 5 more; ``None`` until then).
-            Kept in ``compile.json`` in the cache folder for the next fit's decision on this GPU; compiled
-            steps measured slower than eager ones (``when="auto"``) turn compiling off for the rest of the fit.
-
-    Logs one line (rank zero) naming the mode when it compiles with ``mode=None``, one with the decision of
-    ``when="auto"`` (which names where its break-even comes from: measured for this model on this GPU, or
-    assumed) and one with the measured cost. In a mode that records CUDA graphs (and with
-    ``backend="cudagraphs"``) it says once whether the step replays them: a line where it does, a warning
-    with torch's reason where torch skipped them.
+        cuda_graphs: whether the compiled training step replays CUDA graphs (``None``: not known yet).
+        cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``.
+        cost: the ``MeasuredCost`` of compiling in this fit (``None`` until measured), kept for the next fit.
 
     Example::
 
         trainer = Trainer(precision="16-mixed", callbacks=[ChannelsLast(), CompileModel(when="auto")])
-        trainer.fit(model)   # convert to channels_last first, then compile (CompileModel starts later)
-
-        # LightningCLI:
-        # trainer:
-        #   callbacks:
-        #     - class_path: lightning_gpuopt.compute.compile.CompileModel
-        #       init_args: {when: auto}
     """
 
     def __init__(self, when: When = "always", backend: str = "inductor", mode: str | None = None) -> None:
         super().__init__()
         check_arg(mode is None or mode in MODES, "mode", mode, f"None or one of {MODES}")
         check_arg(isinstance(when, str), "when", when, "'always' or 'auto'", error=TypeError)
-        check_arg(when in _WHEN, "when", when, "'always' or 'auto'")
-        for ok, error in ((isinstance(backend, str), TypeError), (bool(backend), ValueError)):
-            check_arg(
-                ok,
-                "backend",
-                backend,
-                "a torch.compile backend name",
-                fix="e.g. 'inductor', 'aot_eager' or 'eager'",
-                error=error,
-            )
+        check_arg(when in ("always", "auto"), "when", when, "'always' or 'auto'")
+        must, fix = "a torch.compile backend name", "e.g. 'inductor', 'aot_eager' or 'eager'"
+        check_arg(isinstance(backend, str), "backend", backend, must, fix, TypeError)
+        check_arg(bool(backend), "backend", backend, must, fix)
         self.when: When = when
         self.backend = backend
         self.mode = mode
@@ -363,8 +254,6 @@ class CompileModel(pl.Callback):
         self._timing = False
         self._batches = 0
         self._t0: float | None = None
-        self._aside = False
-        self._family: str | None = None
         self._module: pl.LightningModule | None = None
         self._wrapper: Callable[..., Any] | None = None
         self._shapes: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
@@ -375,12 +264,10 @@ class CompileModel(pl.Callback):
         self._meter: CostMeter | None = None
         self._cost_key: str | None = None
 
-    # --- hooks -------------------------------------------------------------------------------------------
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._timing = False
         self._batches = 0
-        self._aside = False
         self._meter = None
         device = trainer.strategy.root_device
         accumulate = getattr(trainer, "accumulate_grad_batches", 1)
@@ -389,7 +276,6 @@ class CompileModel(pl.Callback):
                 accumulate = max([accumulate, *cb.scheduling.values()])
         self._run = (device, getattr(trainer, "world_size", 1), accumulate)
         if self.when == "auto" and device.type != "cuda":
-            self._aside = True
             warn_once(
                 f"CompileModel(when='auto'): the rule compiles on CUDA devices only; on {device.type!r} the "
                 "callback does nothing. Use CompileModel() to compile anyway."
@@ -406,38 +292,48 @@ class CompileModel(pl.Callback):
         self._gpu_decoding = (
             getattr(info, "decoder", None) == "gpu" and getattr(info, "backend", None) == "dali"
         )
-        if self._aside or self.compiled:
+        if self.compiled or (self.when == "auto" and self._run[0].type != "cuda"):
             return
         self._cost_key = cost_key(pl_module, trainer.strategy.root_device)
         if self.when == "always":
-            self._install(pl_module, CompileDecision(True, "when='always'"))
-            self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
-            return
-        self._family = _model.family(pl_module)
-        decision = should_compile(
-            family=self._family,
-            device=trainer.strategy.root_device,
-            steps_left=self._batches_left(trainer),
-            time_left=self._time_left(trainer),
-            cost=measured_cost(self._cost_key),
-        )
+            decision = CompileDecision(True, "when='always'")
+        else:
+            decision = self._should_compile(trainer, pl_module)
         if decision.compile is None:
             self._timing = True
             self.decision = None
+            return
+        if self.when == "always":
+            self._install(pl_module, decision)
         else:
             self._decide(pl_module, decision)
-            self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
+        self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
+
+    def _should_compile(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step_seconds: float | None = None
+    ) -> CompileDecision:
+        timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]  # type: ignore[attr-defined]
+        total = float(trainer.estimated_stepping_batches)  # optimizer steps of the whole fit; inf if unknown
+        return should_compile(
+            family=_model.family(pl_module),
+            device=trainer.strategy.root_device,
+            steps_left=max(0.0, total - trainer.global_step) * trainer.accumulate_grad_batches,
+            step_seconds=step_seconds,
+            time_left=timers[0].time_remaining("train") if timers else None,
+            cost=measured_cost(self._cost_key) if self._cost_key else None,
+        )
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        warm, timed = _compile_cost.WARMUP_BATCHES, _compile_cost.TIMED_BATCHES
         self._batches += 1
         self._mark_step()
         if self._watch is not None and self._train_compiled >= _GRAPH_CHECK_STEPS:
             self._graphs_checked()
         calls = self.compiled_calls + self.eager_calls
-        if self._batches == _WARMUP_BATCHES + _TIMED_BATCHES + 1 and self.compiled and calls == 0:
+        if self._batches == warm + timed + 1 and self.compiled and calls == 0:
             warn_once(
                 f"CompileModel: {type(pl_module).__name__}.training_step did not call forward (self(x)) in "
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
@@ -447,21 +343,14 @@ class CompileModel(pl.Callback):
             self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
-        if index == _WARMUP_BATCHES:
+        if index == warm:
             synchronize(pl_module.device)
             self._t0 = time.perf_counter()
-        elif index == _WARMUP_BATCHES + _TIMED_BATCHES and self._t0 is not None:
+        elif index == warm + timed and self._t0 is not None:
             synchronize(pl_module.device)
-            self.step_seconds = (time.perf_counter() - self._t0) / _TIMED_BATCHES
+            self.step_seconds = (time.perf_counter() - self._t0) / timed
             self._timing = False
-            decision = should_compile(
-                family=self._family,  # read at on_train_start, which asked for timing
-                device=trainer.strategy.root_device,
-                steps_left=self._batches_left(trainer),
-                step_seconds=self.step_seconds,
-                time_left=self._time_left(trainer),
-                cost=measured_cost(self._cost_key) if self._cost_key else None,
-            )
+            decision = self._should_compile(trainer, pl_module, self.step_seconds)
             # every rank must run the same code: rank zero's timing decides
             self._decide(pl_module, trainer.strategy.broadcast(decision, src=0))
             if self.compiled:  # this batch is the first compiled one
@@ -469,8 +358,8 @@ class CompileModel(pl.Callback):
                 self._meter_batch(trainer, pl_module, index)
 
     def _meter_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, index: int) -> None:
-        """Mark batch ``index`` for the cost measurement; once it is done, keep the cost for the next fit,
-        say it, and (``when="auto"``) run eagerly from here where compiled steps were the slower."""
+        """Mark batch ``index`` for the cost measurement; once done, keep and log the cost, and (``"auto"``)
+        run eagerly from here where compiled steps were the slower."""
         cost = self._meter.at_batch_start(index, pl_module.device) if self._meter is not None else None
         if cost is None:
             return
@@ -492,14 +381,7 @@ class CompileModel(pl.Callback):
             )
 
     @override
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
         self._mark_step()
 
     # evaluation steps of the other stages replay graphs the same way
@@ -512,27 +394,25 @@ class CompileModel(pl.Callback):
 
     @property
     def cuda_graphs_skipped(self) -> str | None:
-        """torch's reason for not replaying the CUDA graphs the mode records, else ``None`` (they replay, it
-        is not known yet, or the mode records none)."""
+        """torch's reason for not replaying the CUDA graphs the mode records, else ``None``."""
         return self.cuda_graphs_reason if self._graphs and self.cuda_graphs is False else None
 
     def _graphs_checked(self) -> None:
         """Read what torch recorded over the first compiled steps, and say it once."""
         watch, self._watch = self._watch, None
-        if watch is None:
+        skips = watch.stop() if watch is not None else None
+        if watch is None or skips is None:  # none, or this torch keeps no count (``_compat`` said so)
             return
-        skips, key = watch.stop(), self._graphs_key
-        if skips is None:  # this torch keeps no count (``_compat`` said so)
-            return
+        key = self._graphs_key
         if not skips and not watch.compiled:
             # code an earlier fit compiled ran: torch counted its skips then, not now
             if key in _GRAPH_RESULTS:
                 self.cuda_graphs, self.cuda_graphs_reason = _GRAPH_RESULTS[key]
             return
         self.cuda_graphs = not skips
-        if key is not None:
-            _GRAPH_RESULTS[key] = (self.cuda_graphs, None)
         if self.cuda_graphs:
+            if key is not None:
+                _GRAPH_RESULTS[key] = (True, None)
             rank_zero_info(
                 f"CompileModel: the compiled training step replays CUDA graphs (mode={self.mode_used!r})"
             )
@@ -571,7 +451,6 @@ class CompileModel(pl.Callback):
     ) -> None:
         self._uninstall()
 
-    # --- compiling ---------------------------------------------------------------------------------------
     def _decide(self, pl_module: pl.LightningModule, decision: CompileDecision) -> None:
         self.decision = decision
         what = "compiling" if decision.compile else "eager"
@@ -598,7 +477,7 @@ class CompileModel(pl.Callback):
         self.cuda_graphs_reason = None if graphs else f"mode={compile_mode!r} records no CUDA graphs"
         if graphs:
             self._graphs_key = (getattr(original, "__func__", original), self.backend, compile_mode)
-            self._watch = SkipWatch().start()  # torch compiles at the first calls: count from here
+            self._watch = SkipWatch()  # torch compiles at the first calls: count from here
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             # dynamo guards on these: one compiled graph each (training, validation under inference mode)
@@ -661,23 +540,9 @@ class CompileModel(pl.Callback):
         self._timing = False
         self.compiled = False
 
-    # --- run length ----------------------------------------------------------------------------------------
-    @staticmethod
-    def _batches_left(trainer: pl.Trainer) -> float:
-        total = float(trainer.estimated_stepping_batches)  # optimizer steps of the whole fit; inf if unknown
-        return max(0.0, total - trainer.global_step) * trainer.accumulate_grad_batches
-
-    @staticmethod
-    def _time_left(trainer: pl.Trainer) -> float | None:
-        for cb in trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(cb, Timer):
-                return cb.time_remaining("train")
-        return None
-
-    # --- state and pickling -------------------------------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The last decision, for the record; every fit decides again (fewer steps are left on resume)."""
+        """The last decision, for the record; every fit decides again."""
         decision = self.decision
         return {
             "when": self.when,

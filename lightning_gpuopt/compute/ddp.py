@@ -1,12 +1,5 @@
-"""``NonBlockingStepChecks``: DDP training steps that never make the host wait for the GPU.
-
-Under DDP, Lightning's training loop broadcasts rank zero's SIGTERM flag at the start of every step and reads
-it back on the host, a host-device synchronisation per step: the host cannot queue step ``k + 1`` while the
-GPU runs step ``k``, so each step's launch time shows as GPU idle time and every rank waits for the slowest
-at that point. ``nonblocking_sigterm_check`` keeps the check (every rank still broadcasts every step) but
-reads each result once it has arrived, without waiting; a SIGTERM then stops all ranks one or two steps
-later. The callback applies it to a fit; on one device it does nothing. ``fast_trainer_kwargs`` adds it.
-"""
+"""``NonBlockingStepChecks``: DDP training steps whose SIGTERM check never makes the host wait for the GPU
+(docs/multi_gpu.md)."""
 
 from __future__ import annotations
 
@@ -28,15 +21,9 @@ _Slot = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]  # host in, device,
 
 
 def nonblocking_sigterm_check(trainer: Any) -> bool:
-    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host.
-
-    Lightning broadcasts rank zero's SIGTERM flag at the start of every step and reads it back with
-    ``.item()``. The replacement still broadcasts the flag every step (every rank issues the same collectives
-    in the same order), into one of a few reused device/pinned-host buffers, and reads each result once its
-    copy has completed, without waiting: a SIGTERM stops all ranks a step or two later than before. Only this
-    trainer's loop is changed. Lightning's SIGTERM handler then issues no broadcast of its own (one issued
-    from a signal handler, mid-step, can meet the other rank inside the gradient all-reduce and hang the
-    run); it still forwards the signal to the launched ranks and sets the flag the check broadcasts.
+    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host: the flag is still
+    broadcast every step, and read once its copy has arrived (a SIGTERM stops all ranks a step or two later);
+    Lightning's SIGTERM handler then issues no broadcast of its own, which could hang the run mid-step.
 
     Returns:
         Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
@@ -110,15 +97,11 @@ class _NonBlockingSigterm:
 
 
 class NonBlockingStepChecks(pl.Callback):
-    """Remove the per-step host synchronisation of Lightning's DDP training loop.
-
-    At ``on_train_start`` of a run on more than one device, ``nonblocking_sigterm_check`` replaces the
-    trainer's per-step SIGTERM check.
+    """Remove the per-step host synchronisation of Lightning's DDP training loop
+    (``nonblocking_sigterm_check`` at ``on_train_start`` of a run on more than one device).
 
     Attributes:
         active: whether the check was replaced in the current (or last) fit.
-
-    Logs nothing.
 
     Example::
 
@@ -131,7 +114,3 @@ class NonBlockingStepChecks(pl.Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.active = trainer.world_size > 1 and nonblocking_sigterm_check(trainer)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {}

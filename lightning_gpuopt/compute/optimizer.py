@@ -1,30 +1,5 @@
-"""``FusedOptimizer``: switch the run's optimizers to their fused kernels, so 16-mixed never syncs the host.
-
-Under ``precision="16-mixed"`` Lightning steps every optimizer through a GradScaler. For an ordinary
-optimizer the scaler reads the inf/NaN flag on the host (``found_inf.item()``) before ``optimizer.step()``:
-the host waits for the GPU at every step, and whatever it does before the next step's first kernel leaves
-the GPU idle. A fused optimizer (``fused=True``: ``SGD``, ``Adam``, ``AdamW``, ``Adagrad``) takes the scale
-and the flag as device tensors and skips a bad step on the GPU, so the host runs ahead. The host work of
-a fed pipeline then overlaps the GPU's step instead of following it (``docs/compute.md`` has the figures).
-
-``fused=True`` in your ``configure_optimizers`` is the direct fix. This callback does it for optimizers you
-do not construct yourself (a library's module, a LightningCLI ``optimizer:`` entry): at ``on_train_start``
-(after ``configure_optimizers`` and after a checkpoint's optimizer state is restored) each optimizer whose
-class takes ``fused`` is switched in place, after torch has validated the switch on a throwaway instance of
-the same class with the same parameters and settings. The optimizer's state (momentum buffers, Adam moments)
-is the same for both kernels and is kept. Optimizers that cannot be fused (other classes, parameters on a
-device or dtype without fused kernels, ``differentiable=True``) are left alone and named in one warning;
-so is everything when Lightning would refuse it: gradient clipping (``gradient_clip_val``) under a
-mixed-precision plugin, whose ``clip_gradients`` rejects optimizers that unscale inside their step.
-
-A fused ``SGD`` with momentum creates its momentum buffers uninitialized (``torch.empty_like``) at its first
-step and fills them in the kernel; when the GradScaler skips that step (fp16's first steps often overflow
-at the scaler's initial scale), the kernel returns first and the buffers keep whatever memory held, which
-the next step reads as momentum: the weights turn to NaN and every later step is skipped. Before a fused
-SGD's first step the callback gives each parameter a zero buffer (``init_momentum_buffers``), which with
-``dampening=0`` makes the first applied step exactly torch's (buffer = gradient); an SGD with another
-``dampening`` is left unfused under a GradScaler.
-"""
+"""``FusedOptimizer``: switch the run's optimizers to their fused kernels, so ``16-mixed``'s GradScaler never
+makes the host wait for the GPU, and give a fused SGD zeroed momentum buffers (docs/compute.md says why)."""
 
 from __future__ import annotations
 
@@ -37,7 +12,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from typing_extensions import override
 
 from lightning_gpuopt._common import warn_once
-from lightning_gpuopt._compat import supports_amp_scaling
+from lightning_gpuopt._compat import set_amp_scaling, supports_amp_scaling
 
 __all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "init_momentum_buffers", "is_fused"]
 
@@ -50,20 +25,11 @@ def is_fused(optimizer: Any) -> bool:
     return supports_amp_scaling(optimizer)
 
 
-def _set_amp_scaling(optimizer: torch.optim.Optimizer, value: bool) -> None:
-    # The flag GradScaler and Lightning read (``supports_amp_scaling``); ``__init__`` sets it for fused=True,
-    # so an optimizer switched afterwards needs it set here.
-    optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
-
-
 def init_momentum_buffers(optimizer: Any) -> int:
-    """Give each parameter of a fused ``SGD`` with momentum a zero momentum buffer where it has none; return
-    how many were made (0 for any other optimizer, or once the buffers exist).
+    """Give each parameter of a fused ``SGD`` with momentum a zero momentum buffer where it has none, so a
+    first step the GradScaler skips leaves zeros rather than uninitialized memory; return how many were made.
 
-    Call it after the model's final layout is set (``channels_last``) and before the first step: a buffer
-    takes its parameter's strides, as the gradients do. With ``dampening=0`` (SGD's default) the first step
-    that applies then stores the gradient as the buffer, exactly as torch's first step does, and a first
-    step the GradScaler skips leaves zeros instead of uninitialized memory.
+    Call it after the model's final layout is set (``channels_last``) and before the first step.
 
     Example::
 
@@ -84,12 +50,11 @@ def init_momentum_buffers(optimizer: Any) -> int:
 
 
 def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -> str | None:
-    """Switch ``optimizer`` to its fused kernel in place; return ``None``, or why it was left alone.
+    """Switch ``optimizer`` to its fused kernel in place, once a throwaway ``fused=True`` instance of its class
+    over the same groups is accepted by torch; return ``None``, or why it was left alone.
 
-    torch validates the switch first: a throwaway optimizer of the same class is built over the same
-    parameter groups with ``fused=True`` (no state, no step), which raises where fused kernels do not apply.
-    ``amp_scaling=False`` (a run without a GradScaler, such as ``bf16-mixed``) keeps the optimizer marked as
-    one that does not unscale inside its step, so Lightning's gradient clipping still accepts it.
+    ``amp_scaling=False`` (no GradScaler, as ``bf16-mixed``) leaves it marked as not unscaling inside its
+    step, so Lightning's gradient clipping still accepts it.
     """
     inner: Any = getattr(optimizer, "optimizer", optimizer)
     cls = type(inner)
@@ -124,20 +89,17 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -
         group["foreach"] = None  # fused and foreach are exclusive
     inner.defaults["fused"] = True
     inner.defaults["foreach"] = None
-    _set_amp_scaling(inner, amp_scaling and supports_amp_scaling(probe))
+    set_amp_scaling(inner, amp_scaling and supports_amp_scaling(probe))
     return None
 
 
 class FusedOptimizer(pl.Callback):
-    """Run the Trainer's optimizers with their fused kernels (no per-step host sync under ``16-mixed``).
+    """Run the Trainer's optimizers with their fused kernels (no per-step host sync under ``16-mixed``),
+    switched at ``on_train_start``; a fused SGD with momentum gets zero buffers before its first step.
 
-    Add it to ``Trainer(callbacks=[...])`` (``fast_trainer_kwargs`` adds it when it picks ``"16-mixed"``, and
-    ``"bf16-mixed"`` on CUDA). Without a GradScaler (``bf16-mixed``, ``32-true``) there is no host sync to
-    remove: the fused kernel updates each parameter group in one launch, and gradient clipping keeps working.
-    After fitting, ``fused`` lists the optimizers switched (class names) and ``skipped`` those left alone
-    with the reason (also named in one warning). An optimizer already fused is kept; a fused SGD with momentum,
-    switched here or constructed so, gets zero momentum buffers before its first step
-    (``init_momentum_buffers``).
+    Attributes:
+        fused: the class names of the optimizers switched.
+        skipped: ``(class name, reason)`` of those left alone (also named in one warning).
 
     Example::
 
@@ -171,10 +133,8 @@ class FusedOptimizer(pl.Callback):
                     'precision. Drop clipping to fuse, or use precision="bf16-mixed" (no GradScaler, no sync).'
                 )
             return
-        for opt in optimizers:
+        for opt in (o for o in optimizers if not is_fused(o)):
             name = type(getattr(opt, "optimizer", opt)).__name__
-            if is_fused(opt):
-                continue
             why = fuse_optimizer(opt, amp_scaling=amp_scaling)
             if why is None:
                 self.fused.append(name)
@@ -189,16 +149,15 @@ class FusedOptimizer(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        # once an optimizer: after every layout change, before its step
         inner = getattr(optimizer, "optimizer", optimizer)
-        if (
-            id(inner) not in self._buffers_ready
-        ):  # once an optimizer: after every layout change, before its step
+        if id(inner) not in self._buffers_ready:
             self._buffers_ready.add(id(inner))
             init_momentum_buffers(inner)
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """What was switched and skipped in the last fit (the switch itself is made again on resume)."""
+        """What was switched and skipped in the last fit (a resumed fit switches again)."""
         return {"fused": list(self.fused), "skipped": [list(s) for s in self.skipped]}
 
     @override

@@ -15,7 +15,6 @@ from lightning_gpuopt.compute.channels_last import (
     apply_channels_last,
     has_conv,
     is_channels_last,
-    to_channels_last,
 )
 from tests._lightning import quiet_trainer
 
@@ -121,26 +120,17 @@ def test_apply_without_conv_warns_once_and_leaves_model():
         apply_channels_last(model)  # second time: silent
 
 
-def test_apply_channels_last_3d_on_mixed_model():
+def test_apply_channels_last_on_mixed_model():
     model = nn.ModuleDict({"c2": nn.Conv2d(3, 4, 3), "c3": nn.Conv3d(3, 4, 3)})
-    # Module.to(memory_format=channels_last) raises on the 5-D weight; the function converts per rank
-    apply_channels_last(model, "channels_last_3d")
-    assert model["c3"].weight.is_contiguous(memory_format=torch.channels_last_3d)
-    assert model["c2"].weight.is_contiguous()
-    apply_channels_last(model, torch.channels_last)
+    # Module.to(memory_format=channels_last) raises on the 5-D weight; the function converts 4-D tensors
+    apply_channels_last(model)
     assert _strides_cl(model["c2"].weight)
-    assert model["c3"].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert model["c3"].weight.is_contiguous()
 
 
 def test_apply_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="memory_format"):
-        apply_channels_last(SmallResNet(), "nhwc")
-    with pytest.raises(ValueError, match="memory_format"):
-        apply_channels_last(SmallResNet(), torch.contiguous_format)
     with pytest.raises(TypeError, match="model must be"):
         apply_channels_last("resnet")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="memory_format"):
-        ChannelsLast(memory_format="nchw")
     with pytest.raises(TypeError, match="convert_inputs"):
         ChannelsLast(convert_inputs="yes")  # type: ignore[arg-type]
 
@@ -157,17 +147,6 @@ def test_apply_on_compiled_module():
     assert all(_strides_cl(w) for w in _conv_weights(model))  # the original module's tensors
     # (running the compiled forward is covered by test_callback_with_compiled_inner_model)
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
-
-
-def test_to_channels_last_converts_once_and_leaves_others():
-    x = torch.randn(2, 3, 8, 8)
-    y = torch.randint(0, 3, (2, 1, 4, 4))
-    already = torch.randn(2, 3, 8, 8).contiguous(memory_format=CL)
-    out = to_channels_last({"x": x, "y": y, "z": [already]})
-    assert out["x"].is_contiguous(memory_format=CL)
-    assert torch.equal(out["x"], x)
-    assert out["y"] is y  # integer tensors are not images
-    assert out["z"][0] is already  # no second copy
 
 
 # --- ChannelsLast callback -------------------------------------------------------------------------------
@@ -313,14 +292,12 @@ def test_second_fit_state_round_trip_pickle_and_teardown():
     assert cb.inputs_converted == 3
 
     state = cb.state_dict()
-    assert state == {"memory_format": "channels_last", "inputs_converted": 3}
+    assert state == {"inputs_converted": 3}
     fresh = ChannelsLast()
     fresh.load_state_dict(state)
     assert fresh.inputs_converted == 3
-    assert ChannelsLast().state_key != ChannelsLast("channels_last_3d").state_key
 
     clone = pickle.loads(pickle.dumps(cb))
-    assert clone.memory_format == "channels_last"
     assert clone.inputs_converted == 3
 
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_gpuopt._common import _warnings
 from lightning_gpuopt._compat import cudagraph_skip_logger
 from lightning_gpuopt.bench.models import ImageClassifier
+from lightning_gpuopt.compute import _compile_cost
 from lightning_gpuopt.compute import compile as compile_mod
 from lightning_gpuopt.compute._cudagraphs import _Collect
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
@@ -48,21 +49,21 @@ def test_break_even_follows_from_the_constants():
 @pytest.mark.parametrize(
     ("kwargs", "expected", "reason"),
     [
-        ({"has_conv": False, **H200}, False, "no convolution or attention"),
+        ({"family": None, **H200}, False, "no convolution or attention"),
         ({"family": None, **H200}, False, "conv nets and transformers"),
         # a transformer: 35 s of compiling against 30% faster steps, a 117 s break-even
         ({"family": "transformer", **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, "transformer's"),
         ({"family": "transformer", **H200, "steps_left": 2_000, "step_seconds": 0.04}, False, "117 s"),
         ({"family": "conv", **H200, "steps_left": 4_000, "step_seconds": 0.04}, False, "conv's 300 s"),
-        ({"family": "transformer", "has_conv": True, **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, ""),
-        ({"has_conv": True, "device": "cpu"}, False, "CUDA devices only"),
-        ({"has_conv": True, "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
+        ({"family": "transformer", **H200, "steps_left": 4_000, "step_seconds": 0.04}, True, ""),
+        ({"family": "conv", "device": "cpu"}, False, "CUDA devices only"),
+        ({"family": "conv", "device": "cuda", "capability": (6, 1)}, False, "below 7.0"),
         # steps known: eager time = steps * step time against the 300 s break-even
-        ({"has_conv": True, **H200, "steps_left": 50_000, "step_seconds": 0.04}, True, "2000 s"),
-        ({"has_conv": True, **H200, "steps_left": 5_000, "step_seconds": 0.04}, False, "200 s"),
+        ({"family": "conv", **H200, "steps_left": 50_000, "step_seconds": 0.04}, True, "2000 s"),
+        ({"family": "conv", **H200, "steps_left": 5_000, "step_seconds": 0.04}, False, "200 s"),
         (
             {
-                "has_conv": True,
+                "family": "conv",
                 "device": "cuda",
                 "capability": (7, 0),
                 "steps_left": 8_000,
@@ -72,19 +73,19 @@ def test_break_even_follows_from_the_constants():
             "320 s",
         ),
         # steps known, step time not yet: time some steps first, unless max_time already rules it out
-        ({"has_conv": True, **H200, "steps_left": 5_000}, None, "time a few steps"),
-        ({"has_conv": True, **H200, "steps_left": 5_000, "time_left": 120.0}, False, "max_time"),
+        ({"family": "conv", **H200, "steps_left": 5_000}, None, "time a few steps"),
+        ({"family": "conv", **H200, "steps_left": 5_000, "time_left": 120.0}, False, "max_time"),
         # max_time caps a long step budget
         (
-            {"has_conv": True, **H200, "steps_left": 1e6, "step_seconds": 0.04, "time_left": 250.0},
+            {"family": "conv", **H200, "steps_left": 1e6, "step_seconds": 0.04, "time_left": 250.0},
             False,
             "250 s",
         ),
         # no set length: max_time decides, else the run is taken as long
-        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 3600.0}, True, "3600 s"),
-        ({"has_conv": True, **H200, "steps_left": float("inf"), "time_left": 200.0}, False, "200 s"),
-        ({"has_conv": True, **H200, "steps_left": float("inf")}, True, "no set length"),
-        ({"has_conv": True, **H200}, True, "no set length"),
+        ({"family": "conv", **H200, "steps_left": float("inf"), "time_left": 3600.0}, True, "3600 s"),
+        ({"family": "conv", **H200, "steps_left": float("inf"), "time_left": 200.0}, False, "200 s"),
+        ({"family": "conv", **H200, "steps_left": float("inf")}, True, "no set length"),
+        ({"family": "conv", **H200}, True, "no set length"),
     ],
 )
 def test_should_compile(kwargs, expected, reason):
@@ -96,9 +97,9 @@ def test_should_compile(kwargs, expected, reason):
 
 def test_should_compile_reads_the_capability_of_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
-    assert should_compile(has_conv=True, device="cuda:0").compile is False
+    assert should_compile(family="conv", device="cuda:0").compile is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert should_compile(has_conv=True, device="cuda:0").compile is True
+    assert should_compile(family="conv", device="cuda:0").compile is True
 
 
 # --- the callback on a real fit -----------------------------------------------------------------------------
@@ -410,16 +411,16 @@ def test_auto_times_eager_batches_then_decides(monkeypatch, total_steps, batch_s
     cb.on_train_start(trainer, model)
     assert cb._timing and cb.decision is None
     try:
-        for i in range(compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES + 1):
+        for i in range(_compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES + 1):
             trainer.global_step = i
             cb.on_train_batch_start(trainer, model, None, i)
-            if i < compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES:
+            if i < _compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES:
                 assert not cb.compiled  # eager while timing
         assert cb.step_seconds == pytest.approx(batch_seconds)
         assert cb.decision is not None and cb.decision.compile is compiles
         assert cb.compiled is compiles
         assert len(broadcasts) == 1 and broadcasts[0][1] == 0  # rank zero's decision, once
-        left = total_steps - (compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES)
+        left = total_steps - (_compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES)
         assert cb.decision.eager_seconds == pytest.approx(left * batch_seconds)
     finally:
         cb.teardown(trainer, model, "fit")
@@ -452,12 +453,10 @@ def test_auto_measures_what_compiling_cost_and_keeps_it_for_the_next_fit(
     """After compiling, the first compiled step and a window of later ones are timed against the eager step:
     the cost is kept in the cache and the next fit's decision weighs it; compiled steps measured slower than
     eager ones turn compiling off for the rest of the fit."""
-    from lightning_gpuopt.compute import _compile_cost
-
     monkeypatch.setenv("LIGHTNING_GPUOPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(compile_mod, "time", _scripted([0.0, 0.4]))  # eager: 10 batches of 40 ms
-    first = compile_mod._WARMUP_BATCHES + compile_mod._TIMED_BATCHES  # the first compiled batch
+    first = _compile_cost.WARMUP_BATCHES + _compile_cost.TIMED_BATCHES  # the first compiled batch
     timed = _compile_cost.TIMED_BATCHES
     # the first compiled step takes 30.04 s (30 s compiling), then a window of `timed` compiled steps
     monkeypatch.setattr(
@@ -660,8 +659,14 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
 
     def run(callbacks: list) -> ImageClassifier:
         model = copy.deepcopy(initial)
-        trainer = quiet_trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=callbacks,
-                                num_sanity_val_steps=0, deterministic=False)
+        trainer = quiet_trainer(
+            accelerator="gpu",
+            devices=1,
+            max_epochs=2,
+            callbacks=callbacks,
+            num_sanity_val_steps=0,
+            deterministic=False,
+        )
         trainer.fit(model, _data(52, 8), _data(20, 8, seed=1))
         return model.cpu()
 
@@ -671,7 +676,7 @@ def test_gpu_cuda_graphs_train_and_validate_like_eager():
     assert cb.cuda_graphs is True and cb.cuda_graphs_skipped is None  # torch skipped none
     # an epoch: 6 full training batches and a partial one, 2 full validation batches and a partial one
     assert cb.compiled_calls == 12 + 2 * 2 and cb.eager_calls == 2 + 2
-    for a, b in zip(graphs.parameters(), eager.parameters()):
+    for a, b in zip(graphs.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
@@ -714,4 +719,6 @@ def test_gpu_an_input_changed_in_place_skips_cuda_graphs_and_is_named():
     with pytest.warns(UserWarning, match="CUDA graphs were skipped: mutated inputs"):
         trainer.fit(InPlace(convnet()), _data(64, 8))
     assert cb.mode_used == "reduce-overhead" and cb.cuda_graphs is False
-    assert (cb.cuda_graphs_skipped or "").startswith("mutated inputs")  # torch's words (and its line, if found)
+    assert (cb.cuda_graphs_skipped or "").startswith(
+        "mutated inputs"
+    )  # torch's words (and its line, if found)
