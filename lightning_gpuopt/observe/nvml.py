@@ -1,7 +1,6 @@
 """NVML access: map a torch CUDA device to its NVML index, and sample the GPU on a background thread.
 
-``pynvml`` (distribution ``nvidia-ml-py``, extra ``nvml``) is imported inside the functions that need it,
-never at module import, so ``import lightning_gpuopt`` stays light.
+``pynvml`` (extra ``nvml``) is imported where it is used, never at module import.
 """
 
 from __future__ import annotations
@@ -54,34 +53,26 @@ _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not onc
 
 
 def parse_cuda_visible_devices(value: str | None) -> list[str] | None:
-    """Split ``CUDA_VISIBLE_DEVICES`` the way the CUDA driver reads it.
+    """Split ``CUDA_VISIBLE_DEVICES`` as the CUDA driver reads it.
 
-    Returns ``None`` when the variable is unset (every device is visible in NVML order), else the list of
-    entries up to the first invalid one (CUDA ignores the rest): integers, ``GPU-<uuid or prefix>`` or
-    ``MIG-<...>`` strings.
+    Returns ``None`` when the variable is unset, else the entries (indices, ``GPU-`` or ``MIG-`` strings) up
+    to the first invalid one: CUDA ignores the rest.
     """
     if value is None:
         return None
     entries: list[str] = []
     for raw in value.split(","):
         entry = raw.strip()
-        if not entry:
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
             break
-        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
-            entries.append(entry)
-        elif entry.lstrip("-").isdigit():  # a negative index ends the list, as in CUDA
-            break
-        else:
-            break
+        entries.append(entry)
     return entries
 
 
 def normalize_uuid(uuid: Any) -> str:
-    """A GPU UUID in one spelling, so torch's and NVML's can be compared.
+    """A GPU UUID in one spelling (bare, lower case), so torch's and NVML's (``GPU-`` prefix) compare equal.
 
-    torch reports a device's UUID as bare hex (``a1b2c3d4-...``), NVML and ``CUDA_VISIBLE_DEVICES`` with a
-    ``GPU-`` prefix (``GPU-a1b2c3d4-...``). This returns the bare, lower-case form for both (bytes are
-    decoded); a MIG identifier keeps its ``MIG-`` prefix, since it names an instance, not a GPU.
+    A MIG identifier keeps its ``MIG-`` prefix, since it names an instance, not a GPU.
 
     Example:
         >>> normalize_uuid("GPU-A1B2C3D4-0000") == normalize_uuid("a1b2c3d4-0000")
@@ -116,10 +107,16 @@ def _torch_device_uuid(index: int) -> str | None:
     return None if uuid is None else str(uuid)
 
 
+def _nvml_uuids(pynvml: ModuleType) -> list[str]:
+    count = pynvml.nvmlDeviceGetCount()
+    return [
+        normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
+    ]
+
+
 def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: ModuleType) -> int:
     if visible is None:
-        # Nothing hidden: torch's index is NVML's when CUDA enumerates in PCI bus order (the usual case and
-        # what CUDA_DEVICE_ORDER=PCI_BUS_ID guarantees); the UUID match in nvml_device_index covers the rest.
+        # nothing hidden: torch's index is NVML's when CUDA enumerates in PCI bus order (the usual case)
         return torch_index
     if torch_index >= len(visible):
         raise ValueError(
@@ -134,13 +131,8 @@ def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: Mod
             f"CUDA_VISIBLE_DEVICES entry {entry!r} is a MIG instance; GPUStatsMonitor/NVMLSampler do not "
             "support MIG (NVML reports utilisation per physical GPU only)"
         )
-    # GPU-<uuid>, possibly a prefix: match NVML's full UUIDs
-    prefix = normalize_uuid(entry)
-    matches = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        uuid = normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-        if uuid.startswith(prefix):
-            matches.append(i)
+    prefix = normalize_uuid(entry)  # GPU-<uuid>, possibly a prefix
+    matches = [i for i, uuid in enumerate(_nvml_uuids(pynvml)) if uuid.startswith(prefix)]
     if len(matches) != 1:
         raise ValueError(
             f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} NVML devices; use a full or unique UUID"
@@ -151,11 +143,9 @@ def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: Mod
 def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     """Return the NVML index of torch's CUDA ``device`` (default: the current device).
 
-    torch numbers the devices left visible by ``CUDA_VISIBLE_DEVICES`` from 0, NVML numbers all devices in PCI
-    bus order. The device's UUID (from torch, compared in ``normalize_uuid`` form: torch omits NVML's ``GPU-``
-    prefix) is matched against NVML's first; where torch cannot tell, the
-    ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-`` UUIDs or unique UUID prefixes) are used. Never use the
-    process's local rank for this: under ``CUDA_VISIBLE_DEVICES`` it names the wrong GPU.
+    The device's UUID from torch is matched against NVML's; where torch cannot tell, the
+    ``CUDA_VISIBLE_DEVICES`` entries are used. Never the local rank: under ``CUDA_VISIBLE_DEVICES`` it names
+    the wrong GPU.
 
     Raises:
         ValueError: for a non-CUDA device, a MIG instance, or an entry that matches no (or several) GPUs.
@@ -166,14 +156,9 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     try:
         uuid = _torch_device_uuid(torch_index)
         if uuid is not None and not normalize_uuid(uuid).startswith("MIG-"):
-            wanted = normalize_uuid(uuid)
-            try:
-                return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{wanted}")))
-            except pynvml.NVMLError:
-                pass  # NVML may spell it otherwise (case): compare every device's, then CUDA_VISIBLE_DEVICES
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                if normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == wanted:
-                    return i
+            uuids = _nvml_uuids(pynvml)
+            if normalize_uuid(uuid) in uuids:
+                return uuids.index(normalize_uuid(uuid))
         visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
         return _index_from_visible(torch_index, visible, pynvml)
     finally:
@@ -183,19 +168,17 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
 class _Stat:
     """Running sum/count/min/max, weighted (GPM pairs are weighted by their duration)."""
 
-    __slots__ = ("max", "min", "n", "total", "weight")
+    __slots__ = ("max", "min", "total", "weight")
 
     def __init__(self) -> None:
         self.total = 0.0
         self.weight = 0.0
-        self.n = 0
         self.min = math.inf
         self.max = -math.inf
 
     def add(self, value: float, weight: float = 1.0) -> None:
         self.total += value * weight
         self.weight += weight
-        self.n += 1
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
@@ -217,36 +200,18 @@ def _sample_value(value_type: int, sample: Any, pynvml: ModuleType) -> float:
 
 
 class NVMLSampler:
-    """Samples one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
+    """Sample one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
 
-    GPU-Util and memory-controller utilisation come from the driver's own sample buffer
-    (``nvmlDeviceGetSamples``, read incrementally from the last timestamp seen) so a window's mean covers the
-    whole window rather than a snapshot; where the buffer does not answer, ``nvmlDeviceGetUtilizationRates`` is
-    polled every ``period_s``. Memory, temperature, SM clock and the hardware JPEG and video decoders'
-    utilisation are polled. Power comes from the GPU's energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
-    read every tick): a window's ``gpu/power_w`` is the energy drawn between the counter's last reading before
-    the window and its last reading in it, over the time between them; where the GPU has no counter
-    (``energy_counter`` is ``False``), it is the mean of the polled power draw (``nvmlDeviceGetPowerUsage``).
-    On GPUs with GPM (Hopper and newer) SM activity, SM occupancy and tensor-pipe activity are computed from
-    pairs of GPM samples taken at least ``gpm_min_interval_s`` apart (NVML needs > 100 ms between the two
-    samples of a pair).
+    GPU-Util comes from the driver's sample buffer where it answers (else it is polled), power from the
+    energy counter where the GPU has one (``energy_counter``), the GPM keys (Hopper+) from pairs of samples;
+    docs/gpu_stats.md says how each key is measured. A window without a new sample repeats the latest one.
+    ``uuid`` is the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``).
 
     Args:
         index: NVML device index (see ``nvml_device_index``).
         period_s: polling period of the thread in seconds.
         gpm: read GPM metrics when the device supports them.
-        gpm_min_interval_s: shortest time between the two GPM samples of a pair.
-
-    ``window()`` keys (absent when the device does not report them): ``gpu/util`` (mean %), ``gpu/util_min``
-    (%), ``gpu/mem_util`` (mean %), ``gpu/mem_used_gb`` (peak GiB), ``gpu/mem_total_gb`` (GiB), ``gpu/power_w``
-    (mean W), ``gpu/temp_c`` (mean °C), ``gpu/sm_clock_mhz`` (mean MHz), ``gpu/sm_active``,
-    ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM), ``gpu/jpeg_util`` and
-    ``gpu/video_dec_util`` (mean %). A window in which no new sample arrived repeats the latest sample.
-
-    Attributes:
-        energy_counter: whether ``gpu/power_w`` comes from the energy counter (set by ``start``).
-        uuid: the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``), to check it is the GPU
-            torch trains on: ``normalize_uuid(torch.cuda.get_device_properties(i).uuid) == sampler.uuid``.
+        gpm_min_interval_s: shortest time between the two GPM samples of a pair (NVML needs > 100 ms).
 
     Example:
         >>> with NVMLSampler(nvml_device_index("cuda:0"), period_s=0.1) as sampler:  # doctest: +SKIP
@@ -270,7 +235,6 @@ class NVMLSampler:
         self.energy_counter = False
         self.error: BaseException | None = None  # an unexpected error that stopped the thread
         self.uuid: str | None = None
-        self.ticks = 0
         self._pynvml: ModuleType | None = None
         self._handle: Any = None
         self._thread: threading.Thread | None = None
@@ -288,7 +252,6 @@ class NVMLSampler:
         self._energy_last: tuple[float, float] | None = None
         self._energy_power: float | None = None  # the latest window's power from the counter
 
-    # ----------------------------------------------------------------------------------------- lifecycle
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -298,8 +261,7 @@ class NVMLSampler:
 
         Raises:
             ModuleNotFoundError: ``pynvml`` is missing (extra ``nvml``).
-            pynvml.NVMLError: NVML cannot be initialised (no driver: ``NVMLError_LibraryNotFound``) or the
-                index is invalid.
+            pynvml.NVMLError: NVML cannot be initialised (no driver) or the index is invalid.
         """
         if self._thread is not None:
             return self
@@ -370,7 +332,6 @@ class NVMLSampler:
             raise RuntimeError("NVMLSampler is not started; call start() first")
         return self._pynvml
 
-    # ----------------------------------------------------------------------------------------- probing
     def _probe_sample_buffer(self) -> bool:
         pynvml = self._lib()
         ok = True
@@ -410,7 +371,6 @@ class NVMLSampler:
             RuntimeWarning,
         )
 
-    # ----------------------------------------------------------------------------------------- sampling
     def _run(self) -> None:
         try:
             while True:
@@ -507,7 +467,6 @@ class NVMLSampler:
                 self._add(key, value, weight)
             if energy is not None:
                 self._energy_last = energy
-            self.ticks += 1
 
     def _poll_rates(self) -> tuple[float, float] | None:
         pynvml = self._lib()
@@ -553,7 +512,6 @@ class NVMLSampler:
                 out.append((key, float(metric.value), dt))
         return out
 
-    # ----------------------------------------------------------------------------------------- results
     def window(self) -> dict[str, float]:
         """Aggregates since the previous call (or since ``start``), then start a new window."""
         with self._lock:
@@ -561,38 +519,24 @@ class NVMLSampler:
             latest = dict(self._latest)
             mark, last = self._energy_mark, self._energy_last
             self._energy_mark = last
-        out: dict[str, float] = {}
-        power = self._power_from_energy(mark, last)
-        if power is not None:
-            out["gpu/power_w"] = power
-        util = stats.get("gpu/util")
-        if util is not None:
-            out["gpu/util"] = util.mean
-            out["gpu/util_min"] = util.min
-        elif "gpu/util" in latest:
-            out["gpu/util"] = out["gpu/util_min"] = latest["gpu/util"]
-        elif self._handle is not None and self._pynvml is not None:
-            # a window shorter than the driver's sampling period (the first one, right after start) has no
-            # buffered sample yet: take the driver's current reading rather than leave the key out
+        out = {key: stat.max if key == "gpu/mem_used_gb" else stat.mean for key, stat in stats.items()}
+        if "gpu/util" in stats:
+            out["gpu/util_min"] = stats["gpu/util"].min
+        for key, value in latest.items():  # a window without a new sample repeats the latest one
+            out.setdefault(key, value)
+        out.setdefault("gpu/util_min", out.get("gpu/util", math.nan))
+        if "gpu/util" not in out and self._pynvml is not None:
+            # a window shorter than the driver's sampling period (the first one) has no buffered sample yet
             rates = self._poll_rates()
             if rates is not None:
                 out["gpu/util"] = out["gpu/util_min"] = rates[0]
                 out.setdefault("gpu/mem_util", rates[1])
-        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPM_KEYS, *ENGINE_KEYS):
-            if key in out:
-                continue
-            if key in stats:
-                out[key] = stats[key].mean
-            elif key in latest:
-                out[key] = latest[key]
-        mem = stats.get("gpu/mem_used_gb")
-        if mem is not None:
-            out["gpu/mem_used_gb"] = mem.max
-        elif "gpu/mem_used_gb" in latest:
-            out["gpu/mem_used_gb"] = latest["gpu/mem_used_gb"]
+        power = self._power_from_energy(mark, last)
+        if power is not None:
+            out["gpu/power_w"] = power
         if math.isfinite(self._mem_total_gb):
             out["gpu/mem_total_gb"] = self._mem_total_gb
-        return {k: out[k] for k in GPU_KEYS if k in out}
+        return {k: out[k] for k in GPU_KEYS if k in out and not math.isnan(out[k])}
 
     def _power_from_energy(
         self, mark: tuple[float, float] | None, last: tuple[float, float] | None
