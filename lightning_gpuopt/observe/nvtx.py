@@ -234,8 +234,7 @@ class NVTXRanges(ObserverCallback):
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
-    # ---- Lightning hooks beyond ObserverCallback's: ranges for every stage, module ranges once the model is
-    # configured (configure_model runs after setup, so lazily built layers get hooks too)
+    # ranges for every stage; module ranges once the model is configured (configure_model runs after setup)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin(TrainerLoop(trainer, pl_module))
@@ -411,18 +410,6 @@ class NVTXRanges(ObserverCallback):
         if fitting:
             self._open_data_wait()
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        # Nothing to resume: the capture window is defined by global_step, which the trainer restores.
-        return {}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
-
     def __getstate__(self) -> dict[str, Any]:
-        # Picklable (e.g. for spawn launchers): ranges and hook handles are per process and rebuilt in setup.
-        state = self.__dict__.copy()
-        state["_ranges"] = None
-        state["_handles"] = []
-        return state
+        # picklable (spawn launchers): ranges and hook handles are per process and rebuilt in setup
+        return {**self.__dict__, "_ranges": None, "_handles": []}
