@@ -1,16 +1,15 @@
-"""What the observers need from the loop that runs them (``Loop``), read from a Trainer (``TrainerLoop``), and
-``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods that take a ``Loop``.
+"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or ``observe.fabric``'s
+``FabricLoop``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
 
-``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in those methods;
-``FabricObserver`` (``observe/fabric.py``) calls the same methods with a ``FabricLoop``. A ``Loop`` is read
-when a hook runs, so what changes during a fit (the step, a reloaded loader) is read as it is then.
+``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
+``FabricObserver`` calls the same methods with a ``FabricLoop``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -21,70 +20,14 @@ from typing_extensions import override
 
 from lightning_gpuopt.observe.timing import loader_fetch_seconds
 
+if TYPE_CHECKING:
+    from lightning_gpuopt.observe.fabric import FabricLoop
+
 __all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
 
 
-class Loop(Protocol):
-    """The training loop as the observers see it; every value is read when asked."""
-
-    #: ``"Trainer"`` or ``"Fabric"``: what messages call the loop.
-    name: str
-    #: how to give this loop a logger, for the message that says it has none.
-    logger_fix: str
-
-    @property
-    def device(self) -> torch.device: ...  # the device this process trains on
-
-    @property
-    def module(self) -> nn.Module: ...  # the model being trained (not a wrapper around it)
-
-    @property
-    def loggers(self) -> Sequence[Any]: ...
-
-    @property
-    def is_global_zero(self) -> bool: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def processes_per_node(self) -> int: ...
-
-    @property
-    def global_step(self) -> int: ...  # optimizer steps taken so far
-
-    @property
-    def train_loaders(self) -> Any: ...  # a loader, a list/dict of them, or None
-
-    def fetch_seconds(self) -> float | None: ...  # seconds inside the loaders' next() so far; None: unknown
-
-    @property
-    def steps_per_epoch(self) -> int | None: ...  # optimizer steps an epoch; None when not known
-
-    @property
-    def batches_per_epoch(self) -> int | None: ...  # training batches an epoch; None when not known
-
-    @property
-    def log_every_n_steps(self) -> int | None: ...  # the loop's own logging interval (None: it has none)
-
-    @property
-    def callbacks(self) -> Sequence[Any]: ...  # the callbacks (observers) running in this loop
-
-    @property
-    def precision(self) -> str | None: ...  # Lightning precision string ("32-true", "16-mixed", ...)
-
-    @property
-    def precision_plugin(self) -> Any: ...  # has ``scaler`` under 16-mixed
-
-    @property
-    def optimizers(self) -> Sequence[Any] | None: ...
-
-    @property
-    def gradient_clip_val(self) -> float | None: ...
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor: ...  # every rank's tensor, stacked
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...  # to every logger
+#: The training loop as the observers see it, each value read when asked: a Trainer's or a Fabric loop's.
+Loop: TypeAlias = "TrainerLoop | FabricLoop"
 
 
 def first_loader(loaders: Any) -> Any | None:
@@ -195,12 +138,9 @@ class TrainerLoop:
 class ObserverCallback(Callback):
     """The one adapter from Lightning's hooks to an observer's loop methods.
 
-    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event (``_begin``: setup of
-    a fit, ``_start``, ``_epoch_start``, ``_batch_start``, ``_phase``, ``_after_backward``, ``_batch_end``,
-    ``_epoch_end``, ``_end``, ``_validation_*``); ``FabricObserver`` calls the same methods with a
-    ``FabricLoop``. An observer overrides the events it needs; the others do nothing. ``_release`` runs at
-    ``teardown`` and at ``on_exception`` (Lightning 2.x calls ``on_exception`` but not the callbacks'
-    ``teardown`` when fit raises), so it must be safe to call more than once.
+    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event; an observer overrides
+    the events it needs. ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls
+    ``on_exception`` but not ``teardown`` when fit raises), so it must be safe to call more than once.
     """
 
     def _begin(self, loop: Loop) -> None:
