@@ -1,5 +1,4 @@
-"""``FabricObserver``: ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric loop,
-through the calls the loop makes (training starts, a batch starts and ends, training ends)."""
+"""``FabricObserver``: ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric loop."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ _KINDS = (GPUStatsMonitor, BottleneckAdvisor, NVTXRanges)
 
 
 class TimedLoader:
-    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``, Fabric's move
-    of the batch to the device included (two ``perf_counter`` calls a batch)."""
+    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
@@ -269,9 +267,6 @@ class FabricObserver:
 
         Call it after ``on_train_start``, once an epoch: ``for batch in observer.timed(loader)``.
         """
-        return self._epoch(loader)
-
-    def _epoch(self, loader: Any) -> Iterator[Any]:
         loop = self._running("timed")
         timed = self._timed.get(id(loader))
         if timed is None or timed.loader is not loader:

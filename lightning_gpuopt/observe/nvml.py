@@ -235,7 +235,7 @@ class NVMLSampler:
         self.energy_counter = False
         self.error: BaseException | None = None  # an unexpected error that stopped the thread
         self.uuid: str | None = None
-        self._pynvml: ModuleType | None = None
+        self._pynvml: Any = None  # the module while started
         self._handle: Any = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -327,13 +327,8 @@ class NVMLSampler:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
-    def _lib(self) -> ModuleType:
-        if self._pynvml is None:
-            raise RuntimeError("NVMLSampler is not started; call start() first")
-        return self._pynvml
-
     def _probe_sample_buffer(self) -> bool:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         ok = True
         for kind in (pynvml.NVML_GPU_UTILIZATION_SAMPLES, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES):
             try:
@@ -347,7 +342,7 @@ class NVMLSampler:
         return ok
 
     def _start_gpm(self) -> None:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             support = pynvml.nvmlGpmQueryDeviceSupport(self._handle)
             if not support.isSupportedDevice:
@@ -380,17 +375,10 @@ class NVMLSampler:
         except Exception as err:  # never take the training process down; report through .error
             self.error = err
 
-    def _add(self, key: str, value: float, weight: float = 1.0) -> None:
-        stat = self._stats.get(key)
-        if stat is None:
-            stat = self._stats[key] = _Stat()
-        stat.add(value, weight)
-        self._latest[key] = value
-
     def _poll(self, key: str, fn: Any) -> float | None:
         if key in self._unsupported:
             return None
-        pynvml = self._lib()
+        pynvml = self._pynvml
         never = (
             pynvml.NVMLError_NotSupported,
             pynvml.NVMLError_NoPermission,
@@ -407,27 +395,21 @@ class NVMLSampler:
 
     def _read_energy(self) -> tuple[float, float] | None:
         """``(monotonic seconds, mJ)`` of the energy counter now, or None (no counter, or a failed read)."""
-        pynvml, h = self._lib(), self._handle
+        pynvml, h = self._pynvml, self._handle
         before = time.monotonic()
         value = self._poll(_ENERGY, lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
         return None if value is None else ((before + time.monotonic()) / 2, value)
 
     def _buffered(self, kind: int) -> list[float]:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             value_type, samples = pynvml.nvmlDeviceGetSamples(self._handle, kind, self._last_ts[kind])
-        except pynvml.NVMLError_NotFound:
-            return []  # no new sample since the last timestamp
-        except pynvml.NVMLError:
+        except pynvml.NVMLError:  # NVMLError_NotFound: no new sample since the last timestamp
             return []
         last = self._last_ts[kind]
-        out = []
-        for s in samples:
-            ts = int(s.timeStamp)
-            if ts > last:
-                out.append(_sample_value(value_type, s, pynvml))
-                self._last_ts[kind] = max(self._last_ts[kind], ts)
-        return out
+        new = [s for s in samples if int(s.timeStamp) > last]
+        self._last_ts[kind] = max((int(s.timeStamp) for s in new), default=last)
+        return [_sample_value(value_type, s, pynvml) for s in new]
 
     def sample_once(self) -> None:
         """Take one round of readings (the thread calls this every ``period_s``)."""
@@ -464,12 +446,13 @@ class NVMLSampler:
             readings += self._gpm_pair()
         with self._lock:
             for key, value, weight in readings:
-                self._add(key, value, weight)
+                self._stats.setdefault(key, _Stat()).add(value, weight)
+                self._latest[key] = value
             if energy is not None:
                 self._energy_last = energy
 
     def _poll_rates(self) -> tuple[float, float] | None:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
         except pynvml.NVMLError:
@@ -477,7 +460,7 @@ class NVMLSampler:
         return float(rates.gpu), float(rates.memory)
 
     def _gpm_pair(self) -> list[tuple[str, float, float]]:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         now = time.monotonic()
         dt = now - self._gpm_prev_t
         if dt < self.gpm_min_interval_s:
