@@ -42,21 +42,17 @@ def first_loader(loaders: Any) -> Any | None:
 class TrainerLoop:
     """A ``Loop`` read from a running Trainer through its public attributes."""
 
-    __slots__ = ("pl_module", "trainer")
+    __slots__ = ("module", "trainer")
     name = "Trainer"
     logger_fix = "add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`)"
 
     def __init__(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.trainer = trainer
-        self.pl_module = pl_module
+        self.module: nn.Module = pl_module
 
     @property
     def device(self) -> torch.device:
         return self.trainer.strategy.root_device
-
-    @property
-    def module(self) -> nn.Module:
-        return self.pl_module
 
     @property
     def loggers(self) -> Sequence[Any]:
@@ -88,17 +84,17 @@ class TrainerLoop:
 
     @property
     def batches_per_epoch(self) -> int | None:
-        batches = self.trainer.num_training_batches
-        if isinstance(batches, float) and math.isfinite(batches):
-            batches = int(batches)
-        return batches if isinstance(batches, int) and batches > 0 else None
+        batches = self.trainer.num_training_batches  # inf: a loader without a length, or not known yet
+        return int(batches) if math.isfinite(batches) and batches > 0 else None
 
     @property
     def steps_per_epoch(self) -> int | None:
-        batches = self.trainer.num_training_batches
-        if not isinstance(batches, int) or batches <= 0:
-            return None  # an iterable loader without a length, or not known yet
-        return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
+        batches = self.batches_per_epoch
+        return (
+            None
+            if batches is None
+            else math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
+        )
 
     @property
     def log_every_n_steps(self) -> int | None:

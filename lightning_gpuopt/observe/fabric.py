@@ -73,10 +73,8 @@ class FabricLoop:
     def module(self) -> nn.Module:
         from lightning.fabric.wrappers import is_wrapped
 
-        # fabric.setup's wrapper holds the user's module in its public `module` property
-        if is_wrapped(self.model) and isinstance(getattr(self.model, "module", None), nn.Module):
-            return self.model.module  # type: ignore[no-any-return]
-        return self.model
+        inner = getattr(self.model, "module", None)  # fabric.setup's wrapper holds the user's module there
+        return inner if is_wrapped(self.model) and isinstance(inner, nn.Module) else self.model
 
     @property
     def loggers(self) -> Sequence[Any]:

@@ -21,7 +21,7 @@ from lightning_gpuopt.observe.ceiling import (
 )
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
-from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, check_steps, user_sites
+from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, user_sites
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import CPU_WAIT_NOTE, HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
@@ -109,8 +109,7 @@ class GPUStatsMonitor(ObserverCallback):
         )
         check_int(nvml_index, "nvml_index", low=0, none_ok=True, what="(an NVML device index)")
         check_int(ceiling_steps, "ceiling_steps", low=2, what="(replayed steps timed)")
-        if sync_steps:
-            check_steps(sync_steps)
+        check_int(sync_steps, "sync_steps", low=0, what="(training steps the sync locator watches; 0: never)")
         check_float(sync_idle_frac, "sync_idle_frac", low=0, high=1, what="(a fraction)", fix="e.g. 0.1")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks), ("ceiling", ceiling)):
             check_bool(value, name)

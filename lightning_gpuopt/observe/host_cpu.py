@@ -155,7 +155,10 @@ class HostCPUReader:
             out["host/cpu_main_pct"] = 100.0 * main / wall
             out["host/cpu_workers_pct"] = 100.0 * others / wall
         if cur.cpu_total > prev.cpu_total:
-            out["host/cpu_busy_frac"] = (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total)
+            # min: float sums of the per-core counters can land a hair above 1 on a fully busy machine
+            out["host/cpu_busy_frac"] = min(
+                (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total), 1.0
+            )
         out["host/cpu_cores"] = float(self.cores)
         if cur.read_bytes is not None and prev.read_bytes is not None:
             out[READ_KEY] = max(cur.read_bytes - prev.read_bytes, 0.0) / wall / 1e6

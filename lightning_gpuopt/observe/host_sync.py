@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import package_dirs
 
 __all__ = ["SYNCS_KEY", "SYNC_MESSAGE", "SyncLocator", "SyncSite", "attribute", "owner_of", "user_sites"]
@@ -137,7 +136,6 @@ class SyncLocator:
         self.counts: Counter[tuple[str, int, str, str]] = Counter()
         self.steps = 0
         self._catch: Any = None
-        self._previous_mode: int | None = None
         self._showwarning: Any = None
 
     @property
@@ -174,14 +172,13 @@ class SyncLocator:
         warnings.filterwarnings("always", message=f".*{SYNC_MESSAGE}")
         self._showwarning = warnings.showwarning
         warnings.showwarning = self._hook
-        self._previous_mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
         return True
 
     def stop(self) -> list[SyncSite]:
         """Turn the mode back to what it was; the sites counted since ``start()``."""
         if self.running:
-            torch.cuda.set_sync_debug_mode(self._previous_mode or 0)
+            torch.cuda.set_sync_debug_mode(0)  # start() ran only where the mode was off
             catch, self._catch = self._catch, None
             catch.__exit__(None, None, None)  # restores the filters and showwarning
             self._showwarning = None
@@ -198,8 +195,3 @@ class SyncLocator:
 def user_sites(sites: Sequence[SyncSite]) -> list[SyncSite]:
     """The sites in the user's own code."""
     return [s for s in sites if s.owner == "user"]
-
-
-def check_steps(steps: int) -> None:
-    """Check a ``sync_steps`` argument: training steps the locator watches, at least one."""
-    check_int(steps, "sync_steps", low=1, what="(training steps the sync locator watches)")
