@@ -277,7 +277,7 @@ class GPUStatsMonitor(ObserverCallback):
             self._sampler = NVMLSampler(index, self.sample_period_s, gpm=self.gpm).start()
         except ModuleNotFoundError:
             why = "NVML bindings are not installed: `pip install 'lightning-gpuopt[nvml]'` (package nvidia-ml-py)."
-        except ValueError as err:  # MIG or an unmatched CUDA_VISIBLE_DEVICES entry
+        except ValueError as err:  # MIG, or a device NVML does not list
             why = f"cannot map {device} to an NVML device: {err}."
         except Exception as err:
             # pynvml.NVMLError (e.g. NVMLError_LibraryNotFound: no libnvidia-ml.so.1 in this container)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
 from types import ModuleType
@@ -26,7 +25,6 @@ __all__ = [
     "NVMLSampler",
     "normalize_uuid",
     "nvml_device_index",
-    "parse_cuda_visible_devices",
 ]
 
 #: Keys NVMLSampler.window() computes from GPM sample pairs (Hopper and newer).
@@ -50,23 +48,6 @@ GPU_KEYS: tuple[str, ...] = (
 _GB = 1024**3
 _ENERGY = "gpu/energy_mj"  # the energy counter's readings, turned into gpu/power_w at window ends
 _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
-
-
-def parse_cuda_visible_devices(value: str | None) -> list[str] | None:
-    """Split ``CUDA_VISIBLE_DEVICES`` as the CUDA driver reads it.
-
-    Returns ``None`` when the variable is unset, else the entries (indices, ``GPU-`` or ``MIG-`` strings) up
-    to the first invalid one: CUDA ignores the rest.
-    """
-    if value is None:
-        return None
-    entries: list[str] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(entry)
-    return entries
 
 
 def normalize_uuid(uuid: Any) -> str:
@@ -107,62 +88,36 @@ def _torch_device_uuid(index: int) -> str | None:
     return None if uuid is None else str(uuid)
 
 
-def _nvml_uuids(pynvml: ModuleType) -> list[str]:
-    count = pynvml.nvmlDeviceGetCount()
-    return [
-        normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
-    ]
-
-
-def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: ModuleType) -> int:
-    if visible is None:
-        # nothing hidden: torch's index is NVML's when CUDA enumerates in PCI bus order (the usual case)
-        return torch_index
-    if torch_index >= len(visible):
-        raise ValueError(
-            f"torch CUDA device {torch_index} is not in CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-            f"({len(visible)} visible); pass the device the process actually trains on"
-        )
-    entry = visible[torch_index]
-    if entry.isdigit():
-        return int(entry)
-    if entry.startswith("MIG-"):
-        raise ValueError(
-            f"CUDA_VISIBLE_DEVICES entry {entry!r} is a MIG instance; GPUStatsMonitor/NVMLSampler do not "
-            "support MIG (NVML reports utilisation per physical GPU only)"
-        )
-    prefix = normalize_uuid(entry)  # GPU-<uuid>, possibly a prefix
-    matches = [i for i, uuid in enumerate(_nvml_uuids(pynvml)) if uuid.startswith(prefix)]
-    if len(matches) != 1:
-        raise ValueError(
-            f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} NVML devices; use a full or unique UUID"
-        )
-    return matches[0]
-
-
 def nvml_device_index(device: torch.device | int | str | None = None) -> int:
-    """Return the NVML index of torch's CUDA ``device`` (default: the current device).
+    """Return the NVML index of torch's CUDA ``device`` (default: the current device), matched by UUID.
 
-    The device's UUID from torch is matched against NVML's; where torch cannot tell, the
-    ``CUDA_VISIBLE_DEVICES`` entries are used. Never the local rank: under ``CUDA_VISIBLE_DEVICES`` it names
-    the wrong GPU.
+    torch numbers the devices ``CUDA_VISIBLE_DEVICES`` leaves visible, NVML all of them: the device's UUID
+    is the one name both share (never the local rank).
 
     Raises:
-        ValueError: for a non-CUDA device, a MIG instance, or an entry that matches no (or several) GPUs.
+        ValueError: for a non-CUDA device, a MIG instance, or a device NVML does not list.
     """
     torch_index = _torch_cuda_index(device)
+    uuid = _torch_device_uuid(torch_index)
+    if uuid is None:
+        raise ValueError(
+            f"torch cannot tell the UUID of CUDA device {torch_index}; pass the NVML index (nvml_index)"
+        )
+    wanted = normalize_uuid(uuid)
+    if wanted.startswith("MIG-"):
+        raise ValueError(
+            f"CUDA device {torch_index} is a MIG instance; GPUStatsMonitor/NVMLSampler do not support MIG "
+            "(NVML reports utilisation per physical GPU only)"
+        )
     pynvml = require("pynvml")
     pynvml.nvmlInit()  # reference counted by NVML: safe when a sampler already holds it
     try:
-        uuid = _torch_device_uuid(torch_index)
-        if uuid is not None and not normalize_uuid(uuid).startswith("MIG-"):
-            uuids = _nvml_uuids(pynvml)
-            if normalize_uuid(uuid) in uuids:
-                return uuids.index(normalize_uuid(uuid))
-        visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return _index_from_visible(torch_index, visible, pynvml)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            if normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == wanted:
+                return i
     finally:
         pynvml.nvmlShutdown()
+    raise ValueError(f"no NVML device has the UUID of CUDA device {torch_index} ({uuid}); pass nvml_index")
 
 
 class _Stat:
@@ -185,18 +140,6 @@ class _Stat:
     @property
     def mean(self) -> float:
         return self.total / self.weight if self.weight > 0 else math.nan
-
-
-def _sample_value(value_type: int, sample: Any, pynvml: ModuleType) -> float:
-    v = sample.sampleValue
-    field = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    }.get(value_type, "uiVal")
-    return float(getattr(v, field))
 
 
 class NVMLSampler:
@@ -319,10 +262,7 @@ class NVMLSampler:
 
     def __getstate__(self) -> dict[str, Any]:
         # threads, locks and NVML handles do not pickle; a copy starts stopped
-        state = {
-            k: v for k, v in self.__dict__.items() if k in ("index", "period_s", "gpm", "gpm_min_interval_s")
-        }
-        return state
+        return {k: getattr(self, k) for k in ("index", "period_s", "gpm", "gpm_min_interval_s")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -409,7 +349,9 @@ class NVMLSampler:
         last = self._last_ts[kind]
         new = [s for s in samples if int(s.timeStamp) > last]
         self._last_ts[kind] = max((int(s.timeStamp) for s in new), default=last)
-        return [_sample_value(value_type, s, pynvml) for s in new]
+        # utilisation samples are unsigned ints (a 64-bit type's low bits hold the same small number)
+        field = "dVal" if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else "uiVal"
+        return [float(getattr(s.sampleValue, field)) for s in new]
 
     def sample_once(self) -> None:
         """Take one round of readings (the thread calls this every ``period_s``)."""
