@@ -195,31 +195,24 @@ class ReplayCeiling:
         optimizers: Sequence[Any],
         batch: Any,
         precision_plugin: Any = None,
-        device: torch.device | str | None = None,
+        device: torch.device | str = "cpu",
         batch_idx: int = 0,
     ) -> Ceiling | None:
         """Replay ``warmup + steps`` steps of ``module`` on a copy of ``batch``; ``None`` when a step returned
-        no loss (``training_step`` returned ``None``, a skipped step).
+        no loss.
 
         Args:
-            module: the LightningModule (anything with ``training_step(batch, batch_idx)`` returning the loss
-                or a dict with ``"loss"``).
+            module: anything with ``training_step(batch, batch_idx)`` returning the loss (or ``{"loss": ...}``).
             optimizers: the torch optimizers a step steps.
-            batch: a batch the run trained on, on the device.
+            batch: a batch the run trained on, on ``device``.
             precision_plugin: Lightning's precision plugin (its ``forward_context`` and ``scaler`` are used).
-            device: the device the steps run on (default: the first tensor's in ``batch``).
+            device: the device the steps run on.
             batch_idx: passed to ``training_step``.
         """
         # a Fabric optimizer steps through the precision plugin itself: the replay steps the one it wraps
         optimizers = [getattr(opt, "optimizer", opt) for opt in optimizers]
-        tensors: list[torch.Tensor] = []
-        apply_to_collection(batch, torch.Tensor, tensors.append)
-        size = batch_size_of(batch) if tensors else 0
-        dev = (
-            torch.device(device)
-            if device is not None
-            else (tensors[0].device if tensors else torch.device("cpu"))
-        )
+        size = batch_size_of(batch)
+        dev = torch.device(device)
         scaler = getattr(precision_plugin, "scaler", None)
         forward = getattr(precision_plugin, "forward_context", None)
         t0 = time.perf_counter()

@@ -45,18 +45,14 @@ class _Step:
 class StreamIdleMeter:
     """CUDA-event timeline of the training steps; ``window()`` turns the completed part into two fractions.
 
-    Call ``mark(t)`` where the loop resumes after work that is not training (epoch start, end of a
-    validation run), ``step_start(t)`` and ``step_end(t)`` around each training batch (``t``: the host's
-    ``time.perf_counter``), and ``window()`` once a window. Each call records at most one event, from a pool.
-    ``window()`` reads only the steps whose events completed (``Event.query()``); the rest wait for a later
-    window, or for ``window(wait=True)`` at a run's end. It returns ``gpu/idle_frac``
-    (``idle_between_steps`` in GPU time) and ``time/gpu_blocked_frac`` (host wait between batches while the
-    GPU still ran earlier work, over host step time); docs/gpu_stats.md says what each one misses.
+    ``window()`` reads only the steps whose events completed (``Event.query()``; ``wait=True`` waits for the
+    last) and returns ``gpu/idle_frac`` (``idle_between_steps`` in GPU time) and ``time/gpu_blocked_frac``
+    (host wait between batches while the GPU still ran earlier work, over host step time): docs/gpu_stats.md.
+    Each call records at most one event, from a pool.
 
     Args:
         device: CUDA device whose current stream is recorded on (default: the current device).
-        event_factory: makes an event (``torch.cuda.Event(enable_timing=True)`` by default); tests pass fakes
-            with ``record()``, ``query()``, ``synchronize()`` and ``elapsed_time(other)`` in ms.
+        event_factory: makes an event (default ``torch.cuda.Event(enable_timing=True)``).
 
     Example:
         >>> meter = StreamIdleMeter(torch.device("cuda", 0))  # doctest: +SKIP

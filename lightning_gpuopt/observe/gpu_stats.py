@@ -239,13 +239,10 @@ class GPUStatsMonitor(ObserverCallback):
             return
         start = time.perf_counter()
         try:
-            result = ReplayCeiling(self.ceiling_steps).measure(
-                loop.module,
-                list(loop.optimizers or ()),
-                batch,
-                loop.precision_plugin,
-                loop.device,
-                loop.global_step,
+            replay = ReplayCeiling(self.ceiling_steps)
+            optimizers = list(loop.optimizers or ())
+            result = replay.measure(
+                loop.module, optimizers, batch, loop.precision_plugin, loop.device, loop.global_step
             )
         except Exception as err:  # the training state is restored; the run goes on without the figure
             warn_once(

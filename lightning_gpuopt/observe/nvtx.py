@@ -378,7 +378,6 @@ class NVTXRanges(ObserverCallback):
         self._open_data_wait()
 
     def _end(self, loop: Loop) -> None:
-        self._epoch_end(loop)
         self._close_everything()
 
     def _epoch_end(self, loop: Loop) -> None:
