@@ -1,5 +1,5 @@
-"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or ``observe.fabric``'s
-``FabricLoop``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
+"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or the ``FabricLoop`` of
+``FabricObserver``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
 
 ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
 ``FabricObserver`` calls the same methods with a ``FabricLoop``.
@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -20,14 +21,7 @@ from typing_extensions import override
 
 from lightning_gpuopt.observe.timing import loader_fetch_seconds
 
-if TYPE_CHECKING:
-    from lightning_gpuopt.observe.fabric import FabricLoop
-
 __all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
-
-
-#: The training loop as the observers see it, each value read when asked: a Trainer's or a Fabric loop's.
-Loop: TypeAlias = "TrainerLoop | FabricLoop"
 
 
 def first_loader(loaders: Any) -> Any | None:
@@ -129,6 +123,130 @@ class TrainerLoop:
         # only be flushed on the Trainer's own interval
         for logger in self.trainer.loggers:
             logger.log_metrics(dict(metrics), step=step)
+
+
+class TimedLoader:
+    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.fetch_seconds = 0.0
+
+    def batches(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.fetch_seconds += time.perf_counter() - start
+            yield batch
+
+
+class FabricLoop:
+    """The ``observe._lifecycle.Loop`` of a Fabric training loop."""
+
+    name = "Fabric"
+    logger_fix = "pass one to the Fabric (e.g. `Fabric(loggers=CSVLogger('logs'))`)"
+    log_every_n_steps: int | None = None  # Fabric has no logging interval of its own
+    gradient_clip_val: float | None = None  # Fabric clips where the loop calls fabric.clip_gradients
+
+    def __init__(
+        self,
+        fabric: Any,
+        model: nn.Module,
+        optimizers: Sequence[Any] | None,
+        timed: Mapping[int, TimedLoader],
+        observers: Sequence[Any],
+    ) -> None:
+        self.fabric = fabric
+        self.model = model
+        self.optimizers = list(optimizers) if optimizers is not None else None
+        self.callbacks = observers
+        self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
+        self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
+        #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.fabric.device)
+
+    @property
+    def module(self) -> nn.Module:
+        from lightning.fabric.wrappers import is_wrapped
+
+        inner = getattr(self.model, "module", None)  # fabric.setup's wrapper holds the user's module there
+        return inner if is_wrapped(self.model) and isinstance(inner, nn.Module) else self.model
+
+    @property
+    def loggers(self) -> Sequence[Any]:
+        return list(self.fabric.loggers)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return bool(self.fabric.is_global_zero)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.fabric.world_size)
+
+    @property
+    def processes_per_node(self) -> int:
+        devices = getattr(self.fabric.strategy, "parallel_devices", None)
+        return max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
+
+    @property
+    def global_step(self) -> int:
+        return self.step
+
+    @property
+    def train_loaders(self) -> Any:
+        keys = tuple(self._timed)
+        if self._loaders[0] != keys:
+            loaders = [t.loader for t in self._timed.values()]
+            self._loaders = (keys, loaders[0] if len(loaders) == 1 else (loaders or None))
+        return self._loaders[1]
+
+    def fetch_seconds(self) -> float | None:
+        if not self._timed:
+            return None
+        return sum(t.fetch_seconds for t in self._timed.values())
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        loader = first_loader(self.train_loaders)
+        try:
+            batches = len(loader) if loader is not None else None
+        except TypeError:  # an iterable loader without a length
+            return None
+        return batches if batches else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
+        return self.batches_per_epoch
+
+    @property
+    def precision_plugin(self) -> Any:
+        return getattr(self.fabric.strategy, "precision", None)
+
+    @property
+    def precision(self) -> str | None:
+        value = getattr(self.precision_plugin, "precision", None)
+        return str(value) if value is not None else None
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.fabric.all_gather(tensor)  # type: ignore[no-any-return]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.fabric.log_dict(dict(metrics), step=step)
+
+
+#: The training loop as the observers see it, each value read when asked: a Trainer's or a Fabric loop's.
+Loop: TypeAlias = TrainerLoop | FabricLoop
 
 
 class ObserverCallback(Callback):
