@@ -84,11 +84,9 @@ class TrainerLoop:
     @property
     def steps_per_epoch(self) -> int | None:
         batches = self.batches_per_epoch
-        return (
-            None
-            if batches is None
-            else math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
-        )
+        if batches is None:
+            return None
+        return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
 
     @property
     def log_every_n_steps(self) -> int | None:
