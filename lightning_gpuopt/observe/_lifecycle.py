@@ -1,16 +1,16 @@
-"""What the observers need from the loop that runs them (``Loop``), read from a Trainer (``TrainerLoop``), and
-``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods that take a ``Loop``.
+"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or the ``FabricLoop`` of
+``FabricObserver``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
 
-``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in those methods;
-``FabricObserver`` (``observe/fabric.py``) calls the same methods with a ``FabricLoop``. A ``Loop`` is read
-when a hook runs, so what changes during a fit (the step, a reloaded loader) is read as it is then.
+``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
+``FabricObserver`` calls the same methods with a ``FabricLoop``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -22,69 +22,6 @@ from typing_extensions import override
 from lightning_gpuopt.observe.timing import loader_fetch_seconds
 
 __all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
-
-
-class Loop(Protocol):
-    """The training loop as the observers see it; every value is read when asked."""
-
-    #: ``"Trainer"`` or ``"Fabric"``: what messages call the loop.
-    name: str
-    #: how to give this loop a logger, for the message that says it has none.
-    logger_fix: str
-
-    @property
-    def device(self) -> torch.device: ...  # the device this process trains on
-
-    @property
-    def module(self) -> nn.Module: ...  # the model being trained (not a wrapper around it)
-
-    @property
-    def loggers(self) -> Sequence[Any]: ...
-
-    @property
-    def is_global_zero(self) -> bool: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def processes_per_node(self) -> int: ...
-
-    @property
-    def global_step(self) -> int: ...  # optimizer steps taken so far
-
-    @property
-    def train_loaders(self) -> Any: ...  # a loader, a list/dict of them, or None
-
-    def fetch_seconds(self) -> float | None: ...  # seconds inside the loaders' next() so far; None: unknown
-
-    @property
-    def steps_per_epoch(self) -> int | None: ...  # optimizer steps an epoch; None when not known
-
-    @property
-    def batches_per_epoch(self) -> int | None: ...  # training batches an epoch; None when not known
-
-    @property
-    def log_every_n_steps(self) -> int | None: ...  # the loop's own logging interval (None: it has none)
-
-    @property
-    def callbacks(self) -> Sequence[Any]: ...  # the callbacks (observers) running in this loop
-
-    @property
-    def precision(self) -> str | None: ...  # Lightning precision string ("32-true", "16-mixed", ...)
-
-    @property
-    def precision_plugin(self) -> Any: ...  # has ``scaler`` under 16-mixed
-
-    @property
-    def optimizers(self) -> Sequence[Any] | None: ...
-
-    @property
-    def gradient_clip_val(self) -> float | None: ...
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor: ...  # every rank's tensor, stacked
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...  # to every logger
 
 
 def first_loader(loaders: Any) -> Any | None:
@@ -99,21 +36,17 @@ def first_loader(loaders: Any) -> Any | None:
 class TrainerLoop:
     """A ``Loop`` read from a running Trainer through its public attributes."""
 
-    __slots__ = ("pl_module", "trainer")
+    __slots__ = ("module", "trainer")
     name = "Trainer"
     logger_fix = "add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`)"
 
     def __init__(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.trainer = trainer
-        self.pl_module = pl_module
+        self.module: nn.Module = pl_module
 
     @property
     def device(self) -> torch.device:
         return self.trainer.strategy.root_device
-
-    @property
-    def module(self) -> nn.Module:
-        return self.pl_module
 
     @property
     def loggers(self) -> Sequence[Any]:
@@ -145,16 +78,14 @@ class TrainerLoop:
 
     @property
     def batches_per_epoch(self) -> int | None:
-        batches = self.trainer.num_training_batches
-        if isinstance(batches, float) and math.isfinite(batches):
-            batches = int(batches)
-        return batches if isinstance(batches, int) and batches > 0 else None
+        batches = self.trainer.num_training_batches  # inf: a loader without a length, or not known yet
+        return int(batches) if math.isfinite(batches) and batches > 0 else None
 
     @property
     def steps_per_epoch(self) -> int | None:
-        batches = self.trainer.num_training_batches
-        if not isinstance(batches, int) or batches <= 0:
-            return None  # an iterable loader without a length, or not known yet
+        batches = self.batches_per_epoch
+        if batches is None:
+            return None
         return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
 
     @property
@@ -192,15 +123,136 @@ class TrainerLoop:
             logger.log_metrics(dict(metrics), step=step)
 
 
+class TimedLoader:
+    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.fetch_seconds = 0.0
+
+    def batches(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.fetch_seconds += time.perf_counter() - start
+            yield batch
+
+
+class FabricLoop:
+    """The ``observe._lifecycle.Loop`` of a Fabric training loop."""
+
+    name = "Fabric"
+    logger_fix = "pass one to the Fabric (e.g. `Fabric(loggers=CSVLogger('logs'))`)"
+    log_every_n_steps: int | None = None  # Fabric has no logging interval of its own
+    gradient_clip_val: float | None = None  # Fabric clips where the loop calls fabric.clip_gradients
+
+    def __init__(
+        self,
+        fabric: Any,
+        model: nn.Module,
+        optimizers: Sequence[Any] | None,
+        timed: Mapping[int, TimedLoader],
+        observers: Sequence[Any],
+    ) -> None:
+        self.fabric = fabric
+        self.model = model
+        self.optimizers = list(optimizers) if optimizers is not None else None
+        self.callbacks = observers
+        self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
+        self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
+        #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.fabric.device)
+
+    @property
+    def module(self) -> nn.Module:
+        from lightning.fabric.wrappers import is_wrapped
+
+        inner = getattr(self.model, "module", None)  # fabric.setup's wrapper holds the user's module there
+        return inner if is_wrapped(self.model) and isinstance(inner, nn.Module) else self.model
+
+    @property
+    def loggers(self) -> Sequence[Any]:
+        return list(self.fabric.loggers)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return bool(self.fabric.is_global_zero)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.fabric.world_size)
+
+    @property
+    def processes_per_node(self) -> int:
+        devices = getattr(self.fabric.strategy, "parallel_devices", None)
+        return max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
+
+    @property
+    def global_step(self) -> int:
+        return self.step
+
+    @property
+    def train_loaders(self) -> Any:
+        keys = tuple(self._timed)
+        if self._loaders[0] != keys:
+            loaders = [t.loader for t in self._timed.values()]
+            self._loaders = (keys, loaders[0] if len(loaders) == 1 else (loaders or None))
+        return self._loaders[1]
+
+    def fetch_seconds(self) -> float | None:
+        if not self._timed:
+            return None
+        return sum(t.fetch_seconds for t in self._timed.values())
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        loader = first_loader(self.train_loaders)
+        try:
+            batches = len(loader) if loader is not None else None
+        except TypeError:  # an iterable loader without a length
+            return None
+        return batches if batches else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
+        return self.batches_per_epoch
+
+    @property
+    def precision_plugin(self) -> Any:
+        return getattr(self.fabric.strategy, "precision", None)
+
+    @property
+    def precision(self) -> str | None:
+        value = getattr(self.precision_plugin, "precision", None)
+        return str(value) if value is not None else None
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.fabric.all_gather(tensor)  # type: ignore[no-any-return]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.fabric.log_dict(dict(metrics), step=step)
+
+
+#: The training loop as the observers see it, each value read when asked: a Trainer's or a Fabric loop's.
+Loop: TypeAlias = TrainerLoop | FabricLoop
+
+
 class ObserverCallback(Callback):
     """The one adapter from Lightning's hooks to an observer's loop methods.
 
-    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event (``_begin``: setup of
-    a fit, ``_start``, ``_epoch_start``, ``_batch_start``, ``_phase``, ``_after_backward``, ``_batch_end``,
-    ``_epoch_end``, ``_end``, ``_validation_*``); ``FabricObserver`` calls the same methods with a
-    ``FabricLoop``. An observer overrides the events it needs; the others do nothing. ``_release`` runs at
-    ``teardown`` and at ``on_exception`` (Lightning 2.x calls ``on_exception`` but not the callbacks'
-    ``teardown`` when fit raises), so it must be safe to call more than once.
+    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event; an observer overrides
+    the events it needs. ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls
+    ``on_exception`` but not ``teardown`` when fit raises), so it must be safe to call more than once.
     """
 
     def _begin(self, loop: Loop) -> None:

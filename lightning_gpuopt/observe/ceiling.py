@@ -1,25 +1,8 @@
 """The run's own ceiling: the model's rate on one of its batches kept on the device, measured inside the fit.
 
-``ReplayCeiling.measure`` replays a few training steps of the module on a batch it just trained on (a copy,
-kept on the device), back to back with nothing else in between: no loader, no Lightning loop, no callbacks.
-On CUDA the steps are timed by CUDA events on the training stream, so the figure is the GPU's time a step
-when the host keeps it fed; on a CPU, by the host clock. The run's samples/s over that rate is
-``gpu/ceiling_frac`` (``GPUStatsMonitor``): 1.0 means the loop around the step costs nothing, 0.5 that the
-model could train twice as fast with the same batches.
-
-A replayed step does what a Lightning step does with automatic optimization: ``zero_grad``, the module's
-``training_step`` under the precision plugin's ``forward_context`` (autocast), ``backward`` (through the
-plugin's ``GradScaler`` under ``16-mixed``) and every optimizer's ``step``. Host syncs inside
-``training_step`` (``loss.item()``, printing a tensor) happen in the replay too, so they are part of the
-ceiling; the host-sync locator (``observe.host_sync``) names them. ``self.log`` calls are dropped during the
-replay.
-
-The replay leaves the training exactly where it was: parameters, buffers (BatchNorm statistics), gradients,
-every optimizer's state, the GradScaler's scale and the CPU and CUDA random number generators are copied
-before and put back after (on the device where its free memory holds twice the copy, else in host memory).
-Cost, once a measurement: ``warmup + steps`` training steps (19 by default) plus one copy of the weights,
-gradients and optimizer state there and back. The rate is the batch over the median timed step, so a step
-the host or another process delayed does not move it.
+``ReplayCeiling`` replays a few training steps back to back on a copy of a batch the run just trained on and
+puts the training state back; the run's samples/s over that rate is ``gpu/ceiling_frac`` (``GPUStatsMonitor``).
+What a replayed step does, what it restores and what it costs: docs/gpu_stats.md.
 """
 
 from __future__ import annotations
@@ -34,19 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
 from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import synchronize
+from lightning_gpuopt.observe.timing import batch_size_of
 
-__all__ = ["CEILING_KEY", "CEILING_KEYS", "CEILING_RATE_KEY", "Ceiling", "ReplayCeiling", "ceiling_frac"]
+__all__ = ["CEILING_KEY", "CEILING_RATE_KEY", "Ceiling", "ReplayCeiling", "ceiling_frac"]
 
 #: Key of the run's samples/s over the replayed ceiling's (``GPUStatsMonitor``).
 CEILING_KEY = "gpu/ceiling_frac"
 #: Key of the replayed ceiling's samples/s.
 CEILING_RATE_KEY = "throughput/ceiling_samples_per_sec"
-#: Keys the ceiling adds to a monitor window.
-CEILING_KEYS: tuple[str, ...] = (CEILING_KEY, CEILING_RATE_KEY)
 
 
 def ceiling_frac(samples_per_sec: float | None, ceiling_per_sec: float | None) -> float | None:
@@ -63,7 +46,7 @@ def ceiling_frac(samples_per_sec: float | None, ceiling_per_sec: float | None) -
 
 @dataclass(frozen=True)
 class Ceiling:
-    """One replay: ``samples_per_sec`` of ``batch_size`` samples a step, each step's time, and its cost.
+    """One replay.
 
     Attributes:
         samples_per_sec: batch size over the median replayed step time.
@@ -78,30 +61,6 @@ class Ceiling:
     batch_size: int
     seconds: float
     on_device: bool
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, dict):
-        for v in batch.values():
-            yield from _tensors(v)
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
-            yield from _tensors(v)
-
-
-def _clone(batch: Any) -> Any:
-    """A copy of ``batch`` whose tensors own their memory (a loader may reuse the buffers it handed out)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().clone()
-    if isinstance(batch, dict):
-        return type(batch)({k: _clone(v) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_clone(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_clone(v) for v in batch)
-    return batch
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
@@ -221,8 +180,7 @@ class ReplayCeiling:
 
     @staticmethod
     def unsupported(module: nn.Module, optimizers: Sequence[Any] | None) -> str | None:
-        """Why ``module`` cannot be replayed (no ``training_step``, manual optimization, no optimizer), else
-        ``None``."""
+        """Why ``module`` cannot be replayed, else ``None``."""
         if not callable(getattr(module, "training_step", None)):
             return "the module has no training_step to replay"
         if getattr(module, "automatic_optimization", True) is False:
@@ -237,45 +195,39 @@ class ReplayCeiling:
         optimizers: Sequence[Any],
         batch: Any,
         precision_plugin: Any = None,
-        device: torch.device | str | None = None,
+        device: torch.device | str = "cpu",
         batch_idx: int = 0,
     ) -> Ceiling | None:
         """Replay ``warmup + steps`` steps of ``module`` on a copy of ``batch``; ``None`` when a step returned
-        no loss (``training_step`` returned ``None``, a skipped step).
+        no loss.
 
         Args:
-            module: the LightningModule (anything with ``training_step(batch, batch_idx)`` returning the loss
-                or a dict with ``"loss"``).
+            module: anything with ``training_step(batch, batch_idx)`` returning the loss (or ``{"loss": ...}``).
             optimizers: the torch optimizers a step steps.
-            batch: a batch the run trained on, on the device.
+            batch: a batch the run trained on, on ``device``.
             precision_plugin: Lightning's precision plugin (its ``forward_context`` and ``scaler`` are used).
-            device: the device the steps run on (default: the first tensor's in ``batch``).
+            device: the device the steps run on.
             batch_idx: passed to ``training_step``.
         """
         # a Fabric optimizer steps through the precision plugin itself: the replay steps the one it wraps
         optimizers = [getattr(opt, "optimizer", opt) for opt in optimizers]
-        tensors = list(_tensors(batch))
-        size = int(tensors[0].shape[0]) if tensors and tensors[0].ndim else 0
-        dev = (
-            torch.device(device)
-            if device is not None
-            else (tensors[0].device if tensors else torch.device("cpu"))
-        )
+        size = batch_size_of(batch)
+        dev = torch.device(device)
         scaler = getattr(precision_plugin, "scaler", None)
         forward = getattr(precision_plugin, "forward_context", None)
         t0 = time.perf_counter()
-        batch = _clone(batch)
+        # a copy whose tensors own their memory: a loader may reuse the buffers it handed out
+        batch = apply_to_collection(batch, torch.Tensor, lambda t: t.detach().clone())
         saved = _Saved(module, optimizers, scaler, dev)
         try:
             with _no_logging(module):
                 marks: list[Any] = []
-                for i in range(self.warmup + self.steps + 1):
+                for i in range(self.warmup + self.steps):
                     if i >= self.warmup:
                         marks.append(self._mark(dev))
-                    if i == self.warmup + self.steps:
-                        break
                     if not self._step(module, optimizers, batch, forward, scaler, batch_idx):
                         return None
+                marks.append(self._mark(dev))
                 step_ms = self._elapsed(marks, dev)
         finally:
             saved.restore()

@@ -1,22 +1,14 @@
-"""``FabricObserver``: ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric loop.
-
-A Fabric loop has no Trainer hooks, so the loop says where it is: training starts, a batch starts, a batch
-ends, training ends. ``FabricObserver`` takes those calls, as methods or through Fabric's own callback
-mechanism (``Fabric(callbacks=[observer])`` + ``fabric.call("on_train_batch_end", batch=batch)``), and runs
-the same code the Trainer callbacks run. Metrics go to the Fabric's loggers through ``fabric.log_dict``.
-"""
+"""``FabricObserver``: ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric loop."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from lightning_gpuopt._checks import check_arg, check_int
-from lightning_gpuopt.observe._lifecycle import first_loader
+from lightning_gpuopt.observe._lifecycle import FabricLoop, TimedLoader
 from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.nvtx import NVTXRanges
@@ -26,185 +18,14 @@ __all__ = ["FabricLoop", "FabricObserver", "TimedLoader"]
 _KINDS = (GPUStatsMonitor, BottleneckAdvisor, NVTXRanges)
 
 
-class TimedLoader:
-    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``, Fabric's move
-    of the batch to the device included (two ``perf_counter`` calls a batch)."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.fetch_seconds = 0.0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def batches(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.fetch_seconds += time.perf_counter() - start
-            yield batch
-
-
-class FabricLoop:
-    """The ``observe._lifecycle.Loop`` of a Fabric training loop: read from the Fabric, the model and optimizers
-    the loop was started with, the loaders it iterates through ``FabricObserver.timed``, and the step count the
-    loop reports."""
-
-    name = "Fabric"
-    logger_fix = "pass one to the Fabric (e.g. `Fabric(loggers=CSVLogger('logs'))`)"
-
-    def __init__(
-        self,
-        fabric: Any,
-        model: nn.Module,
-        optimizers: Sequence[Any] | None,
-        timed: Mapping[int, TimedLoader],
-        observers: Sequence[Any],
-    ) -> None:
-        self.fabric = fabric
-        self.model = model
-        self._optimizers = list(optimizers) if optimizers is not None else None
-        self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
-        self._observers = observers
-        self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
-        #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
-        self.step = 0
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device(self.fabric.device)
-
-    @property
-    def module(self) -> nn.Module:
-        from lightning.fabric.wrappers import is_wrapped
-
-        # fabric.setup's wrapper holds the user's module in its public `module` property
-        if is_wrapped(self.model) and isinstance(getattr(self.model, "module", None), nn.Module):
-            return self.model.module  # type: ignore[no-any-return]
-        return self.model
-
-    @property
-    def loggers(self) -> Sequence[Any]:
-        return list(self.fabric.loggers)
-
-    @property
-    def is_global_zero(self) -> bool:
-        return bool(self.fabric.is_global_zero)
-
-    @property
-    def world_size(self) -> int:
-        return int(self.fabric.world_size)
-
-    @property
-    def processes_per_node(self) -> int:
-        devices = getattr(self.fabric.strategy, "parallel_devices", None)
-        return max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
-
-    @property
-    def global_step(self) -> int:
-        return self.step
-
-    @property
-    def train_loaders(self) -> Any:
-        keys = tuple(self._timed)
-        if self._loaders[0] != keys:
-            loaders = [t.loader for t in self._timed.values()]
-            self._loaders = (keys, loaders[0] if len(loaders) == 1 else (loaders or None))
-        return self._loaders[1]
-
-    def fetch_seconds(self) -> float | None:
-        if not self._timed:
-            return None
-        return sum(t.fetch_seconds for t in self._timed.values())
-
-    @property
-    def batches_per_epoch(self) -> int | None:
-        loader = first_loader(self.train_loaders)
-        try:
-            batches = len(loader) if loader is not None else None
-        except TypeError:  # an iterable loader without a length
-            return None
-        return batches if batches else None
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
-        return self.batches_per_epoch
-
-    @property
-    def log_every_n_steps(self) -> int | None:
-        return None  # Fabric has no logging interval of its own
-
-    @property
-    def callbacks(self) -> Sequence[Any]:
-        return self._observers
-
-    @property
-    def precision_plugin(self) -> Any:
-        return getattr(self.fabric.strategy, "precision", None)
-
-    @property
-    def precision(self) -> str | None:
-        value = getattr(self.precision_plugin, "precision", None)
-        return str(value) if value is not None else None
-
-    @property
-    def optimizers(self) -> Sequence[Any] | None:
-        return self._optimizers
-
-    @property
-    def gradient_clip_val(self) -> float | None:
-        return None  # Fabric clips where the loop calls fabric.clip_gradients; nothing to read
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.fabric.all_gather(tensor)  # type: ignore[no-any-return]
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self.fabric.log_dict(dict(metrics), step=step)
-
-
 class FabricObserver:
     """Run ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` in a Lightning Fabric training loop.
 
-    Configure the observers exactly as for a Trainer and hand them to one ``FabricObserver``. Register it
-    with Fabric, call Fabric's hooks where the loop is, and iterate the training loader through ``timed``::
-
-        observer = FabricObserver(GPUStatsMonitor(), BottleneckAdvisor(), NVTXRanges())
-        fabric = Fabric(loggers=CSVLogger("logs"), callbacks=[observer])
-        ...
-        loader = fabric.setup_dataloaders(train_loader)
-        fabric.call("on_train_start", fabric=fabric, model=model, optimizers=optimizer)
-        for epoch in range(epochs):
-            for batch in observer.timed(loader):
-                fabric.call("on_train_batch_start", batch=batch)
-                ...                                   # forward, fabric.backward(loss), optimizer step
-                fabric.call("on_train_batch_end", batch=batch)
-        fabric.call("on_train_end")
-
-    or call the same methods on the observer (``observer.on_train_batch_start(batch)``). Fabric passes each
-    callback only the keyword arguments its method names, so the observer sits beside callbacks of your own.
-
-    Only ``on_train_start``, ``on_train_batch_start``, ``on_train_batch_end`` and ``on_train_end`` are
-    needed; docs/fabric.md says what each of the others adds (epochs, validation, NVTX phases, DDP all-reduce
-    timing, ``on_exception``).
-
-    Data wait, from the end of one batch to the start of the next, is timed whatever the loop iterates. The
-    part spent inside the loader's ``next()`` (``time/loader_wait_frac``, and the advisor's split between
-    waiting for data and other host work) is timed by ``timed``, which also tells the monitor and the advisor
-    how long an epoch is. Without it those figures are absent, not guessed.
-
-    Steps: windows end when ``step`` is a multiple of the monitor's ``log_every_n_steps`` (``None``: 50, or
-    the batches of one epoch where the loader has a length and an epoch is shorter). Rows are logged with
-    ``fabric.log_dict(metrics, step=step - 1)``, the step of the batch that ended the window when a loop
-    logs its batch ``i`` (from 0) at step ``i``.
-
-    On a CPU run the GPU parts warn once and step aside (no NVML, no CUDA events, NVTX only where a backend
-    records); host timing, CPU use and the advisor's verdict from host figures still work.
+    Register it with Fabric (``Fabric(callbacks=[observer])``), call ``on_train_start``,
+    ``on_train_batch_start``, ``on_train_batch_end`` and ``on_train_end`` through ``fabric.call`` where the
+    loop is, and iterate the training loader through ``timed`` (which times the wait inside its ``next()``).
+    The whole loop, what the other hooks add and how steps are counted: docs/fabric.md. Rows go to
+    ``fabric.log_dict(metrics, step=step - 1)``.
 
     Args:
         *observers: at most one each of ``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges``. Their
@@ -216,6 +37,11 @@ class FabricObserver:
         >>> observer = FabricObserver(monitor, advisor)
         >>> fabric = Fabric(loggers=CSVLogger("logs"), callbacks=[observer])  # doctest: +SKIP
         >>> fabric.call("on_train_start", fabric=fabric, model=model, optimizers=optimizer)  # doctest: +SKIP
+        >>> for batch in observer.timed(loader):  # doctest: +SKIP
+        ...     fabric.call("on_train_batch_start", batch=batch)
+        ...     train_step(batch)
+        ...     fabric.call("on_train_batch_end", batch=batch)
+        >>> fabric.call("on_train_end")  # doctest: +SKIP
         >>> [v.label for v in advisor.verdicts]  # after training  # doctest: +SKIP
         ['input-bound (too-few-workers)']
     """
@@ -265,15 +91,13 @@ class FabricObserver:
         return loop
 
     def _each(self, event: str, *args: Any, hook: str = "", ends: bool = False) -> None:
-        """Call ``event(loop, *args)`` on every observer. With ``hook`` (the public method) a loop must be
-        running; without it the event does nothing outside training."""
+        """Call ``event(loop, *args)`` on every observer; with ``hook``, outside training is an error."""
         loop = self._running(hook) if hook else self._loop
         if loop is None:
             return
         for obs in self._ends if ends else self._starts:
             getattr(obs, event)(loop, *args)
 
-    # ------------------------------------------------------------------------------------------ training
     def on_train_start(self, fabric: Any, model: nn.Module, optimizers: Any = None) -> None:
         """Training starts: acquire what the observers need; the first data wait counts from here.
 
@@ -315,15 +139,10 @@ class FabricObserver:
         self.on_train_epoch_start()
 
     def timed(self, loader: Any) -> Iterator[Any]:
-        """Iterate ``loader`` (the training loader, as ``fabric.setup_dataloaders`` returned it) for one epoch.
+        """Iterate ``loader`` (as ``fabric.setup_dataloaders`` returned it) for one epoch, timing its ``next()``.
 
-        An epoch starts (``on_train_epoch_start``) when the iteration does, and the time inside the loader's
-        ``next()`` is kept for ``time/loader_wait_frac`` and the advisor, which also reads from the loader how
-        it feeds the GPU. Call it after ``on_train_start``, once an epoch: ``for batch in observer.timed(loader)``.
+        Call it after ``on_train_start``, once an epoch: ``for batch in observer.timed(loader)``.
         """
-        return self._epoch(loader)
-
-    def _epoch(self, loader: Any) -> Iterator[Any]:
         loop = self._running("timed")
         timed = self._timed.get(id(loader))
         if timed is None or timed.loader is not loader:
@@ -384,7 +203,6 @@ class FabricObserver:
         """The loop raised: release everything (threads, CUDA events, hooks, open ranges), log nothing more."""
         self._release()
 
-    # ------------------------------------------------------------------------------------------ validation
     # outside training (between on_train_end and the next on_train_start) these do nothing
     def on_validation_start(self) -> None:
         """A validation run inside training starts (NVTX "validation"; its time is not data wait)."""
@@ -401,7 +219,6 @@ class FabricObserver:
         """The validation run ends; the next batch's data wait counts from now."""
         self._each("_validation_end", True, ends=True)
 
-    # ------------------------------------------------------------------------------------------ state
     def _release(self) -> None:
         self._loop = None
         for obs in self._ends:

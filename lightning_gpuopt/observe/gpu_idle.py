@@ -1,11 +1,4 @@
-"""How long the training stream sat idle between steps, from CUDA events read without synchronising.
-
-``StreamIdleMeter`` records one CUDA event where a step's work starts (``on_train_batch_start``, after the
-batch was moved to the device) and one where it ends (``on_train_batch_end``), on the stream the step runs
-on. A window later it reads the events that have completed (``Event.query()``; never ``synchronize``) and
-measures, in GPU time, the gap from the end of one step to the start of the next: the stream had nothing of
-the training loop's to run. ``idle_between_steps`` is that arithmetic on plain numbers.
-"""
+"""How long the training stream sat idle between steps, from CUDA events read without synchronising."""
 
 from __future__ import annotations
 
@@ -16,23 +9,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCKED_KEY", "IDLE_KEY", "IDLE_KEYS", "StreamIdleMeter", "idle_between_steps"]
+__all__ = ["BLOCKED_KEY", "IDLE_KEY", "StreamIdleMeter", "idle_between_steps"]
 
 #: Key of the GPU's idle share between steps (``StreamIdleMeter.window()``).
 IDLE_KEY = "gpu/idle_frac"
 #: Key of the host's wait between batches while the GPU still ran earlier work (``StreamIdleMeter.window()``).
 BLOCKED_KEY = "time/gpu_blocked_frac"
-#: Keys ``StreamIdleMeter.window()`` can return.
-IDLE_KEYS: tuple[str, ...] = (IDLE_KEY, BLOCKED_KEY)
 
 
 def idle_between_steps(anchors: Sequence[float], starts: Sequence[float], ends: Sequence[float]) -> float:
     """Share of GPU time idle between steps: ``sum(start - anchor) / sum(end - anchor)``.
 
     Step ``k`` runs from ``starts[k]`` to ``ends[k]``; ``anchors[k]`` is where the stream's previous training
-    work ended (the previous step's end, or a mark after an epoch start or a validation run). Times are in
-    any one unit on one clock. The denominator tiles the window without gaps: from the first anchor to the
-    last end when the steps are consecutive.
+    work ended (the previous step's end, or a mark). Times are in any one unit on one clock.
 
     Example:
         >>> idle_between_steps([0.0, 10.0], [2.0, 10.0], [10.0, 20.0])  # 2 ms idle in 20 ms
@@ -56,26 +45,14 @@ class _Step:
 class StreamIdleMeter:
     """CUDA-event timeline of the training steps; ``window()`` turns the completed part into two fractions.
 
-    Call ``mark(t)`` where the loop resumes after work that is not training (epoch start, end of a
-    validation run), ``step_start(t)`` and ``step_end(t)`` around each training batch, with ``t`` the host
-    time (``time.perf_counter``), and ``window()`` once a window. Each call records at most one event on the
-    current stream; events come from a pool and are reused once read. Steps whose events have not completed
-    yet stay for a later window (``window(wait=True)`` waits for them, for the last window of a run).
-
-    ``window()`` returns, over the steps completed since the previous call (empty when none):
-
-    - ``gpu/idle_frac``: GPU time between the end of one step's work and the start of the next step's,
-      summed, over the GPU time from the first anchor to the last end (``idle_between_steps``).
-    - ``time/gpu_blocked_frac``: host time between batches during which the GPU was still running earlier
-      work, over host step time. Per step ``max(host gap - GPU idle gap, 0)``: the GPU's gap ends when the
-      host records the next start, so the host spent the rest of its gap while the GPU was busy. That wait
-      cost the GPU nothing (a synchronous copy queued behind the previous step, or loading that the GPU's
-      queue hid); ``time/data_wait_frac - time/gpu_blocked_frac`` is the host wait the GPU also waited through.
+    ``window()`` reads only the steps whose events completed (``Event.query()``; ``wait=True`` waits for the
+    last) and returns ``gpu/idle_frac`` (``idle_between_steps`` in GPU time) and ``time/gpu_blocked_frac``
+    (host wait between batches while the GPU still ran earlier work, over host step time): docs/gpu_stats.md.
+    Each call records at most one event, from a pool.
 
     Args:
         device: CUDA device whose current stream is recorded on (default: the current device).
-        event_factory: makes an event (``torch.cuda.Event(enable_timing=True)`` by default); tests pass fakes
-            with ``record()``, ``query()``, ``synchronize()`` and ``elapsed_time(other)`` in ms.
+        event_factory: makes an event (default ``torch.cuda.Event(enable_timing=True)``).
 
     Example:
         >>> meter = StreamIdleMeter(torch.device("cuda", 0))  # doctest: +SKIP

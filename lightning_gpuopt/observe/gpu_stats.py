@@ -21,7 +21,7 @@ from lightning_gpuopt.observe.ceiling import (
 )
 from lightning_gpuopt.observe.gpu_idle import BLOCKED_KEY, IDLE_KEY, StreamIdleMeter
 from lightning_gpuopt.observe.host_cpu import CPU_KEYS, HostCPUReader
-from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, check_steps, user_sites
+from lightning_gpuopt.observe.host_sync import SYNCS_KEY, SyncLocator, SyncSite, user_sites
 from lightning_gpuopt.observe.nvml import GPU_KEYS, NVMLSampler, nvml_device_index
 from lightning_gpuopt.observe.timing import CPU_WAIT_NOTE, HOST_KEYS, LOADER_KEY, StepTimer, batch_size_of
 
@@ -51,54 +51,24 @@ METRIC_KEYS: tuple[str, ...] = (
 class GPUStatsMonitor(ObserverCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
-    Add it to a Trainer: ``Trainer(callbacks=[GPUStatsMonitor()], logger=TensorBoardLogger(...))``, or run it
-    in a Lightning Fabric loop through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md).
-    Every window it sends one row of metrics to every logger the Trainer (or Fabric) has (TensorBoard, CSV,
-    W&B, MLflow, ...) and appends it to ``history``. None of its sources synchronises the GPU or talks
-    across ranks per step:
-
-    - NVML, sampled on a background thread: GPU-Util, memory, power, the energy a trained sample costs,
-      clocks, the JPEG and video decoders' load, and on Hopper SM and tensor-core activity (``gpu/``).
-    - CUDA events at each training batch's start and end, read a window later: how long the training stream
-      sat idle between steps (``gpu/idle_frac``: the starvation metric).
-    - ``time.perf_counter`` around each batch: step time, the wait for the next batch, and its split into
-      time inside the loader and time while the GPU was still busy (``time/``).
-    - psutil at window ends: CPU use of the training thread, of the workers and of the cores the process may
-      use, and the bytes it read from storage (``host/``).
-    - With ``ceiling=True`` (off by default: it runs the user's ``training_step``), once a fit: a few steps
-      replayed on a copy of the latest batch (``observe.ceiling.ReplayCeiling``) give the model's ceiling,
-      and later windows log the run's samples/s over it (``gpu/ceiling_frac``); ``measure_ceiling()``
-      measures it again. What the replay restores and costs: docs/gpu_stats.md.
-    - Once a fit, after a window whose ``gpu/step_idle_frac`` reaches ``sync_idle_frac`` (CUDA): the
-      host-sync locator (``observe.host_sync.SyncLocator``) names the lines that make the host wait for the
-      GPU (``host_syncs``); ``locate_syncs()`` runs it again.
+    Every window it sends one row of ``METRIC_KEYS`` to every logger and appends it to ``history``. Sources:
+    NVML on a background thread (``gpu/``), CUDA events at each batch's start and end read a window later
+    (``gpu/idle_frac``), ``time.perf_counter`` (``time/``) and psutil (``host/``); none synchronises the GPU
+    or talks across ranks per step. Keys, units, the ceiling replay and the host-sync locator:
+    docs/gpu_stats.md. In a Fabric loop it runs through ``FabricObserver`` (docs/fabric.md).
 
     Args:
         sample_period_s: NVML polling period of the background thread, in seconds.
-        log_every_n_steps: window length in optimizer steps. ``None`` uses the Trainer's
-            ``log_every_n_steps`` (50 in a Fabric loop), shortened to the steps of one epoch when epochs are
-            shorter.
+        log_every_n_steps: window length in optimizer steps; ``None`` uses the Trainer's
+            ``log_every_n_steps`` (50 in a Fabric loop), shortened to one epoch's steps.
         gpu: measure the GPU (NVML and CUDA events); ``False`` measures the host only and never warns.
         gpm: also read GPM metrics (SM activity/occupancy, tensor activity) where the GPU has them (Hopper+).
-        all_ranks: under DDP, also gather every rank's window (one small ``all_gather`` per window) and log
-            each under a ``/rank{r}`` suffix. Without it the logged values are global rank zero's own.
-        nvml_index: NVML device to sample instead of the one mapped from the Trainer's device (rarely
-            needed: the mapping already follows ``CUDA_VISIBLE_DEVICES`` and device UUIDs).
-        ceiling: replay ``training_step`` once a fit to measure ``gpu/ceiling_frac`` (on a CPU run the host
-            clock times the replay). Runs of several processes are not measured (``True`` says so once).
-        ceiling_steps: replayed steps timed for the ceiling (after three untimed ones; the median step
-            sets the rate).
+        all_ranks: under DDP, also gather every rank's window and log it under a ``/rank{r}`` suffix.
+        nvml_index: NVML device to sample instead of the one mapped from the Trainer's device.
+        ceiling: replay ``training_step`` once a fit to measure ``gpu/ceiling_frac`` (one process only).
+        ceiling_steps: replayed steps timed for the ceiling (after three untimed ones).
         sync_steps: training steps the host-sync locator watches (``0``: never run it).
         sync_idle_frac: ``gpu/step_idle_frac`` of a window from which the locator runs.
-
-    Logged keys: ``METRIC_KEYS``, one value per window; their units and meaning are in docs/gpu_stats.md. A
-    key is absent where its source does not report it (``gpu/`` on a CPU run, ``gpu/sm_*`` before Hopper,
-    ``time/loader_wait_frac`` for a loader without ``fetch_seconds``, ``host/`` where psutil cannot read the
-    process). With ``all_ranks=True`` each key is also logged as ``<key>/rank{r}`` for every global rank ``r``.
-
-    Windows end when ``global_step`` is a multiple of the window length, and when training ends. The first
-    window of a fit holds the warm-up (cuDNN autotuning, workers starting, the loader's prefetch filling)
-    and ``summary()`` leaves it out. Without a logger the monitor says so once and keeps ``history`` only.
 
     Attributes:
         history: this fit's windows, keys as logged plus ``"step"`` (the logger step), oldest first.
@@ -139,8 +109,7 @@ class GPUStatsMonitor(ObserverCallback):
         )
         check_int(nvml_index, "nvml_index", low=0, none_ok=True, what="(an NVML device index)")
         check_int(ceiling_steps, "ceiling_steps", low=2, what="(replayed steps timed)")
-        if sync_steps:
-            check_steps(sync_steps)
+        check_int(sync_steps, "sync_steps", low=0, what="(training steps the sync locator watches; 0: never)")
         check_float(sync_idle_frac, "sync_idle_frac", low=0, high=1, what="(a fraction)", fix="e.g. 0.1")
         for name, value in (("gpu", gpu), ("gpm", gpm), ("all_ranks", all_ranks), ("ceiling", ceiling)):
             check_bool(value, name)
@@ -152,30 +121,31 @@ class GPUStatsMonitor(ObserverCallback):
         self.nvml_index = nvml_index
         self.ceiling = ceiling
         self.ceiling_steps = ceiling_steps
-        #: the latest replayed ceiling of this fit (None before the first, or where it is not measured)
-        self.last_ceiling: Ceiling | None = None
-        #: host time ``(start, end)`` of the latest pause in which the monitor did its own work (the replay);
-        #: the advisor leaves it out of its step timing
-        self.pause: tuple[float, float] | None = None
-        self._ceiling_ok = False  # this fit's ceiling can be measured (set up at the fit's start)
-        self._ceiling_due = False
         self.sync_steps = sync_steps
         self.sync_idle_frac = float(sync_idle_frac)
-        #: the lines that synchronized the host with the GPU, most frequent first, from the latest run of
-        #: the host-sync locator in this fit (empty before it ran, or where it found none)
-        self.host_syncs: list[SyncSite] = []
-        self._locator: SyncLocator | None = None
-        self._locate: str | None = None  # None: not yet; "due": from the next window's end; "done"
-        self._syncs_per_step: float | None = None
-        self.history: list[dict[str, float]] = []
-        self.last_window: dict[str, float] = {}
         self._sampler: NVMLSampler | None = None
         self._idle: StreamIdleMeter | None = None
         self._cpu: HostCPUReader | None = None
+        self._locator: SyncLocator | None = None
+        self._steps_per_epoch: int | None = None
+        self._new_fit()
+
+    def _new_fit(self) -> None:
+        """Start a fit's windows afresh: a reused monitor reports each fit on its own."""
+        self.history: list[dict[str, float]] = []
+        self.last_window: dict[str, float] = {}
+        #: the latest replayed ceiling of this fit (None where it is not measured)
+        self.last_ceiling: Ceiling | None = None
+        #: host time ``(start, end)`` of the monitor's latest work of its own (the replay), for the advisor
+        self.pause: tuple[float, float] | None = None
+        #: the host-sync locator's latest sites in this fit, most frequent first
+        self.host_syncs: list[SyncSite] = []
         self._timer = StepTimer()
         self._fetch: tuple[int, float] | None = None  # (id of the loader object, its fetch_seconds)
-        self._steps_per_epoch: int | None = None
         self._last_logged_step = 0
+        self._ceiling_ok = self._ceiling_due = False
+        self._locate: str | None = None  # None: not yet; "due": from the next window's end; "done"
+        self._syncs_per_step: float | None = None
 
     @property
     @override
@@ -184,34 +154,23 @@ class GPUStatsMonitor(ObserverCallback):
 
     @property
     def sampler(self) -> NVMLSampler | None:
-        """The running NVML sampler, or None (CPU run, no NVML, ``gpu=False`` or not set up)."""
+        """The running NVML sampler, or None."""
         return self._sampler
 
     @property
     def idle_meter(self) -> StreamIdleMeter | None:
-        """The CUDA-event timeline behind ``gpu/idle_frac``, or None (CPU run, ``gpu=False`` or not set up)."""
+        """The CUDA-event timeline behind ``gpu/idle_frac``, or None."""
         return self._idle
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
         # a thread, CUDA events and a reader bound to this process do not pickle; a copy starts without them
-        state.update(_sampler=None, _idle=None, _cpu=None)
-        return state
+        return {**self.__dict__, "_sampler": None, "_idle": None, "_cpu": None}
 
-    # ------------------------------------------------------------------------------------------ resources
     def _begin(self, loop: Loop) -> None:
-        """A fit begins: start this fit's windows and acquire the samplers."""
-        self.history = []  # a reused monitor reports each fit on its own
-        self.last_window = {}
-        self._timer = StepTimer()
-        self._fetch = None
-        self._last_logged_step = 0  # a new fit counts from its own first step (a resume restores it later)
-        self.last_ceiling = None
-        self.pause = None
+        self._new_fit()
         self._ceiling_ok = self._ceiling_due = self._ceiling_wanted(loop)
-        self.host_syncs = []
-        self._locate = None if self.sync_steps and self.gpu and loop.device.type == "cuda" else "done"
-        self._syncs_per_step = None
+        if not (self.sync_steps and self.gpu and loop.device.type == "cuda"):
+            self._locate = "done"
         if not loop.loggers:
             warn_once(
                 f"GPUStatsMonitor: the {loop.name} has no logger, so the metrics are kept in "
@@ -241,7 +200,7 @@ class GPUStatsMonitor(ObserverCallback):
         return True
 
     def locate_syncs(self) -> None:
-        """Run the host-sync locator from the end of the next window (CUDA runs; ``host_syncs`` after it)."""
+        """Run the host-sync locator from the end of the next window (CUDA runs)."""
         if self.sync_steps:
             self._locate = "due"
 
@@ -268,9 +227,7 @@ class GPUStatsMonitor(ObserverCallback):
             self._locator = locator
 
     def measure_ceiling(self) -> None:
-        """Measure the ceiling again at the end of the next window (``gpu/ceiling_frac`` of the windows after
-        it uses the new figure); for a run whose model or batch changed. Only where this fit measures it
-        (``ceiling=True``, one process)."""
+        """Measure the ceiling again at the end of the next window (where this fit measures it)."""
         self._ceiling_due = self._ceiling_ok
 
     def _measure_ceiling(self, loop: Loop, batch: Any) -> None:
@@ -282,13 +239,10 @@ class GPUStatsMonitor(ObserverCallback):
             return
         start = time.perf_counter()
         try:
-            result = ReplayCeiling(self.ceiling_steps).measure(
-                loop.module,
-                list(loop.optimizers or ()),
-                batch,
-                loop.precision_plugin,
-                loop.device,
-                loop.global_step,
+            replay = ReplayCeiling(self.ceiling_steps)
+            optimizers = list(loop.optimizers or ())
+            result = replay.measure(
+                loop.module, optimizers, batch, loop.precision_plugin, loop.device, loop.global_step
             )
         except Exception as err:  # the training state is restored; the run goes on without the figure
             warn_once(
@@ -320,7 +274,7 @@ class GPUStatsMonitor(ObserverCallback):
             self._sampler = NVMLSampler(index, self.sample_period_s, gpm=self.gpm).start()
         except ModuleNotFoundError:
             why = "NVML bindings are not installed: `pip install 'lightning-gpuopt[nvml]'` (package nvidia-ml-py)."
-        except ValueError as err:  # MIG or an unmatched CUDA_VISIBLE_DEVICES entry
+        except ValueError as err:  # MIG, or a device NVML does not list
             why = f"cannot map {device} to an NVML device: {err}."
         except Exception as err:
             # pynvml.NVMLError (e.g. NVMLError_LibraryNotFound: no libnvidia-ml.so.1 in this container)
@@ -338,7 +292,6 @@ class GPUStatsMonitor(ObserverCallback):
         self._idle = None
         self._cpu = None
 
-    # ------------------------------------------------------------------------------------------ timing
     def _mark(self) -> None:
         t = time.perf_counter()
         self._timer.mark(t)
@@ -382,12 +335,10 @@ class GPUStatsMonitor(ObserverCallback):
                 self._start_locator()
 
     def _end(self, loop: Loop) -> None:
-        """Training ends: the last, possibly shorter window."""
-        # global_step is the same on every rank, so a gather stays matched
+        # the last, possibly shorter window; global_step is the same on every rank, so a gather stays matched
         if loop.global_step > self._last_logged_step:
             self._log_window(loop, last=True)
 
-    # ------------------------------------------------------------------------------------------ logging
     def _interval(self, loop: Loop) -> int:
         if self.log_every_n_steps is not None:
             return self.log_every_n_steps
@@ -438,8 +389,6 @@ class GPUStatsMonitor(ObserverCallback):
             loop.log_metrics(metrics, log_step)
 
     def _derived(self, metrics: dict[str, float]) -> None:
-        """Add the figures computed from others: the ceiling fraction, the GPU's idle share inside steps and
-        the energy a sample costs."""
         power, rate = metrics.get("gpu/power_w"), metrics.get("throughput/samples_per_sec")
         if power is not None and rate:
             metrics[JOULES_KEY] = power / rate
@@ -477,7 +426,6 @@ class GPUStatsMonitor(ObserverCallback):
                 out[key] = sum(values) / len(values)
         return out
 
-    # ------------------------------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
         return {

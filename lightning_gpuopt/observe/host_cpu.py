@@ -1,10 +1,5 @@
-"""Where the host's CPU time goes during training, and how much it reads from storage, from psutil (Linux,
-macOS, Windows), read once a window.
-
-``HostCPUReader.read()`` takes a snapshot of cumulative CPU times; ``HostCPUReader.window()`` returns the
-rates since the previous snapshot. Nothing is read per step. Where psutil cannot read this process both
-return nothing.
-"""
+"""Where the host's CPU time goes during training, and how much it reads from storage: psutil, read once a
+window, nothing per step."""
 
 from __future__ import annotations
 
@@ -44,11 +39,8 @@ def _psutil() -> Any:
 
 
 def cpu_busy_total(times: Any) -> tuple[float, float]:
-    """``(busy, total)`` seconds of one ``psutil.cpu_times()`` entry (a core's, or the system's).
-
-    Total is every field but Linux's ``guest`` and ``guest_nice`` (already inside ``user`` and ``nice``);
-    busy is total less ``idle`` and ``iowait`` (psutil's own ``cpu_percent`` splits it so).
-    """
+    """``(busy, total)`` seconds of one ``psutil.cpu_times()`` entry (a core's, or the system's), split as
+    psutil's own ``cpu_percent`` splits them."""
     fields = times._asdict()
     total = sum(v for k, v in fields.items() if k not in _COUNTED_TWICE)
     return total - sum(fields.get(k, 0.0) for k in _NOT_BUSY), total
@@ -68,29 +60,9 @@ class _Snapshot:
 class HostCPUReader:
     """Rates of CPU use by the training thread, the rest of the trainer, and the cores it may use.
 
-    ``window()`` returns, since the previous ``read()`` or ``window()``:
-
-    - ``host/cpu_main_pct``: the thread that runs the training loop (the one that made the reader, or
-      ``main_tid``); 100 = one core busy all the time. Near 100 means the loop itself is CPU-bound.
-    - ``host/cpu_workers_pct``: everything else working for the trainer: the process's other threads (DALI's
-      CPU pools, the pin-memory thread, torch's intra-op threads on a CPU run, the NVML sampler) and its
-      child processes and their descendants (DataLoader workers, also under a forkserver); 100 = one core.
-    - ``host/cpu_busy_frac``: share of the cores this process may run on (its affinity; every core where
-      the platform has none) that were busy, by anyone, 0..1. The system's counters move in clock ticks
-      (10 ms on Linux): a window shorter than a tick has no figure, and the next window covers both. Left
-      out where some cores are offline and the affinity is a subset of the others (psutil's list of cores
-      then does not say which entry is which core).
-    - ``host/cpu_cores``: how many cores that is.
-    - ``host/read_mb_s``: bytes this process and its live descendants read from storage (``read_bytes`` of
-      ``psutil.Process.io_counters``: what the page cache did not hold), MB/s. Left out where the platform
-      does not count them (macOS); a worker that exited inside the window takes its reads with it.
-
-    The training thread's time is ``time.thread_time()`` when the reader is read on that thread (as
-    ``GPUStatsMonitor`` and the benchmark clock do), else its entry in ``psutil.Process.threads()``; where
-    neither is readable (another thread on macOS) the two ``_pct`` keys are left out. Children are found by
-    ``psutil.Process.children(recursive=True)`` at every snapshot; one that exited between two snapshots
-    keeps counting through this process's reaped children's time on Linux (psutil reports none elsewhere, so
-    there a worker that exited inside a window takes its time with it).
+    ``read()`` takes the baseline; ``window()`` returns ``CPU_KEYS`` since the previous snapshot (what each
+    key counts: docs/gpu_stats.md), or nothing where psutil cannot read this process. The training thread's
+    time is ``time.thread_time()`` when read on that thread, else its entry in ``psutil.Process.threads()``.
 
     Args:
         main_tid: native thread id (``threading.get_native_id()``) of the training thread (default: the
@@ -183,7 +155,10 @@ class HostCPUReader:
             out["host/cpu_main_pct"] = 100.0 * main / wall
             out["host/cpu_workers_pct"] = 100.0 * others / wall
         if cur.cpu_total > prev.cpu_total:
-            out["host/cpu_busy_frac"] = (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total)
+            # min: float sums of the per-core counters can land a hair above 1 on a fully busy machine
+            out["host/cpu_busy_frac"] = min(
+                (cur.cpu_busy - prev.cpu_busy) / (cur.cpu_total - prev.cpu_total), 1.0
+            )
         out["host/cpu_cores"] = float(self.cores)
         if cur.read_bytes is not None and prev.read_bytes is not None:
             out[READ_KEY] = max(cur.read_bytes - prev.read_bytes, 0.0) / wall / 1e6
@@ -216,10 +191,8 @@ def _affinity() -> list[int]:
 
 
 def _entries(cpus: list[int], count: int) -> list[int]:
-    """Which of the ``count`` entries of ``psutil.cpu_times(percpu=True)`` are the cores ``cpus``: all when
-    ``cpus`` is every core or unknown; the entries numbered ``cpus`` when no core is offline (the list then
-    has one entry a core, in order); none when cores are offline and ``cpus`` is a subset, because the
-    list skips offline cores without naming the others (no busy share is reported then)."""
+    """Which of the ``count`` entries of ``psutil.cpu_times(percpu=True)`` are the cores ``cpus``; none where
+    cores are offline and ``cpus`` is a subset (the list skips offline cores without naming the others)."""
     if not cpus or len(cpus) == count:
         return list(range(count))
     configured = os.sysconf("SC_NPROCESSORS_CONF") if hasattr(os, "sysconf") else count

@@ -1,23 +1,14 @@
 """Which lines of the user's code make the host wait for the GPU, and how often a step.
 
-``SyncLocator`` turns on ``torch.cuda.set_sync_debug_mode("warn")`` for a few training steps: torch then
-warns at every synchronizing CUDA call (``.item()``, ``.cpu()``, printing a CUDA tensor, a blocking copy to
-the host, ``torch.nonzero``...). The locator catches those warnings as they are raised, takes the Python
-stack of each and names the line it comes from (``attribute``): the innermost frame outside torch, Lightning
-and this package, that is the user's line that called into them, unless Lightning's training loop runs
-between that line and the sync (then the sync is Lightning's own and is named by Lightning's frame; the
-user's line is only ``trainer.fit``). A sync on a thread without user code (a loader's staging thread) is
-named by the innermost frame of this package or Lightning. ``stop()`` turns the mode back and returns one
-``SyncSite`` a line with its count.
-
-The stack attribution is plain Python on frames (``attribute`` takes ``traceback.FrameSummary`` objects or
-anything with ``filename``, ``lineno`` and ``line``), so it is tested without a GPU; on a CPU run torch's
-sync debug mode reports nothing. Cost while on: a warning and a stack walk at each sync (tens of
-microseconds each); the monitor keeps it on for ``steps`` steps once a fit, then off.
+``SyncLocator`` turns on ``torch.cuda.set_sync_debug_mode("warn")`` for a few training steps, catches the
+warning torch raises at each synchronizing CUDA call and charges it to a line (``attribute``): the innermost
+frame outside torch, Lightning and this package, unless Lightning's training loop runs between that line and
+the sync (then the sync is Lightning's own). How the monitor runs it: docs/advisor.md.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import traceback
@@ -29,7 +20,6 @@ from typing import Any
 
 import torch
 
-from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import package_dirs
 
 __all__ = ["SYNCS_KEY", "SYNC_MESSAGE", "SyncLocator", "SyncSite", "attribute", "owner_of", "user_sites"]
@@ -42,22 +32,20 @@ SYNCS_KEY = "gpu/host_syncs_per_step"
 _LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities", "torchmetrics")
 #: Lightning's own training loop: a sync under these frames is the loop's, not the user's line above them
 _LOOP_PARTS = (f"{os.sep}loops{os.sep}", f"{os.sep}trainer{os.sep}trainer.py")
-_DIRS: dict[str, tuple[str, ...]] | None = None
 
 
+@functools.cache
 def _package_dirs() -> dict[str, tuple[str, ...]]:
-    global _DIRS
-    if _DIRS is None:
-        groups = {"lightning-gpuopt": ("lightning_gpuopt",), "lightning": _LIGHTNING, "torch": ("torch",)}
-        out: dict[str, tuple[str, ...]] = {}
-        for owner, names in groups.items():
-            out[owner] = package_dirs(names)
-        paths = sysconfig.get_paths()
-        out["python"] = tuple(
-            os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib") if k in paths
-        )
-        _DIRS = out
-    return _DIRS
+    paths = sysconfig.get_paths()
+    stdlib = tuple(
+        os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib") if k in paths
+    )
+    return {
+        "lightning-gpuopt": package_dirs(("lightning_gpuopt",)),
+        "lightning": package_dirs(_LIGHTNING),
+        "torch": package_dirs(("torch",)),
+        "python": stdlib,
+    }
 
 
 def owner_of(filename: str) -> str:
@@ -74,16 +62,8 @@ def owner_of(filename: str) -> str:
 
 @dataclass(frozen=True)
 class SyncSite:
-    """A line where the host waited for the GPU, and how often it did in the located steps.
-
-    Attributes:
-        filename: the file (as Python names it).
-        lineno: the line.
-        code: the line's source, stripped (empty where not readable).
-        owner: whose line it is: ``"user"``, ``"lightning"``, ``"lightning-gpuopt"``, ``"torch"``.
-        count: synchronizing calls from it while the locator was on.
-        steps: training steps the locator was on for.
-    """
+    """A line where the host waited for the GPU (``owner``: whose line, as ``owner_of`` says), with the
+    synchronizing calls it made (``count``) in the ``steps`` training steps the locator was on for."""
 
     filename: str
     lineno: int
@@ -141,8 +121,7 @@ class SyncLocator:
     """Counts synchronizing CUDA calls by the line they come from, between ``start()`` and ``stop()``.
 
     Call ``start()``, ``step()`` after each training step, and ``stop()`` to turn it off and get the sites,
-    most frequent first. ``record(stack)`` counts one sync at ``stack`` (what the warning hook does; tests
-    feed stacks directly).
+    most frequent first. ``record(stack)`` counts one sync at ``stack``.
 
     Example:
         >>> from traceback import FrameSummary
@@ -157,7 +136,6 @@ class SyncLocator:
         self.counts: Counter[tuple[str, int, str, str]] = Counter()
         self.steps = 0
         self._catch: Any = None
-        self._previous_mode: int | None = None
         self._showwarning: Any = None
 
     @property
@@ -184,8 +162,7 @@ class SyncLocator:
             self._showwarning(message, category, filename, lineno, file, line)
 
     def start(self) -> bool:
-        """Turn the sync debug mode on (CUDA only); ``False`` where there is no CUDA to watch, or where the
-        user set a sync debug mode of their own (their warnings or errors are left as they asked)."""
+        """Turn the sync debug mode on; ``False`` without CUDA, or where the user set a sync debug mode."""
         if self.running or not torch.cuda.is_available() or torch.cuda.get_sync_debug_mode() != 0:
             return False
         self.counts.clear()
@@ -195,14 +172,13 @@ class SyncLocator:
         warnings.filterwarnings("always", message=f".*{SYNC_MESSAGE}")
         self._showwarning = warnings.showwarning
         warnings.showwarning = self._hook
-        self._previous_mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
         return True
 
     def stop(self) -> list[SyncSite]:
         """Turn the mode back to what it was; the sites counted since ``start()``."""
         if self.running:
-            torch.cuda.set_sync_debug_mode(self._previous_mode or 0)
+            torch.cuda.set_sync_debug_mode(0)  # start() ran only where the mode was off
             catch, self._catch = self._catch, None
             catch.__exit__(None, None, None)  # restores the filters and showwarning
             self._showwarning = None
@@ -219,8 +195,3 @@ class SyncLocator:
 def user_sites(sites: Sequence[SyncSite]) -> list[SyncSite]:
     """The sites in the user's own code."""
     return [s for s in sites if s.owner == "user"]
-
-
-def check_steps(steps: int) -> None:
-    """Check a ``sync_steps`` argument: training steps the locator watches, at least one."""
-    check_int(steps, "sync_steps", low=1, what="(training steps the sync locator watches)")

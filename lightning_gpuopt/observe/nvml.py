@@ -1,14 +1,12 @@
 """NVML access: map a torch CUDA device to its NVML index, and sample the GPU on a background thread.
 
-``pynvml`` (distribution ``nvidia-ml-py``, extra ``nvml``) is imported inside the functions that need it,
-never at module import, so ``import lightning_gpuopt`` stays light.
+``pynvml`` (extra ``nvml``) is imported where it is used, never at module import.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
 from types import ModuleType
@@ -27,7 +25,6 @@ __all__ = [
     "NVMLSampler",
     "normalize_uuid",
     "nvml_device_index",
-    "parse_cuda_visible_devices",
 ]
 
 #: Keys NVMLSampler.window() computes from GPM sample pairs (Hopper and newer).
@@ -53,35 +50,10 @@ _ENERGY = "gpu/energy_mj"  # the energy counter's readings, turned into gpu/powe
 _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
 
 
-def parse_cuda_visible_devices(value: str | None) -> list[str] | None:
-    """Split ``CUDA_VISIBLE_DEVICES`` the way the CUDA driver reads it.
-
-    Returns ``None`` when the variable is unset (every device is visible in NVML order), else the list of
-    entries up to the first invalid one (CUDA ignores the rest): integers, ``GPU-<uuid or prefix>`` or
-    ``MIG-<...>`` strings.
-    """
-    if value is None:
-        return None
-    entries: list[str] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            break
-        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
-            entries.append(entry)
-        elif entry.lstrip("-").isdigit():  # a negative index ends the list, as in CUDA
-            break
-        else:
-            break
-    return entries
-
-
 def normalize_uuid(uuid: Any) -> str:
-    """A GPU UUID in one spelling, so torch's and NVML's can be compared.
+    """A GPU UUID in one spelling (bare, lower case), so torch's and NVML's (``GPU-`` prefix) compare equal.
 
-    torch reports a device's UUID as bare hex (``a1b2c3d4-...``), NVML and ``CUDA_VISIBLE_DEVICES`` with a
-    ``GPU-`` prefix (``GPU-a1b2c3d4-...``). This returns the bare, lower-case form for both (bytes are
-    decoded); a MIG identifier keeps its ``MIG-`` prefix, since it names an instance, not a GPU.
+    A MIG identifier keeps its ``MIG-`` prefix, since it names an instance, not a GPU.
 
     Example:
         >>> normalize_uuid("GPU-A1B2C3D4-0000") == normalize_uuid("a1b2c3d4-0000")
@@ -116,86 +88,52 @@ def _torch_device_uuid(index: int) -> str | None:
     return None if uuid is None else str(uuid)
 
 
-def _index_from_visible(torch_index: int, visible: list[str] | None, pynvml: ModuleType) -> int:
-    if visible is None:
-        # Nothing hidden: torch's index is NVML's when CUDA enumerates in PCI bus order (the usual case and
-        # what CUDA_DEVICE_ORDER=PCI_BUS_ID guarantees); the UUID match in nvml_device_index covers the rest.
-        return torch_index
-    if torch_index >= len(visible):
-        raise ValueError(
-            f"torch CUDA device {torch_index} is not in CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-            f"({len(visible)} visible); pass the device the process actually trains on"
-        )
-    entry = visible[torch_index]
-    if entry.isdigit():
-        return int(entry)
-    if entry.startswith("MIG-"):
-        raise ValueError(
-            f"CUDA_VISIBLE_DEVICES entry {entry!r} is a MIG instance; GPUStatsMonitor/NVMLSampler do not "
-            "support MIG (NVML reports utilisation per physical GPU only)"
-        )
-    # GPU-<uuid>, possibly a prefix: match NVML's full UUIDs
-    prefix = normalize_uuid(entry)
-    matches = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        uuid = normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-        if uuid.startswith(prefix):
-            matches.append(i)
-    if len(matches) != 1:
-        raise ValueError(
-            f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} NVML devices; use a full or unique UUID"
-        )
-    return matches[0]
-
-
 def nvml_device_index(device: torch.device | int | str | None = None) -> int:
-    """Return the NVML index of torch's CUDA ``device`` (default: the current device).
+    """Return the NVML index of torch's CUDA ``device`` (default: the current device), matched by UUID.
 
-    torch numbers the devices left visible by ``CUDA_VISIBLE_DEVICES`` from 0, NVML numbers all devices in PCI
-    bus order. The device's UUID (from torch, compared in ``normalize_uuid`` form: torch omits NVML's ``GPU-``
-    prefix) is matched against NVML's first; where torch cannot tell, the
-    ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-`` UUIDs or unique UUID prefixes) are used. Never use the
-    process's local rank for this: under ``CUDA_VISIBLE_DEVICES`` it names the wrong GPU.
+    torch numbers the devices ``CUDA_VISIBLE_DEVICES`` leaves visible, NVML all of them: the device's UUID
+    is the one name both share (never the local rank).
 
     Raises:
-        ValueError: for a non-CUDA device, a MIG instance, or an entry that matches no (or several) GPUs.
+        ValueError: for a non-CUDA device, a MIG instance, or a device NVML does not list.
     """
     torch_index = _torch_cuda_index(device)
+    uuid = _torch_device_uuid(torch_index)
+    if uuid is None:
+        raise ValueError(
+            f"torch cannot tell the UUID of CUDA device {torch_index}; pass the NVML index (nvml_index)"
+        )
+    wanted = normalize_uuid(uuid)
+    if wanted.startswith("MIG-"):
+        raise ValueError(
+            f"CUDA device {torch_index} is a MIG instance; GPUStatsMonitor/NVMLSampler do not support MIG "
+            "(NVML reports utilisation per physical GPU only)"
+        )
     pynvml = require("pynvml")
     pynvml.nvmlInit()  # reference counted by NVML: safe when a sampler already holds it
     try:
-        uuid = _torch_device_uuid(torch_index)
-        if uuid is not None and not normalize_uuid(uuid).startswith("MIG-"):
-            wanted = normalize_uuid(uuid)
-            try:
-                return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{wanted}")))
-            except pynvml.NVMLError:
-                pass  # NVML may spell it otherwise (case): compare every device's, then CUDA_VISIBLE_DEVICES
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                if normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == wanted:
-                    return i
-        visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return _index_from_visible(torch_index, visible, pynvml)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            if normalize_uuid(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == wanted:
+                return i
     finally:
         pynvml.nvmlShutdown()
+    raise ValueError(f"no NVML device has the UUID of CUDA device {torch_index} ({uuid}); pass nvml_index")
 
 
 class _Stat:
     """Running sum/count/min/max, weighted (GPM pairs are weighted by their duration)."""
 
-    __slots__ = ("max", "min", "n", "total", "weight")
+    __slots__ = ("max", "min", "total", "weight")
 
     def __init__(self) -> None:
         self.total = 0.0
         self.weight = 0.0
-        self.n = 0
         self.min = math.inf
         self.max = -math.inf
 
     def add(self, value: float, weight: float = 1.0) -> None:
         self.total += value * weight
         self.weight += weight
-        self.n += 1
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
@@ -204,49 +142,19 @@ class _Stat:
         return self.total / self.weight if self.weight > 0 else math.nan
 
 
-def _sample_value(value_type: int, sample: Any, pynvml: ModuleType) -> float:
-    v = sample.sampleValue
-    field = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    }.get(value_type, "uiVal")
-    return float(getattr(v, field))
-
-
 class NVMLSampler:
-    """Samples one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
+    """Sample one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
 
-    GPU-Util and memory-controller utilisation come from the driver's own sample buffer
-    (``nvmlDeviceGetSamples``, read incrementally from the last timestamp seen) so a window's mean covers the
-    whole window rather than a snapshot; where the buffer does not answer, ``nvmlDeviceGetUtilizationRates`` is
-    polled every ``period_s``. Memory, temperature, SM clock and the hardware JPEG and video decoders'
-    utilisation are polled. Power comes from the GPU's energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
-    read every tick): a window's ``gpu/power_w`` is the energy drawn between the counter's last reading before
-    the window and its last reading in it, over the time between them; where the GPU has no counter
-    (``energy_counter`` is ``False``), it is the mean of the polled power draw (``nvmlDeviceGetPowerUsage``).
-    On GPUs with GPM (Hopper and newer) SM activity, SM occupancy and tensor-pipe activity are computed from
-    pairs of GPM samples taken at least ``gpm_min_interval_s`` apart (NVML needs > 100 ms between the two
-    samples of a pair).
+    GPU-Util comes from the driver's sample buffer where it answers (else it is polled), power from the
+    energy counter where the GPU has one (``energy_counter``), the GPM keys (Hopper+) from pairs of samples;
+    docs/gpu_stats.md says how each key is measured. A window without a new sample repeats the latest one.
+    ``uuid`` is the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``).
 
     Args:
         index: NVML device index (see ``nvml_device_index``).
         period_s: polling period of the thread in seconds.
         gpm: read GPM metrics when the device supports them.
-        gpm_min_interval_s: shortest time between the two GPM samples of a pair.
-
-    ``window()`` keys (absent when the device does not report them): ``gpu/util`` (mean %), ``gpu/util_min``
-    (%), ``gpu/mem_util`` (mean %), ``gpu/mem_used_gb`` (peak GiB), ``gpu/mem_total_gb`` (GiB), ``gpu/power_w``
-    (mean W), ``gpu/temp_c`` (mean °C), ``gpu/sm_clock_mhz`` (mean MHz), ``gpu/sm_active``,
-    ``gpu/sm_occupancy``, ``gpu/tensor_active`` (time-weighted mean %, GPM), ``gpu/jpeg_util`` and
-    ``gpu/video_dec_util`` (mean %). A window in which no new sample arrived repeats the latest sample.
-
-    Attributes:
-        energy_counter: whether ``gpu/power_w`` comes from the energy counter (set by ``start``).
-        uuid: the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``), to check it is the GPU
-            torch trains on: ``normalize_uuid(torch.cuda.get_device_properties(i).uuid) == sampler.uuid``.
+        gpm_min_interval_s: shortest time between the two GPM samples of a pair (NVML needs > 100 ms).
 
     Example:
         >>> with NVMLSampler(nvml_device_index("cuda:0"), period_s=0.1) as sampler:  # doctest: +SKIP
@@ -270,8 +178,7 @@ class NVMLSampler:
         self.energy_counter = False
         self.error: BaseException | None = None  # an unexpected error that stopped the thread
         self.uuid: str | None = None
-        self.ticks = 0
-        self._pynvml: ModuleType | None = None
+        self._pynvml: Any = None  # the module while started
         self._handle: Any = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -288,7 +195,6 @@ class NVMLSampler:
         self._energy_last: tuple[float, float] | None = None
         self._energy_power: float | None = None  # the latest window's power from the counter
 
-    # ----------------------------------------------------------------------------------------- lifecycle
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -298,8 +204,7 @@ class NVMLSampler:
 
         Raises:
             ModuleNotFoundError: ``pynvml`` is missing (extra ``nvml``).
-            pynvml.NVMLError: NVML cannot be initialised (no driver: ``NVMLError_LibraryNotFound``) or the
-                index is invalid.
+            pynvml.NVMLError: NVML cannot be initialised (no driver) or the index is invalid.
         """
         if self._thread is not None:
             return self
@@ -357,22 +262,13 @@ class NVMLSampler:
 
     def __getstate__(self) -> dict[str, Any]:
         # threads, locks and NVML handles do not pickle; a copy starts stopped
-        state = {
-            k: v for k, v in self.__dict__.items() if k in ("index", "period_s", "gpm", "gpm_min_interval_s")
-        }
-        return state
+        return {k: getattr(self, k) for k in ("index", "period_s", "gpm", "gpm_min_interval_s")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
-    def _lib(self) -> ModuleType:
-        if self._pynvml is None:
-            raise RuntimeError("NVMLSampler is not started; call start() first")
-        return self._pynvml
-
-    # ----------------------------------------------------------------------------------------- probing
     def _probe_sample_buffer(self) -> bool:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         ok = True
         for kind in (pynvml.NVML_GPU_UTILIZATION_SAMPLES, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES):
             try:
@@ -386,7 +282,7 @@ class NVMLSampler:
         return ok
 
     def _start_gpm(self) -> None:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             support = pynvml.nvmlGpmQueryDeviceSupport(self._handle)
             if not support.isSupportedDevice:
@@ -410,7 +306,6 @@ class NVMLSampler:
             RuntimeWarning,
         )
 
-    # ----------------------------------------------------------------------------------------- sampling
     def _run(self) -> None:
         try:
             while True:
@@ -420,17 +315,10 @@ class NVMLSampler:
         except Exception as err:  # never take the training process down; report through .error
             self.error = err
 
-    def _add(self, key: str, value: float, weight: float = 1.0) -> None:
-        stat = self._stats.get(key)
-        if stat is None:
-            stat = self._stats[key] = _Stat()
-        stat.add(value, weight)
-        self._latest[key] = value
-
     def _poll(self, key: str, fn: Any) -> float | None:
         if key in self._unsupported:
             return None
-        pynvml = self._lib()
+        pynvml = self._pynvml
         never = (
             pynvml.NVMLError_NotSupported,
             pynvml.NVMLError_NoPermission,
@@ -447,27 +335,23 @@ class NVMLSampler:
 
     def _read_energy(self) -> tuple[float, float] | None:
         """``(monotonic seconds, mJ)`` of the energy counter now, or None (no counter, or a failed read)."""
-        pynvml, h = self._lib(), self._handle
+        pynvml, h = self._pynvml, self._handle
         before = time.monotonic()
         value = self._poll(_ENERGY, lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
         return None if value is None else ((before + time.monotonic()) / 2, value)
 
     def _buffered(self, kind: int) -> list[float]:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             value_type, samples = pynvml.nvmlDeviceGetSamples(self._handle, kind, self._last_ts[kind])
-        except pynvml.NVMLError_NotFound:
-            return []  # no new sample since the last timestamp
-        except pynvml.NVMLError:
+        except pynvml.NVMLError:  # NVMLError_NotFound: no new sample since the last timestamp
             return []
         last = self._last_ts[kind]
-        out = []
-        for s in samples:
-            ts = int(s.timeStamp)
-            if ts > last:
-                out.append(_sample_value(value_type, s, pynvml))
-                self._last_ts[kind] = max(self._last_ts[kind], ts)
-        return out
+        new = [s for s in samples if int(s.timeStamp) > last]
+        self._last_ts[kind] = max((int(s.timeStamp) for s in new), default=last)
+        # utilisation samples are unsigned ints (a 64-bit type's low bits hold the same small number)
+        field = "dVal" if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else "uiVal"
+        return [float(getattr(s.sampleValue, field)) for s in new]
 
     def sample_once(self) -> None:
         """Take one round of readings (the thread calls this every ``period_s``)."""
@@ -504,13 +388,13 @@ class NVMLSampler:
             readings += self._gpm_pair()
         with self._lock:
             for key, value, weight in readings:
-                self._add(key, value, weight)
+                self._stats.setdefault(key, _Stat()).add(value, weight)
+                self._latest[key] = value
             if energy is not None:
                 self._energy_last = energy
-            self.ticks += 1
 
     def _poll_rates(self) -> tuple[float, float] | None:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         try:
             rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
         except pynvml.NVMLError:
@@ -518,7 +402,7 @@ class NVMLSampler:
         return float(rates.gpu), float(rates.memory)
 
     def _gpm_pair(self) -> list[tuple[str, float, float]]:
-        pynvml = self._lib()
+        pynvml = self._pynvml
         now = time.monotonic()
         dt = now - self._gpm_prev_t
         if dt < self.gpm_min_interval_s:
@@ -553,7 +437,6 @@ class NVMLSampler:
                 out.append((key, float(metric.value), dt))
         return out
 
-    # ----------------------------------------------------------------------------------------- results
     def window(self) -> dict[str, float]:
         """Aggregates since the previous call (or since ``start``), then start a new window."""
         with self._lock:
@@ -561,38 +444,24 @@ class NVMLSampler:
             latest = dict(self._latest)
             mark, last = self._energy_mark, self._energy_last
             self._energy_mark = last
-        out: dict[str, float] = {}
-        power = self._power_from_energy(mark, last)
-        if power is not None:
-            out["gpu/power_w"] = power
-        util = stats.get("gpu/util")
-        if util is not None:
-            out["gpu/util"] = util.mean
-            out["gpu/util_min"] = util.min
-        elif "gpu/util" in latest:
-            out["gpu/util"] = out["gpu/util_min"] = latest["gpu/util"]
-        elif self._handle is not None and self._pynvml is not None:
-            # a window shorter than the driver's sampling period (the first one, right after start) has no
-            # buffered sample yet: take the driver's current reading rather than leave the key out
+        out = {key: stat.max if key == "gpu/mem_used_gb" else stat.mean for key, stat in stats.items()}
+        if "gpu/util" in stats:
+            out["gpu/util_min"] = stats["gpu/util"].min
+        for key, value in latest.items():  # a window without a new sample repeats the latest one
+            out.setdefault(key, value)
+        out.setdefault("gpu/util_min", out.get("gpu/util", math.nan))
+        if "gpu/util" not in out and self._pynvml is not None:
+            # a window shorter than the driver's sampling period (the first one) has no buffered sample yet
             rates = self._poll_rates()
             if rates is not None:
                 out["gpu/util"] = out["gpu/util_min"] = rates[0]
                 out.setdefault("gpu/mem_util", rates[1])
-        for key in ("gpu/mem_util", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", *GPM_KEYS, *ENGINE_KEYS):
-            if key in out:
-                continue
-            if key in stats:
-                out[key] = stats[key].mean
-            elif key in latest:
-                out[key] = latest[key]
-        mem = stats.get("gpu/mem_used_gb")
-        if mem is not None:
-            out["gpu/mem_used_gb"] = mem.max
-        elif "gpu/mem_used_gb" in latest:
-            out["gpu/mem_used_gb"] = latest["gpu/mem_used_gb"]
+        power = self._power_from_energy(mark, last)
+        if power is not None:
+            out["gpu/power_w"] = power
         if math.isfinite(self._mem_total_gb):
             out["gpu/mem_total_gb"] = self._mem_total_gb
-        return {k: out[k] for k in GPU_KEYS if k in out}
+        return {k: out[k] for k in GPU_KEYS if k in out and not math.isnan(out[k])}
 
     def _power_from_energy(
         self, mark: tuple[float, float] | None, last: tuple[float, float] | None

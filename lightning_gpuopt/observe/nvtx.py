@@ -1,23 +1,11 @@
 """NVTX ranges for Nsight Systems: training step, data wait, forward, backward, optimizer step, validation.
 
-``NVTXRanges`` adapts Lightning's hooks to a small per-thread range stack (``RangeStack``) that always
-balances: every range it pushes is popped on the same thread, also when a hook or user code raised, a
-``KeyboardInterrupt`` arrived, gradient accumulation skipped the optimizer step or ``max_steps`` ended the
-epoch early. Optional per-module forward ranges come from module hooks (``add_module_ranges``), never from
-patching user code.
-
-Profile only a window of steps with Nsight Systems::
-
-    nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
-        -t cuda,nvtx,osrt,cudnn,cublas -o report python train.py
-
-with ``NVTXRanges(start_step=100, stop_step=110)`` in the Trainer's callbacks.
+What appears on the timeline, and the ``nsys`` command that records only a capture window: docs/nvtx.md.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any, cast, get_args
 
 import lightning.pytorch as pl
@@ -47,19 +35,15 @@ PHASE_COLORS: dict[str, int] = {
     "capture": 0xFFFFEB3B,
 }
 
-_MODULE_COLOR = PHASE_COLORS["module"]
-
 _BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 
-# ------------------------------------------------------------------------------------------ range stack
 class RangeStack:
     """Push/pop NVTX ranges while remembering, per thread, which ones this object opened.
 
     NVTX push/pop ranges form a stack per thread; a pop on the wrong thread or a missing pop corrupts the
     timeline. Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of
-    that kind and ``close_all()`` empties the calling thread's stack, so a caller can always restore balance
-    without knowing what happened in between.
+    that kind and ``close_all()`` empties the calling thread's stack, so a caller can always restore balance.
 
     Args:
         backend: an object from ``make_backend``.
@@ -76,25 +60,12 @@ class RangeStack:
         #: False when the backend records nothing (see ``make_backend``).
         self.enabled: bool = getattr(backend, "enabled", True)
         self._local = threading.local()
-        self._pop = backend.pop
-        if hasattr(backend, "prepare") and hasattr(backend, "push_prepared"):
-            self._prepare = backend.prepare
-            self._push_prepared = backend.push_prepared
-        else:  # a backend with push/pop/mark only
-
-            def push_prepared(token: tuple[str, int]) -> None:
-                backend.push(token[0], token[1], True)
-
-            self._prepare = lambda message, color: (message, color)
-            self._push_prepared = push_prepared
 
     def _stack(self) -> list[tuple[str, Any]]:
-        try:
-            return self._local.stack  # type: ignore[no-any-return]
-        except AttributeError:
-            stack: list[tuple[str, Any]] = []
-            self._local.stack = stack
-            return stack
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack  # type: ignore[no-any-return]
 
     @property
     def depth(self) -> int:
@@ -106,22 +77,7 @@ class RangeStack:
         return list(self._stack())
 
     def is_open(self, kind: str) -> bool:
-        # a plain loop: any() over a generator costs several times more on these 1-4 entry stacks
-        for k, _ in self._stack():  # noqa: SIM110
-            if k == kind:
-                return True
-        return False
-
-    def prepare(self, message: str, kind: str, color: int | None = None) -> Any:
-        """Resolve a fixed name once (registered string + color) for ``push_prepared``."""
-        if color is None:
-            color = PHASE_COLORS.get(kind, _MODULE_COLOR)
-        return self._prepare(message, color)
-
-    def push_prepared(self, token: Any, kind: str, key: Any = None) -> None:
-        """``push`` of a name resolved by ``prepare``: no per-call name or color lookups."""
-        self._push_prepared(token)
-        self._stack().append((kind, key))
+        return any(k == kind for k, _ in self._stack())
 
     def push(
         self, message: str, kind: str, key: Any = None, cache: bool = True, color: int | None = None
@@ -130,9 +86,9 @@ class RangeStack:
 
         ``cache=False`` for names that are not repeated (``step 123``) so no per-name cache grows.
         """
-        if color is None:
-            color = PHASE_COLORS.get(kind, _MODULE_COLOR)
-        self.backend.push(message, color, cache)
+        self.backend.push(
+            message, PHASE_COLORS.get(kind, PHASE_COLORS["module"]) if color is None else color, cache
+        )
         self._stack().append((kind, key))
 
     def close(self, kind: str, key: Any = None, match_key: bool = False) -> bool:
@@ -141,15 +97,12 @@ class RangeStack:
         Returns False, popping nothing, when no such entry is open on this thread.
         """
         stack = self._stack()
-        i = len(stack)
-        while i:
-            i -= 1
+        for i in range(len(stack) - 1, -1, -1):
             k, kk = stack[i]
             if k == kind and (not match_key or kk is key):
-                pop = self._pop
                 while len(stack) > i:
                     stack.pop()
-                    pop()
+                    self.backend.pop()
                 return True
         return False
 
@@ -159,63 +112,35 @@ class RangeStack:
         n = len(stack)
         while stack:
             stack.pop()
-            self._pop()
+            self.backend.pop()
         return n
 
     def mark(self, message: str, kind: str = "capture") -> None:
-        self.backend.mark(message, PHASE_COLORS.get(kind, _MODULE_COLOR))
-
-
-# ------------------------------------------------------------------------------------ per-module ranges
-def _modules_to_depth(root: nn.Module, depth: int) -> Iterator[tuple[str, nn.Module]]:
-    for name, module in root.named_modules():
-        if name and name.count(".") < depth:
-            yield name, module
+        self.backend.mark(message, PHASE_COLORS.get(kind, PHASE_COLORS["module"]))
 
 
 def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[RemovableHandle]:
     """Wrap the forward of every submodule of ``root`` down to ``depth`` in a range named by its path.
 
-    ``depth=1`` covers the direct children (``layer1``), ``depth=3`` reaches ``layer1.0.conv1``. The
-    closing hook is registered with ``always_call=True`` so an exception in forward still pops the range.
-
-    No hooks are registered when ``ranges`` records nothing (``ranges.enabled`` is False): a module hook
-    costs every forward call, profiled or not.
+    ``depth=1`` covers the direct children (``layer1``), ``depth=3`` reaches ``layer1.0.conv1``. The closing
+    hook also runs when forward raises (``always_call``). Nothing is hooked when ``ranges`` records nothing:
+    a module hook costs every forward call.
 
     Returns:
-        the hook handles (empty when nothing is recorded); call ``handle.remove()`` on each to undo.
+        the hook handles; call ``handle.remove()`` on each to undo.
     """
     handles: list[RemovableHandle] = []
     if not ranges.enabled:
         return handles
-    # The hooks run on every forward call of every wrapped module: locals only, no method lookups.
-    local = ranges._local
-    stack_of = ranges._stack
-    push_prepared = ranges._push_prepared
-    pop = ranges._pop
-    for name, module in _modules_to_depth(root, depth):
-        token = ranges.prepare(name, "module")
+    for name, module in root.named_modules():
+        if not name or name.count(".") >= depth:
+            continue
 
-        def pre_hook(mod: nn.Module, args: Any, _token: Any = token) -> None:
-            push_prepared(_token)
-            try:
-                stack = local.stack
-            except AttributeError:  # first range on this thread
-                stack = stack_of()
-            stack.append(("module", mod))
+        def pre_hook(mod: nn.Module, args: Any, _name: str = name) -> None:
+            ranges.push(_name, "module", mod)
 
         def post_hook(mod: nn.Module, args: Any, output: Any) -> None:
-            # Pops only this module's own entry; a no-op when on_exception already closed everything.
-            try:
-                stack = local.stack
-            except AttributeError:
-                return
-            if stack:
-                top = stack[-1]
-                if top[1] is mod and top[0] == "module":  # the usual case: it is on top
-                    stack.pop()
-                    pop()
-                    return
+            # pops this module's own entry (a no-op when on_exception already closed everything)
             ranges.close("module", key=mod, match_key=True)
 
         handles.append(module.register_forward_pre_hook(pre_hook))
@@ -223,31 +148,15 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
     return handles
 
 
-# ------------------------------------------------------------------------------------------- callback
 class NVTXRanges(ObserverCallback):
     """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
 
-    On the trainer's thread, in the domain ``domain`` (``nvtx`` backend) with one color per phase::
-
-        step {global_step}                 on_train_batch_start -> on_train_batch_end
-          forward                          batch start -> on_before_zero_grad / on_before_backward
-          zero_grad                        on_before_zero_grad -> on_before_backward
-          backward                         on_before_backward -> on_after_backward
-          optimizer step                   on_before_optimizer_step -> on_train_batch_end
-          <module path> (module_depth > 0) each submodule's forward
-        data wait                          on_train_batch_end -> next on_train_batch_start (a sibling of
-                                           "step": fetching the next batch and moving it to the device)
-        validation                         on_validation_start -> on_validation_end
-          validation step {batch_idx}      on_validation_batch_start -> on_validation_batch_end
-
-    "data wait" is a push/pop range that never crosses "step": it is closed before "step" opens and before
-    validation starts, and reopened after a validation run inside ``fit``. Under gradient accumulation
-    several batches share a ``global_step`` and only the last one has "optimizer step".
-
-    Capture window: with ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()``
-    before the first batch with ``global_step >= start_step`` and ``torch.cuda.profiler.stop()`` after the
-    batch that brings ``global_step`` to ``stop_step``, and marks both in the timeline (the ``nsys`` command
-    that records only that window is in the module's documentation).
+    "step {global_step}" holds forward, zero_grad, backward and optimizer step (and, with ``module_depth``,
+    each submodule's forward); "data wait" lies between steps; "validation" holds "validation step {i}".
+    With ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()`` before the first
+    batch with ``global_step >= start_step`` and ``stop()`` after the batch that brings it to ``stop_step``,
+    marking both. The full layout and the ``nsys`` command: docs/nvtx.md. Without NVTX it warns once and
+    does nothing; on a CPU run the capture window is only marked.
 
     Args:
         module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
@@ -261,11 +170,6 @@ class NVTXRanges(ObserverCallback):
         validation: emit validation ranges.
         backend: ``"auto"``, ``"nvtx"`` or ``"torch"`` (see ``make_backend``).
         domain: NVTX domain name for the ``nvtx`` backend.
-
-    No metrics are logged. Without NVTX (CPU build of torch and no ``nvtx`` package) it warns once and does
-    nothing; the capture window needs CUDA and is marked but not started on CPU runs. In a Lightning Fabric
-    loop it runs through ``lightning_gpuopt.observe.fabric.FabricObserver`` (docs/fabric.md), whose calls
-    open the same ranges.
 
     Example:
         >>> ranges = NVTXRanges(module_depth=1, module_root="model", start_step=100, stop_step=110)
@@ -321,19 +225,16 @@ class NVTXRanges(ObserverCallback):
         self.domain = domain
         self._ranges: RangeStack | None = None
         self._emit = False  # a range stack whose backend records something (set in setup)
-        self._tokens: dict[str, Any] = {}  # fixed names resolved once by the backend
         self._handles: list[RemovableHandle] = []
         self._capturing = False
         self._cuda_capture = False
 
-    # ---- resources
     @property
     def ranges(self) -> RangeStack | None:
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
-    # ---- Lightning hooks beyond ObserverCallback's: ranges for every stage, module ranges once the model is
-    # configured (configure_model runs after setup, so lazily built layers get hooks too)
+    # ranges for every stage; module ranges once the model is configured (configure_model runs after setup)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin(TrainerLoop(trainer, pl_module))
@@ -350,13 +251,11 @@ class NVTXRanges(ObserverCallback):
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
-    # ---- the work, for any loop: resources
     def _begin(self, loop: Loop) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
             # Without a tool attached nothing is recorded: the hooks then only run the capture window.
             self._emit = self._ranges.enabled
-            self._tokens = {}
         self._capturing = False
 
     def _start(self, loop: Loop) -> None:
@@ -395,9 +294,7 @@ class NVTXRanges(ObserverCallback):
         self._remove_module_hooks()
         self._ranges = None
         self._emit = False
-        self._tokens = {}
 
-    # ---- capture window
     def _start_capture(self, loop: Loop) -> None:
         if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
             return
@@ -426,19 +323,12 @@ class NVTXRanges(ObserverCallback):
             torch.cuda.profiler.stop()
             self._cuda_capture = False
 
-    # ---- phases
-    def _token(self, name: str) -> Any:
-        token = self._tokens.get(name)
-        if token is None and self._ranges is not None:
-            token = self._tokens[name] = self._ranges.prepare(name, name, PHASE_COLORS[name])
-        return token
-
     def _phase(self, loop: Loop, name: str) -> None:
         ranges = self._ranges
         if not self._emit or ranges is None or not self.phases or not ranges.is_open("step"):
             return
         ranges.close("phase")
-        ranges.push_prepared(self._token(name), "phase", name)
+        ranges.push(name, "phase", name, color=PHASE_COLORS[name])
 
     def _after_backward(self, loop: Loop) -> None:
         if self._emit and self._ranges is not None:
@@ -447,13 +337,12 @@ class NVTXRanges(ObserverCallback):
     def _open_data_wait(self) -> None:
         ranges = self._ranges
         if self._emit and ranges is not None and self.data_wait and not ranges.is_open("data wait"):
-            ranges.push_prepared(self._token("data wait"), "data wait")
+            ranges.push("data wait", "data wait")
 
     def _close_data_wait(self) -> None:
         if self._ranges is not None:
             self._ranges.close("data wait")
 
-    # ---- training
     def _epoch_start(self, loop: Loop) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
@@ -473,7 +362,7 @@ class NVTXRanges(ObserverCallback):
             return
         ranges.push(f"step {loop.global_step}", "step", cache=False)
         if self.phases:
-            ranges.push_prepared(self._token("forward"), "phase", "forward")
+            ranges.push("forward", "phase", "forward", color=PHASE_COLORS["forward"])
 
     def _batch_end(self, loop: Loop, batch: Any) -> None:
         ranges = self._ranges
@@ -489,7 +378,6 @@ class NVTXRanges(ObserverCallback):
         self._open_data_wait()
 
     def _end(self, loop: Loop) -> None:
-        self._epoch_end(loop)
         self._close_everything()
 
     def _epoch_end(self, loop: Loop) -> None:
@@ -498,7 +386,6 @@ class NVTXRanges(ObserverCallback):
             self._ranges.close("step")
             self._close_data_wait()
 
-    # ---- validation
     def _validation_start(self, loop: Loop) -> None:
         self._add_module_hooks(loop.module)
         self._close_data_wait()
@@ -522,19 +409,6 @@ class NVTXRanges(ObserverCallback):
         if fitting:
             self._open_data_wait()
 
-    # ---- state
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        # Nothing to resume: the capture window is defined by global_step, which the trainer restores.
-        return {}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
-
     def __getstate__(self) -> dict[str, Any]:
-        # Picklable (e.g. for spawn launchers): ranges and hook handles are per process and rebuilt in setup.
-        state = self.__dict__.copy()
-        state["_ranges"] = None
-        state["_handles"] = []
-        return state
+        # picklable (spawn launchers): ranges and hook handles are per process and rebuilt in setup
+        return {**self.__dict__, "_ranges": None, "_handles": []}

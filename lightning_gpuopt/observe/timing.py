@@ -1,8 +1,5 @@
-"""Host-side step timing: step time, time waiting for data, and samples/s, from ``time.perf_counter`` only.
-
-Nothing here touches the GPU, so the timer costs a few hundred nanoseconds a step and never synchronises.
-``loader_fetch_seconds`` reads how long a loader's consumer spent inside ``next()``, where the loader says.
-"""
+"""Host-side step timing from ``time.perf_counter`` only (never touches the GPU), and how long a loader's
+consumer spent inside ``next()``, where the loader says."""
 
 from __future__ import annotations
 
@@ -37,12 +34,8 @@ CPU_WAIT_NOTE = (
 
 
 def loader_fetch_seconds(loaders: Any) -> float | None:
-    """Cumulative seconds spent inside the ``next()`` of ``loaders`` (a loader, or a list/dict of them).
-
-    Read from each loader's ``fetch_seconds`` attribute (``_common.FETCH_SECONDS_ATTR``), which
-    ``ContinuousDataLoader`` and ``DALILoader`` keep. ``None`` when any loader does not keep it: a part
-    that cannot be measured is not guessed.
-    """
+    """Cumulative seconds spent inside the ``next()`` of ``loaders`` (a loader, or a list/dict of them), from
+    their ``fetch_seconds`` attribute; ``None`` when any loader does not keep it."""
     items = list(loaders.values()) if isinstance(loaders, Mapping) else loaders
     if not isinstance(items, (list, tuple)):
         items = [items]
@@ -77,16 +70,10 @@ def batch_size_of(batch: Any) -> int:
 class StepTimer:
     """Accumulates per-step host timings into windows.
 
-    A step's *data wait* is the time from the end of the previous training batch (or from ``mark()``, e.g. the
-    start of an epoch or the end of a validation run) to the start of this one: the time the loop spent
-    fetching and transferring the next batch. Its *compute* is batch start to batch end on the host. Step
-    time is their sum.
-
-    ``window()`` returns, over the steps since the previous call: ``time/step_ms`` (mean ms a step),
-    ``time/data_wait_ms`` (mean ms a step), ``time/data_wait_frac`` (total wait / total step time, 0..1) and
-    ``throughput/samples_per_sec``; an empty dict when no step completed. When ``add_loader_wait`` was
-    called in the window it adds ``time/loader_wait_frac``: time inside the loader's ``next()`` / total
-    step time (a part of the data wait).
+    A step's *data wait* runs from the end of the previous training batch (or from ``mark()``) to the start
+    of this one; its *compute* from batch start to batch end. ``window()`` returns ``HOST_KEYS`` over the
+    steps since the previous call (empty when none), and ``time/loader_wait_frac`` where ``add_loader_wait``
+    was called in the window.
 
     Example:
         >>> timer = StepTimer()

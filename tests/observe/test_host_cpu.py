@@ -122,6 +122,15 @@ def test_a_window_shorter_than_a_tick_leaves_the_cores_to_the_next(monkeypatch):
     assert w["host/cpu_busy_frac"] == pytest.approx(0.8)
 
 
+def test_fully_busy_cores_never_read_above_one(monkeypatch):
+    # two cores busy the whole window: float sums of the counters can come out a hair above 1
+    fake, reader = _reader(monkeypatch, [10.0, 12.0])
+    fake.cores = [_core(95603.87, 94783.27), _core(5664.57, 8496.35)]
+    reader.read()
+    fake.cores = [_core(95603.87 + 2.51, 94783.27), _core(5664.57 + 2.21, 8496.35)]
+    assert reader.window()["host/cpu_busy_frac"] == 1.0
+
+
 def test_a_main_thread_psutil_cannot_name_leaves_out_the_thread_split(monkeypatch):
     fake, reader = _reader(monkeypatch, [10.0, 12.0])
     reader.main_tid = 4242  # e.g. macOS, whose thread ids are not native ids

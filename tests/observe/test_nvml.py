@@ -11,72 +11,35 @@ from lightning_gpuopt.observe.nvml import (
     NVMLSampler,
     normalize_uuid,
     nvml_device_index,
-    parse_cuda_visible_devices,
 )
 from tests.observe import fake_pynvml
 from tests.observe.fake_pynvml import UUIDS, install
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, None),
-        ("", []),
-        ("0,2", ["0", "2"]),
-        (" 3 , 1 ", ["3", "1"]),
-        ("GPU-2222,1", ["GPU-2222", "1"]),
-        ("0,-1,2", ["0"]),  # CUDA stops at the first invalid entry
-        ("1,foo,2", ["1"]),
-        ("MIG-abc", ["MIG-abc"]),
-    ],
-)
-def test_parse_cuda_visible_devices(value, expected):
-    assert parse_cuda_visible_devices(value) == expected
-
-
-def test_index_without_cuda_visible_devices(monkeypatch):
+def test_index_is_matched_by_uuid_whatever_cuda_visible_devices_says(monkeypatch):
+    # torch numbers the visible devices from 0; NVML all of them: the UUID is the name both share
     fake = install(monkeypatch)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert nvml_device_index("cuda:2") == 2
-    assert nvml_device_index(1) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: {0: UUIDS[3], 1: UUIDS[2]}[i])
+    assert nvml_device_index("cuda:0") == 3
+    assert nvml_device_index(1) == 2
     assert fake.refcount == 0 and fake.init_calls == 2  # every init is matched by a shutdown
 
 
-def test_index_through_cuda_visible_devices_indices(monkeypatch):
-    install(monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    assert nvml_device_index("cuda:0") == 3
-    assert nvml_device_index("cuda:1") == 1
-    with pytest.raises(ValueError, match="not in CUDA_VISIBLE_DEVICES"):
-        nvml_device_index("cuda:2")
-
-
-def test_index_through_cuda_visible_devices_uuids(monkeypatch):
-    install(monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[3]},GPU-1111,GPU-2222")
-    assert nvml_device_index(0) == 3  # full UUID
-    assert nvml_device_index(1) == 0  # unique prefix
-    with pytest.raises(ValueError, match="matches 2 NVML devices"):
-        nvml_device_index(2)  # GPU-2222 is a prefix of two UUIDs
-
-
-def test_index_mig_and_cpu_device_are_refused(monkeypatch):
+def test_index_refuses_mig_a_cpu_device_and_what_it_cannot_match(monkeypatch):
     fake = install(monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5c6a0a3f-0000")
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: "MIG-5c6a0a3f-0000")
     with pytest.raises(ValueError, match="MIG"):
         nvml_device_index(0)
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: "GPU-ffffffff-0000")
+    with pytest.raises(ValueError, match=r"no NVML device has the UUID of CUDA device 0.*nvml_index"):
+        nvml_device_index(0)
     assert fake.refcount == 0
+    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: None)
+    with pytest.raises(ValueError, match="nvml_index"):
+        nvml_device_index(0)
     with pytest.raises(ValueError, match="CUDA device"):
         nvml_device_index("cpu")
-
-
-def test_torch_uuid_wins_over_cuda_visible_devices(monkeypatch):
-    # torch knows the device's UUID (CUDA builds): it is matched in NVML, whatever the enumeration order
-    install(monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    monkeypatch.setattr(nvml, "_torch_device_uuid", lambda i: UUIDS[2] if i == 1 else None)
-    assert nvml_device_index(1) == 2
-    assert nvml_device_index(0) == 0
 
 
 def test_sampler_windows_follow_the_load(monkeypatch):
