@@ -26,8 +26,6 @@ from lightning_gpuopt.data.dali_pipeline import (
     decode_error,
     default_num_threads,
     measure_decode_rates,
-    renice_dali_workers,
-    thread_ids,
     validate_image_files,
 )
 from lightning_gpuopt.data.transforms import AugmentConfig
@@ -36,9 +34,6 @@ __all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
 
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
 _MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder
-#: nice increment of DALI's pool threads when they decode on the CPU: the pool soaks up idle cores, never
-#: the training loop's
-CPU_DECODER_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -263,7 +258,6 @@ class DALILoader:
                 f"DALILoader: JPEGs decoded {where} (decoder={decoder!r}): {reason}; "
                 "DALIOptions(decoder='cpu' or 'gpu') overrides"
             )
-        self.worker_nice = CPU_DECODER_NICE if decoder == "cpu" else 0
         rates = self._rates
         self.feed_info = DALIFeedInfo(
             backend="dali",
@@ -292,15 +286,12 @@ class DALILoader:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         pipe, iterator_kwargs = self._pipeline()
-        threads_before = thread_ids()
         try:
             self._iterator = DALIGenericIterator(
                 pipe, ["images", "labels"], auto_reset=True, **iterator_kwargs
             )
         except RuntimeError as err:
             raise self._decode_error(err) from err
-        if self.worker_nice:
-            renice_dali_workers(threads_before, self.worker_nice)
         self._built()
 
     def _pipeline_kwargs(self) -> dict[str, Any]:

@@ -3,7 +3,6 @@ checks and diagnostics around it."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -440,27 +439,3 @@ def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
         f"{message}\nlightning-gpuopt: an image failed to decode and no file could be identified within "
         f"{_SEARCH_BUDGET_S:.0f} s; check the data set with PIL (Image.open(path).load())"
     )
-
-
-# -- thread priority ---------------------------------------------------------------------------------
-
-
-def thread_ids() -> set[int]:
-    """Ids of this process's threads (Linux; empty elsewhere)."""
-    try:
-        return {int(t) for t in os.listdir("/proc/self/task")}
-    except OSError:
-        return set()
-
-
-def renice_dali_workers(existing: set[int], nice: int) -> None:
-    """Lower by ``nice`` the priority of DALI's pool threads (``[DALI][TP<n>]...``) started since
-    ``existing`` (thread ids); its executor's, the CUDA driver's and the training loop's keep theirs."""
-    for tid in sorted(thread_ids() - existing):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                name = fh.read().strip()
-            if name.startswith("[DALI][TP"):
-                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-        except OSError:  # the thread ended meanwhile
-            continue

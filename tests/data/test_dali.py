@@ -313,7 +313,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     assert dali_pipeline.default_num_threads(8, "cpu") == 1
     dm = _dm(jpeg_folder, dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
-    assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
+    assert loader.options == DALIOptions("cpu", 14)
     assert loader.feed_info == DALIFeedInfo(
         backend="dali",
         batch_size=4,
@@ -391,29 +391,6 @@ def test_gpu_cpu_decoder_feeds_the_gpu_like_nvjpeg(jpeg_folder):
     )
     images, _ = next(iter(train))
     assert images.shape == (8, 3, 24, 24) and images.device.type == "cuda"
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_cpu_decoding_lowers_only_the_dali_pool_threads(jpeg_folder):
-    import os
-
-    files, labels = _indexed(jpeg_folder)
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    before = set(os.listdir("/proc/self/task"))  # threads of other tests' pipelines are not this loader's
-    loader = _loader(files, labels, batch_size=4, train=False, options=DALIOptions("cpu", 2))
-    images, _ = next(iter(loader))
-    assert images.shape == (4, 3, 16, 16)
-    names = {}
-    for tid in set(os.listdir("/proc/self/task")) - before:
-        with open(f"/proc/self/task/{tid}/comm") as fh:
-            names[int(tid)] = fh.read().strip()
-    pool = [t for t, n in names.items() if n.startswith("[DALI][TP")]
-    assert len(pool) >= 2
-    assert all(os.getpriority(os.PRIO_PROCESS, t) == min(19, base + 10) for t in pool)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the training loop's thread keeps its priority
-    others = [t for t, n in names.items() if "Executor" in n]
-    assert others and all(os.getpriority(os.PRIO_PROCESS, t) == base for t in others)
-    loader.close()
 
 
 class _Recorder(pl.LightningModule):
