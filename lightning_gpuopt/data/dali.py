@@ -21,13 +21,13 @@ from lightning_gpuopt.data.dali_pipeline import (
     SAMPLE_JPEGS,
     DecodeRates,
     build_dali_pipeline,
-    choose_decoder,
     dali_modules,
     decode_error,
     default_num_threads,
     measure_decode_rates,
     validate_image_files,
 )
+from lightning_gpuopt.data.decode_choice import choose_decoder
 from lightning_gpuopt.data.transforms import AugmentConfig
 
 __all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
@@ -93,9 +93,8 @@ class DALIOptions:
         elif measure is None:
             decoder, reason = "gpu", "nvJPEG: no files given to measure the CPU threads on"
         else:
-            decoder, reason = choose_decoder(
-                measure(self.threads or default_num_threads(local_world_size, "cpu"))
-            )
+            rates = measure(self.threads or default_num_threads(local_world_size, "cpu"))
+            decoder, reason = choose_decoder(rates.threads, rates.cpu, rates.gpu, images=rates.images)
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 

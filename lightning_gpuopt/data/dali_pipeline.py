@@ -78,24 +78,6 @@ class DecodeRates:
     threads: int
 
 
-def choose_decoder(rates: DecodeRates) -> tuple[str, str]:
-    """``("cpu" | "gpu", reason)``: CPU threads where they decode at least as fast as nvJPEG, else nvJPEG.
-
-    Example:
-        >>> choose_decoder(DecodeRates(cpu=5900.0, gpu=9800.0, images=64, threads=14))[0]
-        'gpu'
-        >>> choose_decoder(DecodeRates(cpu=12000.0, gpu=9800.0, images=64, threads=30))[0]
-        'cpu'
-    """
-    head = f"{rates.threads} CPU threads {rates.cpu:,.0f} img/s"
-    tail = f", measured on {rates.images} of your files"
-    if rates.gpu is None:
-        return "cpu", f"{head}{tail}; no GPU to decode on"
-    if rates.gpu > rates.cpu:
-        return "gpu", f"nvJPEG {rates.gpu:,.0f} img/s > {head}{tail}"
-    return "cpu", f"{head} >= nvJPEG {rates.gpu:,.0f} img/s{tail}: the GPU is left to the model"
-
-
 def measure_decode_rates(
     jpegs: Sequence[bytes], *, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> DecodeRates:

@@ -21,6 +21,7 @@ from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
 from lightning_gpuopt.data import dali_pipeline
 from lightning_gpuopt.data.dali import DALIFeedInfo, DALILoader, DALIOptions, build_dali_loader
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.decode_choice import choose_decoder
 from lightning_gpuopt.data.folder import scan_image_folder
 from lightning_gpuopt.data.transforms import AugmentConfig
 from tests._ddp import CloseProcessGroup
@@ -264,13 +265,12 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
 def test_decoder_rule_weighs_the_rates_measured_on_the_runs_files():
     """The default decoder follows this host's rates, measured on the run's own files, not one host's
     training rate for one model: CPU threads where they decode at least as fast as nvJPEG here."""
-    rates = dali_pipeline.DecodeRates
-    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=5_900.0, gpu=9_800.0, images=64, threads=14))
+    decoder, reason = choose_decoder(14, 5_900.0, 9_800.0, images=64)
     assert decoder == "gpu"
     assert reason == "nvJPEG 9,800 img/s > 14 CPU threads 5,900 img/s, measured on 64 of your files"
-    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=12_000.0, gpu=9_800.0, images=64, threads=30))
+    decoder, reason = choose_decoder(30, 12_000.0, 9_800.0, images=64)
     assert decoder == "cpu" and reason.endswith("measured on 64 of your files: the GPU is left to the model")
-    assert dali_pipeline.choose_decoder(rates(cpu=100.0, gpu=None, images=8, threads=1))[0] == "cpu"
+    assert choose_decoder(1, 100.0, None, images=8)[0] == "cpu"
     assert not hasattr(dali_pipeline, "NVJPEG_TRAINING_RATE")  # no other host's figure stands in
 
 
@@ -522,10 +522,8 @@ def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, mo
         loaders = [_loader(files[:8], labels[:8], **kw) for _ in range(2)]
     info = loaders[0].feed_info
     assert info.cpu_decode_rate > 0 and info.gpu_decode_rate > 0  # both measured on these files
-    rates = dali_pipeline.DecodeRates(
-        info.cpu_decode_rate, info.gpu_decode_rate, 8, loaders[0]._rates.threads
-    )
-    assert (info.decoder, info.decoder_reason) == dali_pipeline.choose_decoder(rates)
+    rule = choose_decoder(loaders[0]._rates.threads, info.cpu_decode_rate, info.gpu_decode_rate, images=8)
+    assert (info.decoder, info.decoder_reason) == rule
     assert sum(info.decoder_reason in r.getMessage() for r in caplog.records) == 1  # logged once
     images, _ = next(iter(loaders[0]))
     assert images.device.type == "cuda" and images.shape == (8, 3, 24, 24)
