@@ -249,14 +249,7 @@ class DALIStoreLoader(DALILoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict``; the pipeline is rebuilt at that batch on the next ``__iter__``."""
-        shards = state_dict.get("num_shards", self.num_shards)
-        check_arg(
-            shards == self.num_shards,
-            "the DALI store state's num_shards (ranks)",
-            shards,
-            f"this run's {self.num_shards}",
-            "resume with the same number of devices or drop the loader state",
-        )
+        self._check_shards(state_dict)
         self.close()
         self._epoch, self._position = int(state_dict.get("epoch", 0)), int(state_dict.get("position", 0))
         self._skip_on_resume = int(state_dict.get("yielded", 0))
