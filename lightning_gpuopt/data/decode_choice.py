@@ -1,5 +1,5 @@
-"""Where a run decodes its JPEGs without DALI (nvJPEG or threads of the training process), measured at
-setup on the run's own files and stated in one line."""
+"""Where a run decodes its JPEGs: ``choose_decoder``, the one rule (DALI's too), and for the in-process
+backends nvJPEG or threads of the training process, measured at setup on the run's own files."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def choose_decoder(
     images: int | None = None,
 ) -> tuple[str, str]:
     """``("cpu" | "gpu", reason)``: CPU threads where they decode at least ``model_rate`` (when known) or
-    nvJPEG's ``gpu_rate`` (``None``: no GPU); nvJPEG otherwise. The DALI and in-process backends' one rule.
+    nvJPEG's ``gpu_rate`` (``None``: no GPU); nvJPEG otherwise.
 
     Args:
         threads: the CPU threads measured.
@@ -65,10 +65,7 @@ def choose_decoder(
     if gpu_rate is None:
         return "cpu", f"{head}{tail}; no GPU to decode on"
     if model_rate is not None and cpu_rate >= model_rate:
-        return (
-            "cpu",
-            f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at{tail}: the GPU is left to it",
-        )
+        return "cpu", f"{head} >= the model's {model_rate:,.0f} img/s{tail}: the GPU is left to it"
     if gpu_rate > cpu_rate:
         slow = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
         return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{slow}{tail}"
@@ -104,18 +101,14 @@ def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, im
         cpu = len(indices) / (time.perf_counter() - start)
     crops = NVJPEGCrops(image_size, AugmentConfig(), seed=0, device=device)
     batch = read_jpeg_batch(dataset, indices)
-    if device.type != "cuda":  # torchvision's CPU decoder in nvJPEG's place
-        crops(batch)
-        start = time.perf_counter()
-        crops(batch)
-        return cpu, len(batch) / (time.perf_counter() - start)
-    side = torch.cuda.Stream(device)
-    with torch.cuda.device(device), torch.cuda.stream(side):
-        crops(batch)  # nvJPEG's handle and buffers are made on the first batch
-        side.synchronize()
-        start = time.perf_counter()
-        crops(batch)
-        side.synchronize()
+    cuda = device.type == "cuda"  # on a CPU, torchvision's CPU decoder stands in for nvJPEG
+    side = torch.cuda.Stream(device) if cuda else None  # the staging thread's side stream, as in training
+    with torch.cuda.device(device if cuda else -1), torch.cuda.stream(side):
+        for _ in range(2):  # the first batch makes nvJPEG's handle and buffers
+            start = time.perf_counter()
+            crops(batch)
+            if side is not None:
+                side.synchronize()
     return cpu, len(batch) / (time.perf_counter() - start)
 
 

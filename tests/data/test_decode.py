@@ -259,7 +259,7 @@ def test_the_rule_weighs_the_measured_rates():
         and why == "14 CPU threads 11,200 img/s >= nvJPEG 9,000 img/s: the GPU is left to the model"
     )
     decoder, why = choose_decoder(14, 4200, 9000, model_rate=4000)
-    assert decoder == "cpu" and "the rate the model trains at" in why  # CPU threads keep up: GPU left alone
+    assert decoder == "cpu" and "the model's 4,000 img/s" in why  # CPU threads keep up: GPU left alone
     decoder, why = choose_decoder(6, 1800, 9000, model_rate=4000)
     assert decoder == "gpu" and why.endswith("< 4,000 img/s the model trains at")
 
