@@ -15,7 +15,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpuopt._checks import check_arg, check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
-    DECODERS,
     READER_NAME,
     SAMPLE_JPEGS,
     DecodeRates,
@@ -26,6 +25,7 @@ from lightning_gpuopt.data.dali_pipeline import (
     measure_decode_rates,
     validate_image_files,
 )
+from lightning_gpuopt.data.decode import DECODERS
 from lightning_gpuopt.data.decode_choice import choose_decoder
 from lightning_gpuopt.data.transforms import AugmentConfig
 

@@ -12,11 +12,10 @@ from typing import Any
 from lightning_gpuopt._checks import check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size
 from lightning_gpuopt._imports import require_dali
+from lightning_gpuopt.data.decode import DECODERS
 from lightning_gpuopt.data.transforms import CROP_ATTEMPTS, AugmentConfig
 
 READER_NAME = "Reader"
-#: where a GPU run decodes its JPEGs: nvJPEG on the GPU, or libjpeg-turbo on DALI's CPU threads
-DECODERS = ("gpu", "cpu")
 #: batches DALI prepares ahead
 PREFETCH_QUEUE_DEPTH = 2
 #: the training shuffle's seed: the same on every rank, so shards stay disjoint
