@@ -142,18 +142,17 @@ def resize_weights(
     size: int,
     extent: int,
     band: int,
-    antialias: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``(N, size, extent)`` matrices of PIL's bilinear resize of each box (``start``, ``length``) along one
     axis: output ``o`` reads input ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``f = max(length / size,
-    1)`` with ``antialias``, nothing at or past ``valid``, rows normalized, over ``band`` pixels a row;
+    1)`` (PIL's antialiasing), nothing at or past ``valid``, rows normalized, over ``band`` pixels a row;
     ``flip`` reverses the output."""
     n, device = start.shape[0], start.device
     start, length = start.to(torch.float32).view(n, 1, 1), length.to(torch.float32).view(n, 1, 1)
     valid = valid.to(device=device, dtype=torch.float32).view(n, 1, 1)
     scale = length / size
-    half = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    half = scale.clamp(min=1.0)
     o = torch.arange(size, device=device, dtype=torch.float32).view(1, size, 1) + 0.5
     if flip is not None:
         o = torch.where(flip.view(n, 1, 1), size - o, o)
@@ -179,7 +178,6 @@ def resample(
     flip: torch.Tensor | None,
     size: int,
     band: int,
-    antialias: bool = True,
 ) -> torch.Tensor:
     """Each box ``(x0, y0, w, h)`` (upright image pixels) of its contiguous ``(N, C, H, W)`` canvas, stored as
     ``meta`` says, resized to ``size x size`` by two batched matrix products (``resize_weights``): rounded,
@@ -197,7 +195,7 @@ def resample(
         torch.cat([torch.where(t, bh, bw), torch.where(t, bw, bh)]),
         torch.cat([meta[:, 1], meta[:, 0]]),
         torch.cat([torch.where(t, no_flip, f), torch.where(t, f, no_flip)]),
-        size, max(ch, cw), band, antialias, images.dtype,
+        size, max(ch, cw), band, images.dtype,
     )  # fmt: skip
     cols, rows = weights[:n, :, :cw], weights[n:, :, :ch]
     # (N, T, C*H): columns first (the longer axis); then the rows, as rows x tmp^T: (N, S, T*C), so the
@@ -262,7 +260,6 @@ class GPUAugment(nn.Module):
         std: per-channel std in [0, 1] units.
         output_dtype: dtype of the output (resampling runs in float16 on a GPU, float32 on a CPU).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
-        antialias: low-pass the samples a box shrinks, as PIL does; ``False``: plain bilinear (aliases).
 
     Example:
         >>> from lightning_gpuopt.data import layout
@@ -282,7 +279,6 @@ class GPUAugment(nn.Module):
         std: Sequence[float] = IMAGENET_STD,
         output_dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
-        antialias: bool = True,
     ) -> None:
         super().__init__()
         check_int(image_size, "image_size", low=1, what="(pixels)")
@@ -299,8 +295,6 @@ class GPUAugment(nn.Module):
         self.mean, self.std = check_mean_std(mean, std)
         self.output_dtype = output_dtype
         self.generator = generator
-        check_arg(isinstance(antialias, bool), "antialias", antialias, "True or False", error=TypeError)
-        self.antialias = antialias
         # per-device normalization constants: built once, so no host->device copy per step
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -324,8 +318,6 @@ class GPUAugment(nn.Module):
 
     def band(self, canvas: tuple[int, int], train: bool) -> int:
         """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
-        if not self.antialias:
-            return band_size(1.0)
         # a training crop can span the whole stored image; the evaluation box is image_size /
         # eval_resize_size of the stored image's scale
         largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
@@ -363,12 +355,9 @@ class GPUAugment(nn.Module):
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
         band = self.band((images.shape[1], images.shape[2]), train)
-        x = resample(x, meta, boxes, flip, self.image_size, band, self.antialias)
+        x = resample(x, meta, boxes, flip, self.image_size, band)
         scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
     def extra_repr(self) -> str:
-        return (
-            f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}, "
-            f"antialias={self.antialias}"
-        )
+        return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"
