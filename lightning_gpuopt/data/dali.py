@@ -221,8 +221,7 @@ class DALILoader:
 
     def settle(self, decoder: str, threads: int, reason: str) -> None:
         """Build the pipeline with ``decoder`` on ``threads`` threads (``reason`` logged once a process)."""
-        self.options = DALIOptions(decoder, threads)
-        self._decoder, self._threads = decoder, threads  # what the pipeline is built with
+        self.options = DALIOptions(decoder, threads)  # what the pipeline is built with
         if self.device.type == "cuda" and reason not in _LOGGED and "DALIOptions(" not in reason:
             _LOGGED.add(reason)
             where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
@@ -272,8 +271,11 @@ class DALILoader:
             "batch_size": self.batch_size,
             "image_size": self.image_size,
             "device_id": self.device.index if self.device.type == "cuda" else None,
-            "decoder": self._decoder,
-            "num_threads": self._threads,
+            "decoder": self.options.decoder,
+            "num_threads": self.options.threads,
+            "train": self.train,
+            "shard_id": self.shard_id,
+            "num_shards": self.num_shards,
             "augment": self.augment,
             "mean": self.mean,
             "std": self.std,
@@ -285,17 +287,9 @@ class DALILoader:
         """The pipeline over the files (checked first), and the ``DALIGenericIterator`` arguments for it."""
         from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
-        validate_image_files(self.files, num_threads=self._threads)
-        pipe = build_dali_pipeline(
-            self.files,
-            self.labels,
-            train=self.train,
-            shard_id=self.shard_id,
-            num_shards=self.num_shards,
-            checkpointing=self.train,
-            checkpoint=self._checkpoint,
-            **self._pipeline_kwargs(),
-        )
+        validate_image_files(self.files, num_threads=self.options.threads or 1)
+        kw = {"checkpointing": self.train, "checkpoint": self._checkpoint, **self._pipeline_kwargs()}
+        pipe = build_dali_pipeline(self.files, self.labels, **kw)
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.PARTIAL
         return pipe, {"reader_name": READER_NAME, "last_batch_policy": policy}
 

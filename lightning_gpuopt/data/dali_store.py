@@ -189,7 +189,7 @@ class DALIStoreLoader(DALILoader):
             first_epoch=self._epoch,
             skip=self._position,
         )
-        pipe = build_dali_pipeline([], [], train=True, source=self._source, **self._pipeline_kwargs())
+        pipe = build_dali_pipeline([], [], source=self._source, **self._pipeline_kwargs())
         return pipe, {"last_batch_policy": LastBatchPolicy.DROP}
 
     def _built(self) -> None:
