@@ -1,6 +1,4 @@
-"""Source images smaller than the size a conversion stores them at, by the package's one rule of stored sizes
-(``_common.upsamples``): what ``convert`` warns about, as ``OptimizedDataModule`` refuses a store smaller than
-its crops."""
+"""Source images smaller than the size a conversion stores them at (``_common.upsamples``): ``convert`` warns."""
 
 from __future__ import annotations
 
@@ -11,8 +9,7 @@ from lightning_gpuopt._common import upsamples, warn_at_user
 
 
 def source_size(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """``(width, height)`` of the image file at ``path`` from its header, ``(0, 0)`` where it cannot be read
-    (its decoding reports that)."""
+    """``(width, height)`` of the image file at ``path`` from its header, ``(0, 0)`` where it cannot be read."""
     from PIL import Image
 
     try:
@@ -32,8 +29,7 @@ def smaller_sources(
 
 
 def warn_upsampled(count: int, total: int, smallest: tuple[int, int], storage_size: int) -> None:
-    """Warn (each conversion of its own): ``count`` of ``total`` sources are smaller than ``storage_size``, the
-    smallest, and the size that upsamples none (``lightning-gpuopt convert`` says it spelled ``--size``)."""
+    """Warn that ``count`` of ``total`` sources are smaller than ``storage_size``, and which size upsamples none."""
     short = min(smallest)
     warn_at_user(
         f"{count} of {total} source images have a shorter side below storage_size={storage_size} (the smallest "

@@ -1,6 +1,5 @@
-"""NVIDIA DALI backend (docs/dali.md): ``DALIOptions``, and ``DALILoader``, a Lightning-ready loader over a
-DALI pipeline (``dali_pipeline``): its length known up front, partial epochs continued, the same batch count on
-every rank, resumable. Importing this module does not import DALI."""
+"""NVIDIA DALI backend (docs/dali.md): ``DALIOptions`` and ``DALILoader``, a Lightning-ready loader over a
+DALI pipeline (``dali_pipeline``). Importing this module does not import DALI."""
 
 from __future__ import annotations
 
@@ -16,39 +15,33 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpuopt._checks import check_arg, check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
-    DECODERS,
     READER_NAME,
     SAMPLE_JPEGS,
     DecodeRates,
     build_dali_pipeline,
-    choose_decoder,
     dali_modules,
     decode_error,
     default_num_threads,
     measure_decode_rates,
-    renice_dali_workers,
-    thread_ids,
     validate_image_files,
 )
+from lightning_gpuopt.data.decode import DECODERS
+from lightning_gpuopt.data.decode_choice import choose_decoder
 from lightning_gpuopt.data.transforms import AugmentConfig
 
 __all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
 
 _LOGGED: set[str] = set()  # decoder choices already logged in this process
 _MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder
-#: nice increment of DALI's pool threads when they decode on the CPU: the pool soaks up idle cores, never
-#: the training loop's
-CPU_DECODER_NICE = 10
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
 class DALIOptions:
-    """What a user decides about the DALI backend; everything else is fixed at its measured best.
+    """What a user decides about the DALI backend (docs/dali.md#options-dalioptions).
 
     Attributes:
-        decoder: ``None`` (default): ``choose_decoder`` on rates measured on the split's own files when the
-            loader is built. ``"gpu"``: nvJPEG (DALI's ``"mixed"`` decoder). ``"cpu"``: libjpeg-turbo on
-            DALI's CPU threads. A CPU run decodes on the CPU whatever this says.
+        decoder: ``None``: measured on the run's files; ``"gpu"``: nvJPEG; ``"cpu"``: DALI's CPU threads.
         threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder.
 
     Example:
@@ -83,9 +76,8 @@ class DALIOptions:
         cuda: bool = True,
         measure: Callable[[int], DecodeRates] | None = None,
     ) -> tuple[str, int, str]:
-        """``(decoder, threads, reason)`` for a run with ``local_world_size`` ranks on this machine: ``"cpu"``
-        without ``cuda``, ``decoder`` where set, else ``choose_decoder`` on ``measure(threads)`` (nvJPEG
-        with nothing to measure on); ``threads`` or ``default_num_threads`` for that decoder.
+        """``(decoder, threads, reason)`` for ``local_world_size`` ranks on this machine: ``"cpu"`` without
+        ``cuda``, ``decoder`` where set, else ``choose_decoder`` on ``measure(threads)`` (nvJPEG without it).
 
         Example:
             >>> DALIOptions(decoder="cpu", threads=4).resolved()
@@ -98,9 +90,8 @@ class DALIOptions:
         elif measure is None:
             decoder, reason = "gpu", "nvJPEG: no files given to measure the CPU threads on"
         else:
-            decoder, reason = choose_decoder(
-                measure(self.threads or default_num_threads(local_world_size, "cpu"))
-            )
+            rates = measure(self.threads or default_num_threads(local_world_size, "cpu"))
+            decoder, reason = choose_decoder(rates.threads, rates.cpu, rates.gpu, images=rates.images)
         return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
 
 
@@ -124,21 +115,15 @@ class DALIFeedInfo(FeedInfo):
 
 
 class DALILoader:
-    """Lightning-ready iterable over a DALI pipeline: ``(images, labels)`` batches on the device.
-
-    ``images``: an NCHW channels_last view of DALI's normalized NHWC output; ``labels``: int64 ``(batch,)``.
-    Training yields ``floor(floor(N / world_size) / batch_size)`` batches a rank and a new ``__iter__``
-    continues a partial epoch; evaluation sees each sample once across ranks, every rank the same number of
-    batches (docs/dali.md). ``state_dict`` holds DALI's checkpoint, so a resumed fit continues the sample
-    order. ``feed_info`` (``DALIFeedInfo``) describes the feed; ``fetch_seconds`` is the time the consumer
-    waited for batches.
+    """Lightning-ready iterable over a DALI pipeline: ``(channels_last NCHW images, int64 labels)`` on the
+    device; epochs, ranks, resuming and ``feed_info`` as docs/dali.md says.
 
     Args:
         files: image paths of the whole split (every rank passes the same list).
         labels: class index per file.
         batch_size: per-rank batch size.
         image_size: output height and width.
-        train: training semantics (shuffle, whole batches, continue partial epochs, checkpointing).
+        train: training semantics (shuffle, whole batches, partial epochs continued, checkpointing).
         augment: the training crop and flip; ``None`` trains on the evaluation transform.
         device: ``torch.device`` to deliver to; CUDA runs a GPU pipeline, CPU a CPU pipeline.
         shard_id: this rank (global rank).
@@ -148,8 +133,7 @@ class DALILoader:
         std: per-channel standard deviation in [0, 1] units.
         options: ``DALIOptions`` (decoder, threads).
         local_world_size: training processes on this machine (they share its CPUs).
-        epoch_batches: optional callable returning how many batches the consumer takes per epoch (the
-            Trainer's ``num_training_batches``); decides whether a restored state is mid-epoch.
+        epoch_batches: callable giving the batches the consumer takes an epoch (``num_training_batches``).
 
     Example:
         >>> loader = DALILoader(files, labels, batch_size=256, image_size=224, train=True,
@@ -184,32 +168,15 @@ class DALILoader:
         check_int(image_size, "image_size", low=1)
         check_arg(0 <= shard_id < num_shards, "shard_id", shard_id, f"in [0, num_shards={num_shards})")
         check_int(local_world_size, "local_world_size", low=1)
-        check_arg(
-            dtype in (torch.float16, torch.bfloat16, torch.float32),
-            "dtype",
-            dtype,
-            "torch.float16, torch.bfloat16 or torch.float32",
-            error=TypeError,
-        )
-        check_arg(
-            options is None or isinstance(options, DALIOptions),
-            "options",
-            options,
-            "None or DALIOptions(...)",
-            error=TypeError,
-        )
+        check_arg(dtype in _DTYPES, "dtype", dtype, f"one of {_DTYPES}", error=TypeError)
+        for name, value, cls in (("options", options, DALIOptions), ("augment", augment, AugmentConfig)):
+            ok = value is None or isinstance(value, cls)
+            check_arg(ok, name, value, f"None or {cls.__name__}(...)", error=TypeError)
         self.files = list(files)
         self.labels = [int(v) for v in labels]
         self.batch_size = int(batch_size)
         self.image_size = int(image_size)
         self.train = bool(train)
-        check_arg(
-            augment is None or isinstance(augment, AugmentConfig),
-            "augment",
-            augment,
-            "None or AugmentConfig(...)",
-            error=TypeError,
-        )
         self.augment = augment if self.train else None
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -253,9 +220,8 @@ class DALILoader:
         return self._rates
 
     def settle(self, decoder: str, threads: int, reason: str) -> None:
-        """Build the pipeline with ``decoder`` on ``threads`` threads (``reason``: why; logged once a process)."""
-        self.options = DALIOptions(decoder, threads)
-        self._decoder, self._threads = decoder, threads  # what the pipeline is built with
+        """Build the pipeline with ``decoder`` on ``threads`` threads (``reason`` logged once a process)."""
+        self.options = DALIOptions(decoder, threads)  # what the pipeline is built with
         if self.device.type == "cuda" and reason not in _LOGGED and "DALIOptions(" not in reason:
             _LOGGED.add(reason)
             where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
@@ -263,7 +229,6 @@ class DALILoader:
                 f"DALILoader: JPEGs decoded {where} (decoder={decoder!r}): {reason}; "
                 "DALIOptions(decoder='cpu' or 'gpu') overrides"
             )
-        self.worker_nice = CPU_DECODER_NICE if decoder == "cpu" else 0
         rates = self._rates
         self.feed_info = DALIFeedInfo(
             backend="dali",
@@ -292,15 +257,12 @@ class DALILoader:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         pipe, iterator_kwargs = self._pipeline()
-        threads_before = thread_ids()
         try:
             self._iterator = DALIGenericIterator(
                 pipe, ["images", "labels"], auto_reset=True, **iterator_kwargs
             )
         except RuntimeError as err:
             raise self._decode_error(err) from err
-        if self.worker_nice:
-            renice_dali_workers(threads_before, self.worker_nice)
         self._built()
 
     def _pipeline_kwargs(self) -> dict[str, Any]:
@@ -309,8 +271,11 @@ class DALILoader:
             "batch_size": self.batch_size,
             "image_size": self.image_size,
             "device_id": self.device.index if self.device.type == "cuda" else None,
-            "decoder": self._decoder,
-            "num_threads": self._threads,
+            "decoder": self.options.decoder,
+            "num_threads": self.options.threads,
+            "train": self.train,
+            "shard_id": self.shard_id,
+            "num_shards": self.num_shards,
             "augment": self.augment,
             "mean": self.mean,
             "std": self.std,
@@ -322,17 +287,9 @@ class DALILoader:
         """The pipeline over the files (checked first), and the ``DALIGenericIterator`` arguments for it."""
         from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
-        validate_image_files(self.files, num_threads=self._threads)
-        pipe = build_dali_pipeline(
-            self.files,
-            self.labels,
-            train=self.train,
-            shard_id=self.shard_id,
-            num_shards=self.num_shards,
-            checkpointing=self.train,
-            checkpoint=self._checkpoint,
-            **self._pipeline_kwargs(),
-        )
+        validate_image_files(self.files, num_threads=self.options.threads or 1)
+        kw = {"checkpointing": self.train, "checkpoint": self._checkpoint, **self._pipeline_kwargs()}
+        pipe = build_dali_pipeline(self.files, self.labels, **kw)
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.PARTIAL
         return pipe, {"reader_name": READER_NAME, "last_batch_policy": policy}
 
@@ -340,8 +297,7 @@ class DALILoader:
         self._checkpoint = None
         if len(self._iterator) != len(self):
             raise RuntimeError(
-                f"DALI reports {len(self._iterator)} batches per epoch, lightning-gpuopt computed "
-                f"{len(self)}; "
+                f"DALI reports {len(self._iterator)} batches per epoch, lightning-gpuopt computed {len(self)}; "
                 "please report this with your DALI version"
             )
 
@@ -438,14 +394,7 @@ class DALILoader:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict``; the pipeline is rebuilt from its checkpoint on the next ``__iter__``."""
-        shards = state_dict.get("num_shards", self.num_shards)
-        check_arg(
-            shards == self.num_shards,
-            "the DALI state's num_shards (ranks)",
-            shards,
-            f"this run's {self.num_shards}",
-            "resume with the same number of devices or drop the loader state",
-        )
+        self._check_shards(state_dict)
         checkpoint = state_dict.get("checkpoint")
         check_arg(
             checkpoint is None or self.train,
@@ -457,6 +406,12 @@ class DALILoader:
         self._checkpoint = checkpoint
         self._pulled = 0
         self._skip_on_resume = int(state_dict.get("yielded", 0)) if checkpoint is not None else 0
+
+    def _check_shards(self, state_dict: dict[str, Any]) -> None:
+        shards = state_dict.get("num_shards", self.num_shards)
+        fix = "resume with the same number of devices or drop the loader state"
+        what = "the DALI state's num_shards (ranks)"
+        check_arg(shards == self.num_shards, what, shards, f"this run's {self.num_shards}", fix)
 
     def __repr__(self) -> str:
         return (
@@ -472,14 +427,11 @@ def build_dali_loader(
     options: DALIOptions | None = None,
     device: torch.device | str | None = None,
 ) -> DALILoader | list[Any]:
-    """Build the float32 ``DALILoader`` for one split of an ``OptimizedDataModule`` (``backend="dali"``):
-    its ``<split>_dir`` (labelled as ``scan_image_folder`` labels it), ``batch_size``, ``image_size``,
-    ``mean``, ``std``, ``augment`` and ``dali``, on the Trainer's root device and global rank.
+    """The float32 ``DALILoader`` of one split of an ``OptimizedDataModule`` (docs/dali.md).
 
     Args:
         dm: the ``OptimizedDataModule`` (standalone: rank 0 of 1 on the current device).
-        split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``; an evaluation split without a folder
-            gives ``[]`` (Lightning skips it), a missing ``train_dir`` raises ``ValueError``.
+        split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"`` (without its folder: ``[]``).
         options: ``DALIOptions`` that replace the DataModule's.
         device: where batches go, instead of the Trainer's root device.
 
@@ -507,9 +459,8 @@ def build_dali_loader(
 
 
 def dm_loader(cls: Any, dm: Any, *args: Any, train: bool, options: Any = None, device: Any = None) -> Any:
-    """``cls(*args, ...)`` with the DataModule's settings and ``dali`` options (or ``options``), on its
-    Trainer's root device (or ``device``) as its global rank (standalone: rank 0 of 1 on the current device);
-    under DDP, settled on global rank zero's decoder where the options leave it to the measurement."""
+    """``cls(*args, ...)`` with ``dm``'s settings on its Trainer's root device and rank; under DDP every rank
+    takes global rank zero's measured decoder."""
     trainer = dm.trainer
     options = options if options is not None else dm.dali or DALIOptions()
     if trainer is None:

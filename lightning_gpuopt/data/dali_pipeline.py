@@ -1,9 +1,7 @@
-"""The DALI pipeline behind ``DALILoader`` (torchvision's recipes on the whole image, docs/dali.md), and the
-checks and diagnostics around it."""
+"""The DALI pipeline behind ``DALILoader`` (docs/dali.md), and the checks and diagnostics around it."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -11,14 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_gpuopt._checks import check_arg, check_int
+from lightning_gpuopt._checks import check_choice, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, available_cpus, eval_resize_size
 from lightning_gpuopt._imports import require_dali
+from lightning_gpuopt.data.decode import DECODERS
 from lightning_gpuopt.data.transforms import CROP_ATTEMPTS, AugmentConfig
 
 READER_NAME = "Reader"
-#: where a GPU run decodes its JPEGs: nvJPEG on the GPU, or libjpeg-turbo on DALI's CPU threads
-DECODERS = ("gpu", "cpu")
 #: batches DALI prepares ahead
 PREFETCH_QUEUE_DEPTH = 2
 #: the training shuffle's seed: the same on every rank, so shards stay disjoint
@@ -30,18 +27,10 @@ RESERVED_CORES = 2
 #: JPEGs ``measure_decode_rates`` decodes (spread over the split), and the least seconds a decoder runs
 SAMPLE_JPEGS, MEASURE_SECONDS = 64, 0.3
 
-# Leading bytes of the formats DALI's image decoders read: DALI's error for another file does not name it
-_SIGNATURES: tuple[bytes, ...] = (
-    b"\xff\xd8",  # JPEG
-    b"\x89PNG",
-    b"BM",  # BMP
-    b"II*\x00",  # TIFF little endian
-    b"MM\x00*",  # TIFF big endian
-    b"RIFF",  # WebP
-    b"\x00\x00\x00\x0cjP  ",  # JPEG 2000
-    b"\xff\x4f\xff\x51",  # JPEG 2000 code stream
-    *(f"P{k}".encode() for k in range(1, 7)),  # PNM
-)
+# Leading bytes of what DALI decodes (DALI's error for another file does not name it): JPEG, PNG, BMP, TIFF
+# (little and big endian), WebP, JPEG 2000 (file and code stream), PNM
+_SIGNATURES: tuple[bytes, ...] = (b"\xff\xd8", b"\x89PNG", b"BM", b"II*\x00", b"MM\x00*", b"RIFF")
+_SIGNATURES += (b"\xff\x4f\xff\x51", b"\x00\x00\x00\x0cjP  ", *(f"P{k}".encode() for k in range(1, 7)))
 _SEARCH_BUDGET_S = 60.0
 _HEADER_BYTES = 1 << 16  # holds a JPEG's frame header unless EXIF or ICC data is larger (PIL then reads it)
 _FIX = "remove or replace it (DALI cannot decode it)"
@@ -70,8 +59,7 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 
 @dataclass(frozen=True)
 class DecodeRates:
-    """Images a second ``threads`` of DALI's CPU threads (``cpu``) and nvJPEG (``gpu``; ``None`` without a
-    GPU) decoded ``images`` of the split's JPEGs at (``measure_decode_rates``)."""
+    """Images a second ``threads`` DALI CPU threads and nvJPEG (``None``: no GPU) decoded ``images`` JPEGs at."""
 
     cpu: float
     gpu: float | None
@@ -79,29 +67,11 @@ class DecodeRates:
     threads: int
 
 
-def choose_decoder(rates: DecodeRates) -> tuple[str, str]:
-    """``("cpu" | "gpu", reason)``: CPU threads where they decode at least as fast as nvJPEG, else nvJPEG.
-
-    Example:
-        >>> choose_decoder(DecodeRates(cpu=5900.0, gpu=9800.0, images=64, threads=14))[0]
-        'gpu'
-        >>> choose_decoder(DecodeRates(cpu=12000.0, gpu=9800.0, images=64, threads=30))[0]
-        'cpu'
-    """
-    head = f"{rates.threads} CPU threads {rates.cpu:,.0f} img/s"
-    tail = f", measured on {rates.images} of your files"
-    if rates.gpu is None:
-        return "cpu", f"{head}{tail}; no GPU to decode on"
-    if rates.gpu > rates.cpu:
-        return "gpu", f"nvJPEG {rates.gpu:,.0f} img/s > {head}{tail}"
-    return "cpu", f"{head} >= nvJPEG {rates.gpu:,.0f} img/s{tail}: the GPU is left to the model"
-
-
 def measure_decode_rates(
     jpegs: Sequence[bytes], *, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> DecodeRates:
-    """This host's decode rates on ``jpegs``: DALI's CPU decoder on ``threads`` threads, and nvJPEG on
-    ``device_id`` where given; ``crop``: decode the training crop only (``None``: whole images)."""
+    """``DecodeRates`` of DALI's CPU decoder on ``threads`` threads and nvJPEG on ``device_id`` (where given)
+    decoding ``jpegs``, the ``crop`` only where given."""
     cpu = _decode_rate(jpegs, device="cpu", threads=threads, device_id=device_id, crop=crop)
     gpu = None
     if device_id is not None:
@@ -275,42 +245,21 @@ def build_dali_pipeline(
     checkpoint: bytes | str | None = None,
     source: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """Define (not build) the DALI pipeline for one rank.
-
-    Args:
-        files: image paths of the whole split (the reader picks this rank's shard).
-        labels: class index of each file.
-        batch_size: samples per batch on this rank.
-        image_size: output height and width.
-        train: reshuffle the file list every epoch (else read it in order, each rank its own shard).
-        device_id: CUDA device, or ``None`` for a CPU-only pipeline.
-        decoder: ``"gpu"`` (nvJPEG) or ``"cpu"`` (DALI's threads); a CPU pipeline decodes on the CPU.
-        num_threads: DALI CPU threads.
-        augment: the training crop and flip (``AugmentConfig``); ``None``: resize + center crop.
-        shard_id: this rank's shard (global rank).
-        num_shards: number of shards (world size).
-        mean: per-channel mean in [0, 1] units.
-        std: per-channel standard deviation in [0, 1] units.
-        half: fp16 output instead of fp32.
-        seed: seed of the random crops and flips.
-        checkpointing: let the iterator save the reader and random state.
-        checkpoint: a checkpoint from ``DALIGenericIterator.checkpoints()`` to restore.
-        source: instead of ``files``, a batch callback for ``fn.external_source`` (``StoreBatches``).
+    """Define (not build) the DALI pipeline of one rank (docs/dali.md): ``DALILoader``'s arguments, with
+    ``device_id`` ``None`` for a CPU pipeline, ``half`` for fp16 output, ``checkpoint`` to restore, and
+    ``source`` (``StoreBatches``) to read instead of ``files``.
 
     Example:
         >>> pipe = build_dali_pipeline(files, labels, batch_size=64, image_size=224, train=True,
         ...                            device_id=0, decoder="gpu", num_threads=8,
         ...                            augment=AugmentConfig())  # doctest: +SKIP
     """
-    check_arg(decoder in DECODERS, "decoder", decoder, f"one of {DECODERS}")
+    check_choice(decoder, "decoder", DECODERS)
     check_int(num_threads, "num_threads", low=1)
     dali, fn, types = dali_modules()
     gpu = device_id is not None
     decode_kw = _decode_kwargs(types, device_id, decoder)
-    norm: dict[str, Any] = {
-        "device": "gpu" if gpu else "cpu",
-        "dtype": types.FLOAT16 if half else types.FLOAT,
-    }
+    norm = {"device": "gpu" if gpu else "cpu", "dtype": types.FLOAT16 if half else types.FLOAT}
     # NHWC batch == channels_last NCHW view, no copy
     norm.update(output_layout="HWC", mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std])
 
@@ -341,8 +290,7 @@ def build_dali_pipeline(
 
 
 def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
-    """PIL's pixel limit for an open image file, from its header alone; a header that cannot be read
-    passes (DALI decodes the file or names it)."""
+    """PIL's pixel limit for an open image file, from its header (unreadable: DALI names it later)."""
     from PIL import Image
 
     from lightning_gpuopt.data.decode import BOMB_FIX, jpeg_info, pixel_limit_problem
@@ -366,12 +314,8 @@ def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
 
 
 def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
-    """Check that every file exists, is non-empty, starts with a known image signature and is within
-    PIL's pixel limit, from its header (threaded).
-
-    Raises:
-        ValueError: naming the first bad file and the fix.
-    """
+    """``ValueError`` naming the first file that is missing, empty, of no known image signature, or over
+    PIL's pixel limit by its header (checked in threads)."""
 
     def check(path: str) -> str | None:
         try:
@@ -440,27 +384,3 @@ def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
         f"{message}\nlightning-gpuopt: an image failed to decode and no file could be identified within "
         f"{_SEARCH_BUDGET_S:.0f} s; check the data set with PIL (Image.open(path).load())"
     )
-
-
-# -- thread priority ---------------------------------------------------------------------------------
-
-
-def thread_ids() -> set[int]:
-    """Ids of this process's threads (Linux; empty elsewhere)."""
-    try:
-        return {int(t) for t in os.listdir("/proc/self/task")}
-    except OSError:
-        return set()
-
-
-def renice_dali_workers(existing: set[int], nice: int) -> None:
-    """Lower by ``nice`` the priority of DALI's pool threads (``[DALI][TP<n>]...``) started since
-    ``existing`` (thread ids); its executor's, the CUDA driver's and the training loop's keep theirs."""
-    for tid in sorted(thread_ids() - existing):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                name = fh.read().strip()
-            if name.startswith("[DALI][TP"):
-                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-        except OSError:  # the thread ended meanwhile
-            continue

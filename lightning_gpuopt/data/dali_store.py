@@ -1,6 +1,5 @@
-"""Training batches of a compact JPEG store decoded by DALI (docs/dali.md): ``StoreBatches`` reads each
-batch's JPEG bytes a few batches ahead as the pipeline's source, ``DALIStoreLoader`` is a ``DALILoader`` over
-it. Evaluation splits are read as the HDF5 backend reads a JPEG store."""
+"""Training batches of a compact JPEG store decoded by DALI (docs/dali.md): ``StoreBatches``, the pipeline's
+source, and ``DALIStoreLoader``, a ``DALILoader`` over it."""
 
 from __future__ import annotations
 
@@ -30,24 +29,10 @@ READ_AHEAD = 4
 
 
 class StoreBatches:
-    """``fn.external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` of one rank, as
-    ``(list of uint8 JPEG byte arrays, int32 labels (n, 1))``; ``StopIteration`` past an epoch's last batch.
-
-    Each epoch is a permutation seeded by ``(seed, epoch)``; rank ``r`` takes its ``r``-th run of
-    ``(N // num_shards) // batch_size`` whole batches.
-
-    Args:
-        path: the store file.
-        starts: each image's first byte in the file.
-        lengths: each image's byte count.
-        labels: each image's class index.
-        batch_size: images a batch.
-        shard_id: this rank.
-        num_shards: ranks.
-        seed: permutation seed, the same on every rank.
-        first_epoch: the epoch DALI's first (``epoch_idx`` 0) is: a resumed fit's.
-        skip: batches of ``first_epoch`` already trained on (a resumed fit's).
-    """
+    """``fn.external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` of one rank as
+    ``(uint8 JPEG byte arrays, int32 labels (n, 1))``, read from the ``starts`` and ``lengths`` of ``path``;
+    each epoch a permutation seeded by ``(seed, epoch)``, rank ``r`` its ``r``-th run of whole batches
+    (docs/dali.md). A resumed fit starts at batch ``skip`` of epoch ``first_epoch``."""
 
     def __init__(
         self,
@@ -160,12 +145,8 @@ class StoreBatches:
 
 
 class DALIStoreLoader(DALILoader):
-    """``DALILoader`` over a JPEG store's training split, yielding ``StagedBatch((images, labels))``;
-    ``state_dict`` holds the epoch and batch the stream has reached.
-
-    Args:
-        store: the training ``JPEGStoreDataset``.
-        **kwargs: ``DALILoader``'s; ``train`` is always true.
+    """``DALILoader`` over a JPEG store's training split (``store``), yielding ``StagedBatch((images, labels))``;
+    ``kwargs``: ``DALILoader``'s (``train`` is always true).
 
     Example:
         >>> loader = DALIStoreLoader(HDF5ImageDataset("train_jpeg.h5"), batch_size=256, image_size=224,
@@ -208,7 +189,7 @@ class DALIStoreLoader(DALILoader):
             first_epoch=self._epoch,
             skip=self._position,
         )
-        pipe = build_dali_pipeline([], [], train=True, source=self._source, **self._pipeline_kwargs())
+        pipe = build_dali_pipeline([], [], source=self._source, **self._pipeline_kwargs())
         return pipe, {"last_batch_policy": LastBatchPolicy.DROP}
 
     def _built(self) -> None:
@@ -249,14 +230,7 @@ class DALIStoreLoader(DALILoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict``; the pipeline is rebuilt at that batch on the next ``__iter__``."""
-        shards = state_dict.get("num_shards", self.num_shards)
-        check_arg(
-            shards == self.num_shards,
-            "the DALI store state's num_shards (ranks)",
-            shards,
-            f"this run's {self.num_shards}",
-            "resume with the same number of devices or drop the loader state",
-        )
+        self._check_shards(state_dict)
         self.close()
         self._epoch, self._position = int(state_dict.get("epoch", 0)), int(state_dict.get("position", 0))
         self._skip_on_resume = int(state_dict.get("yielded", 0))
@@ -270,6 +244,5 @@ class DALIStoreLoader(DALILoader):
 
 
 def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None) -> DALIStoreLoader:
-    """The training ``DALIStoreLoader`` of an ``OptimizedDataModule`` over a JPEG store, after its ``setup``
-    (``dali.dm_loader``: its settings, on its Trainer's root device and rank)."""
+    """The training ``DALIStoreLoader`` of an ``OptimizedDataModule`` over a JPEG store, after its ``setup``."""
     return dm_loader(DALIStoreLoader, dm, dm._dataset("train"), train=True, device=device)

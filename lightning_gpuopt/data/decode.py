@@ -1,6 +1,5 @@
-"""JPEG folders and JPEG stores decoded inside the training process, without DALI: threads of the process
-decode onto the host backends' canvases (``"cpu"``), or nvJPEG decodes training batches (``"gpu"``,
-``decode_gpu``); ``decode_choice`` chooses (docs/datamodule.md)."""
+"""JPEG folders and stores decoded in the training process without DALI (docs/datamodule.md): by its threads
+onto the host backends' canvases (``"cpu"``), or by nvJPEG (``"gpu"``, ``decode_gpu``)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ __all__ = [
     "jpeg_info",
 ]
 
-#: where the training process decodes JPEGs: nvJPEG on the GPU, or its own CPU threads
+#: where a run decodes its JPEGs: nvJPEG on the GPU, or CPU threads (the training process's or DALI's)
 DECODERS = ("gpu", "cpu")
 #: cores a rank keeps off decoding: the training loop and the thread that stages batches on the GPU
 RESERVED_THREADS = 2
@@ -43,14 +42,11 @@ BOMB_FIX = (
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How ``OptimizedDataModule`` decodes a JPEG folder or a JPEG store without DALI.
+    """How ``OptimizedDataModule`` decodes a JPEG folder or a JPEG store without DALI (docs/datamodule.md).
 
     Attributes:
-        decoder: ``None`` (default): chosen at setup from rates measured on the run's own files.
-            ``"gpu"``: nvJPEG through torchvision, training batches only. ``"cpu"``: threads of the training
-            process. A run without a CUDA device decodes on the CPU whatever this says.
-        threads: threads that decode (``"cpu"``) or read JPEG bytes (``"gpu"``); ``None``:
-            ``default_decode_threads``.
+        decoder: ``None``: measured at setup on the run's files; ``"gpu"``: nvJPEG; ``"cpu"``: CPU threads.
+        threads: threads that decode (``"cpu"``) or read JPEG bytes (``"gpu"``); ``None``: from the CPUs.
 
     Example:
         >>> options = DecodeOptions(decoder="cpu")
@@ -82,8 +78,7 @@ def default_decode_threads(decoder: str, local_world_size: int = 1) -> int:
 
 
 class JPEGInfo(NamedTuple):
-    """A JPEG's frame header: size, components, baseline (what a hardware decoder takes) and Adobe's colour
-    transform (``None`` without an Adobe marker)."""
+    """A JPEG's frame header, and Adobe's colour transform (``None`` without an Adobe marker)."""
 
     width: int
     height: int
@@ -156,8 +151,8 @@ def _torchvision_io() -> Any | None:
 
 
 def pixel_limit_problem(path: str, size: tuple[int, int]) -> str | None:
-    """PIL's decompression-bomb rule for an image of ``size`` (``PIL.Image.MAX_IMAGE_PIXELS``, read at each
-    call): a ``DecompressionBombWarning`` above it; above twice it, why the image is refused."""
+    """PIL's decompression-bomb rule for an image of ``size``: a warning above ``PIL.Image.MAX_IMAGE_PIXELS``;
+    above twice it, why the image is refused."""
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
@@ -188,11 +183,7 @@ def check_pixels(info: JPEGInfo | None, name: str) -> None:
 
 def decode_rgb(data: bytes | bytearray, name: str, info: JPEGInfo | None = None) -> torch.Tensor:
     """One whole image as uint8 RGB ``(3, H, W)`` on the CPU: torchvision's ``decode_jpeg`` for a JPEG (PIL's
-    pixels), else PIL (``layout.to_rgb8``).
-
-    Raises:
-        ValueError: the image cannot be decoded (``name`` is named).
-    """
+    pixels), else PIL; ``ValueError`` naming ``name`` where it cannot be decoded or is refused."""
     data = data if isinstance(data, bytearray) else bytearray(data)
     info = info or jpeg_info(data)
     tvio = _torchvision_io()
@@ -218,12 +209,8 @@ def _cannot_decode(name: str, err: BaseException) -> CorruptImageError:
 
 
 def decode_canvas_fast(data: bytes | bytearray, storage_size: int, out: np.ndarray, name: str) -> np.ndarray:
-    """``folder.decode_canvas`` of ``data`` onto ``out``, decoded and resized inside torch operators that
-    release the GIL where torchvision is installed and PIL would not draft the JPEG; returns the meta.
-
-    Raises:
-        ValueError: the image cannot be decoded (``name`` is named).
-    """
+    """``folder.decode_canvas`` of ``data`` onto ``out`` (returns the meta), inside torch operators that release
+    the GIL where torchvision is installed and PIL would not draft the JPEG."""
     info = jpeg_info(data) if _torchvision_io() is not None else None
     if info is not None:
         target = layout.resized_size(info.width, info.height, storage_size)

@@ -1,6 +1,5 @@
-"""The folder and JPEG-store backends that decode in the training process (``data.decode``), without DALI:
-``setup("fit")`` settles the decoder (``decode_choice``); nvJPEG's training split gets an ``NVJPEGLoader``,
-the rest the host backends' loaders (docs/datamodule.md)."""
+"""The folder and JPEG-store backends that decode in the training process (``data.decode``, docs/datamodule.md):
+``setup("fit")`` settles the decoder; nvJPEG's training split gets an ``NVJPEGLoader``, the rest the host's."""
 
 from __future__ import annotations
 

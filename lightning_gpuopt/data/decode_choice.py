@@ -1,5 +1,5 @@
-"""Where a run decodes its JPEGs without DALI (nvJPEG or threads of the training process), measured at
-setup on the run's own files and stated in one line."""
+"""Where a run decodes its JPEGs: ``choose_decoder``, the one rule (DALI's too), and for the in-process
+backends nvJPEG or threads of the training process, measured at setup on the run's own files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.data import decode
 from lightning_gpuopt.data.decode import DecodeOptions, decode_canvas_fast, default_decode_threads
 
-__all__ = ["SAMPLE_IMAGES", "DecodeChoice", "choose_jpeg_decoder", "measure_rates", "resolve_decoder"]
+__all__ = ["SAMPLE_IMAGES", "DecodeChoice", "choose_decoder", "measure_rates", "resolve_decoder"]
 
 #: images of the run's own files the setup measurement decodes at least (a training batch's, where more)
 SAMPLE_IMAGES = 64
@@ -36,28 +36,40 @@ class DecodeChoice:
     gpu_rate: float | None = None
 
 
-def choose_jpeg_decoder(
-    *, threads: int, cpu_rate: float, gpu_rate: float, model_rate: float | None = None
+def choose_decoder(
+    threads: int,
+    cpu_rate: float,
+    gpu_rate: float | None,
+    *,
+    model_rate: float | None = None,
+    images: int | None = None,
 ) -> tuple[str, str]:
     """``("cpu" | "gpu", reason)``: CPU threads where they decode at least ``model_rate`` (when known) or
-    nvJPEG's ``gpu_rate``; nvJPEG otherwise.
+    nvJPEG's ``gpu_rate`` (``None``: no GPU); nvJPEG otherwise.
+
+    Args:
+        threads: the CPU threads measured.
+        cpu_rate: images a second they decoded.
+        gpu_rate: images a second nvJPEG decoded, ``None`` without a GPU.
+        model_rate: images a second the model trains at, where known.
+        images: how many of the run's files were measured, for the reason.
 
     Example:
-        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0)[0]
+        >>> choose_decoder(14, 4200.0, 9000.0)[0]
         'gpu'
-        >>> choose_jpeg_decoder(threads=14, cpu_rate=4200.0, gpu_rate=9000.0, model_rate=3000.0)[0]
+        >>> choose_decoder(14, 4200.0, 9000.0, model_rate=3000.0)[0]
         'cpu'
     """
     head = f"{threads} CPU threads {cpu_rate:,.0f} img/s"
+    tail = f", measured on {images} of your files" if images else ""
+    if gpu_rate is None:
+        return "cpu", f"{head}{tail}; no GPU to decode on"
     if model_rate is not None and cpu_rate >= model_rate:
-        return (
-            "cpu",
-            f"{head} >= {model_rate:,.0f} img/s, the rate the model trains at: the GPU is left to it",
-        )
+        return "cpu", f"{head} >= the model's {model_rate:,.0f} img/s{tail}: the GPU is left to it"
     if gpu_rate > cpu_rate:
-        tail = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
-        return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{tail}"
-    return "cpu", f"{head} >= nvJPEG {gpu_rate:,.0f} img/s"
+        slow = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
+        return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{slow}{tail}"
+    return "cpu", f"{head} >= nvJPEG {gpu_rate:,.0f} img/s{tail}: the GPU is left to the model"
 
 
 def _sample_indices(n: int, k: int) -> list[int]:
@@ -89,18 +101,14 @@ def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, im
         cpu = len(indices) / (time.perf_counter() - start)
     crops = NVJPEGCrops(image_size, AugmentConfig(), seed=0, device=device)
     batch = read_jpeg_batch(dataset, indices)
-    if device.type != "cuda":  # torchvision's CPU decoder in nvJPEG's place
-        crops(batch)
-        start = time.perf_counter()
-        crops(batch)
-        return cpu, len(batch) / (time.perf_counter() - start)
-    side = torch.cuda.Stream(device)
-    with torch.cuda.device(device), torch.cuda.stream(side):
-        crops(batch)  # nvJPEG's handle and buffers are made on the first batch
-        side.synchronize()
-        start = time.perf_counter()
-        crops(batch)
-        side.synchronize()
+    cuda = device.type == "cuda"  # on a CPU, torchvision's CPU decoder stands in for nvJPEG
+    side = torch.cuda.Stream(device) if cuda else None  # the staging thread's side stream, as in training
+    with torch.cuda.device(device if cuda else -1), torch.cuda.stream(side):
+        for _ in range(2):  # the first batch makes nvJPEG's handle and buffers
+            start = time.perf_counter()
+            crops(batch)
+            if side is not None:
+                side.synchronize()
     return cpu, len(batch) / (time.perf_counter() - start)
 
 
@@ -121,7 +129,7 @@ def resolve_decoder(
     model_rate: float | None = None,
 ) -> DecodeChoice:
     """Where the training split ``dataset`` is decoded: ``options.decoder`` where set, CPU threads without
-    CUDA or torchvision, else ``choose_jpeg_decoder`` on ``measure_rates``; logged once on rank zero.
+    CUDA or torchvision, else ``choose_decoder`` on ``measure_rates``; logged once on rank zero.
 
     Example:
         >>> resolve_decoder(DecodeOptions(decoder="cpu", threads=4), ds, device=torch.device("cpu"),
@@ -146,9 +154,7 @@ def resolve_decoder(
             cpu, gpu = measure_rates(dataset, sample, device, image_size, cpu_threads)
         except RuntimeError as err:  # a torchvision built without nvJPEG, or a GPU that refuses it
             return _log(DecodeChoice("cpu", cpu_threads, f"nvJPEG unavailable ({str(err).splitlines()[0]})"))
-        decoder, reason = choose_jpeg_decoder(
-            threads=cpu_threads, cpu_rate=cpu, gpu_rate=gpu, model_rate=model_rate
-        )
+        decoder, reason = choose_decoder(cpu_threads, cpu, gpu, model_rate=model_rate, images=len(sample))
         threads = gpu_threads if decoder == "gpu" else cpu_threads
         choice = DecodeChoice(decoder, threads, reason, True, cpu, gpu)
     return _log(choice)

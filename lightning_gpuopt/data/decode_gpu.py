@@ -1,6 +1,5 @@
-"""Training batches decoded by nvJPEG (torchvision's batched ``decode_jpeg`` on the GPU) on the staging
-thread's side stream, cropped as ``GPUAugment`` crops, from JPEG bytes read by threads of the training
-process (docs/datamodule.md)."""
+"""Training batches decoded by nvJPEG (torchvision's batched ``decode_jpeg``) on the staging thread's side
+stream and cropped as ``GPUAugment`` crops, from JPEG bytes read by threads (docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def _nvjpeg(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
 
 class NVJPEGCrops:
     """``JPEGBatch`` -> ``(normalized channels_last float32 NCHW, int64 labels)`` on ``device`` (default: the
-    current CUDA device): nvJPEG decodes, then ``augment``'s crop and flip (``None``: ``Resize + CenterCrop``),
-    drawn on the host from ``seed``, resized as PIL's bilinear; images come out grouped by size.
+    current CUDA device), decoded by nvJPEG and cropped as ``GPUAugment`` crops, the boxes drawn from ``seed``.
 
     Example:
         >>> crops = NVJPEGCrops(224, AugmentConfig(), seed=0)  # doctest: +SKIP
@@ -247,7 +245,7 @@ def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
 
 class NVJPEGLoader(ContinuousDataLoader):
     """A ``ContinuousDataLoader`` of JPEG bytes read by ``reader_threads`` threads, decoded by its
-    ``device_transform`` (``NVJPEGCrops``) on the staging thread; its dataset has ``jpeg_bytes`` and ``label``.
+    ``device_transform`` (``NVJPEGCrops``) on the staging thread.
 
     Example:
         >>> crops = NVJPEGCrops(224, AugmentConfig())

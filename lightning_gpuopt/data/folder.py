@@ -21,17 +21,8 @@ from lightning_gpuopt._checks import check_arg, check_batch_array, check_choice,
 from lightning_gpuopt._common import warn_once
 from lightning_gpuopt.data.readers import DecodesInWorkers
 
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".bmp",
-    ".ppm",
-    ".pgm",
-    ".tif",
-    ".tiff",
-    ".webp",
-)
+#: torchvision's ``ImageFolder`` image extensions (any case)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
 ON_CORRUPT = ("raise", "skip")
 #: serializes appends to a skip log from the reading threads of one process.
@@ -46,8 +37,7 @@ _MESSAGE = re.compile(r"cannot decode image ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)
 
 
 class CorruptImageError(ValueError):
-    """An image file its decoder refuses; the message is one line naming the file and the fix, also when
-    DataLoader re-raises it from a worker's traceback text (``_compat.worker_error_message``).
+    """An image file its decoder refuses: one line naming the file and the fix, also re-raised from a worker.
 
     Attributes:
         path: the file.
@@ -120,14 +110,7 @@ def _cannot_read(path: Any, err: OSError) -> OSError:
 
 
 def folder_classes(root: str | os.PathLike[str]) -> list[str]:
-    """The class names of a class-per-subfolder image folder: its sorted immediate subfolders, hidden ones
-    left out.
-
-    Raises:
-        FileNotFoundError: ``root`` does not exist.
-        PermissionError: ``root`` cannot be read.
-        ValueError: ``root`` is not a folder or has no class subfolders.
-    """
+    """The class names of an image folder: its sorted immediate subfolders, hidden ones left out."""
     root_path = Path(root).expanduser()
     if not root_path.exists():
         raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist; check the path")
@@ -155,20 +138,8 @@ def class_indices(
     path: str | os.PathLike[str] | None,
     train_path: str | os.PathLike[str] | None = None,
 ) -> list[int]:
-    """The training split's index of each of a split's classes (a split may hold a subset of them).
-
-    Args:
-        train_classes: the training split's class names, in label order.
-        classes: ``split``'s class names, in its own label order.
-        split: the split's name, for the error (``"val"``).
-        path: where ``split`` is read from, for the error.
-        train_path: where the training split is read from, for the error.
-
-    Returns:
-        ``indices`` with ``indices[i]`` the training label of ``classes[i]``.
-
-    Raises:
-        ValueError: ``classes`` holds names that are not training classes.
+    """The training label of each of ``classes`` (a split's, in its label order); ``split``, ``path`` and
+    ``train_path`` name them in the ``ValueError`` for a class the training split lacks.
 
     Example:
         >>> class_indices(["cat", "dog", "fox"], ["cat", "fox"], split="val", path="data/val")
@@ -192,20 +163,8 @@ def class_indices(
 
 
 def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tuple[str, int]]]:
-    """List a class-per-subfolder image folder, as torchvision's ``ImageFolder`` does (docs/datamodule.md):
-    each class folder walked recursively, hidden files ignored, other files skipped with one warning.
-
-    Args:
-        root: the folder (``root/<class>/<image>``).
-
-    Returns:
-        ``(classes, samples)`` with ``samples`` a list of ``(path, class_index)``.
-
-    Raises:
-        FileNotFoundError: ``root`` does not exist.
-        PermissionError: ``root`` or a folder under it cannot be read (it is named).
-        ValueError: ``root`` is not a folder, has no class subfolders, or a class folder holds no images.
-    """
+    """``(classes, [(path, class_index), ...])`` of ``root/<class>/<image>``, listed as torchvision's
+    ``ImageFolder`` lists it (docs/datamodule.md); a missing, unreadable or empty folder raises naming it."""
     root_path = Path(root).expanduser()
     classes = folder_classes(root_path)
     samples: list[tuple[str, int]] = []
@@ -245,14 +204,12 @@ def decode_canvas(
     *,
     name: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode one whole image onto a uint8 canvas: the one decode routine of the package.
-
-    8-bit RGB (``layout.to_rgb8``), resized like torchvision's ``Resize(storage_size)`` (PIL bilinear), placed
-    on the canvas (``layout.place_on_canvas``); a large JPEG is drafted first (``layout.draft_size``).
+    """Decode one whole image onto a uint8 canvas, resized as torchvision's ``Resize(storage_size)``: the
+    package's one decode routine (``layout`` has the canvas rules).
 
     Args:
         source: an image file's path, its encoded bytes, or a binary file object positioned at its start.
-        storage_size: shorter side of the stored image (``layout.canvas_shape(storage_size)`` is the canvas).
+        storage_size: shorter side of the stored image.
         out: canvas-shaped uint8 array to fill in place.
         name: what the error names (default: the path, or ``"<bytes>"``).
 
@@ -271,16 +228,12 @@ def decode_canvas(
 
     layout.canvas_shape(storage_size)  # checks storage_size
     if isinstance(source, (bytes, bytearray, memoryview)):
-        label = name if name is not None else "<bytes>"
-        opened: Any = io.BytesIO(source)
-    elif isinstance(source, (str, os.PathLike)):
-        label = name if name is not None else os.fspath(source)
-        opened = source
+        source, label = io.BytesIO(source), "<bytes>"
     else:
-        label = name if name is not None else str(getattr(source, "name", "<file object>"))
-        opened = source
+        label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else getattr(source, "name", "")
+    label = name if name is not None else str(label or "<file object>")
     try:
-        with Image.open(opened) as img:
+        with Image.open(source) as img:
             width, height = img.size
             target = layout.resized_size(width, height, storage_size)
             box = None
@@ -322,20 +275,9 @@ def load_canvas(
 
 
 def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = None, fix: str = "") -> int:
-    """Decode every image of a class-per-subfolder folder (``decode_canvas`` to ``CHECK_SIZE``, in threads);
-    raise one error listing each it cannot decode.
-
-    Args:
-        root: folder laid out as ``root/<class>/<image>`` (``scan_image_folder``).
-        threads: decoding threads (default: two a CPU this process may use).
-        fix: what the error advises (default: remove or replace them, or ``on_corrupt='skip'``).
-
-    Returns:
-        The number of images, all of which decode.
-
-    Raises:
-        UnreadableImagesError: (a ``ValueError``) naming the images that cannot be decoded.
-        FileNotFoundError, PermissionError, ValueError: as ``scan_image_folder`` raises them.
+    """Decode every image of ``root/<class>/<image>`` (to ``CHECK_SIZE``, in ``threads`` threads, default two
+    a CPU) and return how many there are, or raise one ``UnreadableImagesError`` listing each that cannot be
+    decoded, advising ``fix``.
 
     Example:
         >>> check_image_folder("data/train")  # doctest: +SKIP
@@ -368,19 +310,14 @@ def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = No
 
 
 class UInt8ImageFolder(DecodesInWorkers, Dataset):
-    """Map-style dataset over a class-per-subfolder image folder returning ``(canvas, label, meta)``.
-
-    Every image is decoded whole onto a ``layout.canvas_shape(size)`` uint8 canvas (``decode_canvas``);
-    ``meta`` is int32 ``(h, w, transposed)``. A ``readers.BatchReader`` read by worker processes a whole
-    batch a call (``read_into``); a plain ``DataLoader`` takes it through ``__getitem__``.
+    """Map-style dataset over ``root/<class>/<image>`` returning ``(canvas, label, meta)``: each image decoded
+    whole onto a uint8 canvas (``decode_canvas``), ``meta`` int32 ``(h, w, transposed)``.
 
     Args:
         root: folder laid out as ``root/<class>/<image>``; scanned now (errors surface before training).
-        size: shorter side of the stored images in pixels (256 for 224 crops: ``eval_resize_size``).
-        on_corrupt: ``"raise"`` (default) raises ``CorruptImageError`` naming an unreadable file; ``"skip"``
-            returns the next readable image in its place (so batches keep their size) and records the path.
-        skip_log: folder where skipped paths are appended (one file per process), so the main process counts
-            the workers' skips.
+        size: shorter side of the stored images in pixels (256 for 224 crops).
+        on_corrupt: ``"raise"`` names an unreadable file; ``"skip"`` returns the next readable image instead.
+        skip_log: folder where skipped paths are appended (one file a process), so workers' skips count.
 
     Example:
         >>> ds = UInt8ImageFolder("train/", size=256)  # doctest: +SKIP
@@ -426,8 +363,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode the images at ``indices`` onto the rows of ``images`` (a writable C-contiguous uint8
-        ``(len(indices), *image_shape)`` array); return their ``(labels, meta)``. Thread-safe."""
+        """Decode the images at ``indices`` onto the rows of ``images``; return ``(labels, meta)``."""
         idx = [int(i) for i in indices]
         shape = (len(idx), *self.image_shape)
         check_batch_array(images, shape, "UInt8ImageFolder.read_into's images")
@@ -474,8 +410,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
                     fh.write(path + "\n")
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
-        """Label each sample of class ``self.classes[i]`` with ``indices[i]`` (``class_indices``), naming them
-        by ``classes``."""
+        """Label class ``self.classes[i]``'s samples ``indices[i]`` (``class_indices``), named by ``classes``."""
         n = len(self.classes)
         check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a class")
         self.samples = [(path, int(indices[label])) for path, label in self.samples]
@@ -494,7 +429,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         return paths
 
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this dataset for caches (worker tuning): root, count, size and the root's mtime."""
+        """What identifies this dataset for caches (worker tuning)."""
         try:
             mtime = os.path.getmtime(self.root)
         except OSError:

@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from lightning_gpuopt._checks import check_arg, check_int, check_pair, is_number
+from lightning_gpuopt._checks import check_arg, check_float, check_int, check_pair, is_number
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, eval_resize_size
 
 #: tries torchvision's ``RandomResizedCrop.get_params`` makes before its fallback.
@@ -44,40 +44,23 @@ class AugmentConfig:
         object.__setattr__(
             self, "ratio", check_pair(self.ratio, "augment.ratio", 0.0, None, "width / height")
         )
-        check_arg(is_number(self.flip_p), "augment.flip_p", self.flip_p, "a number", error=TypeError)
-        check_arg(0.0 <= self.flip_p <= 1.0, "augment.flip_p", self.flip_p, "a probability in [0, 1]")
-        object.__setattr__(self, "flip_p", float(self.flip_p))
+        flip_p = check_float(self.flip_p, "augment.flip_p", low=0.0, high=1.0, what="(a probability)")
+        object.__setattr__(self, "flip_p", flip_p)
 
 
 def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
     """Return ``images`` if it is a uint8 ``(N, H, W, C)`` tensor, else raise ``TypeError`` saying why."""
-    name = f"{where}'s images"
-    check_arg(
-        isinstance(images, torch.Tensor),
-        name,
-        type(images).__name__,
-        "a uint8 image tensor of shape (N, H, W, C)",
-        error=TypeError,
-    )
+    name, must = f"{where}'s images", "uint8 of shape (N, H, W, C) with C in (1, 3, 4)"
+    check_arg(isinstance(images, torch.Tensor), name, type(images).__name__, must, error=TypeError)
     tensor = cast(torch.Tensor, images)
-    check_arg(
-        tensor.dtype == torch.uint8,
-        name,
-        f"dtype {tensor.dtype}",
-        "uint8 (N, H, W, C)",
-        "datasets feeding OptimizedDataModule must return uint8 HWC images (0..255); normalization and float "
-        "conversion happen on the GPU. Return e.g. `np.asarray(pil_image)` instead of a float tensor",
-        error=TypeError,
+    fix = (
+        "datasets feeding OptimizedDataModule return uint8 HWC images (0..255), normalized on the GPU: return "
+        "e.g. `np.asarray(pil_image)`, not a float tensor"
     )
-    check_arg(
-        tensor.dim() == 4 and tensor.shape[-1] in (1, 3, 4),
-        name,
-        f"shape {tuple(tensor.shape)}",
-        "uint8 of shape (N, H, W, C) with C in (1, 3, 4) (HWC per sample)",
-        "if your dataset returns CHW images, return HWC instead (`img.permute(1, 2, 0)` / "
-        "`arr.transpose(1, 2, 0)`)",
-        error=TypeError,
-    )
+    check_arg(tensor.dtype == torch.uint8, name, f"dtype {tensor.dtype}", must, fix, TypeError)
+    fix = "return HWC images, not CHW (`img.permute(1, 2, 0)` / `arr.transpose(1, 2, 0)`)"
+    ok = tensor.dim() == 4 and tensor.shape[-1] in (1, 3, 4)
+    check_arg(ok, name, f"shape {tuple(tensor.shape)}", must, fix, TypeError)
     return tensor
 
 
@@ -103,19 +86,8 @@ def random_resized_crop_boxes(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """One random-resized-crop box per image by torchvision's ``get_params`` rule (``CROP_ATTEMPTS`` tries,
-    then the whole image clamped to the ratio range), vectorized, in continuous pixels.
-
-    Args:
-        heights: float ``(N,)`` image heights in pixels.
-        widths: float ``(N,)`` image widths in pixels.
-        scale: area fraction range.
-        ratio: aspect ratio range.
-        generator: random generator on the tensors' device.
-
-    Returns:
-        float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` in the image's pixels, on the tensors' device.
-    """
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``, one an image of ``heights`` x ``widths`` pixels, drawn by
+    torchvision's ``RandomResizedCrop.get_params`` rule (``CROP_ATTEMPTS`` tries, then its fallback)."""
     n, a = heights.shape[0], CROP_ATTEMPTS
     height, width = heights.view(n, 1).float(), widths.view(n, 1).float()
     u = torch.rand(n, 2 * a + 2, device=heights.device, generator=generator)
@@ -141,12 +113,8 @@ def random_resized_crop_boxes(
 
 
 def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: int) -> torch.Tensor:
-    """torchvision's ``Resize(eval_resize_size(image_size))`` + ``CenterCrop(image_size)`` of each whole
-    image as a box in the image's pixels (its sides and offsets rounded as torchvision rounds them).
-
-    Returns:
-        float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``.
-    """
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` of torchvision's ``Resize(eval_resize_size(image_size))`` +
+    ``CenterCrop(image_size)`` of each image, rounded as torchvision rounds them."""
     resize = eval_resize_size(image_size)
     h = heights.round().to(torch.int64)
     w = widths.round().to(torch.int64)
@@ -174,30 +142,17 @@ def resize_weights(
     size: int,
     extent: int,
     band: int,
-    antialias: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Per-sample matrices of PIL's bilinear resize of a box along one axis, ``(N, size, extent)``: output
-    pixel ``o`` reads input pixel ``j`` with weight ``tri((j + 0.5 - c_o) / f)`` (``f = max(length / size, 1)``
-    with ``antialias``, else 1), nothing at or past ``valid``, each row normalized; only a band of ``band``
-    pixels around each centre is computed.
-
-    Args:
-        start: float ``(N,)`` box start in input pixels.
-        length: float ``(N,)`` box length in input pixels.
-        valid: ``(N,)`` input pixels holding the image (the rest of the ``extent`` is padding).
-        flip: bool ``(N,)`` (output reversed) or ``None``.
-        size: output pixels.
-        extent: input pixels of the stored array along this axis.
-        band: pixels per output pixel that may have weight (``band_size`` of the largest shrink).
-        antialias: widen the triangle by the shrink.
-        dtype: dtype of the returned matrices (the weights are computed in float32).
-    """
+    """``(N, size, extent)`` matrices of PIL's bilinear resize of each box (``start``, ``length``) along one
+    axis: output ``o`` reads input ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``f = max(length / size,
+    1)`` (PIL's antialiasing), nothing at or past ``valid``, rows normalized, over ``band`` pixels a row;
+    ``flip`` reverses the output."""
     n, device = start.shape[0], start.device
     start, length = start.to(torch.float32).view(n, 1, 1), length.to(torch.float32).view(n, 1, 1)
     valid = valid.to(device=device, dtype=torch.float32).view(n, 1, 1)
     scale = length / size
-    half = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    half = scale.clamp(min=1.0)
     o = torch.arange(size, device=device, dtype=torch.float32).view(1, size, 1) + 0.5
     if flip is not None:
         o = torch.where(flip.view(n, 1, 1), size - o, o)
@@ -223,23 +178,10 @@ def resample(
     flip: torch.Tensor | None,
     size: int,
     band: int,
-    antialias: bool = True,
 ) -> torch.Tensor:
-    """Resize each sample's box (in the upright image's pixels) of its stored canvas to ``size x size`` as two
-    batched matrix products in ``images``' dtype (``resize_weights``), rounded to integers.
-
-    Args:
-        images: ``(N, C, H, W)`` canvases (contiguous), values 0..255.
-        meta: int ``(N, 3)`` ``(h, w, transposed)`` as stored.
-        boxes: float ``(N, 4)`` ``(x0, y0, w, h)`` in image coordinates.
-        flip: bool ``(N,)`` or ``None``.
-        size: output side.
-        band: ``band_size`` of the largest shrink a box can have.
-        antialias: low-pass shrunk boxes as PIL does; ``False``: plain bilinear.
-
-    Returns:
-        ``(N, C, size, size)`` in ``images``' dtype, values rounded, channels_last in memory.
-    """
+    """Each box ``(x0, y0, w, h)`` (upright image pixels) of its contiguous ``(N, C, H, W)`` canvas, stored as
+    ``meta`` says, resized to ``size x size`` by two batched matrix products (``resize_weights``): rounded,
+    channels_last, in ``images``' dtype."""
     n, c, ch, cw = images.shape
     meta = meta.to(images.device)
     x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
@@ -253,7 +195,7 @@ def resample(
         torch.cat([torch.where(t, bh, bw), torch.where(t, bw, bh)]),
         torch.cat([meta[:, 1], meta[:, 0]]),
         torch.cat([torch.where(t, no_flip, f), torch.where(t, f, no_flip)]),
-        size, max(ch, cw), band, antialias, images.dtype,
+        size, max(ch, cw), band, images.dtype,
     )  # fmt: skip
     cols, rows = weights[:n, :, :cw], weights[n:, :, :ch]
     # (N, T, C*H): columns first (the longer axis); then the rows, as rows x tmp^T: (N, S, T*C), so the
@@ -281,7 +223,7 @@ def _scale_shift(
 
 
 def check_mean_std(mean: object, std: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """``mean`` and ``std`` as float tuples in [0, 1] units, one value per channel, or a one-line error."""
+    """``mean`` and ``std`` as float tuples in [0, 1] units, one value a channel, or a one-line error."""
     for name, value in (("mean", mean), ("std", std)):
         check_arg(
             isinstance(value, (tuple, list)) and all(is_number(v) for v in value),
@@ -308,8 +250,8 @@ def check_mean_std(mean: object, std: object) -> tuple[tuple[float, ...], tuple[
 
 
 class GPUAugment(nn.Module):
-    """uint8 canvases on the device -> normalized, cropped, channels_last NCHW float batch: a random resized
-    crop and flip (train) or ``Resize + CenterCrop`` (eval) of the whole image, resized as PIL's bilinear.
+    """uint8 canvases on the device -> normalized channels_last NCHW float crops: a random resized crop and
+    flip (train) or ``Resize + CenterCrop`` (eval) of the whole image, resized as PIL's bilinear.
 
     Args:
         image_size: output side in pixels.
@@ -318,7 +260,6 @@ class GPUAugment(nn.Module):
         std: per-channel std in [0, 1] units.
         output_dtype: dtype of the output (resampling runs in float16 on a GPU, float32 on a CPU).
         generator: optional ``torch.Generator`` on the batch's device, for reproducible crops.
-        antialias: low-pass the samples a box shrinks, as PIL does; ``False``: plain bilinear (aliases).
 
     Example:
         >>> from lightning_gpuopt.data import layout
@@ -338,7 +279,6 @@ class GPUAugment(nn.Module):
         std: Sequence[float] = IMAGENET_STD,
         output_dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
-        antialias: bool = True,
     ) -> None:
         super().__init__()
         check_int(image_size, "image_size", low=1, what="(pixels)")
@@ -355,8 +295,6 @@ class GPUAugment(nn.Module):
         self.mean, self.std = check_mean_std(mean, std)
         self.output_dtype = output_dtype
         self.generator = generator
-        check_arg(isinstance(antialias, bool), "antialias", antialias, "True or False", error=TypeError)
-        self.antialias = antialias
         # per-device normalization constants: built once, so no host->device copy per step
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -380,8 +318,6 @@ class GPUAugment(nn.Module):
 
     def band(self, canvas: tuple[int, int], train: bool) -> int:
         """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
-        if not self.antialias:
-            return band_size(1.0)
         # a training crop can span the whole stored image; the evaluation box is image_size /
         # eval_resize_size of the stored image's scale
         largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
@@ -390,13 +326,8 @@ class GPUAugment(nn.Module):
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
     ) -> torch.Tensor:
-        """Transform a uint8 ``(N, H, W, C)`` batch.
-
-        Args:
-            images: uint8 canvases (or fixed-size images that are wholly valid).
-            meta: int ``(N, 3)`` ``(h, w, transposed)``; ``None``: every array is a whole upright image.
-            train: random crop + flip (True) or the evaluation view (False); ``None`` follows ``self.training``.
-        """
+        """Transform uint8 ``(N, H, W, C)`` canvases with ``meta`` ``(h, w, transposed)`` (``None``: whole
+        upright images); ``train``: random crop + flip, else the evaluation view (``None``: ``self.training``)."""
         where = f"{type(self).__name__}.forward"
         check_uint8_nhwc(images, where)
         check_arg(
@@ -424,12 +355,9 @@ class GPUAugment(nn.Module):
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
         band = self.band((images.shape[1], images.shape[2]), train)
-        x = resample(x, meta, boxes, flip, self.image_size, band, self.antialias)
+        x = resample(x, meta, boxes, flip, self.image_size, band)
         scale, bias = self._norm_constants(device)
         return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
 
     def extra_repr(self) -> str:
-        return (
-            f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}, "
-            f"antialias={self.antialias}"
-        )
+        return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"

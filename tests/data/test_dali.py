@@ -21,6 +21,7 @@ from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
 from lightning_gpuopt.data import dali_pipeline
 from lightning_gpuopt.data.dali import DALIFeedInfo, DALILoader, DALIOptions, build_dali_loader
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.decode_choice import choose_decoder
 from lightning_gpuopt.data.folder import scan_image_folder
 from lightning_gpuopt.data.transforms import AugmentConfig
 from tests._ddp import CloseProcessGroup
@@ -264,13 +265,12 @@ def test_hw_decoder_load_default_follows_the_gpu_generation(monkeypatch):
 def test_decoder_rule_weighs_the_rates_measured_on_the_runs_files():
     """The default decoder follows this host's rates, measured on the run's own files, not one host's
     training rate for one model: CPU threads where they decode at least as fast as nvJPEG here."""
-    rates = dali_pipeline.DecodeRates
-    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=5_900.0, gpu=9_800.0, images=64, threads=14))
+    decoder, reason = choose_decoder(14, 5_900.0, 9_800.0, images=64)
     assert decoder == "gpu"
     assert reason == "nvJPEG 9,800 img/s > 14 CPU threads 5,900 img/s, measured on 64 of your files"
-    decoder, reason = dali_pipeline.choose_decoder(rates(cpu=12_000.0, gpu=9_800.0, images=64, threads=30))
+    decoder, reason = choose_decoder(30, 12_000.0, 9_800.0, images=64)
     assert decoder == "cpu" and reason.endswith("measured on 64 of your files: the GPU is left to the model")
-    assert dali_pipeline.choose_decoder(rates(cpu=100.0, gpu=None, images=8, threads=1))[0] == "cpu"
+    assert choose_decoder(1, 100.0, None, images=8)[0] == "cpu"
     assert not hasattr(dali_pipeline, "NVJPEG_TRAINING_RATE")  # no other host's figure stands in
 
 
@@ -313,7 +313,7 @@ def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_fo
     assert dali_pipeline.default_num_threads(8, "cpu") == 1
     dm = _dm(jpeg_folder, dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
-    assert loader.options == DALIOptions("cpu", 14) and loader.worker_nice == 10
+    assert loader.options == DALIOptions("cpu", 14)
     assert loader.feed_info == DALIFeedInfo(
         backend="dali",
         batch_size=4,
@@ -391,29 +391,6 @@ def test_gpu_cpu_decoder_feeds_the_gpu_like_nvjpeg(jpeg_folder):
     )
     images, _ = next(iter(train))
     assert images.shape == (8, 3, 24, 24) and images.device.type == "cuda"
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_cpu_decoding_lowers_only_the_dali_pool_threads(jpeg_folder):
-    import os
-
-    files, labels = _indexed(jpeg_folder)
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    before = set(os.listdir("/proc/self/task"))  # threads of other tests' pipelines are not this loader's
-    loader = _loader(files, labels, batch_size=4, train=False, options=DALIOptions("cpu", 2))
-    images, _ = next(iter(loader))
-    assert images.shape == (4, 3, 16, 16)
-    names = {}
-    for tid in set(os.listdir("/proc/self/task")) - before:
-        with open(f"/proc/self/task/{tid}/comm") as fh:
-            names[int(tid)] = fh.read().strip()
-    pool = [t for t, n in names.items() if n.startswith("[DALI][TP")]
-    assert len(pool) >= 2
-    assert all(os.getpriority(os.PRIO_PROCESS, t) == min(19, base + 10) for t in pool)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the training loop's thread keeps its priority
-    others = [t for t, n in names.items() if "Executor" in n]
-    assert others and all(os.getpriority(os.PRIO_PROCESS, t) == base for t in others)
-    loader.close()
 
 
 class _Recorder(pl.LightningModule):
@@ -545,10 +522,8 @@ def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, mo
         loaders = [_loader(files[:8], labels[:8], **kw) for _ in range(2)]
     info = loaders[0].feed_info
     assert info.cpu_decode_rate > 0 and info.gpu_decode_rate > 0  # both measured on these files
-    rates = dali_pipeline.DecodeRates(
-        info.cpu_decode_rate, info.gpu_decode_rate, 8, loaders[0]._rates.threads
-    )
-    assert (info.decoder, info.decoder_reason) == dali_pipeline.choose_decoder(rates)
+    rule = choose_decoder(loaders[0]._rates.threads, info.cpu_decode_rate, info.gpu_decode_rate, images=8)
+    assert (info.decoder, info.decoder_reason) == rule
     assert sum(info.decoder_reason in r.getMessage() for r in caplog.records) == 1  # logged once
     images, _ = next(iter(loaders[0]))
     assert images.device.type == "cuda" and images.shape == (8, 3, 24, 24)

@@ -31,7 +31,7 @@ from lightning_gpuopt.data.decode import (
     nvjpeg_decodable,
 )
 from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
-from lightning_gpuopt.data.decode_choice import choose_jpeg_decoder, resolve_decoder
+from lightning_gpuopt.data.decode_choice import choose_decoder, resolve_decoder
 from lightning_gpuopt.data.decode_gpu import JPEGBatch, NVJPEGCrops, read_jpeg_batch
 from lightning_gpuopt.data.folder import UInt8ImageFolder
 from lightning_gpuopt.data.transforms import AugmentConfig
@@ -252,12 +252,15 @@ def test_decode_options_are_checked_when_made():
 
 # ------------------------------------------------------------------------------------------------- the rule
 def test_the_rule_weighs_the_measured_rates():
-    assert choose_jpeg_decoder(threads=14, cpu_rate=4200, gpu_rate=9000)[0] == "gpu"
-    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate=11_200, gpu_rate=9000)
-    assert decoder == "cpu" and why == "14 CPU threads 11,200 img/s >= nvJPEG 9,000 img/s"
-    decoder, why = choose_jpeg_decoder(threads=14, cpu_rate=4200, gpu_rate=9000, model_rate=4000)
-    assert decoder == "cpu" and "the rate the model trains at" in why  # CPU threads keep up: GPU left alone
-    decoder, why = choose_jpeg_decoder(threads=6, cpu_rate=1800, gpu_rate=9000, model_rate=4000)
+    assert choose_decoder(14, 4200, 9000)[0] == "gpu"
+    decoder, why = choose_decoder(14, 11_200, 9000)
+    assert (
+        decoder == "cpu"
+        and why == "14 CPU threads 11,200 img/s >= nvJPEG 9,000 img/s: the GPU is left to the model"
+    )
+    decoder, why = choose_decoder(14, 4200, 9000, model_rate=4000)
+    assert decoder == "cpu" and "the model's 4,000 img/s" in why  # CPU threads keep up: GPU left alone
+    decoder, why = choose_decoder(6, 1800, 9000, model_rate=4000)
     assert decoder == "gpu" and why.endswith("< 4,000 img/s the model trains at")
 
 

@@ -270,6 +270,7 @@ def _texture(height, width, seed=0):
 @pytest.mark.parametrize("portrait", [False, True])
 @pytest.mark.parametrize("size", [32, 48, 64])
 def test_downscaled_crop_matches_pil_antialiased_resize(portrait, size):
+    """A shrinking box is low-passed as PIL's bilinear resize is (plain bilinear misses by 5-18 levels)."""
     from PIL import Image
 
     image = _texture(128, 96) if portrait else _texture(96, 128)
@@ -278,14 +279,9 @@ def test_downscaled_crop_matches_pil_antialiased_resize(portrait, size):
     # the whole image as the box: scale 1 and the image's own aspect ratio; no flip
     whole = AugmentConfig(scale=(1.0, 1.0), ratio=(w / h, w / h), flip_p=0.0)
     expected = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BILINEAR), np.float32)
-    errors = {}
-    for antialias in (True, False):
-        out = GPUAugment(size, whole, antialias=antialias)(canvas, meta, train=True)
-        got = _pixels(out)[0].permute(1, 2, 0).numpy()
-        errors[antialias] = float(np.abs(got - expected).mean())
+    got = _pixels(GPUAugment(size, whole)(canvas, meta, train=True))[0].permute(1, 2, 0).numpy()
     # PIL's triangle filter, within rounding (PIL rounds between its two passes, fixed-point weights)
-    assert errors[True] <= 0.3, errors
-    assert errors[False] > max(5.0, 6 * errors[True]), errors  # plain bilinear aliases
+    assert float(np.abs(got - expected).mean()) <= 0.3
 
 
 def _pil_box_resize(image, box, size):
@@ -300,14 +296,13 @@ def _pil_box_resize(image, box, size):
 
 
 @pytest.mark.parametrize("portrait", [False, True])
-@pytest.mark.parametrize("antialias", [True, False])
-def test_random_crops_match_pil_box_resize_with_flips(portrait, antialias):
+def test_random_crops_match_pil_box_resize_with_flips(portrait):
     image = _texture(60, 84, seed=4)
     if portrait:
         image = np.ascontiguousarray(image.transpose(1, 0, 2))
     canvas, meta = _stored(image, 60)
     n, size = 24, 32
-    aug = GPUAugment(size, antialias=antialias, generator=torch.Generator().manual_seed(5))
+    aug = GPUAugment(size, generator=torch.Generator().manual_seed(5))
     out = _pixels(aug(canvas.expand(n, -1, -1, -1), meta.expand(n, 3), train=True)).round()
     # the same boxes and flips, drawn again from the same seed
     g = torch.Generator().manual_seed(5)
@@ -316,28 +311,11 @@ def test_random_crops_match_pil_box_resize_with_flips(portrait, antialias):
     assert 0 < int(flips.sum()) < n
     diffs = []
     for i in range(n):
-        if antialias:
-            expected = _pil_box_resize(image, boxes[i].tolist(), size)
-        else:  # plain bilinear: PIL's triangle without widening, i.e. PIL upscaling weights at every shrink
-            expected = _reference_plain(image, boxes[i].tolist(), size)
+        expected = _pil_box_resize(image, boxes[i].tolist(), size)
         if flips[i]:
             expected = expected[:, ::-1]
         diffs.append(np.abs(out[i].permute(1, 2, 0).numpy() - expected).mean())
     assert max(diffs) <= 0.35, diffs
-
-
-def _reference_plain(image, box, size):
-    """Bilinear sampling at each output pixel's centre, edges replicated (float64 numpy)."""
-    x0, y0, w, h = box
-    ys = np.clip(y0 + (np.arange(size) + 0.5) * h / size - 0.5, 0, image.shape[0] - 1)
-    xs = np.clip(x0 + (np.arange(size) + 0.5) * w / size - 0.5, 0, image.shape[1] - 1)
-    y_lo, x_lo = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y_hi, x_hi = np.minimum(y_lo + 1, image.shape[0] - 1), np.minimum(x_lo + 1, image.shape[1] - 1)
-    fy, fx = (ys - y_lo)[:, None, None], (xs - x_lo)[None, :, None]
-    img = image.astype(np.float64)
-    top = img[y_lo][:, x_lo] * (1 - fx) + img[y_lo][:, x_hi] * fx
-    bottom = img[y_hi][:, x_lo] * (1 - fx) + img[y_hi][:, x_hi] * fx
-    return np.round(top * (1 - fy) + bottom * fy).astype(np.float32)
 
 
 @pytest.mark.parametrize("width,height", [(341, 256), (256, 341), (300, 200), (96, 128)])
@@ -398,9 +376,6 @@ def test_band_follows_the_largest_shrink():
     assert band_size(1.0) == 3 and band_size(0.5) == 3 and band_size(1.5) == 4 and band_size(2.0) == 5
     aug = GPUAugment(224)
     assert aug.band(layout.canvas_shape(256), train=True) == band_size(384 / 224)
-    assert GPUAugment(224, antialias=False).band(layout.canvas_shape(256), train=True) == 3
-    with pytest.raises(TypeError, match="antialias"):
-        GPUAugment(16, antialias=1)
 
 
 def test_half_precision_resample_stays_within_a_level():
