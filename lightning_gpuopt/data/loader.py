@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
+import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +46,7 @@ SPLITS = ("train", "val", "test", "predict")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 #: batches each DataLoader worker prepares ahead, wherever this package builds or measures a loader.
 PREFETCH_FACTOR = 4
+T = TypeVar("T")
 
 
 def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) -> Iterator[Any]:
@@ -229,55 +232,57 @@ class HostDataLoader(DataLoader):
         return iterator
 
 
-def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Batches of ``loader``'s ``BatchReader`` dataset, read ahead by ``loader.read_threads`` threads."""
-    dataset: Any = loader.dataset
-    shape = tuple(dataset.image_shape)
-    pin = bool(loader.pin_memory) and torch.cuda.is_available()
-    indices = iter(loader._index_batches())
+def read_ahead(jobs: Iterator[Callable[[], T]], threads: int) -> Iterator[T]:
+    """The results of ``jobs`` in order, run by ``threads`` threads ``READS_PER_THREAD`` a thread ahead; the
+    next job is taken from ``jobs`` on the consuming thread. Closing it drops the jobs not begun.
 
-    def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        images, labels, meta = out
-        got_labels, got_meta = dataset.read_into(batch, images.numpy())
-        labels.numpy()[...] = got_labels
-        meta.numpy()[...] = got_meta
-        return out
-
+    Example:
+        >>> list(read_ahead((lambda i=i: i * i for i in range(5)), threads=2))
+        [0, 1, 4, 9, 16]
+    """
     # one intra-op thread a reader: a reader's torch work (an image folder's resizes) stays on its own core
     pool = ThreadPoolExecutor(
-        loader.read_threads, thread_name_prefix="lightning_gpuopt-read", initializer=torch.set_num_threads,
-        initargs=(1,),
-    )  # fmt: skip
-    pending: collections.deque[Future[Any]] = collections.deque()
-
-    def submit() -> bool:
-        batch = next(indices, None)
-        if batch is None:
-            return False
-        batch = list(batch)
-        # allocated on this thread (pinned memory from PyTorch's cache), filled by a reading thread
-        n = len(batch)
-        out = (
-            torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
-            torch.empty(n, dtype=torch.int64, pin_memory=pin),
-            torch.empty((n, 3), dtype=torch.int32, pin_memory=pin),
-        )
-        pending.append(pool.submit(read, batch, out))
-        return True
-
+        threads, thread_name_prefix="lightning_gpuopt-read", initializer=torch.set_num_threads, initargs=(1,)
+    )
+    pending: collections.deque[Future[T]] = collections.deque()
     try:
-        more = True
-        while more and len(pending) < loader.read_threads * READS_PER_THREAD:
-            more = submit()
+        pending.extend(pool.submit(job) for job in itertools.islice(jobs, threads * READS_PER_THREAD))
         while pending:
             done = pending.popleft().result()
-            if more:
-                more = submit()
+            job = next(jobs, None)
+            if job is not None:
+                pending.append(pool.submit(job))
             yield done
     finally:
         in_flight = [future for future in pending if not future.cancel()]
         pool.shutdown(wait=False, cancel_futures=True)
         wait_futures(in_flight, timeout=CLOSE_WAIT_S)
+
+
+def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Batches of ``loader``'s ``BatchReader`` dataset, read ahead by ``loader.read_threads`` threads."""
+    dataset: Any = loader.dataset
+    shape = tuple(dataset.image_shape)
+    pin = bool(loader.pin_memory) and torch.cuda.is_available()
+
+    def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        got_labels, got_meta = dataset.read_into(batch, out[0].numpy())
+        out[1].numpy()[...] = got_labels
+        out[2].numpy()[...] = got_meta
+        return out
+
+    def jobs() -> Iterator[Callable[[], tuple[torch.Tensor, ...]]]:
+        for indices in loader._index_batches():
+            n = len(indices)
+            # allocated on the consuming thread (pinned memory from PyTorch's cache), filled by a reading thread
+            out = (
+                torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
+                torch.empty(n, dtype=torch.int64, pin_memory=pin),
+                torch.empty((n, 3), dtype=torch.int32, pin_memory=pin),
+            )
+            yield functools.partial(read, list(indices), out)
+
+    return read_ahead(jobs(), loader.read_threads)
 
 
 class StagedBatch(tuple):
