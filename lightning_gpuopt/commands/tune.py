@@ -1,9 +1,5 @@
-"""``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or measured.
-
-Without ``--candidates`` it says what the DataModule chooses (``unmeasured_workers``) and refuses the flags
-that only shape a measurement; with it, it measures those counts: worker processes for a folder or a JPEG
-store, reading threads for a raw store (docs/worker_tuning.md).
-"""
+"""``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or with
+``--candidates`` those counts measured (docs/worker_tuning.md)."""
 
 from __future__ import annotations
 

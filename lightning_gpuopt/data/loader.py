@@ -1,10 +1,5 @@
-"""Host loaders for uint8 batches (docs/datamodule.md).
-
-``UInt8Collate`` stacks samples into ``(uint8 NHWC, int64 labels, int32 meta)``; ``HostDataLoader`` describes
-its feed (``feed_info``), counts the seconds its consumer waited (``fetch_seconds``) and can read a
-``BatchReader`` on threads; ``ContinuousDataLoader`` keeps its workers prefetching across epochs and stages
-each batch on the GPU on a side stream ahead of the step.
-"""
+"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, staging on the GPU
+(docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -50,15 +45,7 @@ T = TypeVar("T")
 
 
 def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) -> Iterator[Any]:
-    """``batches`` (at most ``limit``), adding the seconds each ``next()`` took to ``owner.fetch_seconds``.
-
-    Example:
-        >>> class Loader:
-        ...     fetch_seconds = 0.0
-        >>> loader = Loader()
-        >>> list(timed_batches(loader, iter(range(5)), limit=3)), loader.fetch_seconds > 0
-        ([0, 1, 2], True)
-    """
+    """``batches`` (at most ``limit``), adding the seconds each ``next()`` took to ``owner.fetch_seconds``."""
     count = 0
     while limit is None or count < limit:
         start = time.perf_counter()
@@ -165,11 +152,8 @@ CLOSE_WAIT_S = 2.0
 
 
 class HostDataLoader(DataLoader):
-    """A ``DataLoader`` that describes its feed, times its consumer, and leaves no temporary folder behind.
-
-    ``fetch_seconds`` is the time its consumer spent inside ``next()``. Its workers' temporary files go to a
-    folder of their iterator, removed once they stop (``_lifetime.worker_folder``). With ``read_threads``,
-    a ``BatchReader`` dataset is read by threads of this process into fresh (pinned) uint8 batches.
+    """A ``DataLoader`` that describes its feed, times its consumer (``fetch_seconds``), can read a
+    ``BatchReader`` on threads, and leaves no temporary folder behind (``_lifetime.worker_folder``).
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -193,27 +177,17 @@ class HostDataLoader(DataLoader):
         self.feed_info = feed_info
         check_int(read_threads, "read_threads", low=0)
         if read_threads:
-            check_arg(
-                isinstance(self.dataset, BatchReader),
-                f"the dataset of read_threads={read_threads}",
-                type(self.dataset).__name__,
-                "one with image_shape and read_into(indices, images) (a BatchReader, e.g. HDF5ImageDataset)",
-                "pass read_threads=0 and num_workers=N for DataLoader worker processes",
-                error=TypeError,
+            given = f"the dataset of read_threads={read_threads}"
+            must = (
+                "one with image_shape and read_into(indices, images) (a BatchReader, e.g. HDF5ImageDataset)"
             )
-            check_arg(
-                not self.num_workers,
-                "num_workers",
-                self.num_workers,
-                f"0 with read_threads={read_threads} (batches are read on threads of this process)",
-                "pass num_workers=0",
-            )
-            check_arg(
-                self.batch_sampler is not None,
-                "batch_size",
-                None,
-                f"an int (or a batch_sampler given) with read_threads={read_threads}: threads read whole batches",
-            )
+            fix = "pass read_threads=0 and num_workers=N for DataLoader worker processes"
+            ok = isinstance(self.dataset, BatchReader)
+            check_arg(ok, given, type(self.dataset).__name__, must, fix, error=TypeError)
+            must = f"0 with read_threads={read_threads} (batches are read on threads of this process)"
+            check_arg(not self.num_workers, "num_workers", self.num_workers, must, "pass num_workers=0")
+            must = f"an int (or a batch_sampler given) with read_threads={read_threads}: threads read whole batches"
+            check_arg(self.batch_sampler is not None, "batch_size", None, must)
         self.read_threads = read_threads
         setattr(self, FETCH_SECONDS_ATTR, 0.0)
 
@@ -274,7 +248,7 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, ...]]:
     def jobs() -> Iterator[Callable[[], tuple[torch.Tensor, ...]]]:
         for indices in loader._index_batches():
             n = len(indices)
-            # allocated on the consuming thread (pinned memory from PyTorch's cache), filled by a reading thread
+            # allocated here (pinned memory from PyTorch's cache), filled by a reading thread
             out = (
                 torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
                 torch.empty(n, dtype=torch.int64, pin_memory=pin),
@@ -288,8 +262,6 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, ...]]:
 class StagedBatch(tuple):
     """A batch a ``device_transform`` already produced on the GPU (the DataModule's hook passes it through).
 
-    The type is the mark: Lightning's collection helpers rebuild a tuple subclass with its own type.
-
     Example:
         >>> batch = StagedBatch((torch.zeros(2, 3, 4, 4), torch.arange(2)))
         >>> isinstance(batch, tuple), len(batch)
@@ -300,8 +272,8 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches of it; each pass's
-    order is a function of its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
+    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches; each pass's order
+    follows from its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
@@ -328,11 +300,8 @@ class _RepeatSampler:
 
 
 class ContinuousDataLoader(HostDataLoader):
-    """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries.
-
-    Use it like ``DataLoader`` (same arguments, automatic batching); every ``iter()`` yields ``len(self)``
-    batches, one pass over the sampler. ``state_dict`` holds its position, so a fit resumed mid-epoch
-    continues the interrupted pass in its order (docs/datamodule.md).
+    """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries; each ``iter()`` is one pass
+    over the sampler, and ``state_dict`` holds its position for a resumed fit (docs/datamodule.md).
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -390,8 +359,7 @@ class ContinuousDataLoader(HostDataLoader):
         return self._repeat(self.batch_sampler)  # endless: each iter() takes one pass of it
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the batches handed out so far stand: ``pass``, ``batch`` (batches of that pass),
-        ``batches_per_pass`` and the shuffle's ``seed`` (None: the sampler's own order)."""
+        """Where the batches handed out so far stand: ``pass``, ``batch``, ``batches_per_pass``, ``seed``."""
         return {
             "pass": self._start_pass(),
             "batch": self._batch,
@@ -442,13 +410,8 @@ class ContinuousDataLoader(HostDataLoader):
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        check_arg(
-            self.batch_sampler is not None,
-            "batch_size",
-            None,
-            "an int: ContinuousDataLoader needs automatic batching",
-            error=TypeError,
-        )
+        must = "an int: ContinuousDataLoader needs automatic batching"
+        check_arg(self.batch_sampler is not None, "batch_size", None, must, error=TypeError)
         source = self._continuous_iter
         if source is not None and inspect.isgenerator(source) and source.gi_frame is None:
             # a reading or staging generator that an error ended: start afresh rather than yield nothing
@@ -467,8 +430,7 @@ class ContinuousDataLoader(HostDataLoader):
         return self._advance(timed_batches(self, source, limit))
 
     def close(self) -> None:
-        """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh, at the
-        start of the next pass when this one was begun."""
+        """Stop the workers (dropping what they prefetched); the next ``iter()`` starts the next pass."""
         source, self._continuous_iter = self._continuous_iter, None
         if self._batch:
             self._pass, self._batch = self._start_pass() + 1, 0
@@ -482,8 +444,8 @@ class ContinuousDataLoader(HostDataLoader):
 
 
 def close_workers(loader: Any) -> None:
-    """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now; the next ``iter()``
-    starts afresh. A loader of another kind with a ``close()`` (``DALILoader``) is closed.
+    """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now, or ``close()`` a
+    ``DALILoader``; the next ``iter()`` starts afresh.
 
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
@@ -527,20 +489,12 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
 STAGED_AHEAD = 2
 
 
-class _Failed:
-    """What ended the staging thread, re-raised on the thread that iterates the batches."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
 _END = object()
 
 
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """Yield ``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a
-    staging thread, so the thread launching the training step spends no time on the feed; the thread's
-    error is raised here, and closing this generator stops it and closes ``source``."""
+    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a staging
+    thread; its error is raised here, and closing this generator stops it and closes ``source``."""
     side = torch.cuda.Stream(device)
     ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
     stop = threading.Event()
@@ -569,7 +523,7 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
                     return
             put(_END)
         except BaseException as err:  # re-raised on the training thread
-            put(_Failed(err))
+            put(err)
 
     thread = threading.Thread(target=stage, name="lightning_gpuopt-stage", daemon=True)
     thread.start()
@@ -578,8 +532,8 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
             item = ready.get()
             if item is _END:
                 return
-            if isinstance(item, _Failed):
-                raise item.error
+            if isinstance(item, BaseException):
+                raise item
             batch, done = item
             current = torch.cuda.current_stream(device)
             current.wait_event(done)  # the step's stream waits for this batch's copy and transform only

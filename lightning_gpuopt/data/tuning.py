@@ -33,7 +33,6 @@ from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
     BatchReader,
     HostDataLoader,
-    UInt8Collate,
     WholeBatches,
     reads_in_workers,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "TuningConfig",
     "TuningResult",
     "WorkerTuner",
-    "auto_tuning_arguments",
     "dataset_fingerprint",
     "default_cache_path",
     "default_candidates",
@@ -377,53 +375,6 @@ def unmeasured_workers(
     return None
 
 
-def auto_tuning_arguments(
-    dataset: Any,
-    *,
-    batch_size: int,
-    pin_memory: bool,
-    local_world_size: int = 1,
-    tuning: TuningConfig | None = None,
-    source: str = "dataset",
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The arguments ``tune_num_workers`` measures ``dataset`` with under ``num_workers="auto"``.
-
-    Args:
-        dataset: the map-style dataset to read.
-        batch_size: the training batch size (per process).
-        pin_memory: whether training pins its batches (the DataModule pins on a CUDA device).
-        local_world_size: training processes on this node (they share its CPUs).
-        tuning: the budget, target and cache folder (``TuningConfig``; None: its defaults).
-        source: names the dataset in a collate error (``"train_dataset()"``).
-        progress: called with a line as each count starts.
-
-    Returns:
-        ``tune_num_workers``'s keyword arguments.
-
-    Example:
-        >>> args = auto_tuning_arguments(dataset, batch_size=256, pin_memory=True)  # doctest: +SKIP
-        >>> tune_num_workers(**args).best  # doctest: +SKIP
-    """
-    tuning = tuning or TuningConfig()
-    cpus = _cpus_per_process(local_world_size)
-    batches = _pass_batches(dataset, batch_size)
-    measure_bs = min(batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
-    return {
-        "loader": loader_factory(dataset, measure_bs, pin_memory=pin_memory, collate_fn=UInt8Collate(source)),
-        "budget_s": tuning.budget_s,
-        "target_samples_per_sec": tuning.target_samples_per_sec,
-        "max_workers": min(cpus, batches) if batches else cpus,
-        "cache_dir": tuning.cache_dir,
-        "cache_key": {
-            "local_world_size": local_world_size,
-            "pin_memory": pin_memory,
-            "train_batch_size": batch_size,
-        },
-        "progress": progress,
-    }
-
-
 def _node_best(trainer: pl.Trainer | None, best: int) -> int:
     """The count local rank zero of this rank's node chose (one ``all_gather``; every rank must call it)."""
     if trainer is None or trainer.world_size <= 1:
@@ -431,18 +382,6 @@ def _node_best(trainer: pl.Trainer | None, best: int) -> int:
     row = torch.tensor([trainer.node_rank, trainer.local_rank, best], device=trainer.strategy.root_device)
     rows = trainer.strategy.all_gather(row).reshape(-1, 3).tolist()
     return next((int(b) for node, local, b in rows if node == trainer.node_rank and local == 0), best)
-
-
-def _like(loader: DataLoader) -> Callable[[int], DataLoader]:
-    """``loader_factory`` of ``loader``'s dataset, collate, pinning and worker setup."""
-    return loader_factory(
-        loader.dataset,
-        min(loader.batch_size or 1, MEASURE_BATCH_SIZE),
-        pin_memory=loader.pin_memory,
-        collate_fn=loader.collate_fn,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-    )
 
 
 class WorkerTuner(pl.Callback):
@@ -511,8 +450,16 @@ class WorkerTuner(pl.Callback):
         max_workers = max(1, available_cpus() // local_world)
         self.results = []
         for loader in flat:
+            size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
             result = tune_num_workers(
-                _like(loader),
+                loader_factory(
+                    loader.dataset,
+                    size,
+                    pin_memory=loader.pin_memory,
+                    collate_fn=loader.collate_fn,
+                    worker_init_fn=loader.worker_init_fn,
+                    multiprocessing_context=loader.multiprocessing_context,
+                ),
                 candidates=self.candidates,
                 budget_s=self.budget_s,
                 target_samples_per_sec=self.target_samples_per_sec,
@@ -523,28 +470,19 @@ class WorkerTuner(pl.Callback):
                 cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
                 progress=lambda line: rank_zero_info(f"WorkerTuner: {line}"),
             )
-            best = _node_best(trainer, result.best)
-            result.best = best
+            self.num_workers = result.best = best = _node_best(trainer, result.best)
             self.results.append(result)
             rank_zero_info(f"WorkerTuner: {type(loader.dataset).__name__}\n{result.format_table()}")
             if self.apply and best != loader.num_workers:
                 loader.num_workers = best
-                if best > 0 and loader.prefetch_factor is None:
-                    loader.prefetch_factor = PREFETCH_FACTOR
-                if best == 0:
-                    loader.prefetch_factor = None
-            self.num_workers = best
-        chosen = [r for r in self.results if r.best == self.num_workers]
-        if chosen and trainer.loggers:
-            sps = next(
-                (row["samples_per_sec"] for row in chosen[0].table if row["num_workers"] == self.num_workers),
-                None,
-            )
-            metrics = {"tuning/num_workers": float(self.num_workers or 0)}
-            if sps is not None:
-                metrics["tuning/samples_per_sec"] = float(sps)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                loader.prefetch_factor = (loader.prefetch_factor or PREFETCH_FACTOR) if best else None
+        last = self.results[-1]
+        metrics = {"tuning/num_workers": float(last.best)}
+        for row in last.table:
+            if row["num_workers"] == last.best:
+                metrics["tuning/samples_per_sec"] = float(row["samples_per_sec"])
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     @override
     def state_dict(self) -> dict[str, Any]:
