@@ -274,27 +274,22 @@ class OptimizedDataModule(pl.LightningDataModule):
         Raises:
             ValueError: naming the split, ``path`` and the classes training lacks.
         """
-        aligned = self._aligned(split, classes, path)
-        return aligned[1] if aligned is not None else None
-
-    def _aligned(self, split: str, classes: Sequence[str], path: Any) -> tuple[list[str], list[int]] | None:
-        if split not in LABELLED_SPLITS:
-            return None
-        train = self._training_classes()
+        train = self._training_classes() if split in LABELLED_SPLITS else None
         if train is None:
             return None
         path = path if path is not None else getattr(self, f"{split}_dir", None)
-        return train[0], class_indices(train[0], classes, split=split, path=path, train_path=train[1])
+        return class_indices(train[0], classes, split=split, path=path, train_path=train[1])
 
     def _align_classes(self, split: str, dataset: Any) -> None:
         """Label ``dataset`` (one with ``classes`` and ``relabel``) by the training split's classes."""
         classes, relabel = getattr(dataset, "classes", None), getattr(dataset, "relabel", None)
         if classes is None or not callable(relabel):
             return  # a user dataset labels its own samples
-        path = getattr(dataset, "root", None) or getattr(dataset, "path", None)
-        aligned = self._aligned(split, classes, path)
-        if aligned is not None:
-            relabel(*aligned)
+        indices = self.class_indices(
+            split, classes, getattr(dataset, "root", None) or getattr(dataset, "path", None)
+        )
+        if indices is not None:
+            relabel(self._training_classes()[0], indices)  # type: ignore[index]
 
     def _check_storage(self, split: str, dataset: Any) -> None:
         """Refuse a store that upsamples every crop; warn where its size is not what ``image_size`` needs."""

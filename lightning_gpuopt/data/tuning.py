@@ -327,23 +327,15 @@ def loader_factory(
     data = WholeBatches(dataset) if reads_in_workers(dataset) and not threads else dataset
 
     def make(n: int) -> DataLoader:
-        sampler = endless_sampler(dataset, batch_size)
-        common = {
-            "batch_size": batch_size,
-            "sampler": sampler,
-            "pin_memory": pin_memory,
-            "collate_fn": collate_fn,
-        }
-        if threads and n:
-            return HostDataLoader(data, read_threads=n, **common)
-        workers = {"num_workers": n, "prefetch_factor": PREFETCH_FACTOR, **worker_kwargs} if n else {}
-        return DataLoader(data, **workers, **common)
+        kwargs: dict[str, Any] = {"pin_memory": pin_memory, "collate_fn": collate_fn}
+        if threads:
+            kwargs["read_threads"] = n
+        elif n:
+            kwargs.update(num_workers=n, prefetch_factor=PREFETCH_FACTOR, **worker_kwargs)
+        loader = HostDataLoader if threads else DataLoader
+        return loader(data, batch_size=batch_size, sampler=endless_sampler(dataset, batch_size), **kwargs)
 
     return make
-
-
-def _cpus_per_process(local_world_size: int) -> int:
-    return max(1, available_cpus() // max(1, local_world_size))
 
 
 def unmeasured_workers(
@@ -357,7 +349,7 @@ def unmeasured_workers(
         >>> unmeasured_workers(list(range(30)), batch_size=32, min_batches=8)
         (0, '1 batch, under 8: one worker a batch, not measured')
     """
-    cpus = _cpus_per_process(local_world_size)
+    cpus = max(1, available_cpus() // max(1, local_world_size))
     if isinstance(dataset, BatchReader):
         if not reads_in_workers(dataset):
             return 0, "a raw store has none: threads of the training process read it"
