@@ -277,7 +277,6 @@ class LadderRunner:
             budget_s=self.cfg.tune_seconds,
             target_samples_per_sec=self._tune_target(),
             batch_size=self.cfg.batch_size,
-            loader_kwargs={"drop_last": True},
             cache_dir=self.cfg.cache_dir,
         )
         n = int(result.best)

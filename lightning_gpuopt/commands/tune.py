@@ -1,9 +1,5 @@
-"""``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or measured.
-
-Without ``--candidates`` it says what the DataModule chooses (``unmeasured_workers``) and refuses the flags
-that only shape a measurement; with it, it measures those counts: worker processes for a folder or a JPEG
-store, reading threads for a raw store (docs/worker_tuning.md).
-"""
+"""``lightning-gpuopt tune PATH``: the counts ``OptimizedDataModule(num_workers="auto")`` uses, or with
+``--candidates`` those counts measured (docs/worker_tuning.md)."""
 
 from __future__ import annotations
 
@@ -155,14 +151,17 @@ def chosen(dataset: Any, args: argparse.Namespace) -> Any:
 
 def measured(dataset: Any, args: argparse.Namespace, candidates: list[int]) -> Any:
     """The ``TuningResult`` of ``candidates`` measured on ``dataset`` (worker processes or reading threads)."""
-    from lightning_gpuopt.data.loader import read_by_threads
-    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, tune_num_workers
+    import torch
+
+    from lightning_gpuopt.data.loader import UInt8Collate, read_by_threads
+    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, loader_factory, tune_num_workers
 
     threads = read_by_threads(dataset)
+    size, pin = min(args.batch_size, MEASURE_BATCH_SIZE), torch.cuda.is_available()
     what = "reading threads" if threads else "worker processes (num_workers)"
     print(f"measuring {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
     result = tune_num_workers(
-        _reader_loaders(dataset, min(args.batch_size, MEASURE_BATCH_SIZE), workers=not threads),
+        loader_factory(dataset, size, threads=threads, pin_memory=pin, collate_fn=UInt8Collate()),
         candidates=candidates,
         budget_s=args.budget,
         target_samples_per_sec=args.target,
@@ -194,31 +193,3 @@ def suggestion(dataset: Any, best: int, *, measured: bool) -> str:
         f"suggestion: OptimizedDataModule(..., {named}, num_workers={best})  (worker processes, a batch "
         f"each, {how})  or  HostDataLoader(WholeBatches(dataset), num_workers={best}, collate_fn=UInt8Collate())"
     )
-
-
-def _reader_loaders(dataset: Any, batch_size: int, *, workers: bool) -> Any:
-    """``n -> loader`` reading ``dataset`` on ``n`` threads, or (``workers``) ``n`` worker processes."""
-    import torch
-
-    from lightning_gpuopt.data.loader import PREFETCH_FACTOR, HostDataLoader, UInt8Collate, WholeBatches
-    from lightning_gpuopt.data.tuning import endless_sampler
-
-    pin = torch.cuda.is_available()
-
-    def make(n: int) -> Any:
-        kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": endless_sampler(dataset, batch_size)}
-        if workers:
-            prefetch = PREFETCH_FACTOR if n else None
-            return HostDataLoader(
-                WholeBatches(dataset),
-                pin_memory=pin,
-                num_workers=n,
-                prefetch_factor=prefetch,
-                collate_fn=UInt8Collate(),
-                **kwargs,
-            )
-        if n == 0:
-            return HostDataLoader(dataset, pin_memory=pin, collate_fn=UInt8Collate(), **kwargs)
-        return HostDataLoader(dataset, pin_memory=pin, read_threads=n, **kwargs)
-
-    return make

@@ -52,16 +52,8 @@ def _remove_if_orphaned(folder: str, parent: int) -> None:
 
 
 class InWorkerFolder:
-    """A DataLoader ``worker_init_fn``: the worker's temporary files (its ``pymp-*`` folder) go to ``folder``,
-    which the workers make and a worker whose parent died removes; ``inner`` runs after. A worker made as its
-    parent is killed (another parent already: PyTorch's watchdog would wait forever) removes it and exits.
-
-    Args:
-        folder: the iterator's folder (``worker_folder``).
-        inner: the loader's own ``worker_init_fn`` (None: none).
-        parent: the pid the workers are children of (None: not checked, as under ``forkserver``, whose
-            server is every worker's parent).
-    """
+    """A DataLoader ``worker_init_fn`` putting the worker's temporary files in ``folder`` (removed by a worker
+    whose ``parent`` died; None: not checked, as under ``forkserver``), then running ``inner``."""
 
     def __init__(
         self, folder: str, inner: Callable[[int], Any] | None = None, parent: int | None = None
@@ -71,7 +63,8 @@ class InWorkerFolder:
         self.parent = parent
 
     def __call__(self, worker_id: int) -> None:
-        if self.parent is not None and os.getppid() != self.parent:  # the parent died making this worker
+        # the parent died making this worker: PyTorch's watchdog would wait for it forever
+        if self.parent is not None and os.getppid() != self.parent:
             shutil.rmtree(self.folder, ignore_errors=True)
             os._exit(1)
         if _own_folder(self.folder):
@@ -95,9 +88,8 @@ def _start_method(loader: Any) -> str | None:
 
 def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], Callable[[], Any]]:
     """``start()`` (a DataLoader iterator of ``loader``) with its workers' temporary files in a folder of
-    their own, and the call that removes it; it also goes when the iterator is collected or at exit. Where a
-    worker's socket would not fit in it (a long ``TMPDIR``), the workers keep ``multiprocessing``'s folders.
-    """
+    their own, and the call that removes it (also run when the iterator is collected); with a ``TMPDIR`` too
+    long for a worker's socket, the workers keep ``multiprocessing``'s folders."""
     folder = os.path.join(tempfile.gettempdir(), _PREFIX + secrets.token_hex(4))  # the workers make it
     if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
         return start(), lambda: None
@@ -158,16 +150,7 @@ if not done:
 
 class Janitor:
     """A tiny process that removes ``path`` when its owner dies before calling ``release``; start it before
-    ``path`` exists, so no moment is left in which a SIGKILL strands it.
-
-    Args:
-        path: the temporary file or folder to remove.
-
-    Example:
-        >>> janitor = Janitor(tmp)  # doctest: +SKIP
-        >>> # make and use tmp; a SIGKILL here still removes it
-        >>> janitor.release(done=False)  # removes tmp now  # doctest: +SKIP
-    """
+    ``path`` exists, so no moment is left in which a SIGKILL strands it."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(

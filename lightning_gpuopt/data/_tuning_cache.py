@@ -17,25 +17,17 @@ from lightning_gpuopt._common import warn_once
 def _read_cache(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
+        data = json.loads(text) if text.strip() else {}  # empty: a writer holding its lock made it
     except FileNotFoundError:
         return {}
-    except OSError as err:
-        warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
-        return {}
-    if not text.strip():
-        return {}  # created by a writer that holds its lock and has not replaced it yet
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        warn_once(f"ignoring unreadable worker-tuning cache {path} ({err}); it will be rewritten")
-        return {}
-    if not isinstance(data, dict):
-        warn_once(
-            f"ignoring unreadable worker-tuning cache {path} (it holds a JSON {type(data).__name__}, "
-            "not an object of entries); it will be rewritten"
-        )
-        return {}
-    return data
+    except (OSError, ValueError) as err:
+        data, problem = None, str(err)
+    else:
+        problem = f"it holds a JSON {type(data).__name__}, not an object of entries"
+    if isinstance(data, dict):
+        return data
+    warn_once(f"ignoring unreadable worker-tuning cache {path} ({problem}); it will be rewritten")
+    return {}
 
 
 #: seconds a cache write waits for another process's write to finish before giving up (a write takes ms)

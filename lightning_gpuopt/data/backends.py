@@ -1,11 +1,5 @@
-"""Where an ``OptimizedDataModule`` reads its data: one ``Backend`` object per kind of source.
-
-- ``FolderBackend``: ``UInt8ImageFolder`` decoded by worker processes, a whole batch each.
-- ``HDF5Backend``: a raw store read by threads of the training process, a JPEG store by worker processes.
-- ``MixedBackend``: store files and folders in one DataModule, each split read by its kind.
-- ``DALIBackend``: DALI lists and decodes the folders and delivers normalized batches on the device.
-- ``DALIStoreBackend``: a JPEG store whose training batches DALI decodes.
-"""
+"""Where an ``OptimizedDataModule`` reads its data: one ``Backend`` object per kind of source
+(docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import importlib.util
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from torch.utils.data import Dataset
 
@@ -51,24 +45,8 @@ _NO_TRAIN = ("train_dir", None, "a folder or HDF5 file to fit (or train_dataset(
 _NO_TRAIN_FIX = "pass train_dir= or override train_dataset()"
 
 
-class Owner(Protocol):
-    """What a backend asks of its ``OptimizedDataModule``."""
-
-    batch_size: int
-
-    def _setup_datasets(self, stage: str) -> None: ...
-
-    def _dataset(self, split: str) -> Dataset | None: ...
-
-    def class_indices(self, split: str, classes: Any, path: Any = None) -> list[int] | None: ...
-
-    def _workers(self, split: str) -> int: ...
-
-    def _read_threads(self, split: str) -> int: ...
-
-    def _pin(self) -> bool: ...
-
-    def _device_transform(self) -> Callable[[Any], Any] | None: ...
+#: the ``OptimizedDataModule`` a backend reads for (typed loosely: the DataModule imports the backends)
+Owner = Any
 
 
 class Backend:
@@ -78,10 +56,6 @@ class Backend:
         name: what ``backend=`` and ``dm.backend`` call it.
         device_batches: its loaders deliver ``(normalized images, labels)`` on the device.
         train_on_device: its training loader does, its others not.
-
-    Example:
-        >>> FolderBackend().name, DALIBackend().device_batches
-        ('folder', True)
     """
 
     name: ClassVar[str] = ""
@@ -155,12 +129,7 @@ class HostBackend(Backend):
 
 
 class FolderBackend(HostBackend):
-    """Class-per-subfolder image folders (``UInt8ImageFolder``) decoded by worker processes.
-
-    Example:
-        >>> FolderBackend().dataset("data/train", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
-        UInt8ImageFolder(root='data/train', size=256, images=..., classes=...)
-    """
+    """Class-per-subfolder image folders (``UInt8ImageFolder``) decoded by worker processes."""
 
     name = "folder"
 
@@ -178,12 +147,7 @@ class FolderBackend(HostBackend):
 
 
 class HDF5Backend(HostBackend):
-    """A store (``HDF5ImageDataset``): a raw store read by threads, a JPEG store by worker processes.
-
-    Example:
-        >>> HDF5Backend().dataset("train.h5", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
-        HDF5ImageDataset(path='train.h5', images=..., storage_size=256, canvas=(256, 384, 3), classes=...)
-    """
+    """A store (``HDF5ImageDataset``): a raw store read by threads, a JPEG store by worker processes."""
 
     name = "hdf5"
 
@@ -205,12 +169,7 @@ class HDF5Backend(HostBackend):
 
 
 class MixedBackend(HostBackend):
-    """Store files and image folders in one DataModule (``backend="auto"``), each split read by its kind.
-
-    Example:
-        >>> MixedBackend().dataset("data/val", storage_size=256, on_corrupt="raise", skip_log=None)  # doctest: +SKIP
-        UInt8ImageFolder(root='data/val', size=256, images=..., classes=...)
-    """
+    """Store files and image folders in one DataModule (``backend="auto"``), each split read by its kind."""
 
     name = "hdf5+folder"
 
@@ -253,12 +212,7 @@ def _check_stores(paths: dict[str, str | None], must: str) -> None:
 
 
 class DALIBackend(Backend):
-    """DALI reads and decodes JPEG folders itself and delivers normalized batches on the device.
-
-    Example:
-        >>> DALIBackend().loader(dm, "train")  # doctest: +SKIP
-        DALILoader(files=..., batch_size=256, train=True, ...)
-    """
+    """DALI reads and decodes JPEG folders itself and delivers normalized batches on the device."""
 
     name = "dali"
     device_batches = True
@@ -297,13 +251,8 @@ class DALIBackend(Backend):
 
 
 class DALIStoreBackend(HDF5Backend):
-    """A JPEG store whose training batches DALI decodes (``dali_store.DALIStoreLoader``); its evaluation
-    splits are read as ``HDF5Backend`` reads them.
-
-    Example:
-        >>> DALIStoreBackend().name, DALIStoreBackend().device_batches
-        ('dali', False)
-    """
+    """A JPEG store whose training batches DALI decodes; its evaluation splits are read as ``HDF5Backend``
+    reads them."""
 
     name = "dali"
     train_on_device = True
@@ -385,9 +334,8 @@ def host_loader(
     feed: FeedInfo,
     device_transform: Callable[[Any], Any] | None,
 ) -> HostDataLoader:
-    """The DataModule's loader over a host dataset: shuffled whole batches that keep prefetching across
-    epochs for training (``ContinuousDataLoader``, staging each batch with ``device_transform``), one ordered
-    pass (``HostDataLoader``) otherwise; ``workers`` persistent worker processes, or ``threads`` reading a
+    """The DataModule's loader over a host dataset: a ``ContinuousDataLoader`` for training, else one ordered
+    pass (``HostDataLoader``); ``workers`` persistent worker processes, or ``threads`` reading a
     ``BatchReader``."""
     train = split == "train"
     if workers and reads_in_workers(dataset):

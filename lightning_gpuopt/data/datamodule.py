@@ -60,11 +60,12 @@ from lightning_gpuopt.data.loader import (
 )
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
 from lightning_gpuopt.data.tuning import (
+    MEASURE_BATCH_SIZE,
     TuningConfig,
     TuningResult,
     _node_best,
-    auto_tuning_arguments,
     dataset_fingerprint,
+    loader_factory,
     tune_num_workers,
     unmeasured_workers,
 )
@@ -96,49 +97,32 @@ TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_af
 class OptimizedDataModule(pl.LightningDataModule):
     """A DataModule that keeps the GPU fed: whole uint8 images, crops on the GPU, tuned pinned loaders.
 
-    Each image is decoded once and kept whole on a uint8 canvas (``lightning_gpuopt.data.layout``);
-    ``on_after_batch_transfer`` turns ``(images, labels, meta)`` into ``(normalized channels_last float NCHW,
-    labels)`` on the device (``GPUAugment``). The training loader keeps prefetching across epochs and stages
-    the next batch on the GPU. Each split gets one line (rank zero) saying what reads it and each count with
-    how it was chosen. Overridden batch hooks see what Lightning's docs describe (docs/datamodule.md).
+    Each argument in full: docs/datamodule.md.
 
     Args:
         train_dir: training folder (``root/<class>/<image>``) or HDF5 file (None: override ``train_dataset``).
         val_dir: validation folder or HDF5 file, labelled by the training split's class indices.
         test_dir: test folder or HDF5 file, labelled as ``val_dir`` is.
         predict_dir: prediction folder or HDF5 file.
-        backend: ``"auto"``, ``"folder"``, ``"hdf5"`` or ``"dali"``; ``dm.backend`` is the resolved name,
-            ``dm.backend_reason`` why ``"auto"`` chose it (``choose_backend``).
+        backend: ``"auto"``, ``"folder"``, ``"hdf5"`` or ``"dali"`` (``choose_backend``).
         batch_size: samples per batch per device.
-        num_workers: DataLoader worker processes per loader (at most ``MAX_WORKERS_PER_CPU`` per CPU), or
-            ``"auto"`` (docs/worker_tuning.md). After ``setup("fit")`` it holds the training split's count.
+        num_workers: worker processes per loader (at most ``MAX_WORKERS_PER_CPU`` per CPU), or ``"auto"``.
         image_size: side of the square images the model receives.
-        storage_size: shorter side of the images the folder backend decodes (default
-            ``eval_resize_size(image_size)``).
+        storage_size: shorter side the folder backend decodes to (default ``eval_resize_size(image_size)``).
         mean: per-channel mean in [0, 1] units.
         std: per-channel std in [0, 1] units.
-        augment: the training crop and flip (``AugmentConfig``); ``True``: torchvision's defaults,
-            ``False``: the evaluation view for training too.
+        augment: the training crop and flip (``AugmentConfig``; True: torchvision's, False: none).
         pin_memory: pin host batches (None: when the Trainer's device is CUDA).
-        on_corrupt: ``"raise"`` (error naming the file) or ``"skip"`` (folder backend: replaced by the next
-            readable image, listed in ``skipped_images``).
-        check_images: decode every image of the stage's folder splits in ``setup``, raising one error that
-            lists the unreadable ones.
+        on_corrupt: ``"raise"`` (an error naming the file) or ``"skip"`` (listed in ``skipped_images``).
+        check_images: decode every image of the stage's folder splits in ``setup``, listing the unreadable.
         tuning: how ``num_workers="auto"`` measures (``TuningConfig``; None: its defaults).
         dali: DALI options for ``backend="dali"`` (``DALIOptions``).
-        decode: JPEGs decoded in the training process without DALI (``DecodeOptions``), on any machine.
+        decode: JPEGs decoded in the training process without DALI (``DecodeOptions``).
         hdf5: how a raw HDF5 store is read (``HDF5Options``).
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", batch_size=256, num_workers="auto")  # doctest: +SKIP
         >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
-
-        Your own datasets: override the hooks and return ``(uint8 HWC image, label)`` of one fixed size, or
-        ``(canvas, label, meta)`` as ``lightning_gpuopt.data.layout`` defines them::
-
-            class MyData(OptimizedDataModule):
-                def train_dataset(self):
-                    return MyUInt8Dataset("/data", split="train", size=self.storage_size)
     """
 
     def __init__(
@@ -265,7 +249,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         return self._datasets[split]
 
     def _training_classes(self) -> tuple[list[str], Any] | None:
-        """The training split's class names and where they are read; ``None``: unknown."""
+        """The training split's class names and where they are read (None: unknown)."""
         train = self._datasets.get("train")
         if train is not None:
             classes = getattr(train, "classes", None)
@@ -285,40 +269,30 @@ class OptimizedDataModule(pl.LightningDataModule):
             path: where the split is read, for the error.
 
         Returns:
-            The indices, or ``None`` where the split keeps its own labels (or training's classes are unknown).
+            The indices, or ``None`` where the split keeps its own labels (or training's are unknown).
 
         Raises:
             ValueError: naming the split, ``path`` and the classes training lacks.
-
-        Example:
-            >>> dm = OptimizedDataModule("data/train", "data/val")  # doctest: +SKIP
-            >>> dm.class_indices("val", ["cat", "fox"])  # training: cat, dog, fox  # doctest: +SKIP
-            [0, 2]
         """
-        aligned = self._aligned(split, classes, path)
-        return aligned[1] if aligned is not None else None
-
-    def _aligned(self, split: str, classes: Sequence[str], path: Any) -> tuple[list[str], list[int]] | None:
-        if split not in LABELLED_SPLITS:
-            return None
-        train = self._training_classes()
+        train = self._training_classes() if split in LABELLED_SPLITS else None
         if train is None:
             return None
         path = path if path is not None else getattr(self, f"{split}_dir", None)
-        return train[0], class_indices(train[0], classes, split=split, path=path, train_path=train[1])
+        return class_indices(train[0], classes, split=split, path=path, train_path=train[1])
 
     def _align_classes(self, split: str, dataset: Any) -> None:
         """Label ``dataset`` (one with ``classes`` and ``relabel``) by the training split's classes."""
         classes, relabel = getattr(dataset, "classes", None), getattr(dataset, "relabel", None)
         if classes is None or not callable(relabel):
             return  # a user dataset labels its own samples
-        path = getattr(dataset, "root", None) or getattr(dataset, "path", None)
-        aligned = self._aligned(split, classes, path)
-        if aligned is not None:
-            relabel(*aligned)
+        indices = self.class_indices(
+            split, classes, getattr(dataset, "root", None) or getattr(dataset, "path", None)
+        )
+        if indices is not None:
+            relabel(self._training_classes()[0], indices)  # type: ignore[index]
 
     def _check_storage(self, split: str, dataset: Any) -> None:
-        """Refuse a store that upsamples every crop; warn where its size differs from what ``image_size`` needs."""
+        """Refuse a store that upsamples every crop; warn where its size is not what ``image_size`` needs."""
         stored = getattr(dataset, "storage_size", None)
         if stored is None or isinstance(dataset, UInt8ImageFolder):
             return  # a user dataset's images are what they are; the folder decodes at storage_size
@@ -358,8 +332,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         return self._resolved(split, *self._auto_workers_for(split, dataset))
 
     def _auto_workers_for(self, split: str, dataset: Dataset) -> tuple[int, str]:
-        """``(count, how)`` of ``num_workers="auto"``: ``unmeasured_workers`` where it decides, an evaluation
-        split the training split's count (at most a worker a batch), else measured."""
+        """``(count, how)`` of ``num_workers="auto"``: unmeasured, the training split's, or measured."""
         trained = self._split_workers.get("train")
         if split == "train" or trained is None or isinstance(dataset, BatchReader):
             local = self._local_world_size()
@@ -398,19 +371,21 @@ class OptimizedDataModule(pl.LightningDataModule):
         if key in self._measured:  # the same data under another split or stage
             return self._measured[key]
 
-        def progress(line: str) -> None:
-            rank_zero_info(f"OptimizedDataModule: num_workers='auto' for {split}: {line}")
-
-        arguments = auto_tuning_arguments(
-            dataset,
-            batch_size=self.batch_size,
-            pin_memory=self._pin(),
-            local_world_size=self._local_world_size(),
-            tuning=self.tuning,
-            source=f"{split}_dataset()",
-            progress=progress,
+        local, tuning = self._local_world_size(), self.tuning
+        batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
+        size, pin = min(self.batch_size, MEASURE_BATCH_SIZE), self._pin()
+        say = f"OptimizedDataModule: num_workers='auto' for {split}: "
+        result = tune_num_workers(
+            loader=loader_factory(
+                dataset, size, pin_memory=pin, collate_fn=UInt8Collate(f"{split}_dataset()")
+            ),
+            budget_s=tuning.budget_s,
+            target_samples_per_sec=tuning.target_samples_per_sec,
+            max_workers=max(1, min(available_cpus() // local, batches)),
+            cache_dir=tuning.cache_dir,
+            cache_key={"local_world_size": local, "pin_memory": pin, "train_batch_size": self.batch_size},
+            progress=lambda line: rank_zero_info(say + line),
         )
-        result = tune_num_workers(**arguments)
         result.best = _node_best(self.trainer, result.best)
         self.tuning_result = result
         rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
@@ -428,8 +403,7 @@ class OptimizedDataModule(pl.LightningDataModule):
     # ----------------------------------------------------------------- Lightning hooks
     @override
     def setup(self, stage: str) -> None:
-        """Build the datasets the stage needs (errors surface here, before training) and resolve their
-        workers; DALI lists and decodes its folders itself when its loaders are built."""
+        """Build the stage's datasets (errors surface here, before training) and resolve their workers."""
         if self.check_images:
             self._check_images(stage)
         self._backend.setup(self, stage)
@@ -526,8 +500,7 @@ class OptimizedDataModule(pl.LightningDataModule):
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``;
-        a batch made on the device (DALI) or staged by the training loader is returned as it is."""
+        """On the device: ``(uint8 canvases, labels, meta)`` -> ``(normalized channels_last NCHW, labels)``."""
         made = self._backend.device_batches or (
             self._backend.train_on_device and self.trainer is not None and self.trainer.training
         )
@@ -706,11 +679,8 @@ def choose_backend(
     decode: Any = None,
     num_workers: int | str = "auto",
 ) -> tuple[Backend, str | None]:
-    """The backend ``OptimizedDataModule(backend=...)`` reads with, and why when ``"auto"`` chose it.
-
-    ``"auto"`` picks DALI for image folders and a JPEG store's training split on a machine with a CUDA GPU and
-    DALI, in-process decoding on one without DALI (``num_workers="auto"``, torchvision installed), else
-    worker processes (docs/datamodule.md). An explicit name is taken as given (reason ``None``).
+    """The backend ``OptimizedDataModule(backend=...)`` reads with, and why ``"auto"`` chose it (None: a
+    name given; docs/datamodule.md).
 
     Example:
         >>> choose_backend("auto", {"train": "data/train"})  # doctest: +SKIP
@@ -743,8 +713,7 @@ def choose_backend(
 
 
 def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tuple[Backend, str]:
-    """``what`` on a CUDA machine without DALI: decoded in the training process where torchvision is
-    installed and ``num_workers`` is ``"auto"``, else by worker processes."""
+    """``what`` on a CUDA machine without DALI: decoded in the training process, or by worker processes."""
     dali = f"pip install 'lightning-gpuopt[dali]' decodes {them} with DALI instead"
     if num_workers != "auto":
         return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali})"
@@ -790,8 +759,7 @@ def _decoded(
 
 
 def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto") -> tuple[Backend, str]:
-    """A JPEG store's training split goes to DALI where a CUDA GPU and DALI are there; any other store (and
-    a JPEG store elsewhere) to the HDF5 backend."""
+    """DALI for a JPEG store's training split on a CUDA machine with DALI, else the HDF5 backend."""
     from lightning_gpuopt.data.hdf5 import _is_jpeg_store
 
     if train is None or not _is_jpeg_store(train):
@@ -807,13 +775,8 @@ def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto"
 
 
 def overridden_batch_hooks(dm: pl.LightningDataModule, base: type) -> list[str]:
-    """The batch hooks Lightning will call on ``dm``'s batches that are not ``base``'s: ``dm``'s overrides of
-    ``TRANSFER_HOOKS``, and its LightningModule's where the DataModule leaves the hook to it.
-
-    Example:
-        >>> overridden_batch_hooks(MyData(), OptimizedDataModule)  # doctest: +SKIP
-        ['MyData.on_before_batch_transfer']
-    """
+    """The ``TRANSFER_HOOKS`` Lightning calls on ``dm``'s batches that are not ``base``'s (``dm``'s, or its
+    LightningModule's where the DataModule leaves the hook to it), as ``"Class.hook"``."""
     found = [
         f"{type(dm).__name__}.{h}" for h in TRANSFER_HOOKS if getattr(type(dm), h) is not getattr(base, h)
     ]
@@ -841,8 +804,8 @@ def _staging(loader: Any, hooks: list[str]) -> str:
 def feed_line(
     split: str, loader: Any, how: dict[str, str], *, hooks: list[str], dali: Any, processes: int
 ) -> str | None:
-    """The setup line of ``split``'s ``loader``: what reads it, each count and how it was chosen (``how``),
-    and for training whether batches are staged; ``None`` for a loader without ``feed_info``."""
+    """The setup line of ``split``'s ``loader`` (what reads it, each count and ``how`` it was chosen, whether
+    training batches are staged); ``None`` for a loader without ``feed_info``."""
     info = getattr(loader, "feed_info", None)
     if info is None:
         return None

@@ -4,9 +4,8 @@ stream and cropped as ``GPUAugment`` crops, from JPEG bytes read by threads (doc
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from lightning_gpuopt.data.decode import (
     jpeg_info,
     nvjpeg_decodable,
 )
-from lightning_gpuopt.data.loader import CLOSE_WAIT_S, READS_PER_THREAD, ContinuousDataLoader
+from lightning_gpuopt.data.loader import ContinuousDataLoader, read_ahead
 from lightning_gpuopt.data.transforms import (
     AugmentConfig,
     GPUAugment,
@@ -215,32 +214,9 @@ def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
-    """``read_jpeg_batch`` of ``loader``'s index batches, ``READS_PER_THREAD`` in flight a reading thread."""
-    dataset, indices = loader.dataset, iter(loader._index_batches())
-    pool = ThreadPoolExecutor(loader.reader_threads, thread_name_prefix="lightning_gpuopt-jpeg",
-                              initializer=torch.set_num_threads, initargs=(1,))  # fmt: skip
-    pending: collections.deque[Future[JPEGBatch]] = collections.deque()
-
-    def submit() -> bool:
-        batch = next(indices, None)
-        if batch is None:
-            return False
-        pending.append(pool.submit(read_jpeg_batch, dataset, list(batch)))
-        return True
-
-    try:
-        more = True
-        while more and len(pending) < loader.reader_threads * READS_PER_THREAD:
-            more = submit()
-        while pending:
-            done = pending.popleft().result()
-            if more:
-                more = submit()
-            yield done
-    finally:
-        in_flight = [future for future in pending if not future.cancel()]
-        pool.shutdown(wait=False, cancel_futures=True)
-        wait_futures(in_flight, timeout=CLOSE_WAIT_S)
+    """``read_jpeg_batch`` of ``loader``'s index batches, read ahead by ``loader.reader_threads`` threads."""
+    jobs = (functools.partial(read_jpeg_batch, loader.dataset, list(b)) for b in loader._index_batches())
+    return read_ahead(jobs, loader.reader_threads)
 
 
 class NVJPEGLoader(ContinuousDataLoader):

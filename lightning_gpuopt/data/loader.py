@@ -1,23 +1,20 @@
-"""Host loaders for uint8 batches (docs/datamodule.md).
-
-``UInt8Collate`` stacks samples into ``(uint8 NHWC, int64 labels, int32 meta)``; ``HostDataLoader`` describes
-its feed (``feed_info``), counts the seconds its consumer waited (``fetch_seconds``) and can read a
-``BatchReader`` on threads; ``ContinuousDataLoader`` keeps its workers prefetching across epochs and stages
-each batch on the GPU on a side stream ahead of the step.
-"""
+"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, staging on the GPU
+(docs/datamodule.md)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
+import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,18 +41,11 @@ SPLITS = ("train", "val", "test", "predict")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 #: batches each DataLoader worker prepares ahead, wherever this package builds or measures a loader.
 PREFETCH_FACTOR = 4
+T = TypeVar("T")
 
 
 def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) -> Iterator[Any]:
-    """``batches`` (at most ``limit``), adding the seconds each ``next()`` took to ``owner.fetch_seconds``.
-
-    Example:
-        >>> class Loader:
-        ...     fetch_seconds = 0.0
-        >>> loader = Loader()
-        >>> list(timed_batches(loader, iter(range(5)), limit=3)), loader.fetch_seconds > 0
-        ([0, 1, 2], True)
-    """
+    """``batches`` (at most ``limit``), adding the seconds each ``next()`` took to ``owner.fetch_seconds``."""
     count = 0
     while limit is None or count < limit:
         start = time.perf_counter()
@@ -162,11 +152,8 @@ CLOSE_WAIT_S = 2.0
 
 
 class HostDataLoader(DataLoader):
-    """A ``DataLoader`` that describes its feed, times its consumer, and leaves no temporary folder behind.
-
-    ``fetch_seconds`` is the time its consumer spent inside ``next()``. Its workers' temporary files go to a
-    folder of their iterator, removed once they stop (``_lifetime.worker_folder``). With ``read_threads``,
-    a ``BatchReader`` dataset is read by threads of this process into fresh (pinned) uint8 batches.
+    """A ``DataLoader`` that describes its feed, times its consumer (``fetch_seconds``), can read a
+    ``BatchReader`` on threads, and leaves no temporary folder behind (``_lifetime.worker_folder``).
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -190,27 +177,17 @@ class HostDataLoader(DataLoader):
         self.feed_info = feed_info
         check_int(read_threads, "read_threads", low=0)
         if read_threads:
-            check_arg(
-                isinstance(self.dataset, BatchReader),
-                f"the dataset of read_threads={read_threads}",
-                type(self.dataset).__name__,
-                "one with image_shape and read_into(indices, images) (a BatchReader, e.g. HDF5ImageDataset)",
-                "pass read_threads=0 and num_workers=N for DataLoader worker processes",
-                error=TypeError,
+            given = f"the dataset of read_threads={read_threads}"
+            must = (
+                "one with image_shape and read_into(indices, images) (a BatchReader, e.g. HDF5ImageDataset)"
             )
-            check_arg(
-                not self.num_workers,
-                "num_workers",
-                self.num_workers,
-                f"0 with read_threads={read_threads} (batches are read on threads of this process)",
-                "pass num_workers=0",
-            )
-            check_arg(
-                self.batch_sampler is not None,
-                "batch_size",
-                None,
-                f"an int (or a batch_sampler given) with read_threads={read_threads}: threads read whole batches",
-            )
+            fix = "pass read_threads=0 and num_workers=N for DataLoader worker processes"
+            ok = isinstance(self.dataset, BatchReader)
+            check_arg(ok, given, type(self.dataset).__name__, must, fix, error=TypeError)
+            must = f"0 with read_threads={read_threads} (batches are read on threads of this process)"
+            check_arg(not self.num_workers, "num_workers", self.num_workers, must, "pass num_workers=0")
+            must = f"an int (or a batch_sampler given) with read_threads={read_threads}: threads read whole batches"
+            check_arg(self.batch_sampler is not None, "batch_size", None, must)
         self.read_threads = read_threads
         setattr(self, FETCH_SECONDS_ATTR, 0.0)
 
@@ -229,50 +206,26 @@ class HostDataLoader(DataLoader):
         return iterator
 
 
-def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Batches of ``loader``'s ``BatchReader`` dataset, read ahead by ``loader.read_threads`` threads."""
-    dataset: Any = loader.dataset
-    shape = tuple(dataset.image_shape)
-    pin = bool(loader.pin_memory) and torch.cuda.is_available()
-    indices = iter(loader._index_batches())
+def read_ahead(jobs: Iterator[Callable[[], T]], threads: int) -> Iterator[T]:
+    """The results of ``jobs`` in order, run by ``threads`` threads ``READS_PER_THREAD`` a thread ahead; the
+    next job is taken from ``jobs`` on the consuming thread. Closing it drops the jobs not begun.
 
-    def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        images, labels, meta = out
-        got_labels, got_meta = dataset.read_into(batch, images.numpy())
-        labels.numpy()[...] = got_labels
-        meta.numpy()[...] = got_meta
-        return out
-
+    Example:
+        >>> list(read_ahead((lambda i=i: i * i for i in range(5)), threads=2))
+        [0, 1, 4, 9, 16]
+    """
     # one intra-op thread a reader: a reader's torch work (an image folder's resizes) stays on its own core
     pool = ThreadPoolExecutor(
-        loader.read_threads, thread_name_prefix="lightning_gpuopt-read", initializer=torch.set_num_threads,
-        initargs=(1,),
-    )  # fmt: skip
-    pending: collections.deque[Future[Any]] = collections.deque()
-
-    def submit() -> bool:
-        batch = next(indices, None)
-        if batch is None:
-            return False
-        batch = list(batch)
-        # allocated on this thread (pinned memory from PyTorch's cache), filled by a reading thread
-        n = len(batch)
-        out = (
-            torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
-            torch.empty(n, dtype=torch.int64, pin_memory=pin),
-            torch.empty((n, 3), dtype=torch.int32, pin_memory=pin),
-        )
-        pending.append(pool.submit(read, batch, out))
-        return True
-
+        threads, thread_name_prefix="lightning_gpuopt-read", initializer=torch.set_num_threads, initargs=(1,)
+    )
+    pending: collections.deque[Future[T]] = collections.deque()
     try:
-        more = True
-        while more and len(pending) < loader.read_threads * READS_PER_THREAD:
-            more = submit()
+        pending.extend(pool.submit(job) for job in itertools.islice(jobs, threads * READS_PER_THREAD))
         while pending:
             done = pending.popleft().result()
-            if more:
-                more = submit()
+            job = next(jobs, None)
+            if job is not None:
+                pending.append(pool.submit(job))
             yield done
     finally:
         in_flight = [future for future in pending if not future.cancel()]
@@ -280,10 +233,34 @@ def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, torch.
         wait_futures(in_flight, timeout=CLOSE_WAIT_S)
 
 
+def _read_batches(loader: HostDataLoader) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Batches of ``loader``'s ``BatchReader`` dataset, read ahead by ``loader.read_threads`` threads."""
+    dataset: Any = loader.dataset
+    shape = tuple(dataset.image_shape)
+    pin = bool(loader.pin_memory) and torch.cuda.is_available()
+
+    def read(batch: list[int], out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        got_labels, got_meta = dataset.read_into(batch, out[0].numpy())
+        out[1].numpy()[...] = got_labels
+        out[2].numpy()[...] = got_meta
+        return out
+
+    def jobs() -> Iterator[Callable[[], tuple[torch.Tensor, ...]]]:
+        for indices in loader._index_batches():
+            n = len(indices)
+            # allocated here (pinned memory from PyTorch's cache), filled by a reading thread
+            out = (
+                torch.empty((n, *shape), dtype=torch.uint8, pin_memory=pin),
+                torch.empty(n, dtype=torch.int64, pin_memory=pin),
+                torch.empty((n, 3), dtype=torch.int32, pin_memory=pin),
+            )
+            yield functools.partial(read, list(indices), out)
+
+    return read_ahead(jobs(), loader.read_threads)
+
+
 class StagedBatch(tuple):
     """A batch a ``device_transform`` already produced on the GPU (the DataModule's hook passes it through).
-
-    The type is the mark: Lightning's collection helpers rebuild a tuple subclass with its own type.
 
     Example:
         >>> batch = StagedBatch((torch.zeros(2, 3, 4, 4), torch.arange(2)))
@@ -295,8 +272,8 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches of it; each pass's
-    order is a function of its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
+    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches; each pass's order
+    follows from its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
@@ -323,11 +300,8 @@ class _RepeatSampler:
 
 
 class ContinuousDataLoader(HostDataLoader):
-    """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries.
-
-    Use it like ``DataLoader`` (same arguments, automatic batching); every ``iter()`` yields ``len(self)``
-    batches, one pass over the sampler. ``state_dict`` holds its position, so a fit resumed mid-epoch
-    continues the interrupted pass in its order (docs/datamodule.md).
+    """A map-style ``DataLoader`` whose workers prefetch across epoch boundaries; each ``iter()`` is one pass
+    over the sampler, and ``state_dict`` holds its position for a resumed fit (docs/datamodule.md).
 
     Args:
         *args: ``DataLoader``'s arguments.
@@ -385,8 +359,7 @@ class ContinuousDataLoader(HostDataLoader):
         return self._repeat(self.batch_sampler)  # endless: each iter() takes one pass of it
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the batches handed out so far stand: ``pass``, ``batch`` (batches of that pass),
-        ``batches_per_pass`` and the shuffle's ``seed`` (None: the sampler's own order)."""
+        """Where the batches handed out so far stand: ``pass``, ``batch``, ``batches_per_pass``, ``seed``."""
         return {
             "pass": self._start_pass(),
             "batch": self._batch,
@@ -437,13 +410,8 @@ class ContinuousDataLoader(HostDataLoader):
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        check_arg(
-            self.batch_sampler is not None,
-            "batch_size",
-            None,
-            "an int: ContinuousDataLoader needs automatic batching",
-            error=TypeError,
-        )
+        must = "an int: ContinuousDataLoader needs automatic batching"
+        check_arg(self.batch_sampler is not None, "batch_size", None, must, error=TypeError)
         source = self._continuous_iter
         if source is not None and inspect.isgenerator(source) and source.gi_frame is None:
             # a reading or staging generator that an error ended: start afresh rather than yield nothing
@@ -462,8 +430,7 @@ class ContinuousDataLoader(HostDataLoader):
         return self._advance(timed_batches(self, source, limit))
 
     def close(self) -> None:
-        """Stop the workers (and drop the batches they prefetched); the next ``iter()`` starts afresh, at the
-        start of the next pass when this one was begun."""
+        """Stop the workers (dropping what they prefetched); the next ``iter()`` starts the next pass."""
         source, self._continuous_iter = self._continuous_iter, None
         if self._batch:
             self._pass, self._batch = self._start_pass() + 1, 0
@@ -477,8 +444,8 @@ class ContinuousDataLoader(HostDataLoader):
 
 
 def close_workers(loader: Any) -> None:
-    """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now; the next ``iter()``
-    starts afresh. A loader of another kind with a ``close()`` (``DALILoader``) is closed.
+    """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now, or ``close()`` a
+    ``DALILoader``; the next ``iter()`` starts afresh.
 
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
@@ -522,20 +489,12 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
 STAGED_AHEAD = 2
 
 
-class _Failed:
-    """What ended the staging thread, re-raised on the thread that iterates the batches."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
 _END = object()
 
 
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """Yield ``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a
-    staging thread, so the thread launching the training step spends no time on the feed; the thread's
-    error is raised here, and closing this generator stops it and closes ``source``."""
+    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a staging
+    thread; its error is raised here, and closing this generator stops it and closes ``source``."""
     side = torch.cuda.Stream(device)
     ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
     stop = threading.Event()
@@ -564,7 +523,7 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
                     return
             put(_END)
         except BaseException as err:  # re-raised on the training thread
-            put(_Failed(err))
+            put(err)
 
     thread = threading.Thread(target=stage, name="lightning_gpuopt-stage", daemon=True)
     thread.start()
@@ -573,8 +532,8 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
             item = ready.get()
             if item is _END:
                 return
-            if isinstance(item, _Failed):
-                raise item.error
+            if isinstance(item, BaseException):
+                raise item
             batch, done = item
             current = torch.cuda.current_stream(device)
             current.wait_event(done)  # the step's stream waits for this batch's copy and transform only

@@ -33,7 +33,7 @@ from lightning_gpuopt.data.loader import (
     PREFETCH_FACTOR,
     BatchReader,
     HostDataLoader,
-    UInt8Collate,
+    WholeBatches,
     reads_in_workers,
 )
 
@@ -51,25 +51,19 @@ EPOCH_SHARE = 0.25
 MIN_BUDGET_S = 2.0
 #: a count's measurement ends once its second half's rate is within this share of its first half's.
 STEADY_TOLERANCE = 0.1
-
+#: counts in a row without improvement that end the measurement.
+PATIENCE = 2
 
 __all__ = [
     "CACHE_ENV",
-    "EPOCH_SHARE",
-    "MEASURE_BATCH_SIZE",
-    "MIN_BUDGET_S",
-    "STEADY_TOLERANCE",
-    "TARGET_HEADROOM",
-    "DatasetLoaders",
     "TuningConfig",
     "TuningResult",
     "WorkerTuner",
-    "auto_tuning_arguments",
-    "available_cpus",
     "dataset_fingerprint",
     "default_cache_path",
     "default_candidates",
     "endless_sampler",
+    "loader_factory",
     "tune_num_workers",
     "unmeasured_workers",
 ]
@@ -199,14 +193,11 @@ def tune_num_workers(
     tolerance: float = 0.05,
     *,
     batch_size: int = 64,
-    loader_kwargs: dict[str, Any] | None = None,
     max_workers: int | None = None,
     cache: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_key: dict[str, Any] | None = None,
-    patience: int = 2,
     headroom: float = TARGET_HEADROOM,
-    epoch_share: float | None = EPOCH_SHARE,
     progress: Callable[[str], None] | None = None,
 ) -> TuningResult:
     """Measure loader throughput for candidate ``num_workers`` and return the smallest good one.
@@ -221,14 +212,11 @@ def tune_num_workers(
         target_samples_per_sec: what the model consumes; ``headroom`` times that ends the search.
         tolerance: relative slack when comparing throughputs (0.05 = 5%).
         batch_size: batch size when ``loader`` is a dataset.
-        loader_kwargs: extra DataLoader arguments when ``loader`` is a dataset.
         max_workers: the largest default candidate (default: CPUs available to this process).
         cache: read and write the result cache.
         cache_dir: folder of the cache file.
         cache_key: extra key values beside the data's fingerprint, batch size and CPUs.
-        patience: counts in a row without improvement before stopping.
         headroom: how much faster than ``target_samples_per_sec`` the loader must be measured alone.
-        epoch_share: the largest share of an epoch the measurement may take (None: ``budget_s`` alone).
         progress: called with a line as each count starts.
 
     Returns:
@@ -239,65 +227,37 @@ def tune_num_workers(
     """
     _check_budget_tolerance(budget_s, tolerance)
     _check_target(target_samples_per_sec, "target_samples_per_sec")
-    _check_share(headroom, epoch_share)
+    check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
     if candidates is None:
         candidates = default_candidates(max_workers if max_workers is not None else cpus)
     cands = sorted({int(c) for c in candidates})
     check_arg(bool(cands) and cands[0] >= 0, "candidates", list(candidates), "non-negative worker counts")
-    source = _Source.of(loader, cands[0], batch_size, loader_kwargs)
-    key_info = {**source.key_info, "cpus": cpus, "candidates": cands, "target": goal, "tolerance": tolerance}
-    key_info.update(version=_CACHE_VERSION, **(cache_key or {}))
+    if isinstance(loader, Dataset) or not callable(loader):
+        loader = loader_factory(loader, batch_size)
+    probe: Any = loader(cands[0])  # a DataLoader is cheap to build; it is not iterated
+    data = getattr(probe, "dataset", None)
+    size = getattr(probe, "batch_size", None)
+    key_info = {"dataset": dataset_fingerprint(data if data is not None else probe), "batch_size": size}
+    key_info.update(cpus=cpus, candidates=cands, target=goal, tolerance=tolerance, version=_CACHE_VERSION)
+    key_info.update(cache_key or {})
     key = hashlib.sha1(json.dumps(key_info, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = default_cache_path(cache_dir)
-    if cache:
-        cached = _from_cache(path, key, cands)
-        if cached is not None:
-            return cached
-    plan = _Plan(budget_s, epoch_share, MIN_BUDGET_S, source.samples_per_pass, tolerance, patience, goal)
-    plan.progress, plan.steady = progress, STEADY_TOLERANCE
+    cached = _from_cache(path, key, cands) if cache else None
+    if cached is not None:
+        return cached
     t_start = time.perf_counter()
-    table, stop_reason = _measure_counts(source.make, cands, plan, source.pass_batches)
+    pass_batches = _pass_batches(data, size, bool(getattr(probe, "drop_last", False)))
+    table, stop_reason = _measure_counts(
+        loader, cands, budget_s, _length(data), pass_batches, tolerance, goal, progress
+    )
     best = _smallest_good(table, goal, tolerance)
     result = TuningResult(best, table, time.perf_counter() - t_start, False, stop_reason, key)
     if cache:
         entry = {"best": best, "table": table, "stop_reason": stop_reason, "key_info": key_info}
         _write_cache(path, key, {**entry, "date": time.time()})
     return result
-
-
-@dataclass
-class _Source:
-    """What ``tune_num_workers`` measures: ``make(n)``, the data's samples and batches a pass, its key."""
-
-    make: Callable[[int], Iterable[Any]]
-    samples_per_pass: int | None
-    pass_batches: int | None
-    key_info: dict[str, Any]
-
-    @classmethod
-    def of(cls, loader: Any, first: int, batch_size: int, loader_kwargs: dict[str, Any] | None) -> _Source:
-        if isinstance(loader, Dataset) or not callable(loader):
-            dataset = loader
-            kwargs = dict(loader_kwargs or {})
-            if "sampler" not in kwargs and "batch_sampler" not in kwargs and kwargs.pop("shuffle", True):
-                kwargs["sampler"] = endless_sampler(dataset, batch_size)
-            prefetch = kwargs.pop("prefetch_factor", None) or PREFETCH_FACTOR
-
-            def from_dataset(n: int) -> Iterable[Any]:
-                extra: dict[str, Any] = {"prefetch_factor": prefetch} if n > 0 else {}
-                return DataLoader(dataset, batch_size=batch_size, num_workers=n, **extra, **kwargs)
-
-            batches = _pass_batches(dataset, batch_size, bool(kwargs.get("drop_last")))
-            key = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size}
-            return cls(from_dataset, _length(dataset), batches, key)
-        probe = loader(first)  # a DataLoader is cheap to build; it is not iterated
-        data = getattr(probe, "dataset", None)
-        size = getattr(probe, "batch_size", None)
-        batches = _pass_batches(data, size, bool(getattr(probe, "drop_last", False)))
-        key = {"dataset": dataset_fingerprint(data if data is not None else probe), "batch_size": size}
-        return cls(loader, _length(data), batches, key)
 
 
 def _smallest_good(table: list[dict[str, Any]], goal: float | None, tolerance: float) -> int:
@@ -321,21 +281,13 @@ def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
     if problem is not None:
         warn_once(f"ignoring the entry {key} of the worker-tuning cache {path} ({problem}); measuring again")
         return None
-    return TuningResult(
-        best=int(hit["best"]), table=hit["table"], seconds=0.0, cached=True,
-        stop_reason=str(hit.get("stop_reason", "")), key=key,
-    )  # fmt: skip
+    reason = str(hit.get("stop_reason", ""))
+    return TuningResult(int(hit["best"]), hit["table"], 0.0, True, reason, key)
 
 
 def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
     check_float(budget_s, "budget_s", low=0, low_open=True, what="(seconds)")
     check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
-
-
-def _check_share(headroom: float, epoch_share: float | None) -> None:
-    check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
-    check_float(epoch_share, "epoch_share", low=0, low_open=True, none_ok=True, what="(0.25 = a quarter)",
-                fix="None bounds the measurement by budget_s alone")  # fmt: skip
 
 
 def _check_target(target: float | None, name: str) -> None:
@@ -348,35 +300,42 @@ def _check_cache_dir(cache_dir: Any, name: str) -> None:
     check_arg(ok, name, cache_dir, "None or a folder path", error=TypeError)
 
 
-@dataclass(frozen=True)
-class DatasetLoaders:
-    """``n -> DataLoader`` reading ``dataset`` on ``n`` worker processes, as ``num_workers="auto"`` measures
-    it (``source`` names the dataset in a collate error).
+def loader_factory(
+    dataset: Any,
+    batch_size: int,
+    *,
+    threads: bool = False,
+    pin_memory: bool = False,
+    collate_fn: Callable[[Any], Any] | None = None,
+    **worker_kwargs: Any,
+) -> Callable[[int], DataLoader]:
+    """``n -> loader`` reading ``dataset`` in endless random order on ``n`` worker processes (a whole batch
+    each where the dataset reads in workers), or with ``threads`` on ``n`` reading threads of this process.
+
+    Args:
+        dataset: the map-style dataset (a ``BatchReader`` with ``threads``).
+        batch_size: samples a batch.
+        threads: measure reading threads (``HostDataLoader(read_threads=n)``; 0: read in the loop).
+        pin_memory: pin the batches, as training does.
+        collate_fn: the loaders' collate function (None: torch's default).
+        **worker_kwargs: more ``DataLoader`` arguments of a loader with workers (e.g. ``worker_init_fn``).
 
     Example:
-        >>> make = DatasetLoaders(dataset, batch_size=64)  # doctest: +SKIP
+        >>> make = loader_factory(dataset, 64, collate_fn=UInt8Collate())  # doctest: +SKIP
         >>> tune_num_workers(make, budget_s=10.0).best  # doctest: +SKIP
     """
+    data = WholeBatches(dataset) if reads_in_workers(dataset) and not threads else dataset
 
-    dataset: Any
-    batch_size: int
-    pin_memory: bool = False
-    source: str = field(default="dataset", compare=False)
+    def make(n: int) -> DataLoader:
+        kwargs: dict[str, Any] = {"pin_memory": pin_memory, "collate_fn": collate_fn}
+        if threads:
+            kwargs["read_threads"] = n
+        elif n:
+            kwargs.update(num_workers=n, prefetch_factor=PREFETCH_FACTOR, **worker_kwargs)
+        loader = HostDataLoader if threads else DataLoader
+        return loader(data, batch_size=batch_size, sampler=endless_sampler(dataset, batch_size), **kwargs)
 
-    def __call__(self, n: int) -> DataLoader:
-        return DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            sampler=endless_sampler(self.dataset, self.batch_size),
-            num_workers=n,
-            pin_memory=self.pin_memory,
-            prefetch_factor=PREFETCH_FACTOR if n > 0 else None,
-            collate_fn=UInt8Collate(self.source),
-        )
-
-
-def _cpus_per_process(local_world_size: int) -> int:
-    return max(1, available_cpus() // max(1, local_world_size))
+    return make
 
 
 def unmeasured_workers(
@@ -390,7 +349,7 @@ def unmeasured_workers(
         >>> unmeasured_workers(list(range(30)), batch_size=32, min_batches=8)
         (0, '1 batch, under 8: one worker a batch, not measured')
     """
-    cpus = _cpus_per_process(local_world_size)
+    cpus = max(1, available_cpus() // max(1, local_world_size))
     if isinstance(dataset, BatchReader):
         if not reads_in_workers(dataset):
             return 0, "a raw store has none: threads of the training process read it"
@@ -406,75 +365,6 @@ def unmeasured_workers(
         plural = "es" if batches != 1 else ""
         return workers, f"{batches} batch{plural}, under {min_batches}: one worker a batch, not measured"
     return None
-
-
-def auto_tuning_arguments(
-    dataset: Any,
-    *,
-    batch_size: int,
-    pin_memory: bool,
-    local_world_size: int = 1,
-    tuning: TuningConfig | None = None,
-    source: str = "dataset",
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The arguments ``tune_num_workers`` measures ``dataset`` with under ``num_workers="auto"``.
-
-    Args:
-        dataset: the map-style dataset to read.
-        batch_size: the training batch size (per process).
-        pin_memory: whether training pins its batches (the DataModule pins on a CUDA device).
-        local_world_size: training processes on this node (they share its CPUs).
-        tuning: the budget, target and cache folder (``TuningConfig``; None: its defaults).
-        source: names the dataset in a collate error (``"train_dataset()"``).
-        progress: called with a line as each count starts.
-
-    Returns:
-        ``tune_num_workers``'s keyword arguments.
-
-    Example:
-        >>> args = auto_tuning_arguments(dataset, batch_size=256, pin_memory=True)  # doctest: +SKIP
-        >>> tune_num_workers(**args).best  # doctest: +SKIP
-    """
-    tuning = tuning or TuningConfig()
-    cpus = _cpus_per_process(local_world_size)
-    batches = _pass_batches(dataset, batch_size)
-    measure_bs = min(batch_size, MEASURE_BATCH_SIZE)  # see MEASURE_BATCH_SIZE: steadier figures
-    return {
-        "loader": DatasetLoaders(dataset, measure_bs, pin_memory, source),
-        "budget_s": tuning.budget_s,
-        "target_samples_per_sec": tuning.target_samples_per_sec,
-        "max_workers": min(cpus, batches) if batches else cpus,
-        "cache_dir": tuning.cache_dir,
-        "cache_key": {
-            "local_world_size": local_world_size,
-            "pin_memory": pin_memory,
-            "train_batch_size": batch_size,
-        },
-        "progress": progress,
-    }
-
-
-def _loader_factory(loader: DataLoader, pin_memory: bool | None = None) -> Callable[[int], DataLoader]:
-    """A factory rebuilding ``loader`` with another worker count."""
-    dataset = loader.dataset
-    batch_size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
-
-    def make(n: int) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=endless_sampler(dataset, batch_size),
-            drop_last=loader.drop_last,
-            collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory if pin_memory is None else pin_memory,
-            num_workers=n,
-            prefetch_factor=(loader.prefetch_factor or PREFETCH_FACTOR) if n > 0 else None,
-            worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context if n > 0 else None,
-        )
-
-    return make
 
 
 def _node_best(trainer: pl.Trainer | None, best: int) -> int:
@@ -552,8 +442,16 @@ class WorkerTuner(pl.Callback):
         max_workers = max(1, available_cpus() // local_world)
         self.results = []
         for loader in flat:
+            size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
             result = tune_num_workers(
-                _loader_factory(loader),
+                loader_factory(
+                    loader.dataset,
+                    size,
+                    pin_memory=loader.pin_memory,
+                    collate_fn=loader.collate_fn,
+                    worker_init_fn=loader.worker_init_fn,
+                    multiprocessing_context=loader.multiprocessing_context,
+                ),
                 candidates=self.candidates,
                 budget_s=self.budget_s,
                 target_samples_per_sec=self.target_samples_per_sec,
@@ -564,28 +462,19 @@ class WorkerTuner(pl.Callback):
                 cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
                 progress=lambda line: rank_zero_info(f"WorkerTuner: {line}"),
             )
-            best = _node_best(trainer, result.best)
-            result.best = best
+            self.num_workers = result.best = best = _node_best(trainer, result.best)
             self.results.append(result)
             rank_zero_info(f"WorkerTuner: {type(loader.dataset).__name__}\n{result.format_table()}")
             if self.apply and best != loader.num_workers:
                 loader.num_workers = best
-                if best > 0 and loader.prefetch_factor is None:
-                    loader.prefetch_factor = PREFETCH_FACTOR
-                if best == 0:
-                    loader.prefetch_factor = None
-            self.num_workers = best
-        chosen = [r for r in self.results if r.best == self.num_workers]
-        if chosen and trainer.loggers:
-            sps = next(
-                (row["samples_per_sec"] for row in chosen[0].table if row["num_workers"] == self.num_workers),
-                None,
-            )
-            metrics = {"tuning/num_workers": float(self.num_workers or 0)}
-            if sps is not None:
-                metrics["tuning/samples_per_sec"] = float(sps)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                loader.prefetch_factor = (loader.prefetch_factor or PREFETCH_FACTOR) if best else None
+        last = self.results[-1]
+        metrics = {"tuning/num_workers": float(last.best)}
+        for row in last.table:
+            if row["num_workers"] == last.best:
+                metrics["tuning/samples_per_sec"] = float(row["samples_per_sec"])
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -626,7 +515,6 @@ def _measure(
     warmup_batches: int,
     deadline: Callable[[float], float],
     max_batches: int | None,
-    steady: float,
 ) -> tuple[float, float, int, str]:
     """``(samples_per_sec, startup_s, measured_batches, until)`` of ``loader`` after ``warmup_batches``,
     until steady, ``max_batches`` (one pass) or ``deadline(rate so far)``; ``until`` says which."""
@@ -661,7 +549,7 @@ def _measure(
             times.append(now)
             samples.append(samples[-1] + size if samples else 0)
             k = len(times) - 1
-            if k >= 2 * group and k % group == 0 and _steady(times, samples, group, steady):
+            if k >= 2 * group and k % group == 0 and _steady(times, samples, group, STEADY_TOLERANCE):
                 until = "steady"
                 break
             if now >= until_s:
@@ -696,50 +584,39 @@ def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
-@dataclass
-class _Plan:
-    """How ``_measure_counts`` spends its time and when it stops."""
-
-    budget_s: float
-    epoch_share: float | None
-    min_budget_s: float
-    samples_per_pass: int | None
-    tolerance: float
-    patience: int
-    goal: float | None
-    progress: Callable[[str], None] | None = None
-    steady: float = 0.1
-
-    def allowed_s(self, best_sps: float) -> float:
-        """``budget_s``, cut to the epoch share once a rate is known."""
-        if self.epoch_share is None or not self.samples_per_pass or best_sps <= 0:
-            return self.budget_s
-        share = self.epoch_share * self.samples_per_pass / best_sps
-        return min(self.budget_s, max(self.min_budget_s, share))
-
-
 def _measure_counts(
-    make_loader: Callable[[int], Iterable[Any]], cands: Sequence[int], plan: _Plan, pass_batches: int | None
+    make_loader: Callable[[int], Iterable[Any]],
+    cands: Sequence[int],
+    budget_s: float,
+    samples_per_pass: int | None,
+    pass_batches: int | None,
+    tolerance: float,
+    goal: float | None,
+    progress: Callable[[str], None] | None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure ``cands`` in order, each in its share of the budget left; the table and why it stopped."""
+
+    def allowed_s(best_sps: float) -> float:  # budget_s, cut to the epoch share once a rate is known
+        if not samples_per_pass or best_sps <= 0:
+            return budget_s
+        return min(budget_s, max(MIN_BUDGET_S, EPOCH_SHARE * samples_per_pass / best_sps))
+
     t_start = time.perf_counter()
     table: list[dict[str, Any]] = []
     best_sps, since_improved = 0.0, 0
     for i, n in enumerate(cands):
-        allowed = plan.allowed_s(best_sps)
+        allowed = allowed_s(best_sps)
         if allowed - (time.perf_counter() - t_start) <= 0.05 * allowed and table:
             return table, "budget"
-        if plan.progress is not None:
-            plan.progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
+        if progress is not None:
+            progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
         t_c, left = time.perf_counter(), len(cands) - i
 
         def deadline(rate: float, t_c: float = t_c, left: int = left, best: float = best_sps) -> float:
             # its share of the budget left (cut once its own rate shortens the epoch), less time to join
-            return t_c + 0.85 * max(0.0, plan.allowed_s(max(best, rate)) - (t_c - t_start)) / left
+            return t_c + 0.85 * max(0.0, allowed_s(max(best, rate)) - (t_c - t_start)) / left
 
-        sps, startup, batches, until = _measure(
-            make_loader(n), max(1, n), deadline, max_batches=pass_batches, steady=plan.steady
-        )
+        sps, startup, batches, until = _measure(make_loader(n), max(1, n), deadline, pass_batches)
         if until == "no batch":
             raise ValueError(
                 f"the loader built with num_workers={n} yielded no batch, so nothing could be measured; "
@@ -747,10 +624,10 @@ def _measure_counts(
             )
         row = {"num_workers": n, "samples_per_sec": sps, "startup_s": startup, "batches": batches}
         table.append({**row, "until": until, "seconds": time.perf_counter() - t_c})
-        if plan.goal is not None and sps >= plan.goal:
+        if goal is not None and sps >= goal:
             return table, "target reached"
-        since_improved = 0 if sps > best_sps * (1 + plan.tolerance) else since_improved + 1
+        since_improved = 0 if sps > best_sps * (1 + tolerance) else since_improved + 1
         best_sps = max(best_sps, sps)
-        if since_improved >= plan.patience:
+        if since_improved >= PATIENCE:
             return table, "no improvement"
     return table, "all candidates"

@@ -91,7 +91,7 @@ def test_smallest_within_tolerance_of_best(clock):
 def test_zero_workers_is_measured_and_chosen_when_fastest(clock):
     """0 (reading in the loop) is a count like any other: measured first and chosen when it is the fastest."""
     rates = {0: 60.0, 1: 20.0, 2: 15.0}
-    res = tune_num_workers(_factory(clock, rates), candidates=[2, 0, 1], budget_s=3.0, patience=3, cache=False)
+    res = tune_num_workers(_factory(clock, rates), candidates=[2, 0, 1], budget_s=3.0, cache=False)
     assert [r["num_workers"] for r in res.table] == [0, 1, 2]
     assert res.best == 0 and res.how().startswith("measured over 0, 1, 2 in ")
 
