@@ -17,7 +17,8 @@ from lightning_gpuopt.data.backends import (
     host_loader,
     resolve_backend,
 )
-from lightning_gpuopt.data.datamodule import OptimizedDataModule, choose_backend
+from lightning_gpuopt.data.choose import choose_backend
+from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.folder import UInt8ImageFolder
 from lightning_gpuopt.data.loader import PREFETCH_FACTOR, ContinuousDataLoader, HostDataLoader, close_workers
 

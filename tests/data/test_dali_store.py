@@ -12,15 +12,16 @@ import torch
 
 pytest.importorskip("h5py")
 
-from lightning_gpuopt.data import backends  # noqa: E402
-from lightning_gpuopt.data.convert import convert_folder_to_hdf5  # noqa: E402
-from lightning_gpuopt.data.dali import DALIOptions  # noqa: E402
-from lightning_gpuopt.data.dali_store import DALIStoreLoader, StoreBatches  # noqa: E402
-from lightning_gpuopt.data.datamodule import OptimizedDataModule, choose_backend  # noqa: E402
-from lightning_gpuopt.data.hdf5 import HDF5ImageDataset  # noqa: E402
-from lightning_gpuopt.data.loader import StagedBatch  # noqa: E402
-from tests._lightning import quiet_trainer  # noqa: E402
-from tests.data._images import coordinate_rgb, natural, save, tv_rrc_params  # noqa: E402
+from lightning_gpuopt.data import backends
+from lightning_gpuopt.data.choose import choose_backend
+from lightning_gpuopt.data.convert import convert_folder_to_hdf5
+from lightning_gpuopt.data.dali import DALIOptions
+from lightning_gpuopt.data.dali_store import DALIStoreLoader, StoreBatches
+from lightning_gpuopt.data.datamodule import OptimizedDataModule
+from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
+from lightning_gpuopt.data.loader import StagedBatch
+from tests._lightning import quiet_trainer
+from tests.data._images import coordinate_rgb, natural, save, tv_rrc_params
 
 
 class _Info:

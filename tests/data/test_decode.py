@@ -20,7 +20,7 @@ import lightning_gpuopt.data.decode as decode
 import lightning_gpuopt.data.decode_choice as decode_choice
 from lightning_gpuopt import OptimizedDataModule
 from lightning_gpuopt._common import eval_resize_size
-from lightning_gpuopt.data.datamodule import choose_backend
+from lightning_gpuopt.data.choose import choose_backend
 from lightning_gpuopt.data.decode import (
     DecodeOptions,
     ThreadDecodedFolder,
