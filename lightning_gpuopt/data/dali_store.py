@@ -16,7 +16,6 @@ from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt.data.dali import DALILoader, dm_loader
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
-    SAMPLE_JPEGS,
     SHUFFLE_SEED,
     build_dali_pipeline,
 )
@@ -157,22 +156,15 @@ class DALIStoreLoader(DALILoader):
         starts, lengths = store.byte_ranges()
         self.store_path = str(store.path)
         self._starts, self._lengths = starts, lengths
-        # one entry an image: DALILoader counts its batches and shards from its files (and measures the
-        # decoders on a sample of the store's own JPEGs, _sample_jpegs)
+        # one entry an image: DALILoader counts its batches and shards from its files, and samples the
+        # store's own JPEGs (_byte_range) to measure the decoders on
         super().__init__([self.store_path] * len(store), store.labels, **{**kwargs, "train": True})
         self._epoch = 0  # the stream's epoch
         self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
         self._source: StoreBatches | None = None
 
-    def _sample_jpegs(self) -> list[bytes]:
-        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of the store's images, spread over it."""
-        step = max(1, len(self._starts) // SAMPLE_JPEGS)
-        fd = os.open(self.store_path, os.O_RDONLY)
-        try:
-            picks = range(0, len(self._starts), step)[:SAMPLE_JPEGS]
-            return [os.pread(fd, int(self._lengths[i]), int(self._starts[i])) for i in picks]
-        finally:
-            os.close(fd)
+    def _byte_range(self, i: int) -> tuple[int, int]:
+        return int(self._starts[i]), int(self._lengths[i])
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
         """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""
