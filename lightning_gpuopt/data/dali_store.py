@@ -4,7 +4,6 @@ source, and ``DALIStoreLoader``, a ``DALILoader`` over it."""
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -72,8 +71,7 @@ class StoreBatches:
         self._orders: dict[int, np.ndarray] = {}
         self._pending: dict[tuple[int, int], Future[tuple[list[np.ndarray], np.ndarray]]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._fd: int | None = None
-        self._lock = threading.Lock()
+        self._fd = -1  # open while the reading threads run
         # DALI reads a batch's arrays in place (no_copy) until PREFETCH_QUEUE_DEPTH batches after it
         self._kept: deque[Any] = deque(maxlen=2 * PREFETCH_QUEUE_DEPTH + 2)
 
@@ -88,13 +86,12 @@ class StoreBatches:
             self._orders[epoch] = found
         return found
 
-    def read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    def _read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """The JPEG bytes (one ``pread`` an image) and labels of the images at ``indices``."""
-        fd = self._open()
         images: list[np.ndarray] = []
         for i in indices.tolist():
             length = int(self.lengths[i])
-            data = os.pread(fd, length, int(self.starts[i]))
+            data = os.pread(self._fd, length, int(self.starts[i]))
             if len(data) != length:
                 raise RuntimeError(
                     f"JPEG store {self.path!r} ended inside image {i} (the file was truncated while open); "
@@ -103,17 +100,11 @@ class StoreBatches:
             images.append(np.frombuffer(data, dtype=np.uint8))
         return images, self.labels[indices].reshape(-1, 1)
 
-    def _open(self) -> int:
-        with self._lock:  # reading threads may ask at once
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            return self._fd
-
     def _submit(self, epoch: int, iteration: int) -> None:
         if (epoch, iteration) not in self._pending:
             rows = self.order(epoch)[iteration * self.batch_size : (iteration + 1) * self.batch_size]
             assert self._pool is not None
-            self._pending[(epoch, iteration)] = self._pool.submit(self.read, rows)
+            self._pending[(epoch, iteration)] = self._pool.submit(self._read, rows)
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:
         first = int(info.epoch_idx) == 0
@@ -122,6 +113,7 @@ class StoreBatches:
         if iteration >= self.batches:
             raise StopIteration
         if self._pool is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
             self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="lightning-gpuopt-store")
         e, i = epoch, iteration
         for _ in range(READ_AHEAD + 1):  # this batch and the next ones, into the next epoch at the end
@@ -136,11 +128,8 @@ class StoreBatches:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            os.close(self._fd)
         self._pending.clear()
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
 
 
 class DALIStoreLoader(DALILoader):

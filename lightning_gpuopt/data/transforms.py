@@ -210,14 +210,10 @@ def resample(
 
 
 def _scale_shift(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor,
-    dtype: torch.dtype | None,
-    memory_format: torch.memory_format = torch.channels_last,
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device, memory_format=memory_format)
-    # one kernel: reads x in any layout and dtype, writes bias + x * scale in the requested ones
+    out = torch.empty(x.shape, dtype=dtype, device=x.device, memory_format=torch.channels_last)
+    # one kernel: reads x in any layout and dtype, writes bias + x * scale channels_last in ``dtype``
     torch.addcmul(bias, x, scale, out=out)
     return out
 
@@ -316,13 +312,6 @@ class GPUAugment(nn.Module):
         heights, widths = image_sizes(meta)
         return center_crop_boxes(heights, widths, self.image_size)
 
-    def band(self, canvas: tuple[int, int], train: bool) -> int:
-        """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
-        # a training crop can span the whole stored image; the evaluation box is image_size /
-        # eval_resize_size of the stored image's scale
-        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
-        return band_size(largest)
-
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
     ) -> torch.Tensor:
@@ -354,10 +343,12 @@ class GPUAugment(nn.Module):
         # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
-        band = self.band((images.shape[1], images.shape[2]), train)
-        x = resample(x, meta, boxes, flip, self.image_size, band)
-        scale, bias = self._norm_constants(device)
-        return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
+        # the largest shrink, from shapes alone: a training crop can span the whole stored image; the
+        # evaluation box is image_size / eval_resize_size of the stored image's scale
+        canvas = images.shape[1:3]
+        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
+        x = resample(x, meta, boxes, flip, self.image_size, band_size(largest))
+        return _scale_shift(x, *self._norm_constants(device), self.output_dtype)
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"
