@@ -196,8 +196,8 @@ def _crop_images(
     op_device = "gpu" if gpu else "cpu"
     resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
     if augment is not None:
-        crop = {"random_area": list(augment.scale), "random_aspect_ratio": list(augment.ratio)}
-        images = fn.decoders.image_random_crop(jpegs, num_attempts=CROP_ATTEMPTS, **crop, **decode_kw)
+        area = {"random_area": list(augment.scale), "random_aspect_ratio": list(augment.ratio)}
+        images = fn.decoders.image_random_crop(jpegs, num_attempts=CROP_ATTEMPTS, **area, **decode_kw)
     else:
         shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
         # libjpeg's fancy upsampling, as PIL decodes

@@ -312,6 +312,13 @@ class GPUAugment(nn.Module):
         heights, widths = image_sizes(meta)
         return center_crop_boxes(heights, widths, self.image_size)
 
+    def band(self, canvas: tuple[int, int], train: bool) -> int:
+        """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
+        # a training crop can span the whole stored image; the evaluation box is image_size /
+        # eval_resize_size of the stored image's scale
+        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
+        return band_size(largest)
+
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
     ) -> torch.Tensor:
@@ -343,11 +350,8 @@ class GPUAugment(nn.Module):
         # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
-        # the largest shrink, from shapes alone: a training crop can span the whole stored image; the
-        # evaluation box is image_size / eval_resize_size of the stored image's scale
-        canvas = images.shape[1:3]
-        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
-        x = resample(x, meta, boxes, flip, self.image_size, band_size(largest))
+        band = self.band((images.shape[1], images.shape[2]), train)
+        x = resample(x, meta, boxes, flip, self.image_size, band)
         return _scale_shift(x, *self._norm_constants(device), self.output_dtype)
 
     def extra_repr(self) -> str:
