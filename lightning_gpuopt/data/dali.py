@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_gpuopt._checks import check_arg, check_choice, check_int
+from lightning_gpuopt._checks import check_arg, check_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD, FeedInfo
 from lightning_gpuopt.data.dali_pipeline import (
     READER_NAME,
@@ -25,19 +24,17 @@ from lightning_gpuopt.data.dali_pipeline import (
     measure_decode_rates,
     validate_image_files,
 )
-from lightning_gpuopt.data.decode import DECODERS
-from lightning_gpuopt.data.decode_choice import choose_decoder
+from lightning_gpuopt.data.decode import DecoderOptions
+from lightning_gpuopt.data.decode_choice import choose_decoder, log_decoder
 from lightning_gpuopt.data.transforms import AugmentConfig
 
 __all__ = ["DALIFeedInfo", "DALILoader", "DALIOptions", "build_dali_loader"]
 
-_LOGGED: set[str] = set()  # decoder choices already logged in this process
 _MEASURED: dict[Any, DecodeRates] = {}  # decode rates measured in this process, by sample and decoder
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@dataclass(frozen=True)
-class DALIOptions:
+class DALIOptions(DecoderOptions):
     """What a user decides about the DALI backend (docs/dali.md#options-dalioptions).
 
     Attributes:
@@ -49,25 +46,7 @@ class DALIOptions:
         ...                          dali=DALIOptions(decoder="cpu"))  # doctest: +SKIP
     """
 
-    decoder: str | None = None
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.decoder is not None:
-            check_choice(
-                self.decoder,
-                "dali.decoder",
-                DECODERS,
-                fix="or None: None chooses from rates measured on your files, 'gpu' decodes with nvJPEG, "
-                "'cpu' on DALI's CPU threads (DALIOptions(decoder=...))",
-            )
-        check_int(
-            self.threads,
-            "dali.threads",
-            low=1,
-            none_ok=True,
-            fix="the DALI CPU threads per rank (DALIOptions(threads=...)); None picks them from the CPUs",
-        )
+    _prefix, _threads = "dali", "the DALI CPU threads per rank"
 
     def resolved(
         self,
@@ -200,13 +179,17 @@ class DALILoader:
         self._checkpoint: bytes | str | None = None
 
     def _sample_jpegs(self) -> list[bytes]:
-        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of this split's files, spread over it."""
-        step = max(1, len(self.files) // SAMPLE_JPEGS)
+        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of this split's images, spread over it."""
         out = []
-        for path in self.files[::step][:SAMPLE_JPEGS]:
-            with open(path, "rb") as fh:
-                out.append(fh.read())
+        for i in range(0, len(self.files), max(1, len(self.files) // SAMPLE_JPEGS))[:SAMPLE_JPEGS]:
+            start, length = self._byte_range(i)
+            with open(self.files[i], "rb") as fh:
+                fh.seek(start)
+                out.append(fh.read(length))
         return out
+
+    def _byte_range(self, i: int) -> tuple[int, int]:
+        return 0, -1  # the whole file
 
     def _measure(self, threads: int) -> DecodeRates:
         """``measure_decode_rates`` on a sample of this split, once a process for the same sample."""
@@ -222,13 +205,8 @@ class DALILoader:
     def settle(self, decoder: str, threads: int, reason: str) -> None:
         """Build the pipeline with ``decoder`` on ``threads`` threads (``reason`` logged once a process)."""
         self.options = DALIOptions(decoder, threads)  # what the pipeline is built with
-        if self.device.type == "cuda" and reason not in _LOGGED and "DALIOptions(" not in reason:
-            _LOGGED.add(reason)
-            where = "on DALI's CPU threads" if decoder == "cpu" else "with nvJPEG on the GPU"
-            rank_zero_info(
-                f"DALILoader: JPEGs decoded {where} (decoder={decoder!r}): {reason}; "
-                "DALIOptions(decoder='cpu' or 'gpu') overrides"
-            )
+        if self.device.type == "cuda" and "DALIOptions(" not in reason:
+            log_decoder("DALILoader", decoder, "DALI's CPU threads", reason, "DALIOptions")
         rates = self._rates
         self.feed_info = DALIFeedInfo(
             backend="dali",

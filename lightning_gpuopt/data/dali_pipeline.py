@@ -46,14 +46,12 @@ def dali_modules() -> tuple[Any, Any, Any]:
 
 def default_hw_decoder_load(device_id: int | None) -> float:
     """Share of JPEGs for the hardware decoder: 1.0 on compute capability >= 9.0, else DALI's 0.65."""
-    if device_id is None:
-        return DALI_HW_DECODER_LOAD
     import torch
 
     try:
-        major, _ = torch.cuda.get_device_capability(device_id)
+        major = -1 if device_id is None else torch.cuda.get_device_capability(device_id)[0]
     except (RuntimeError, AssertionError, AttributeError):  # no CUDA here: the pipeline will say so itself
-        return DALI_HW_DECODER_LOAD
+        major = -1
     return 1.0 if major >= 9 else DALI_HW_DECODER_LOAD
 
 
@@ -198,22 +196,17 @@ def _crop_images(
     op_device = "gpu" if gpu else "cpu"
     resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
     if augment is not None:
-        images = fn.decoders.image_random_crop(
-            jpegs,
-            random_area=list(augment.scale),
-            random_aspect_ratio=list(augment.ratio),
-            num_attempts=CROP_ATTEMPTS,
-            **decode_kw,
-        )
-        if gpu and decode_kw["device"] == "cpu":
-            images = images.gpu()  # the decoded crop goes to the GPU to be resized there
+        area = {"random_area": list(augment.scale), "random_aspect_ratio": list(augment.ratio)}
+        images = fn.decoders.image_random_crop(jpegs, num_attempts=CROP_ATTEMPTS, **area, **decode_kw)
+    else:
+        shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
+        # libjpeg's fancy upsampling, as PIL decodes
+        images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
+    if gpu and decode_kw["device"] == "cpu":
+        images = images.gpu()  # decoded on the CPU, resized on the GPU
+    if augment is not None:
         images = fn.resize(images, resize_x=image_size, resize_y=image_size, **resize_kw)
         return images, {"mirror": fn.random.coin_flip(probability=augment.flip_p)}
-    shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
-    # libjpeg's fancy upsampling, as PIL decodes
-    images = fn.decoders.image(jpegs, jpeg_fancy_upsampling=True, **decode_kw)
-    if gpu and decode_kw["device"] == "cpu":
-        images = images.gpu()
     new_w, new_h = _torchvision_resize(fn, types, shape, eval_resize_size(image_size))
     images = fn.resize(images, resize_x=new_w, resize_y=new_h, **resize_kw)
     crop = {

@@ -4,7 +4,6 @@ source, and ``DALIStoreLoader``, a ``DALILoader`` over it."""
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -16,7 +15,6 @@ from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt.data.dali import DALILoader, dm_loader
 from lightning_gpuopt.data.dali_pipeline import (
     PREFETCH_QUEUE_DEPTH,
-    SAMPLE_JPEGS,
     SHUFFLE_SEED,
     build_dali_pipeline,
 )
@@ -73,8 +71,7 @@ class StoreBatches:
         self._orders: dict[int, np.ndarray] = {}
         self._pending: dict[tuple[int, int], Future[tuple[list[np.ndarray], np.ndarray]]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._fd: int | None = None
-        self._lock = threading.Lock()
+        self._fd = -1  # open while the reading threads run
         # DALI reads a batch's arrays in place (no_copy) until PREFETCH_QUEUE_DEPTH batches after it
         self._kept: deque[Any] = deque(maxlen=2 * PREFETCH_QUEUE_DEPTH + 2)
 
@@ -89,13 +86,12 @@ class StoreBatches:
             self._orders[epoch] = found
         return found
 
-    def read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    def _read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """The JPEG bytes (one ``pread`` an image) and labels of the images at ``indices``."""
-        fd = self._open()
         images: list[np.ndarray] = []
         for i in indices.tolist():
             length = int(self.lengths[i])
-            data = os.pread(fd, length, int(self.starts[i]))
+            data = os.pread(self._fd, length, int(self.starts[i]))
             if len(data) != length:
                 raise RuntimeError(
                     f"JPEG store {self.path!r} ended inside image {i} (the file was truncated while open); "
@@ -104,17 +100,11 @@ class StoreBatches:
             images.append(np.frombuffer(data, dtype=np.uint8))
         return images, self.labels[indices].reshape(-1, 1)
 
-    def _open(self) -> int:
-        with self._lock:  # reading threads may ask at once
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            return self._fd
-
     def _submit(self, epoch: int, iteration: int) -> None:
         if (epoch, iteration) not in self._pending:
             rows = self.order(epoch)[iteration * self.batch_size : (iteration + 1) * self.batch_size]
             assert self._pool is not None
-            self._pending[(epoch, iteration)] = self._pool.submit(self.read, rows)
+            self._pending[(epoch, iteration)] = self._pool.submit(self._read, rows)
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], np.ndarray]:
         first = int(info.epoch_idx) == 0
@@ -123,6 +113,7 @@ class StoreBatches:
         if iteration >= self.batches:
             raise StopIteration
         if self._pool is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
             self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="lightning-gpuopt-store")
         e, i = epoch, iteration
         for _ in range(READ_AHEAD + 1):  # this batch and the next ones, into the next epoch at the end
@@ -137,11 +128,8 @@ class StoreBatches:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            os.close(self._fd)
         self._pending.clear()
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
 
 
 class DALIStoreLoader(DALILoader):
@@ -157,22 +145,15 @@ class DALIStoreLoader(DALILoader):
         starts, lengths = store.byte_ranges()
         self.store_path = str(store.path)
         self._starts, self._lengths = starts, lengths
-        # one entry an image: DALILoader counts its batches and shards from its files (and measures the
-        # decoders on a sample of the store's own JPEGs, _sample_jpegs)
+        # one entry an image: DALILoader counts its batches and shards from its files, and samples the
+        # store's own JPEGs (_byte_range) to measure the decoders on
         super().__init__([self.store_path] * len(store), store.labels, **{**kwargs, "train": True})
         self._epoch = 0  # the stream's epoch
         self._position = 0  # batches of it taken before this pipeline was built (a resumed fit)
         self._source: StoreBatches | None = None
 
-    def _sample_jpegs(self) -> list[bytes]:
-        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of the store's images, spread over it."""
-        step = max(1, len(self._starts) // SAMPLE_JPEGS)
-        fd = os.open(self.store_path, os.O_RDONLY)
-        try:
-            picks = range(0, len(self._starts), step)[:SAMPLE_JPEGS]
-            return [os.pread(fd, int(self._lengths[i]), int(self._starts[i])) for i in picks]
-        finally:
-            os.close(fd)
+    def _byte_range(self, i: int) -> tuple[int, int]:
+        return int(self._starts[i]), int(self._lengths[i])
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
         """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""

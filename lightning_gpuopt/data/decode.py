@@ -3,6 +3,7 @@ onto the host backends' canvases (``"cpu"``), or by nvJPEG (``"gpu"``, ``decode_
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import warnings
@@ -41,7 +42,24 @@ BOMB_FIX = (
 
 
 @dataclass(frozen=True)
-class DecodeOptions:
+class DecoderOptions:
+    """Where JPEGs are decoded and on how many CPU threads; ``DecodeOptions`` and ``DALIOptions`` name it."""
+
+    decoder: str | None = None
+    threads: int | None = None
+    _prefix = "decode"  # what its errors call it
+    _threads = "threads of the training process"
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.decoder is not None:
+            fix = f"or None: None measures both on your files ({name}(decoder=...))"
+            check_choice(self.decoder, f"{self._prefix}.decoder", DECODERS, fix=fix)
+        fix = f"{self._threads} ({name}(threads=...)); None picks them from the CPUs"
+        check_int(self.threads, f"{self._prefix}.threads", low=1, none_ok=True, fix=fix)
+
+
+class DecodeOptions(DecoderOptions):
     """How ``OptimizedDataModule`` decodes a JPEG folder or a JPEG store without DALI (docs/datamodule.md).
 
     Attributes:
@@ -52,20 +70,6 @@ class DecodeOptions:
         >>> options = DecodeOptions(decoder="cpu")
         >>> dm = OptimizedDataModule("data/train", "data/val", decode=options)  # doctest: +SKIP
     """
-
-    decoder: str | None = None
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.decoder is not None:
-            check_choice(
-                self.decoder, "decode.decoder", DECODERS,
-                fix="or None: None measures both at setup (DecodeOptions(decoder=...))",
-            )  # fmt: skip
-        check_int(
-            self.threads, "decode.threads", low=1, none_ok=True,
-            fix="threads of the training process (DecodeOptions(threads=...)); None picks them from the CPUs",
-        )  # fmt: skip
 
 
 def default_decode_threads(decoder: str, local_world_size: int = 1) -> int:
@@ -134,20 +138,16 @@ def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
     return info is not None and info.baseline and info.components == 3 and info.adobe_transform in (None, 1)
 
 
-_TVIO: list[Any] = []  # torchvision.io once looked up (None: it does not import)
-
-
+@functools.cache
 def _torchvision_io() -> Any | None:
-    """``torchvision.io`` where it imports, else ``None`` (looked up once)."""
-    if not _TVIO:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import torchvision.io as tvio
-        except Exception:  # not installed, or a build that does not load with this torch
-            tvio = None
-        _TVIO.append(tvio)
-    return _TVIO[0]
+    """``torchvision.io`` where it imports, else ``None``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchvision.io as tvio
+    except Exception:  # not installed, or a build that does not load with this torch
+        return None
+    return tvio
 
 
 def pixel_limit_problem(path: str, size: tuple[int, int]) -> str | None:

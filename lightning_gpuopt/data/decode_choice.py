@@ -160,13 +160,19 @@ def resolve_decoder(
     return _log(choice)
 
 
-def _log(choice: DecodeChoice) -> DecodeChoice:
-    where = "with nvJPEG on the GPU" if choice.decoder == "gpu" else f"on {choice.threads} CPU threads"
-    how = "measured" if choice.measured else "chosen"
-    line = (f"OptimizedDataModule: JPEGs decoded {where} (decoder={choice.decoder!r}, {how}): "
-            f"{choice.reason}; "
-            "DecodeOptions(decoder='cpu' or 'gpu') overrides")  # fmt: skip
+def log_decoder(who: str, decoder: str, cpu: str, reason: str, options: str, how: str = "") -> None:
+    """Say once a process, on rank zero, where ``who`` decodes its JPEGs (``cpu``: its CPU threads) and why."""
+    where = "with nvJPEG on the GPU" if decoder == "gpu" else f"on {cpu}"
+    line = (
+        f"{who}: JPEGs decoded {where} (decoder={decoder!r}{how}): {reason}; "
+        f"{options}(decoder='cpu' or 'gpu') overrides"
+    )
     if line not in _LOGGED:
         _LOGGED.add(line)
         rank_zero_info(line)
-    return choice
+
+
+def _log(c: DecodeChoice) -> DecodeChoice:
+    how = ", measured" if c.measured else ", chosen"
+    log_decoder("OptimizedDataModule", c.decoder, f"{c.threads} CPU threads", c.reason, "DecodeOptions", how)
+    return c

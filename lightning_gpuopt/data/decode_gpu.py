@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,15 +40,15 @@ GROUP = 64
 HELD = 4
 
 
+@dataclass(slots=True, eq=False)
 class JPEGBatch:
     """A batch as its reading thread leaves it: per image JPEG bytes for nvJPEG (``data``) or the image decoded
     on the CPU (``decoded``), its name, and the int64 labels (not a tuple: staged as it is)."""
 
-    __slots__ = ("data", "decoded", "labels", "names")
-
-    def __init__(self, data: list[torch.Tensor | None], decoded: list[torch.Tensor | None],
-                 labels: torch.Tensor, names: list[str]) -> None:  # fmt: skip
-        self.data, self.decoded, self.labels, self.names = data, decoded, labels, names
+    data: list[torch.Tensor | None]
+    decoded: list[torch.Tensor | None]
+    labels: torch.Tensor
+    names: list[str]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -124,7 +125,7 @@ class NVJPEGCrops:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(device))
             self._held.append((done, images))
-        return _scale_shift(out, scale, bias, torch.float32, torch.channels_last), labels
+        return _scale_shift(out, scale, bias, torch.float32), labels
 
     def decode(self, batch: JPEGBatch, device: torch.device) -> list[torch.Tensor]:
         """Every image of ``batch`` as uint8 ``(3, H, W)`` on ``device``."""

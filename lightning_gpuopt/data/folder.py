@@ -1,6 +1,5 @@
-"""Class-per-subfolder image folders decoded on the CPU to whole uint8 images on a fixed canvas
-(``data.layout``), cropped later on the GPU (``data.transforms``); ``decode_canvas`` is the package's one
-decode routine, so a converted store gives the folder's pixels."""
+"""Class-per-subfolder image folders decoded to whole uint8 images on a canvas (``data.layout``) by
+``decode_canvas``, the package's one decode routine, so a converted store gives the folder's pixels."""
 
 from __future__ import annotations
 
@@ -31,8 +30,6 @@ _SKIP_LOG_LOCK = threading.Lock()
 SKIP_FIX = "remove or replace the file, or pass on_corrupt='skip' to skip unreadable images"
 #: the shorter side ``check_image_folder`` decodes to: a reduced DCT scale still entropy-decodes every byte
 CHECK_SIZE = 16
-#: unreadable images an error lists by name (``UnreadableImagesError.errors`` holds them all)
-_LISTED = 20
 _MESSAGE = re.compile(r"cannot decode image ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") \((.*?)\); ")
 
 
@@ -76,21 +73,19 @@ class UnreadableImagesError(ValueError):
 
     def __init__(self, root: str, images: int, errors: Sequence[CorruptImageError], fix: str = "") -> None:
         self.root, self.images, self.errors = root, images, list(errors)
-        shown = ", ".join(
-            f"{os.path.relpath(e.path or '', root)!r} ({e.reason})" for e in self.errors[:_LISTED]
-        )
-        more = f" and {len(self.errors) - _LISTED} more" if len(self.errors) > _LISTED else ""
+        shown = _shown([f"{os.path.relpath(e.path or '', root)!r} ({e.reason})" for e in self.errors], 20)
         fix = fix or "remove or replace them, or pass on_corrupt='skip' to skip unreadable images"
         super().__init__(
-            f"{len(self.errors)} of {images} image(s) in {root!r} cannot be decoded: {shown}{more}; {fix}"
+            f"{len(self.errors)} of {images} image(s) in {root!r} cannot be decoded: {shown}; {fix}"
         )
 
     def __reduce__(self) -> Any:
         return (type(self), (self.root, self.images, self.errors))
 
 
-def _is_hidden(name: str) -> bool:
-    return name.startswith(".")
+def _shown(items: Sequence[str], k: int = 10) -> str:
+    """The first ``k`` of ``items``, and how many more."""
+    return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
 
 
 def _unreadable(err: OSError) -> None:
@@ -120,7 +115,7 @@ def folder_classes(root: str | os.PathLike[str]) -> list[str]:
             "(read an HDF5 store with HDF5ImageDataset, or OptimizedDataModule's backend='auto')"
         )
     try:
-        classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not _is_hidden(e.name))
+        classes = sorted(e.name for e in os.scandir(root_path) if e.is_dir() and not e.name.startswith("."))
     except OSError as err:
         raise _cannot_read(root_path, err) from err
     if not classes:
@@ -150,9 +145,7 @@ def class_indices(
     if missing:
         where = f" ({os.fspath(train_path)!r})" if train_path is not None else ""
         source = repr(os.fspath(path)) if path is not None else "its dataset"
-        shown = ", ".join(repr(m) for m in missing[:10])
-        if len(missing) > 10:
-            shown += f" and {len(missing) - 10} more"
+        shown = _shown([repr(m) for m in missing])
         raise ValueError(
             f"the {split} split ({source}) has "
             f"{len(missing)} class(es) the training split{where} lacks: {shown}. Labels are the training "
@@ -174,9 +167,9 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
         files: list[str] = []
         others: list[str] = []
         for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unreadable, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for fname in filenames:
-                if not _is_hidden(fname):
+                if not fname.startswith("."):
                     full = os.path.join(dirpath, fname)
                     (files if fname.lower().endswith(IMAGE_EXTENSIONS) else others).append(full)
         if not files:
@@ -188,11 +181,10 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
         samples.extend((f, index) for f in sorted(files))
         skipped.extend(sorted(others))
     if skipped:
-        shown = ", ".join(repr(os.path.relpath(p, root_path)) for p in skipped[:10])
-        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        shown = _shown([repr(os.path.relpath(p, root_path)) for p in skipped])
         warn_once(
             f"image folder {str(root_path)!r}: skipped {len(skipped)} file(s) that are not images: "
-            f"{shown}{more} (images end in {', '.join(IMAGE_EXTENSIONS)}, in any case)"
+            f"{shown} (images end in {', '.join(IMAGE_EXTENSIONS)}, in any case)"
         )
     return classes, samples
 
@@ -267,11 +259,8 @@ def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
     return _compat.resize_rgb_uint8(pixels, target[1], target[0])
 
 
-def load_canvas(
-    path: str | os.PathLike[str], storage_size: int, out: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``decode_canvas`` of the image file at ``path``."""
-    return decode_canvas(path, storage_size, out)
+#: ``decode_canvas`` under the name the converters call: ``load_canvas(path, storage_size, out=None)``
+load_canvas = decode_canvas
 
 
 def check_image_folder(root: str | os.PathLike[str], *, threads: int | None = None, fix: str = "") -> int:
@@ -375,7 +364,7 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
 
     def _load(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
         path, label = self.samples[index]
-        return label, load_canvas(path, self.size, out)[1]
+        return label, decode_canvas(path, self.size, out)[1]
 
     def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
         """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""

@@ -210,14 +210,10 @@ def resample(
 
 
 def _scale_shift(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor,
-    dtype: torch.dtype | None,
-    memory_format: torch.memory_format = torch.channels_last,
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device, memory_format=memory_format)
-    # one kernel: reads x in any layout and dtype, writes bias + x * scale in the requested ones
+    out = torch.empty(x.shape, dtype=dtype, device=x.device, memory_format=torch.channels_last)
+    # one kernel: reads x in any layout and dtype, writes bias + x * scale channels_last in ``dtype``
     torch.addcmul(bias, x, scale, out=out)
     return out
 
@@ -356,8 +352,7 @@ class GPUAugment(nn.Module):
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
         band = self.band((images.shape[1], images.shape[2]), train)
         x = resample(x, meta, boxes, flip, self.image_size, band)
-        scale, bias = self._norm_constants(device)
-        return _scale_shift(x, scale, bias, self.output_dtype, torch.channels_last)
+        return _scale_shift(x, *self._norm_constants(device), self.output_dtype)
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, augment={self.augment}, output_dtype={self.output_dtype}"

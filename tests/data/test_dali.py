@@ -513,9 +513,10 @@ def test_gpu_default_decoder_follows_the_rule_and_is_logged_once(jpeg_folder, mo
     import logging
 
     from lightning_gpuopt.data import dali as dali_module
+    from lightning_gpuopt.data import decode_choice
 
     files, labels = _indexed(jpeg_folder)
-    monkeypatch.setattr(dali_module, "_LOGGED", set())
+    monkeypatch.setattr(decode_choice, "_LOGGED", set())
     monkeypatch.setattr(dali_module, "_MEASURED", {})
     kw = dict(batch_size=8, train=False, image_size=24, device="cuda", options=DALIOptions())
     with caplog.at_level(logging.INFO):
