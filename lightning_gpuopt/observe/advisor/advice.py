@@ -210,43 +210,6 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
     return f"{text}. {'' if cfg.cuda_graphs_skipped else _COMPILE + ' '}{_NSIGHT}"
 
 
-def straggler(rank: int, cause: str, waits: str, late_ms: float, frac: float) -> str:
-    """Advice of a ``straggler`` verdict naming global rank ``rank``."""
-    text = (
-        f"Rank {rank} is late: the other ranks wait {late_ms:.1f} ms a step ({frac:.0%} of the step) in the "
-        f"gradient all-reduce for it (all-reduce wait per rank: {waits} ms), so every GPU trains at its pace. "
-    )
-    if cause == "loader":
-        return text + (
-            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
-            "(samples of varying size or cost), too few workers for its share of the cores "
-            "(cores / processes per node), or a slower disk or network path for that rank."
-        )
-    return text + (
-        "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process on "
-        "it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: batch "
-        "them by length)."
-    )
-
-
-def comm_bound(least_ms: float, frac: float, world_size: int) -> str:
-    """Advice of a ``comm-bound`` verdict: every rank waits for the gradient all-reduce."""
-    return (
-        f"Every one of the {world_size} ranks waits at least {least_ms:.1f} ms a step ({frac:.0%} of the step) "
-        "for the gradient all-reduce: communication is not hidden behind compute. Grow the batch per GPU or "
-        "accumulate gradients (Trainer(accumulate_grad_batches=k)); compress gradients (DDPStrategy(ddp_comm_hook="
-        "default_hooks.bf16_compress_hook or fp16_compress_hook)); try DDPStrategy(static_graph=True, "
-        "gradient_as_bucket_view=True) or another bucket_cap_mb; check the interconnect (nvidia-smi topo -m)."
-    )
-
-
-PAGEABLE_COPIES = (
-    "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the GPU's "
-    "queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
-    "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
-)
-
-
 def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
     """Advice of a ``launch-bound`` verdict: the locator's lines first where it found them."""
     grow = f"grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "grow the batch"
@@ -359,54 +322,3 @@ def fp16_overflow(
             "does by hand)."
         )
     return f"{text} {fix}"
-
-
-def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> str:
-    """Advice of an ``fp32-on-tensor-cores`` verdict on compute capability ``cap``."""
-    bf16 = cap >= (8, 0)
-    alt = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if bf16 else ""
-    text = (
-        f'Full-precision math leaves this GPU\'s tensor cores idle or slow. Train in Trainer(precision="16-mixed")'
-        f"{alt}; `Trainer(**fast_trainer_kwargs())` sets it with the rest, or pick it with choose_precision()."
-    )
-    if bf16 and matmul_precision == "highest":
-        text += ' To stay in fp32, at least allow TF32: torch.set_float32_matmul_precision("high").'
-    return text
-
-
-def nchw_convolutions(nchw: int, total: int) -> str:
-    """Advice of an ``nchw-convolutions`` verdict."""
-    return (
-        f"{nchw} of {total} convolutions keep NCHW weights, so cuDNN transposes around its tensor-core (NHWC) "
-        "kernels. Add ChannelsLast() to the Trainer's callbacks (or call apply_channels_last(model)); "
-        "OptimizedDataModule and GPUAugment already deliver channels_last batches."
-    )
-
-
-CUDNN_BENCHMARK_OFF = (
-    "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
-    "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
-)
-
-
-def memory_headroom(mem_frac: float, total_gb: float, batch_size: int | None, factor: int) -> str:
-    """Advice of a ``memory-headroom`` verdict."""
-    bs = f"batch_size={batch_size} could grow about {factor}x" if batch_size else "the batch could grow"
-    return (
-        f"Peak memory is {mem_frac:.0%} of {total_gb:.0f} GiB while the GPU is not saturated: {bs} (scale the "
-        "learning rate with it); Lightning's Tuner(trainer).scale_batch_size finds the largest batch that fits."
-    )
-
-
-def gpu_metrics_missing(monitor: bool) -> str:
-    """Advice of a ``gpu-metrics-missing`` verdict."""
-    if monitor:
-        return (
-            "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
-            "device, or a fixed window_steps shorter than the monitor's window)."
-        )
-    return (
-        "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing only "
-        "and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's callbacks "
-        "(GPU-Util needs nvidia-ml-py)."
-    )

@@ -10,24 +10,36 @@ from typing import Any
 
 from lightning_gpuopt._checks import check_int
 
-__all__ = ["KINDS", "EvidenceValue", "Hysteresis", "Verdict", "format_summary", "markdown", "sort_verdicts"]
+__all__ = [
+    "KINDS",
+    "NEEDS",
+    "EvidenceValue",
+    "Hysteresis",
+    "Verdict",
+    "format_summary",
+    "markdown",
+    "sort_verdicts",
+]
 
-#: Every verdict kind, in report order; logged as ``advisor/<kind>`` flags (stable names).
-KINDS: tuple[str, ...] = (
-    "input-bound",
-    "host-bound",
-    "straggler",
-    "comm-bound",
-    "pageable-copies",
-    "launch-bound",
-    "amp-host-sync",
-    "fp16-overflow",
-    "fp32-on-tensor-cores",
-    "nchw-convolutions",
-    "cudnn-benchmark-off",
-    "memory-headroom",
-    "gpu-metrics-missing",
-)
+#: Every verdict kind, in report order (logged as ``advisor/<kind>`` flags: stable names), with what a run must
+#: have for its rule to raise it: ``"cuda"`` (a CUDA device), ``"ranks"`` (several processes) or ``"scaler"`` (an
+#: enabled GradScaler).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "input-bound": (),
+    "host-bound": ("cuda",),  # judged from gpu/idle_frac, which CUDA events measure
+    "straggler": ("ranks",),
+    "comm-bound": ("ranks",),
+    "pageable-copies": ("cuda",),
+    "launch-bound": ("cuda",),
+    "amp-host-sync": ("cuda", "scaler"),
+    "fp16-overflow": ("scaler",),
+    "fp32-on-tensor-cores": ("cuda",),
+    "nchw-convolutions": ("cuda",),
+    "cudnn-benchmark-off": ("cuda",),
+    "memory-headroom": ("cuda",),
+    "gpu-metrics-missing": ("cuda",),
+}
+KINDS: tuple[str, ...] = tuple(NEEDS)
 
 EvidenceValue = float | int | str
 
