@@ -67,24 +67,19 @@ def _auto_workers(cfg: RunConfig) -> str:
 
 def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | None, threads: bool) -> str:
     """Advice of too many, too few or busy decoding workers (or a folder's reading threads)."""
-    n = cfg.decode_threads if threads else cfg.num_workers
+    n, who = (cfg.decode_threads, "reading threads") if threads else (cfg.num_workers, "workers")
     suggest = max(1, (cores or 2) - 1)
+    default = "Leave the thread count to its default (one a CPU, chosen, not measured)."
     if cause == "too-many-workers":
-        who, fix = ("reading threads", "the threads") if threads else ("workers", "workers")
-        text = (
-            f"{n} {who} x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so {fix} and the "
-            "training loop compete. "
+        fix = default if threads else f"Use {_auto_workers(cfg)} or at most num_workers={suggest}."
+        return (
+            f"{n} {who} x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so "
+            f"{'the threads' if threads else 'workers'} and the training loop compete. {fix}"
         )
-        if threads:
-            return (
-                text
-                + "Leave the thread count to its default (chosen from the process's cores, not measured)."
-            )
-        return text + f"Use {_auto_workers(cfg)} or at most num_workers={suggest}."
     if cause == "too-few-workers" and threads:
         return (
             f"The folder's {n} reading threads use few of the {cores} cores this process has, and each decodes "
-            f"JPEGs. Leave the thread count to its default (one a CPU, chosen, not measured). {_HDF5}"
+            f"JPEGs. {default} {_HDF5}"
         )
     if cause == "too-few-workers":
         text = (
@@ -97,14 +92,15 @@ def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | N
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
         return text
-    who = "reading threads" if threads else "workers"
+    more = (
+        "the default: one a CPU, chosen, not measured"
+        if threads
+        else f"{_auto_workers(cfg)}, or a larger num_workers"
+    )
+    idle = (
+        f", yet cores are idle: more {who.split()[-1]} can use them ({more})" if cores_full is False else ""
+    )
     on = f"on {cores} cores " if cores else ""
-    idle = ""
-    if cores_full is False:
-        more = f"{_auto_workers(cfg)}, or a larger num_workers"
-        if threads:
-            more = "the default: one a CPU, chosen, not measured"
-        idle = f", yet cores are idle: more {who.split()[-1]} can use them ({more})"
     return (
         f"{'The' if n is None else n} {who} {on}cannot decode JPEGs as fast as the GPU trains{idle}. {_HDF5}"
     )

@@ -19,33 +19,10 @@ __all__ = ["NEEDS", "RULES", "AdvisorThresholds", "Context", "diagnose", "unmet_
 
 @dataclass(frozen=True)
 class AdvisorThresholds:
-    """The numbers the rules compare against; docs/advisor.md says which rule uses each, and how.
+    """The numbers the rules compare against; docs/advisor.md lists each, its default and the rule using it.
 
     Example:
         >>> strict = AdvisorThresholds(gpu_idle_frac=0.05, input_wait_frac=0.05)
-
-    Attributes:
-        gpu_idle_frac: GPU idle share between steps from which the GPU starves.
-        loader_share: share of that idle time the loader's wait must account for to blame the loader.
-        input_wait_frac: without a GPU-side measure, the loader (else data) wait share that is input-bound.
-        input_wait_min_ms: and the data wait must be at least this long (ms).
-        gpu_busy_util: GPU-Util (%) from which the GPU counts as busy.
-        few_workers_frac: fewer workers than this share of the process's cores is "too few".
-        cores_full_frac: share of the cores busy from which the CPU counts as full.
-        launch_util: GPU-Util (%) below which a run that does not starve is launch-bound.
-        launch_sm_active: SM activity (%) below which kernels are too small to fill the GPU.
-        small_batch: batch size up to which GPU-Util under ``gpu_busy_util`` counts as launch-bound.
-        headroom_mem_frac: peak memory share below which the batch could grow.
-        tensor_core_capability: compute capability from which fp16 tensor cores exist.
-        channels_last_frac: share of the convolutions that must be channels_last.
-        host_sync_wait_frac: GPU idle or data wait share from which ``amp-host-sync`` is a warning.
-        host_sync_busy_util: GPU-Util (%) below which ``amp-host-sync`` is a warning.
-        rank_wait_frac: under DDP, all-reduce wait share of the step for ``straggler`` and ``comm-bound``.
-        rank_wait_min_ms: and that wait must be at least this long (ms).
-        store_read_mb_s: storage reads (MB/s) from which a starving HDF5 store is disk-bound.
-        fp16_scale_floor: a GradScaler scale below this is ``fp16-overflow``.
-        fp16_scale_falls: GradScaler backoffs in one window from which the run is ``fp16-overflow``.
-        jpeg_busy_util: hardware JPEG decoder busy share (%) from which the loader is ``jpeg-engine`` bound.
     """
 
     gpu_idle_frac: float = 0.10

@@ -161,16 +161,6 @@ class Hysteresis:
         self.windows = int(state.get("windows", 0))
 
 
-def ceiling_sentence(ceiling_frac: float | None) -> str:
-    """``"this run trains at 0.62 of its own ceiling ..."``; empty where the ceiling was not measured."""
-    if ceiling_frac is None:
-        return ""
-    replay = "the model replayed on a batch kept on the device"
-    if ceiling_frac >= 1.0:  # the loop around the step costs nothing the replay can tell apart
-        return f"this run trains at its own ceiling ({ceiling_frac:.2f} of {replay})."
-    return f"this run trains at {ceiling_frac:.2f} of its own ceiling ({replay})."
-
-
 def format_summary(
     verdicts: Sequence[Verdict],
     windows: int,
@@ -186,7 +176,11 @@ def format_summary(
             "warm-up steps was over."
         )
     head = f"BottleneckAdvisor after {windows} window(s) of {window_steps} steps:"
-    ceiling = ceiling_sentence(ceiling_frac)
+    ceiling, replay = "", "the model replayed on a batch kept on the device"
+    if ceiling_frac is not None and ceiling_frac >= 1.0:  # the loop costs nothing the replay tells apart
+        ceiling = f"this run trains at its own ceiling ({ceiling_frac:.2f} of {replay})."
+    elif ceiling_frac is not None:
+        ceiling = f"this run trains at {ceiling_frac:.2f} of its own ceiling ({replay})."
     if not verdicts:
         return f"{head} no bottleneck found" + (f"; {ceiling}" if ceiling else ".")
     lines = [head] + ([f"  {ceiling[0].upper()}{ceiling[1:]}"] if ceiling else [])
