@@ -237,16 +237,14 @@ def amp_host_sync(
         "waits for the GPU every step, and the GPU idles through what the host does next."
     )
     if clip is not None:
-        cc = f"compute capability {cap[0]}.{cap[1]}" if cap is not None else ""
         bf16 = 'use Trainer(precision="bf16-mixed") instead: no GradScaler, no sync, and clipping works'
         if cap is None:
             bf16 = f"On compute capability >= 8.0 {bf16}"
         elif cap >= (8, 0):
-            bf16 = f"{cc[0].upper()}{cc[1:]} has bf16 tensor cores: {bf16}"
+            bf16 = f"Compute capability {cap[0]}.{cap[1]} has bf16 tensor cores: {bf16}"
         else:
-            bf16 = (
-                f"bf16 is not fast on {cc} (bf16-mixed needs >= 8.0), so choose between clipping and the sync"
-            )
+            bf16 = f"bf16 is not fast on compute capability {cap[0]}.{cap[1]} (bf16-mixed needs >= 8.0), so "
+            bf16 += "choose between clipping and the sync"
         return (
             f"{head} The fused optimizers that avoid it are not an option as configured: with "
             f"gradient_clip_val={clip:g}, Lightning refuses gradient clipping under 16-mixed for optimizers "

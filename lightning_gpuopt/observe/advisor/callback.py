@@ -37,14 +37,9 @@ class BottleneckAdvisor(ObserverCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
     After warm-up it judges the run one window at a time from its own host timing, a ``GPUStatsMonitor``
-    among the callbacks (put it first), every rank's all-reduce wait under DDP, and the run's configuration
-    read at that moment. A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared
-    after ``clear_windows`` windows without it; ``verdicts`` holds the raised :class:`Verdict` objects, each
-    with the most its fix is worth (``gain``). docs/advisor.md lists the kinds, their rules and thresholds.
-
-    Logged (to every logger, at each window, rank zero; docs/advisor.md): ``advisor/<kind>`` (0/1, only the
-    kinds the run can raise), ``advisor/num_warnings`` (count) and ``advisor/summary`` (a markdown table, to a
-    TensorBoardLogger). At the end of fit, rank zero prints a summary (``verbose=False`` silences it).
+    among the callbacks (put it first), every rank's all-reduce wait under DDP and the run's configuration;
+    ``verdicts`` holds the raised :class:`Verdict` objects. It logs ``advisor/<kind>`` flags and prints a
+    summary at the end of fit; docs/advisor.md lists the kinds, their rules, thresholds and logged keys.
 
     Example:
         >>> from lightning_gpuopt import GPUStatsMonitor

@@ -22,13 +22,8 @@ def finite(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class RankEvidence:
-    """Every rank's timing over one window, index = global rank (gathered once a window under DDP).
-
-    Attributes:
-        step_ms: mean host time a training batch took, data wait included (ms).
-        data_wait_ms: mean wait for the next batch (ms): inside the loader where it is timed.
-        allreduce_wait_ms: median wait in the gradient all-reduce at the end of backward (ms).
-    """
+    """Every rank's ``step_ms``, ``data_wait_ms`` (inside the loader where timed) and ``allreduce_wait_ms``
+    (median) over one window, index = global rank (gathered once a window under DDP)."""
 
     step_ms: tuple[float | None, ...]
     data_wait_ms: tuple[float | None, ...]
