@@ -78,6 +78,26 @@ def test_a_loader_that_is_not_a_dataloader_is_described_by_its_feed_info_only():
     assert describe_feed(object()) == FeedInfo()
 
 
+def test_a_dali_loaders_measured_decode_rates_reach_the_advisor():
+    from lightning_gpuopt.data.dali import DALIFeedInfo
+    from lightning_gpuopt.observe.advisor.config import loop_config
+    from lightning_gpuopt.observe.advisor.rules import diagnose
+
+    info = DALIFeedInfo(
+        backend="dali", decoder="cpu", threads=6, cpu_decode_rate=900.0, gpu_decode_rate=500.0
+    )
+    feed = describe_feed(SimpleNamespace(feed_info=info))
+    assert (feed.cpu_decode_rate, feed.gpu_decode_rate) == (900.0, 500.0)
+    loop = SimpleNamespace(
+        device=torch.device("cpu"), precision="32-true", processes_per_node=1, world_size=1, callbacks=[],
+        module=nn.Linear(2, 2),
+    )  # fmt: skip
+    cfg = loop_config(loop, gpu_monitor=False, feed=feed)
+    assert (cfg.cpu_decode_rate, cfg.gpu_decode_rate) == (900.0, 500.0)
+    (v,) = diagnose({"time/data_wait_frac": 0.5, "time/data_wait_ms": 20.0}, cfg)
+    assert v.cause == "dali-bound" and "nvJPEG decoded 500 img/s" in v.advice
+
+
 def test_a_dataset_listing_image_files_is_a_folder_decoded_on_the_cpu():
     feed = describe_feed(DataLoader(_FolderLike(), batch_size=2, num_workers=2))
     assert (feed.backend, feed.decoder, feed.num_workers) == ("folder", "cpu", 2)

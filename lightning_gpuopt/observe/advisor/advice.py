@@ -67,24 +67,19 @@ def _auto_workers(cfg: RunConfig) -> str:
 
 def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | None, threads: bool) -> str:
     """Advice of too many, too few or busy decoding workers (or a folder's reading threads)."""
-    n = cfg.decode_threads if threads else cfg.num_workers
+    n, who = (cfg.decode_threads, "reading threads") if threads else (cfg.num_workers, "workers")
     suggest = max(1, (cores or 2) - 1)
+    default = "Leave the thread count to its default (one a CPU, chosen, not measured)."
     if cause == "too-many-workers":
-        who, fix = ("reading threads", "the threads") if threads else ("workers", "workers")
-        text = (
-            f"{n} {who} x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so {fix} and the "
-            "training loop compete. "
+        fix = default if threads else f"Use {_auto_workers(cfg)} or at most num_workers={suggest}."
+        return (
+            f"{n} {who} x {cfg.processes_per_node} process(es) oversubscribe {cfg.cpus} cores, so "
+            f"{'the threads' if threads else 'workers'} and the training loop compete. {fix}"
         )
-        if threads:
-            return (
-                text
-                + "Leave the thread count to its default (chosen from the process's cores, not measured)."
-            )
-        return text + f"Use {_auto_workers(cfg)} or at most num_workers={suggest}."
     if cause == "too-few-workers" and threads:
         return (
             f"The folder's {n} reading threads use few of the {cores} cores this process has, and each decodes "
-            f"JPEGs. Leave the thread count to its default (one a CPU, chosen, not measured). {_HDF5}"
+            f"JPEGs. {default} {_HDF5}"
         )
     if cause == "too-few-workers":
         text = (
@@ -97,14 +92,15 @@ def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | N
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
         return text
-    who = "reading threads" if threads else "workers"
+    more = (
+        "the default: one a CPU, chosen, not measured"
+        if threads
+        else f"{_auto_workers(cfg)}, or a larger num_workers"
+    )
+    idle = (
+        f", yet cores are idle: more {who.split()[-1]} can use them ({more})" if cores_full is False else ""
+    )
     on = f"on {cores} cores " if cores else ""
-    idle = ""
-    if cores_full is False:
-        more = f"{_auto_workers(cfg)}, or a larger num_workers"
-        if threads:
-            more = "the default: one a CPU, chosen, not measured"
-        idle = f", yet cores are idle: more {who.split()[-1]} can use them ({more})"
     return (
         f"{'The' if n is None else n} {who} {on}cannot decode JPEGs as fast as the GPU trains{idle}. {_HDF5}"
     )
@@ -210,43 +206,6 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
     return f"{text}. {'' if cfg.cuda_graphs_skipped else _COMPILE + ' '}{_NSIGHT}"
 
 
-def straggler(rank: int, cause: str, waits: str, late_ms: float, frac: float) -> str:
-    """Advice of a ``straggler`` verdict naming global rank ``rank``."""
-    text = (
-        f"Rank {rank} is late: the other ranks wait {late_ms:.1f} ms a step ({frac:.0%} of the step) in the "
-        f"gradient all-reduce for it (all-reduce wait per rank: {waits} ms), so every GPU trains at its pace. "
-    )
-    if cause == "loader":
-        return text + (
-            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
-            "(samples of varying size or cost), too few workers for its share of the cores "
-            "(cores / processes per node), or a slower disk or network path for that rank."
-        )
-    return text + (
-        "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process on "
-        "it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: batch "
-        "them by length)."
-    )
-
-
-def comm_bound(least_ms: float, frac: float, world_size: int) -> str:
-    """Advice of a ``comm-bound`` verdict: every rank waits for the gradient all-reduce."""
-    return (
-        f"Every one of the {world_size} ranks waits at least {least_ms:.1f} ms a step ({frac:.0%} of the step) "
-        "for the gradient all-reduce: communication is not hidden behind compute. Grow the batch per GPU or "
-        "accumulate gradients (Trainer(accumulate_grad_batches=k)); compress gradients (DDPStrategy(ddp_comm_hook="
-        "default_hooks.bf16_compress_hook or fp16_compress_hook)); try DDPStrategy(static_graph=True, "
-        "gradient_as_bucket_view=True) or another bucket_cap_mb; check the interconnect (nvidia-smi topo -m)."
-    )
-
-
-PAGEABLE_COPIES = (
-    "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the GPU's "
-    "queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
-    "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
-)
-
-
 def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
     """Advice of a ``launch-bound`` verdict: the locator's lines first where it found them."""
     grow = f"grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "grow the batch"
@@ -278,16 +237,14 @@ def amp_host_sync(
         "waits for the GPU every step, and the GPU idles through what the host does next."
     )
     if clip is not None:
-        cc = f"compute capability {cap[0]}.{cap[1]}" if cap is not None else ""
         bf16 = 'use Trainer(precision="bf16-mixed") instead: no GradScaler, no sync, and clipping works'
         if cap is None:
             bf16 = f"On compute capability >= 8.0 {bf16}"
         elif cap >= (8, 0):
-            bf16 = f"{cc[0].upper()}{cc[1:]} has bf16 tensor cores: {bf16}"
+            bf16 = f"Compute capability {cap[0]}.{cap[1]} has bf16 tensor cores: {bf16}"
         else:
-            bf16 = (
-                f"bf16 is not fast on {cc} (bf16-mixed needs >= 8.0), so choose between clipping and the sync"
-            )
+            bf16 = f"bf16 is not fast on compute capability {cap[0]}.{cap[1]} (bf16-mixed needs >= 8.0), so "
+            bf16 += "choose between clipping and the sync"
         return (
             f"{head} The fused optimizers that avoid it are not an option as configured: with "
             f"gradient_clip_val={clip:g}, Lightning refuses gradient clipping under 16-mixed for optimizers "
@@ -359,54 +316,3 @@ def fp16_overflow(
             "does by hand)."
         )
     return f"{text} {fix}"
-
-
-def fp32_on_tensor_cores(cap: tuple[int, int], matmul_precision: str | None) -> str:
-    """Advice of an ``fp32-on-tensor-cores`` verdict on compute capability ``cap``."""
-    bf16 = cap >= (8, 0)
-    alt = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if bf16 else ""
-    text = (
-        f'Full-precision math leaves this GPU\'s tensor cores idle or slow. Train in Trainer(precision="16-mixed")'
-        f"{alt}; `Trainer(**fast_trainer_kwargs())` sets it with the rest, or pick it with choose_precision()."
-    )
-    if bf16 and matmul_precision == "highest":
-        text += ' To stay in fp32, at least allow TF32: torch.set_float32_matmul_precision("high").'
-    return text
-
-
-def nchw_convolutions(nchw: int, total: int) -> str:
-    """Advice of an ``nchw-convolutions`` verdict."""
-    return (
-        f"{nchw} of {total} convolutions keep NCHW weights, so cuDNN transposes around its tensor-core (NHWC) "
-        "kernels. Add ChannelsLast() to the Trainer's callbacks (or call apply_channels_last(model)); "
-        "OptimizedDataModule and GPUAugment already deliver channels_last batches."
-    )
-
-
-CUDNN_BENCHMARK_OFF = (
-    "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
-    "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
-)
-
-
-def memory_headroom(mem_frac: float, total_gb: float, batch_size: int | None, factor: int) -> str:
-    """Advice of a ``memory-headroom`` verdict."""
-    bs = f"batch_size={batch_size} could grow about {factor}x" if batch_size else "the batch could grow"
-    return (
-        f"Peak memory is {mem_frac:.0%} of {total_gb:.0f} GiB while the GPU is not saturated: {bs} (scale the "
-        "learning rate with it); Lightning's Tuner(trainer).scale_batch_size finds the largest batch that fits."
-    )
-
-
-def gpu_metrics_missing(monitor: bool) -> str:
-    """Advice of a ``gpu-metrics-missing`` verdict."""
-    if monitor:
-        return (
-            "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
-            "device, or a fixed window_steps shorter than the monitor's window)."
-        )
-    return (
-        "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing only "
-        "and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's callbacks "
-        "(GPU-Util needs nvidia-ml-py)."
-    )

@@ -37,14 +37,9 @@ class BottleneckAdvisor(ObserverCallback):
     """Tell which part of the pipeline starves or slows the GPU, and what to change.
 
     After warm-up it judges the run one window at a time from its own host timing, a ``GPUStatsMonitor``
-    among the callbacks (put it first), every rank's all-reduce wait under DDP, and the run's configuration
-    read at that moment. A verdict is raised after ``min_windows`` consecutive windows diagnose it and cleared
-    after ``clear_windows`` windows without it; ``verdicts`` holds the raised :class:`Verdict` objects, each
-    with the most its fix is worth (``gain``). docs/advisor.md lists the kinds, their rules and thresholds.
-
-    Logged (to every logger, at each window, rank zero; docs/advisor.md): ``advisor/<kind>`` (0/1, only the
-    kinds the run can raise), ``advisor/num_warnings`` (count) and ``advisor/summary`` (a markdown table, to a
-    TensorBoardLogger). At the end of fit, rank zero prints a summary (``verbose=False`` silences it).
+    among the callbacks (put it first), every rank's all-reduce wait under DDP and the run's configuration;
+    ``verdicts`` holds the raised :class:`Verdict` objects. It logs ``advisor/<kind>`` flags and prints a
+    summary at the end of fit; docs/advisor.md lists the kinds, their rules, thresholds and logged keys.
 
     Example:
         >>> from lightning_gpuopt import GPUStatsMonitor
@@ -238,10 +233,7 @@ class BottleneckAdvisor(ObserverCallback):
         self._timer.batch_end(t, batch_size_of(batch))
         self._batches += 1
         if self._follow:
-            history = self._monitor_history()
-            if len(history) < self._seen:  # the monitor's history was reset
-                self._seen = 0
-            new, self._seen = history[self._seen :], len(history)
+            new = self._fresh_windows()
             if new and self._warm:
                 self._evaluate(loop, Evidence.mean_of(new))
             elif new and self._batches >= self._warmup:
@@ -251,7 +243,7 @@ class BottleneckAdvisor(ObserverCallback):
             self._end_warmup(loop)
             self._seen = self._warm_seen = len(self._monitor_history())
         elif self._warm and (self._batches - self._warmup) % self._window == 0:
-            self._evaluate(loop, self._gpu_evidence())
+            self._evaluate(loop, Evidence.mean_of(self._fresh_windows()))
 
     def _end(self, loop: Loop) -> None:
         """Training ends: the configuration of a run too short for a window, the summary, the release."""
@@ -290,16 +282,16 @@ class BottleneckAdvisor(ObserverCallback):
         history = self._monitor.history if self._monitor is not None else []
         return [h for h in history if isinstance(h, Mapping)]
 
-    def _gpu_evidence(self) -> Evidence:
-        """Monitor windows logged since the last evaluation (fixed ``window_steps`` mode)."""
+    def _fresh_windows(self) -> list[Mapping[str, Any]]:
+        """Monitor windows logged since the last call (all of them where its history was reset)."""
         history = self._monitor_history()
         if len(history) < self._seen:
             self._seen = self._warm_seen = 0
         fresh, self._seen = history[self._seen :], len(history)
-        if not fresh and len(history) > self._warm_seen:
+        if not fresh and not self._follow and len(history) > self._warm_seen:
             # the monitor logs less often than the advisor evaluates: its latest post-warm-up window stands
             fresh = [history[-1]]
-        return Evidence.mean_of(fresh)
+        return fresh
 
     def _host_evidence(self, loop: Loop) -> Evidence:
         """This window's host timing from the advisor's own timer, plus the share spent inside the loader."""

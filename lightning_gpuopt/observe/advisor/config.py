@@ -90,17 +90,15 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
     """How ``loader`` feeds the GPU: its ``feed_info``, its dataset's, then a ``DataLoader``'s public attributes
     (docs/advisor.md). With ``probe_dataset``, a map-style dataset read without workers is asked for one item
     to see whether batches are already on the device."""
-    layers = [_feed_info_of(loader)]
     loader_like = isinstance(loader, DataLoader) or _fabric_loader(loader)
     dataset = getattr(loader, "dataset", None) if loader_like else None
-    if dataset is not None:
-        layers += [_feed_info_of(dataset), _feed_info_of(_unwrap_dataset(dataset))]
+    layers = [loader] + ([dataset, _unwrap_dataset(dataset)] if dataset is not None else [])
+    infos = [info for info in map(_feed_info_of, layers) if info is not None]
     facts: dict[str, Any] = {}
-    for info in layers:
-        if info is not None:
-            for key, value in info.to_dict().items():
-                if facts.get(key) is None:
-                    facts[key] = value
+    for info in infos:
+        for key, value in info.to_dict().items():
+            if facts.get(key) is None:
+                facts[key] = value
     if loader_like:
         facts.setdefault("num_workers", None)
         read_threads = getattr(loader, "read_threads", 0)
@@ -124,7 +122,8 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
                 facts["host_batches"] = True  # CUDA tensors cannot come out of worker processes
             elif probe_dataset and dataset is not None:
                 facts["host_batches"] = _dataset_on_host(dataset)
-    return FeedInfo(**{k: facts.get(k) for k in FeedInfo().to_dict()})
+    kind = type(infos[0]) if infos else FeedInfo  # a DALIFeedInfo keeps its measured decode rates
+    return kind(**{k: facts.get(k) for k in kind().to_dict()})
 
 
 def amp_facts(trainer: Any) -> dict[str, Any]:
@@ -190,22 +189,21 @@ def collect_config(
 def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> RunConfig:
     """``collect_config`` of any training loop (``observe._lifecycle.Loop``: a Trainer's or a Fabric loop's)."""
     device = loop.device
-    cfg = RunConfig(device_type=device.type, gpu_monitor=gpu_monitor)
-    cfg.precision = loop.precision
-    cfg.cpus = available_cpus()
-    cfg.processes_per_node = loop.processes_per_node
-    cfg.world_size = max(1, loop.world_size)
     if feed is None:
         loader = first_loader(loop.train_loaders)
         feed = describe_feed(loader) if loader is not None else FeedInfo()
-    cfg.backend, cfg.num_workers, cfg.pin_memory = feed.backend, feed.num_workers, feed.pin_memory
-    cfg.batch_size, cfg.host_batches = feed.batch_size, feed.host_batches
-    cfg.decoder, cfg.decode_threads = feed.decoder, feed.threads
-    # the decoders' rates a DALI loader measured on its own files when it chose its decoder
-    cfg.cpu_decode_rate = getattr(feed, "cpu_decode_rate", None)
-    cfg.gpu_decode_rate = getattr(feed, "gpu_decode_rate", None)
-    for key, value in amp_facts(loop).items():
-        setattr(cfg, key, value)
+    cfg = RunConfig(device_type=device.type, precision=loop.precision, gpu_monitor=gpu_monitor)
+    cfg.cpus, cfg.processes_per_node, cfg.world_size = (
+        available_cpus(),
+        loop.processes_per_node,
+        loop.world_size,
+    )
+    # the feed's facts (a DALI loader's decode rates, measured on its own files, among them) and the AMP facts
+    for key, value in {**feed.to_dict(), **amp_facts(loop)}.items():
+        if key == "threads":
+            cfg.decode_threads = value
+        elif hasattr(cfg, key):
+            setattr(cfg, key, value)
     from lightning_gpuopt.compute.compile import CompileModel
 
     # torch's reason for not replaying the CUDA graphs a CompileModel compiled the step to record

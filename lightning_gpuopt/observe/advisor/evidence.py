@@ -22,13 +22,8 @@ def finite(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class RankEvidence:
-    """Every rank's timing over one window, index = global rank (gathered once a window under DDP).
-
-    Attributes:
-        step_ms: mean host time a training batch took, data wait included (ms).
-        data_wait_ms: mean wait for the next batch (ms): inside the loader where it is timed.
-        allreduce_wait_ms: median wait in the gradient all-reduce at the end of backward (ms).
-    """
+    """Every rank's ``step_ms``, ``data_wait_ms`` (inside the loader where timed) and ``allreduce_wait_ms``
+    (median) over one window, index = global rank (gathered once a window under DDP)."""
 
     step_ms: tuple[float | None, ...]
     data_wait_ms: tuple[float | None, ...]
@@ -51,18 +46,9 @@ class RankEvidence:
 
 @dataclass
 class Evidence:
-    """Measurements of one window; ``None`` where not measured.
+    """Measurements of one window; ``None`` where not measured (docs/advisor.md lists the fields).
 
-    A field named after a logged key holds that key's mean over the window (``field_of``: ``gpu/idle_frac``
-    is ``gpu_idle_frac``, ``time/step_ms`` is ``step_ms``; docs/gpu_stats.md says what each measures).
-
-    Attributes:
-        sync_sites: the host-sync locator's sentences for the user's lines that synchronize, most frequent
-            first; ``None`` where it did not run.
-        grad_scale_start / grad_scale: the GradScaler's scale at the first read after warm-up and the latest.
-        grad_scale_falls / grad_scale_window_falls: times it fell since the first read / in this window.
-        grad_scale_steps: optimizer steps between the first and the latest read.
-        ranks: every rank's timing under DDP, else ``None``.
+    A field named after a logged key holds that key's mean over the window (``field_of``).
     """
 
     step_ms: float | None = None
@@ -154,30 +140,7 @@ def field_of(key: str) -> str | None:
 
 @dataclass
 class RunConfig:
-    """What the run is configured to do; ``None`` where unknown (a rule that needs it then stays silent).
-
-    Attributes:
-        device_type / gpu_name / capability: the device: ``"cuda"``, ``"cpu"``...; its name; CUDA compute
-            capability ``(major, minor)``.
-        precision: Lightning precision string (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``...).
-        num_workers / cpus / processes_per_node / world_size: loader worker processes per training process;
-            CPU cores this process may use; training processes sharing them; training processes in the run.
-        pin_memory / host_batches / batch_size: whether the loader pins its batches; whether they start in
-            host memory; samples per batch per process.
-        backend / decoder / decode_threads: ``"folder"``, ``"hdf5"``, ``"dali"`` or ``None``; where JPEGs are
-            decoded (``"cpu"``, ``"gpu"``); the loader's decoding or reading threads.
-        cpu_decode_rate / gpu_decode_rate: img/s a DALI loader measured its CPU threads / nvJPEG decode at.
-        conv_layers / conv_channels_last / input_channels_last: 4-D conv weights of decidable memory format,
-            how many are channels_last, whether the input batch is.
-        cudnn_benchmark / cudnn_deterministic / cudnn_allow_tf32 / float32_matmul_precision: torch's flags.
-        mem_peak_gb / mem_total_gb: the caching allocator's peak reserved memory; device memory (GiB).
-        gpu_monitor: whether a ``GPUStatsMonitor`` is in the run.
-        grad_scaler: whether the optimizers step through an enabled ``GradScaler``.
-        unfused_optimizers: class names of the optimizers whose ``found_inf`` ``GradScaler.step`` reads on the
-            host (a sync every step).
-        gradient_clip_val: ``Trainer(gradient_clip_val=...)``; ``None`` when clipping is off.
-        cuda_graphs_skipped: torch's reason for not replaying a ``CompileModel``'s CUDA graphs, else ``None``.
-    """
+    """What the run is configured to do; ``None`` where unknown (docs/advisor.md lists the fields)."""
 
     device_type: str = "cpu"
     gpu_name: str | None = None

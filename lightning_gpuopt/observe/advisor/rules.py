@@ -12,40 +12,17 @@ from typing import Any
 from lightning_gpuopt._checks import check_arg, check_float, check_int, is_int
 from lightning_gpuopt.observe.advisor import advice
 from lightning_gpuopt.observe.advisor.evidence import Evidence, RankEvidence, RunConfig
-from lightning_gpuopt.observe.advisor.verdict import EvidenceValue, Verdict, sort_verdicts
+from lightning_gpuopt.observe.advisor.verdict import KINDS, NEEDS, EvidenceValue, Verdict, sort_verdicts
 
 __all__ = ["NEEDS", "RULES", "AdvisorThresholds", "Context", "diagnose", "unmet_needs"]
 
 
 @dataclass(frozen=True)
 class AdvisorThresholds:
-    """The numbers the rules compare against; docs/advisor.md says which rule uses each, and how.
+    """The numbers the rules compare against; docs/advisor.md lists each, its default and the rule using it.
 
     Example:
         >>> strict = AdvisorThresholds(gpu_idle_frac=0.05, input_wait_frac=0.05)
-
-    Attributes:
-        gpu_idle_frac: GPU idle share between steps from which the GPU starves.
-        loader_share: share of that idle time the loader's wait must account for to blame the loader.
-        input_wait_frac: without a GPU-side measure, the loader (else data) wait share that is input-bound.
-        input_wait_min_ms: and the data wait must be at least this long (ms).
-        gpu_busy_util: GPU-Util (%) from which the GPU counts as busy.
-        few_workers_frac: fewer workers than this share of the process's cores is "too few".
-        cores_full_frac: share of the cores busy from which the CPU counts as full.
-        launch_util: GPU-Util (%) below which a run that does not starve is launch-bound.
-        launch_sm_active: SM activity (%) below which kernels are too small to fill the GPU.
-        small_batch: batch size up to which GPU-Util under ``gpu_busy_util`` counts as launch-bound.
-        headroom_mem_frac: peak memory share below which the batch could grow.
-        tensor_core_capability: compute capability from which fp16 tensor cores exist.
-        channels_last_frac: share of the convolutions that must be channels_last.
-        host_sync_wait_frac: GPU idle or data wait share from which ``amp-host-sync`` is a warning.
-        host_sync_busy_util: GPU-Util (%) below which ``amp-host-sync`` is a warning.
-        rank_wait_frac: under DDP, all-reduce wait share of the step for ``straggler`` and ``comm-bound``.
-        rank_wait_min_ms: and that wait must be at least this long (ms).
-        store_read_mb_s: storage reads (MB/s) from which a starving HDF5 store is disk-bound.
-        fp16_scale_floor: a GradScaler scale below this is ``fp16-overflow``.
-        fp16_scale_falls: GradScaler backoffs in one window from which the run is ``fp16-overflow``.
-        jpeg_busy_util: hardware JPEG decoder busy share (%) from which the loader is ``jpeg-engine`` bound.
     """
 
     gpu_idle_frac: float = 0.10
@@ -257,7 +234,7 @@ def host_bound(c: Context) -> Verdict | None:
 def _rank_waits(c: Context) -> tuple[RankEvidence, list[float], float] | None:
     """The ranks, every rank's all-reduce wait and the mean step time, when every rank measured both."""
     ranks = c.ev.ranks
-    if ranks is None or ranks.world_size < 2:
+    if ranks is None:
         return None
     waits = [w for w in ranks.allreduce_wait_ms if w is not None]
     steps = [s for s in ranks.step_ms if s is not None and s > 0]
@@ -302,8 +279,23 @@ def straggler(c: Context) -> Verdict | None:
         "late_ms": _r(late_ms, 2),
         **_rank_figures(ranks),
     }
-    waits_text = ", ".join(f"{w:.1f}" for w in waits)
-    text = advice.straggler(late, cause, waits_text, late_ms, late_ms / step)
+    text = (
+        f"Rank {late} is late: the other ranks wait {late_ms:.1f} ms a step ({late_ms / step:.0%} of the step) "
+        f"in the gradient all-reduce for it (all-reduce wait per rank: {', '.join(f'{w:.1f}' for w in waits)} "
+        "ms), so every GPU trains at its pace. "
+    )
+    if cause == "loader":
+        text += (
+            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
+            "(samples of varying size or cost), too few workers for its share of the cores "
+            "(cores / processes per node), or a slower disk or network path for that rank."
+        )
+    else:
+        text += (
+            "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process "
+            "on it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: "
+            "batch them by length)."
+        )
     return Verdict("straggler", figs, text, "warning", cause, gain_of_frac(late_ms / step))
 
 
@@ -319,7 +311,13 @@ def comm_bound(c: Context) -> Verdict | None:
         return None
     figs: dict[str, EvidenceValue] = {"least_allreduce_wait_ms": _r(least, 2), "wait_frac": _r(least / step)}
     figs.update(_rank_figures(ranks))
-    text = advice.comm_bound(least, least / step, ranks.world_size)
+    text = (
+        f"Every one of the {ranks.world_size} ranks waits at least {least:.1f} ms a step ({least / step:.0%} of "
+        "the step) for the gradient all-reduce: communication is not hidden behind compute. Grow the batch per "
+        "GPU or accumulate gradients (Trainer(accumulate_grad_batches=k)); compress gradients (DDPStrategy("
+        "ddp_comm_hook=default_hooks.bf16_compress_hook or fp16_compress_hook)); try DDPStrategy(static_graph="
+        "True, gradient_as_bucket_view=True) or another bucket_cap_mb; check the interconnect (nvidia-smi topo -m)."
+    )
     return Verdict("comm-bound", figs, text, gain=gain_of_frac(least / step))
 
 
@@ -327,17 +325,22 @@ def pageable_copies(c: Context) -> Verdict | None:
     """Host batches copied from pageable memory: the copy waits for the GPU."""
     cfg = c.cfg
     host = cfg.host_batches if cfg.host_batches is not None else (cfg.num_workers or 0) > 0 or None
-    if not (c.cuda and cfg.pin_memory is False and host and cfg.backend != "dali"):
+    if not (cfg.pin_memory is False and host and cfg.backend != "dali"):
         return None
     figs: dict[str, EvidenceValue] = {"pin_memory": "False"}
     figs.update(c.figures("data_wait_frac", "gpu_blocked_frac"))
     figs.update(c.settings("num_workers", "batch_size"))
-    return Verdict("pageable-copies", figs, advice.PAGEABLE_COPIES, gain=c.gain(c.ev.data_wait_frac))
+    text = (
+        "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the "
+        "GPU's queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
+        "OptimizedDataModule(pin_memory=None) turns it on for CUDA runs."
+    )
+    return Verdict("pageable-copies", figs, text, gain=c.gain(c.ev.data_wait_frac))
 
 
 def launch_bound(c: Context) -> Verdict | None:
     """Low GPU-Util or SM activity without starving between steps: kernels too small or launched too slowly."""
-    if not c.cuda or c.ev.gpu_util is None or c.starved is not None:
+    if c.ev.gpu_util is None or c.starved is not None:
         return None
     util, ev, t = float(c.ev.gpu_util), c.ev, c.t
     small_kernels = ev.sm_active is not None and ev.sm_active < t.launch_sm_active
@@ -362,7 +365,7 @@ def launch_bound(c: Context) -> Verdict | None:
 def amp_host_sync(c: Context) -> Verdict | None:
     """An unfused optimizer under a GradScaler: ``found_inf`` read on the host every step."""
     cfg, ev, t = c.cfg, c.ev, c.t
-    if not (c.cuda and cfg.grad_scaler and cfg.unfused_optimizers):
+    if not cfg.unfused_optimizers:
         return None
     clip = cfg.gradient_clip_val if cfg.gradient_clip_val and cfg.gradient_clip_val > 0 else None
     figs: dict[str, EvidenceValue] = {
@@ -395,7 +398,7 @@ def fp16_overflow(c: Context) -> Verdict | None:
     """fp16 mixed precision whose GradScaler keeps backing off: the model overflows fp16, steps skipped."""
     cfg, ev, t = c.cfg, c.ev, c.t
     fp16 = str(cfg.precision).lower().startswith(("16", "fp16"))
-    if not (cfg.grad_scaler and fp16 and ev.grad_scale is not None):
+    if not (fp16 and ev.grad_scale is not None):
         return None
     window = int(ev.grad_scale_window_falls or 0)
     low = ev.grad_scale < t.fp16_scale_floor
@@ -420,16 +423,21 @@ def fp16_overflow(c: Context) -> Verdict | None:
 def fp32_on_tensor_cores(c: Context) -> Verdict | None:
     """Full precision on a GPU with tensor cores."""
     cap = c.cfg.capability
-    if not (
-        c.cuda and c.family in ("fp32", "fp64") and cap is not None and cap >= c.t.tensor_core_capability
-    ):
+    if not (c.family in ("fp32", "fp64") and cap is not None and cap >= c.t.tensor_core_capability):
         return None
     figs: dict[str, EvidenceValue] = {"precision": str(c.cfg.precision), "capability": f"{cap[0]}.{cap[1]}"}
     if c.cfg.gpu_name:
         figs["gpu"] = c.cfg.gpu_name
     figs.update(c.settings("float32_matmul_precision"))
     figs.update(c.figures("tensor_active", nd=1))
-    text = advice.fp32_on_tensor_cores(cap, c.cfg.float32_matmul_precision)
+    bf16 = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if cap >= (8, 0) else ""
+    text = (
+        "Full-precision math leaves this GPU's tensor cores idle or slow. Train in "
+        f'Trainer(precision="16-mixed"){bf16}; `Trainer(**fast_trainer_kwargs())` sets it with the rest, or pick '
+        "it with choose_precision()."
+    )
+    if bf16 and c.cfg.float32_matmul_precision == "highest":
+        text += ' To stay in fp32, at least allow TF32: torch.set_float32_matmul_precision("high").'
     return Verdict("fp32-on-tensor-cores", figs, text, c.compute_severity)
 
 
@@ -439,7 +447,7 @@ def nchw_convolutions(c: Context) -> Verdict | None:
     tensor_core_math = c.family == "half" or (
         c.family == "fp32" and cap is not None and cap >= (8, 0) and cfg.cudnn_allow_tf32 is not False
     )
-    if not (c.cuda and cfg.conv_layers > 0 and tensor_core_math):
+    if not (cfg.conv_layers > 0 and tensor_core_math):
         return None
     frac = cfg.conv_channels_last / cfg.conv_layers
     if (cap is not None and cap < c.t.tensor_core_capability) or frac >= c.t.channels_last_frac:
@@ -451,17 +459,25 @@ def nchw_convolutions(c: Context) -> Verdict | None:
     }
     if cfg.input_channels_last is not None:
         figs["input_channels_last"] = str(cfg.input_channels_last)
-    text = advice.nchw_convolutions(cfg.conv_layers - cfg.conv_channels_last, cfg.conv_layers)
+    text = (
+        f"{cfg.conv_layers - cfg.conv_channels_last} of {cfg.conv_layers} convolutions keep NCHW weights, so cuDNN "
+        "transposes around its tensor-core (NHWC) kernels. Add ChannelsLast() to the Trainer's callbacks (or call "
+        "apply_channels_last(model)); OptimizedDataModule and GPUAugment already deliver channels_last batches."
+    )
     return Verdict("nchw-convolutions", figs, text, c.compute_severity)
 
 
 def cudnn_benchmark_off(c: Context) -> Verdict | None:
     """cuDNN picks convolution algorithms by heuristics."""
     cfg = c.cfg
-    if not (c.cuda and cfg.conv_layers > 0 and cfg.cudnn_benchmark is False and not cfg.cudnn_deterministic):
+    if not (cfg.conv_layers > 0 and cfg.cudnn_benchmark is False and not cfg.cudnn_deterministic):
         return None
     figs: dict[str, EvidenceValue] = {"cudnn_benchmark": "False", "conv_layers": cfg.conv_layers}
-    return Verdict("cudnn-benchmark-off", figs, advice.CUDNN_BENCHMARK_OFF, "info")
+    text = (
+        "cuDNN uses heuristics instead of timing its convolution algorithms. With fixed input shapes set "
+        "Trainer(benchmark=True) (part of fast_trainer_kwargs())."
+    )
+    return Verdict("cudnn-benchmark-off", figs, text, "info")
 
 
 def memory_headroom(c: Context) -> Verdict | None:
@@ -471,7 +487,7 @@ def memory_headroom(c: Context) -> Verdict | None:
     if used is None or total is None:
         used, total = ev.mem_used_gb, ev.mem_total_gb
     saturated = c.gpu_busy and (ev.sm_active is None or ev.sm_active >= t.launch_sm_active)
-    if not (c.cuda and ev.gpu_util is not None and c.starved != "input" and not saturated):
+    if not (ev.gpu_util is not None and c.starved != "input" and not saturated):
         return None
     if used is None or not total or used / total >= t.headroom_mem_frac:
         return None
@@ -484,51 +500,38 @@ def memory_headroom(c: Context) -> Verdict | None:
     }
     figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
     figs.update(c.settings("batch_size"))
-    text = advice.memory_headroom(mem_frac, total, cfg.batch_size, factor)
+    bs = (
+        f"batch_size={cfg.batch_size} could grow about {factor}x"
+        if cfg.batch_size
+        else "the batch could grow"
+    )
+    text = (
+        f"Peak memory is {mem_frac:.0%} of {total:.0f} GiB while the GPU is not saturated: {bs} (scale the "
+        "learning rate with it); Lightning's Tuner(trainer).scale_batch_size finds the largest batch that fits."
+    )
     return Verdict("memory-headroom", figs, text, "info")
 
 
 def gpu_metrics_missing(c: Context) -> Verdict | None:
     """A CUDA run without any GPU-side figure: the GPU rules are blind."""
-    if not c.cuda or c.ev.gpu_util is not None or c.ev.gpu_idle_frac is not None:
+    if c.ev.gpu_util is not None or c.ev.gpu_idle_frac is not None:
         return None
     figs: dict[str, EvidenceValue] = {"gpu_monitor": str(c.cfg.gpu_monitor)}
-    return Verdict("gpu-metrics-missing", figs, advice.gpu_metrics_missing(c.cfg.gpu_monitor), "info")
+    text = (
+        "No GPU-side figure measured (GPU idle share, GPU-Util), so starvation is judged from host timing only "
+        "and launch-bound and memory verdicts cannot be made: add GPUStatsMonitor() to the Trainer's callbacks "
+        "(GPU-Util needs nvidia-ml-py)."
+    )
+    if c.cfg.gpu_monitor:
+        text = (
+            "GPUStatsMonitor is in the run but logged no GPU figure for this window (NVML unavailable for this "
+            "device, or a fixed window_steps shorter than the monitor's window)."
+        )
+    return Verdict("gpu-metrics-missing", figs, text, "info")
 
 
-#: every rule, one a verdict kind, in :data:`~lightning_gpuopt.observe.advisor.verdict.KINDS` order
-RULES: tuple[Callable[[Context], Verdict | None], ...] = (
-    input_bound,
-    host_bound,
-    straggler,
-    comm_bound,
-    pageable_copies,
-    launch_bound,
-    amp_host_sync,
-    fp16_overflow,
-    fp32_on_tensor_cores,
-    nchw_convolutions,
-    cudnn_benchmark_off,
-    memory_headroom,
-    gpu_metrics_missing,
-)
-
-#: What a run must have for a rule to raise its kind at all: ``"cuda"`` (a CUDA device), ``"ranks"``
-#: (several processes) or ``"scaler"`` (an enabled GradScaler); a kind not listed can be raised on any run.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "host-bound": ("cuda",),  # judged from gpu/idle_frac, which CUDA events measure
-    "straggler": ("ranks",),
-    "comm-bound": ("ranks",),
-    "pageable-copies": ("cuda",),
-    "launch-bound": ("cuda",),
-    "amp-host-sync": ("cuda", "scaler"),
-    "fp16-overflow": ("scaler",),
-    "fp32-on-tensor-cores": ("cuda",),
-    "nchw-convolutions": ("cuda",),
-    "cudnn-benchmark-off": ("cuda",),
-    "memory-headroom": ("cuda",),
-    "gpu-metrics-missing": ("cuda",),
-}
+#: every rule, named after the verdict kind it raises, in ``KINDS`` order
+RULES: tuple[Callable[[Context], Verdict | None], ...] = tuple(globals()[k.replace("-", "_")] for k in KINDS)
 _NEED_WORDS = {"cuda": "a CUDA device", "ranks": "several processes", "scaler": "a GradScaler (16-mixed)"}
 
 
@@ -563,5 +566,9 @@ def diagnose(
     """
     ev = evidence if isinstance(evidence, Evidence) else Evidence.from_metrics(evidence)
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
-    context = Context(ev, cfg, thresholds or AdvisorThresholds())
-    return sort_verdicts([v for rule in RULES if (v := rule(context)) is not None])
+    c = Context(ev, cfg, thresholds or AdvisorThresholds())
+    # a rule runs only where the run has what NEEDS lists for its kind
+    ranks = ev.ranks is not None and ev.ranks.world_size > 1
+    have = {"cuda": c.cuda, "ranks": ranks, "scaler": bool(cfg.grad_scaler)}
+    ready = [rule for kind, rule in zip(KINDS, RULES, strict=True) if all(have[n] for n in NEEDS[kind])]
+    return sort_verdicts([v for rule in ready if (v := rule(c)) is not None])

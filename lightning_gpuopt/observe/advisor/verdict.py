@@ -10,24 +10,36 @@ from typing import Any
 
 from lightning_gpuopt._checks import check_int
 
-__all__ = ["KINDS", "EvidenceValue", "Hysteresis", "Verdict", "format_summary", "markdown", "sort_verdicts"]
+__all__ = [
+    "KINDS",
+    "NEEDS",
+    "EvidenceValue",
+    "Hysteresis",
+    "Verdict",
+    "format_summary",
+    "markdown",
+    "sort_verdicts",
+]
 
-#: Every verdict kind, in report order; logged as ``advisor/<kind>`` flags (stable names).
-KINDS: tuple[str, ...] = (
-    "input-bound",
-    "host-bound",
-    "straggler",
-    "comm-bound",
-    "pageable-copies",
-    "launch-bound",
-    "amp-host-sync",
-    "fp16-overflow",
-    "fp32-on-tensor-cores",
-    "nchw-convolutions",
-    "cudnn-benchmark-off",
-    "memory-headroom",
-    "gpu-metrics-missing",
-)
+#: Every verdict kind, in report order (logged as ``advisor/<kind>`` flags: stable names), with what a run must
+#: have for its rule to raise it: ``"cuda"`` (a CUDA device), ``"ranks"`` (several processes) or ``"scaler"`` (an
+#: enabled GradScaler).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "input-bound": (),
+    "host-bound": ("cuda",),  # judged from gpu/idle_frac, which CUDA events measure
+    "straggler": ("ranks",),
+    "comm-bound": ("ranks",),
+    "pageable-copies": ("cuda",),
+    "launch-bound": ("cuda",),
+    "amp-host-sync": ("cuda", "scaler"),
+    "fp16-overflow": ("scaler",),
+    "fp32-on-tensor-cores": ("cuda",),
+    "nchw-convolutions": ("cuda",),
+    "cudnn-benchmark-off": ("cuda",),
+    "memory-headroom": ("cuda",),
+    "gpu-metrics-missing": ("cuda",),
+}
+KINDS: tuple[str, ...] = tuple(NEEDS)
 
 EvidenceValue = float | int | str
 
@@ -149,16 +161,6 @@ class Hysteresis:
         self.windows = int(state.get("windows", 0))
 
 
-def ceiling_sentence(ceiling_frac: float | None) -> str:
-    """``"this run trains at 0.62 of its own ceiling ..."``; empty where the ceiling was not measured."""
-    if ceiling_frac is None:
-        return ""
-    replay = "the model replayed on a batch kept on the device"
-    if ceiling_frac >= 1.0:  # the loop around the step costs nothing the replay can tell apart
-        return f"this run trains at its own ceiling ({ceiling_frac:.2f} of {replay})."
-    return f"this run trains at {ceiling_frac:.2f} of its own ceiling ({replay})."
-
-
 def format_summary(
     verdicts: Sequence[Verdict],
     windows: int,
@@ -174,7 +176,11 @@ def format_summary(
             "warm-up steps was over."
         )
     head = f"BottleneckAdvisor after {windows} window(s) of {window_steps} steps:"
-    ceiling = ceiling_sentence(ceiling_frac)
+    ceiling, replay = "", "the model replayed on a batch kept on the device"
+    if ceiling_frac is not None and ceiling_frac >= 1.0:  # the loop costs nothing the replay tells apart
+        ceiling = f"this run trains at its own ceiling ({ceiling_frac:.2f} of {replay})."
+    elif ceiling_frac is not None:
+        ceiling = f"this run trains at {ceiling_frac:.2f} of its own ceiling ({replay})."
     if not verdicts:
         return f"{head} no bottleneck found" + (f"; {ceiling}" if ceiling else ".")
     lines = [head] + ([f"  {ceiling[0].upper()}{ceiling[1:]}"] if ceiling else [])
