@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
 
 from lightning_gpuopt._checks import check_arg, check_int
-from lightning_gpuopt.observe._lifecycle import FabricLoop, TimedLoader
+from lightning_gpuopt.data.loader import timed_batches
+from lightning_gpuopt.observe._lifecycle import FabricLoop
 from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.nvtx import NVTXRanges
 
-__all__ = ["FabricLoop", "FabricObserver", "TimedLoader"]
+__all__ = ["FabricLoop", "FabricObserver"]
 
 _KINDS = (GPUStatsMonitor, BottleneckAdvisor, NVTXRanges)
 
@@ -74,7 +76,7 @@ class FabricObserver:
         self._starts = [o for o in (self.monitor, self.advisor, self.ranges) if o is not None]
         self._ends = [o for o in (self.ranges, self.monitor, self.advisor) if o is not None]
         self._loop: FabricLoop | None = None
-        self._timed: dict[int, TimedLoader] = {}
+        self._timed: dict[int, SimpleNamespace] = {}  # loaders iterated through timed, by id
 
     @property
     def loop(self) -> FabricLoop | None:
@@ -146,13 +148,13 @@ class FabricObserver:
         loop = self._running("timed")
         timed = self._timed.get(id(loader))
         if timed is None or timed.loader is not loader:
-            timed = self._timed[id(loader)] = TimedLoader(loader)
+            timed = self._timed[id(loader)] = SimpleNamespace(loader=loader, fetch_seconds=0.0)
             if self.monitor is not None:
                 self.monitor._read_loader_wait(loop)  # its time inside next() counts from here
             if self.advisor is not None and self.advisor._batches == 0:
                 self.advisor._fit_epochs(loop.batches_per_epoch)  # the epoch's length is known from here
         self.on_train_epoch_start()
-        yield from timed.batches()
+        yield from timed_batches(timed, iter(loader))
 
     def on_train_epoch_start(self) -> None:
         """The next batch's data wait counts from now (an epoch starts after other work)."""
