@@ -72,10 +72,6 @@ class RangeStack:
         """Ranges this object holds open on the calling thread."""
         return len(self._stack())
 
-    def entries(self) -> list[tuple[str, Any]]:
-        """The calling thread's open ``(kind, key)`` entries, outermost first."""
-        return list(self._stack())
-
     def is_open(self, kind: str) -> bool:
         return any(k == kind for k, _ in self._stack())
 
@@ -224,7 +220,6 @@ class NVTXRanges(ObserverCallback):
         self.backend = backend
         self.domain = domain
         self._ranges: RangeStack | None = None
-        self._emit = False  # a range stack whose backend records something (set in setup)
         self._handles: list[RemovableHandle] = []
         self._capturing = False
         self._cuda_capture = False
@@ -234,28 +229,20 @@ class NVTXRanges(ObserverCallback):
         """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
         return self._ranges
 
-    # ranges for every stage; module ranges once the model is configured (configure_model runs after setup)
+    # ranges for every stage; module ranges once the model is configured (fit: at training or validation start)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin(TrainerLoop(trainer, pl_module))
 
     @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
-
-    @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
+    on_predict_start = on_test_start
 
     def _begin(self, loop: Loop) -> None:
         if self._ranges is None:
             self._ranges = RangeStack(make_backend(self.backend, self.domain))
-            # Without a tool attached nothing is recorded: the hooks then only run the capture window.
-            self._emit = self._ranges.enabled
         self._capturing = False
 
     def _start(self, loop: Loop) -> None:
@@ -293,7 +280,6 @@ class NVTXRanges(ObserverCallback):
         self._close_everything()
         self._remove_module_hooks()
         self._ranges = None
-        self._emit = False
 
     def _start_capture(self, loop: Loop) -> None:
         if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
@@ -323,89 +309,77 @@ class NVTXRanges(ObserverCallback):
             torch.cuda.profiler.stop()
             self._cuda_capture = False
 
-    def _phase(self, loop: Loop, name: str) -> None:
+    def _live(self) -> RangeStack | None:
+        """The range stack where it records something: without a tool attached the hooks only run the capture
+        window."""
         ranges = self._ranges
-        if not self._emit or ranges is None or not self.phases or not ranges.is_open("step"):
-            return
-        ranges.close("phase")
-        ranges.push(name, "phase", name, color=PHASE_COLORS[name])
+        return ranges if ranges is not None and ranges.enabled else None
+
+    def _close(self, kind: str) -> None:
+        if (ranges := self._live()) is not None:
+            ranges.close(kind)
+
+    def _phase(self, loop: Loop, name: str) -> None:
+        ranges = self._live()
+        if ranges is not None and self.phases and ranges.is_open("step"):
+            ranges.close("phase")
+            ranges.push(name, "phase", name, color=PHASE_COLORS[name])
 
     def _after_backward(self, loop: Loop) -> None:
-        if self._emit and self._ranges is not None:
-            self._ranges.close("phase")
+        self._close("phase")
 
     def _open_data_wait(self) -> None:
-        ranges = self._ranges
-        if self._emit and ranges is not None and self.data_wait and not ranges.is_open("data wait"):
+        ranges = self._live()
+        if ranges is not None and self.data_wait and not ranges.is_open("data wait"):
             ranges.push("data wait", "data wait")
-
-    def _close_data_wait(self) -> None:
-        if self._ranges is not None:
-            self._ranges.close("data wait")
 
     def _epoch_start(self, loop: Loop) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
 
     def _batch_start(self, loop: Loop, batch: Any) -> None:
-        ranges = self._ranges
-        if ranges is None:
-            return
-        if self._emit:
-            ranges.close("data wait")
-            # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are
-            # closed before the new step opens, so steps never nest.
-            ranges.close("step")
-        if self.start_step is not None:
-            self._start_capture(loop)
-        if not self._emit:
-            return
-        ranges.push(f"step {loop.global_step}", "step", cache=False)
-        if self.phases:
-            ranges.push("forward", "phase", "forward", color=PHASE_COLORS["forward"])
+        self._close("data wait")
+        # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are closed
+        # before the new step opens, so steps never nest.
+        self._close("step")
+        self._start_capture(loop)
+        if (ranges := self._live()) is not None:
+            ranges.push(f"step {loop.global_step}", "step", cache=False)
+            if self.phases:
+                ranges.push("forward", "phase", "forward", color=PHASE_COLORS["forward"])
 
     def _batch_end(self, loop: Loop, batch: Any) -> None:
-        ranges = self._ranges
-        if ranges is None:
-            return
-        if self._emit:
-            ranges.close("step")
-        if self.stop_step is not None:
-            if loop.global_step >= self.stop_step:
-                self._stop_capture(loop)
-            # so the data wait before the first captured step is in the window
-            self._start_capture(loop)
+        self._close("step")
+        if self.stop_step is not None and loop.global_step >= self.stop_step:
+            self._stop_capture(loop)
+        self._start_capture(loop)  # so the data wait before the first captured step is in the window
         self._open_data_wait()
 
     def _end(self, loop: Loop) -> None:
         self._close_everything()
 
     def _epoch_end(self, loop: Loop) -> None:
-        if self._ranges is not None:
-            # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
-            self._ranges.close("step")
-            self._close_data_wait()
+        # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
+        self._close("step")
+        self._close("data wait")
 
     def _validation_start(self, loop: Loop) -> None:
         self._add_module_hooks(loop.module)
-        self._close_data_wait()
-        if self._emit and self._ranges is not None and self.validation:
-            self._ranges.push("validation", "validation")
+        self._close("data wait")
+        if (ranges := self._live()) is not None and self.validation:
+            ranges.push("validation", "validation")
 
     def _validation_batch_start(self, loop: Loop, batch_idx: int) -> None:
-        if self._emit and self._ranges is not None and self.validation:
-            self._ranges.close("validation step")
-            self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
+        if (ranges := self._live()) is not None and self.validation:
+            ranges.close("validation step")
+            ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
     def _validation_batch_end(self, loop: Loop) -> None:
-        if self._emit and self._ranges is not None:
-            self._ranges.close("validation step")
+        self._close("validation step")
 
     def _validation_end(self, loop: Loop, fitting: bool) -> None:
         """A validation run ends; inside fit (``fitting``) the wait for the next training batch starts."""
-        if self._ranges is None:
-            return
-        self._ranges.close("validation")
+        self._close("validation")
         if fitting:
             self._open_data_wait()
 
