@@ -47,6 +47,7 @@ GPU_KEYS: tuple[str, ...] = (
 
 _GB = 1024**3
 _ENERGY = "gpu/energy_mj"  # the energy counter's readings, turned into gpu/power_w at window ends
+_GPM_PAIR_S = 0.2  # shortest time between the two GPM samples of a pair (NVML needs > 100 ms)
 _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
 
 
@@ -154,7 +155,6 @@ class NVMLSampler:
         index: NVML device index (see ``nvml_device_index``).
         period_s: polling period of the thread in seconds.
         gpm: read GPM metrics when the device supports them.
-        gpm_min_interval_s: shortest time between the two GPM samples of a pair (NVML needs > 100 ms).
 
     Example:
         >>> with NVMLSampler(nvml_device_index("cuda:0"), period_s=0.1) as sampler:  # doctest: +SKIP
@@ -162,17 +162,13 @@ class NVMLSampler:
         ...     print(sampler.window()["gpu/util"])
     """
 
-    def __init__(
-        self, index: int, period_s: float = 0.1, gpm: bool = True, gpm_min_interval_s: float = 0.2
-    ) -> None:
+    def __init__(self, index: int, period_s: float = 0.1, gpm: bool = True) -> None:
         check_int(index, "index", low=0, what="(an NVML device index)")
         check_float(period_s, "period_s", low=0, low_open=True, what="(seconds)")
         check_bool(gpm, "gpm")
-        check_float(gpm_min_interval_s, "gpm_min_interval_s", low=0, what="(seconds)")
         self.index = index
         self.period_s = float(period_s)
         self.gpm = gpm
-        self.gpm_min_interval_s = max(float(gpm_min_interval_s), 0.11)
         self.gpm_active = False
         self.uses_sample_buffer = False
         self.energy_counter = False
@@ -259,13 +255,6 @@ class NVMLSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # threads, locks and NVML handles do not pickle; a copy starts stopped
-        return {k: getattr(self, k) for k in ("index", "period_s", "gpm", "gpm_min_interval_s")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
 
     def _probe_sample_buffer(self) -> bool:
         pynvml = self._pynvml
@@ -405,7 +394,7 @@ class NVMLSampler:
         pynvml = self._pynvml
         now = time.monotonic()
         dt = now - self._gpm_prev_t
-        if dt < self.gpm_min_interval_s:
+        if dt < _GPM_PAIR_S:
             return []
         first, second = self._gpm_samples
         # in GPM_KEYS order
