@@ -1,9 +1,5 @@
-"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or the ``FabricLoop`` of
-``FabricObserver``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
-
-``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
-``FabricObserver`` calls the same methods with a ``FabricLoop``.
-"""
+"""``Loop``, the training loop as the observers see it (a Trainer's or ``FabricObserver``'s), and
+``ObserverCallback``, the one adapter from Lightning's hooks to the observers' event methods."""
 
 from __future__ import annotations
 
@@ -72,8 +68,7 @@ class TrainerLoop:
         return getattr(self.trainer, "train_dataloader", None)
 
     def fetch_seconds(self) -> float | None:
-        loaders = self.train_loaders
-        return loader_fetch_seconds(loaders) if loaders is not None else None
+        return loader_fetch_seconds(self.train_loaders)  # None for no loader too
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -194,12 +189,10 @@ class FabricLoop:
 
     @property
     def batches_per_epoch(self) -> int | None:
-        loader = first_loader(self.train_loaders)
         try:
-            batches = len(loader) if loader is not None else None
-        except TypeError:  # an iterable loader without a length
+            return len(first_loader(self.train_loaders)) or None
+        except TypeError:  # no loader, or an iterable one without a length
             return None
-        return batches if batches else None
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -237,11 +230,10 @@ def _relay(event: str, *picked: int, const: str | None = None) -> Any:
 
 
 class ObserverCallback(Callback):
-    """The one adapter from Lightning's hooks to an observer's loop methods.
+    """The one adapter from Lightning's hooks to an observer's event methods (it overrides those it needs).
 
-    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event; an observer overrides
-    the events it needs. ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls
-    ``on_exception`` but not ``teardown`` when fit raises), so it must be safe to call more than once.
+    ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls ``on_exception`` but not
+    ``teardown`` when fit raises), so it must be safe to call more than once.
     """
 
     def _begin(self, loop: Loop) -> None:

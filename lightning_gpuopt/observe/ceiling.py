@@ -1,9 +1,6 @@
-"""The run's own ceiling: the model's rate on one of its batches kept on the device, measured inside the fit.
-
-``ReplayCeiling`` replays a few training steps back to back on a copy of a batch the run just trained on and
-puts the training state back; the run's samples/s over that rate is ``gpu/ceiling_frac`` (``GPUStatsMonitor``).
-What a replayed step does, what it restores and what it costs: docs/gpu_stats.md.
-"""
+"""The run's own ceiling: ``ReplayCeiling`` replays a few training steps on a copy of a batch the run just
+trained on and puts the training state back; the run's samples/s over that rate is ``gpu/ceiling_frac``.
+What a replayed step does, restores and costs: docs/gpu_stats.md."""
 
 from __future__ import annotations
 

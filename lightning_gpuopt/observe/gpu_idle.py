@@ -30,10 +30,8 @@ class _Step:
 class StreamIdleMeter:
     """CUDA-event timeline of the training steps; ``window()`` turns the completed part into two fractions.
 
-    ``window()`` reads only the steps whose events completed (``Event.query()``; ``wait=True`` waits for the
-    last) and returns ``gpu/idle_frac`` (GPU time between a step's anchor and its start, over anchor to end) and ``time/gpu_blocked_frac``
-    (host wait between batches while the GPU still ran earlier work, over host step time): docs/gpu_stats.md.
-    Each call records at most one event, from a pool.
+    ``window()`` reads only the steps whose events completed (``wait=True`` waits for the last) and returns
+    ``gpu/idle_frac`` and ``time/gpu_blocked_frac`` (docs/gpu_stats.md). Each call records at most one event.
 
     Args:
         device: CUDA device whose current stream is recorded on (default: the current device).

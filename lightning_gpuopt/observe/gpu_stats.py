@@ -51,10 +51,8 @@ METRIC_KEYS: tuple[str, ...] = (
 class GPUStatsMonitor(ObserverCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
-    Every window it sends one row of ``METRIC_KEYS`` to every logger and appends it to ``history``. Sources:
-    NVML on a background thread (``gpu/``), CUDA events at each batch's start and end read a window later
-    (``gpu/idle_frac``), ``time.perf_counter`` (``time/``) and psutil (``host/``); none synchronises the GPU
-    or talks across ranks per step. Keys, units, the ceiling replay and the host-sync locator:
+    Every window it sends one row of ``METRIC_KEYS`` to every logger and appends it to ``history``; nothing
+    synchronises the GPU per step. Sources, keys, units, the ceiling replay and the host-sync locator:
     docs/gpu_stats.md. In a Fabric loop it runs through ``FabricObserver`` (docs/fabric.md).
 
     Args:
@@ -160,7 +158,12 @@ class GPUStatsMonitor(ObserverCallback):
 
     def _begin(self, loop: Loop) -> None:
         self._new_fit()
-        self._ceiling_due = self._ceiling_wanted(loop)
+        self._ceiling_due = self.ceiling and loop.world_size == 1
+        if self.ceiling and loop.world_size > 1:
+            warn_once(
+                "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
+                "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
+            )
         if not (self.sync_steps and self.gpu and loop.device.type == "cuda"):
             self._locate = "done"
         if not loop.loggers:
@@ -180,25 +183,6 @@ class GPUStatsMonitor(ObserverCallback):
         if self.sampler is None:
             self._start_sampler(device)
 
-    def _ceiling_wanted(self, loop: Loop) -> bool:
-        if not self.ceiling:
-            return False
-        if loop.world_size > 1:
-            warn_once(
-                "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
-                "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
-            )
-            return False
-        return True
-
-    def _locator_step(self) -> None:
-        locator = self._locator
-        if locator is None:
-            return
-        locator.step()
-        if locator.steps >= self.sync_steps:
-            self._stop_locator()
-
     def _stop_locator(self) -> None:
         locator, self._locator = self._locator, None
         if locator is None:
@@ -206,12 +190,6 @@ class GPUStatsMonitor(ObserverCallback):
         self.host_syncs = locator.stop()
         mine = user_sites(self.host_syncs)
         self._syncs_per_step = sum(s.count for s in mine) / locator.steps if locator.steps else None
-
-    def _start_locator(self) -> None:
-        self._locate = "done"
-        locator = SyncLocator()
-        if locator.start():
-            self._locator = locator
 
     def _measure_ceiling(self, loop: Loop, batch: Any) -> None:
         """Replay a few steps on a copy of ``batch``; the replay's time is left out of the next window."""
@@ -305,7 +283,10 @@ class GPUStatsMonitor(ObserverCallback):
         if self.idle_meter is not None:
             self.idle_meter.step_end(t)
         self._timer.batch_end(t, batch_size_of(batch))
-        self._locator_step()
+        if self._locator is not None:
+            self._locator.step()
+            if self._locator.steps >= self.sync_steps:
+                self._stop_locator()
         step = loop.global_step
         if step > self._last_logged_step and step % self._interval(loop) == 0:
             self._stop_locator()  # the window's end and the replay synchronize: not the user's
@@ -313,7 +294,9 @@ class GPUStatsMonitor(ObserverCallback):
             if self._ceiling_due:
                 self._measure_ceiling(loop, batch)
             if self._locate == "due":
-                self._start_locator()
+                self._locate = "done"
+                locator = SyncLocator()
+                self._locator = locator if locator.start() else None
 
     def _end(self, loop: Loop) -> None:
         # the last, possibly shorter window; global_step is the same on every rank, so a gather stays matched

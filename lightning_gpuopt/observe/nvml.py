@@ -68,16 +68,6 @@ def normalize_uuid(uuid: Any) -> str:
     return text.lower()
 
 
-def _torch_cuda_index(device: torch.device | int | str | None) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    check_arg(device.type == "cuda", "device", device, "a CUDA device", fix="NVML numbers GPUs only")
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def _torch_device_uuid(index: int) -> str | None:
     """UUID of torch's CUDA device ``index`` as torch spells it, or None when torch cannot tell."""
     if not torch.cuda.is_available():
@@ -98,7 +88,9 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     Raises:
         ValueError: for a non-CUDA device, a MIG instance, or a device NVML does not list.
     """
-    torch_index = _torch_cuda_index(device)
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    check_arg(device.type == "cuda", "device", device, "a CUDA device", fix="NVML numbers GPUs only")
+    torch_index = device.index if device.index is not None else torch.cuda.current_device()
     uuid = _torch_device_uuid(torch_index)
     if uuid is None:
         raise ValueError(
@@ -146,9 +138,7 @@ class _Stat:
 class NVMLSampler:
     """Sample one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
 
-    GPU-Util comes from the driver's sample buffer where it answers (else it is polled), power from the
-    energy counter where the GPU has one (``energy_counter``), the GPM keys (Hopper+) from pairs of samples;
-    docs/gpu_stats.md says how each key is measured. A window without a new sample repeats the latest one.
+    How each key is measured: docs/gpu_stats.md. A window without a new sample repeats the latest one.
     ``uuid`` is the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``).
 
     Args:
@@ -455,8 +445,7 @@ class NVMLSampler:
     def _power_from_energy(
         self, mark: tuple[float, float] | None, last: tuple[float, float] | None
     ) -> float | None:
-        """Mean watts between two energy-counter readings; the previous window's where no newer reading
-        came (a window shorter than ``period_s``), None without a counter."""
+        """Mean watts between two energy readings; the previous window's where no newer one came."""
         if mark is not None and last is not None and last[0] > mark[0] and last[1] >= mark[1]:
             self._energy_power = (last[1] - mark[1]) / 1000.0 / (last[0] - mark[0])
         return self._energy_power

@@ -41,9 +41,8 @@ _BACKENDS: tuple[str, ...] = get_args(BackendName)
 class RangeStack:
     """Push/pop NVTX ranges while remembering, per thread, which ones this object opened.
 
-    NVTX push/pop ranges form a stack per thread; a pop on the wrong thread or a missing pop corrupts the
-    timeline. Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of
-    that kind and ``close_all()`` empties the calling thread's stack, so a caller can always restore balance.
+    Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of that kind,
+    so a caller can always restore the balance a pop on the wrong thread or a missing pop would break.
 
     Args:
         backend: an object from ``make_backend``.
@@ -147,12 +146,9 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
 class NVTXRanges(ObserverCallback):
     """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
 
-    "step {global_step}" holds forward, zero_grad, backward and optimizer step (and, with ``module_depth``,
-    each submodule's forward); "data wait" lies between steps; "validation" holds "validation step {i}".
-    With ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()`` before the first
-    batch with ``global_step >= start_step`` and ``stop()`` after the batch that brings it to ``stop_step``,
-    marking both. The full layout and the ``nsys`` command: docs/nvtx.md. Without NVTX it warns once and
-    does nothing; on a CPU run the capture window is only marked.
+    With ``start_step``/``stop_step`` it calls ``torch.cuda.profiler.start()``/``stop()`` around those steps
+    (on a CPU run it only marks them). The layout and the ``nsys`` command: docs/nvtx.md. Without NVTX it
+    warns once and does nothing.
 
     Args:
         module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
@@ -219,15 +215,11 @@ class NVTXRanges(ObserverCallback):
         self.validation = validation
         self.backend = backend
         self.domain = domain
-        self._ranges: RangeStack | None = None
+        #: the range stack in use between ``setup`` and ``teardown`` (None outside)
+        self.ranges: RangeStack | None = None
         self._handles: list[RemovableHandle] = []
         self._capturing = False
         self._cuda_capture = False
-
-    @property
-    def ranges(self) -> RangeStack | None:
-        """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
-        return self._ranges
 
     # ranges for every stage; module ranges once the model is configured (fit: at training or validation start)
     @override
@@ -241,15 +233,15 @@ class NVTXRanges(ObserverCallback):
     on_predict_start = on_test_start
 
     def _begin(self, loop: Loop) -> None:
-        if self._ranges is None:
-            self._ranges = RangeStack(make_backend(self.backend, self.domain))
+        if self.ranges is None:
+            self.ranges = RangeStack(make_backend(self.backend, self.domain))
         self._capturing = False
 
     def _start(self, loop: Loop) -> None:
         self._add_module_hooks(loop.module)
 
     def _add_module_hooks(self, root_module: nn.Module) -> None:
-        if self.module_depth == 0 or self._handles or self._ranges is None:
+        if self.module_depth == 0 or self._handles or self.ranges is None:
             return
         root: nn.Module | None = root_module
         if self.module_root:
@@ -264,25 +256,22 @@ class NVTXRanges(ObserverCallback):
             f"the dotted attribute path of a submodule of {type(root_module).__name__}",
             fix="e.g. 'model'",
         )
-        self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self._ranges)
-
-    def _remove_module_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self.ranges)
 
     def _close_everything(self) -> None:
-        if self._ranges is not None:
-            self._ranges.close_all()
+        if self.ranges is not None:
+            self.ranges.close_all()
         self._stop_capture()
 
     def _release(self) -> None:
         self._close_everything()
-        self._remove_module_hooks()
-        self._ranges = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.ranges = None
 
     def _start_capture(self, loop: Loop) -> None:
-        if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
+        if self.start_step is None or self.stop_step is None or self._capturing or self.ranges is None:
             return
         step = loop.global_step
         if not self.start_step <= step < self.stop_step:
@@ -296,15 +285,15 @@ class NVTXRanges(ObserverCallback):
                 "NVTXRanges: start_step/stop_step call cudaProfilerStart/Stop, which needs a CUDA device; "
                 "on this run the window is only marked in the NVTX timeline.",
             )
-        self._ranges.mark(f"capture start (step {step})")
+        self.ranges.mark(f"capture start (step {step})")
 
     def _stop_capture(self, loop: Loop | None = None) -> None:
         if not self._capturing:
             return
         self._capturing = False
-        if self._ranges is not None:
+        if self.ranges is not None:
             step = "" if loop is None else f" (step {loop.global_step})"
-            self._ranges.mark(f"capture stop{step}")
+            self.ranges.mark(f"capture stop{step}")
         if self._cuda_capture:
             torch.cuda.profiler.stop()
             self._cuda_capture = False
@@ -312,7 +301,7 @@ class NVTXRanges(ObserverCallback):
     def _live(self) -> RangeStack | None:
         """The range stack where it records something: without a tool attached the hooks only run the capture
         window."""
-        ranges = self._ranges
+        ranges = self.ranges
         return ranges if ranges is not None and ranges.enabled else None
 
     def _close(self, kind: str) -> None:
@@ -385,4 +374,4 @@ class NVTXRanges(ObserverCallback):
 
     def __getstate__(self) -> dict[str, Any]:
         # picklable (spawn launchers): ranges and hook handles are per process and rebuilt in setup
-        return {**self.__dict__, "_ranges": None, "_handles": []}
+        return {**self.__dict__, "ranges": None, "_handles": []}
