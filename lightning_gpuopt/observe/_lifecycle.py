@@ -19,7 +19,7 @@ from lightning_gpuopt.observe.timing import loader_fetch_seconds
 __all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
 
 
-def first_loader(loaders: Any) -> Any | None:
+def first_loader(loaders: Any) -> Any:
     """The first loader of a loader, a list/tuple or a dict of them; ``None`` when there is none."""
     if isinstance(loaders, Mapping):
         return next(iter(loaders.values()), None)

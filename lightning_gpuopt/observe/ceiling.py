@@ -61,11 +61,8 @@ class Ceiling:
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor):
-        return out["loss"]
-    return None
+    loss = out.get("loss") if isinstance(out, dict) else out
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 class _Saved:
@@ -118,11 +115,7 @@ class _Saved:
                     live = opt.state[p]
                     for k, v in s.items():
                         cur = live.get(k)
-                        if (
-                            isinstance(v, torch.Tensor)
-                            and isinstance(cur, torch.Tensor)
-                            and cur.shape == v.shape
-                        ):
+                        if isinstance(v, torch.Tensor) and getattr(cur, "shape", None) == v.shape:
                             cur.copy_(v)
                         else:
                             live[k] = v.to(p.device) if isinstance(v, torch.Tensor) else v

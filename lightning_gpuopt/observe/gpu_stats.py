@@ -143,7 +143,7 @@ class GPUStatsMonitor(ObserverCallback):
         self._timer = StepTimer()
         self._fetch: tuple[int, float] | None = None  # (id of the loader object, its fetch_seconds)
         self._last_logged_step = 0
-        self._ceiling_due = False
+        self._ceiling_ok = self._ceiling_due = False
         self._locate: str | None = None  # None: not yet; "due": from the next window's end; "done"
         self._syncs_per_step: float | None = None
 
@@ -158,7 +158,7 @@ class GPUStatsMonitor(ObserverCallback):
 
     def _begin(self, loop: Loop) -> None:
         self._new_fit()
-        self._ceiling_due = self.ceiling and loop.world_size == 1
+        self._ceiling_ok = self._ceiling_due = self.ceiling and loop.world_size == 1
         if self.ceiling and loop.world_size > 1:
             warn_once(
                 "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
@@ -183,6 +183,11 @@ class GPUStatsMonitor(ObserverCallback):
         if self.sampler is None:
             self._start_sampler(device)
 
+    def locate_syncs(self) -> None:
+        """Run the host-sync locator from the end of the next window (CUDA runs)."""
+        if self.sync_steps:
+            self._locate = "due"
+
     def _stop_locator(self) -> None:
         locator, self._locator = self._locator, None
         if locator is None:
@@ -190,6 +195,10 @@ class GPUStatsMonitor(ObserverCallback):
         self.host_syncs = locator.stop()
         mine = user_sites(self.host_syncs)
         self._syncs_per_step = sum(s.count for s in mine) / locator.steps if locator.steps else None
+
+    def measure_ceiling(self) -> None:
+        """Measure the ceiling again at the end of the next window (where this fit measures it)."""
+        self._ceiling_due = self._ceiling_ok
 
     def _measure_ceiling(self, loop: Loop, batch: Any) -> None:
         """Replay a few steps on a copy of ``batch``; the replay's time is left out of the next window."""
@@ -240,11 +249,9 @@ class GPUStatsMonitor(ObserverCallback):
 
     def _release(self) -> None:
         self._stop_locator()
-        sampler, self.sampler = self.sampler, None
-        if sampler is not None:
-            sampler.stop()
-        self.idle_meter = None
-        self._cpu = None
+        if self.sampler is not None:
+            self.sampler.stop()  # safe to call twice
+        self.sampler = self.idle_meter = self._cpu = None
 
     def _mark(self) -> None:
         t = time.perf_counter()

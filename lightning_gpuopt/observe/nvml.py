@@ -348,7 +348,7 @@ class NVMLSampler:
             rates = self._poll_rates()
             if rates is not None:
                 readings += [("gpu/util", rates[0], 1.0), ("gpu/mem_util", rates[1], 1.0)]
-        energy = self._read_energy() if _ENERGY not in self._unsupported else None
+        energy = self._read_energy()
         polled = {
             "gpu/mem_used_gb": lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used / _GB,
             "gpu/power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
