@@ -1,15 +1,10 @@
-"""The loop the observers run in (``Loop``: a ``TrainerLoop`` read from a Trainer, or the ``FabricLoop`` of
-``FabricObserver``), and ``ObserverCallback``: the one adapter from Lightning's hooks to the observers' methods.
-
-``GPUStatsMonitor``, ``BottleneckAdvisor`` and ``NVTXRanges`` do their work in methods that take a ``Loop``;
-``FabricObserver`` calls the same methods with a ``FabricLoop``.
-"""
+"""``Loop``, the training loop as the observers see it (a Trainer's or ``FabricObserver``'s), and
+``ObserverCallback``, the one adapter from Lightning's hooks to the observers' event methods."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import lightning.pytorch as pl
@@ -24,7 +19,7 @@ from lightning_gpuopt.observe.timing import loader_fetch_seconds
 __all__ = ["Loop", "ObserverCallback", "TrainerLoop"]
 
 
-def first_loader(loaders: Any) -> Any | None:
+def first_loader(loaders: Any) -> Any:
     """The first loader of a loader, a list/tuple or a dict of them; ``None`` when there is none."""
     if isinstance(loaders, Mapping):
         return next(iter(loaders.values()), None)
@@ -73,8 +68,7 @@ class TrainerLoop:
         return getattr(self.trainer, "train_dataloader", None)
 
     def fetch_seconds(self) -> float | None:
-        loaders = self.train_loaders
-        return loader_fetch_seconds(loaders) if loaders is not None else None
+        return loader_fetch_seconds(self.train_loaders)  # None for no loader too
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -123,26 +117,6 @@ class TrainerLoop:
             logger.log_metrics(dict(metrics), step=step)
 
 
-class TimedLoader:
-    """Iterates ``loader`` and keeps ``fetch_seconds``: the seconds spent inside its ``next()``."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.fetch_seconds = 0.0
-
-    def batches(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.fetch_seconds += time.perf_counter() - start
-            yield batch
-
-
 class FabricLoop:
     """The ``observe._lifecycle.Loop`` of a Fabric training loop."""
 
@@ -156,7 +130,7 @@ class FabricLoop:
         fabric: Any,
         model: nn.Module,
         optimizers: Sequence[Any] | None,
-        timed: Mapping[int, TimedLoader],
+        timed: Mapping[int, Any],
         observers: Sequence[Any],
     ) -> None:
         self.fabric = fabric
@@ -215,12 +189,10 @@ class FabricLoop:
 
     @property
     def batches_per_epoch(self) -> int | None:
-        loader = first_loader(self.train_loaders)
         try:
-            batches = len(loader) if loader is not None else None
-        except TypeError:  # an iterable loader without a length
+            return len(first_loader(self.train_loaders)) or None
+        except TypeError:  # no loader, or an iterable one without a length
             return None
-        return batches if batches else None
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -247,12 +219,21 @@ class FabricLoop:
 Loop: TypeAlias = TrainerLoop | FabricLoop
 
 
-class ObserverCallback(Callback):
-    """The one adapter from Lightning's hooks to an observer's loop methods.
+def _relay(event: str, *picked: int, const: str | None = None) -> Any:
+    """A Lightning hook that calls ``event(TrainerLoop, *its arguments at picked[, const])``."""
 
-    Each hook wraps the Trainer in a ``TrainerLoop`` and calls the method of its event; an observer overrides
-    the events it needs. ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls
-    ``on_exception`` but not ``teardown`` when fit raises), so it must be safe to call more than once.
+    def hook(self: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        extra = [args[i] for i in picked] + ([const] if const is not None else [])
+        getattr(self, event)(TrainerLoop(trainer, pl_module), *extra)
+
+    return hook
+
+
+class ObserverCallback(Callback):
+    """The one adapter from Lightning's hooks to an observer's event methods (it overrides those it needs).
+
+    ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls ``on_exception`` but not
+    ``teardown`` when fit raises), so it must be safe to call more than once.
     """
 
     def _begin(self, loop: Loop) -> None:
@@ -294,80 +275,20 @@ class ObserverCallback(Callback):
         if stage == "fit":
             self._begin(TrainerLoop(trainer, pl_module))
 
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_start(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        self._phase(TrainerLoop(trainer, pl_module), "zero_grad")
-
-    @override
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        self._phase(TrainerLoop(trainer, pl_module), "backward")
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._after_backward(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
-        self._phase(TrainerLoop(trainer, pl_module), "optimizer step")
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_end(TrainerLoop(trainer, pl_module), batch)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._validation_start(TrainerLoop(trainer, pl_module))
-
-    @override
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._validation_batch_start(TrainerLoop(trainer, pl_module), batch_idx)
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._validation_batch_end(TrainerLoop(trainer, pl_module))
+    # Lightning passes each hook's arguments by position: ``_relay`` picks the ones the event takes
+    on_train_start = _relay("_start")
+    on_train_epoch_start = _relay("_epoch_start")
+    on_train_batch_start = _relay("_batch_start", 0)
+    on_before_zero_grad = _relay("_phase", const="zero_grad")
+    on_before_backward = _relay("_phase", const="backward")
+    on_after_backward = _relay("_after_backward")
+    on_before_optimizer_step = _relay("_phase", const="optimizer step")
+    on_train_batch_end = _relay("_batch_end", 1)
+    on_train_epoch_end = _relay("_epoch_end")
+    on_train_end = _relay("_end")
+    on_validation_start = _relay("_validation_start")
+    on_validation_batch_start = _relay("_validation_batch_start", 1)
+    on_validation_batch_end = _relay("_validation_batch_end")
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -1,9 +1,6 @@
-"""The run's own ceiling: the model's rate on one of its batches kept on the device, measured inside the fit.
-
-``ReplayCeiling`` replays a few training steps back to back on a copy of a batch the run just trained on and
-puts the training state back; the run's samples/s over that rate is ``gpu/ceiling_frac`` (``GPUStatsMonitor``).
-What a replayed step does, what it restores and what it costs: docs/gpu_stats.md.
-"""
+"""The run's own ceiling: ``ReplayCeiling`` replays a few training steps on a copy of a batch the run just
+trained on and puts the training state back; the run's samples/s over that rate is ``gpu/ceiling_frac``.
+What a replayed step does, restores and costs: docs/gpu_stats.md."""
 
 from __future__ import annotations
 
@@ -64,11 +61,8 @@ class Ceiling:
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor):
-        return out["loss"]
-    return None
+    loss = out.get("loss") if isinstance(out, dict) else out
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 class _Saved:
@@ -121,11 +115,7 @@ class _Saved:
                     live = opt.state[p]
                     for k, v in s.items():
                         cur = live.get(k)
-                        if (
-                            isinstance(v, torch.Tensor)
-                            and isinstance(cur, torch.Tensor)
-                            and cur.shape == v.shape
-                        ):
+                        if isinstance(v, torch.Tensor) and getattr(cur, "shape", None) == v.shape:
                             cur.copy_(v)
                         else:
                             live[k] = v.to(p.device) if isinstance(v, torch.Tensor) else v

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
 
 from lightning_gpuopt._checks import check_arg, check_int
-from lightning_gpuopt.observe._lifecycle import FabricLoop, TimedLoader
+from lightning_gpuopt.data.loader import timed_batches
+from lightning_gpuopt.observe._lifecycle import FabricLoop
 from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
 from lightning_gpuopt.observe.nvtx import NVTXRanges
 
-__all__ = ["FabricLoop", "FabricObserver", "TimedLoader"]
+__all__ = ["FabricLoop", "FabricObserver"]
 
 _KINDS = (GPUStatsMonitor, BottleneckAdvisor, NVTXRanges)
 
@@ -73,16 +75,12 @@ class FabricObserver:
         # something close the NVTX ranges first
         self._starts = [o for o in (self.monitor, self.advisor, self.ranges) if o is not None]
         self._ends = [o for o in (self.ranges, self.monitor, self.advisor) if o is not None]
-        self._loop: FabricLoop | None = None
-        self._timed: dict[int, TimedLoader] = {}
-
-    @property
-    def loop(self) -> FabricLoop | None:
-        """The running loop between ``on_train_start`` and ``on_train_end`` (None outside)."""
-        return self._loop
+        #: the running loop between ``on_train_start`` and ``on_train_end`` (None outside)
+        self.loop: FabricLoop | None = None
+        self._timed: dict[int, SimpleNamespace] = {}  # loaders iterated through timed, by id
 
     def _running(self, hook: str) -> FabricLoop:
-        loop = self._loop
+        loop = self.loop
         if loop is None:
             raise RuntimeError(
                 f"FabricObserver.{hook} was called before on_train_start; call "
@@ -92,7 +90,7 @@ class FabricObserver:
 
     def _each(self, event: str, *args: Any, hook: str = "", ends: bool = False) -> None:
         """Call ``event(loop, *args)`` on every observer; with ``hook``, outside training is an error."""
-        loop = self._running(hook) if hook else self._loop
+        loop = self._running(hook) if hook else self.loop
         if loop is None:
             return
         for obs in self._ends if ends else self._starts:
@@ -126,10 +124,10 @@ class FabricObserver:
         )
         if optimizers is not None and not isinstance(optimizers, (list, tuple)):
             optimizers = [optimizers]
-        if self._loop is not None:  # a loop that ended without on_train_end
+        if self.loop is not None:  # a loop that ended without on_train_end
             self._release()
         self._timed = {}  # a new run counts its loaders' time from zero
-        self._loop = FabricLoop(fabric, model, optimizers, self._timed, self._starts)
+        self.loop = FabricLoop(fabric, model, optimizers, self._timed, self._starts)
         try:
             self._each("_begin")
             self._each("_start")
@@ -146,13 +144,13 @@ class FabricObserver:
         loop = self._running("timed")
         timed = self._timed.get(id(loader))
         if timed is None or timed.loader is not loader:
-            timed = self._timed[id(loader)] = TimedLoader(loader)
+            timed = self._timed[id(loader)] = SimpleNamespace(loader=loader, fetch_seconds=0.0)
             if self.monitor is not None:
                 self.monitor._read_loader_wait(loop)  # its time inside next() counts from here
             if self.advisor is not None and self.advisor._batches == 0:
                 self.advisor._fit_epochs(loop.batches_per_epoch)  # the epoch's length is known from here
         self.on_train_epoch_start()
-        yield from timed.batches()
+        yield from timed_batches(timed, iter(loader))
 
     def on_train_epoch_start(self) -> None:
         """The next batch's data wait counts from now (an epoch starts after other work)."""
@@ -220,13 +218,13 @@ class FabricObserver:
         self._each("_validation_end", True, ends=True)
 
     def _release(self) -> None:
-        self._loop = None
+        self.loop = None
         for obs in self._ends:
             obs._release()
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and each observer's ``state_dict`` by its class name (for ``fabric.save``)."""
-        state: dict[str, Any] = {"step": self._loop.step if self._loop is not None else 0}
+        state: dict[str, Any] = {"step": self.loop.step if self.loop is not None else 0}
         for obs in self._starts:
             state[type(obs).__name__] = obs.state_dict()
         return state

@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["BLOCKED_KEY", "IDLE_KEY", "StreamIdleMeter", "idle_between_steps"]
+__all__ = ["BLOCKED_KEY", "IDLE_KEY", "StreamIdleMeter"]
 
 #: Key of the GPU's idle share between steps (``StreamIdleMeter.window()``).
 IDLE_KEY = "gpu/idle_frac"
 #: Key of the host's wait between batches while the GPU still ran earlier work (``StreamIdleMeter.window()``).
 BLOCKED_KEY = "time/gpu_blocked_frac"
-
-
-def idle_between_steps(anchors: Sequence[float], starts: Sequence[float], ends: Sequence[float]) -> float:
-    """Share of GPU time idle between steps: ``sum(start - anchor) / sum(end - anchor)``.
-
-    Step ``k`` runs from ``starts[k]`` to ``ends[k]``; ``anchors[k]`` is where the stream's previous training
-    work ended (the previous step's end, or a mark). Times are in any one unit on one clock.
-
-    Example:
-        >>> idle_between_steps([0.0, 10.0], [2.0, 10.0], [10.0, 20.0])  # 2 ms idle in 20 ms
-        0.1
-    """
-    idle = sum(max(s - a, 0.0) for a, s in zip(anchors, starts, strict=True))
-    span = sum(max(e - a, 0.0) for a, e in zip(anchors, ends, strict=True))
-    return idle / span if span > 0 else 0.0
 
 
 @dataclass
@@ -45,10 +30,8 @@ class _Step:
 class StreamIdleMeter:
     """CUDA-event timeline of the training steps; ``window()`` turns the completed part into two fractions.
 
-    ``window()`` reads only the steps whose events completed (``Event.query()``; ``wait=True`` waits for the
-    last) and returns ``gpu/idle_frac`` (``idle_between_steps`` in GPU time) and ``time/gpu_blocked_frac``
-    (host wait between batches while the GPU still ran earlier work, over host step time): docs/gpu_stats.md.
-    Each call records at most one event, from a pool.
+    ``window()`` reads only the steps whose events completed (``wait=True`` waits for the last) and returns
+    ``gpu/idle_frac`` and ``time/gpu_blocked_frac`` (docs/gpu_stats.md). Each call records at most one event.
 
     Args:
         device: CUDA device whose current stream is recorded on (default: the current device).

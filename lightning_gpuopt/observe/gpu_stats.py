@@ -51,10 +51,8 @@ METRIC_KEYS: tuple[str, ...] = (
 class GPUStatsMonitor(ObserverCallback):
     """Log whether the GPU works or waits, and why, once every logging window.
 
-    Every window it sends one row of ``METRIC_KEYS`` to every logger and appends it to ``history``. Sources:
-    NVML on a background thread (``gpu/``), CUDA events at each batch's start and end read a window later
-    (``gpu/idle_frac``), ``time.perf_counter`` (``time/``) and psutil (``host/``); none synchronises the GPU
-    or talks across ranks per step. Keys, units, the ceiling replay and the host-sync locator:
+    Every window it sends one row of ``METRIC_KEYS`` to every logger and appends it to ``history``; nothing
+    synchronises the GPU per step. Sources, keys, units, the ceiling replay and the host-sync locator:
     docs/gpu_stats.md. In a Fabric loop it runs through ``FabricObserver`` (docs/fabric.md).
 
     Args:
@@ -123,8 +121,10 @@ class GPUStatsMonitor(ObserverCallback):
         self.ceiling_steps = ceiling_steps
         self.sync_steps = sync_steps
         self.sync_idle_frac = float(sync_idle_frac)
-        self._sampler: NVMLSampler | None = None
-        self._idle: StreamIdleMeter | None = None
+        #: the running NVML sampler, or None
+        self.sampler: NVMLSampler | None = None
+        #: the CUDA-event timeline behind ``gpu/idle_frac``, or None
+        self.idle_meter: StreamIdleMeter | None = None
         self._cpu: HostCPUReader | None = None
         self._locator: SyncLocator | None = None
         self._steps_per_epoch: int | None = None
@@ -152,23 +152,18 @@ class GPUStatsMonitor(ObserverCallback):
     def state_key(self) -> str:
         return self._generate_state_key(log_every_n_steps=self.log_every_n_steps, all_ranks=self.all_ranks)
 
-    @property
-    def sampler(self) -> NVMLSampler | None:
-        """The running NVML sampler, or None."""
-        return self._sampler
-
-    @property
-    def idle_meter(self) -> StreamIdleMeter | None:
-        """The CUDA-event timeline behind ``gpu/idle_frac``, or None."""
-        return self._idle
-
     def __getstate__(self) -> dict[str, Any]:
         # a thread, CUDA events and a reader bound to this process do not pickle; a copy starts without them
-        return {**self.__dict__, "_sampler": None, "_idle": None, "_cpu": None}
+        return {**self.__dict__, "sampler": None, "idle_meter": None, "_cpu": None}
 
     def _begin(self, loop: Loop) -> None:
         self._new_fit()
-        self._ceiling_ok = self._ceiling_due = self._ceiling_wanted(loop)
+        self._ceiling_ok = self._ceiling_due = self.ceiling and loop.world_size == 1
+        if self.ceiling and loop.world_size > 1:
+            warn_once(
+                "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
+                "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
+            )
         if not (self.sync_steps and self.gpu and loop.device.type == "cuda"):
             self._locate = "done"
         if not loop.loggers:
@@ -184,33 +179,14 @@ class GPUStatsMonitor(ObserverCallback):
             return
         device = loop.device
         if device.type == "cuda":
-            self._idle = StreamIdleMeter(device)
-        if self._sampler is None:
+            self.idle_meter = StreamIdleMeter(device)
+        if self.sampler is None:
             self._start_sampler(device)
-
-    def _ceiling_wanted(self, loop: Loop) -> bool:
-        if not self.ceiling:
-            return False
-        if loop.world_size > 1:
-            warn_once(
-                "GPUStatsMonitor: gpu/ceiling_frac is not measured: the run has several processes, and the "
-                "replay measures a single-process run's ceiling (pass ceiling=False to silence this)."
-            )
-            return False
-        return True
 
     def locate_syncs(self) -> None:
         """Run the host-sync locator from the end of the next window (CUDA runs)."""
         if self.sync_steps:
             self._locate = "due"
-
-    def _locator_step(self) -> None:
-        locator = self._locator
-        if locator is None:
-            return
-        locator.step()
-        if locator.steps >= self.sync_steps:
-            self._stop_locator()
 
     def _stop_locator(self) -> None:
         locator, self._locator = self._locator, None
@@ -219,12 +195,6 @@ class GPUStatsMonitor(ObserverCallback):
         self.host_syncs = locator.stop()
         mine = user_sites(self.host_syncs)
         self._syncs_per_step = sum(s.count for s in mine) / locator.steps if locator.steps else None
-
-    def _start_locator(self) -> None:
-        self._locate = "done"
-        locator = SyncLocator()
-        if locator.start():
-            self._locator = locator
 
     def measure_ceiling(self) -> None:
         """Measure the ceiling again at the end of the next window (where this fit measures it)."""
@@ -253,12 +223,7 @@ class GPUStatsMonitor(ObserverCallback):
         if result is not None:
             self.last_ceiling = result
         self.pause = (start, time.perf_counter())
-        # the replay is none of the next window's time: data wait, GPU idle, GPU-Util and CPU use restart here
-        self._mark()
-        if self._sampler is not None:
-            self._sampler.window()
-        if self._cpu is not None:
-            self._cpu.read()
+        self._restart()  # the replay is none of the next window's time
 
     def _start_sampler(self, device: torch.device) -> None:
         if device.type != "cuda" and self.nvml_index is None:
@@ -271,7 +236,7 @@ class GPUStatsMonitor(ObserverCallback):
         why = ""
         try:
             index = self.nvml_index if self.nvml_index is not None else nvml_device_index(device)
-            self._sampler = NVMLSampler(index, self.sample_period_s, gpm=self.gpm).start()
+            self.sampler = NVMLSampler(index, self.sample_period_s, gpm=self.gpm).start()
         except ModuleNotFoundError:
             why = "NVML bindings are not installed: `pip install 'lightning-gpuopt[nvml]'` (package nvidia-ml-py)."
         except ValueError as err:  # MIG, or a device NVML does not list
@@ -283,26 +248,27 @@ class GPUStatsMonitor(ObserverCallback):
             warn_once(f"GPUStatsMonitor: {why} Logging without the NVML metrics (gpu/util, power, ...).")
 
     def _release(self) -> None:
-        if self._locator is not None:
-            self._locator.stop()
-            self._locator = None
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.stop()
-        self._idle = None
-        self._cpu = None
+        self._stop_locator()
+        if self.sampler is not None:
+            self.sampler.stop()  # safe to call twice
+        self.sampler = self.idle_meter = self._cpu = None
 
     def _mark(self) -> None:
         t = time.perf_counter()
         self._timer.mark(t)
-        if self._idle is not None:
-            self._idle.mark(t)
+        if self.idle_meter is not None:
+            self.idle_meter.mark(t)
 
-    def _start(self, loop: Loop) -> None:
-        if self._sampler is not None:
-            self._sampler.window()  # drop setup/sanity-check time from the first window
+    def _restart(self) -> None:
+        """Data wait, GPU idle, GPU-Util and CPU use count from now."""
+        self._mark()
+        if self.sampler is not None:
+            self.sampler.window()
         if self._cpu is not None:
             self._cpu.read()
+
+    def _start(self, loop: Loop) -> None:
+        self._restart()  # setup and the sanity check are none of the first window
         self._read_loader_wait(loop)  # the baseline: earlier use of the loader is not this fit's
 
     def _epoch_start(self, loop: Loop) -> None:
@@ -316,15 +282,18 @@ class GPUStatsMonitor(ObserverCallback):
     def _batch_start(self, loop: Loop, batch: Any) -> None:
         t = time.perf_counter()
         self._timer.batch_start(t)
-        if self._idle is not None:
-            self._idle.step_start(t)
+        if self.idle_meter is not None:
+            self.idle_meter.step_start(t)
 
     def _batch_end(self, loop: Loop, batch: Any) -> None:
         t = time.perf_counter()
-        if self._idle is not None:
-            self._idle.step_end(t)
+        if self.idle_meter is not None:
+            self.idle_meter.step_end(t)
         self._timer.batch_end(t, batch_size_of(batch))
-        self._locator_step()
+        if self._locator is not None:
+            self._locator.step()
+            if self._locator.steps >= self.sync_steps:
+                self._stop_locator()
         step = loop.global_step
         if step > self._last_logged_step and step % self._interval(loop) == 0:
             self._stop_locator()  # the window's end and the replay synchronize: not the user's
@@ -332,7 +301,9 @@ class GPUStatsMonitor(ObserverCallback):
             if self._ceiling_due:
                 self._measure_ceiling(loop, batch)
             if self._locate == "due":
-                self._start_locator()
+                self._locate = "done"
+                locator = SyncLocator()
+                self._locator = locator if locator.start() else None
 
     def _end(self, loop: Loop) -> None:
         # the last, possibly shorter window; global_step is the same on every rank, so a gather stays matched
@@ -367,13 +338,13 @@ class GPUStatsMonitor(ObserverCallback):
         if loader_s is not None:
             self._timer.add_loader_wait(loader_s)
         metrics = self._timer.window()
-        if self._idle is not None:
+        if self.idle_meter is not None:
             # the last window waits for the GPU to finish: one wait per fit, after the last step
-            metrics.update(self._idle.window(wait=last))
+            metrics.update(self.idle_meter.window(wait=last))
         if self._cpu is not None:
             metrics.update(self._cpu.window())
-        if self._sampler is not None:
-            metrics.update(self._sampler.window())
+        if self.sampler is not None:
+            metrics.update(self.sampler.window())
         self._derived(metrics)
         metrics = {k: metrics[k] for k in METRIC_KEYS if k in metrics}
         if self.all_ranks and loop.world_size > 1:
@@ -428,12 +399,7 @@ class GPUStatsMonitor(ObserverCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "sample_period_s": self.sample_period_s,
-            "log_every_n_steps": self.log_every_n_steps,
-            "all_ranks": self.all_ranks,
-            "last_logged_step": self._last_logged_step,
-        }
+        return {"last_logged_step": self._last_logged_step}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1,10 +1,6 @@
-"""Which lines of the user's code make the host wait for the GPU, and how often a step.
-
-``SyncLocator`` turns on ``torch.cuda.set_sync_debug_mode("warn")`` for a few training steps, catches the
-warning torch raises at each synchronizing CUDA call and charges it to a line (``attribute``): the innermost
-frame outside torch, Lightning and this package, unless Lightning's training loop runs between that line and
-the sync (then the sync is Lightning's own). How the monitor runs it: docs/advisor.md.
-"""
+"""Which lines of the user's code make the host wait for the GPU, and how often a step: ``SyncLocator`` runs
+``torch.cuda.set_sync_debug_mode("warn")`` for a few training steps and charges each warning to a line
+(``attribute``). How the monitor runs it: docs/advisor.md."""
 
 from __future__ import annotations
 

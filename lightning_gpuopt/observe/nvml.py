@@ -47,6 +47,7 @@ GPU_KEYS: tuple[str, ...] = (
 
 _GB = 1024**3
 _ENERGY = "gpu/energy_mj"  # the energy counter's readings, turned into gpu/power_w at window ends
+_GPM_PAIR_S = 0.2  # shortest time between the two GPM samples of a pair (NVML needs > 100 ms)
 _GPM_WARNED: set[int] = set()  # say "no GPM" once a device and process, not once a fit
 
 
@@ -65,16 +66,6 @@ def normalize_uuid(uuid: Any) -> str:
     elif text[:4].upper() == "MIG-":
         return "MIG-" + text[4:].lower()
     return text.lower()
-
-
-def _torch_cuda_index(device: torch.device | int | str | None) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    check_arg(device.type == "cuda", "device", device, "a CUDA device", fix="NVML numbers GPUs only")
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _torch_device_uuid(index: int) -> str | None:
@@ -97,7 +88,9 @@ def nvml_device_index(device: torch.device | int | str | None = None) -> int:
     Raises:
         ValueError: for a non-CUDA device, a MIG instance, or a device NVML does not list.
     """
-    torch_index = _torch_cuda_index(device)
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    check_arg(device.type == "cuda", "device", device, "a CUDA device", fix="NVML numbers GPUs only")
+    torch_index = device.index if device.index is not None else torch.cuda.current_device()
     uuid = _torch_device_uuid(torch_index)
     if uuid is None:
         raise ValueError(
@@ -145,16 +138,13 @@ class _Stat:
 class NVMLSampler:
     """Sample one GPU through NVML on a daemon thread; ``window()`` returns aggregates since the last call.
 
-    GPU-Util comes from the driver's sample buffer where it answers (else it is polled), power from the
-    energy counter where the GPU has one (``energy_counter``), the GPM keys (Hopper+) from pairs of samples;
-    docs/gpu_stats.md says how each key is measured. A window without a new sample repeats the latest one.
+    How each key is measured: docs/gpu_stats.md. A window without a new sample repeats the latest one.
     ``uuid`` is the sampled GPU's UUID in ``normalize_uuid`` form (set by ``start``).
 
     Args:
         index: NVML device index (see ``nvml_device_index``).
         period_s: polling period of the thread in seconds.
         gpm: read GPM metrics when the device supports them.
-        gpm_min_interval_s: shortest time between the two GPM samples of a pair (NVML needs > 100 ms).
 
     Example:
         >>> with NVMLSampler(nvml_device_index("cuda:0"), period_s=0.1) as sampler:  # doctest: +SKIP
@@ -162,17 +152,13 @@ class NVMLSampler:
         ...     print(sampler.window()["gpu/util"])
     """
 
-    def __init__(
-        self, index: int, period_s: float = 0.1, gpm: bool = True, gpm_min_interval_s: float = 0.2
-    ) -> None:
+    def __init__(self, index: int, period_s: float = 0.1, gpm: bool = True) -> None:
         check_int(index, "index", low=0, what="(an NVML device index)")
         check_float(period_s, "period_s", low=0, low_open=True, what="(seconds)")
         check_bool(gpm, "gpm")
-        check_float(gpm_min_interval_s, "gpm_min_interval_s", low=0, what="(seconds)")
         self.index = index
         self.period_s = float(period_s)
         self.gpm = gpm
-        self.gpm_min_interval_s = max(float(gpm_min_interval_s), 0.11)
         self.gpm_active = False
         self.uses_sample_buffer = False
         self.energy_counter = False
@@ -259,13 +245,6 @@ class NVMLSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # threads, locks and NVML handles do not pickle; a copy starts stopped
-        return {k: getattr(self, k) for k in ("index", "period_s", "gpm", "gpm_min_interval_s")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
 
     def _probe_sample_buffer(self) -> bool:
         pynvml = self._pynvml
@@ -369,7 +348,7 @@ class NVMLSampler:
             rates = self._poll_rates()
             if rates is not None:
                 readings += [("gpu/util", rates[0], 1.0), ("gpu/mem_util", rates[1], 1.0)]
-        energy = self._read_energy() if _ENERGY not in self._unsupported else None
+        energy = self._read_energy()
         polled = {
             "gpu/mem_used_gb": lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used / _GB,
             "gpu/power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
@@ -405,7 +384,7 @@ class NVMLSampler:
         pynvml = self._pynvml
         now = time.monotonic()
         dt = now - self._gpm_prev_t
-        if dt < self.gpm_min_interval_s:
+        if dt < _GPM_PAIR_S:
             return []
         first, second = self._gpm_samples
         # in GPM_KEYS order
@@ -466,8 +445,7 @@ class NVMLSampler:
     def _power_from_energy(
         self, mark: tuple[float, float] | None, last: tuple[float, float] | None
     ) -> float | None:
-        """Mean watts between two energy-counter readings; the previous window's where no newer reading
-        came (a window shorter than ``period_s``), None without a counter."""
+        """Mean watts between two energy readings; the previous window's where no newer one came."""
         if mark is not None and last is not None and last[0] > mark[0] and last[1] >= mark[1]:
             self._energy_power = (last[1] - mark[1]) / 1000.0 / (last[0] - mark[0])
         return self._energy_power

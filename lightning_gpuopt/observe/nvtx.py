@@ -41,9 +41,8 @@ _BACKENDS: tuple[str, ...] = get_args(BackendName)
 class RangeStack:
     """Push/pop NVTX ranges while remembering, per thread, which ones this object opened.
 
-    NVTX push/pop ranges form a stack per thread; a pop on the wrong thread or a missing pop corrupts the
-    timeline. Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of
-    that kind and ``close_all()`` empties the calling thread's stack, so a caller can always restore balance.
+    Every entry is ``(kind, key)``; ``close(kind)`` pops down to and including the topmost entry of that kind,
+    so a caller can always restore the balance a pop on the wrong thread or a missing pop would break.
 
     Args:
         backend: an object from ``make_backend``.
@@ -71,10 +70,6 @@ class RangeStack:
     def depth(self) -> int:
         """Ranges this object holds open on the calling thread."""
         return len(self._stack())
-
-    def entries(self) -> list[tuple[str, Any]]:
-        """The calling thread's open ``(kind, key)`` entries, outermost first."""
-        return list(self._stack())
 
     def is_open(self, kind: str) -> bool:
         return any(k == kind for k, _ in self._stack())
@@ -151,12 +146,9 @@ def add_module_ranges(root: nn.Module, depth: int, ranges: RangeStack) -> list[R
 class NVTXRanges(ObserverCallback):
     """Named, nested NVTX ranges for each training step and its phases, for Nsight Systems.
 
-    "step {global_step}" holds forward, zero_grad, backward and optimizer step (and, with ``module_depth``,
-    each submodule's forward); "data wait" lies between steps; "validation" holds "validation step {i}".
-    With ``start_step``/``stop_step`` the callback calls ``torch.cuda.profiler.start()`` before the first
-    batch with ``global_step >= start_step`` and ``stop()`` after the batch that brings it to ``stop_step``,
-    marking both. The full layout and the ``nsys`` command: docs/nvtx.md. Without NVTX it warns once and
-    does nothing; on a CPU run the capture window is only marked.
+    With ``start_step``/``stop_step`` it calls ``torch.cuda.profiler.start()``/``stop()`` around those steps
+    (on a CPU run it only marks them). The layout and the ``nsys`` command: docs/nvtx.md. Without NVTX it
+    warns once and does nothing.
 
     Args:
         module_depth: also wrap each submodule's forward down to this depth below ``module_root`` in a range
@@ -223,46 +215,33 @@ class NVTXRanges(ObserverCallback):
         self.validation = validation
         self.backend = backend
         self.domain = domain
-        self._ranges: RangeStack | None = None
-        self._emit = False  # a range stack whose backend records something (set in setup)
+        #: the range stack in use between ``setup`` and ``teardown`` (None outside)
+        self.ranges: RangeStack | None = None
         self._handles: list[RemovableHandle] = []
         self._capturing = False
         self._cuda_capture = False
 
-    @property
-    def ranges(self) -> RangeStack | None:
-        """The range stack in use between ``setup`` and ``teardown`` (None outside)."""
-        return self._ranges
-
-    # ranges for every stage; module ranges once the model is configured (configure_model runs after setup)
+    # ranges for every stage; module ranges once the model is configured (fit: at training or validation start)
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin(TrainerLoop(trainer, pl_module))
 
     @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
-
-    @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._add_module_hooks(pl_module)
 
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._add_module_hooks(pl_module)
+    on_predict_start = on_test_start
 
     def _begin(self, loop: Loop) -> None:
-        if self._ranges is None:
-            self._ranges = RangeStack(make_backend(self.backend, self.domain))
-            # Without a tool attached nothing is recorded: the hooks then only run the capture window.
-            self._emit = self._ranges.enabled
+        if self.ranges is None:
+            self.ranges = RangeStack(make_backend(self.backend, self.domain))
         self._capturing = False
 
     def _start(self, loop: Loop) -> None:
         self._add_module_hooks(loop.module)
 
     def _add_module_hooks(self, root_module: nn.Module) -> None:
-        if self.module_depth == 0 or self._handles or self._ranges is None:
+        if self.module_depth == 0 or self._handles or self.ranges is None:
             return
         root: nn.Module | None = root_module
         if self.module_root:
@@ -277,26 +256,22 @@ class NVTXRanges(ObserverCallback):
             f"the dotted attribute path of a submodule of {type(root_module).__name__}",
             fix="e.g. 'model'",
         )
-        self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self._ranges)
-
-    def _remove_module_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._handles = add_module_ranges(cast(nn.Module, root), self.module_depth, self.ranges)
 
     def _close_everything(self) -> None:
-        if self._ranges is not None:
-            self._ranges.close_all()
+        if self.ranges is not None:
+            self.ranges.close_all()
         self._stop_capture()
 
     def _release(self) -> None:
         self._close_everything()
-        self._remove_module_hooks()
-        self._ranges = None
-        self._emit = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.ranges = None
 
     def _start_capture(self, loop: Loop) -> None:
-        if self.start_step is None or self.stop_step is None or self._capturing or self._ranges is None:
+        if self.start_step is None or self.stop_step is None or self._capturing or self.ranges is None:
             return
         step = loop.global_step
         if not self.start_step <= step < self.stop_step:
@@ -310,105 +285,93 @@ class NVTXRanges(ObserverCallback):
                 "NVTXRanges: start_step/stop_step call cudaProfilerStart/Stop, which needs a CUDA device; "
                 "on this run the window is only marked in the NVTX timeline.",
             )
-        self._ranges.mark(f"capture start (step {step})")
+        self.ranges.mark(f"capture start (step {step})")
 
     def _stop_capture(self, loop: Loop | None = None) -> None:
         if not self._capturing:
             return
         self._capturing = False
-        if self._ranges is not None:
+        if self.ranges is not None:
             step = "" if loop is None else f" (step {loop.global_step})"
-            self._ranges.mark(f"capture stop{step}")
+            self.ranges.mark(f"capture stop{step}")
         if self._cuda_capture:
             torch.cuda.profiler.stop()
             self._cuda_capture = False
 
+    def _live(self) -> RangeStack | None:
+        """The range stack where it records something: without a tool attached the hooks only run the capture
+        window."""
+        ranges = self.ranges
+        return ranges if ranges is not None and ranges.enabled else None
+
+    def _close(self, kind: str) -> None:
+        if (ranges := self._live()) is not None:
+            ranges.close(kind)
+
     def _phase(self, loop: Loop, name: str) -> None:
-        ranges = self._ranges
-        if not self._emit or ranges is None or not self.phases or not ranges.is_open("step"):
-            return
-        ranges.close("phase")
-        ranges.push(name, "phase", name, color=PHASE_COLORS[name])
+        ranges = self._live()
+        if ranges is not None and self.phases and ranges.is_open("step"):
+            ranges.close("phase")
+            ranges.push(name, "phase", name, color=PHASE_COLORS[name])
 
     def _after_backward(self, loop: Loop) -> None:
-        if self._emit and self._ranges is not None:
-            self._ranges.close("phase")
+        self._close("phase")
 
     def _open_data_wait(self) -> None:
-        ranges = self._ranges
-        if self._emit and ranges is not None and self.data_wait and not ranges.is_open("data wait"):
+        ranges = self._live()
+        if ranges is not None and self.data_wait and not ranges.is_open("data wait"):
             ranges.push("data wait", "data wait")
-
-    def _close_data_wait(self) -> None:
-        if self._ranges is not None:
-            self._ranges.close("data wait")
 
     def _epoch_start(self, loop: Loop) -> None:
         # Creating the dataloader iterator (worker start-up) is part of waiting for the first batch.
         self._open_data_wait()
 
     def _batch_start(self, loop: Loop, batch: Any) -> None:
-        ranges = self._ranges
-        if ranges is None:
-            return
-        if self._emit:
-            ranges.close("data wait")
-            # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are
-            # closed before the new step opens, so steps never nest.
-            ranges.close("step")
-        if self.start_step is not None:
-            self._start_capture(loop)
-        if not self._emit:
-            return
-        ranges.push(f"step {loop.global_step}", "step", cache=False)
-        if self.phases:
-            ranges.push("forward", "phase", "forward", color=PHASE_COLORS["forward"])
+        self._close("data wait")
+        # Leftovers of an interrupted batch (a batch skipped by returning -1 has no batch_end) are closed
+        # before the new step opens, so steps never nest.
+        self._close("step")
+        self._start_capture(loop)
+        if (ranges := self._live()) is not None:
+            ranges.push(f"step {loop.global_step}", "step", cache=False)
+            if self.phases:
+                ranges.push("forward", "phase", "forward", color=PHASE_COLORS["forward"])
 
     def _batch_end(self, loop: Loop, batch: Any) -> None:
-        ranges = self._ranges
-        if ranges is None:
-            return
-        if self._emit:
-            ranges.close("step")
-        if self.stop_step is not None:
-            if loop.global_step >= self.stop_step:
-                self._stop_capture(loop)
-            # so the data wait before the first captured step is in the window
-            self._start_capture(loop)
+        self._close("step")
+        if self.stop_step is not None and loop.global_step >= self.stop_step:
+            self._stop_capture(loop)
+        self._start_capture(loop)  # so the data wait before the first captured step is in the window
         self._open_data_wait()
 
     def _end(self, loop: Loop) -> None:
         self._close_everything()
 
     def _epoch_end(self, loop: Loop) -> None:
-        if self._ranges is not None:
-            # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
-            self._ranges.close("step")
-            self._close_data_wait()
+        # "step" is still open when a LightningModule.on_train_batch_start returned -1 (ends the epoch).
+        self._close("step")
+        self._close("data wait")
 
     def _validation_start(self, loop: Loop) -> None:
         self._add_module_hooks(loop.module)
-        self._close_data_wait()
-        if self._emit and self._ranges is not None and self.validation:
-            self._ranges.push("validation", "validation")
+        self._close("data wait")
+        if (ranges := self._live()) is not None and self.validation:
+            ranges.push("validation", "validation")
 
     def _validation_batch_start(self, loop: Loop, batch_idx: int) -> None:
-        if self._emit and self._ranges is not None and self.validation:
-            self._ranges.close("validation step")
-            self._ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
+        if (ranges := self._live()) is not None and self.validation:
+            ranges.close("validation step")
+            ranges.push(f"validation step {batch_idx}", "validation step", cache=False)
 
     def _validation_batch_end(self, loop: Loop) -> None:
-        if self._emit and self._ranges is not None:
-            self._ranges.close("validation step")
+        self._close("validation step")
 
     def _validation_end(self, loop: Loop, fitting: bool) -> None:
         """A validation run ends; inside fit (``fitting``) the wait for the next training batch starts."""
-        if self._ranges is None:
-            return
-        self._ranges.close("validation")
+        self._close("validation")
         if fitting:
             self._open_data_wait()
 
     def __getstate__(self) -> dict[str, Any]:
         # picklable (spawn launchers): ranges and hook handles are per process and rebuilt in setup
-        return {**self.__dict__, "_ranges": None, "_handles": []}
+        return {**self.__dict__, "ranges": None, "_handles": []}

@@ -219,17 +219,16 @@ def test_nothing_is_replayed_unless_asked():
 
     from lightning_gpuopt._common import _warnings
 
-    one_gpu = SimpleNamespace(device=torch.device("cuda", 0), world_size=1)
-    assert GPUStatsMonitor()._ceiling_wanted(one_gpu) is False
-    assert GPUStatsMonitor(ceiling=True)._ceiling_wanted(one_gpu) is True
+    def due(monitor: GPUStatsMonitor, world_size: int) -> bool:
+        """Whether a fit on CUDA with ``world_size`` processes would replay (the monitor's fit start)."""
+        monitor._begin(SimpleNamespace(device=torch.device("cuda", 0), world_size=world_size, loggers=[None]))
+        return monitor._ceiling_due
+
+    assert due(GPUStatsMonitor(gpu=False), 1) is False
+    assert due(GPUStatsMonitor(gpu=False, ceiling=True), 1) is True
     _warnings().clear()
     with pytest.warns(UserWarning, match="gpu/ceiling_frac is not measured: the run has several processes"):
-        assert (
-            GPUStatsMonitor(ceiling=True)._ceiling_wanted(
-                SimpleNamespace(device=one_gpu.device, world_size=2)
-            )
-            is False
-        )
+        assert due(GPUStatsMonitor(gpu=False, ceiling=True), 2) is False
 
     def fit(monitor: GPUStatsMonitor) -> int:
         class Again(pl.Callback):

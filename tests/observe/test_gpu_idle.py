@@ -3,16 +3,8 @@ import time
 import pytest
 import torch
 
-from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter, idle_between_steps
+from lightning_gpuopt.observe.gpu_idle import StreamIdleMeter
 from tests.observe.fake_cuda_events import FakeTimeline
-
-
-def test_idle_between_steps_math():
-    # three steps: 0 idle before the first (anchored at its start), 2 ms, then 10 ms
-    assert idle_between_steps([0, 10, 20], [0, 12, 30], [10, 20, 40]) == pytest.approx(12 / 40)
-    assert idle_between_steps([], [], []) == 0.0
-    # a mark in between (validation): the span skips it, so busy steps around it read 0 idle
-    assert idle_between_steps([0, 100], [0, 100], [10, 110]) == 0.0
 
 
 def _step(meter, gpu, gpu_start, gpu_end, host_start, host_end):
