@@ -22,6 +22,8 @@ from lightning_gpuopt.data.jpeg_store import JPEGStoreDataset
 __all__ = [
     "DECODERS",
     "DecodeOptions",
+    "DecoderOptions",
+    "ThreadDecoded",
     "ThreadDecodedFolder",
     "ThreadDecodedStore",
     "decode_rgb",
@@ -232,8 +234,9 @@ def _read_file(path: str) -> bytearray:
     return data if got == size else data[:got]
 
 
-class _Threaded:
-    """Read by ``threads`` threads of the training process (``read_into``), not by worker processes."""
+class ThreadDecoded:
+    """A dataset read by ``threads`` threads of the training process (``read_into``), not by worker processes:
+    the base of ``ThreadDecodedFolder`` and ``ThreadDecodedStore``."""
 
     read_in_workers = False
     threads: int
@@ -248,7 +251,7 @@ class _Threaded:
         return self.threads
 
 
-class ThreadDecodedFolder(_Threaded, UInt8ImageFolder):
+class ThreadDecodedFolder(ThreadDecoded, UInt8ImageFolder):
     """``UInt8ImageFolder`` decoded by threads of the training process (``decode_canvas_fast``).
 
     Example:
@@ -280,7 +283,7 @@ class ThreadDecodedFolder(_Threaded, UInt8ImageFolder):
         return {**super().fingerprint(), "read": "threads"}
 
 
-class ThreadDecodedStore(_Threaded, JPEGStoreDataset):
+class ThreadDecodedStore(ThreadDecoded, JPEGStoreDataset):
     """``JPEGStoreDataset`` decoded by threads of the training process (``decode_canvas_fast``).
 
     Example:

@@ -39,6 +39,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "memory-headroom": ("cuda",),
     "gpu-metrics-missing": ("cuda",),
 }
+#: Every verdict kind, in report order: the stable names of the ``advisor/<kind>`` flags.
 KINDS: tuple[str, ...] = tuple(NEEDS)
 
 EvidenceValue = float | int | str
