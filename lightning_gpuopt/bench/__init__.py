@@ -28,7 +28,8 @@ def __getattr__(name: str) -> Any:
     # imported on first use: ``bench.runs`` and ``bench.rows`` load without torch's training stack
     if name not in _EXPORTS:
         raise AttributeError(f"module 'lightning_gpuopt.bench' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    value = globals()[name] = getattr(importlib.import_module(_EXPORTS[name]), name)  # pdoc reads __dict__
+    return value
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
