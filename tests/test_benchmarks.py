@@ -26,7 +26,7 @@ MAX_LINES, MAX_FUNCTION_LINES = 5100, 80
 #: script -> its --quick arguments here ({tmp}: the test's folder, {data}: the module's shared data folder)
 QUICK: dict[str, tuple[str, ...]] = {
     "compute.py": ("--rows", "fp32,preset", "--repeats", "1"),
-    "feeds.py": ("--feeds", "resident,hdf5,hdf5:pread,hdf5:inline,folder:0", "--repeats", "1", "--data", "{data}"),
+    "feeds.py": ("--feeds", "resident,hdf5,hdf5:inline,folder:0", "--repeats", "1", "--data", "{data}"),
     "overhead.py": ("--rows", "monitor,nvtx", "--repeats", "1", "--tensorboard", "{tmp}/tb"),
     "advisor.py": ("--only", "healthy,too-few-workers", "--data", "{data}"),
     "ladder.py": ("--rows", "naive,+hdf5", "--repeats", "1"),
@@ -45,7 +45,7 @@ QUICK: dict[str, tuple[str, ...]] = {
 #: rows every named script's results must hold, each with a positive rate
 ROWS: dict[str, tuple[str, ...]] = {
     "compute.py": ("ceiling", "fp32", "preset"),
-    "feeds.py": ("ceiling", "resident", "hdf5", "hdf5:pread", "hdf5:inline", "folder:0"),
+    "feeds.py": ("ceiling", "resident", "hdf5", "hdf5:inline", "folder:0"),
     "overhead.py": ("off", "monitor", "nvtx", "ceiling"),
     "advisor.py": ("healthy", "too-few-workers"),
     "ladder.py": ("naive", "+hdf5", "ceiling_eager"),
@@ -152,8 +152,8 @@ def test_feed_scripts_write_dated_results_by_default(script: str) -> None:
 def test_feed_specs() -> None:
     feeds = load("feeds.py")
     assert feeds.parse_feed("hdf5:8") == ("hdf5", 8) and feeds.parse_feed("dali:cpu") == ("dali", "cpu")
-    assert feeds.parse_feed("folder") == ("folder", None) and feeds.parse_feed("hdf5:pread") == ("hdf5", "pread")
-    for bad in ("lmdb", "dali:8", "hdf5:cpu"):
+    assert feeds.parse_feed("folder") == ("folder", None) and feeds.parse_feed("hdf5:inline") == ("hdf5", "inline")
+    for bad in ("lmdb", "dali:8", "hdf5:cpu", "hdf5:pread"):
         with pytest.raises(ValueError, match="feed"):
             feeds.parse_feed(bad)
 

@@ -426,13 +426,17 @@ class _StoreWriter(StoreFile):
             images = f.create_dataset(
                 "images", shape=shape, dtype=np.uint8, chunks=(1, ch, cw, 3), dcpl=self.allocated()
             )
-            self.offsets = _chunk_offsets(images)
+            ends.extend(
+                images.id.get_chunk_info_by_coord((i, 0, 0, 0)).byte_offset for i in (0, shape[0] - 1)
+            )
             self.identify(f, FORMAT, FORMAT_VERSION)
 
+        ends: list[int | None] = []
         self.hdf5("w", lay_out)
-        if int(self.offsets.min()) < 0:
+        self.offsets = (ends[0] or 0) + self.image_bytes * np.arange(shape[0], dtype=np.int64)
+        if None in ends or ends[1] != self.offsets[-1]:  # the format's images lie back to back
             raise RuntimeError(
-                f"HDF5 did not allocate every image chunk of {str(self.tmp)!r}; please report this"
+                f"HDF5 did not lay the images of {str(self.tmp)!r} back to back; please report this"
             )
         self.fd = os.open(self.tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
 
@@ -483,16 +487,3 @@ def _write_blocks(
         sizes.append(wh[good])
         advance(len(canvases))
     return keep, skipped, np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
-
-
-def _chunk_offsets(dset: Any) -> np.ndarray:
-    """Byte offset in the file of every chunk of ``dset`` (one image a chunk: index = image)."""
-    offsets = np.full(dset.shape[0], -1, dtype=np.int64)
-    dsid = dset.id
-    if hasattr(dsid, "chunk_iter"):  # HDF5 >= 1.14 (h5py >= 3.8): one pass over the chunk index
-        dsid.chunk_iter(lambda info: offsets.__setitem__(info.chunk_offset[0], info.byte_offset))
-    else:
-        for i in range(dsid.get_num_chunks()):
-            info = dsid.get_chunk_info(i)
-            offsets[info.chunk_offset[0]] = info.byte_offset
-    return offsets
