@@ -1,9 +1,5 @@
-"""Convert a class-per-subfolder image folder into an HDF5 store (``convert_folder_to_hdf5``).
-
-Images are decoded in worker processes and written in order under an exclusive claim on ``OUT``, into
-``OUT.tmp-<pid>``, which gets its final name only once complete; docs/hdf5.md ("Converting") says what is
-checked before any work and how every kind of stop is cleaned up.
-"""
+"""Convert a class-per-subfolder image folder into an HDF5 store (``convert_folder_to_hdf5``; docs/hdf5.md,
+"Converting")."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ CONVERT_FIX = "remove or replace the file, or pass on_corrupt='skip' to leave un
 
 
 class DecodeWorkerError(RuntimeError):
-    """A decode worker process died (killed, out of memory, or crashed inside an image library): ``what``
-    says which and how, without the Python-API advice of the message."""
+    """A decode worker process died; ``what`` says which and how, without the message's Python-API advice."""
 
     def __init__(self, pid: int | None, exitcode: int | None) -> None:
         self.what = (
@@ -98,8 +93,7 @@ _parent_pid: int | None = None
 
 
 def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
-    """Decode a block of images onto canvases, or encode them for the JPEG store (``job[3] == "jpeg"``:
-    ``(bytes, kept as it is)`` items); failures come back as ``(index, path, reason)``."""
+    """Decode a block of images onto canvases, or encode them for the JPEG store; failures as ``errors``."""
     from lightning_gpuopt.data.folder import load_canvas
 
     paths, storage_size, keep_going, fmt = job
@@ -144,12 +138,8 @@ def _remove_stale_temps(dest: Path) -> None:
 
 
 def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
-    """A decode worker: take ``(index, job)`` from ``tasks`` until ``None``, put ``(index, block)``.
-
-    It dies with its parent (``parent_pid``, the converter when forked from it, else the process that
-    started it): SIGKILL when the parent dies (Linux), the default SIGTERM, and no SIGINT (Ctrl-C reaches
-    the converter, which stops the workers).
-    """
+    """A decode worker, dying with its parent (``parent_pid``, else the process that started it); Ctrl-C
+    reaches only the converter, which stops the workers."""
     global _parent_pid
     expected = os.getppid() if parent_pid is None else parent_pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() must end a worker at once
@@ -162,11 +152,8 @@ def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
 
 
 class _Decoder:
-    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight (bounded memory).
-
-    A worker that dies raises ``DecodeWorkerError`` within half a second instead of leaving the conversion
-    waiting; ``close(abort=True)`` terminates the workers at once.
-    """
+    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight; a worker that dies
+    raises ``DecodeWorkerError`` within half a second."""
 
     def __init__(self, jobs: list[tuple[list[str], int, bool, str]], workers: int) -> None:
         self.jobs = jobs
@@ -221,7 +208,7 @@ class _Decoder:
 
 
 class _Terminated(BaseException):
-    """SIGTERM arrived during a conversion (raised in the main thread so the temporary file is removed)."""
+    """SIGTERM arrived during a conversion."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -230,11 +217,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into ``_Terminated`` while converting, then deliver it again with its default action.
-
-    Only from the main thread and only where SIGTERM has its default action (an application's own handler is
-    left alone), so the process still ends as killed by SIGTERM, after the cleanup.
-    """
+    """Turn SIGTERM into ``_Terminated`` while converting (main thread, default handler only), then deliver it
+    again so the process still ends as killed by SIGTERM, after the cleanup."""
     install = (
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -286,9 +270,8 @@ def convert_folder_to_hdf5(
 ) -> ConversionResult:
     """Convert a class-per-subfolder image folder into an HDF5 store of whole images.
 
-    Each image is decoded by worker processes, resized like torchvision's ``Resize(storage_size)`` and kept
-    whole on a canvas (``data.layout``). The output appears only complete, and an error, Ctrl-C, SIGTERM or
-    SIGKILL leaves nothing behind (docs/hdf5.md, "Converting").
+    Each image is resized like torchvision's ``Resize(storage_size)`` and kept whole on a canvas; the output
+    appears only complete, and no kind of stop leaves anything behind (docs/hdf5.md, "Converting").
 
     Args:
         src: folder laid out as ``src/<class>/<image>``.
@@ -412,9 +395,7 @@ def _convert_claimed(
 
 @dataclass(eq=False)
 class _StoreWriter(StoreFile):
-    """Writes a raw store into ``tmp``: HDF5 lays the file out first, every image chunk allocated (not
-    filled), then each image is written with plain ``pwrite`` at its chunk's offset, so HDF5 itself writes
-    nothing while decoding runs."""
+    """Writes a raw store into ``tmp``: HDF5 lays the file out, then each image is ``pwrite``-n at its chunk."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -455,8 +436,7 @@ class _StoreWriter(StoreFile):
             self.written += 1
 
     def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
-        """The tables and the completeness mark; the rows of skipped images stay past the first ``written``
-        (a fixed-size dataset keeps its chunks back to back)."""
+        """The tables and the completeness mark (skipped images' rows stay past the first ``written``)."""
         self.close()
         tables = {"chunk_offsets": self.offsets[: self.written]}
         self.complete(keep, skipped, tables, {})
@@ -470,8 +450,7 @@ class _StoreWriter(StoreFile):
 def _write_blocks(
     writer: Any, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Write decoded blocks in order; returns ``(kept mask, skipped files, source (width, height) of each
-    stored image)``."""
+    """Write decoded blocks in order; ``(kept mask, skipped files, source (width, height) of each image)``."""
     keep = np.ones(len(writer.rel), dtype=bool)
     skipped: list[str] = []
     sizes: list[np.ndarray] = []
