@@ -395,7 +395,7 @@ def _convert_claimed(
 
 @dataclass(eq=False)
 class _StoreWriter(StoreFile):
-    """Writes a raw store into ``tmp``: HDF5 lays the file out, then each image is ``pwrite``-n at its chunk."""
+    """Writes a raw store into ``tmp``: HDF5 lays the file out, then each image is written at its chunk."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -173,7 +173,8 @@ class HDF5ImageDataset(Dataset):
         if (version, layout_version) != (self._VERSION, layout.LAYOUT_VERSION):
             why: str | None = (
                 f"was written by another lightning-gpuopt (format version {version}, layout version "
-                f"{layout_version}; this one reads {self._VERSION}/{layout.LAYOUT_VERSION}, a newer one by upgrading)"
+                f"{layout_version}; this one reads {self._VERSION}/{layout.LAYOUT_VERSION}, a newer one by "
+                "upgrading)"
             )
         elif not attrs.get(COMPLETE_ATTR, False):
             why = f"is incomplete: the conversion did not finish (no {COMPLETE_ATTR!r} mark)"
@@ -211,8 +212,8 @@ class HDF5ImageDataset(Dataset):
         # the images are rows of one (N, image bytes) block of the file: a batch is one gather
         if not np.array_equal(np.diff(self._offsets), np.full(n - 1, self._image_bytes)):
             raise ValueError(
-                f"HDF5 file {self.path!r} was converted by an earlier lightning-gpuopt (its images do not lie "
-                f"back to back); {self._fix()}"
+                f"HDF5 file {self.path!r} was converted by an earlier lightning-gpuopt (its images do not "
+                f"lie back to back); {self._fix()}"
             )
         self._block_start = int(self._offsets[0])
         # the table must agree with HDF5 (a file rewritten in place would not); check a spread of images

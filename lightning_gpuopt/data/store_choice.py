@@ -1,5 +1,5 @@
-"""Raw or JPEG store: the rule ``lightning-gpuopt convert`` states, from figures measured on this host where it
-can, else the assumed ones below (docs/hdf5.md, "Raw or JPEG store")."""
+"""Raw or JPEG store: the rule ``lightning-gpuopt convert`` states, from figures measured on this host where
+it can, else the assumed ones below (docs/hdf5.md, "Raw or JPEG store")."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
 
 @dataclass(frozen=True)
 class HostRates:
-    """Images a second one core decodes out of a JPEG store and one thread copies out of a raw store in memory,
-    measured over ``images`` of the user's images."""
+    """Images a second one core decodes out of a JPEG store and one thread copies out of a raw store in
+    memory, measured over ``images`` of the user's images."""
 
     decode: float
     copy: float
@@ -106,8 +106,8 @@ class HostRates:
 
 
 def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
-    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths``, encoded as the JPEG store keeps them, decoded
-    for at least ``SAMPLE_SECONDS`` and copied as a raw batch; ``None`` where none could be read.
+    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths``, encoded as the JPEG store keeps them,
+    decoded for at least ``SAMPLE_SECONDS`` and copied as a raw batch; ``None`` where none could be read.
 
     Example:
         >>> measure_rates(["a.jpg", "b.jpg"], 256)  # doctest: +SKIP

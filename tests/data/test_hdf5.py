@@ -251,7 +251,8 @@ def test_errors_name_the_file_and_the_fix(store, tmp_path):
         HDF5ImageDataset(_hand_made(tmp_path / "plain.h5"))
     old = _hand_made(tmp_path / "old.h5", format=FORMAT, format_version=1, image_size=8)
     with pytest.raises(
-        ValueError, match=r"old\.h5.* another lightning-gpuopt \(format version 1,.*convert SRC_FOLDER .*old\.h5 --overwrite"
+        ValueError,
+        match=r"old\.h5.* another lightning-gpuopt \(format version 1,.*SRC_FOLDER .*old\.h5 --overwrite",
     ):
         HDF5ImageDataset(old)
     shutil.copy(path, tmp_path / "edited.h5")
@@ -274,7 +275,7 @@ def test_a_store_without_the_completeness_mark_is_refused(store, tmp_path):
     incomplete = r"unmarked\.h5.* is incomplete: the conversion did not finish.*--overwrite"
     with pytest.raises(ValueError, match=incomplete):
         HDF5ImageDataset(unmarked)
-    older_fix = r"older\.h5.* another lightning-gpuopt \(format version 2,.*SRC_FOLDER .*older\.h5 --overwrite"
+    older_fix = r"older\.h5.* lightning-gpuopt \(format version 2,.*SRC_FOLDER .*older\.h5 --overwrite"
     with pytest.raises(ValueError, match=older_fix):
         HDF5ImageDataset(older)
 
