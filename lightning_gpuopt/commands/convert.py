@@ -184,14 +184,9 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
             rate = f"the disk's, the store being over half the memory ({size})"
         lines.append(f"expected read rate: {rate}; from a cold cache {cold}")
     else:
-        per_core = (
-            f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
-            if rates is not None
-            else f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
-        )
         lines.append(
             f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({choice.cores_per_gpu} cores a GPU "
-            f"decoding x {per_core}); its bytes come from a cold cache at {cold}"
+            f"decoding x {store_choice.per_core(rates)}); its bytes come from a cold cache at {cold}"
         )
     if given is None:
         lines.append(

@@ -86,8 +86,7 @@ def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
 
 
 def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
-    """Ask the kernel for each image's bytes now (``POSIX_FADV_WILLNEED``): a batch's reads go to the device
-    together, and only the bytes it uses are read."""
+    """Ask the kernel for each image's bytes now: a batch's reads reach the device together, and no more."""
     if _FADVISE is None:
         return
     for off in offsets.tolist():
@@ -298,9 +297,12 @@ class HDF5ImageDataset(Dataset):
         check_arg(-n <= i < n, "index", i, valid, error=IndexError)
         return i % n
 
-    def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``indices`` as a validated int64 array in ``[0, len)`` (negative ones counted from the end)."""
+    def _indices(self, indices: Sequence[int] | np.ndarray, images: np.ndarray | None = None) -> np.ndarray:
+        """``indices`` as a validated int64 array in ``[0, len)``; ``images`` checked to be their batch array."""
         idx = np.asarray(indices).reshape(-1)
+        if images is not None:
+            shape = (int(idx.size), *self.image_shape)
+            check_batch_array(images, shape, f"{type(self).__name__}.read_into's images")
         if idx.size == 0:
             return idx.astype(np.int64)
         what = f"an array of {idx.dtype}"
@@ -323,9 +325,7 @@ class HDF5ImageDataset(Dataset):
         Returns:
             int64 ``(B,)`` labels and int32 ``(B, 3)`` meta ``(h, w, transposed)``, new arrays.
         """
-        idx = self._indices(indices)
-        shape = (int(idx.size), *self.image_shape)
-        check_batch_array(images, shape, f"{type(self).__name__}.read_into's images")
+        idx = self._indices(indices, images)
         file, block = self._opened()
         fd = file.fileno()
         if os.fstat(fd).st_size < self._raw_end():  # a map read past the file's end would crash
@@ -333,7 +333,7 @@ class HDF5ImageDataset(Dataset):
         _will_need(fd, self._offsets[idx], self._image_bytes)
         # one gather, the GIL released inside; "clip" writes straight into ``images`` (the indices are
         # checked above), where the default mode copies through a buffer
-        np.take(block, idx, axis=0, out=images.reshape(shape[0], self._image_bytes), mode="clip")
+        np.take(block, idx, axis=0, out=images.reshape(idx.size, self._image_bytes), mode="clip")
         return self.labels[idx], self.meta[idx]
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -378,8 +378,7 @@ class HDF5ImageDataset(Dataset):
 
 class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
     """Map-style dataset over a JPEG store (``convert_folder_to_hdf5(..., format="jpeg")``): the raw store's
-    ``(canvas, label, meta)``, each image read with one ``pread`` and decoded by the folder backend's routine,
-    by DataLoader worker processes a whole batch a call (``readers.WholeBatches``).
+    ``(canvas, label, meta)``, each image read with one ``pread`` and decoded by DataLoader worker processes.
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert SRC OUT.h5 --format jpeg`` makes one).
@@ -390,12 +389,8 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
         ('JPEGStoreDataset', (256, 384, 3))
     """
 
-    _FORMAT, _VERSION, _TABLES, _FIX = (
-        JPEG_FORMAT,
-        JPEG_FORMAT_VERSION,
-        ("jpeg", "jpeg_offsets"),
-        " --format jpeg",
-    )
+    _FORMAT, _VERSION = JPEG_FORMAT, JPEG_FORMAT_VERSION
+    _TABLES, _FIX = ("jpeg", "jpeg_offsets"), " --format jpeg"
 
     def _read_offsets(self, f: Any, n: int) -> bool:
         blob = f["jpeg"]
@@ -419,21 +414,14 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
             raise self._truncated()
         return data
 
-    def _decode(self, fd: int, i: int, out: np.ndarray) -> np.ndarray:
-        return decode_canvas(self._bytes(fd, i), self.storage_size, out, name=f"image {i} of {self.path!r}")[
-            1
-        ]
-
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``HDF5ImageDataset.read_into``: each image read with one ``pread`` and decoded onto its row."""
-        idx = self._indices(indices)
-        check_batch_array(
-            images, (int(idx.size), *self.image_shape), f"{type(self).__name__}.read_into's images"
-        )
+        idx = self._indices(indices, images)
         fd = self._reader().fileno()
         meta = np.empty((int(idx.size), 3), dtype=np.int32)
         for j, i in enumerate(idx.tolist()):
-            meta[j] = self._decode(fd, i, images[j])
+            name = f"image {i} of {self.path!r}"
+            meta[j] = decode_canvas(self._bytes(fd, i), self.storage_size, images[j], name=name)[1]
         return self.labels[idx], meta

@@ -159,6 +159,13 @@ class StoreChoice:
     rates: HostRates | None = None
 
 
+def per_core(rates: HostRates | None) -> str:
+    """The JPEG decode rate a core, in words: measured (``rates``) or assumed."""
+    if rates is None:
+        return f"{JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
+    return f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
+
+
 def fits(store_bytes: int, memory: int) -> bool:
     """Whether a store of ``store_bytes`` stays in the page cache (``MEMORY_SHARE`` of ``memory``)."""
     return store_bytes <= MEMORY_SHARE * memory
@@ -221,15 +228,12 @@ def choose_store_format(
     disk = float(disk_gbps) if disk_gbps is not None else ASSUMED_DISK_GBPS
     cores = cores_per_gpu() if cores is None else max(1, int(cores))
     raw, jpeg = read_rates(num_images, raw_bytes, jpeg_bytes, memory, disk, cores, rates)
+    cache = f"about {raw:,.0f} img/s, assumed"
     if rates is not None:
-        per_core = f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
         cache = (
             f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {_readers(cores)} reading threads"
         )
-    else:
-        per_core = f"{JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
-        cache = f"about {raw:,.0f} img/s, assumed"
-    decode, gb = f"{cores} cores a GPU x {per_core}", 1e9
+    decode, gb = f"{cores} cores a GPU x {per_core(rates)}", 1e9
     store = f"the raw store ({raw_bytes / gb:,.2f} GB)"
     if fits(raw_bytes, memory):
         reason = (
