@@ -198,13 +198,7 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.data import store_choice
     from lightning_gpuopt.data._destination import _destination
-    from lightning_gpuopt.data.convert import (
-        CorruptImageError,
-        DecodeWorkerError,
-        OutputExistsError,
-        OutputInUseError,
-        convert_folder_to_hdf5,
-    )
+    from lightning_gpuopt.data.convert import DecodeWorkerError, OutputExistsError, convert_folder_to_hdf5
     from lightning_gpuopt.data.folder import scan_image_folder
 
     check_args(args)
@@ -226,16 +220,10 @@ def run(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 format=fmt,
             )
-    except CorruptImageError as err:
-        _fail(
-            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, or pass --on-corrupt skip"
-        )
-        return EXIT_USER
+    # other ValueErrors (an unreadable image, another conversion writing OUT) reach cli.main, which says them
+    # in one line with the command's flags
     except OutputExistsError:
         _fail(f"output {args.out!r} already exists; pass --overwrite or another name")
-        return EXIT_USER
-    except OutputInUseError as err:
-        _fail(str(err))
         return EXIT_USER
     except DecodeWorkerError as err:
         _fail(f"{err.what}; {args.out} was not written. Convert again with --workers 1 to find the image")

@@ -123,13 +123,10 @@ class StoreFile:
         str_dt = self.h5py.string_dtype("utf-8")
         kept = [r for r, k in zip(self.rel, keep, strict=True) if k]
         strings = {"classes": self.classes, "files": kept, "skipped_files": skipped}
+        arrays = {"meta": self.meta[: self.written], "labels": self.labels[keep], **tables}
 
         def write(f: Any) -> None:
-            for name, data in {
-                "meta": self.meta[: self.written],
-                "labels": self.labels[keep],
-                **tables,
-            }.items():
+            for name, data in arrays.items():
                 f.create_dataset(name, data=data)
             for name, values in strings.items():
                 f.create_dataset(name, data=np.array(values, dtype=object), dtype=str_dt)

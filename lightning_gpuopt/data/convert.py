@@ -58,21 +58,7 @@ class DecodeWorkerError(RuntimeError):
 
 @dataclass
 class ConversionResult:
-    """What ``convert_folder_to_hdf5`` wrote.
-
-    Attributes:
-        path: the HDF5 file (the path given, also when it is a symbolic link).
-        num_images: images stored.
-        classes: class names (index = label).
-        skipped: source files left out as unreadable (``on_corrupt="skip"``), relative to the source.
-        seconds: wall time of the conversion.
-        storage_size: shorter side of the stored images in pixels.
-        format: ``"raw"`` (uint8 canvases) or ``"jpeg"`` (the compact JPEG store).
-        bytes_written: image bytes in the store (canvases, or JPEG bytes), without the HDF5 metadata.
-        source_bytes: bytes of the source files of the stored images.
-        upsampled: stored images whose source's shorter side is below ``storage_size`` (upsampled to it).
-        smallest_source: ``(width, height)`` of the upsampled source with the shortest side, else ``None``.
-    """
+    """What ``convert_folder_to_hdf5`` wrote (its fields: docs/hdf5.md, "Converting")."""
 
     path: Path
     num_images: int

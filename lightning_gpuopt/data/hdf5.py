@@ -67,14 +67,6 @@ class HDF5Options:
         return min(READ_THREADS, max(1, cpus)), f"chosen from {cpus} cores a process, not measured"
 
 
-def _is_index(value: Any) -> bool:
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
 def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
     """``path`` is an HDF5 file whose ``format`` attribute names the JPEG store (any error: ``False``)."""
     try:
@@ -291,7 +283,7 @@ class HDF5ImageDataset(Dataset):
         return int(self.labels.shape[0])
 
     def _index(self, index: Any) -> int:
-        check_arg(_is_index(index), "HDF5ImageDataset indices", index, "integers", error=TypeError)
+        check_arg(hasattr(index, "__index__"), "HDF5ImageDataset indices", index, "integers", error=TypeError)
         i, n = operator.index(index), len(self)
         valid = f"in range for the {n} images in {self.path!r} (valid: {-n} to {n - 1})"
         check_arg(-n <= i < n, "index", i, valid, error=IndexError)
@@ -370,10 +362,8 @@ class HDF5ImageDataset(Dataset):
         return {**keys, "storage_size": self.storage_size}
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(path={self.path!r}, images={len(self)}, storage_size={self.storage_size}, "
-            f"canvas={self.image_shape}, classes={len(self.classes)})"
-        )
+        shown = f"images={len(self)}, storage_size={self.storage_size}, canvas={self.image_shape}"
+        return f"{type(self).__name__}(path={self.path!r}, {shown}, classes={len(self.classes)})"
 
 
 class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
