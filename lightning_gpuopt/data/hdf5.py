@@ -103,7 +103,7 @@ class HDF5ImageDataset(Dataset):
     """
 
     _FORMAT, _VERSION, _TABLES, _FIX = FORMAT, FORMAT_VERSION, ("images", "chunk_offsets"), ""
-    _block_start: int | None = None  # file offset of the images where they lie at equal strides
+    _block_start: int | None = None  # file offset of a raw store's images (a JPEG store: None)
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Any:
         if cls is HDF5ImageDataset and path is not None and _is_jpeg_store(path):
