@@ -77,8 +77,10 @@ def parse_feed(spec: str) -> tuple[str, int | str | None]:
         return backend, setting
     if backend == "folder" and setting == "workers":
         return backend, setting
-    raise ValueError(f"feed {spec!r}: hdf5:N, jpegstore:N and folder:N take a count, hdf5:inline staging "
-                     "on the training thread, folder:workers DataLoader workers, dali:cpu|gpu a decoder")
+    raise ValueError(
+        f"feed {spec!r}: hdf5:N, jpegstore:N and folder:N take a count, hdf5:inline staging "
+        "on the training thread, folder:workers DataLoader workers, dali:cpu|gpu a decoder"
+    )
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
