@@ -8,8 +8,6 @@ feed differs. A feed is ``backend[:setting]``:
     resident        one uint8 batch kept on the GPU: the preset with a free feed
     hdf5[:N]        OptimizedDataModule("store.h5"): the uint8 store read by N threads (HDF5Options; default:
                     chosen from the cores)
-    hdf5:pread      the same store read with one positional read an image, as a store whose images are
-                    not at equal strides is read (one converted by an earlier version)
     hdf5:inline     the same store with each batch copied and transformed by the training thread itself,
                     one step ahead, instead of by the loader's staging thread
     jpegstore[:N]   OptimizedDataModule("store_jpeg.h5"): the compact JPEG store (convert --format jpeg),
@@ -25,7 +23,6 @@ repetition is one fit measured by ``StepClock`` after ``--warmup`` steps, past e
 
     python3 benchmarks/feeds.py                               # one H200: about 9 minutes
     python3 benchmarks/feeds.py --feeds hdf5,hdf5:1,hdf5:8    # the store's reading threads
-    python3 benchmarks/feeds.py --feeds resident,hdf5,hdf5:pread  # one gather a batch against a read an image
     python3 benchmarks/feeds.py --feeds resident,folder,folder:workers,jpegstore  # JPEGs: threads or workers
     python3 benchmarks/feeds.py --quick                       # CPU smoke run
 """
@@ -76,12 +73,14 @@ def parse_feed(spec: str) -> tuple[str, int | str | None]:
         return backend, setting
     if backend in ("hdf5", "jpegstore", "folder") and setting.isdigit():
         return backend, int(setting)
-    if backend == "hdf5" and setting in ("pread", "inline"):
+    if backend == "hdf5" and setting == "inline":
         return backend, setting
     if backend == "folder" and setting == "workers":
         return backend, setting
-    raise ValueError(f"feed {spec!r}: hdf5:N, jpegstore:N and folder:N take a count, hdf5:pread a read an "
-                     "image, folder:workers DataLoader worker processes, dali:cpu|gpu a decoder")
+    raise ValueError(
+        f"feed {spec!r}: hdf5:N, jpegstore:N and folder:N take a count, hdf5:inline staging "
+        "on the training thread, folder:workers DataLoader workers, dali:cpu|gpu a decoder"
+    )
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,8 +150,8 @@ def feed(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> dict[str,
         kwargs["backend"] = "hdf5"
     if backend == "dali":
         kwargs["dali"] = DALIOptions(decoder=setting) if setting else None
-    elif setting in ("pread", "inline"):
-        pass  # the store's own thread count; ``reading`` changes how it is read or staged
+    elif setting == "inline":
+        pass  # the store's own thread count; ``reading`` changes how it is staged
     elif setting == "workers":
         return {"datamodule": _per_image_module()(str(info[backend]), **kwargs)}
     elif setting is not None and backend == "hdf5":
@@ -191,35 +190,18 @@ def _inline_staged(source: Iterator[Any], device: Any, transform: Callable[[Any]
 
 @contextlib.contextmanager
 def reading(spec: str) -> Iterator[None]:
-    """Inside, stores opened for ``hdf5:pread`` read one image a positional read (their images taken as
-    not lying at equal strides), and ``hdf5:inline`` stages batches on the training thread; other feeds
-    are left as they are."""
-    from lightning_gpuopt.data.hdf5 import HDF5ImageDataset
-
-    if parse_feed(spec) == ("hdf5", "inline"):
-        from lightning_gpuopt.data import loader
-
-        staged = loader._staged
-        loader._staged = _inline_staged  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            loader._staged = staged  # type: ignore[assignment]
-        return
-    if parse_feed(spec) != ("hdf5", "pread"):
+    """Inside, ``hdf5:inline`` stages batches on the training thread; other feeds are left as they are."""
+    if parse_feed(spec) != ("hdf5", "inline"):
         yield
         return
-    header = HDF5ImageDataset._read_header
+    from lightning_gpuopt.data import loader
 
-    def scattered(self: Any, f: Any) -> None:
-        header(self, f)
-        self._block_start = None
-
-    HDF5ImageDataset._read_header = scattered  # type: ignore[method-assign]
+    staged = loader._staged
+    loader._staged = _inline_staged  # type: ignore[assignment]
     try:
         yield
     finally:
-        HDF5ImageDataset._read_header = header  # type: ignore[method-assign]
+        loader._staged = staged  # type: ignore[assignment]
 
 
 def alone(spec: str, args: argparse.Namespace, info: dict[str, Any]) -> float | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "decode every image of a folder and list each one that cannot be decoded"
 EXIT_UNREADABLE = 1
 
 

@@ -1,9 +1,6 @@
-"""``lightning-gpuopt convert SRC OUT.h5``: a class-per-subfolder image folder to an HDF5 store.
-
-``--format raw`` (default) writes uint8 canvases, ``--format jpeg`` the compact JPEG store, ``--format auto``
-the one ``lightning_gpuopt.data.store_choice`` picks here. The command then prints what the store costs and
-delivers (docs/hdf5.md). Exit codes: 0 written; 2 the user's to fix; 1 a failure of the machine (an I/O
-error, a decode worker that died); 130 interrupted.
+"""``lightning-gpuopt convert SRC OUT.h5``: a class-per-subfolder image folder to an HDF5 store, then what it
+costs and delivers (docs/hdf5.md). Exit codes: 0 written; 2 the user's to fix; 1 a failure of the machine (an
+I/O error, a decode worker that died); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from lightning_gpuopt._checks import check_arg
 if TYPE_CHECKING:
     from lightning_gpuopt.data.convert import ConversionResult
 
-HELP = "convert a class-per-subfolder image folder to uint8 HDF5"
 # the library's warning about sources smaller than the storage size, which the command says with its flag
 UPSAMPLED = r"\d+ of \d+ source images have a shorter side below storage_size="
 EXIT_USER, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -72,9 +68,6 @@ def check_args(args: argparse.Namespace) -> None:
         fix="leave it out to use every CPU",
     )
     _check_source(args.src)
-    out = Path(args.out).expanduser()
-    if not args.overwrite and out.exists() and not out.is_dir():
-        raise ValueError(f"output {args.out!r} already exists; pass --overwrite or another name")
     _check_destination_folder(args.out)
 
 
@@ -129,19 +122,10 @@ def _check_destination_folder(out: str) -> None:
 
 
 def _os_error_message(err: OSError, out: str) -> str:
-    # the conversion marks a refusal of its destination; a file name beside the output is one of its own
-    # (the output, its temporary file or its lock), not a source file's
-    named = getattr(err, "destination", None) or err.filename
-    if named is not None:
-        path, dest = Path(os.fsdecode(named)).absolute(), Path(out).expanduser().absolute()
-        ours = (
-            path.name == dest.name
-            or path.name.startswith(f"{dest.name}.tmp-")
-            or path.name == f".{dest.name}.lock"
-        )
-        reason = _unwritable(out, err.errno) if path.parent == dest.parent and ours else None
-        if reason is not None:
-            return reason
+    # the conversion marks a refusal of its destination (its lock or temporary file cannot be created)
+    reason = _unwritable(out, err.errno) if getattr(err, "destination", None) else None
+    if reason is not None:
+        return reason
     if err.filename is None:
         return err.strerror or str(err)  # the package's own message names the path and the fix
     from lightning_gpuopt.cli import describe_os_error
@@ -200,14 +184,9 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
             rate = f"the disk's, the store being over half the memory ({size})"
         lines.append(f"expected read rate: {rate}; from a cold cache {cold}")
     else:
-        per_core = (
-            f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
-            if rates is not None
-            else f"{store_choice.JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
-        )
         lines.append(
             f"expected read rate: about {choice.jpeg_rate:,.0f} img/s ({choice.cores_per_gpu} cores a GPU "
-            f"decoding x {per_core}); its bytes come from a cold cache at {cold}"
+            f"decoding x {store_choice.per_core(rates)}); its bytes come from a cold cache at {cold}"
         )
     if given is None:
         lines.append(
@@ -218,18 +197,14 @@ def _consequences(result: ConversionResult, given: str | None, rates: Any = None
 
 def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.data import store_choice
-    from lightning_gpuopt.data.convert import (
-        CorruptImageError,
-        DecodeWorkerError,
-        OutputExistsError,
-        OutputInUseError,
-        convert_folder_to_hdf5,
-    )
+    from lightning_gpuopt.data._destination import _destination
+    from lightning_gpuopt.data.convert import DecodeWorkerError, OutputExistsError, convert_folder_to_hdf5
     from lightning_gpuopt.data.folder import scan_image_folder
 
     check_args(args)
     given = args.format
     try:
+        _destination(args.out, args.overwrite)  # the conversion's own checks of OUT, before any work
         files = [p for p, _ in scan_image_folder(Path(args.src).expanduser())[1]]
         # this host's rates on a sample of the source: what the rule weighs instead of another host's figures
         rates = store_choice.measure_rates(files, args.size)
@@ -245,16 +220,10 @@ def run(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 format=fmt,
             )
-    except CorruptImageError as err:
-        _fail(
-            f"cannot decode image {err.path!r} ({err.reason}); remove or replace it, or pass --on-corrupt skip"
-        )
-        return EXIT_USER
-    except OutputExistsError:  # appeared after the check above, e.g. written by another conversion
+    # other ValueErrors (an unreadable image, another conversion writing OUT) reach cli.main, which says them
+    # in one line with the command's flags
+    except OutputExistsError:
         _fail(f"output {args.out!r} already exists; pass --overwrite or another name")
-        return EXIT_USER
-    except OutputInUseError as err:
-        _fail(str(err))
         return EXIT_USER
     except DecodeWorkerError as err:
         _fail(f"{err.what}; {args.out} was not written. Convert again with --workers 1 to find the image")

@@ -27,12 +27,8 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
 
 
 class HDF5Writes(io.FileIO):
-    """The file HDF5 writes through (h5py's file-object driver), with failures held back.
-
-    The first failed write or truncate is kept in ``error`` and every later one only pretends, so HDF5 still
-    closes the file normally and the caller raises ``error`` afterwards (HDF5 left with a file it could not
-    flush fails to close it, then crashes the interpreter at exit).
-    """
+    """The file HDF5 writes through, the first failed write kept in ``error`` and later ones only pretended:
+    HDF5 left with a file it could not flush fails to close it, then crashes the interpreter at exit."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "r+")
@@ -60,9 +56,8 @@ class HDF5Writes(io.FileIO):
 
 @dataclass(eq=False)
 class StoreFile:
-    """A store being written into ``tmp``: the images first (by the subclass), then the tables, root
-    attributes and completeness mark in one last HDF5 pass (``complete``), once every image is flushed (a
-    copy of ``tmp`` taken before has no mark)."""
+    """A store being written into ``tmp``: the images (by the subclass), then, once they are flushed, the
+    tables, root attributes and completeness mark in one last HDF5 pass (``complete``)."""
 
     h5py: Any
     tmp: Path
@@ -128,13 +123,10 @@ class StoreFile:
         str_dt = self.h5py.string_dtype("utf-8")
         kept = [r for r, k in zip(self.rel, keep, strict=True) if k]
         strings = {"classes": self.classes, "files": kept, "skipped_files": skipped}
+        arrays = {"meta": self.meta[: self.written], "labels": self.labels[keep], **tables}
 
         def write(f: Any) -> None:
-            for name, data in {
-                "meta": self.meta[: self.written],
-                "labels": self.labels[keep],
-                **tables,
-            }.items():
+            for name, data in arrays.items():
                 f.create_dataset(name, data=data)
             for name, values in strings.items():
                 f.create_dataset(name, data=np.array(values, dtype=object), dtype=str_dt)

@@ -1,9 +1,5 @@
-"""Convert a class-per-subfolder image folder into an HDF5 store (``convert_folder_to_hdf5``).
-
-Images are decoded in worker processes and written in order under an exclusive claim on ``OUT``, into
-``OUT.tmp-<pid>``, which gets its final name only once complete; docs/hdf5.md ("Converting") says what is
-checked before any work and how every kind of stop is cleaned up.
-"""
+"""Convert a class-per-subfolder image folder into an HDF5 store (``convert_folder_to_hdf5``; docs/hdf5.md,
+"Converting")."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ CONVERT_FIX = "remove or replace the file, or pass on_corrupt='skip' to leave un
 
 
 class DecodeWorkerError(RuntimeError):
-    """A decode worker process died (killed, out of memory, or crashed inside an image library): ``what``
-    says which and how, without the Python-API advice of the message."""
+    """A decode worker process died; ``what`` says which and how, without the message's Python-API advice."""
 
     def __init__(self, pid: int | None, exitcode: int | None) -> None:
         self.what = (
@@ -63,21 +58,7 @@ class DecodeWorkerError(RuntimeError):
 
 @dataclass
 class ConversionResult:
-    """What ``convert_folder_to_hdf5`` wrote.
-
-    Attributes:
-        path: the HDF5 file (the path given, also when it is a symbolic link).
-        num_images: images stored.
-        classes: class names (index = label).
-        skipped: source files left out as unreadable (``on_corrupt="skip"``), relative to the source.
-        seconds: wall time of the conversion.
-        storage_size: shorter side of the stored images in pixels.
-        format: ``"raw"`` (uint8 canvases) or ``"jpeg"`` (the compact JPEG store).
-        bytes_written: image bytes in the store (canvases, or JPEG bytes), without the HDF5 metadata.
-        source_bytes: bytes of the source files of the stored images.
-        upsampled: stored images whose source's shorter side is below ``storage_size`` (upsampled to it).
-        smallest_source: ``(width, height)`` of the upsampled source with the shortest side, else ``None``.
-    """
+    """What ``convert_folder_to_hdf5`` wrote (its fields: docs/hdf5.md, "Converting")."""
 
     path: Path
     num_images: int
@@ -98,8 +79,7 @@ _parent_pid: int | None = None
 
 
 def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
-    """Decode a block of images onto canvases, or encode them for the JPEG store (``job[3] == "jpeg"``:
-    ``(bytes, kept as it is)`` items); failures come back as ``(index, path, reason)``."""
+    """Decode a block of images onto canvases, or encode them for the JPEG store; failures as ``errors``."""
     from lightning_gpuopt.data.folder import load_canvas
 
     paths, storage_size, keep_going, fmt = job
@@ -144,12 +124,8 @@ def _remove_stale_temps(dest: Path) -> None:
 
 
 def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
-    """A decode worker: take ``(index, job)`` from ``tasks`` until ``None``, put ``(index, block)``.
-
-    It dies with its parent (``parent_pid``, the converter when forked from it, else the process that
-    started it): SIGKILL when the parent dies (Linux), the default SIGTERM, and no SIGINT (Ctrl-C reaches
-    the converter, which stops the workers).
-    """
+    """A decode worker, dying with its parent (``parent_pid``, else the process that started it); Ctrl-C
+    reaches only the converter, which stops the workers."""
     global _parent_pid
     expected = os.getppid() if parent_pid is None else parent_pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() must end a worker at once
@@ -162,11 +138,8 @@ def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
 
 
 class _Decoder:
-    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight (bounded memory).
-
-    A worker that dies raises ``DecodeWorkerError`` within half a second instead of leaving the conversion
-    waiting; ``close(abort=True)`` terminates the workers at once.
-    """
+    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight; a worker that dies
+    raises ``DecodeWorkerError`` within half a second."""
 
     def __init__(self, jobs: list[tuple[list[str], int, bool, str]], workers: int) -> None:
         self.jobs = jobs
@@ -221,7 +194,7 @@ class _Decoder:
 
 
 class _Terminated(BaseException):
-    """SIGTERM arrived during a conversion (raised in the main thread so the temporary file is removed)."""
+    """SIGTERM arrived during a conversion."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -230,11 +203,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into ``_Terminated`` while converting, then deliver it again with its default action.
-
-    Only from the main thread and only where SIGTERM has its default action (an application's own handler is
-    left alone), so the process still ends as killed by SIGTERM, after the cleanup.
-    """
+    """Turn SIGTERM into ``_Terminated`` while converting (main thread, default handler only), then deliver it
+    again so the process still ends as killed by SIGTERM, after the cleanup."""
     install = (
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -286,9 +256,8 @@ def convert_folder_to_hdf5(
 ) -> ConversionResult:
     """Convert a class-per-subfolder image folder into an HDF5 store of whole images.
 
-    Each image is decoded by worker processes, resized like torchvision's ``Resize(storage_size)`` and kept
-    whole on a canvas (``data.layout``). The output appears only complete, and an error, Ctrl-C, SIGTERM or
-    SIGKILL leaves nothing behind (docs/hdf5.md, "Converting").
+    Each image is resized like torchvision's ``Resize(storage_size)`` and kept whole on a canvas; the output
+    appears only complete, and no kind of stop leaves anything behind (docs/hdf5.md, "Converting").
 
     Args:
         src: folder laid out as ``src/<class>/<image>``.
@@ -412,9 +381,7 @@ def _convert_claimed(
 
 @dataclass(eq=False)
 class _StoreWriter(StoreFile):
-    """Writes a raw store into ``tmp``: HDF5 lays the file out first, every image chunk allocated (not
-    filled), then each image is written with plain ``pwrite`` at its chunk's offset, so HDF5 itself writes
-    nothing while decoding runs."""
+    """Writes a raw store into ``tmp``: HDF5 lays the file out, then each image is written at its chunk."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -426,13 +393,17 @@ class _StoreWriter(StoreFile):
             images = f.create_dataset(
                 "images", shape=shape, dtype=np.uint8, chunks=(1, ch, cw, 3), dcpl=self.allocated()
             )
-            self.offsets = _chunk_offsets(images)
+            ends.extend(
+                images.id.get_chunk_info_by_coord((i, 0, 0, 0)).byte_offset for i in (0, shape[0] - 1)
+            )
             self.identify(f, FORMAT, FORMAT_VERSION)
 
+        ends: list[int | None] = []
         self.hdf5("w", lay_out)
-        if int(self.offsets.min()) < 0:
+        self.offsets = (ends[0] or 0) + self.image_bytes * np.arange(shape[0], dtype=np.int64)
+        if None in ends or ends[1] != self.offsets[-1]:  # the format's images lie back to back
             raise RuntimeError(
-                f"HDF5 did not allocate every image chunk of {str(self.tmp)!r}; please report this"
+                f"HDF5 did not lay the images of {str(self.tmp)!r} back to back; please report this"
             )
         self.fd = os.open(self.tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
 
@@ -451,8 +422,7 @@ class _StoreWriter(StoreFile):
             self.written += 1
 
     def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
-        """The tables and the completeness mark; the rows of skipped images stay past the first ``written``
-        (a fixed-size dataset keeps its chunks back to back)."""
+        """The tables and the completeness mark (skipped images' rows stay past the first ``written``)."""
         self.close()
         tables = {"chunk_offsets": self.offsets[: self.written]}
         self.complete(keep, skipped, tables, {})
@@ -466,8 +436,7 @@ class _StoreWriter(StoreFile):
 def _write_blocks(
     writer: Any, blocks: Iterator[_Block], keep_going: bool, advance: Callable[[int], Any]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Write decoded blocks in order; returns ``(kept mask, skipped files, source (width, height) of each
-    stored image)``."""
+    """Write decoded blocks in order; ``(kept mask, skipped files, source (width, height) of each image)``."""
     keep = np.ones(len(writer.rel), dtype=bool)
     skipped: list[str] = []
     sizes: list[np.ndarray] = []
@@ -483,16 +452,3 @@ def _write_blocks(
         sizes.append(wh[good])
         advance(len(canvases))
     return keep, skipped, np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
-
-
-def _chunk_offsets(dset: Any) -> np.ndarray:
-    """Byte offset in the file of every chunk of ``dset`` (one image a chunk: index = image)."""
-    offsets = np.full(dset.shape[0], -1, dtype=np.int64)
-    dsid = dset.id
-    if hasattr(dsid, "chunk_iter"):  # HDF5 >= 1.14 (h5py >= 3.8): one pass over the chunk index
-        dsid.chunk_iter(lambda info: offsets.__setitem__(info.chunk_offset[0], info.byte_offset))
-    else:
-        for i in range(dsid.get_num_chunks()):
-            info = dsid.get_chunk_info(i)
-            offsets[info.chunk_offset[0]] = info.byte_offset
-    return offsets

@@ -33,17 +33,6 @@ COMPLETE_ATTR = "complete"
 #: threads of a training process reading a raw store when ``HDF5Options.threads`` is ``None`` (at most its
 #: CPUs): chosen, not measured; four fed a compiled ResNet-50 on one H200 with room to spare (docs/hdf5.md)
 READ_THREADS = 4
-#: why a raw store of an earlier format version is refused
-_EARLIER = {
-    1: "holds the old layout (a central square per image, format version 1); training now crops from whole "
-    "images",
-    2: "has format version 2, written without the mark of a finished conversion (it cannot be told from one "
-    "that stopped midway)",
-}
-_LAYOUT_1 = (
-    "has layout version 1: images more elongated than 3:2 were shrunk to fit the canvas, where they are now "
-    "cut to it (their evaluation crop is torchvision's Resize + CenterCrop)"
-)
 _FADVISE = getattr(os, "posix_fadvise", None)
 
 
@@ -78,14 +67,6 @@ class HDF5Options:
         return min(READ_THREADS, max(1, cpus)), f"chosen from {cpus} cores a process, not measured"
 
 
-def _is_index(value: Any) -> bool:
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
 def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
     """``path`` is an HDF5 file whose ``format`` attribute names the JPEG store (any error: ``False``)."""
     try:
@@ -97,8 +78,7 @@ def _is_jpeg_store(path: str | os.PathLike[str]) -> bool:
 
 
 def _will_need(fd: int, offsets: np.ndarray, size: int) -> None:
-    """Ask the kernel for each image's bytes now (``POSIX_FADV_WILLNEED``): a batch's reads go to the device
-    together, and only the bytes it uses are read."""
+    """Ask the kernel for each image's bytes now: a batch's reads reach the device together, and no more."""
     if _FADVISE is None:
         return
     for off in offsets.tolist():
@@ -123,7 +103,7 @@ class HDF5ImageDataset(Dataset):
     """
 
     _FORMAT, _VERSION, _TABLES, _FIX = FORMAT, FORMAT_VERSION, ("images", "chunk_offsets"), ""
-    _block_start: int | None = None  # file offset of the images where they lie at equal strides
+    _block_start: int | None = None  # file offset of a raw store's images (a JPEG store: None)
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Any:
         if cls is HDF5ImageDataset and path is not None and _is_jpeg_store(path):
@@ -181,14 +161,11 @@ class HDF5ImageDataset(Dataset):
             )
         version, layout_version = int(attrs.get("format_version", 0)), int(attrs.get("layout_version", 0))
         h5py = require("h5py")
-        if self._FORMAT == FORMAT and version in _EARLIER:
-            why: str | None = _EARLIER[version]
-        elif version == self._VERSION and layout_version == 1:
-            why = _LAYOUT_1
-        elif (version, layout_version) != (self._VERSION, layout.LAYOUT_VERSION):
-            why = (
-                f"has format version {version}, layout version {layout_version}; this lightning-gpuopt reads "
-                f"{self._VERSION}/{layout.LAYOUT_VERSION} (or upgrade lightning-gpuopt)"
+        if (version, layout_version) != (self._VERSION, layout.LAYOUT_VERSION):
+            why: str | None = (
+                f"was written by another lightning-gpuopt (format version {version}, layout version "
+                f"{layout_version}; this one reads {self._VERSION}/{layout.LAYOUT_VERSION}, a newer one by "
+                "upgrading)"
             )
         elif not attrs.get(COMPLETE_ATTR, False):
             why = f"is incomplete: the conversion did not finish (no {COMPLETE_ATTR!r} mark)"
@@ -223,9 +200,13 @@ class HDF5ImageDataset(Dataset):
         if not (shape_ok and plain and f["chunk_offsets"].shape == (n,)):
             return False
         self._offsets: np.ndarray = f["chunk_offsets"][()].astype(np.int64)
-        # images at equal strides are rows of one (N, image bytes) block of the file: a batch is one gather
-        if np.array_equal(np.diff(self._offsets), np.full(n - 1, self._image_bytes)):
-            self._block_start = int(self._offsets[0])
+        # the images are rows of one (N, image bytes) block of the file: a batch is one gather
+        if not np.array_equal(np.diff(self._offsets), np.full(n - 1, self._image_bytes)):
+            raise ValueError(
+                f"HDF5 file {self.path!r} was converted by an earlier lightning-gpuopt (its images do not "
+                f"lie back to back); {self._fix()}"
+            )
+        self._block_start = int(self._offsets[0])
         # the table must agree with HDF5 (a file rewritten in place would not); check a spread of images
         for i in sorted({0, n // 2, n - 1}):
             info = images.id.get_chunk_info_by_coord((i, 0, 0, 0))
@@ -261,25 +242,29 @@ class HDF5ImageDataset(Dataset):
             raise
         return fd
 
-    def _reader(self) -> Any:
-        """This process's unbuffered file, opened, checked and mapped on its first read (again after a fork)."""
-        pid = os.getpid()
+    def _opened(self) -> tuple[Any, np.ndarray | None]:
+        """This process's unbuffered file and its map (a raw store's), opened and checked on the first read
+        (again after a fork); a read holds both, so ``close`` cannot release them under it."""
         with self._file_lock:
-            if self._file_pid != pid or self._file is None:
+            if self._file_pid != os.getpid() or self._file is None:
                 self._file = open(self._open_checked(), "rb", buffering=0)  # noqa: SIM115 -- kept open
-                start = self._block_start
-                self._rows = None if start is None else self._map(self._file.fileno(), start)
-                self._file_pid = pid
-            return self._file
+                self._rows = self._map(self._file.fileno())
+                self._file_pid = os.getpid()
+            return self._file, self._rows
 
-    def _map(self, fd: int, start: int) -> np.ndarray:
+    def _reader(self) -> Any:
+        return self._opened()[0]
+
+    def _map(self, fd: int) -> np.ndarray | None:
+        if self._block_start is None:  # a JPEG store: one pread an image
+            return None
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         if hasattr(mmap, "MADV_RANDOM") and _FADVISE is not None:
             # batches gather images at random offsets: a page missing from the cache is read alone (its
             # image was asked for, ``_will_need``), not with the device's read-around window of several MB
             with contextlib.suppress(OSError):  # a file system that takes no advice is read as before
                 mapped.madvise(mmap.MADV_RANDOM)
-        rows = np.frombuffer(mapped, np.uint8, len(self) * self._image_bytes, start)
+        rows = np.frombuffer(mapped, np.uint8, len(self) * self._image_bytes, self._block_start)
         return rows.reshape(len(self), self._image_bytes)
 
     def close(self) -> None:
@@ -298,15 +283,18 @@ class HDF5ImageDataset(Dataset):
         return int(self.labels.shape[0])
 
     def _index(self, index: Any) -> int:
-        check_arg(_is_index(index), "HDF5ImageDataset indices", index, "integers", error=TypeError)
+        check_arg(hasattr(index, "__index__"), "HDF5ImageDataset indices", index, "integers", error=TypeError)
         i, n = operator.index(index), len(self)
         valid = f"in range for the {n} images in {self.path!r} (valid: {-n} to {n - 1})"
         check_arg(-n <= i < n, "index", i, valid, error=IndexError)
         return i % n
 
-    def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``indices`` as a validated int64 array in ``[0, len)`` (negative ones counted from the end)."""
+    def _indices(self, indices: Sequence[int] | np.ndarray, images: np.ndarray | None = None) -> np.ndarray:
+        """``indices`` as a validated int64 array in ``[0, len)``; ``images`` checked to be their batch array."""
         idx = np.asarray(indices).reshape(-1)
+        if images is not None:
+            shape = (int(idx.size), *self.image_shape)
+            check_batch_array(images, shape, f"{type(self).__name__}.read_into's images")
         if idx.size == 0:
             return idx.astype(np.int64)
         what = f"an array of {idx.dtype}"
@@ -329,26 +317,15 @@ class HDF5ImageDataset(Dataset):
         Returns:
             int64 ``(B,)`` labels and int32 ``(B, 3)`` meta ``(h, w, transposed)``, new arrays.
         """
-        idx = self._indices(indices)
-        shape = (int(idx.size), *self.image_shape)
-        check_batch_array(images, shape, f"{type(self).__name__}.read_into's images")
-        fd = self._reader().fileno()  # held for the whole batch: close() cannot release it under these reads
-        rows, block = images.reshape(shape[0], self._image_bytes), self._rows
-        if block is not None and self._block_start is not None:
-            if os.fstat(fd).st_size < self._raw_end():  # a map read past the file's end would crash
-                raise self._truncated()
-            _will_need(fd, self._block_start + idx * self._image_bytes, self._image_bytes)
-            # one gather, the GIL released inside; "clip" writes straight into ``images`` (the indices are
-            # checked above), where the default mode copies through a buffer
-            np.take(block, idx, axis=0, out=rows, mode="clip")
-            return self.labels[idx], self.meta[idx]
-        for j, offset in enumerate(self._offsets[idx].tolist()):
-            done = 0
-            while done < self._image_bytes:
-                n = os.preadv(fd, [rows[j, done:]], offset + done)
-                if n <= 0:
-                    raise self._truncated()
-                done += n
+        idx = self._indices(indices, images)
+        file, block = self._opened()
+        fd = file.fileno()
+        if os.fstat(fd).st_size < self._raw_end():  # a map read past the file's end would crash
+            raise self._truncated()
+        _will_need(fd, self._offsets[idx], self._image_bytes)
+        # one gather, the GIL released inside; "clip" writes straight into ``images`` (the indices are
+        # checked above), where the default mode copies through a buffer
+        np.take(block, idx, axis=0, out=images.reshape(idx.size, self._image_bytes), mode="clip")
         return self.labels[idx], self.meta[idx]
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -385,16 +362,13 @@ class HDF5ImageDataset(Dataset):
         return {**keys, "storage_size": self.storage_size}
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(path={self.path!r}, images={len(self)}, storage_size={self.storage_size}, "
-            f"canvas={self.image_shape}, classes={len(self.classes)})"
-        )
+        shown = f"images={len(self)}, storage_size={self.storage_size}, canvas={self.image_shape}"
+        return f"{type(self).__name__}(path={self.path!r}, {shown}, classes={len(self.classes)})"
 
 
 class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
     """Map-style dataset over a JPEG store (``convert_folder_to_hdf5(..., format="jpeg")``): the raw store's
-    ``(canvas, label, meta)``, each image read with one ``pread`` and decoded by the folder backend's routine,
-    by DataLoader worker processes a whole batch a call (``readers.WholeBatches``).
+    ``(canvas, label, meta)``, each image read with one ``pread`` and decoded by DataLoader worker processes.
 
     Args:
         path: the ``.h5`` file (``lightning-gpuopt convert SRC OUT.h5 --format jpeg`` makes one).
@@ -405,12 +379,8 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
         ('JPEGStoreDataset', (256, 384, 3))
     """
 
-    _FORMAT, _VERSION, _TABLES, _FIX = (
-        JPEG_FORMAT,
-        JPEG_FORMAT_VERSION,
-        ("jpeg", "jpeg_offsets"),
-        " --format jpeg",
-    )
+    _FORMAT, _VERSION = JPEG_FORMAT, JPEG_FORMAT_VERSION
+    _TABLES, _FIX = ("jpeg", "jpeg_offsets"), " --format jpeg"
 
     def _read_offsets(self, f: Any, n: int) -> bool:
         blob = f["jpeg"]
@@ -434,21 +404,14 @@ class JPEGStoreDataset(DecodesInWorkers, HDF5ImageDataset):
             raise self._truncated()
         return data
 
-    def _decode(self, fd: int, i: int, out: np.ndarray) -> np.ndarray:
-        return decode_canvas(self._bytes(fd, i), self.storage_size, out, name=f"image {i} of {self.path!r}")[
-            1
-        ]
-
     def read_into(
         self, indices: Sequence[int] | np.ndarray, images: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``HDF5ImageDataset.read_into``: each image read with one ``pread`` and decoded onto its row."""
-        idx = self._indices(indices)
-        check_batch_array(
-            images, (int(idx.size), *self.image_shape), f"{type(self).__name__}.read_into's images"
-        )
+        idx = self._indices(indices, images)
         fd = self._reader().fileno()
         meta = np.empty((int(idx.size), 3), dtype=np.int32)
         for j, i in enumerate(idx.tolist()):
-            meta[j] = self._decode(fd, i, images[j])
+            name = f"image {i} of {self.path!r}"
+            meta[j] = decode_canvas(self._bytes(fd, i), self.storage_size, images[j], name=name)[1]
         return self.labels[idx], meta

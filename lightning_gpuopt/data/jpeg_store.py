@@ -1,7 +1,4 @@
-"""The compact JPEG store's writing side: what bytes an image keeps (``encode_for_store``) and the writer.
-
-It is read by ``hdf5.JPEGStoreDataset`` (importable from here too); its layout is in docs/hdf5.md.
-"""
+"""The compact JPEG store's writing side (read by ``hdf5.JPEGStoreDataset``; its layout is in docs/hdf5.md)."""
 
 from __future__ import annotations
 
@@ -67,8 +64,8 @@ def encode_for_store(
 
 @dataclass(eq=False)
 class JPEGStoreWriter(StoreFile):
-    """Writes a JPEG store into ``tmp``: the bytes appended to ``spill_path`` as they arrive; once every image is
-    in, ``/jpeg`` laid out at its exact size, the bytes copied in, then ``StoreFile.complete``."""
+    """Writes a JPEG store into ``tmp``: the bytes spilled to ``spill_path`` as they arrive, then copied into
+    ``/jpeg`` laid out at its exact size."""
 
     spill_path: Path
 

@@ -1,10 +1,5 @@
-"""How a decoded image is kept on the host: resized as torchvision's ``Resize`` does, on a uint8 canvas.
-
-Each image is resized like ``Resize(storage_size)`` and placed at the top-left of a landscape canvas of
-``storage_size x ceil(storage_size * MAX_ASPECT)`` (a portrait image transposed, a longer one cut to its centre
-by ``cut_window``), with ``meta = (h, w, transposed)``, its valid region. docs/datamodule.md, "Whole images on
-a canvas", says why and what it costs.
-"""
+"""How a decoded image is kept on the host: resized as torchvision's ``Resize`` does, at the top-left of a
+uint8 canvas, with ``meta = (h, w, transposed)`` (docs/datamodule.md, "Whole images on a canvas")."""
 
 from __future__ import annotations
 
@@ -35,8 +30,7 @@ def canvas_shape(storage_size: int) -> tuple[int, int]:
 
 
 def resized_size(width: int, height: int, storage_size: int) -> tuple[int, int]:
-    """``(width, height)`` of a ``width x height`` image resized as torchvision's ``Resize(storage_size)``
-    resizes it: the shorter side ``storage_size``, the longer ``int(storage_size * long / short)``."""
+    """``(width, height)`` of a ``width x height`` image after torchvision's ``Resize(storage_size)``."""
     check_arg(
         is_int(width) and is_int(height) and width >= 1 and height >= 1,
         "width/height",
@@ -50,15 +44,9 @@ def resized_size(width: int, height: int, storage_size: int) -> tuple[int, int]:
 
 
 def cut_window(long: int, storage_size: int) -> tuple[int, int]:
-    """``(start, length)`` of the part of a resized image's long side (``long`` pixels) the canvas keeps.
-
-    A long side that fits the canvas is kept whole: ``(0, long)``. A longer one is cut to its centre,
-    ``length`` the canvas width or up to 3 pixels less so that ``long - length`` is a multiple of 4: the cut
-    is then centred exactly and starts at an even pixel, which makes torchvision's ``CenterCrop`` offset in
-    the whole resized image (``round((long - crop) / 2)``, halves to even) the cut's start plus the same
-    offset in the cut, for every crop size. Where that would leave the cut shorter than the canvas is high
-    (a ``storage_size`` under 5), the cut is the canvas width.
-    """
+    """``(start, length)`` of the part of a resized image's long side (``long`` pixels) the canvas keeps: all
+    of it where it fits, else its centre, up to 3 pixels under the canvas width so that ``long - length`` is
+    a multiple of 4 (torchvision's ``CenterCrop`` offsets, rounding halves to even, then match the cut's)."""
     ch, cw = canvas_shape(storage_size)
     check_int(long, "long", low=1, what="(pixels)")
     if long <= cw:
@@ -78,8 +66,7 @@ def stored_meta(width: int, height: int, storage_size: int) -> np.ndarray:
 
 
 def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
-    """The part of a resized ``(h, w, C)`` image the canvas keeps, in its own orientation (a view): its
-    longer side cut to ``cut_window``, the image itself where it fits."""
+    """The part of a resized ``(h, w, C)`` image the canvas keeps (a view), cut by ``cut_window``."""
     h, w = rgb.shape[:2]
     if h > w:
         start, length = cut_window(h, storage_size)
@@ -89,8 +76,7 @@ def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
 
 
 def to_rgb8(img: object) -> object:
-    """A PIL image as 8-bit RGB, scaling high-bit-depth modes instead of clipping them: 16-bit grey divided by
-    257, float images in ``[0, 1]`` multiplied by 255 (others clipped), the other modes as PIL converts them."""
+    """A PIL image as 8-bit RGB, high-bit-depth modes scaled (16-bit by 1/257, floats in ``[0, 1]`` x 255)."""
     from PIL import Image
 
     check_arg(isinstance(img, Image.Image), "img", type(img).__name__, "a PIL image", error=TypeError)
@@ -117,8 +103,7 @@ def to_rgb8(img: object) -> object:
 def place_on_canvas(
     rgb: np.ndarray, storage_size: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Put an image resized to ``resized_size`` (``(h, w, 3)`` uint8) on a canvas (``out`` when given, filled
-    in place, zero outside the image); return ``(canvas, meta)``."""
+    """``(canvas, meta)``: a ``resized_size`` uint8 image on a canvas (``out`` if given), zero outside it."""
     ch, cw = canvas_shape(storage_size)
     rgb = cut_to_canvas(rgb, storage_size)
     transposed = rgb.shape[0] > rgb.shape[1]
@@ -141,12 +126,8 @@ def place_on_canvas(
 
 
 def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, int] | None:
-    """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for, or ``None`` to decode in full.
-
-    A JPEG at least four times ``target`` on both sides is decoded at a reduced DCT scale, kept at least twice
-    ``target``, so the bilinear resize that follows still averages over several decoded pixels (within 2/255
-    mean absolute of the full decode's); a target under 8 pixels on a side is decoded in full.
-    """
+    """The size to ask a JPEG's reduced-scale decode (``Image.draft``) for: twice ``target`` for a JPEG at
+    least four times it (the resize then stays within 2/255 mean absolute of a full decode's), else None."""
     tw, th = target
     if min(tw, th) < 8 or width < 4 * tw or height < 4 * th:
         return None

@@ -1,9 +1,5 @@
-"""Datasets that fill a batch array themselves (``BatchReader``) and reading them a whole batch at a time.
-
-``HostDataLoader`` reads a raw store on threads of the training process; an image folder and a JPEG store
-(``read_in_workers``) are read by DataLoader worker processes through ``WholeBatches``: one ``read_into`` a
-batch, into shared memory, handed over as a ``ReadBatch`` that ``loader.UInt8Collate`` passes through.
-"""
+"""Datasets that fill a batch array themselves (``BatchReader``): a raw store read by threads of the training
+process, an image folder or a JPEG store by DataLoader workers a whole batch a call (``WholeBatches``)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,8 @@ from lightning_gpuopt._common import available_cpus
 
 
 class DecodesInWorkers:
-    """Mixin of a ``BatchReader`` whose decoding holds the GIL for part of each image (an image folder, a JPEG
-    store): read by DataLoader worker processes a whole batch a call, one a CPU under ``num_workers="auto"``."""
+    """Mixin of a ``BatchReader`` whose decoding holds the GIL (an image folder, a JPEG store): read by worker
+    processes."""
 
     read_in_workers = True
 
@@ -41,9 +37,8 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 @runtime_checkable
 class BatchReader(Protocol):
-    """A dataset that fills a batch array itself (``HDF5ImageDataset``, ``UInt8ImageFolder``): ``read_into``
-    fills the uint8 ``(len(indices), *image_shape)`` array ``images`` and returns int64 labels and int32 meta,
-    safely from several threads at once; one whose ``read_in_workers`` is true is read by worker processes."""
+    """A dataset whose ``read_into`` fills a uint8 ``(len(indices), *image_shape)`` array and returns int64
+    labels and int32 meta, safely from several threads at once."""
 
     image_shape: tuple[int, int, int]
 
@@ -57,8 +52,7 @@ class ReadBatch(tuple):
 
 
 def read_batch(dataset: BatchReader, indices: Sequence[int]) -> ReadBatch:
-    """Read the batch ``indices`` of ``dataset`` whole with ``read_into``, in a DataLoader worker into shared
-    memory.
+    """Read the batch ``indices`` of ``dataset`` with ``read_into`` (in a DataLoader worker: shared memory).
 
     Example:
         >>> images, labels, meta = read_batch(store, [3, 1, 2])  # doctest: +SKIP
@@ -70,8 +64,7 @@ def read_batch(dataset: BatchReader, indices: Sequence[int]) -> ReadBatch:
 
 
 class WholeBatches(Dataset):
-    """``dataset`` (a ``BatchReader``) as DataLoader workers read it, a whole batch a call: its
-    ``__getitems__`` is ``read_batch``; items, length and every other attribute are the dataset's.
+    """``dataset`` as DataLoader workers read it: ``__getitems__`` is ``read_batch``, all else the dataset's.
 
     Example:
         >>> loader = HostDataLoader(WholeBatches(folder), batch_size=256, num_workers=8,

@@ -1,8 +1,5 @@
-"""Raw or JPEG store: the rule ``lightning-gpuopt convert`` states, from the store's size against memory, the
-disk's read bandwidth, the cores a GPU has and this host's rates on the user's own images (docs/hdf5.md, "Raw
-or JPEG store"). Where a figure could not be measured the rule takes the ``ASSUMED_DISK_GBPS``,
-``RAW_CACHED_RATE`` or ``JPEG_DECODE_RATE_PER_CORE`` below and says "assumed".
-"""
+"""Raw or JPEG store: the rule ``lightning-gpuopt convert`` states, from figures measured on this host where
+it can, else the assumed ones below (docs/hdf5.md, "Raw or JPEG store")."""
 
 from __future__ import annotations
 
@@ -51,8 +48,8 @@ def memory_bytes() -> int:
 
 
 def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> float | None:
-    """GB/s of reading the first ``limit`` bytes of ``path`` with ``O_DIRECT`` (the disk, not the page cache);
-    ``None`` where the file is smaller than ``MIN_PROBE_BYTES`` or the file system takes no ``O_DIRECT``."""
+    """GB/s of reading the first ``limit`` bytes of ``path`` with ``O_DIRECT``; ``None`` where it cannot be
+    measured (no ``O_DIRECT``, a file under ``MIN_PROBE_BYTES``)."""
     flag = getattr(os, "O_DIRECT", 0)
     size = min(os.path.getsize(path), limit)
     if not flag or size < MIN_PROBE_BYTES:
@@ -76,8 +73,7 @@ def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> fl
 
 
 def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
-    """The read bandwidth of the disk under ``folder``: ``PROBE_BYTES`` written to ``folder/name``, flushed,
-    read back with ``disk_read_gbps`` and removed (also on failure); ``None`` where it cannot be measured."""
+    """``disk_read_gbps`` of ``PROBE_BYTES`` written to ``folder/name`` (removed after, also on failure)."""
     path = Path(folder) / name
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -101,8 +97,8 @@ def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
 
 @dataclass(frozen=True)
 class HostRates:
-    """Images a second one core decodes out of a JPEG store (``decode``) and one thread copies out of a raw
-    store in memory (``copy``), measured over ``images`` of the user's images."""
+    """Images a second one core decodes out of a JPEG store and one thread copies out of a raw store in
+    memory, measured over ``images`` of the user's images."""
 
     decode: float
     copy: float
@@ -110,9 +106,8 @@ class HostRates:
 
 
 def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
-    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths`` (evenly spread), encoded as the JPEG store
-    keeps them, then decoded onto their canvases on this thread for at least ``SAMPLE_SECONDS``, and copied
-    as a raw store's batch; ``None`` where no image of the sample could be read.
+    """This host's rates on up to ``SAMPLE_IMAGES`` of ``paths``, encoded as the JPEG store keeps them,
+    decoded for at least ``SAMPLE_SECONDS`` and copied as a raw batch; ``None`` where none could be read.
 
     Example:
         >>> measure_rates(["a.jpg", "b.jpg"], 256)  # doctest: +SKIP
@@ -151,10 +146,8 @@ def measure_rates(paths: Sequence[str], storage_size: int) -> HostRates | None:
 
 @dataclass
 class StoreChoice:
-    """What ``choose_store_format`` decided (``format``, ``"raw"`` or ``"jpeg"``; ``reason``, the rule's
-    comparison in one line) and from what: the expected images a second of each store, the machine's memory
-    in bytes, the disk's GB/s (``disk_measured`` or ``ASSUMED_DISK_GBPS``), the cores decoding for a GPU and
-    this host's measured rates (``None``: the assumed ones)."""
+    """What ``choose_store_format`` decided (``format``; ``reason``, the comparison in one line) and from what
+    (images a second of each store, memory bytes, disk GB/s, cores decoding for a GPU, measured rates)."""
 
     format: str
     reason: str
@@ -162,9 +155,15 @@ class StoreChoice:
     jpeg_rate: float
     memory: int
     disk_gbps: float
-    disk_measured: bool
     cores_per_gpu: int
     rates: HostRates | None = None
+
+
+def per_core(rates: HostRates | None) -> str:
+    """The JPEG decode rate a core, in words: measured (``rates``) or assumed."""
+    if rates is None:
+        return f"{JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
+    return f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
 
 
 def fits(store_bytes: int, memory: int) -> bool:
@@ -173,10 +172,9 @@ def fits(store_bytes: int, memory: int) -> bool:
 
 
 def _readers(cores: int) -> int:
-    """The threads that read a raw store: ``HDF5Options``' default for a process of ``cores`` cores."""
-    from lightning_gpuopt.data.hdf5 import HDF5Options
+    from lightning_gpuopt.data.hdf5 import READ_THREADS
 
-    return HDF5Options().resolved_threads(cpus=cores)[0]
+    return min(READ_THREADS, cores)  # HDF5Options' default
 
 
 def read_rates(
@@ -188,8 +186,7 @@ def read_rates(
     cores: int,
     rates: HostRates | None = None,
 ) -> tuple[float, float]:
-    """Expected ``(raw store, JPEG store)`` images a second under the rule, from this host's ``rates`` where
-    measured, else the assumed ones."""
+    """Expected ``(raw store, JPEG store)`` images a second, from ``rates`` or the assumed ones."""
     disk = disk_gbps * 1e9
     cached = rates.copy * _readers(cores) if rates is not None else RAW_CACHED_RATE
     raw = cached if fits(raw_bytes, memory) else disk / (raw_bytes / num_images)
@@ -231,15 +228,12 @@ def choose_store_format(
     disk = float(disk_gbps) if disk_gbps is not None else ASSUMED_DISK_GBPS
     cores = cores_per_gpu() if cores is None else max(1, int(cores))
     raw, jpeg = read_rates(num_images, raw_bytes, jpeg_bytes, memory, disk, cores, rates)
+    cache = f"about {raw:,.0f} img/s, assumed"
     if rates is not None:
-        per_core = f"{rates.decode:,.0f} img/s a core, measured on {rates.images} of your images"
         cache = (
             f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {_readers(cores)} reading threads"
         )
-    else:
-        per_core = f"{JPEG_DECODE_RATE_PER_CORE:,} img/s a core, assumed"
-        cache = f"about {raw:,.0f} img/s, assumed"
-    decode, gb = f"{cores} cores a GPU x {per_core}", 1e9
+    decode, gb = f"{cores} cores a GPU x {per_core(rates)}", 1e9
     store = f"the raw store ({raw_bytes / gb:,.2f} GB)"
     if fits(raw_bytes, memory):
         reason = (
@@ -253,4 +247,4 @@ def choose_store_format(
             f"store's {jpeg:,.0f} ({decode}, its bytes from the {'page cache' if fits(jpeg_bytes, memory) else 'disk'})"
         )
     fmt = "raw" if raw >= jpeg else "jpeg"
-    return StoreChoice(fmt, reason, raw, jpeg, memory, disk, disk_gbps is not None, cores, rates)
+    return StoreChoice(fmt, reason, raw, jpeg, memory, disk, cores, rates)
