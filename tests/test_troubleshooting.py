@@ -3,7 +3,9 @@ every entry quotes a phrase the package's messages still contain.
 
 An entry is a table row whose first cell quotes a phrase of the message in backticks, ``…`` standing for the
 parts that change. The phrase is looked up in the string literals of ``lightning_gpuopt/`` (docstrings left
-out), a piece between two ``…`` never spanning an f-string's ``{...}``.
+out), a piece between two ``…`` never spanning an f-string's ``{...}``. An argument check's message is
+composed as the check composes it, from literals or from a local name bound to one earlier in the function
+(``must = "..."; check_arg(ok, "x", x, must)``), as the package's checks are often written.
 """
 
 from __future__ import annotations
@@ -57,15 +59,69 @@ def _trees() -> dict[str, ast.Module]:
     }
 
 
-def _check_message(call: ast.Call) -> str | None:
+def _bound(function: ast.AST | None, name: str, line: int) -> str | None:
+    """The string ``name`` holds at ``line`` of ``function``: its last ``name = ...`` before the line, with
+    the ``name += ...`` that follow it; ``None`` where it is not bound to a string there."""
+    if function is None:
+        return None
+    steps = sorted(
+        (
+            n
+            for n in ast.walk(function)
+            if getattr(n, "lineno", line) < line
+            and (
+                (isinstance(n, ast.Assign) and _assigned(n, name) is not None)
+                or (
+                    isinstance(n, ast.AugAssign)
+                    and isinstance(n.op, ast.Add)
+                    and ast.unparse(n.target) == name
+                )
+            )
+        ),
+        key=lambda n: n.lineno,
+    )
+    text = None
+    for node in steps:
+        if isinstance(node, ast.Assign):
+            text = _flat(_assigned(node, name))
+        else:
+            text = (text or HOLE) + (_flat(node.value) or HOLE)
+    return text
+
+
+def _assigned(node: ast.Assign, name: str) -> ast.expr | None:
+    """What ``node`` binds ``name`` to: ``name = value`` or ``a, name = x, value``; None: not ``name``."""
+    target = node.targets[0] if len(node.targets) == 1 else None
+    if isinstance(target, ast.Name) and target.id == name:
+        return node.value
+    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+        names = [t.id if isinstance(t, ast.Name) else None for t in target.elts]
+        if name in names and len(names) == len(node.value.elts):
+            return node.value.elts[names.index(name)]
+    return None
+
+
+def _arg(node: ast.expr, function: ast.AST | None, line: int) -> str | None:
+    if isinstance(node, ast.Name):
+        return _bound(function, node.id, line)
+    return _flat(node)
+
+
+def _check_message(call: ast.Call, function: ast.AST | None = None) -> str | None:
     """``<name> must be <must>`` of an argument check (``_checks.check_arg``, ``check_int``, ...), which
     composes its message from its arguments; ``None`` for other calls."""
     name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
     if not name.startswith("check_") or len(call.args) < 2:
         return None
-    argument = _flat(call.args[1]) or HOLE
-    must = _flat(call.args[3]) if name == "check_arg" and len(call.args) > 3 else None
+    argument = _arg(call.args[1], function, call.lineno) or HOLE
+    must = _arg(call.args[3], function, call.lineno) if name == "check_arg" and len(call.args) > 3 else None
     return f"{argument} must be {must or HOLE}"
+
+
+def _inside(functions: list[ast.AST], node: ast.AST) -> ast.AST | None:
+    """The innermost of ``functions`` that holds ``node``."""
+    inside = [f for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)]
+    return inside[-1] if inside else None
 
 
 def _literals(trees: dict[str, ast.Module]) -> list[str]:
@@ -74,12 +130,13 @@ def _literals(trees: dict[str, ast.Module]) -> list[str]:
     out = []
     for tree in trees.values():
         skip = _docstrings(tree)
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for node in ast.walk(tree):
             text = None
             if id(node) not in skip and isinstance(node, (ast.Constant, ast.JoinedStr)):
                 text = _flat(node)
             elif isinstance(node, ast.Call):
-                text = _check_message(node)
+                text = _check_message(node, _inside(functions, node))
             if text:
                 out.append(text)
     return out
@@ -116,8 +173,7 @@ def _warnings(trees: dict[str, ast.Module]) -> list[tuple[str, str]]:
             name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
             if name not in WARNING_CALLS or (name == "warn" and ast.unparse(node.func) != "warnings.warn"):
                 continue
-            inside = [f for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)]
-            message = _message(node, inside[-1] if inside else None)
+            message = _message(node, _inside(functions, node))
             if message is not None:
                 out.append((f"{path}:{node.lineno}", message))
     return out
@@ -191,3 +247,14 @@ def test_a_phrase_matches_in_order_and_never_across_a_value():
         n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "warn_once"
     ]
     assert [_message(c, tree.body[0]) for c in calls] == [f"left {HOLE} unfused: why", None]
+
+
+def test_a_check_message_is_composed_from_a_name_bound_earlier():
+    tree = ast.parse(
+        'def f(x):\n    must = "at most 4 per CPU"\n    must += " (the cores)"\n'
+        '    check_arg(ok, "num_workers", x, must, fix)\n    must, fix = f"{x} again", "z"\n'
+        '    check_arg(ok, "y", x, must)\n'
+    )
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    got = sorted(_check_message(c, tree.body[0]) for c in calls)
+    assert got == ["num_workers must be at most 4 per CPU (the cores)", f"y must be {HOLE} again"]
