@@ -136,7 +136,7 @@ def test_worker_tuning_is_resolved_and_cached_per_node(run: dict[str, Any]) -> N
 
 @pytest.mark.slow
 def test_host_and_dali_threads_per_node(run: dict[str, Any]) -> None:
-    from lightning_gpuopt.data.dali_pipeline import RESERVED_CORES
+    from lightning_gpuopt.data.decode import RESERVED_THREADS
     from lightning_gpuopt.data.hdf5 import READ_THREADS
 
     for node, rank in enumerate(run["ranks"]):
@@ -147,7 +147,7 @@ def test_host_and_dali_threads_per_node(run: dict[str, Any]) -> None:
         if "dali" in rank:  # a CPU pipeline decodes on DALI's threads: the node's cores less those reserved
             assert rank["dali"]["num_workers"] == "auto"
             assert rank["dali"]["feed"]["decoder"] == "cpu"
-            assert rank["dali"]["feed"]["threads"] == max(1, cpus - RESERVED_CORES), node
+            assert rank["dali"]["feed"]["threads"] == max(1, cpus - RESERVED_THREADS), node
     assert [r["hdf5"]["cpus"] for r in run["ranks"]] == [len(c) for c in node_cpus()]
 
 

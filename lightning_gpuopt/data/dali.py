@@ -20,11 +20,10 @@ from lightning_gpuopt.data.dali_pipeline import (
     build_dali_pipeline,
     dali_modules,
     decode_error,
-    default_num_threads,
     measure_decode_rates,
     validate_image_files,
 )
-from lightning_gpuopt.data.decode import DecoderOptions
+from lightning_gpuopt.data.decode import DecoderOptions, default_decode_threads, root_device
 from lightning_gpuopt.data.decode_choice import choose_decoder, log_decoder
 from lightning_gpuopt.data.transforms import AugmentConfig
 
@@ -39,7 +38,7 @@ class DALIOptions(DecoderOptions):
 
     Attributes:
         decoder: ``None``: measured on the run's files; ``"gpu"``: nvJPEG; ``"cpu"``: DALI's CPU threads.
-        threads: DALI CPU threads per rank; ``None``: ``default_num_threads`` for the resolved decoder.
+        threads: DALI CPU threads per rank; ``None``: ``default_decode_threads(decoder, dali=True)``.
 
     Example:
         >>> dm = OptimizedDataModule("data/train", "data/val", backend="dali",
@@ -69,9 +68,10 @@ class DALIOptions(DecoderOptions):
         elif measure is None:
             decoder, reason = "gpu", "nvJPEG: no files given to measure the CPU threads on"
         else:
-            rates = measure(self.threads or default_num_threads(local_world_size, "cpu"))
+            rates = measure(self.threads or default_decode_threads("cpu", local_world_size))
             decoder, reason = choose_decoder(rates.threads, rates.cpu, rates.gpu, images=rates.images)
-        return decoder, self.threads or default_num_threads(local_world_size, decoder), reason
+        threads = self.threads or default_decode_threads(decoder, local_world_size, dali=True)
+        return decoder, threads, reason
 
 
 @dataclass
@@ -393,9 +393,13 @@ class DALILoader:
 
     def __repr__(self) -> str:
         return (
-            f"DALILoader(files={len(self.files)}, batch_size={self.batch_size}, train={self.train}, "
+            f"{type(self).__name__}({self._what}, batch_size={self.batch_size}, train={self.train}, "
             f"device={self.device}, shard={self.shard_id}/{self.num_shards}, options={self.options})"
         )
+
+    @property
+    def _what(self) -> str:
+        return f"files={len(self.files)}"
 
 
 def build_dali_loader(
@@ -441,12 +445,11 @@ def dm_loader(cls: Any, dm: Any, *args: Any, train: bool, options: Any = None, d
     takes global rank zero's measured decoder."""
     trainer = dm.trainer
     options = options if options is not None else dm.dali or DALIOptions()
+    root = root_device(trainer)
     if trainer is None:
-        cuda = torch.cuda.is_available()
-        root = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         rank, world, local_world, batches = 0, 1, 1, None
     else:
-        root, rank, world = trainer.strategy.root_device, trainer.global_rank, trainer.world_size
+        rank, world = trainer.global_rank, trainer.world_size
         local_world = max(1, trainer.num_devices)
         batches = (lambda: trainer.num_training_batches) if train else None
     loader = cls(
@@ -471,6 +474,6 @@ def dm_loader(cls: Any, dm: Any, *args: Any, train: bool, options: Any = None, d
         (loader.options.decoder, loader.feed_info.decoder_reason), src=0
     )
     if decoder != loader.options.decoder:
-        threads = options.threads or default_num_threads(local_world, decoder)
+        threads = options.threads or default_decode_threads(decoder, local_world, dali=True)
         loader.settle(decoder, threads, f"rank 0's: {reason}")
     return loader

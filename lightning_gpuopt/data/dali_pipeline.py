@@ -22,8 +22,6 @@ PREFETCH_QUEUE_DEPTH = 2
 SHUFFLE_SEED = 42
 #: DALI's own default share for the hardware JPEG decoder (tuned for A100)
 DALI_HW_DECODER_LOAD = 0.65
-#: cores a rank keeps off CPU decoding: the training loop and DALI's executor
-RESERVED_CORES = 2
 #: JPEGs ``measure_decode_rates`` decodes (spread over the split), and the least seconds a decoder runs
 SAMPLE_JPEGS, MEASURE_SECONDS = 64, 0.3
 
@@ -120,15 +118,6 @@ def _decode_rate(
     seconds = time.perf_counter() - t0
     del pipe
     return runs * len(batch) / seconds
-
-
-def default_num_threads(local_world_size: int = 1, decoder: str = "gpu") -> int:
-    """DALI CPU threads per rank: with ``"gpu"`` half the rank's share of the CPUs, 1..8; with ``"cpu"``
-    that share less ``RESERVED_CORES`` (docs/benchmarks.md has the measurements)."""
-    share = available_cpus() // max(1, local_world_size)
-    if decoder == "cpu":
-        return max(1, share - RESERVED_CORES)
-    return max(1, min(8, share // 2))
 
 
 def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any, Any]:

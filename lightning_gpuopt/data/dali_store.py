@@ -216,12 +216,9 @@ class DALIStoreLoader(DALILoader):
         self._epoch, self._position = int(state_dict.get("epoch", 0)), int(state_dict.get("position", 0))
         self._skip_on_resume = int(state_dict.get("yielded", 0))
 
-    def __repr__(self) -> str:
-        return (
-            f"DALIStoreLoader(store={self.store_path!r}, images={len(self.files)}, "
-            f"batch_size={self.batch_size}, device={self.device}, shard={self.shard_id}/{self.num_shards}, "
-            f"options={self.options})"
-        )
+    @property
+    def _what(self) -> str:
+        return f"store={self.store_path!r}, images={len(self.files)}"
 
 
 def build_dali_store_loader(dm: Any, *, device: torch.device | str | None = None) -> DALIStoreLoader:

@@ -74,13 +74,22 @@ class DecodeOptions(DecoderOptions):
     """
 
 
-def default_decode_threads(decoder: str, local_world_size: int = 1) -> int:
-    """Threads a rank decodes (``"cpu"``: its share of the CPUs less ``RESERVED_THREADS``) or reads bytes
-    with (``"gpu"``: ``GPU_READ_THREADS``, at most that share)."""
+def default_decode_threads(decoder: str, local_world_size: int = 1, *, dali: bool = False) -> int:
+    """Threads a rank decodes with (``"cpu"``: its share of the CPUs less ``RESERVED_THREADS``), or beside
+    nvJPEG reads bytes with (``GPU_READ_THREADS``, at most that share) or runs DALI with (``dali``: half the
+    share, 1..8; docs/benchmarks.md has the measurements)."""
     share = max(1, available_cpus() // max(1, local_world_size))
-    if decoder == "gpu":
-        return max(1, min(GPU_READ_THREADS, share - RESERVED_THREADS))
-    return max(1, share - RESERVED_THREADS)
+    if decoder == "cpu":
+        return max(1, share - RESERVED_THREADS)
+    return max(1, min(8, share // 2) if dali else min(GPU_READ_THREADS, share - RESERVED_THREADS))
+
+
+def root_device(trainer: Any) -> torch.device:
+    """The Trainer's root device, else the current CUDA device, else the CPU."""
+    if trainer is not None:
+        return trainer.strategy.root_device
+    cuda = torch.cuda.is_available()
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 class JPEGInfo(NamedTuple):

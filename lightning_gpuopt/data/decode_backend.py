@@ -15,6 +15,7 @@ from lightning_gpuopt.data.decode import (
     ThreadDecodedFolder,
     ThreadDecodedStore,
     default_decode_threads,
+    root_device,
 )
 from lightning_gpuopt.data.decode_choice import DecodeChoice, resolve_decoder
 
@@ -86,24 +87,16 @@ class DecodedHostBackend(HostBackend):
 
 def _settled(dm: Any, options: DecodeOptions, train: Any) -> DecodeChoice:
     """``resolve_decoder`` for ``dm``'s training split; under DDP the choice of the node's local rank zero."""
-    import torch
-
     from lightning_gpuopt.data.tuning import _node_best
 
     trainer = dm.trainer
-    if trainer is not None:
-        device = trainer.strategy.root_device
-    elif torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
     tuning = getattr(dm, "tuning", None)
     local = dm._local_world_size()
     if getattr(dm, "on_corrupt", "raise") == "skip":  # nvJPEG's batches cannot skip an image
         threads = options.threads or default_decode_threads("cpu", local)
         return DecodeChoice("cpu", threads, "on_corrupt='skip': the CPU threads skip unreadable images")
     choice = resolve_decoder(
-        options, train, device=device, image_size=dm.image_size, batch_size=dm.batch_size,
+        options, train, device=root_device(trainer), image_size=dm.image_size, batch_size=dm.batch_size,
         local_world_size=local, model_rate=getattr(tuning, "target_samples_per_sec", None),
     )  # fmt: skip
     agreed = "gpu" if _node_best(trainer, int(choice.decoder == "gpu")) else "cpu"

@@ -214,12 +214,6 @@ def _regions(boxes: torch.Tensor, hw: torch.Tensor, size: int) -> torch.Tensor:
     return torch.stack([left, top, right, bottom], dim=1).to(torch.int64)
 
 
-def _read_jpeg_batches(loader: NVJPEGLoader) -> Iterator[JPEGBatch]:
-    """``read_jpeg_batch`` of ``loader``'s index batches, read ahead by ``loader.reader_threads`` threads."""
-    jobs = (functools.partial(read_jpeg_batch, loader.dataset, list(b)) for b in loader._index_batches())
-    return read_ahead(jobs, loader.reader_threads)
-
-
 class NVJPEGLoader(ContinuousDataLoader):
     """A ``ContinuousDataLoader`` of JPEG bytes read by ``reader_threads`` threads, decoded by its
     ``device_transform`` (``NVJPEGCrops``) on the staging thread.
@@ -239,4 +233,5 @@ class NVJPEGLoader(ContinuousDataLoader):
         self.reader_threads = reader_threads
 
     def _batches(self) -> Iterator[Any]:
-        return _read_jpeg_batches(self)
+        jobs = (functools.partial(read_jpeg_batch, self.dataset, list(b)) for b in self._index_batches())
+        return read_ahead(jobs, self.reader_threads)

@@ -409,20 +409,15 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         """Paths skipped so far as unreadable, in this process and (via ``skip_log``) in worker processes."""
         paths = list(self._skipped_here)
         if self.skip_log is not None and os.path.isdir(self.skip_log):
-            own = f"skipped-{os.getpid()}.txt"
-            for name in sorted(os.listdir(self.skip_log)):
-                if name == own:  # this process's skips are already in _skipped_here
-                    continue
+            # this process's skips are already in _skipped_here
+            for name in sorted(set(os.listdir(self.skip_log)) - {f"skipped-{os.getpid()}.txt"}):
                 with open(os.path.join(self.skip_log, name), encoding="utf-8") as fh:
                     paths.extend(line.rstrip("\n") for line in fh if line.strip())
         return paths
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset for caches (worker tuning)."""
-        try:
-            mtime = os.path.getmtime(self.root)
-        except OSError:
-            mtime = None
+        mtime = os.path.getmtime(self.root) if os.path.isdir(self.root) else None
         return {
             "class": type(self).__name__,
             "root": os.path.abspath(self.root),

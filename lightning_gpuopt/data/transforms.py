@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 from torch import nn
@@ -46,22 +45,6 @@ class AugmentConfig:
         )
         flip_p = check_float(self.flip_p, "augment.flip_p", low=0.0, high=1.0, what="(a probability)")
         object.__setattr__(self, "flip_p", flip_p)
-
-
-def check_uint8_nhwc(images: object, where: str = "GPUAugment") -> torch.Tensor:
-    """Return ``images`` if it is a uint8 ``(N, H, W, C)`` tensor, else raise ``TypeError`` saying why."""
-    name, must = f"{where}'s images", "uint8 of shape (N, H, W, C) with C in (1, 3, 4)"
-    check_arg(isinstance(images, torch.Tensor), name, type(images).__name__, must, error=TypeError)
-    tensor = cast(torch.Tensor, images)
-    fix = (
-        "datasets feeding OptimizedDataModule return uint8 HWC images (0..255), normalized on the GPU: return "
-        "e.g. `np.asarray(pil_image)`, not a float tensor"
-    )
-    check_arg(tensor.dtype == torch.uint8, name, f"dtype {tensor.dtype}", must, fix, TypeError)
-    fix = "return HWC images, not CHW (`img.permute(1, 2, 0)` / `arr.transpose(1, 2, 0)`)"
-    ok = tensor.dim() == 4 and tensor.shape[-1] in (1, 3, 4)
-    check_arg(ok, name, f"shape {tuple(tensor.shape)}", must, fix, TypeError)
-    return tensor
 
 
 def full_image_meta(images: torch.Tensor) -> torch.Tensor:
@@ -325,14 +308,18 @@ class GPUAugment(nn.Module):
         """Transform uint8 ``(N, H, W, C)`` canvases with ``meta`` ``(h, w, transposed)`` (``None``: whole
         upright images); ``train``: random crop + flip, else the evaluation view (``None``: ``self.training``)."""
         where = f"{type(self).__name__}.forward"
-        check_uint8_nhwc(images, where)
-        check_arg(
-            images.shape[-1] == len(self.mean),
-            f"{where}'s images",
-            f"{images.shape[-1]} channels",
-            f"{len(self.mean)} channels, one per mean/std value",
-            "pass one mean/std value per channel",
+        name, must = f"{where}'s images", "uint8 of shape (N, H, W, C) with C in (1, 3, 4)"
+        check_arg(isinstance(images, torch.Tensor), name, type(images).__name__, must, error=TypeError)
+        fix = (
+            "datasets feeding OptimizedDataModule return uint8 HWC images (0..255), normalized on the GPU: return "
+            "e.g. `np.asarray(pil_image)`, not a float tensor"
         )
+        check_arg(images.dtype == torch.uint8, name, f"dtype {images.dtype}", must, fix, TypeError)
+        fix = "return HWC images, not CHW (`img.permute(1, 2, 0)` / `arr.transpose(1, 2, 0)`)"
+        ok = images.dim() == 4 and images.shape[-1] in (1, 3, 4)
+        check_arg(ok, name, f"shape {tuple(images.shape)}", must, fix, TypeError)
+        c, fix = f"{len(self.mean)} channels, one per mean/std value", "pass one mean/std value per channel"
+        check_arg(images.shape[-1] == len(self.mean), name, f"{images.shape[-1]} channels", c, fix)
         device = images.device
         meta = full_image_meta(images) if meta is None else meta.to(device)
         check_arg(

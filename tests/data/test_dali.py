@@ -18,7 +18,7 @@ pytest.importorskip("nvidia.dali")
 import lightning.pytorch as pl
 
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR, FeedInfo
-from lightning_gpuopt.data import dali_pipeline
+from lightning_gpuopt.data import dali_pipeline, decode
 from lightning_gpuopt.data.dali import DALIFeedInfo, DALILoader, DALIOptions, build_dali_loader
 from lightning_gpuopt.data.datamodule import OptimizedDataModule
 from lightning_gpuopt.data.decode_choice import choose_decoder
@@ -284,7 +284,7 @@ def test_decode_rates_are_measured_on_the_files_with_dalis_own_decoder(jpeg_fold
 
 
 def test_options_resolve_the_decoder_per_run(monkeypatch):
-    monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 64)
+    monkeypatch.setattr(decode, "available_cpus", lambda: 64)
     assert DALIOptions().decoder is None
     fast_cpu = dali_pipeline.DecodeRates(cpu=20_000.0, gpu=9_000.0, images=64, threads=62)
     asked: list[int] = []
@@ -306,11 +306,11 @@ def test_options_resolve_the_decoder_per_run(monkeypatch):
 
 
 def test_the_decoder_picks_the_thread_default_and_the_datamodule_is_read(jpeg_folder, monkeypatch):
-    monkeypatch.setattr(dali_pipeline, "available_cpus", lambda: 16)
-    assert dali_pipeline.default_num_threads(1) == 8  # nvJPEG decodes: half the cores, at most 8
-    assert dali_pipeline.default_num_threads(1, "cpu") == 14  # the threads decode: all cores but two
-    assert dali_pipeline.default_num_threads(2, "cpu") == 6  # two local ranks share the 16 cores
-    assert dali_pipeline.default_num_threads(8, "cpu") == 1
+    monkeypatch.setattr(decode, "available_cpus", lambda: 16)
+    assert decode.default_decode_threads("gpu", dali=True) == 8  # nvJPEG decodes: half the cores, at most 8
+    assert decode.default_decode_threads("cpu", 1, dali=True) == 14  # the threads decode: all cores but two
+    assert decode.default_decode_threads("cpu", 2, dali=True) == 6  # two local ranks share the 16 cores
+    assert decode.default_decode_threads("cpu", 8, dali=True) == 1
     dm = _dm(jpeg_folder, dali=DALIOptions(decoder="cpu"))  # the decoder decides
     loader = build_dali_loader(dm, "train")
     assert loader.options == DALIOptions("cpu", 14)
