@@ -19,7 +19,6 @@ from lightning_gpuopt._common import warn_at_user
 from lightning_gpuopt._imports import require
 
 __all__ = [
-    "ENGINE_KEYS",
     "GPM_KEYS",
     "GPU_KEYS",
     "NVMLSampler",
@@ -29,8 +28,6 @@ __all__ = [
 
 #: Keys NVMLSampler.window() computes from GPM sample pairs (Hopper and newer).
 GPM_KEYS: tuple[str, ...] = ("gpu/sm_active", "gpu/sm_occupancy", "gpu/tensor_active")
-#: Keys of the hardware decoders' utilisation: the JPEG decoder (NVJPG) and the video decoder (NVDEC).
-ENGINE_KEYS: tuple[str, ...] = ("gpu/jpeg_util", "gpu/video_dec_util")
 #: Keys NVMLSampler.window() can return, in a fixed order (the monitor's all-ranks gather relies on it).
 GPU_KEYS: tuple[str, ...] = (
     "gpu/util",
@@ -42,7 +39,8 @@ GPU_KEYS: tuple[str, ...] = (
     "gpu/temp_c",
     "gpu/sm_clock_mhz",
     *GPM_KEYS,
-    *ENGINE_KEYS,
+    "gpu/jpeg_util",  # the hardware JPEG decoder (NVJPG)
+    "gpu/video_dec_util",  # the video decoder (NVDEC)
 )
 
 _GB = 1024**3

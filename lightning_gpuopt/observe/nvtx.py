@@ -61,10 +61,7 @@ class RangeStack:
         self._local = threading.local()
 
     def _stack(self) -> list[tuple[str, Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack  # type: ignore[no-any-return]
+        return self._local.__dict__.setdefault("stack", [])  # type: ignore[no-any-return]
 
     @property
     def depth(self) -> int:

@@ -20,15 +20,11 @@ DEFAULT_DOMAIN = "lightning_gpuopt"
 BackendName = Literal["auto", "nvtx", "torch"]
 
 
-def _noop(*args: Any) -> None:
-    pass
-
-
 class _NullBackend:
     """NVTX unavailable: every call does nothing."""
 
     enabled = False
-    push = pop = mark = staticmethod(_noop)
+    push = pop = mark = staticmethod(lambda *args: None)
 
 
 class _NvtxPackageBackend:

@@ -7,8 +7,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from lightning_gpuopt._checks import is_number
 from lightning_gpuopt._common import FETCH_SECONDS_ATTR
 
@@ -55,8 +53,6 @@ def batch_size_of(batch: Any) -> int:
     stack = [batch]
     while stack:
         item = stack.pop(0)
-        if isinstance(item, torch.Tensor):
-            return int(item.shape[0]) if item.ndim else 1
         shape = getattr(item, "shape", None)
         if shape is not None and not isinstance(item, type):
             return int(shape[0]) if len(shape) else 1

@@ -175,14 +175,8 @@ def image_tensor(batch: Any) -> torch.Tensor | None:
 def collect_config(
     trainer: pl.Trainer, pl_module: pl.LightningModule, gpu_monitor: bool, feed: FeedInfo | None = None
 ) -> RunConfig:
-    """Read the run's configuration as it is now.
-
-    Args:
-        trainer: the running Trainer.
-        pl_module: its LightningModule.
-        gpu_monitor: whether a ``GPUStatsMonitor`` is among the callbacks.
-        feed: the training loader's description; ``None`` describes ``trainer.train_dataloader`` now.
-    """
+    """Read the run's configuration as it is now (``gpu_monitor``: whether a ``GPUStatsMonitor`` is among the
+    callbacks; ``feed``: the training loader's description, ``None`` describes ``trainer.train_dataloader``)."""
     return loop_config(TrainerLoop(trainer, pl_module), gpu_monitor, feed)
 
 

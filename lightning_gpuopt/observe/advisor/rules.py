@@ -71,6 +71,13 @@ def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
+def _digits(name: str) -> int:
+    """Decimals a figure is reported with: percentages and MB/s 1; ms, GiB, rates and cores 2; shares 3."""
+    if name.endswith(("_util", "_util_min", "_active", "_pct", "_mb_s")):
+        return 1
+    return 2 if name.endswith(("_ms", "_gb", "_per_sec", "_cores")) else 3
+
+
 _MAX_GAIN = 100.0
 
 
@@ -137,17 +144,20 @@ class Context:
         """Compute verdicts are an opportunity, not the bottleneck, while the loader starves the GPU."""
         return "info" if self.starved == "input" else "warning"
 
-    def figures(self, *names: str, nd: int = 3) -> dict[str, EvidenceValue]:
-        """The measured ``names`` of the evidence, rounded; unmeasured ones left out."""
-        values = {name: getattr(self.ev, name) for name in names}
-        return {name: _r(v, nd) for name, v in values.items() if v is not None}
-
-    def settings(self, *names: str) -> dict[str, EvidenceValue]:
-        """The known ``names`` of the configuration."""
-        values = {name: getattr(self.cfg, name) for name in names}
-        return {
-            k: v if isinstance(v, (int, float, str)) else str(v) for k, v in values.items() if v is not None
-        }
+    def figures(self, *names: str) -> dict[str, EvidenceValue]:
+        """The known ``names``: the evidence's measured figures (rounded, ``_digits``), else the configuration's
+        settings; unknown ones left out."""
+        out: dict[str, EvidenceValue] = {}
+        for name in names:
+            measured = hasattr(self.ev, name)
+            value = getattr(self.ev if measured else self.cfg, name)
+            if value is None:
+                continue
+            if measured:
+                out[name] = _r(value, _digits(name))
+            else:
+                out[name] = value if isinstance(value, (int, float, str)) else str(value)
+        return out
 
 
 def _input_cause(c: Context) -> str:
@@ -188,24 +198,23 @@ def input_bound(c: Context) -> Verdict | None:
     if c.starved != "input" or c.wait is None:
         return None
     ev, cfg = c.ev, c.cfg
-    figs = c.figures("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "ceiling_frac")
-    figs.update(c.figures("data_wait_ms", "step_ms", "samples_per_sec", nd=2))
-    figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
-    figs.update(c.figures("cpu_busy_frac", "cpu_workers_pct", "cpu_main_pct", "cpu_cores", nd=2))
-    figs.update(c.settings("num_workers", "cpus"))
+    figs = c.figures(
+        *("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "ceiling_frac", "data_wait_ms", "step_ms"),
+        *("samples_per_sec", "gpu_util", "sm_active", "tensor_active", "cpu_busy_frac", "cpu_workers_pct"),
+        *("cpu_main_pct", "cpu_cores", "num_workers", "cpus"),
+    )
     if cfg.cpus is not None:
         figs["processes_per_node"] = cfg.processes_per_node
-    figs.update(c.settings("backend", "batch_size"))
+    figs.update(c.figures("backend", "batch_size"))
     cause = _input_cause(c)
     if cause == "dali-bound":
-        figs.update(c.settings("decoder", "decode_threads"))
+        figs.update(c.figures("decoder", "decode_threads"))
     if cause == "jpeg-engine":
-        figs.update(c.figures("jpeg_util", nd=1))
-        figs.update(c.settings("decoder"))
+        figs.update(c.figures("jpeg_util", "decoder"))
     if cause == "store-bound" and cfg.decode_threads is not None:
         figs["read_threads"] = cfg.decode_threads
     if cfg.backend == "hdf5":
-        figs.update(c.figures("read_mb_s", nd=1))
+        figs.update(c.figures("read_mb_s"))
     # the headline figure is the logged time/data_wait_frac; the loader's own share, where known, beside it
     wait = ev.data_wait_frac if ev.data_wait_frac is not None else c.wait
     head = _waited(c, wait) + advice.cpu_sentence(ev, cfg, c.t.cores_full_frac)
@@ -219,11 +228,9 @@ def host_bound(c: Context) -> Verdict | None:
     if c.starved != "host" or c.ev.gpu_idle_frac is None:
         return None
     figs = c.figures(
-        "gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac", "ceiling_frac"
+        *("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac", "ceiling_frac"),
+        *("step_ms", "gpu_util", "sm_active", "cpu_main_pct", "batch_size", "cuda_graphs_skipped"),
     )
-    figs.update(c.figures("step_ms", nd=2))
-    figs.update(c.figures("gpu_util", "sm_active", "cpu_main_pct", nd=1))
-    figs.update(c.settings("batch_size", "cuda_graphs_skipped"))
     small = (c.cfg.batch_size is not None and c.cfg.batch_size <= c.t.small_batch) or (
         c.ev.sm_active is not None and c.ev.sm_active < c.t.launch_sm_active
     )
@@ -328,8 +335,7 @@ def pageable_copies(c: Context) -> Verdict | None:
     if not (cfg.pin_memory is False and host and cfg.backend != "dali"):
         return None
     figs: dict[str, EvidenceValue] = {"pin_memory": "False"}
-    figs.update(c.figures("data_wait_frac", "gpu_blocked_frac"))
-    figs.update(c.settings("num_workers", "batch_size"))
+    figs.update(c.figures("data_wait_frac", "gpu_blocked_frac", "num_workers", "batch_size"))
     text = (
         "Batches are copied to the GPU from pageable host memory: the copy is synchronous and waits for the "
         "GPU's queued work, so loading and compute stop overlapping. Set DataLoader(pin_memory=True); "
@@ -351,10 +357,11 @@ def launch_bound(c: Context) -> Verdict | None:
     syncing = bool(ev.sync_sites) and (ev.step_idle_frac or 0.0) >= t.gpu_idle_frac
     if not (util < t.launch_util or small_kernels or small_batch or syncing):
         return None
-    figs = c.figures("gpu_util", "sm_active", "tensor_active", "gpu_util_min", nd=1)
-    figs.update(c.figures("gpu_idle_frac", "step_idle_frac", "ceiling_frac", "host_syncs_per_step"))
-    figs.update(c.figures("step_ms", "data_wait_frac", "samples_per_sec"))
-    figs.update(c.settings("batch_size", "cuda_graphs_skipped"))
+    figs = c.figures(
+        *("gpu_util", "sm_active", "tensor_active", "gpu_util_min", "gpu_idle_frac", "step_idle_frac"),
+        *("ceiling_frac", "host_syncs_per_step", "step_ms", "data_wait_frac", "samples_per_sec"),
+        *("batch_size", "cuda_graphs_skipped"),
+    )
     idle = None if ev.step_idle_frac is None else ev.step_idle_frac + (ev.gpu_idle_frac or 0.0)
     # the replay runs the same training_step, its syncs and launches included: the GPU's idle share inside
     # and between steps bounds the fix; the ceiling only where that share is not measured
@@ -374,8 +381,7 @@ def amp_host_sync(c: Context) -> Verdict | None:
     }
     if clip is not None:
         figs["gradient_clip_val"] = float(clip)
-    figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac"))
-    figs.update(c.figures("gpu_util", "sm_active", nd=1))
+    figs.update(c.figures("gpu_idle_frac", "step_ms", "data_wait_frac", "gpu_util", "sm_active"))
     # the sync idles the GPU inside the step (after the optimizer's sync) as well as between steps, so any
     # of GPU idle, a GPU-Util short of saturation, or host work to expose makes it costly
     costly = (
@@ -428,8 +434,7 @@ def fp32_on_tensor_cores(c: Context) -> Verdict | None:
     figs: dict[str, EvidenceValue] = {"precision": str(c.cfg.precision), "capability": f"{cap[0]}.{cap[1]}"}
     if c.cfg.gpu_name:
         figs["gpu"] = c.cfg.gpu_name
-    figs.update(c.settings("float32_matmul_precision"))
-    figs.update(c.figures("tensor_active", nd=1))
+    figs.update(c.figures("float32_matmul_precision", "tensor_active"))
     bf16 = ' (or "bf16-mixed", no loss scaling needed on this GPU)' if cap >= (8, 0) else ""
     text = (
         "Full-precision math leaves this GPU's tensor cores idle or slow. Train in "
@@ -498,8 +503,7 @@ def memory_headroom(c: Context) -> Verdict | None:
         "mem_total_gb": _r(total, 2),
         "mem_frac": _r(mem_frac),
     }
-    figs.update(c.figures("gpu_util", "sm_active", "tensor_active", nd=1))
-    figs.update(c.settings("batch_size"))
+    figs.update(c.figures("gpu_util", "sm_active", "tensor_active", "batch_size"))
     bs = (
         f"batch_size={cfg.batch_size} could grow about {factor}x"
         if cfg.batch_size

@@ -49,19 +49,13 @@ EvidenceValue = float | int | str
 class Verdict:
     """One finding: what starves or slows the GPU, the figures it rests on, and the change that removes it.
 
+    Its fields (``kind``, ``evidence``, ``advice``, ``severity``, ``cause``, ``gain``) are described in
+    docs/advisor.md (Verdicts, Gains).
+
     Example:
         >>> v = Verdict("input-bound", {"gpu_idle_frac": 0.4}, "Use more workers.", cause="too-few-workers")
         >>> v.label
         'input-bound (too-few-workers)'
-
-    Attributes:
-        kind: stable short name, one of :data:`KINDS`.
-        evidence: the measured figures and configuration values the finding rests on.
-        advice: the concrete change, in this package's terms.
-        severity: ``"warning"`` (costs throughput now) or ``"info"`` (an opportunity or a blind spot).
-        cause: refinement of ``input-bound`` and ``straggler`` (docs/advisor.md), else ``None``.
-        gain: the most the fix can speed the run up (``1.6``: up to 1.6x the samples/s); ``None`` where no
-            figure bounds it.
     """
 
     kind: str
