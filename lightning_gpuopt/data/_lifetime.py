@@ -1,6 +1,6 @@
 """Processes and temporary files that end with their owner (docs/reliability.md, "What ends the processes
 and temporary folders"): ``worker_folder`` for DataLoader workers, ``die_with_parent`` and ``Janitor`` for
-what must not outlive a process killed with SIGKILL."""
+what must not outlive a process killed with SIGKILL, ``lock_current`` for a lock the kernel drops with its holder."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -172,3 +173,33 @@ class Janitor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def lock_current(path: str | os.PathLike[str], wait_s: float = 0.0) -> int | None:
+    """An fd holding ``fcntl.flock`` on the file at ``path`` (made if missing); None while another process
+    holds it past ``wait_s`` seconds. A file removed or replaced meanwhile is locked anew."""
+    import fcntl
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        return None
+                    time.sleep(0.01)
+            current = os.stat(path)
+        except FileNotFoundError:  # removed meanwhile: lock the new one
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if os.path.samestat(os.fstat(fd), current):
+            return fd
+        os.close(fd)  # replaced while waiting: lock the file that replaced it
