@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from lightning.fabric.utilities import move_data_to_device
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from lightning_gpuopt import _compat
@@ -439,9 +441,6 @@ class ContinuousDataLoader(HostDataLoader):
             close()  # a staging generator: releases the DataLoader iterator it wraps
         close_workers(self)
 
-    def __del__(self) -> None:
-        self._continuous_iter = None
-
 
 def close_workers(loader: Any) -> None:
     """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now, or ``close()`` a
@@ -467,22 +466,6 @@ def close_workers(loader: Any) -> None:
             remove()  # what a worker that did not exit through Python left there
     elif callable(getattr(loader, "close", None)):
         loader.close()  # a DALILoader: its pipeline's threads and memory now; the next iter() builds it again
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    return batch
-
-
-def _record(batch: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(batch, torch.Tensor) and batch.is_cuda:
-        batch.record_stream(stream)  # the caching allocator must not reuse it while `stream` reads it
-    elif isinstance(batch, (list, tuple)):
-        for b in batch:
-            _record(b, stream)
 
 
 #: batches the staging thread keeps copied and transformed ahead of the training step.
@@ -515,7 +498,7 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
                 if stop.is_set():
                     return
                 with torch.cuda.stream(side):
-                    out = transform(_to_device(batch, device))
+                    out = transform(move_data_to_device(batch, device))
                     done = torch.cuda.Event()
                     done.record(side)
                 del batch  # the pinned host batch goes back to PyTorch's cache once its copy has run
@@ -537,7 +520,8 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
             batch, done = item
             current = torch.cuda.current_stream(device)
             current.wait_event(done)  # the step's stream waits for this batch's copy and transform only
-            _record(batch, current)
+            # the caching allocator must not reuse a tensor while the step's stream reads it
+            apply_to_collection(batch, torch.Tensor, torch.Tensor.record_stream, current)
             yield batch
     finally:
         stop.set()
