@@ -21,8 +21,6 @@ from lightning_gpuopt.data.backends import (
 )
 from lightning_gpuopt.data.loader import ContinuousDataLoader
 
-__all__ = ["TRANSFER_HOOKS", "choose_backend", "feed_line", "overridden_batch_hooks"]
-
 #: Lightning's batch hooks a DataModule shares with the LightningModule: overridden, training does not stage.
 TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
