@@ -1,5 +1,4 @@
-"""Where a conversion writes: its destination checked, claimed for one writer (``_Claim``), and published
-without replacing an existing file unless ``overwrite`` (``_publish``); docs/hdf5.md."""
+"""Where a conversion writes: checked, claimed for one writer, published without replacing (docs/hdf5.md)."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def _cannot_create(err: OSError, dest: Path) -> OSError:
 
 
 class _Claim:
-    """An exclusive claim on a conversion's destination: ``fcntl.flock`` on ``.<name>.lock`` beside it, taken
-    without waiting (a second conversion raises ``OutputInUseError``); the kernel drops a killed holder's."""
+    """``flock`` on ``.<name>.lock`` beside the destination, not waited for (busy: ``OutputInUseError``)."""
 
     def __init__(self, dest: Path, shown: str) -> None:
         self.path = dest.with_name(f".{dest.name}.lock")

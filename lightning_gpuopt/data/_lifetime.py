@@ -53,8 +53,7 @@ def _remove_if_orphaned(folder: str, parent: int) -> None:
 
 
 class InWorkerFolder:
-    """A DataLoader ``worker_init_fn`` putting the worker's temporary files in ``folder`` (removed by a worker
-    whose ``parent`` died; None: not checked, as under ``forkserver``), then running ``inner``."""
+    """A ``worker_init_fn`` putting the worker's temporary files in ``folder``, then running ``inner``."""
 
     def __init__(
         self, folder: str, inner: Callable[[int], Any] | None = None, parent: int | None = None
@@ -150,8 +149,7 @@ if not done:
 
 
 class Janitor:
-    """A tiny process that removes ``path`` when its owner dies before calling ``release``; start it before
-    ``path`` exists, so no moment is left in which a SIGKILL strands it."""
+    """A tiny process that removes ``path`` if its owner dies before ``release``; started before ``path`` exists."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(

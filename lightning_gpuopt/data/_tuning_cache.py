@@ -36,8 +36,7 @@ _LOCK_WAIT_S = 10.0
 
 @contextlib.contextmanager
 def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold ``fcntl.flock`` on the cache file (writers read, change and replace it inside); yields False
-    when it cannot be had in ``_LOCK_WAIT_S``. Readers need no lock: the file is replaced whole."""
+    """Hold the writers' lock on the cache file (False: not had in time); readers need none (replaced whole)."""
     fd = lock_current(path, _LOCK_WAIT_S)
     if fd is None:
         yield False

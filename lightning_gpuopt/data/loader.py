@@ -1,5 +1,4 @@
-"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, staging on the GPU
-(docs/datamodule.md)."""
+"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, GPU staging."""
 
 from __future__ import annotations
 
@@ -274,8 +273,7 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches; each pass's order
-    follows from its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
+    """``batch_sampler`` forever from pass ``start``, less ``skip`` batches; a pass's order follows its number."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
@@ -476,8 +474,7 @@ _END = object()
 
 
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a staging
-    thread; its error is raised here, and closing this generator stops it and closes ``source``."""
+    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a thread."""
     side = torch.cuda.Stream(device)
     ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
     stop = threading.Event()
