@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
-    """Refuse bad input before heavy imports, fill in the defaults; the ``--candidates`` (None: not measured)."""
+    """Refuse bad input before heavy imports, fill in defaults; the ``--candidates`` (None: not measured)."""
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")

@@ -1,6 +1,6 @@
 """Processes and temporary files that end with their owner (docs/reliability.md, "What ends the processes
 and temporary folders"): ``worker_folder`` for DataLoader workers, ``die_with_parent`` and ``Janitor`` for
-what must not outlive a process killed with SIGKILL, ``lock_current`` for a lock the kernel drops with its holder."""
+what must not outlive a process killed with SIGKILL, ``lock_current`` for a lock that dies with its holder."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ if not done:
 
 
 class Janitor:
-    """A tiny process that removes ``path`` if its owner dies before ``release``; started before ``path`` exists."""
+    """A tiny process removing ``path`` if its owner dies before ``release``; started before ``path`` exists."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(

@@ -36,7 +36,7 @@ _LOCK_WAIT_S = 10.0
 
 @contextlib.contextmanager
 def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold the writers' lock on the cache file (False: not had in time); readers need none (replaced whole)."""
+    """Hold the writers' lock on the cache file (False: not had in time); readers need none."""
     fd = lock_current(path, _LOCK_WAIT_S)
     if fd is None:
         yield False

@@ -1,4 +1,4 @@
-"""The backend an ``OptimizedDataModule`` reads with (``choose_backend``) and its setup lines (``feed_line``)."""
+"""The backend an ``OptimizedDataModule`` reads with (``choose_backend``), its setup lines (``feed_line``)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto"
 
 
 def overridden_batch_hooks(dm: pl.LightningDataModule, base: type) -> list[str]:
-    """The ``TRANSFER_HOOKS`` of ``dm`` (or its LightningModule) that are not ``base``'s, as ``"Class.hook"``."""
+    """The ``TRANSFER_HOOKS`` of ``dm`` (or its LightningModule) not ``base``'s, as ``"Class.hook"``."""
     found = [
         f"{type(dm).__name__}.{h}" for h in TRANSFER_HOOKS if getattr(type(dm), h) is not getattr(base, h)
     ]
