@@ -149,7 +149,7 @@ if not done:
 
 
 class Janitor:
-    """A tiny process removing ``path`` if its owner dies before ``release``; started before ``path`` exists."""
+    """A process removing ``path`` if its owner dies before ``release``; started before ``path`` exists."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(

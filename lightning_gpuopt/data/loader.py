@@ -273,7 +273,7 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """``batch_sampler`` forever from pass ``start``, less ``skip`` batches; each pass ordered by its number."""
+    """``batch_sampler`` forever from pass ``start``, less ``skip`` batches; a pass ordered by its number."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
