@@ -44,8 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> list[int] | None:
-    """Refuse a missing path, a bad value or an unused flag before anything heavy is imported; fill in the
-    defaults; returns the parsed ``--candidates`` (``None``: nothing is measured)."""
+    """Refuse bad input before heavy imports, fill in defaults; the ``--candidates`` (None: not measured)."""
     path = Path(args.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r} does not exist; pass an image folder or an HDF5 file")
@@ -100,10 +99,6 @@ def _flag(name: str) -> str:
 
 def _is_store(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in (".h5", ".hdf5")
-
-
-def _say(message: str) -> None:
-    print(f"  {message}", flush=True)  # beside the header and the table (stderr: errors only)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,7 +163,7 @@ def measured(dataset: Any, args: argparse.Namespace, candidates: list[int]) -> A
         tolerance=args.tolerance,
         cache=not args.no_cache,
         cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
-        progress=_say,
+        progress=lambda line: print(f"  {line}", flush=True),  # stdout, beside the table
     )
     print(result.format_table())
     return result

@@ -1,5 +1,4 @@
-"""Where a conversion writes: its destination checked, claimed for one writer (``_Claim``), and published
-without replacing an existing file unless ``overwrite`` (``_publish``); docs/hdf5.md."""
+"""Where a conversion writes: checked, claimed for one writer, published without replacing (docs/hdf5.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +7,8 @@ import errno
 import os
 import shutil
 from pathlib import Path
+
+from lightning_gpuopt.data._lifetime import lock_current
 
 
 class OutputExistsError(ValueError):
@@ -55,37 +56,21 @@ def _cannot_create(err: OSError, dest: Path) -> OSError:
 
 
 class _Claim:
-    """An exclusive claim on a conversion's destination: ``fcntl.flock`` on ``.<name>.lock`` beside it, taken
-    without waiting (a second conversion raises ``OutputInUseError``); the kernel drops a killed holder's."""
+    """``flock`` on ``.<name>.lock`` beside the destination, not waited for (busy: ``OutputInUseError``)."""
 
     def __init__(self, dest: Path, shown: str) -> None:
         self.path = dest.with_name(f".{dest.name}.lock")
-        self.fd: int | None = None
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover -- not POSIX
-            return
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-            except OSError as err:
-                raise _cannot_create(err, dest) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                os.close(fd)
-                raise OutputInUseError(shown, int(holder) if holder.isdigit() else None) from None
-            try:
-                current = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                current = False
-            if current:
-                break
-            os.close(fd)  # locked a lock file its holder had just removed: claim the current one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
+            self.fd = lock_current(self.path)
+        except OSError as err:
+            raise _cannot_create(err, dest) from None
+        if self.fd is None:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = self.path.read_text().strip()
+            raise OutputInUseError(shown, int(holder) if holder.isdigit() else None)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         """Remove the lock file, then drop the lock (in this order, so no two conversions hold a claim)."""

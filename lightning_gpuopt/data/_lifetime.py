@@ -1,6 +1,6 @@
 """Processes and temporary files that end with their owner (docs/reliability.md, "What ends the processes
 and temporary folders"): ``worker_folder`` for DataLoader workers, ``die_with_parent`` and ``Janitor`` for
-what must not outlive a process killed with SIGKILL."""
+what must not outlive a process killed with SIGKILL, ``lock_current`` for a lock that dies with its holder."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,8 +53,7 @@ def _remove_if_orphaned(folder: str, parent: int) -> None:
 
 
 class InWorkerFolder:
-    """A DataLoader ``worker_init_fn`` putting the worker's temporary files in ``folder`` (removed by a worker
-    whose ``parent`` died; None: not checked, as under ``forkserver``), then running ``inner``."""
+    """A ``worker_init_fn`` putting the worker's temporary files in ``folder``, then running ``inner``."""
 
     def __init__(
         self, folder: str, inner: Callable[[int], Any] | None = None, parent: int | None = None
@@ -149,8 +149,7 @@ if not done:
 
 
 class Janitor:
-    """A tiny process that removes ``path`` when its owner dies before calling ``release``; start it before
-    ``path`` exists, so no moment is left in which a SIGKILL strands it."""
+    """A process removing ``path`` if its owner dies before ``release``; started before ``path`` exists."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.proc: Any = subprocess.Popen(
@@ -172,3 +171,33 @@ class Janitor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def lock_current(path: str | os.PathLike[str], wait_s: float = 0.0) -> int | None:
+    """An fd holding ``fcntl.flock`` on the file at ``path`` (made if missing); None while another process
+    holds it past ``wait_s`` seconds. A file removed or replaced meanwhile is locked anew."""
+    import fcntl
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        return None
+                    time.sleep(0.01)
+            current = os.stat(path)
+        except FileNotFoundError:  # removed meanwhile: lock the new one
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if os.path.samestat(os.fstat(fd), current):
+            return fd
+        os.close(fd)  # replaced while waiting: lock the file that replaced it

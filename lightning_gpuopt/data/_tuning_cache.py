@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning_gpuopt._checks import is_int, is_number
 from lightning_gpuopt._common import warn_once
+from lightning_gpuopt.data._lifetime import lock_current
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -34,45 +34,10 @@ def _read_cache(path: Path) -> dict[str, Any]:
 _LOCK_WAIT_S = 10.0
 
 
-def _lock_current(path: Path, deadline: float) -> int | None:
-    """An fd of the file at ``path`` holding ``fcntl.flock`` on it (None past ``deadline``); a file replaced
-    while this process waited is locked anew, as writers replace the file."""
-    import fcntl
-
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        os.close(fd)
-                        return None
-                    time.sleep(0.01)
-            current = os.stat(path)
-        except FileNotFoundError:  # removed meanwhile (a cache cleared by hand): lock the new one
-            os.close(fd)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        if os.path.samestat(os.fstat(fd), current):
-            return fd
-        os.close(fd)  # replaced while waiting: lock the file that replaced it
-
-
 @contextlib.contextmanager
 def _cache_lock(path: Path) -> Iterator[bool]:
-    """Hold ``fcntl.flock`` on the cache file (writers read, change and replace it inside); yields False
-    when it cannot be had in ``_LOCK_WAIT_S``. Readers need no lock: the file is replaced whole."""
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # pragma: no cover -- not POSIX
-        yield True
-        return
-    fd = _lock_current(path, time.monotonic() + _LOCK_WAIT_S)
+    """Hold the writers' lock on the cache file (False: not had in time); readers need none."""
+    fd = lock_current(path, _LOCK_WAIT_S)
     if fd is None:
         yield False
         return

@@ -25,21 +25,6 @@ from lightning_gpuopt.data.loader import (
     reads_in_workers,
 )
 
-__all__ = [
-    "BACKENDS",
-    "Backend",
-    "DALIBackend",
-    "FolderBackend",
-    "HDF5Backend",
-    "HostBackend",
-    "MixedBackend",
-    "Owner",
-    "dali_installed",
-    "host_loader",
-    "resolve_backend",
-    "torchvision_installed",
-]
-
 _HDF5_SUFFIXES = (".h5", ".hdf5")
 _NO_TRAIN = ("train_dir", None, "a folder or HDF5 file to fit (or train_dataset() overridden)")
 _NO_TRAIN_FIX = "pass train_dir= or override train_dataset()"
@@ -134,7 +119,9 @@ class FolderBackend(HostBackend):
     name = "folder"
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
-        _check_folders(paths, "a folder laid out as <root>/<class>/<image> for the folder backend")
+        _check_paths(
+            paths, "a folder laid out as <root>/<class>/<image> for the folder backend", folders=True
+        )
         super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
@@ -152,7 +139,7 @@ class HDF5Backend(HostBackend):
     name = "hdf5"
 
     def check(self, paths: dict[str, str | None], *, on_corrupt: str, dali: Any, hdf5: Any = None) -> None:
-        _check_stores(paths, "an HDF5 store file for the hdf5 backend")
+        _check_paths(paths, "an HDF5 store file for the hdf5 backend", folders=False)
         super().check(paths, on_corrupt=on_corrupt, dali=dali, hdf5=hdf5)
 
     def dataset(
@@ -173,11 +160,8 @@ class MixedBackend(HostBackend):
 
     name = "hdf5+folder"
 
-    def dataset(
-        self, path: str, *, storage_size: int, on_corrupt: str, skip_log: str | None
-    ) -> Dataset | None:
-        kind = HDF5Backend() if _store_file(path) else FolderBackend()
-        return kind.dataset(path, storage_size=storage_size, on_corrupt=on_corrupt, skip_log=skip_log)
+    def dataset(self, path: str, **how: Any) -> Dataset | None:
+        return (HDF5Backend() if _store_file(path) else FolderBackend()).dataset(path, **how)
 
     def classes(self, path: str) -> list[str] | None:
         return (HDF5Backend() if _store_file(path) else FolderBackend()).classes(path)
@@ -197,18 +181,14 @@ def _check_hdf5_options(hdf5: Any) -> None:
     check_arg(ok, "hdf5", hdf5, "None or an HDF5Options", "e.g. hdf5=HDF5Options(threads=8)", TypeError)
 
 
-def _check_folders(paths: dict[str, str | None], must: str) -> None:
-    fix = "pass backend='auto', which reads a store file as a store and a folder as a folder"
+def _check_paths(paths: dict[str, str | None], must: str, *, folders: bool) -> None:
+    """Refuse a file where a folder belongs (``folders``) or a folder where a store file belongs."""
     for split, path in paths.items():
-        check_arg(path is None or Path(path).is_dir(), f"{split}_dir", path, must, fix)
-
-
-def _check_stores(paths: dict[str, str | None], must: str) -> None:
-    """Refuse a folder where a store file belongs, naming the command that converts it."""
-    for split, path in paths.items():
-        fix = "pass backend='auto' to read the folder as a folder, or convert it first: "
-        fix += f"`lightning-gpuopt convert {path} {path}.h5`"
-        check_arg(path is None or not Path(path).is_dir(), f"{split}_dir", path, must, fix)
+        fix = "pass backend='auto', which reads a store file as a store and a folder as a folder"
+        if not folders:
+            fix = "pass backend='auto' to read the folder as a folder, or convert it first: "
+            fix += f"`lightning-gpuopt convert {path} {path}.h5`"
+        check_arg(path is None or Path(path).is_dir() == folders, f"{split}_dir", path, must, fix)
 
 
 class DALIBackend(Backend):
@@ -221,7 +201,7 @@ class DALIBackend(Backend):
         _check_hdf5_options(hdf5)
         itself = "with backend='dali' (DALI reads image folders itself)"
         check_arg(any(v is not None for v in paths.values()), "train_dir", None, f"a JPEG folder {itself}")
-        _check_folders(paths, f"a JPEG folder, as train_dir is, {itself}")
+        _check_paths(paths, f"a JPEG folder, as train_dir is, {itself}", folders=True)
         must = "'raise' with backend='dali' (DALI cannot skip unreadable files)"
         fix = "use backend='folder' to skip them, or remove them"
         check_arg(on_corrupt == "raise", "on_corrupt", on_corrupt, must, fix)
@@ -265,10 +245,8 @@ class DALIStoreBackend(HDF5Backend):
         must = "a JPEG folder or a JPEG store (lightning-gpuopt convert --format jpeg) with backend='dali'"
         fix = "read a raw store with backend='hdf5' (or 'auto'), or convert the JPEGs with --format jpeg"
         check_arg(train is None or _is_jpeg_store(train), "train_dir", train, must, fix)
-        _check_stores(
-            paths,
-            "a store file with backend='dali' on a JPEG store (its evaluation splits are read as stores)",
-        )
+        must = "a store file with backend='dali' on a JPEG store (its evaluation splits are read as stores)"
+        _check_paths(paths, must, folders=False)
         _check_dali_options(dali)
 
     def loader(self, dm: Owner, split: str) -> Any:

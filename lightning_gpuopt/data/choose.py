@@ -1,5 +1,4 @@
-"""What ``OptimizedDataModule.setup`` decides and says: the backend that reads the data (``choose_backend``)
-and the line it logs for each split's loader (``feed_line``)."""
+"""The backend an ``OptimizedDataModule`` reads with (``choose_backend``), its setup lines (``feed_line``)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ from lightning_gpuopt.data.backends import (
     MixedBackend,
 )
 from lightning_gpuopt.data.loader import ContinuousDataLoader
-
-__all__ = ["TRANSFER_HOOKS", "choose_backend", "feed_line", "overridden_batch_hooks"]
 
 #: Lightning's batch hooks a DataModule shares with the LightningModule: overridden, training does not stage.
 TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -132,8 +129,7 @@ def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto"
 
 
 def overridden_batch_hooks(dm: pl.LightningDataModule, base: type) -> list[str]:
-    """The ``TRANSFER_HOOKS`` Lightning calls on ``dm``'s batches that are not ``base``'s (``dm``'s, or its
-    LightningModule's where the DataModule leaves the hook to it), as ``"Class.hook"``."""
+    """The ``TRANSFER_HOOKS`` of ``dm`` (or its LightningModule) not ``base``'s, as ``"Class.hook"``."""
     found = [
         f"{type(dm).__name__}.{h}" for h in TRANSFER_HOOKS if getattr(type(dm), h) is not getattr(base, h)
     ]

@@ -1,5 +1,4 @@
-"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, staging on the GPU
-(docs/datamodule.md)."""
+"""Host loaders for uint8 batches: collate, read-ahead threads, prefetching across epochs, GPU staging."""
 
 from __future__ import annotations
 
@@ -18,6 +17,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from lightning.fabric.utilities import move_data_to_device
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from lightning_gpuopt import _compat
@@ -272,8 +273,7 @@ class StagedBatch(tuple):
 
 
 class _RepeatSampler:
-    """``batch_sampler`` forever from pass ``start`` on, less the first ``skip`` batches; each pass's order
-    follows from its number (``set_epoch``, and the generator seeded with ``seed + pass``)."""
+    """``batch_sampler`` forever from pass ``start``, less ``skip`` batches; a pass ordered by its number."""
 
     def __init__(self, batch_sampler: Any, start: int = 0, skip: int = 0, seed: int | None = None) -> None:
         self.batch_sampler = batch_sampler
@@ -439,9 +439,6 @@ class ContinuousDataLoader(HostDataLoader):
             close()  # a staging generator: releases the DataLoader iterator it wraps
         close_workers(self)
 
-    def __del__(self) -> None:
-        self._continuous_iter = None
-
 
 def close_workers(loader: Any) -> None:
     """Stop the persistent workers of ``loader`` (a loader, or a list or dict of them) now, or ``close()`` a
@@ -469,22 +466,6 @@ def close_workers(loader: Any) -> None:
         loader.close()  # a DALILoader: its pipeline's threads and memory now; the next iter() builds it again
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    return batch
-
-
-def _record(batch: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(batch, torch.Tensor) and batch.is_cuda:
-        batch.record_stream(stream)  # the caching allocator must not reuse it while `stream` reads it
-    elif isinstance(batch, (list, tuple)):
-        for b in batch:
-            _record(b, stream)
-
-
 #: batches the staging thread keeps copied and transformed ahead of the training step.
 STAGED_AHEAD = 2
 
@@ -493,8 +474,7 @@ _END = object()
 
 
 def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[Any], Any]) -> Iterator[Any]:
-    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a staging
-    thread; its error is raised here, and closing this generator stops it and closes ``source``."""
+    """``transform(batch on device)``, made ``STAGED_AHEAD`` batches ahead on a side stream by a thread."""
     side = torch.cuda.Stream(device)
     ready: queue.Queue[Any] = queue.Queue(maxsize=STAGED_AHEAD)
     stop = threading.Event()
@@ -515,7 +495,7 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
                 if stop.is_set():
                     return
                 with torch.cuda.stream(side):
-                    out = transform(_to_device(batch, device))
+                    out = transform(move_data_to_device(batch, device))
                     done = torch.cuda.Event()
                     done.record(side)
                 del batch  # the pinned host batch goes back to PyTorch's cache once its copy has run
@@ -537,7 +517,8 @@ def _staged(source: Iterator[Any], device: torch.device, transform: Callable[[An
             batch, done = item
             current = torch.cuda.current_stream(device)
             current.wait_event(done)  # the step's stream waits for this batch's copy and transform only
-            _record(batch, current)
+            # the caching allocator must not reuse a tensor while the step's stream reads it
+            apply_to_collection(batch, torch.Tensor, torch.Tensor.record_stream, current)
             yield batch
     finally:
         stop.set()

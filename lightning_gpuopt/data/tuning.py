@@ -1,8 +1,5 @@
-"""Pick ``num_workers`` by measuring a DataLoader within a time budget, and remember the answer.
-
-``tune_num_workers`` measures candidate counts in ascending order and returns the smallest within
-``tolerance`` of the best (docs/worker_tuning.md); ``WorkerTuner`` applies it to loaders of your own.
-"""
+"""Pick ``num_workers`` by measuring a DataLoader within a time budget, and remember the answer
+(docs/worker_tuning.md): ``tune_num_workers``, and ``WorkerTuner`` for loaders of your own."""
 
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
@@ -250,7 +248,7 @@ def tune_num_workers(
     t_start = time.perf_counter()
     pass_batches = _pass_batches(data, size, bool(getattr(probe, "drop_last", False)))
     table, stop_reason = _measure_counts(
-        loader, cands, budget_s, _length(data), pass_batches, tolerance, goal, progress
+        loader, cands, budget_s, _pass_batches(data, 1), pass_batches, tolerance, goal, progress
     )
     best = _smallest_good(table, goal, tolerance)
     result = TuningResult(best, table, time.perf_counter() - t_start, False, stop_reason, key)
@@ -264,13 +262,6 @@ def _smallest_good(table: list[dict[str, Any]], goal: float | None, tolerance: f
     top = max(r["samples_per_sec"] for r in table)
     threshold = goal if goal is not None and top >= goal else top * (1 - tolerance)
     return int(min(r["num_workers"] for r in table if r["samples_per_sec"] >= threshold))
-
-
-def _length(data: Any) -> int | None:
-    try:
-        return len(data)
-    except TypeError:
-        return None
 
 
 def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
@@ -407,13 +398,12 @@ class WorkerTuner(pl.Callback):
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_budget_tolerance(budget_s, tolerance)
-        sequence = isinstance(candidates, Sequence) and not isinstance(candidates, str)
-        ok = candidates is None or (
-            sequence and bool(candidates) and all(is_int(c) and c >= 0 for c in candidates)
-        )
-        error = TypeError if candidates is not None and not isinstance(candidates, Sequence) else ValueError
         must = "None or a non-empty sequence of worker counts (ints >= 0)"
-        check_arg(ok, "candidates", candidates, must, error=error)
+        ok = candidates is None or isinstance(candidates, Sequence)
+        check_arg(ok, "candidates", candidates, must, error=TypeError)
+        counts = [] if candidates is None or isinstance(candidates, str) else candidates
+        ok = candidates is None or (bool(counts) and all(is_int(c) and c >= 0 for c in counts))
+        check_arg(ok, "candidates", candidates, must)
         _check_target(target_samples_per_sec, "target_samples_per_sec")
         check_bool(apply, "apply")
         check_bool(cache, "cache")
@@ -430,11 +420,8 @@ class WorkerTuner(pl.Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loaders = trainer.train_dataloader
-        if isinstance(loaders, dict):
-            loaders = list(loaders.values())
-        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-        flat = [v for v in loaders if isinstance(v, DataLoader)]
+        flat: list[DataLoader] = []
+        apply_to_collection(trainer.train_dataloader, DataLoader, flat.append)
         if not flat:
             warn_once("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
             return
@@ -475,14 +462,6 @@ class WorkerTuner(pl.Callback):
                 metrics["tuning/samples_per_sec"] = float(row["samples_per_sec"])
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.num_workers = state_dict.get("num_workers")
 
 
 # ----------------------------------------------------------------- measuring
