@@ -116,40 +116,24 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _class_path(obj: Any) -> str:
-    """``obj``'s class path: ``lightning_gpuopt.<Name>`` for a public name of the package."""
-    cls = type(obj)
-    if (
-        cls.__module__.startswith(_PACKAGE + ".")
-        and cls.__name__ in importlib.import_module(_PACKAGE).__all__
-    ):
-        return f"{_PACKAGE}.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__name__}"
-
-
-def _init_args(obj: Any) -> dict[str, Any]:
-    """``obj``'s constructor arguments that differ from their defaults, read back from its attributes."""
-    out: dict[str, Any] = {}
-    for name, param in inspect.signature(type(obj).__init__).parameters.items():
-        if (
-            name == "self"
-            or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
-            or not hasattr(obj, name)
-        ):
-            continue
-        value = getattr(obj, name)
-        if param.default is inspect.Parameter.empty or value != param.default:
-            out[name] = value
-    return out
-
-
 def _config_entry(obj: Any) -> Any:
+    """``obj`` as a config entry: its class path and the constructor arguments that differ from defaults."""
     from jsonargparse import Namespace
 
-    init_args = _init_args(obj)
-    if not init_args:
-        return Namespace(class_path=_class_path(obj))
-    return Namespace(class_path=_class_path(obj), init_args=Namespace(**init_args))
+    cls = type(obj)
+    public = (
+        cls.__module__.startswith(_PACKAGE + ".")
+        and cls.__name__ in importlib.import_module(_PACKAGE).__all__
+    )
+    entry = Namespace(class_path=f"{_PACKAGE if public else cls.__module__}.{cls.__name__}")
+    init_args = {
+        p.name: getattr(obj, p.name)
+        for p in inspect.signature(cls).parameters.values()
+        if hasattr(obj, p.name) and getattr(obj, p.name) != p.default
+    }
+    if init_args:
+        entry.init_args = Namespace(**init_args)
+    return entry
 
 
 def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dict[str, Any]) -> str:
@@ -173,15 +157,6 @@ def _fail(prog: str, message: str) -> NoReturn:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def _qualify(key: str, message: str) -> str:
-    """``message`` (``"augment.scale must be ..."``) with its argument named by the full config key."""
-    name = re.split(r"[ =]", message, maxsplit=1)[0]
-    head, _, last = key.rpartition(".")
-    if name.split(".")[0] == last:
-        return (head + "." if head else "") + message
-    return f"{key}: {message}"
 
 
 def _own_message(text: str) -> str | None:
@@ -229,9 +204,6 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
     key, rest = found.groups()
     if _PACKAGE not in rest and key.split(".")[0] not in package_keys:
         return None
-    own = _own_message(rest)
-    if own is not None:
-        return _qualify(key, own)
     problem = next((p for p in _CLASS_PROBLEM.finditer(rest) if p.group(1).startswith(_PACKAGE)), None)
     if problem is not None:
         cls, detail = problem.group(1), problem.group(2).strip()
@@ -346,15 +318,9 @@ class GPUOptArgumentParser(LightningArgumentParser):
 
 
 class GPUOptCLI(LightningCLI):
-    """``LightningCLI`` that applies the compute preset to the model it builds and shows it in the config.
-
-    After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
-    the precision, ``benchmark``, the compute callbacks and under ``strategy: ddp`` a tuned ``DDPStrategy``;
-    the choices are written into the config (so ``--print_config`` and the saved ``config.yaml`` show them)
-    and logged in one line. A value the config sets wins. A ``preset:`` section holds ``tf32``,
-    ``fused_optimizer`` and ``compile``, as ``fast_trainer_kwargs`` takes them; override
-    ``add_arguments_to_parser`` calling ``super()`` to keep it. A bad value for one of this package's classes
-    ends the command with one line (exit status 2). docs/lightning_cli.md has the details.
+    """``LightningCLI`` that applies ``fast_trainer_kwargs`` to the model it builds and writes the choices into
+    the config (a value the config sets wins); a ``preset:`` section holds its options, and a bad value for
+    this package's classes ends with one line (docs/lightning_cli.md).
 
     Example::
 
