@@ -46,17 +46,8 @@ _OS_FIXES = {
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: a usage error is one line (exit status 2), and advice written for the Python API
-    names its options (``cli_advice``).
-
-    Example:
-        >>> parser = CommandParser(prog="lightning-gpuopt tune")
-        >>> _ = parser.add_argument("--on-corrupt", choices=("raise", "skip"))
-        >>> parser.cli_advice("an unreadable image; remove it, or pass on_corrupt='skip' to skip such images")
-        'an unreadable image; remove it, or pass --on-corrupt skip to skip such images'
-        >>> CommandParser(prog="bench").cli_advice("remove it, or pass on_corrupt='skip' to skip it; or not")
-        'remove it; or not'
-    """
+    """A subcommand's parser: a usage error is one line (exit status 2), and ``cli_advice`` spells advice
+    written for the Python API with its options."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._options: list[argparse.Action] = []
