@@ -74,22 +74,8 @@ def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn on rank zero only, attributed to the user's line as ``warn_once`` attributes it (every time)."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-    if getattr(rank_zero_only, "rank", 0) != 0:
-        return
-    frame = _user_frame(sys._getframe(1))
-    if frame is None:  # no Python frame to name (called from C): let warnings attribute it
-        warnings.warn(message, category=category, stacklevel=2)
-        return
-    module_globals = frame.f_globals
-    # as warnings.warn does for the frame it settles on: its registry and globals (the source line)
-    args = (message, category, frame.f_code.co_filename, frame.f_lineno)
-    module = module_globals.get("__name__", "<unknown>")
-    registry = module_globals.setdefault("__warningregistry__", {})
-    try:
-        warnings.warn_explicit(*args, module=module, registry=registry, module_globals=module_globals)
-    except ImportError:
-        # ``python -c`` and the prompt: ``__main__``'s loader raises when linecache asks it for source
-        warnings.warn_explicit(*args, module=module, registry=registry)
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        warnings.warn(message, category=category, stacklevel=_user_level(sys._getframe(1)) + 1)
 
 
 # package folders whose frames a warning is never attributed to (this package first)
@@ -123,19 +109,22 @@ def _internal_dirs() -> tuple[str, ...]:
     return package_dirs(_INTERNAL_PACKAGES)
 
 
-def _user_frame(frame: FrameType | None) -> FrameType | None:
-    """The first frame from ``frame`` outward outside ``_INTERNAL_PACKAGES``, else outside this package, else
-    ``frame``."""
+def _user_level(frame: FrameType | None) -> int:
+    """The ``stacklevel`` (counted from ``frame``, 1) of the first frame outside ``_INTERNAL_PACKAGES``, else
+    of the first outside this package, else 1; import machinery frames are not counted, as warnings does."""
     internal, own = _internal_dirs(), _internal_dirs()[:1]
-    first, outside_own = frame, None
+    level, outside_own = 1, None
     while frame is not None:
-        path = os.path.realpath(frame.f_code.co_filename)
-        if not path.startswith(internal):
-            return frame
-        if outside_own is None and own and not path.startswith(own):
-            outside_own = frame
+        filename = frame.f_code.co_filename
+        if not ("importlib" in filename and "_bootstrap" in filename):
+            path = os.path.realpath(filename)
+            if not path.startswith(internal):
+                return level
+            if outside_own is None and own and not path.startswith(own):
+                outside_own = level
+            level += 1
         frame = frame.f_back
-    return outside_own or first
+    return outside_own or 1
 
 
 @functools.cache
