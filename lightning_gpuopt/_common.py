@@ -35,12 +35,7 @@ def eval_resize_size(image_size: int) -> int:
 
 def upsamples(source_px: int, target_px: int) -> bool:
     """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it (the one rule of stored
-    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it).
-
-    Example:
-        >>> upsamples(60, 256), upsamples(256, 224)
-        (True, False)
-    """
+    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it)."""
     return target_px > source_px
 
 
@@ -157,14 +152,7 @@ def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Seq
             return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
         return str(v)
 
-    body = []
-    for r in rows:
-        cells = [r.get(c) for c in columns] if isinstance(r, Mapping) else list(r)
-        if len(cells) != len(columns):
-            raise ValueError(
-                f"format_table: a row has {len(cells)} cells for {len(columns)} columns: {cells!r}"
-            )
-        body.append([cell(v) for v in cells])
+    body = [[cell(v) for v in ([r.get(c) for c in columns] if isinstance(r, Mapping) else r)] for r in rows]
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
 
     def line(cells: Sequence[str]) -> str:
@@ -176,18 +164,8 @@ def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Seq
 @dataclass
 class FeedInfo:
     """How a training loader feeds the GPU, as the ``BottleneckAdvisor`` reads it from a loader's (or its
-    dataset's) ``feed_info`` attribute.
-
-    Attributes:
-        backend: ``"folder"`` (JPEGs decoded by worker processes), ``"hdf5"`` (uint8 store), ``"dali"``,
-            or ``None`` when unknown.
-        num_workers: loader worker processes (``None`` where the loader has none, e.g. DALI).
-        pin_memory: whether host batches are pinned.
-        batch_size: samples a batch.
-        host_batches: whether batches arrive in host memory (and are copied to the GPU).
-        decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None`` for no decoding.
-        threads: the loader's CPU threads (DALI's decoding pool, the HDF5 store's reading threads), or ``None``.
-    """
+    dataset's) ``feed_info``: ``backend`` (``"folder"``, ``"hdf5"``, ``"dali"``), ``decoder`` (``"cpu"``,
+    ``"gpu"``: nvJPEG), ``threads`` (DALI's or the HDF5 store's CPU threads); ``None``: unknown or none."""
 
     backend: str | None = None
     num_workers: int | None = None

@@ -1,7 +1,5 @@
-"""The private torch and Lightning internals the package relies on, each behind one function (the rest of
-the package uses public API only). ``missing_internals()`` lists those this torch and Lightning lack (a test
-checks it is empty); where one is missing at run time, its function falls back to public behaviour and warns
-once."""
+"""The private torch and Lightning internals the package relies on, each behind one function that falls back
+to public behaviour, warning once, where one is missing; ``missing_internals()`` lists those missing."""
 
 from __future__ import annotations
 

@@ -265,11 +265,10 @@ def instantiation_error_line(err: BaseException, config: Any) -> str | None:
     ours = next(
         (e for e in _chain(err) if _from_package(e) and isinstance(e, (ValueError, TypeError, OSError))), None
     )
-    text = str(ours) if ours is not None else (_own_message(str(err)) if _PACKAGE in str(err) else None)
-    if not text:
+    if ours is None or not str(ours):
         return None
-    text = _own_message(text) or _one_line(text)
-    owner = _raising_class(ours) if ours is not None else None
+    text = _own_message(str(ours)) or _one_line(str(ours))
+    owner = _raising_class(ours)
     if owner is not None and issubclass(owner, Callback):
         return f"trainer.callbacks: {owner.__name__}'s {text}"
     name = re.split(r"[ =]", text, maxsplit=1)[0]
