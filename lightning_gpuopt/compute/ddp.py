@@ -68,25 +68,21 @@ class _NonBlockingSigterm:
 
         if self.slots is None:
             self.slots = _sigterm_slots(self.trainer.strategy.root_device)
-        # read every finished broadcast, oldest first, without waiting
-        stop = False
-        while self.pending:
-            host_in, dev, host_out, event = self.slots[self.pending[0]]
-            if event is not None and not event.query():
-                break
-            self.pending.pop(0)
-            stop = stop or int(host_out[0]) == 1
-        if stop:
-            _stop_all_ranks()
         index = self.step % _SIGTERM_SLOTS
         self.step += 1
-        host_in, dev, host_out, event = self.slots[index]
-        if index in self.pending:  # the GPU is a whole ring behind: wait for this slot only
+        # read every finished broadcast, oldest first; wait only where the GPU is a whole ring behind (the
+        # oldest is the slot this step reuses)
+        while self.pending:
+            oldest = self.pending[0]
+            host_out, event = self.slots[oldest][2:]
             if event is not None:
+                if oldest != index and not event.query():
+                    break
                 event.synchronize()
-            self.pending.remove(index)
+            self.pending.pop(0)
             if int(host_out[0]) == 1:
                 _stop_all_ranks()
+        host_in, dev, host_out, event = self.slots[index]
         host_in[0] = 1 if getattr(self.trainer, "received_sigterm", False) else 0
         dev.copy_(host_in, non_blocking=True)
         dist.broadcast(dev, src=0)
