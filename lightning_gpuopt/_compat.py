@@ -41,7 +41,7 @@ _INTERNALS: tuple[str, ...] = (
 )
 # attributes ``__init__`` sets: looked up on an instance
 _INSTANCES: dict[str, Callable[[], Any]] = {
-    "torch.utils.data:DataLoader._iterator": lambda: DataLoader([]),
+    "torch.utils.data:DataLoader._iterator": lambda: DataLoader([]),  # type: ignore[arg-type]
     "torch.optim:SGD._step_supports_amp_scaling": _fused_sgd,
 }
 
