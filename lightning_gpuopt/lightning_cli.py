@@ -81,9 +81,7 @@ def preset_choices(
         model: the model the run trains (``None``: unknown).
         trainer_config: the ``Trainer`` arguments the config gives (instantiated: callbacks are objects); its
             ``precision``, ``benchmark`` and callbacks are kept.
-        tf32: as ``fast_trainer_kwargs(tf32=...)``.
-        fused_optimizer: as ``fast_trainer_kwargs(fused_optimizer=...)``.
-        compile: as ``fast_trainer_kwargs(compile=...)``.
+        tf32, fused_optimizer, compile: as ``fast_trainer_kwargs`` takes them.
 
     Returns:
         ``(settings, callbacks, device)``: the Trainer settings the preset chooses, the callbacks it adds after
@@ -446,13 +444,10 @@ class GPUOptCLI(LightningCLI):
             _fail(
                 self.parser.prog, f"{_PRINT_CONFIG} flags must be among {sorted(known)}, got {unknown[0]!r}"
             )
-        parser, config = self.parser, self.config
-        if self.subcommand:
-            mine = [p for p in self._parsers if p.prog.endswith(f" {self.subcommand}")]
-            parser, config = (mine[0], self.config[self.subcommand]) if mine else (parser, config)
+        mine = [p for p in self._parsers if self.subcommand and p.prog.endswith(f" {self.subcommand}")]
         sys.stdout.write(
-            parser.dump(
-                config,
+            (mine[0] if mine else self.parser).dump(
+                self._section(self.config),
                 skip_unset="skip_unset" in flags,
                 skip_default="skip_default" in flags,
                 with_comments="comments" in flags,

@@ -285,15 +285,10 @@ class CompileModel(pl.Callback):
             return
         self._cost_key = cost_key(pl_module, trainer.strategy.root_device)
         if self.when == "always":
-            decision = CompileDecision(True, "when='always'")
-        else:
-            decision = self._should_compile(trainer, pl_module)
-        if decision.compile is None:
-            self._timing = True
-            self.decision = None
+            self._install(pl_module, CompileDecision(True, "when='always'"))
+        elif (decision := self._should_compile(trainer, pl_module)).compile is None:
+            self._timing, self.decision = True, None  # decided once a few eager batches are timed
             return
-        if self.when == "always":
-            self._install(pl_module, decision)
         else:
             self._decide(pl_module, decision)
         self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
@@ -486,24 +481,22 @@ class CompileModel(pl.Callback):
 
     def _choose_mode(self, pl_module: pl.LightningModule) -> str:
         if self.mode is not None:
-            self.mode_used, self.mode_reason = self.mode, f"CompileModel(mode={self.mode!r})"
-            return self.mode
-        if self.backend != "inductor":
-            self.mode_used, self.mode_reason = "default", f"backend={self.backend!r}: modes are inductor's"
-            return self.mode_used
-        device, world, accumulate = self._run
-        self.mode_used, self.mode_reason = choose_mode(
-            family=_model.family(pl_module),
-            device=device,
-            world_size=world,
-            accumulate_grad_batches=accumulate,
-            automatic_optimization=pl_module.automatic_optimization,
-            gpu_decoding=self._gpu_decoding,
-        )
-        info_once(
-            f"CompileModel: mode={self.mode_used!r} ({self.mode_reason}); CompileModel(mode=...) sets it"
-        )
-        return self.mode_used
+            mode, reason = self.mode, f"CompileModel(mode={self.mode!r})"
+        elif self.backend != "inductor":
+            mode, reason = "default", f"backend={self.backend!r}: modes are inductor's"
+        else:
+            device, world, accumulate = self._run
+            mode, reason = choose_mode(
+                family=_model.family(pl_module),
+                device=device,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+                automatic_optimization=pl_module.automatic_optimization,
+                gpu_decoding=self._gpu_decoding,
+            )
+            info_once(f"CompileModel: mode={mode!r} ({reason}); CompileModel(mode=...) sets it")
+        self.mode_used, self.mode_reason = mode, reason
+        return mode
 
     def _uninstall(self) -> None:
         if self._watch is not None:
@@ -520,11 +513,10 @@ class CompileModel(pl.Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The last decision, for the record; every fit decides again."""
-        decision = self.decision
         return {
             "when": self.when,
-            "compile": None if decision is None else decision.compile,
-            "reason": None if decision is None else decision.reason,
+            "compile": getattr(self.decision, "compile", None),
+            "reason": getattr(self.decision, "reason", None),
             "step_seconds": self.step_seconds,
             "mode": self.mode_used,
             "mode_reason": self.mode_reason,
