@@ -20,9 +20,8 @@ __all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "init_momentu
 FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 
-def is_fused(optimizer: Any) -> bool:
-    """Whether GradScaler steps ``optimizer`` without a host sync (the optimizer unscales and skips on device)."""
-    return supports_amp_scaling(optimizer)
+#: Whether GradScaler steps an optimizer without a host sync (the optimizer unscales and skips on device).
+is_fused = supports_amp_scaling
 
 
 def init_momentum_buffers(optimizer: Any) -> int:
