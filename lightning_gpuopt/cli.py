@@ -119,9 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None and not argv else EXIT_USAGE
     name = argv[0]
-    help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
-    sub_parser = CommandParser(prog=prefix, description=help_text)
+    sub_parser = CommandParser(prog=prefix, description=COMMANDS[name])
     from lightning_gpuopt._imports import torchvision_problem
 
     broken = torchvision_problem()  # before Lightning, which a broken torchvision takes down
