@@ -1,11 +1,6 @@
 """The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``): each subcommand is
-``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs.
-
-Exit codes, each failure with one line on stderr and no traceback: 0 done; 1 the command could not measure
-what was asked (no ``bench`` row ran) or ``check`` found undecodable images; 2 a user error (bad option or
-value, missing file or package, unwritable path, unreadable data, a torchvision built for another torch),
-found before any work where it can be; 130 Ctrl-C.
-"""
+``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs;
+a failure is one line on stderr (exit codes: docs/troubleshooting.md)."""
 
 from __future__ import annotations
 

@@ -78,10 +78,6 @@ class ChannelsLast(pl.Callback):
         convert_inputs: also convert ``forward``'s 4-D floating tensor arguments (off: the first convolution
             converts its input itself and keeps that copy for backward).
 
-    Attributes:
-        active: whether the model was converted in the current (or last) run.
-        inputs_converted: how many ``forward`` calls had an input that needed converting.
-
     Example::
 
         trainer = Trainer(precision="16-mixed", callbacks=[ChannelsLast()])

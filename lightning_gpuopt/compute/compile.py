@@ -65,14 +65,8 @@ _GRAPH_RESULTS: dict[Any, tuple[bool | None, str | None]] = {}
 
 @dataclass(frozen=True)
 class CompileDecision:
-    """What ``should_compile`` decided, and why.
-
-    Attributes:
-        compile: ``True`` compile, ``False`` stay eager, ``None`` undecided: time a few eager steps and ask
-            again with ``step_seconds``.
-        reason: one sentence naming the deciding fact.
-        eager_seconds: the estimated eager training time left, where it was estimated.
-    """
+    """What ``should_compile`` decided (``compile``: ``None`` until eager steps are timed), why (``reason``),
+    and the eager training time left it estimated (``eager_seconds``)."""
 
     compile: bool | None
     reason: str
@@ -199,17 +193,6 @@ class CompileModel(pl.Callback):
         backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` or ``"eager"`` to tell a compile
             problem from a kernel problem).
         mode: ``torch.compile``'s mode (one of ``MODES``); ``None``: ``choose_mode`` picks.
-
-    Attributes:
-        decision: the ``CompileDecision`` of the last run (``None`` before one, or while timing).
-        compiled: whether ``forward`` is compiled now.
-        step_seconds: the eager batch time ``"auto"`` measured, or ``None``.
-        compiled_calls: ``forward`` calls that ran compiled.
-        eager_calls: ``forward`` calls of another input shape that ran eagerly.
-        mode_used: the mode ``forward`` was compiled with (``None`` before it is), and ``mode_reason``.
-        cuda_graphs: whether the compiled training step replays CUDA graphs (``None``: not known yet).
-        cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``.
-        cost: the ``MeasuredCost`` of compiling in this fit (``None`` until measured), kept for the next fit.
 
     Example::
 

@@ -96,10 +96,6 @@ class FusedOptimizer(pl.Callback):
     """Run the Trainer's optimizers with their fused kernels (no per-step host sync under ``16-mixed``),
     switched at ``on_train_start``; a fused SGD with momentum gets zero buffers before its first step.
 
-    Attributes:
-        fused: the class names of the optimizers switched.
-        skipped: ``(class name, reason)`` of those left alone (also named in one warning).
-
     Example::
 
         trainer = Trainer(precision="16-mixed", callbacks=[FusedOptimizer()])
