@@ -131,11 +131,8 @@ def _warnings() -> Any:
 
 
 def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:
-    """The package's one fixed-width text table: a header, a rule of dashes, then a line a row.
-
-    Args:
-        rows: each row a mapping (cells by column name) or a sequence of cells in column order.
-        columns: the header of each column, in order.
+    """The package's one fixed-width text table: a header, a rule of dashes, then a line a row (a mapping of
+    cells by column name, or a sequence of cells in column order).
 
     Example:
         >>> print(format_table([{"row": "naive", "samples/s": 1234.5}, {"row": "hdf5"}], ["row", "samples/s"]))
