@@ -130,12 +130,10 @@ def resize_rgb_uint8(pixels: Any, height: int, width: int) -> Any:
     from torch.nn import functional as F
 
     nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view of the pixels
-    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
-    out_overload = getattr(packet, "out", None) if packet is not None else None
+    out_overload = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
     if out_overload is None:
         _fallback("aten._upsample_bilinear2d_aa.out (each resize is copied once more)")
-        size = (height, width)
-        resized = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)
+        resized = F.interpolate(nchw, (height, width), mode="bilinear", antialias=True, align_corners=False)
         return resized[0].permute(1, 2, 0).contiguous().numpy()
     out = torch.empty((height, width, 3), dtype=torch.uint8)
     out_overload(nchw, [height, width], False, None, None, out=out.permute(2, 0, 1).unsqueeze(0))

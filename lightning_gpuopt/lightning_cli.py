@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -228,12 +229,8 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
 
 def _from_package(err: BaseException) -> bool:
     """Whether ``err``'s innermost frame is in this package."""
-    tb = err.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return _in_package(tb.tb_frame.f_code.co_filename)
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return bool(frames) and _in_package(frames[-1].f_code.co_filename)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -286,12 +283,10 @@ def _in_package(filename: str) -> bool:
 
 def _raising_class(err: BaseException) -> type | None:
     """The class whose method in this package raised ``err`` (the outermost such frame)."""
-    tb = err.__traceback__
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if owner is not None and _in_package(tb.tb_frame.f_code.co_filename):
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        owner = frame.f_locals.get("self")
+        if owner is not None and _in_package(frame.f_code.co_filename):
             return type(owner)
-        tb = tb.tb_next
     return None
 
 
