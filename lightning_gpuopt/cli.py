@@ -63,10 +63,10 @@ class CommandParser(argparse.ArgumentParser):
         """``message`` with a keyword argument it advises (``on_corrupt='skip'``) spelled as this command's option
         (``--on-corrupt skip``), and a clause ``, or pass name=value ...`` naming no option left out."""
         for action in self._options:
-            for choice in action.choices or ():
-                flag = f"{action.option_strings[-1]} {choice}"
-                for spelled in (f"{action.dest}={choice!r}", f'{action.dest}="{choice}"'):
-                    message = message.replace(spelled, flag)
+            for choice in action.choices or ():  # the package's messages spell values with repr()
+                message = message.replace(
+                    f"{action.dest}={choice!r}", f"{action.option_strings[-1]} {choice}"
+                )
         start = message.find(", or pass ")
         if start >= 0:
             name, equals, _ = message[start + len(", or pass ") :].partition(" ")[0].partition("=")
