@@ -99,14 +99,8 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 def worker_error_message(text: str, error: type[BaseException]) -> str | None:
-    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text
-    ``torch._utils.ExceptionWrapper.reraise`` re-raises it with; ``None`` for any other text.
-
-    Example:
-        >>> text = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback ...\nValueError: bad"
-        >>> worker_error_message(text, ValueError), worker_error_message("bad", ValueError)
-        ('bad', None)
-    """
+    """The message an exception of type ``error`` had in a DataLoader worker, read from the text
+    ``torch._utils.ExceptionWrapper.reraise`` re-raises it with; ``None`` for any other text."""
     if not text.startswith(f"Caught {error.__name__} "):
         return None
     module = error.__module__

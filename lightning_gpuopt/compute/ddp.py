@@ -36,13 +36,9 @@ def nonblocking_sigterm_check(trainer: Any) -> bool:
 
 def _sigterm_slots(device: torch.device) -> list[_Slot]:
     cuda = device.type == "cuda"
-    slots = []
-    for _ in range(_SIGTERM_SLOTS):
-        host_in = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
-        host_out = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
-        dev = torch.zeros(1, dtype=torch.int32, device=device)
-        slots.append((host_in, dev, host_out, torch.cuda.Event() if cuda else None))
-    return slots
+    host = [torch.zeros(2, 1, dtype=torch.int32, pin_memory=cuda) for _ in range(_SIGTERM_SLOTS)]
+    dev = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(_SIGTERM_SLOTS)]
+    return [(h[0], d, h[1], torch.cuda.Event() if cuda else None) for h, d in zip(host, dev, strict=True)]
 
 
 def _stop_all_ranks() -> None:
