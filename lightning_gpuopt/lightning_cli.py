@@ -242,18 +242,6 @@ def _chain(err: BaseException) -> list[BaseException]:
     return seen
 
 
-def _config_keys(config: Any, prefix: str = "") -> list[str]:
-    keys: list[str] = []
-    for key, value in vars(config).items():
-        if key.startswith("__"):
-            continue
-        full = f"{prefix}{key}"
-        keys.append(full)
-        if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
-            keys.extend(_config_keys(value, full + "."))
-    return keys
-
-
 def instantiation_error_line(err: BaseException, config: Any) -> str | None:
     """One line for an error one of this package's classes raised while the ``config`` was built, its
     argument named by its config key (``data.augment.scale``); ``None`` for an error from other code."""
@@ -267,7 +255,7 @@ def instantiation_error_line(err: BaseException, config: Any) -> str | None:
     if owner is not None and issubclass(owner, Callback):
         return f"trainer.callbacks: {owner.__name__}'s {text}"
     name = re.split(r"[ =]", text, maxsplit=1)[0]
-    keys = _config_keys(config)
+    keys = [k for k in config.keys(branches=True) if not k.rpartition(".")[2].startswith("__")]
     if owner is not None and issubclass(owner, LightningDataModule):
         keys = [k for k in keys if k.startswith("data.")]
     matches = [k for k in keys if k == name or k.endswith("." + name)]
