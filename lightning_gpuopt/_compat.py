@@ -147,10 +147,8 @@ def set_amp_scaling(optimizer: Any, value: bool) -> None:
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); ``False`` where torch cannot tell."""
-    probes = [
-        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    ]
-    return any(bool(p()) for p in probes if callable(p))
+    names = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(p()) for p in (getattr(torch.cpu, n, None) for n in names) if callable(p))
 
 
 def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:

@@ -44,6 +44,7 @@ _EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\.? ?(?:Got value: (.*)
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
 _SUBTYPES = re.compile(r"Subtypes: \[(.*?)\]\n")
 _GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
+_KINDS = {"str": "a string", "int": "an int", "float": "a number", "bool": "true or false"}
 #: the ``preset:`` section: name, type, default, help
 _PRESET_OPTIONS = (
     ("tf32", bool, True, "Enable TF32 for fp32 matmuls and convolutions on CUDA."),
@@ -172,9 +173,7 @@ def _expected(key: str, detail: str) -> str | None:
     if found is None:
         return None
     kind = found.group(1).rpartition(".")[2]
-    kind = {"str": "a string", "int": "an int", "float": "a number", "bool": "true or false"}.get(
-        kind, f"a {kind}"
-    )
+    kind = _KINDS.get(kind, f"a {kind}")
     given = found.group(2)
     return f"{key} must be {kind}" + (f", got {given.strip()!r}" if given is not None else "")
 

@@ -21,9 +21,8 @@ _Slot = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]  # host in, device,
 
 
 def nonblocking_sigterm_check(trainer: Any) -> bool:
-    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host: the flag is still
-    broadcast every step, and read once its copy has arrived (a SIGTERM stops all ranks a step or two later);
-    Lightning's SIGTERM handler then issues no broadcast of its own, which could hang the run mid-step.
+    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host (docs/multi_gpu.md); its
+    SIGTERM handler then issues no broadcast of its own, which could hang the run mid-step.
 
     Returns:
         Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
