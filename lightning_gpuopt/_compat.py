@@ -17,10 +17,6 @@ from lightning_gpuopt._common import warn_once
 TESTED_TORCH = ">=2.4,<2.14"
 
 
-def _fused_sgd() -> Any:
-    return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, fused=True)
-
-
 # ``module:object.attribute``; what each is used for: the docstring of the function below that uses it
 _INTERNALS: tuple[str, ...] = (
     "torch.utils.data:DataLoader._index_sampler",
@@ -42,7 +38,9 @@ _INTERNALS: tuple[str, ...] = (
 # attributes ``__init__`` sets: looked up on an instance
 _INSTANCES: dict[str, Callable[[], Any]] = {
     "torch.utils.data:DataLoader._iterator": lambda: DataLoader([]),  # type: ignore[arg-type]
-    "torch.optim:SGD._step_supports_amp_scaling": _fused_sgd,
+    "torch.optim:SGD._step_supports_amp_scaling": lambda: torch.optim.SGD(
+        [torch.zeros(1, requires_grad=True)], lr=0.1, fused=True
+    ),
 }
 
 

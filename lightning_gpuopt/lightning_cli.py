@@ -53,7 +53,6 @@ _PRESET_OPTIONS = (
 )
 
 
-# ------------------------------------------------------------------------------------------------ the preset
 def _device(trainer_config: dict[str, Any]) -> str | None:
     """The device ``trainer.accelerator`` names; ``None``: not CPU or CUDA."""
     accelerator = trainer_config.get("accelerator", "auto")
@@ -149,7 +148,6 @@ def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dic
     return text
 
 
-# ------------------------------------------------------------------------------------------------ errors
 def _fail(prog: str, message: str) -> NoReturn:
     sys.stderr.write(f"{prog.replace(' [options]', '')}: error: {message}\n")
     raise SystemExit(2)
@@ -277,7 +275,6 @@ def _raising_class(err: BaseException) -> type | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------ the CLI
 class GPUOptArgumentParser(LightningArgumentParser):
     """``LightningArgumentParser`` whose parse errors about this package's classes are one line
     (``data.augment.flip_p must be a number, got 'foo'``); ``GPUOptCLI`` uses it."""
@@ -363,8 +360,7 @@ class GPUOptCLI(LightningCLI):
             line = instantiation_error_line(err, self._section(self.config))
             if line is None:
                 raise
-            prog = self.parser.prog + (f" {self.subcommand}" if self.subcommand else "")
-            _fail(prog, line)
+            _fail(self.parser.prog + (f" {self.subcommand}" if self.subcommand else ""), line)
 
     def _section(self, config: Any) -> Any:
         return config.get(str(self.subcommand), config) if self.subcommand else config
