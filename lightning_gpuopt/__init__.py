@@ -1,8 +1,7 @@
 """lightning-gpuopt: keep the GPU busy in PyTorch Lightning.
 
 ``data/`` feeds the GPU, ``compute/`` makes its work cheaper, ``observe/`` shows what it does. Public names
-are resolved lazily (PEP 562): ``import lightning_gpuopt`` imports no optional package, nor lightning or
-torch until a name needs them, and never initialises CUDA.
+are imported when first used (PEP 562), so ``import lightning_gpuopt`` is light (README.md).
 
 Example:
     >>> from lightning_gpuopt import GPUStatsMonitor, OptimizedDataModule, fast_trainer_kwargs

@@ -35,12 +35,7 @@ def eval_resize_size(image_size: int) -> int:
 
 def upsamples(source_px: int, target_px: int) -> bool:
     """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it (the one rule of stored
-    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it).
-
-    Example:
-        >>> upsamples(60, 256), upsamples(256, 224)
-        (True, False)
-    """
+    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it)."""
     return target_px > source_px
 
 
@@ -74,22 +69,8 @@ def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn on rank zero only, attributed to the user's line as ``warn_once`` attributes it (every time)."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-    if getattr(rank_zero_only, "rank", 0) != 0:
-        return
-    frame = _user_frame(sys._getframe(1))
-    if frame is None:  # no Python frame to name (called from C): let warnings attribute it
-        warnings.warn(message, category=category, stacklevel=2)
-        return
-    module_globals = frame.f_globals
-    # as warnings.warn does for the frame it settles on: its registry and globals (the source line)
-    args = (message, category, frame.f_code.co_filename, frame.f_lineno)
-    module = module_globals.get("__name__", "<unknown>")
-    registry = module_globals.setdefault("__warningregistry__", {})
-    try:
-        warnings.warn_explicit(*args, module=module, registry=registry, module_globals=module_globals)
-    except ImportError:
-        # ``python -c`` and the prompt: ``__main__``'s loader raises when linecache asks it for source
-        warnings.warn_explicit(*args, module=module, registry=registry)
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        warnings.warn(message, category=category, stacklevel=_user_level(sys._getframe(1)) + 1)
 
 
 # package folders whose frames a warning is never attributed to (this package first)
@@ -123,19 +104,22 @@ def _internal_dirs() -> tuple[str, ...]:
     return package_dirs(_INTERNAL_PACKAGES)
 
 
-def _user_frame(frame: FrameType | None) -> FrameType | None:
-    """The first frame from ``frame`` outward outside ``_INTERNAL_PACKAGES``, else outside this package, else
-    ``frame``."""
+def _user_level(frame: FrameType | None) -> int:
+    """The ``stacklevel`` (counted from ``frame``, 1) of the first frame outside ``_INTERNAL_PACKAGES``, else
+    of the first outside this package, else 1; import machinery frames are not counted, as warnings does."""
     internal, own = _internal_dirs(), _internal_dirs()[:1]
-    first, outside_own = frame, None
+    level, outside_own = 1, None
     while frame is not None:
-        path = os.path.realpath(frame.f_code.co_filename)
-        if not path.startswith(internal):
-            return frame
-        if outside_own is None and own and not path.startswith(own):
-            outside_own = frame
+        filename = frame.f_code.co_filename
+        if not ("importlib" in filename and "_bootstrap" in filename):
+            path = os.path.realpath(filename)
+            if not path.startswith(internal):
+                return level
+            if outside_own is None and own and not path.startswith(own):
+                outside_own = level
+            level += 1
         frame = frame.f_back
-    return outside_own or first
+    return outside_own or 1
 
 
 @functools.cache
@@ -147,11 +131,8 @@ def _warnings() -> Any:
 
 
 def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:
-    """The package's one fixed-width text table: a header, a rule of dashes, then a line a row.
-
-    Args:
-        rows: each row a mapping (cells by column name) or a sequence of cells in column order.
-        columns: the header of each column, in order.
+    """The package's one fixed-width text table: a header, a rule of dashes, then a line a row (a mapping of
+    cells by column name, or a sequence of cells in column order).
 
     Example:
         >>> print(format_table([{"row": "naive", "samples/s": 1234.5}, {"row": "hdf5"}], ["row", "samples/s"]))
@@ -168,14 +149,7 @@ def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Seq
             return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
         return str(v)
 
-    body = []
-    for r in rows:
-        cells = [r.get(c) for c in columns] if isinstance(r, Mapping) else list(r)
-        if len(cells) != len(columns):
-            raise ValueError(
-                f"format_table: a row has {len(cells)} cells for {len(columns)} columns: {cells!r}"
-            )
-        body.append([cell(v) for v in cells])
+    body = [[cell(v) for v in ([r.get(c) for c in columns] if isinstance(r, Mapping) else r)] for r in rows]
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
 
     def line(cells: Sequence[str]) -> str:
@@ -187,18 +161,8 @@ def format_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Seq
 @dataclass
 class FeedInfo:
     """How a training loader feeds the GPU, as the ``BottleneckAdvisor`` reads it from a loader's (or its
-    dataset's) ``feed_info`` attribute.
-
-    Attributes:
-        backend: ``"folder"`` (JPEGs decoded by worker processes), ``"hdf5"`` (uint8 store), ``"dali"``,
-            or ``None`` when unknown.
-        num_workers: loader worker processes (``None`` where the loader has none, e.g. DALI).
-        pin_memory: whether host batches are pinned.
-        batch_size: samples a batch.
-        host_batches: whether batches arrive in host memory (and are copied to the GPU).
-        decoder: where JPEGs are decoded: ``"cpu"``, ``"gpu"`` (nvJPEG), or ``None`` for no decoding.
-        threads: the loader's CPU threads (DALI's decoding pool, the HDF5 store's reading threads), or ``None``.
-    """
+    dataset's) ``feed_info``: ``backend`` (``"folder"``, ``"hdf5"``, ``"dali"``), ``decoder`` (``"cpu"``,
+    ``"gpu"``: nvJPEG), ``threads`` (DALI's or the HDF5 store's CPU threads); ``None``: unknown or none."""
 
     backend: str | None = None
     num_workers: int | None = None

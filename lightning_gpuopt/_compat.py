@@ -1,14 +1,12 @@
-"""The private torch and Lightning internals the package relies on, each behind one function (the rest of
-the package uses public API only). ``missing_internals()`` lists those this torch and Lightning lack (a test
-checks it is empty); where one is missing at run time, its function falls back to public behaviour and warns
-once."""
+"""The private torch and Lightning internals the package relies on, each behind one function that falls back
+to public behaviour, warning once, where one is missing; ``missing_internals()`` lists those missing."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -19,75 +17,48 @@ from lightning_gpuopt._common import warn_once
 TESTED_TORCH = ">=2.4,<2.14"
 
 
-class _Internal(NamedTuple):
-    owner: str  # importable dotted path of the module, class or object that carries the attribute
-    attribute: str
-    # for an attribute that ``__init__`` sets: builds an instance from the owner to look it up on
-    instance: Callable[[Any], Any] | None = None
-
-
-def _fused_sgd(cls: Any) -> Any:
-    return cls([torch.zeros(1, requires_grad=True)], lr=0.1, fused=True)
-
-
-# what each is used for: the docstring of the function below that uses it
-_LOOP = "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop"
-_INTERNALS: tuple[_Internal, ...] = (
-    _Internal("torch.utils.data.DataLoader", "_index_sampler"),
-    _Internal("torch.utils.data.DataLoader", "_auto_collation"),
-    _Internal("torch.utils.data.DataLoader", "_iterator", instance=lambda cls: cls([])),
-    _Internal("torch.utils.data.dataloader._MultiProcessingDataLoaderIter", "_shutdown_workers"),
-    _Internal("torch.UntypedStorage", "_new_shared"),
-    _Internal("torch.optim.SGD", "_step_supports_amp_scaling", instance=_fused_sgd),
-    _Internal("torch.cpu", "_is_avx512_bf16_supported"),
-    _Internal("torch.cpu", "_is_amx_tile_supported"),
-    _Internal(_LOOP, "_broadcast_sigterm_tensor"),
-    _Internal("torch.ops.aten._upsample_bilinear2d_aa", "out"),
-    _Internal(
-        "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector", "_sigterm_notifier_fn"
-    ),
-    _Internal("torch.amp.GradScaler", "_get_scale_async"),
-    _Internal("torch._utils", "ExceptionWrapper"),
-    _Internal("torch._dynamo.utils", "counters"),
-    _Internal("torch._inductor.cudagraph_utils", "cudagraphs_log"),
+# ``module:object.attribute``; what each is used for: the docstring of the function below that uses it
+_INTERNALS: tuple[str, ...] = (
+    "torch.utils.data:DataLoader._index_sampler",
+    "torch.utils.data:DataLoader._auto_collation",
+    "torch.utils.data:DataLoader._iterator",
+    "torch.utils.data.dataloader:_MultiProcessingDataLoaderIter._shutdown_workers",
+    "torch:UntypedStorage._new_shared",
+    "torch.optim:SGD._step_supports_amp_scaling",
+    "torch.cpu:_is_avx512_bf16_supported",
+    "torch.cpu:_is_amx_tile_supported",
+    "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor",
+    "torch:ops.aten._upsample_bilinear2d_aa.out",
+    "lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector._sigterm_notifier_fn",
+    "torch.amp:GradScaler._get_scale_async",
+    "torch._utils:ExceptionWrapper",
+    "torch._dynamo.utils:counters",
+    "torch._inductor.cudagraph_utils:cudagraphs_log",
 )
-
-
-def _resolve(owner: str) -> Any:
-    parts = owner.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            obj = getattr(obj, name)
-        return obj
-    raise ImportError(owner)
-
-
-def _has(target: Any, attribute: str, instance: Callable[[Any], Any] | None = None) -> bool:
-    """Whether ``target`` (or else ``instance(target)``, where that can be built) has ``attribute``."""
-    if hasattr(target, attribute):
-        return True
-    if instance is None:
-        return False
-    try:
-        return hasattr(instance(target), attribute)
-    except (RuntimeError, TypeError, ValueError):
-        return False
+# attributes ``__init__`` sets: looked up on an instance
+_INSTANCES: dict[str, Callable[[], Any]] = {
+    "torch.utils.data:DataLoader._iterator": lambda: DataLoader([]),  # type: ignore[arg-type]
+    "torch.optim:SGD._step_supports_amp_scaling": lambda: torch.optim.SGD(
+        [torch.zeros(1, requires_grad=True)], lr=0.1, fused=True
+    ),
+}
 
 
 def missing_internals() -> list[str]:
-    """``owner.attribute`` of every relied-on internal this torch or Lightning lacks (empty on a tested one)."""
+    """Every relied-on internal this torch or Lightning lacks (empty on a tested one)."""
     missing = []
-    for internal in _INTERNALS:
+    for path in _INTERNALS:
+        module, _, names = path.partition(":")
+        *owner, attribute = names.split(".")
         try:
-            target = _resolve(internal.owner)
-        except (ImportError, AttributeError):
-            target = None
-        if target is None or not _has(target, internal.attribute, internal.instance):
-            missing.append(f"{internal.owner}.{internal.attribute}")
+            target: Any = importlib.import_module(module)
+            for name in owner:
+                target = getattr(target, name)
+            found = hasattr(_INSTANCES[path]() if path in _INSTANCES else target, attribute)
+        except (ImportError, AttributeError, RuntimeError, TypeError, ValueError):
+            found = False
+        if not found:
+            missing.append(path)
     return missing
 
 
@@ -126,14 +97,8 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 def worker_error_message(text: str, error: type[BaseException]) -> str | None:
-    r"""The message an exception of type ``error`` had in a DataLoader worker, read from the text
-    ``torch._utils.ExceptionWrapper.reraise`` re-raises it with; ``None`` for any other text.
-
-    Example:
-        >>> text = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback ...\nValueError: bad"
-        >>> worker_error_message(text, ValueError), worker_error_message("bad", ValueError)
-        ('bad', None)
-    """
+    """The message an exception of type ``error`` had in a DataLoader worker, read from the text
+    ``torch._utils.ExceptionWrapper.reraise`` re-raises it with; ``None`` for any other text."""
     if not text.startswith(f"Caught {error.__name__} "):
         return None
     module = error.__module__
@@ -157,12 +122,10 @@ def resize_rgb_uint8(pixels: Any, height: int, width: int) -> Any:
     from torch.nn import functional as F
 
     nchw = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # a channels_last view of the pixels
-    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
-    out_overload = getattr(packet, "out", None) if packet is not None else None
+    out_overload = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
     if out_overload is None:
         _fallback("aten._upsample_bilinear2d_aa.out (each resize is copied once more)")
-        size = (height, width)
-        resized = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)
+        resized = F.interpolate(nchw, (height, width), mode="bilinear", antialias=True, align_corners=False)
         return resized[0].permute(1, 2, 0).contiguous().numpy()
     out = torch.empty((height, width, 3), dtype=torch.uint8)
     out_overload(nchw, [height, width], False, None, None, out=out.permute(2, 0, 1).unsqueeze(0))
@@ -182,10 +145,8 @@ def set_amp_scaling(optimizer: Any, value: bool) -> None:
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); ``False`` where torch cannot tell."""
-    probes = [
-        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    ]
-    return any(bool(p()) for p in probes if callable(p))
+    names = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(p()) for p in (getattr(torch.cpu, n, None) for n in names) if callable(p))
 
 
 def replace_sigterm_check(trainer: Any, check: Callable[[], None]) -> bool:

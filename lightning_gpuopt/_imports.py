@@ -9,14 +9,14 @@ from types import ModuleType
 
 from lightning_utilities.core.imports import RequirementCache
 
-# distribution requirement, import name, extra that provides it
-_OPTIONAL: dict[str, tuple[str, str, str]] = {
-    "pynvml": ("nvidia-ml-py", "pynvml", "nvml"),
-    "nvtx": ("nvtx", "nvtx", "nvtx"),
-    "h5py": ("h5py", "h5py", "hdf5"),
-    "tensorboard": ("tensorboard", "tensorboard", "tensorboard"),
-    "torchvision": ("torchvision", "torchvision", "vision"),
-    "matplotlib": ("matplotlib", "matplotlib", "plot"),
+# import name -> distribution requirement, extra that provides it
+_OPTIONAL: dict[str, tuple[str, str]] = {
+    "pynvml": ("nvidia-ml-py", "nvml"),
+    "nvtx": ("nvtx", "nvtx"),
+    "h5py": ("h5py", "hdf5"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "torchvision": ("torchvision", "vision"),
+    "matplotlib": ("matplotlib", "plot"),
 }
 
 _H5PY_AVAILABLE = RequirementCache(module="h5py")
@@ -28,16 +28,15 @@ _DALI_AVAILABLE = RequirementCache(module="nvidia.dali")
 def require(name: str) -> ModuleType:
     """Import the optional dependency ``name`` (a key of ``_OPTIONAL``) or raise ``ModuleNotFoundError`` naming
     the extra to install."""
-    dist, module, extra = _OPTIONAL[name]
+    dist, extra = _OPTIONAL[name]
+    broken = torchvision_problem() if name == "torchvision" else None  # installed, built for another torch
+    if broken is not None:
+        raise ImportError(broken)
     try:
-        return importlib.import_module(module)
-    except Exception as err:  # installed but failing: a torchvision built for another torch
-        if name == "torchvision" and importlib.util.find_spec(module) is not None:
-            raise ImportError(torchvision_mismatch(err)) from err
-        if not isinstance(err, ModuleNotFoundError):
-            raise
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
         raise ModuleNotFoundError(
-            f"{module!r} is not installed. Install it with `pip install 'lightning-gpuopt[{extra}]'` "
+            f"{name!r} is not installed. Install it with `pip install 'lightning-gpuopt[{extra}]'` "
             f"(or `pip install {dist}`)."
         ) from err
 

@@ -1,11 +1,6 @@
 """The ``lightning-gpuopt`` command (also ``python -m lightning_gpuopt``): each subcommand is
-``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs.
-
-Exit codes, each failure with one line on stderr and no traceback: 0 done; 1 the command could not measure
-what was asked (no ``bench`` row ran) or ``check`` found undecodable images; 2 a user error (bad option or
-value, missing file or package, unwritable path, unreadable data, a torchvision built for another torch),
-found before any work where it can be; 130 Ctrl-C.
-"""
+``lightning_gpuopt/commands/<name>.py`` (``configure(parser)``, ``run(args) -> int``), imported only when it runs;
+a failure is one line on stderr (exit codes: docs/troubleshooting.md)."""
 
 from __future__ import annotations
 
@@ -46,17 +41,8 @@ _OS_FIXES = {
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: a usage error is one line (exit status 2), and advice written for the Python API
-    names its options (``cli_advice``).
-
-    Example:
-        >>> parser = CommandParser(prog="lightning-gpuopt tune")
-        >>> _ = parser.add_argument("--on-corrupt", choices=("raise", "skip"))
-        >>> parser.cli_advice("an unreadable image; remove it, or pass on_corrupt='skip' to skip such images")
-        'an unreadable image; remove it, or pass --on-corrupt skip to skip such images'
-        >>> CommandParser(prog="bench").cli_advice("remove it, or pass on_corrupt='skip' to skip it; or not")
-        'remove it; or not'
-    """
+    """A subcommand's parser: a usage error is one line (exit status 2), and ``cli_advice`` spells advice
+    written for the Python API with its options."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._options: list[argparse.Action] = []
@@ -77,10 +63,10 @@ class CommandParser(argparse.ArgumentParser):
         """``message`` with a keyword argument it advises (``on_corrupt='skip'``) spelled as this command's option
         (``--on-corrupt skip``), and a clause ``, or pass name=value ...`` naming no option left out."""
         for action in self._options:
-            for choice in action.choices or ():
-                flag = f"{action.option_strings[-1]} {choice}"
-                for spelled in (f"{action.dest}={choice!r}", f'{action.dest}="{choice}"'):
-                    message = message.replace(spelled, flag)
+            for choice in action.choices or ():  # the package's messages spell values with repr()
+                message = message.replace(
+                    f"{action.dest}={choice!r}", f"{action.option_strings[-1]} {choice}"
+                )
         start = message.find(", or pass ")
         if start >= 0:
             name, equals, _ = message[start + len(", or pass ") :].partition(" ")[0].partition("=")
@@ -128,9 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None and not argv else EXIT_USAGE
     name = argv[0]
-    help_text = COMMANDS[name]
     prefix = f"lightning-gpuopt {name}"
-    sub_parser = CommandParser(prog=prefix, description=help_text)
+    sub_parser = CommandParser(prog=prefix, description=COMMANDS[name])
     from lightning_gpuopt._imports import torchvision_problem
 
     broken = torchvision_problem()  # before Lightning, which a broken torchvision takes down

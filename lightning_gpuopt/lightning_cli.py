@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -43,6 +44,7 @@ _EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\.? ?(?:Got value: (.*)
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
 _SUBTYPES = re.compile(r"Subtypes: \[(.*?)\]\n")
 _GIVEN = re.compile(r"Given value: (.*)\Z", re.S)
+_KINDS = {"str": "a string", "int": "an int", "float": "a number", "bool": "true or false"}
 #: the ``preset:`` section: name, type, default, help
 _PRESET_OPTIONS = (
     ("tf32", bool, True, "Enable TF32 for fp32 matmuls and convolutions on CUDA."),
@@ -51,7 +53,6 @@ _PRESET_OPTIONS = (
 )
 
 
-# ------------------------------------------------------------------------------------------------ the preset
 def _device(trainer_config: dict[str, Any]) -> str | None:
     """The device ``trainer.accelerator`` names; ``None``: not CPU or CUDA."""
     accelerator = trainer_config.get("accelerator", "auto")
@@ -81,9 +82,7 @@ def preset_choices(
         model: the model the run trains (``None``: unknown).
         trainer_config: the ``Trainer`` arguments the config gives (instantiated: callbacks are objects); its
             ``precision``, ``benchmark`` and callbacks are kept.
-        tf32: as ``fast_trainer_kwargs(tf32=...)``.
-        fused_optimizer: as ``fast_trainer_kwargs(fused_optimizer=...)``.
-        compile: as ``fast_trainer_kwargs(compile=...)``.
+        tf32, fused_optimizer, compile: as ``fast_trainer_kwargs`` takes them.
 
     Returns:
         ``(settings, callbacks, device)``: the Trainer settings the preset chooses, the callbacks it adds after
@@ -116,40 +115,24 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _class_path(obj: Any) -> str:
-    """``obj``'s class path: ``lightning_gpuopt.<Name>`` for a public name of the package."""
-    cls = type(obj)
-    if (
-        cls.__module__.startswith(_PACKAGE + ".")
-        and cls.__name__ in importlib.import_module(_PACKAGE).__all__
-    ):
-        return f"{_PACKAGE}.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__name__}"
-
-
-def _init_args(obj: Any) -> dict[str, Any]:
-    """``obj``'s constructor arguments that differ from their defaults, read back from its attributes."""
-    out: dict[str, Any] = {}
-    for name, param in inspect.signature(type(obj).__init__).parameters.items():
-        if (
-            name == "self"
-            or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
-            or not hasattr(obj, name)
-        ):
-            continue
-        value = getattr(obj, name)
-        if param.default is inspect.Parameter.empty or value != param.default:
-            out[name] = value
-    return out
-
-
 def _config_entry(obj: Any) -> Any:
+    """``obj`` as a config entry: its class path and the constructor arguments that differ from defaults."""
     from jsonargparse import Namespace
 
-    init_args = _init_args(obj)
-    if not init_args:
-        return Namespace(class_path=_class_path(obj))
-    return Namespace(class_path=_class_path(obj), init_args=Namespace(**init_args))
+    cls = type(obj)
+    public = (
+        cls.__module__.startswith(_PACKAGE + ".")
+        and cls.__name__ in importlib.import_module(_PACKAGE).__all__
+    )
+    entry = Namespace(class_path=f"{_PACKAGE if public else cls.__module__}.{cls.__name__}")
+    init_args = {
+        p.name: getattr(obj, p.name)
+        for p in inspect.signature(cls).parameters.values()
+        if hasattr(obj, p.name) and getattr(obj, p.name) != p.default
+    }
+    if init_args:
+        entry.init_args = Namespace(**init_args)
+    return entry
 
 
 def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dict[str, Any]) -> str:
@@ -165,7 +148,6 @@ def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dic
     return text
 
 
-# ------------------------------------------------------------------------------------------------ errors
 def _fail(prog: str, message: str) -> NoReturn:
     sys.stderr.write(f"{prog.replace(' [options]', '')}: error: {message}\n")
     raise SystemExit(2)
@@ -173,15 +155,6 @@ def _fail(prog: str, message: str) -> NoReturn:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def _qualify(key: str, message: str) -> str:
-    """``message`` (``"augment.scale must be ..."``) with its argument named by the full config key."""
-    name = re.split(r"[ =]", message, maxsplit=1)[0]
-    head, _, last = key.rpartition(".")
-    if name.split(".")[0] == last:
-        return (head + "." if head else "") + message
-    return f"{key}: {message}"
 
 
 def _own_message(text: str) -> str | None:
@@ -198,9 +171,7 @@ def _expected(key: str, detail: str) -> str | None:
     if found is None:
         return None
     kind = found.group(1).rpartition(".")[2]
-    kind = {"str": "a string", "int": "an int", "float": "a number", "bool": "true or false"}.get(
-        kind, f"a {kind}"
-    )
+    kind = _KINDS.get(kind, f"a {kind}")
     given = found.group(2)
     return f"{key} must be {kind}" + (f", got {given.strip()!r}" if given is not None else "")
 
@@ -229,9 +200,6 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
     key, rest = found.groups()
     if _PACKAGE not in rest and key.split(".")[0] not in package_keys:
         return None
-    own = _own_message(rest)
-    if own is not None:
-        return _qualify(key, own)
     problem = next((p for p in _CLASS_PROBLEM.finditer(rest) if p.group(1).startswith(_PACKAGE)), None)
     if problem is not None:
         cls, detail = problem.group(1), problem.group(2).strip()
@@ -258,12 +226,8 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
 
 def _from_package(err: BaseException) -> bool:
     """Whether ``err``'s innermost frame is in this package."""
-    tb = err.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return _in_package(tb.tb_frame.f_code.co_filename)
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return bool(frames) and _in_package(frames[-1].f_code.co_filename)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -275,33 +239,20 @@ def _chain(err: BaseException) -> list[BaseException]:
     return seen
 
 
-def _config_keys(config: Any, prefix: str = "") -> list[str]:
-    keys: list[str] = []
-    for key, value in vars(config).items():
-        if key.startswith("__"):
-            continue
-        full = f"{prefix}{key}"
-        keys.append(full)
-        if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
-            keys.extend(_config_keys(value, full + "."))
-    return keys
-
-
 def instantiation_error_line(err: BaseException, config: Any) -> str | None:
     """One line for an error one of this package's classes raised while the ``config`` was built, its
     argument named by its config key (``data.augment.scale``); ``None`` for an error from other code."""
     ours = next(
         (e for e in _chain(err) if _from_package(e) and isinstance(e, (ValueError, TypeError, OSError))), None
     )
-    text = str(ours) if ours is not None else (_own_message(str(err)) if _PACKAGE in str(err) else None)
-    if not text:
+    if ours is None or not str(ours):
         return None
-    text = _own_message(text) or _one_line(text)
-    owner = _raising_class(ours) if ours is not None else None
+    text = _own_message(str(ours)) or _one_line(str(ours))
+    owner = _raising_class(ours)
     if owner is not None and issubclass(owner, Callback):
         return f"trainer.callbacks: {owner.__name__}'s {text}"
     name = re.split(r"[ =]", text, maxsplit=1)[0]
-    keys = _config_keys(config)
+    keys = [k for k in config.keys(branches=True) if not k.rpartition(".")[2].startswith("__")]
     if owner is not None and issubclass(owner, LightningDataModule):
         keys = [k for k in keys if k.startswith("data.")]
     matches = [k for k in keys if k == name or k.endswith("." + name)]
@@ -317,16 +268,13 @@ def _in_package(filename: str) -> bool:
 
 def _raising_class(err: BaseException) -> type | None:
     """The class whose method in this package raised ``err`` (the outermost such frame)."""
-    tb = err.__traceback__
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if owner is not None and _in_package(tb.tb_frame.f_code.co_filename):
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        owner = frame.f_locals.get("self")
+        if owner is not None and _in_package(frame.f_code.co_filename):
             return type(owner)
-        tb = tb.tb_next
     return None
 
 
-# ------------------------------------------------------------------------------------------------ the CLI
 class GPUOptArgumentParser(LightningArgumentParser):
     """``LightningArgumentParser`` whose parse errors about this package's classes are one line
     (``data.augment.flip_p must be a number, got 'foo'``); ``GPUOptCLI`` uses it."""
@@ -346,15 +294,9 @@ class GPUOptArgumentParser(LightningArgumentParser):
 
 
 class GPUOptCLI(LightningCLI):
-    """``LightningCLI`` that applies the compute preset to the model it builds and shows it in the config.
-
-    After the model is built, ``fast_trainer_kwargs(model, <device of trainer.accelerator>, ...)`` chooses
-    the precision, ``benchmark``, the compute callbacks and under ``strategy: ddp`` a tuned ``DDPStrategy``;
-    the choices are written into the config (so ``--print_config`` and the saved ``config.yaml`` show them)
-    and logged in one line. A value the config sets wins. A ``preset:`` section holds ``tf32``,
-    ``fused_optimizer`` and ``compile``, as ``fast_trainer_kwargs`` takes them; override
-    ``add_arguments_to_parser`` calling ``super()`` to keep it. A bad value for one of this package's classes
-    ends the command with one line (exit status 2). docs/lightning_cli.md has the details.
+    """``LightningCLI`` that applies ``fast_trainer_kwargs`` to the model it builds and writes the choices into
+    the config (a value the config sets wins); a ``preset:`` section holds its options, and a bad value for
+    this package's classes ends with one line (docs/lightning_cli.md).
 
     Example::
 
@@ -418,8 +360,7 @@ class GPUOptCLI(LightningCLI):
             line = instantiation_error_line(err, self._section(self.config))
             if line is None:
                 raise
-            prog = self.parser.prog + (f" {self.subcommand}" if self.subcommand else "")
-            _fail(prog, line)
+            _fail(self.parser.prog + (f" {self.subcommand}" if self.subcommand else ""), line)
 
     def _section(self, config: Any) -> Any:
         return config.get(str(self.subcommand), config) if self.subcommand else config
@@ -481,13 +422,10 @@ class GPUOptCLI(LightningCLI):
             _fail(
                 self.parser.prog, f"{_PRINT_CONFIG} flags must be among {sorted(known)}, got {unknown[0]!r}"
             )
-        parser, config = self.parser, self.config
-        if self.subcommand:
-            mine = [p for p in self._parsers if p.prog.endswith(f" {self.subcommand}")]
-            parser, config = (mine[0], self.config[self.subcommand]) if mine else (parser, config)
+        mine = [p for p in self._parsers if self.subcommand and p.prog.endswith(f" {self.subcommand}")]
         sys.stdout.write(
-            parser.dump(
-                config,
+            (mine[0] if mine else self.parser).dump(
+                self._section(self.config),
                 skip_unset="skip_unset" in flags,
                 skip_default="skip_default" in flags,
                 with_comments="comments" in flags,

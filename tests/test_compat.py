@@ -19,59 +19,33 @@ def test_every_relied_on_internal_exists():
     assert _compat.missing_internals() == []
 
 
-class _Holder:
-    """Mentions ``_in_source_only`` in its source, which is no attribute."""
-
-    def __init__(self) -> None:
-        self._set_in_init = 1
-
-    def method(self) -> str:
-        return "_in_source_only"
-
-
-def test_has_looks_attributes_up_rather_than_reading_source():
-    assert _compat._has(_Holder, "method")
-    assert not _compat._has(_Holder, "_in_source_only")
-    assert not _compat._has(_Holder, "_set_in_init")  # only instances carry it
-    assert _compat._has(_Holder, "_set_in_init", instance=lambda cls: cls())
-    assert not _compat._has(_Holder, "_in_source_only", instance=lambda cls: cls())
-
-
-def test_has_counts_an_instance_that_cannot_be_built_as_missing():
-    def fails(cls):
-        raise RuntimeError("this torch cannot build one")
-
-    assert not _compat._has(_Holder, "_set_in_init", instance=fails)
-
-
 def test_missing_internals_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(
         _compat,
         "_INTERNALS",
-        (
-            *_compat._INTERNALS,
-            _compat._Internal("torch.utils.data.DataLoader", "_renamed"),
-            _compat._Internal("torch.no_such_module.Thing", "_x"),
-        ),
+        (*_compat._INTERNALS, "torch.utils.data:DataLoader._renamed", "torch.no_such_module:Thing._x"),
     )
     assert _compat.missing_internals() == [
-        "torch.utils.data.DataLoader._renamed",
-        "torch.no_such_module.Thing._x",
+        "torch.utils.data:DataLoader._renamed",
+        "torch.no_such_module:Thing._x",
     ]
 
 
-def test_instance_attributes_are_checked_on_instances():
+def test_instance_attributes_are_checked_on_instances(monkeypatch):
     # set in __init__, absent from the class: the check must build an instance to see them
     assert not hasattr(torch.optim.SGD, "_step_supports_amp_scaling")
     assert not hasattr(torch.utils.data.DataLoader, "_iterator")
-    internals = {(i.owner, i.attribute): i for i in _compat._INTERNALS}
-    for key in (
-        ("torch.optim.SGD", "_step_supports_amp_scaling"),
-        ("torch.utils.data.DataLoader", "_iterator"),
-    ):
-        internal = internals[key]
-        assert internal.instance is not None
-        assert _compat._has(_compat._resolve(internal.owner), internal.attribute, internal.instance)
+    assert {"torch.optim:SGD._step_supports_amp_scaling", "torch.utils.data:DataLoader._iterator"} <= set(
+        _compat._INSTANCES
+    )
+    monkeypatch.setattr(_compat, "_INTERNALS", tuple(_compat._INSTANCES))
+    assert _compat.missing_internals() == []
+
+    def fails() -> None:
+        raise RuntimeError("this torch cannot build one")
+
+    monkeypatch.setitem(_compat._INSTANCES, "torch.optim:SGD._step_supports_amp_scaling", fails)
+    assert _compat.missing_internals() == ["torch.optim:SGD._step_supports_amp_scaling"]
 
 
 def test_shared_uint8_is_shared_memory():

@@ -34,13 +34,11 @@ class MeasuredCost:
 
 def cost_key(module: torch.nn.Module, device: torch.device) -> str:
     """A compile cost's key: the model's class and parameter count, the GPU, the torch version."""
-    name = device.type
-    if device.type == "cuda" and torch.cuda.is_available():
-        name = torch.cuda.get_device_name(device)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
     info = {
         "model": f"{type(module).__module__}.{type(module).__qualname__}",
         "parameters": sum(p.numel() for p in module.parameters()),
-        "device": name,
+        "device": torch.cuda.get_device_name(device) if cuda else device.type,
         "torch": torch.__version__,
     }
     return hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
@@ -56,13 +54,11 @@ def _read() -> dict[str, Any]:
 
 def measured_cost(key: str) -> tuple[float, float] | None:
     """``(compile seconds, saving)`` measured for ``key`` in an earlier run, where both were measured."""
-    entry = _read().get(key)
-    if not isinstance(entry, dict):
+    entry: Any = _read().get(key)
+    try:
+        return float(entry["seconds"]), float(entry["saving"])
+    except (TypeError, KeyError, ValueError):  # none kept, or a saving not measured (null)
         return None
-    seconds, saving = entry.get("seconds"), entry.get("saving")
-    if not isinstance(seconds, (int, float)) or not isinstance(saving, (int, float)):
-        return None
-    return float(seconds), float(saving)
 
 
 def record(key: str, cost: MeasuredCost) -> None:

@@ -36,34 +36,28 @@ def skip_reason(message: str) -> str:
     return reason
 
 
-class _Collect(logging.Handler):
-    def __init__(self, reasons: list[str]) -> None:
+class SkipWatch(logging.Handler):
+    """The CUDA graph skips torch records from construction to ``stop()`` (a counter read twice), with their
+    ``reasons`` as torch logged them, and whether dynamo ``compiled`` anything in between."""
+
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.reasons = reasons
+        self.reasons: list[str] = []
+        self.compiled: bool | None = None
+        self._start, self._frames = cudagraph_skip_count(), compiled_frame_count()
+        self._logger = cudagraph_skip_logger()
+        if self._logger is not None:
+            self._logger.addHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if "cudagraph" in message and " due to " in message:
             self.reasons.append(skip_reason(message))
 
-
-class SkipWatch:
-    """The CUDA graph skips torch records from construction to ``stop()`` (a counter read twice), with their
-    ``reasons`` as torch logged them, and whether dynamo ``compiled`` anything in between."""
-
-    def __init__(self) -> None:
-        self.reasons: list[str] = []
-        self.compiled: bool | None = None
-        self._start, self._frames = cudagraph_skip_count(), compiled_frame_count()
-        self._logger = cudagraph_skip_logger()
-        self._handler = _Collect(self.reasons)
-        if self._logger is not None:
-            self._logger.addHandler(self._handler)
-
     def stop(self) -> int | None:
         """The skips counted since the start (``None`` where this torch keeps no count); safe to call twice."""
         if self._logger is not None:
-            self._logger.removeHandler(self._handler)
+            self._logger.removeHandler(self)
         self._logger = None
         start, self._start = self._start, None
         frames, self._frames = self._frames, None

@@ -18,12 +18,7 @@ CONV_LAYERS: dict[int, tuple[type[nn.Module], ...]] = {
 
 
 def has_conv(model: nn.Module, dims: int | Iterable[int] = (1, 2, 3)) -> bool:
-    """Whether ``model`` has a convolution layer of spatial dimensionality ``dims`` (1, 2, 3, or several).
-
-    Example:
-        >>> has_conv(nn.Conv1d(1, 4, 3)), has_conv(nn.Conv1d(1, 4, 3), dims=2)
-        (True, False)
-    """
+    """Whether ``model`` has a convolution layer of spatial dimensionality ``dims`` (1, 2, 3, or several)."""
     wanted = (dims,) if isinstance(dims, int) else tuple(dims)
     check_arg(
         all(is_int(d) and d in CONV_LAYERS for d in wanted), "dims", dims, "1, 2 or 3, or several of them"

@@ -47,9 +47,8 @@ def is_channels_last(model: nn.Module) -> bool:
 
 
 def apply_channels_last(model: nn.Module) -> nn.Module:
-    """Convert ``model``'s 4-D parameters, their gradients and buffers to channels_last, in place.
-
-    Parameters keep their identity (only ``.data`` changes); tensors of other ranks are left alone.
+    """Convert ``model``'s 4-D parameters, their gradients and buffers to channels_last, in place (parameters
+    keep their identity: only ``.data`` changes).
 
     Args:
         model: the module (a ``LightningModule``, a plain ``nn.Module`` or an ``OptimizedModule``).
@@ -73,19 +72,11 @@ def apply_channels_last(model: nn.Module) -> nn.Module:
 
 class ChannelsLast(pl.Callback):
     """Train in channels_last: the model is converted at ``setup``, before the strategy wraps it in
-    ``DistributedDataParallel``, and ``forward``'s inputs by a pre-hook (removed at ``teardown``).
-
-    Steps aside, warning once, for a model without Conv2d or a device other than CUDA and CPU. Layers built
-    in ``configure_model`` are converted at ``on_fit_start`` (and the other stages' starts) where the strategy
-    has not wrapped the model; otherwise a warning names the fix.
+    ``DistributedDataParallel``, and ``forward``'s inputs by a pre-hook (docs/compute.md).
 
     Args:
         convert_inputs: also convert ``forward``'s 4-D floating tensor arguments (off: the first convolution
             converts its input itself and keeps that copy for backward).
-
-    Attributes:
-        active: whether the model was converted in the current (or last) run.
-        inputs_converted: how many ``forward`` calls had an input that needed converting.
 
     Example::
 

@@ -16,7 +16,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
 from lightning_gpuopt._checks import check_arg
-from lightning_gpuopt._common import synchronize, warn_once
+from lightning_gpuopt._common import info_once, synchronize, warn_once
 from lightning_gpuopt.compute import _compile_cost, _model
 from lightning_gpuopt.compute._compile_cost import CostMeter, MeasuredCost, cost_key, measured_cost, record
 from lightning_gpuopt.compute._cudagraphs import SkipWatch
@@ -58,22 +58,15 @@ GRAPH_MODES = ("reduce-overhead", "max-autotune")
 When = Literal["always", "auto"]
 # compiled training steps after which the graphs are recorded and any skip is counted
 _GRAPH_CHECK_STEPS = 3
-_LOGGED: set[str] = set()  # mode reasons already logged in this process
 # (forward function, backend, mode) -> (cuda_graphs, reason) of its compile in this process: a later fit
 # reuses that compiled code, and torch records its skips only when it compiles
-_GRAPH_RESULTS: dict[tuple[Any, str, str], tuple[bool, str | None]] = {}
+_GRAPH_RESULTS: dict[Any, tuple[bool | None, str | None]] = {}
 
 
 @dataclass(frozen=True)
 class CompileDecision:
-    """What ``should_compile`` decided, and why.
-
-    Attributes:
-        compile: ``True`` compile, ``False`` stay eager, ``None`` undecided: time a few eager steps and ask
-            again with ``step_seconds``.
-        reason: one sentence naming the deciding fact.
-        eager_seconds: the estimated eager training time left, where it was estimated.
-    """
+    """What ``should_compile`` decided (``compile``: ``None`` until eager steps are timed), why (``reason``),
+    and the eager training time left it estimated (``eager_seconds``)."""
 
     compile: bool | None
     reason: str
@@ -90,11 +83,8 @@ def should_compile(
     time_left: float | None = None,
     cost: tuple[float, float] | None = None,
 ) -> CompileDecision:
-    """Whether compiling the model will shorten the run: the rule ``CompileModel(when="auto")`` applies.
-
-    Compile a conv net or a transformer on CUDA of compute capability >= 7.0 when the eager training time
-    left (``steps_left * step_seconds``, capped by ``time_left``; unknown: taken as long) exceeds the
-    break-even, compile seconds over the share of a step saved (docs/compute.md).
+    """Whether compiling the model will shorten the run: the rule ``CompileModel(when="auto")`` applies (a conv
+    net or a transformer on CUDA >= 7.0 whose eager training time left exceeds the break-even; docs/compute.md).
 
     Args:
         family: ``"conv"``, ``"transformer"`` or ``None`` (not judged).
@@ -157,11 +147,8 @@ def choose_mode(
     automatic_optimization: bool = True,
     gpu_decoding: bool = False,
 ) -> tuple[str, str]:
-    """The ``torch.compile`` mode ``CompileModel(mode=None)`` compiles with, and why: ``(mode, reason)``.
-
-    ``"reduce-overhead"`` (CUDA graphs) for a conv net on one CUDA device, optimized automatically with one
-    optimizer step a batch and not fed by DALI's nvJPEG on the same GPU (``gpu_decoding``); ``"default"``
-    otherwise (docs/compute.md says why).
+    """The ``torch.compile`` mode ``CompileModel(mode=None)`` compiles with, and why: ``(mode, reason)``
+    (``"reduce-overhead"``, CUDA graphs, where they apply; docs/compute.md).
 
     Example:
         >>> choose_mode(family="conv", device="cuda")[0], choose_mode(family="transformer", device="cuda")[0]
@@ -198,29 +185,14 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 
 
 class CompileModel(pl.Callback):
-    """Compile the ``LightningModule``'s ``forward`` with ``torch.compile`` for the fit.
-
-    ``"auto"`` lets ``should_compile`` decide (after timing training batches 5 to 15 eagerly where the run's
-    length depends on it; on a device other than CUDA it warns once and steps aside). Only ``forward`` is
-    compiled (call ``self(x)`` in ``training_step``), for the first input shape each mode sees, until
-    ``teardown``; docs/compute.md has the details.
+    """Compile the ``LightningModule``'s ``forward`` (call ``self(x)`` in ``training_step``) with
+    ``torch.compile`` for the fit, for the first input shape each mode sees (docs/compute.md).
 
     Args:
         when: ``"always"`` compile; ``"auto"`` compile where ``should_compile`` says it pays.
         backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` or ``"eager"`` to tell a compile
             problem from a kernel problem).
         mode: ``torch.compile``'s mode (one of ``MODES``); ``None``: ``choose_mode`` picks.
-
-    Attributes:
-        decision: the ``CompileDecision`` of the last run (``None`` before one, or while timing).
-        compiled: whether ``forward`` is compiled now.
-        step_seconds: the eager batch time ``"auto"`` measured, or ``None``.
-        compiled_calls: ``forward`` calls that ran compiled.
-        eager_calls: ``forward`` calls of another input shape that ran eagerly.
-        mode_used: the mode ``forward`` was compiled with (``None`` before it is), and ``mode_reason``.
-        cuda_graphs: whether the compiled training step replays CUDA graphs (``None``: not known yet).
-        cuda_graphs_reason: why not, where ``cuda_graphs`` is ``False``.
-        cost: the ``MeasuredCost`` of compiling in this fit (``None`` until measured), kept for the next fit.
 
     Example::
 
@@ -296,15 +268,10 @@ class CompileModel(pl.Callback):
             return
         self._cost_key = cost_key(pl_module, trainer.strategy.root_device)
         if self.when == "always":
-            decision = CompileDecision(True, "when='always'")
-        else:
-            decision = self._should_compile(trainer, pl_module)
-        if decision.compile is None:
-            self._timing = True
-            self.decision = None
+            self._install(pl_module, CompileDecision(True, "when='always'"))
+        elif (decision := self._should_compile(trainer, pl_module)).compile is None:
+            self._timing, self.decision = True, None  # decided once a few eager batches are timed
             return
-        if self.when == "always":
-            self._install(pl_module, decision)
         else:
             self._decide(pl_module, decision)
         self._meter = CostMeter(first=0, eager_step=None) if self.compiled else None
@@ -358,8 +325,8 @@ class CompileModel(pl.Callback):
                 self._meter_batch(trainer, pl_module, index)
 
     def _meter_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, index: int) -> None:
-        """Mark batch ``index`` for the cost measurement; once done, keep and log the cost, and (``"auto"``)
-        run eagerly from here where compiled steps were the slower."""
+        """Mark batch ``index`` for the cost measurement; once done, keep and log it (``"auto"``: eager from
+        here where compiled steps were the slower)."""
         cost = self._meter.at_batch_start(index, pl_module.device) if self._meter is not None else None
         if cost is None:
             return
@@ -406,30 +373,20 @@ class CompileModel(pl.Callback):
         key = self._graphs_key
         if not skips and not watch.compiled:
             # code an earlier fit compiled ran: torch counted its skips then, not now
-            if key in _GRAPH_RESULTS:
-                self.cuda_graphs, self.cuda_graphs_reason = _GRAPH_RESULTS[key]
+            self.cuda_graphs, self.cuda_graphs_reason = _GRAPH_RESULTS.get(key, (None, None))
             return
+        device = self._run[0].type
+        reason = f"torch counted {skips} skip(s) and logged no reason (TORCH_LOGS=cudagraphs shows it)"
+        if device != "cuda":
+            reason = f"the compiled step runs on {device!r}, and CUDA graphs need a CUDA device"
         self.cuda_graphs = not skips
+        self.cuda_graphs_reason = None if not skips else watch.reasons[0] if watch.reasons else reason
+        _GRAPH_RESULTS[key] = (self.cuda_graphs, self.cuda_graphs_reason)
         if self.cuda_graphs:
-            if key is not None:
-                _GRAPH_RESULTS[key] = (True, None)
             rank_zero_info(
                 f"CompileModel: the compiled training step replays CUDA graphs (mode={self.mode_used!r})"
             )
             return
-        device = self._run[0]
-        if watch.reasons:
-            self.cuda_graphs_reason = watch.reasons[0]
-        elif device.type != "cuda":
-            self.cuda_graphs_reason = (
-                f"the compiled step runs on {device.type!r}, and CUDA graphs need a CUDA device"
-            )
-        else:
-            self.cuda_graphs_reason = (
-                f"torch counted {skips} skip(s) and logged no reason (TORCH_LOGS=cudagraphs shows it)"
-            )
-        if key is not None:
-            _GRAPH_RESULTS[key] = (False, self.cuda_graphs_reason)
         warn_once(
             f"CompileModel: CUDA graphs were skipped: {self.cuda_graphs_reason}. The compiled step launches its "
             "kernels one by one; remove what torch names (an input changed in place inside forward, a CPU "
@@ -507,26 +464,22 @@ class CompileModel(pl.Callback):
 
     def _choose_mode(self, pl_module: pl.LightningModule) -> str:
         if self.mode is not None:
-            self.mode_used, self.mode_reason = self.mode, f"CompileModel(mode={self.mode!r})"
-            return self.mode
-        if self.backend != "inductor":
-            self.mode_used, self.mode_reason = "default", f"backend={self.backend!r}: modes are inductor's"
-            return self.mode_used
-        device, world, accumulate = self._run
-        self.mode_used, self.mode_reason = choose_mode(
-            family=_model.family(pl_module),
-            device=device,
-            world_size=world,
-            accumulate_grad_batches=accumulate,
-            automatic_optimization=pl_module.automatic_optimization,
-            gpu_decoding=self._gpu_decoding,
-        )
-        if self.mode_reason not in _LOGGED:
-            _LOGGED.add(self.mode_reason)
-            rank_zero_info(
-                f"CompileModel: mode={self.mode_used!r} ({self.mode_reason}); CompileModel(mode=...) sets it"
+            mode, reason = self.mode, f"CompileModel(mode={self.mode!r})"
+        elif self.backend != "inductor":
+            mode, reason = "default", f"backend={self.backend!r}: modes are inductor's"
+        else:
+            device, world, accumulate = self._run
+            mode, reason = choose_mode(
+                family=_model.family(pl_module),
+                device=device,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+                automatic_optimization=pl_module.automatic_optimization,
+                gpu_decoding=self._gpu_decoding,
             )
-        return self.mode_used
+            info_once(f"CompileModel: mode={mode!r} ({reason}); CompileModel(mode=...) sets it")
+        self.mode_used, self.mode_reason = mode, reason
+        return mode
 
     def _uninstall(self) -> None:
         if self._watch is not None:
@@ -543,11 +496,10 @@ class CompileModel(pl.Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The last decision, for the record; every fit decides again."""
-        decision = self.decision
         return {
             "when": self.when,
-            "compile": None if decision is None else decision.compile,
-            "reason": None if decision is None else decision.reason,
+            "compile": getattr(self.decision, "compile", None),
+            "reason": getattr(self.decision, "reason", None),
             "step_seconds": self.step_seconds,
             "mode": self.mode_used,
             "mode_reason": self.mode_reason,

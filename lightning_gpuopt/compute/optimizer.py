@@ -20,9 +20,8 @@ __all__ = ["FUSED_OPTIMIZERS", "FusedOptimizer", "fuse_optimizer", "init_momentu
 FUSED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adagrad")
 
 
-def is_fused(optimizer: Any) -> bool:
-    """Whether GradScaler steps ``optimizer`` without a host sync (the optimizer unscales and skips on device)."""
-    return supports_amp_scaling(optimizer)
+#: Whether GradScaler steps an optimizer without a host sync (the optimizer unscales and skips on device).
+is_fused = supports_amp_scaling
 
 
 def init_momentum_buffers(optimizer: Any) -> int:
@@ -96,10 +95,6 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -
 class FusedOptimizer(pl.Callback):
     """Run the Trainer's optimizers with their fused kernels (no per-step host sync under ``16-mixed``),
     switched at ``on_train_start``; a fused SGD with momentum gets zero buffers before its first step.
-
-    Attributes:
-        fused: the class names of the optimizers switched.
-        skipped: ``(class name, reason)`` of those left alone (also named in one warning).
 
     Example::
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lightning_gpuopt._checks import check_arg, is_int
+from lightning_gpuopt._checks import check_arg, check_bool, check_choice, is_int
 from lightning_gpuopt._compat import cpu_has_fast_bf16
 from lightning_gpuopt.compute import _model
 
@@ -61,12 +61,7 @@ def precision_and_reason(
     dev = resolve_device(device)
     family: str | None = model_family
     if model_family is not None:
-        check_arg(
-            model_family in ("conv", "transformer"),
-            "model_family",
-            model_family,
-            "'conv', 'transformer' or None",
-        )
+        check_choice(model_family, "model_family", ("conv", "transformer"))
     elif model is not None:
         check_arg(isinstance(model, nn.Module), "model", model, "a torch.nn.Module or None", error=TypeError)
         family = _model.family(model)
@@ -117,10 +112,8 @@ def configure_backends(tf32: bool | None = True, cudnn_benchmark: bool | None = 
     Returns:
         The settings before the call; ``configure_backends(...).restore()`` undoes it.
     """
-    for name, value in (("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark)):
-        check_arg(
-            value is None or isinstance(value, bool), name, value, "True, False or None", error=TypeError
-        )
+    check_bool(tf32, "tf32", none_ok=True)
+    check_bool(cudnn_benchmark, "cudnn_benchmark", none_ok=True)
     previous = BackendSettings(
         torch.get_float32_matmul_precision(),
         bool(torch.backends.cudnn.allow_tf32),

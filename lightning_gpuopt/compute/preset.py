@@ -1,7 +1,5 @@
-"""``fast_trainer_kwargs``: the one-line preset that composes every compute setting for a ``Trainer``.
-
-Precision is a ``Trainer`` argument (a callback comes too late for it), so the preset is a function.
-"""
+"""``fast_trainer_kwargs``: the one-line preset that composes every compute setting for a ``Trainer`` (a
+function: precision is a ``Trainer`` argument, which a callback would set too late)."""
 
 from __future__ import annotations
 
@@ -75,13 +73,8 @@ def fast_trainer_kwargs(
     compile: bool | None = None,
     **trainer_kwargs: Any,
 ) -> dict[str, Any]:
-    """``Trainer`` keyword arguments for the fastest compute on ``device``: the one-line preset.
-
-    It sets ``precision=choose_precision(device, model)``, ``benchmark=True`` on CUDA (unless
-    ``deterministic``), adds ``ChannelsLast``, ``FusedOptimizer``, ``CompileModel`` and under
-    ``strategy="ddp"`` ``NonBlockingStepChecks`` with ``DDPStrategy(**PRESET_DDP_KWARGS)``, and on CUDA enables
-    TF32 process-wide; it logs one line naming each choice and why (docs/compute.md). Any keyword you pass
-    wins (``callbacks`` are merged, yours first, a class you passed is not added again).
+    """``Trainer`` keyword arguments for the fastest compute on ``device``, each choice logged in one line with
+    its reason; any keyword you pass wins (``callbacks`` are merged, yours first; docs/compute.md).
 
     Args:
         model: the model to be trained; drives the precision and whether channels_last and compiling pay.

@@ -19,7 +19,7 @@ from lightning_gpuopt._compat import cudagraph_skip_logger
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.compute import _compile_cost
 from lightning_gpuopt.compute import compile as compile_mod
-from lightning_gpuopt.compute._cudagraphs import _Collect
+from lightning_gpuopt.compute._cudagraphs import SkipWatch
 from lightning_gpuopt.compute.channels_last import ChannelsLast, is_channels_last
 from lightning_gpuopt.compute.compile import (
     BREAK_EVEN_SECONDS,
@@ -536,7 +536,7 @@ def test_skipped_cuda_graphs_are_named_with_torchs_reason_once():
     _fit(ImageClassifier(convnet()), [again], _data(48, 8), max_steps=5)
     assert again.cuda_graphs is False and again.cuda_graphs_reason == cb.cuda_graphs_reason
     logger = cudagraph_skip_logger()
-    assert logger is not None and not any(isinstance(h, _Collect) for h in logger.handlers)  # it left
+    assert logger is not None and not any(isinstance(h, SkipWatch) for h in logger.handlers)  # it left
 
 
 def test_a_mode_without_cuda_graphs_says_so_without_a_warning():
