@@ -21,8 +21,9 @@ _Slot = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]  # host in, device,
 
 
 def nonblocking_sigterm_check(trainer: Any) -> bool:
-    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host (docs/multi_gpu.md); its
-    SIGTERM handler then issues no broadcast of its own, which could hang the run mid-step.
+    """Make Lightning's per-step SIGTERM check of ``trainer`` stop blocking the host: the flag is still
+    broadcast every step, and read once its copy has arrived (a SIGTERM stops all ranks a step or two later);
+    Lightning's SIGTERM handler then issues no broadcast of its own, which could hang the run mid-step.
 
     Returns:
         Whether the check was replaced (``False`` where this Lightning lacks the loop method: nothing changes).
@@ -35,9 +36,13 @@ def nonblocking_sigterm_check(trainer: Any) -> bool:
 
 def _sigterm_slots(device: torch.device) -> list[_Slot]:
     cuda = device.type == "cuda"
-    host = [torch.zeros(2, 1, dtype=torch.int32, pin_memory=cuda) for _ in range(_SIGTERM_SLOTS)]
-    dev = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(_SIGTERM_SLOTS)]
-    return [(h[0], d, h[1], torch.cuda.Event() if cuda else None) for h, d in zip(host, dev, strict=True)]
+    slots = []
+    for _ in range(_SIGTERM_SLOTS):
+        host_in = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        host_out = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        dev = torch.zeros(1, dtype=torch.int32, device=device)
+        slots.append((host_in, dev, host_out, torch.cuda.Event() if cuda else None))
+    return slots
 
 
 def _stop_all_ranks() -> None:
@@ -63,21 +68,25 @@ class _NonBlockingSigterm:
 
         if self.slots is None:
             self.slots = _sigterm_slots(self.trainer.strategy.root_device)
+        # read every finished broadcast, oldest first, without waiting
+        stop = False
+        while self.pending:
+            host_in, dev, host_out, event = self.slots[self.pending[0]]
+            if event is not None and not event.query():
+                break
+            self.pending.pop(0)
+            stop = stop or int(host_out[0]) == 1
+        if stop:
+            _stop_all_ranks()
         index = self.step % _SIGTERM_SLOTS
         self.step += 1
-        # read every finished broadcast, oldest first; wait only where the GPU is a whole ring behind (the
-        # oldest is the slot this step reuses)
-        while self.pending:
-            oldest = self.pending[0]
-            host_out, event = self.slots[oldest][2:]
+        host_in, dev, host_out, event = self.slots[index]
+        if index in self.pending:  # the GPU is a whole ring behind: wait for this slot only
             if event is not None:
-                if oldest != index and not event.query():
-                    break
                 event.synchronize()
-            self.pending.pop(0)
+            self.pending.remove(index)
             if int(host_out[0]) == 1:
                 _stop_all_ranks()
-        host_in, dev, host_out, event = self.slots[index]
         host_in[0] = 1 if getattr(self.trainer, "received_sigterm", False) else 0
         dev.copy_(host_in, non_blocking=True)
         dist.broadcast(dev, src=0)
