@@ -1,12 +1,13 @@
-"""What a ladder run leaves behind (tables, results JSON, PNG chart) and the recorded GPU ladder shipped
-with the package (``load_reference``). A row shows its median repetition with their range; a comparison of
-two rows whose ranges overlap is marked ``~`` (within the noise).
+"""What a ladder run leaves behind: its ratios to the two ceilings, taken turn by turn (docs/benchmarks.md,
+"Two ceilings"), tables, results JSON and PNG chart, beside the recorded GPU ladder (``load_reference``). A
+comparison of two rows whose ranges overlap is marked ``~`` (within the noise).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -15,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench.ceilings import ceiling_summary
 from lightning_gpuopt.bench.measure import write_results
-from lightning_gpuopt.bench.meter import NOISE_SPREAD, compare
-from lightning_gpuopt.bench.rows import OK, ROW_ALIASES, LadderConfig
+from lightning_gpuopt.bench.rows import OK, LadderConfig
 
 #: the recorded ladder shipped with the package (an H200 run of ``benchmarks/ladder.py``'s predecessor; its
 #: date and command: docs/benchmarks.md, "The ladder")
 REFERENCE_FILE = "ladder_h200.json"
+#: a row whose repetitions range over more than this fraction of their median is called noisy
+NOISE_SPREAD = 0.25
 
 TABLE_COLUMNS = (
     *("name", "samples_per_sec", "range", "joules_per_sample", "p50_ms", "p90_ms", "ratio_to_ceiling"),
@@ -44,6 +45,135 @@ def _range(row: dict[str, Any]) -> str | None:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+EAGER = "ceiling_eager"
+COMPILED = "ceiling_compiled"
+
+
+def _ceiling_row(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    row = next((r for r in rows if r.get("name") == name), None)
+    if row is None or row.get("status", "ok") != "ok" or not row.get("samples_per_sec"):
+        return None
+    return row
+
+
+def _measured(rows: Sequence[dict[str, Any]], name: str) -> float | None:
+    row = _ceiling_row(rows, name)
+    return None if row is None else float(row["samples_per_sec"])
+
+
+def _by_turn(row: dict[str, Any]) -> dict[int, float]:
+    return {
+        int(r["turn"]): float(r["samples_per_sec"])
+        for r in row.get("repeats") or ()
+        if r.get("turn") is not None and r.get("samples_per_sec")
+    }
+
+
+def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[float | None]:
+    """Each of ``row``'s repetitions over the ceiling's of the same turn (``None`` where it has none).
+
+    Example:
+        >>> row = {"repeats": [{"turn": 0, "samples_per_sec": 90.0}, {"turn": 1, "samples_per_sec": 45.0}]}
+        >>> ceiling = {"repeats": [{"turn": 0, "samples_per_sec": 100.0}, {"turn": 1, "samples_per_sec": 50.0}]}
+        >>> turn_ratios(row, ceiling)
+        [0.9, 0.9]
+    """
+    base = _by_turn(ceiling) if ceiling else {}
+    out: list[float | None] = []
+    for r in row.get("repeats") or ():
+        c, sps = base.get(r.get("turn", -1)), r.get("samples_per_sec")
+        out.append(sps / c if sps and c else None)
+    return out
+
+
+def _ratio(
+    row: dict[str, Any], ceiling: dict[str, Any] | None, key: str
+) -> tuple[float | None, float | None]:
+    """The median and worst turn of the row's ``key`` ratio (else of the medians), set on each repetition."""
+    ratios = turn_ratios(row, ceiling)
+    for rep, ratio in zip(row.get("repeats") or (), ratios, strict=True):
+        rep[key] = ratio
+    measured = [x for x in ratios if x is not None]
+    if measured:
+        return statistics.median(measured), min(measured)
+    sps = row.get("samples_per_sec")
+    c = ceiling.get("samples_per_sec") if ceiling else None
+    return (sps / c if sps and c else None), None
+
+
+def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run-level keys: ``ceiling`` (the row the ratios use), ``ceiling_samples_per_sec``, each ceiling's
+    samples/s, and ``compile_seconds`` (``{row: seconds}``).
+
+    Example:
+        >>> rows = [{"name": "ceiling_eager", "samples_per_sec": 6176.0},
+        ...         {"name": "ceiling_compiled", "samples_per_sec": 7309.0, "compile_seconds": 41.0}]
+        >>> ceiling_summary(rows)["ceiling"]
+        'ceiling_compiled'
+    """
+    eager, compiled = _measured(rows, EAGER), _measured(rows, COMPILED)
+    name = COMPILED if compiled else (EAGER if eager else None)
+    return {
+        "ceiling": name,
+        "ceiling_samples_per_sec": compiled or eager,
+        "ceiling_eager_samples_per_sec": eager,
+        "ceiling_compiled_samples_per_sec": compiled,
+        "compile_seconds": {
+            r["name"]: r["compile_seconds"] for r in rows if r.get("compile_seconds") is not None
+        },
+    }
+
+
+def fill_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Set each row's ``ratio_to_ceiling`` (and ``_worst``), ``ratio_to_eager_ceiling`` and
+    ``speedup_vs_naive``, and each repetition's two ratios.
+
+    Returns:
+        ``ceiling_summary(rows)``.
+
+    Example:
+        >>> rows = [{"name": "+channels_last", "samples_per_sec": 5518.0},
+        ...         {"name": "ceiling_eager", "samples_per_sec": 6176.0},
+        ...         {"name": "ceiling_compiled", "samples_per_sec": 7309.0}]
+        >>> _ = fill_ratios(rows)
+        >>> round(rows[0]["ratio_to_ceiling"], 3), round(rows[0]["ratio_to_eager_ceiling"], 3)
+        (0.755, 0.893)
+    """
+    summary = ceiling_summary(rows)
+    ceiling = _ceiling_row(rows, summary["ceiling"]) if summary["ceiling"] else None
+    eager = _ceiling_row(rows, EAGER)
+    naive = _measured(rows, "naive")
+    for row in rows:
+        sps = row.get("samples_per_sec")
+        if not sps:
+            row.update(ratio_to_ceiling=None, ratio_to_ceiling_worst=None, ratio_to_eager_ceiling=None)
+            row["speedup_vs_naive"] = None
+            continue
+        row["ratio_to_ceiling"], row["ratio_to_ceiling_worst"] = _ratio(row, ceiling, "ratio_to_ceiling")
+        row["ratio_to_eager_ceiling"] = _ratio(row, eager, "ratio_to_eager_ceiling")[0]
+        row["speedup_vs_naive"] = sps / naive if naive else None
+    return summary
+
+
+def compare(row: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """``row``'s median over ``other``'s, or ``None`` when either did not run or their ranges overlap (the
+    difference is within the noise).
+
+    Example:
+        >>> compare({"samples_per_sec": 31, "samples_per_sec_min": 30, "samples_per_sec_max": 33},
+        ...         {"samples_per_sec": 11, "samples_per_sec_min": 10, "samples_per_sec_max": 12})
+        2.8181818181818183
+    """
+    a, b = row.get("samples_per_sec"), other.get("samples_per_sec")
+    if not a or not b:
+        return None
+    a_lo, a_hi = row.get("samples_per_sec_min") or a, row.get("samples_per_sec_max") or a
+    b_lo, b_hi = other.get("samples_per_sec_min") or b, other.get("samples_per_sec_max") or b
+    if a_lo <= b_hi and b_lo <= a_hi:
+        return None
+    return float(a / b)
 
 
 def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -146,9 +276,6 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
     """This run's rows (samples/s [range], p50/p90 ms, x naive, vs the row above) and, right of ``|``, the
     recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
     ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
-    for old, new in ROW_ALIASES.items():  # a recording made before a row was renamed
-        if old in ref_rows and new not in ref_rows:
-            ref_rows[new] = ref_rows[old]
     headers = ["row", "samples/s [range]", "p50 ms", "p90 ms", "x naive", "vs above"]
     if reference is not None:
         headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]

@@ -27,6 +27,8 @@ OK = "ok"
 CANNOT_RUN = "cannot run"
 SKIPPED = "skipped"
 FAILED = "failed"
+#: the reason of a row the whole-run time budget left without a fit
+BUDGET_SPENT = "time budget spent"
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,6 @@ ROW_SPECS: tuple[RowSpec, ...] = (
 #: the ladder's row names in ladder order (what ``--rows`` and ``LadderConfig.rows`` take)
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
-#: other names ``parse_rows`` accepts for a row
-ROW_ALIASES = {"ceiling_plain": "ceiling_eager"}
 # rows that read the image folder itself (an HDF5 file cannot feed them)
 FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
     s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
@@ -131,7 +131,7 @@ FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
-    """Row names (comma-separated string or list) in ladder order, ``ROW_ALIASES`` replaced.
+    """Row names (comma-separated string or list) in ladder order.
 
     Raises:
         ValueError: an unknown or empty name; the message lists the valid ones.
@@ -139,7 +139,6 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
     if not names or any(not n for n in names):
         raise ValueError(f"--rows needs comma-separated row names; valid rows: {', '.join(ROW_NAMES)}")
-    names = [ROW_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in SPEC_BY_NAME]
     if unknown:
         raise ValueError(
