@@ -17,6 +17,9 @@ from lightning_gpuopt.bench.runs import check_output_folder, in_new_run
 Say = Callable[[str], None]
 
 NUM_CLASSES = 10
+# the ladder's whole-run seconds, plus these a --ladder-seconds: a cap against a machine far slower than
+# expected, not a target (start-ups dominate short rows); the rows it cuts short are named under the table
+BUDGET_S, BUDGET_S_PER_SECOND = 60.0, 30.0
 
 
 @dataclass
@@ -63,21 +66,6 @@ def _machine(use_gpu: bool) -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if use_gpu else f"{available_cpus()} CPUs"
-
-
-def _busy_note() -> str | None:
-    """A line when other processes already kept this machine's CPUs busy."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on Windows
-        return None
-    cpus = available_cpus()
-    if load < 0.5 * cpus:
-        return None
-    return (
-        f"note: this machine was already busy (load {load:.1f} on {cpus} CPUs): other processes share its "
-        "cores, so expect noisy numbers"
-    )
 
 
 def _fit(opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say) -> Path:
@@ -176,8 +164,7 @@ def _ladder(
         tune_seconds=min(5.0, 2 * opts.ladder_seconds),
         cache_dir=cache_dir(),
         tb_dir=run / "tensorboard" if _TENSORBOARD_AVAILABLE else None,
-        # a cap against a machine far slower than expected, not a target: start-ups dominate short rows
-        time_budget_s=60 + 30 * opts.ladder_seconds,
+        time_budget_s=BUDGET_S + BUDGET_S_PER_SECOND * opts.ladder_seconds,
     )
     say("")
     say(
@@ -199,20 +186,17 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
 
     opts.validate()
     check_output_folder(opts.out)
-    busy = _busy_note()
     use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
     if use_gpu and not torch.cuda.is_available():
         raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
-    return in_new_run(opts.out, lambda run: _run_in(run, opts, use_gpu, busy, say))
+    return in_new_run(opts.out, lambda run: _run_in(run, opts, use_gpu, say))
 
 
-def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: Say) -> Path:
+def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, say: Say) -> Path:
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
     say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
-    if busy:
-        say(busy)
     # images as large as the rows store them (their evaluation resize), so that no row upsamples them
     short = eval_resize_size(opts.image_size)
     size = (round(short * 1.25), short)
@@ -247,7 +231,7 @@ def _report(
     say(report.format_comparison(rows, reference))
     precision = "16-mixed where a row adds it" if use_gpu else "32-true: a CPU has no 16-mixed"
     say(f"left: {title} ({precision}). right of |: {report.reference_label(reference)}")
-    compiled = report.compile_note(rows)
-    for line in [*_notes(rows, use_gpu), *([compiled] if compiled else []), *report.noise_notes(rows)]:
+    notes = [*_notes(rows, use_gpu), report.compile_note(rows), report.budget_note(rows, config.repeats)]
+    for line in [*filter(None, notes), *report.noise_notes(rows)]:
         say(line)
     say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))

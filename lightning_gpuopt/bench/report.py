@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_gpuopt._common import format_table
 from lightning_gpuopt.bench.measure import write_results
-from lightning_gpuopt.bench.rows import OK, LadderConfig
+from lightning_gpuopt.bench.rows import BUDGET_SPENT, OK, LadderConfig
 
 #: the recorded ladder shipped with the package (an H200 run of ``benchmarks/ladder.py``'s predecessor; its
 #: date and command: docs/benchmarks.md, "The ladder")
@@ -47,28 +47,15 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-EAGER = "ceiling_eager"
-COMPILED = "ceiling_compiled"
+EAGER, COMPILED = "ceiling_eager", "ceiling_compiled"
 
 
-def _ceiling_row(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    row = next((r for r in rows if r.get("name") == name), None)
-    if row is None or row.get("status", "ok") != "ok" or not row.get("samples_per_sec"):
-        return None
-    return row
+def _ran(row: dict[str, Any] | None) -> bool:
+    return bool(row) and row.get("status", OK) == OK and bool(row.get("samples_per_sec"))  # type: ignore[union-attr]
 
 
-def _measured(rows: Sequence[dict[str, Any]], name: str) -> float | None:
-    row = _ceiling_row(rows, name)
-    return None if row is None else float(row["samples_per_sec"])
-
-
-def _by_turn(row: dict[str, Any]) -> dict[int, float]:
-    return {
-        int(r["turn"]): float(r["samples_per_sec"])
-        for r in row.get("repeats") or ()
-        if r.get("turn") is not None and r.get("samples_per_sec")
-    }
+def _ran_row(rows: Sequence[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+    return next((r for r in rows if r.get("name") == name and _ran(r)), None)
 
 
 def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[float | None]:
@@ -80,7 +67,8 @@ def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[flo
         >>> turn_ratios(row, ceiling)
         [0.9, 0.9]
     """
-    base = _by_turn(ceiling) if ceiling else {}
+    reps = (ceiling or {}).get("repeats") or ()
+    base = {r["turn"]: r.get("samples_per_sec") for r in reps if r.get("turn") is not None}
     out: list[float | None] = []
     for r in row.get("repeats") or ():
         c, sps = base.get(r.get("turn", -1)), r.get("samples_per_sec")
@@ -99,8 +87,7 @@ def _ratio(
     if measured:
         return statistics.median(measured), min(measured)
     sps = row.get("samples_per_sec")
-    c = ceiling.get("samples_per_sec") if ceiling else None
-    return (sps / c if sps and c else None), None
+    return (sps / ceiling["samples_per_sec"] if sps and ceiling else None), None
 
 
 def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -113,13 +100,13 @@ def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         >>> ceiling_summary(rows)["ceiling"]
         'ceiling_compiled'
     """
-    eager, compiled = _measured(rows, EAGER), _measured(rows, COMPILED)
-    name = COMPILED if compiled else (EAGER if eager else None)
+    eager, compiled = (_ran_row(rows, n) for n in (EAGER, COMPILED))
+    ceiling = compiled or eager
     return {
-        "ceiling": name,
-        "ceiling_samples_per_sec": compiled or eager,
-        "ceiling_eager_samples_per_sec": eager,
-        "ceiling_compiled_samples_per_sec": compiled,
+        "ceiling": ceiling["name"] if ceiling else None,
+        "ceiling_samples_per_sec": ceiling["samples_per_sec"] if ceiling else None,
+        "ceiling_eager_samples_per_sec": eager["samples_per_sec"] if eager else None,
+        "ceiling_compiled_samples_per_sec": compiled["samples_per_sec"] if compiled else None,
         "compile_seconds": {
             r["name"]: r["compile_seconds"] for r in rows if r.get("compile_seconds") is not None
         },
@@ -142,18 +129,12 @@ def fill_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         (0.755, 0.893)
     """
     summary = ceiling_summary(rows)
-    ceiling = _ceiling_row(rows, summary["ceiling"]) if summary["ceiling"] else None
-    eager = _ceiling_row(rows, EAGER)
-    naive = _measured(rows, "naive")
+    ceiling, eager, naive = (_ran_row(rows, n) for n in (summary["ceiling"], EAGER, "naive"))
     for row in rows:
-        sps = row.get("samples_per_sec")
-        if not sps:
-            row.update(ratio_to_ceiling=None, ratio_to_ceiling_worst=None, ratio_to_eager_ceiling=None)
-            row["speedup_vs_naive"] = None
-            continue
         row["ratio_to_ceiling"], row["ratio_to_ceiling_worst"] = _ratio(row, ceiling, "ratio_to_ceiling")
         row["ratio_to_eager_ceiling"] = _ratio(row, eager, "ratio_to_eager_ceiling")[0]
-        row["speedup_vs_naive"] = sps / naive if naive else None
+        sps = row.get("samples_per_sec")
+        row["speedup_vs_naive"] = sps / naive["samples_per_sec"] if sps and naive else None
     return summary
 
 
@@ -209,6 +190,24 @@ def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
     return f"compile time (first compiled step to first fast step): {times}"
 
 
+def budget_note(rows: Sequence[dict[str, Any]], repeats: int) -> str | None:
+    """The rows the time budget cut short (fewer than ``repeats`` fits) or left out, in one line; else ``None``.
+
+    Example:
+        >>> budget_note([{"name": "naive", "status": "ok", "repeats": [{}]}], 3)
+        'time budget spent: naive measured in 1 of 3 fits'
+    """
+    short = [
+        f"{r['name']} measured in {len(r['repeats'])} of {repeats} fits"
+        for r in rows
+        if r.get("status") == OK and 0 < len(r.get("repeats") or ()) < repeats
+    ]
+    left_out = [r["name"] for r in rows if r.get("reason") == BUDGET_SPENT]
+    if left_out:
+        short.append(f"{', '.join(left_out)} not measured")
+    return f"{BUDGET_SPENT}: {'; '.join(short)}" if short else None
+
+
 def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> str:
     """The ladder as a text table (rows that did not run show ``status: reason``), ``ceiling_notes`` under it."""
     shown = []
@@ -239,14 +238,17 @@ def reference_label(reference: dict[str, Any]) -> str:
     )
 
 
-def _ran(row: dict[str, Any] | None) -> bool:
-    return bool(row) and row.get("status") == OK and row.get("samples_per_sec") is not None  # type: ignore[union-attr]
-
-
 def _ratio_cell(value: float | None, within_noise: bool) -> str:
     if value is None:
         return "-"
     return f"{'~' if within_noise else ''}{value:.1f}x"
+
+
+def _vs(row: dict[str, Any], other: dict[str, Any] | None) -> tuple[float, bool] | None:
+    """``row``'s median over ``other``'s and whether that is within the noise; ``None`` unless both ran."""
+    if not (_ran(row) and _ran(other)):
+        return None
+    return row["samples_per_sec"] / other["samples_per_sec"], compare(row, other) is None  # type: ignore[arg-type, index]
 
 
 def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -256,19 +258,17 @@ def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     naive = next((r for r in rows if r["name"] == "naive"), None)
     above: dict[str, Any] | None = None
     for r in rows:
-        item: dict[str, Any] = {"name": r["name"], "x_naive": None, "vs_above": None}
-        if _ran(r):
-            if r is naive:
-                item["x_naive"] = (1.0, False)
-            elif _ran(naive):
-                sig = compare(r, naive)  # type: ignore[arg-type]
-                item["x_naive"] = (r["samples_per_sec"] / naive["samples_per_sec"], sig is None)  # type: ignore[index]
-            if not r["name"].startswith("ceiling") and _ran(above) and r["name"] != "naive":
-                sig = compare(r, above)  # type: ignore[arg-type]
-                item["vs_above"] = (r["samples_per_sec"] / above["samples_per_sec"], sig is None)  # type: ignore[index]
-            if not r["name"].startswith("ceiling"):
-                above = r
-        out.append(item)
+        ceiling = r["name"].startswith("ceiling")
+        x_naive = (1.0, False) if r is naive and _ran(r) else _vs(r, naive)
+        out.append(
+            {
+                "name": r["name"],
+                "x_naive": x_naive,
+                "vs_above": None if ceiling or r is naive else _vs(r, above),
+            }
+        )
+        if _ran(r) and not ceiling:
+            above = r
     return out
 
 

@@ -1,6 +1,5 @@
-"""Runs the ladder (``bench.rows``) as a user measures a long fit: each row ``repeats`` short fits, the
-rows taking turns and the ceilings first in every turn, each fit measured in its steady state
-(``RowClock``, ``bench.steady``) past its warm-up and compile; docs/benchmarks.md says how.
+"""Runs the ladder (``bench.rows``): each row ``repeats`` short fits, the rows taking turns, the ceilings
+first, each fit measured past its warm-up and compile (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -125,16 +124,9 @@ def prefetched_batches(loader: Any) -> int:
 
 
 class RowClock(StepClock):
-    """``StepClock`` for one fit of a ladder row: the warm-up counted past the loader's prefetch and, with
-    ``seconds``, the window's step count sized from the warm-up's last steps.
-
-    Args:
-        warmup: warm-up steps past the prefetch (``prefetched_batches``).
-        steps: steps measured (the count to start from when ``seconds`` is given).
-        seconds: the measuring time the step count is sized to (``steps`` then holds it, and
-            ``warmup_step_s`` the step time it came from), or ``None``.
-        max_steps: the most steps ``seconds`` may give (``None``: no cap).
-        settle: a compiled model: wait for the step time to settle first.
+    """``StepClock`` for one fit of a ladder row: ``warmup`` steps past the loader's prefetch
+    (``prefetched_batches``) and, with ``seconds``, a window of the steps that take that long at the warm-up's
+    rate (at most ``max_steps``); ``settle``: a compiled model, sized once its step time settles.
 
     Example:
         >>> clock = RowClock(warmup=5, steps=2, seconds=3.0)

@@ -262,31 +262,3 @@ def cached_jpeg_folder(
     if not cached:
         say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
-
-
-def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
-    """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
-    headers), ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``.
-
-    Example:
-        >>> describe_images(sorted(make_jpeg_folder("/tmp/j", 8, 2).rglob("*.jpg")))["count"]  # doctest: +SKIP
-        8
-    """
-    from lightning_gpuopt.data.decode import jpeg_info
-
-    infos = []
-    for path in paths:
-        with open(path, "rb") as fh:
-            infos.append(jpeg_info(fh.read(1 << 16)))
-    ok = [i for i in infos if i is not None]
-    out: dict[str, Any] = {"count": len(infos), "jpeg": len(ok)}
-    for key, values in (
-        ("width", [i.width for i in ok]),
-        ("height", [i.height for i in ok]),
-        ("aspect", [i.width / i.height for i in ok]),
-    ):
-        out.update({f"{key}_min": min(values, default=None), f"{key}_max": max(values, default=None)})
-    out["grayscale"] = sum(i.components == 1 for i in ok)
-    out["cmyk"] = sum(i.components == 4 for i in ok)
-    out["progressive"] = sum(not i.baseline for i in ok)
-    return out
