@@ -155,7 +155,7 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
         (["--rows", "naive,+turbo"], "unknown row name(s) '+turbo' in --rows; valid rows: naive, +workers"),
         (["--rows", ""], "valid rows: naive"),
         (["--batch-size", "-4"], "--batch-size must be an int >= 1, got -4"),
-        (["--time-budget", "0"], "--time-budget must be > 0 seconds (leave it out for no budget), got 0.0"),
+        (["--time-budget", "0"], "--time-budget must be > 0 s (leave it out for no budget), got 0.0"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--seconds", "-1"], "--seconds must be >= 0"),
         (["--seconds", "0"], "give --steps N"),

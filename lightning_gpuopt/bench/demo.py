@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size
 from lightning_gpuopt.bench.runs import check_output_folder, in_new_run
 
@@ -41,21 +42,20 @@ class DemoOptions:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the flag for a bad value."""
-        for name in ("steps", "images", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.image_size < 16:
-            raise ValueError(f"--image-size must be >= 16 pixels, got {self.image_size}")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError(f"--workers must be >= 0, got {self.workers}")
-        if self.ladder_seconds < 0:
-            raise ValueError(f"--ladder-seconds must be >= 0 (0 skips the ladder), got {self.ladder_seconds}")
+        for ok, flag, value, must in (
+            (self.steps >= 1, "--steps", self.steps, ">= 1"),
+            (self.images >= 1, "--images", self.images, ">= 1"),
+            (self.batch_size >= 1, "--batch-size", self.batch_size, ">= 1"),
+            (self.image_size >= 16, "--image-size", self.image_size, ">= 16 pixels"),
+            (self.workers is None or self.workers >= 0, "--workers", self.workers, ">= 0"),
+            (self.ladder_seconds >= 0, "--ladder-seconds", self.ladder_seconds, ">= 0 (0 skips the ladder)"),
+            (self.accelerator in ("auto", "cpu", "gpu"), "--accelerator", self.accelerator, "auto/cpu/gpu"),
+        ):
+            check_arg(ok, flag, value, must)
         if self.batch_size > self.images:
             raise ValueError(
                 f"--batch-size {self.batch_size} is larger than --images {self.images}; lower it or add images"
             )
-        if self.accelerator not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"--accelerator must be auto, cpu or gpu, got {self.accelerator!r}")
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:

@@ -43,10 +43,6 @@ def _range(row: dict[str, Any]) -> str | None:
     return f"{_num(lo)}-{_num(hi)}"
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 EAGER, COMPILED = "ceiling_eager", "ceiling_compiled"
 
 
@@ -238,10 +234,8 @@ def reference_label(reference: dict[str, Any]) -> str:
     )
 
 
-def _ratio_cell(value: float | None, within_noise: bool) -> str:
-    if value is None:
-        return "-"
-    return f"{'~' if within_noise else ''}{value:.1f}x"
+def _ratio_cell(cell: tuple[float, bool] | None) -> str:
+    return "-" if cell is None else f"{'~' if cell[1] else ''}{cell[0]:.1f}x"
 
 
 def _vs(row: dict[str, Any], other: dict[str, Any] | None) -> tuple[float, bool] | None:
@@ -260,13 +254,8 @@ def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         ceiling = r["name"].startswith("ceiling")
         x_naive = (1.0, False) if r is naive and _ran(r) else _vs(r, naive)
-        out.append(
-            {
-                "name": r["name"],
-                "x_naive": x_naive,
-                "vs_above": None if ceiling or r is naive else _vs(r, above),
-            }
-        )
+        vs_above = None if ceiling or r is naive else _vs(r, above)
+        out.append({"name": r["name"], "x_naive": x_naive, "vs_above": vs_above})
         if _ran(r) and not ceiling:
             above = r
     return out
@@ -289,10 +278,10 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
         cells = [
             r["name"],
             here,
-            _ms(r.get("p50_ms")) if _ran(r) else "-",
-            _ms(r.get("p90_ms")) if _ran(r) else "-",
-            _ratio_cell(*cmp["x_naive"]) if cmp["x_naive"] else "-",
-            _ratio_cell(*cmp["vs_above"]) if cmp["vs_above"] else "-",
+            _num(r.get("p50_ms"), ".1f") if _ran(r) else "-",
+            _num(r.get("p90_ms"), ".1f") if _ran(r) else "-",
+            _ratio_cell(cmp["x_naive"]),
+            _ratio_cell(cmp["vs_above"]),
         ]
         if reference is not None:
             ref = ref_rows.get(r["name"], {})

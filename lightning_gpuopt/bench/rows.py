@@ -1,8 +1,5 @@
-"""The rows of the ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
-
-Each row trains the same model through Lightning's ``Trainer`` and adds one thing to the row above it; the
-ceilings feed it batches already on the device. The rows, what each adds and needs: docs/benchmarks.md.
-A row that cannot run here stays in the results with ``status`` and ``reason``.
+"""The rows of the ladder (``lightning-gpuopt bench`` and ``demo``; docs/benchmarks.md), the settings of a
+run, and why a row cannot run here (it stays in the results with ``status`` and ``reason``).
 """
 
 from __future__ import annotations
@@ -142,16 +139,10 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------- naive data
 class NaiveImageFolder(Dataset):
     """The input pipeline most tutorials start with, all on the CPU: PIL decode, random-resized-crop to
-    ``size``, random flip, float32 CHW normalized by ``mean``/``std`` (in [0, 1] units); items are
-    ``(tensor, label)`` from the class-per-subfolder folder ``root``."""
+    ``size``, random flip, float32 CHW normalized by ImageNet's mean and std; items are ``(tensor, label)``
+    from the class-per-subfolder folder ``root``."""
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        size: int = 224,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-    ) -> None:
+    def __init__(self, root: str | os.PathLike[str], size: int = 224) -> None:
         from lightning_gpuopt.data.folder import scan_image_folder
 
         if not isinstance(size, int) or size < 1:
@@ -159,8 +150,8 @@ class NaiveImageFolder(Dataset):
         self.root = os.fspath(root)
         self.size = size
         self.classes, self.samples = scan_image_folder(self.root)
-        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+        self.mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -254,44 +245,25 @@ class LadderConfig:
         """Raise ``ValueError`` naming the flag of a bad setting (``check_data=False``: all but ``data``)."""
         from lightning_gpuopt.bench.models import MODEL_NAMES
 
-        steps, workers, budget = self.steps, self.num_workers, self.time_budget_s
+        steps, workers, budget, acc = self.steps, self.num_workers, self.time_budget_s, self.accelerator
+        batch, size = self.batch_size, self.image_size
         for ok, flag, value, must in (
             (self.model in MODEL_NAMES, "--model", self.model, f"one of {', '.join(MODEL_NAMES)}"),
-            (
-                is_int(self.batch_size) and self.batch_size >= 1,
-                "--batch-size",
-                self.batch_size,
-                "an int >= 1",
-            ),
-            (
-                is_int(self.image_size) and self.image_size >= 8,
-                "--image-size",
-                self.image_size,
-                "an int >= 8",
-            ),
+            (is_int(batch) and batch >= 1, "--batch-size", batch, "an int >= 1"),
+            (is_int(size) and size >= 8, "--image-size", size, "an int >= 8"),
             (self.warmup >= 0, "--warmup", self.warmup, ">= 0 steps"),
             (is_int(self.repeats) and self.repeats >= 1, "--repeats", self.repeats, "an int >= 1"),
             (self.seconds >= 0, "--seconds", self.seconds, ">= 0"),
             (steps is None or steps >= 2, "--steps", steps, ">= 2 (steps a repetition measures)"),
             (workers is None or workers >= 0, "--workers", workers, ">= 0"),
             (self.tune_seconds > 0, "--tune-seconds", self.tune_seconds, "> 0"),
-            (
-                budget is None or budget > 0,
-                "--time-budget",
-                budget,
-                "> 0 seconds (leave it out for no budget)",
-            ),
-            (
-                self.accelerator in ("auto", "cpu", "gpu", "cuda"),
-                "--accelerator",
-                self.accelerator,
-                "auto, cpu or gpu",
-            ),
+            (budget is None or budget > 0, "--time-budget", budget, "> 0 s (leave it out for no budget)"),
+            (acc in ("auto", "cpu", "gpu", "cuda"), "--accelerator", acc, "auto, cpu or gpu"),
         ):
             check_arg(ok, flag, value, must)
         if self.seconds == 0 and steps is None:
             raise ValueError("--seconds 0 turns the time box off, so give --steps N to bound each row")
-        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        if acc in ("gpu", "cuda") and not torch.cuda.is_available():
             raise ValueError(
                 "--accelerator gpu was asked for but no CUDA GPU is visible; use --accelerator auto"
             )
@@ -339,14 +311,8 @@ def ladder_device(accelerator: str) -> torch.device:
 def cannot_run(
     spec: RowSpec, device: torch.device, data_is_h5: bool = False, compile_named: bool = False
 ) -> tuple[str, str] | None:
-    """``(status, reason)`` when row ``spec`` cannot run on ``device``, the reason saying what would make
-    it run; else ``None``. Decided before any data is made or read.
-
-    Args:
-        spec: the row.
-        device: where the ladder trains (``ladder_device``).
-        data_is_h5: ``--data`` is an HDF5 store.
-        compile_named: the compiled rows were named (``compile_asked``).
+    """``(status, reason)`` when row ``spec`` cannot run on ``device`` (``ladder_device``), the reason saying
+    what would make it run; else ``None``. ``compile_named``: the compiled rows were named (``compile_asked``).
 
     Example:
         >>> cannot_run(SPEC_BY_NAME["+pinned"], torch.device("cpu"))[0]

@@ -195,6 +195,7 @@ class LadderRunner:
         self._dm_workers: dict[str, int] = {}
         self._h5_path: Path | None = self.data if self.data_is_h5 else None
         self._t_start = time.perf_counter()
+        # what the fastest model measured here consumes: the worker tuner stops once a loader has headroom over it
         self._ceiling: float | None = None
         self._compile_asked = compile_asked(config.rows)
 
@@ -272,7 +273,7 @@ class LadderRunner:
             dataset,
             candidates=candidates,
             budget_s=self.cfg.tune_seconds,
-            target_samples_per_sec=self._tune_target(),
+            target_samples_per_sec=self._ceiling,
             batch_size=self.cfg.batch_size,
             loader_kwargs={"drop_last": True},
             cache_dir=self.cfg.cache_dir,
@@ -282,11 +283,6 @@ class LadderRunner:
         self.say(f"  -> {n} workers ({src})")
         self._naive_workers = n
         return n
-
-    def _tune_target(self) -> float | None:
-        """What the fastest compute can consume (the plain-loop ceiling): the tuner stops once the loader,
-        measured alone, delivers its headroom over that."""
-        return self._ceiling if self._ceiling else None
 
     def _hdf5_file(self) -> tuple[Path | None, str | None]:
         if self._h5_path is not None:
@@ -471,7 +467,7 @@ class LadderRunner:
             num_workers=dm_workers,
             tuning=TuningConfig(
                 budget_s=cfg.tune_seconds,
-                target_samples_per_sec=self._tune_target(),
+                target_samples_per_sec=self._ceiling,
                 cache_dir=cfg.cache_dir,
             ),
         )
@@ -604,7 +600,6 @@ class LadderRunner:
         if compiled is None and row["compile_seconds"] is not None:
             self.say(f"  compiled: {row['compile_seconds']:.1f} s from the first step to the first fast one")
         if name in (EAGER, COMPILED) and row["samples_per_sec"]:
-            # the worker tuner's target: what the fastest model measured here consumes
             self._ceiling = max(self._ceiling or 0.0, row["samples_per_sec"])
         if row["status"] != OK or not row["repeats"]:
             self.say(f"  -> {row['status']}: {row['reason']}")

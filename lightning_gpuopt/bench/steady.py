@@ -1,13 +1,5 @@
-"""Steady-state measurement: step times from the device's own clock, repetitions taking turns, medians with
-their spread.
-
-``StepClock`` times a fit from an event at every batch end after a warm-up; ``measure_loop`` times a plain
-loop the same way; ``summarize`` reduces each variant's repetitions to a row (docs/benchmarks.md).
-
-Example:
-    >>> clock = StepClock(warmup=30, steps=200)
-    >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
-    >>> trainer.fit(model, datamodule=dm); clock.measurement.samples_per_sec  # doctest: +SKIP
+"""Steady-state measurement on the device's own clock: ``StepClock`` times a fit past its warm-up (and
+compile), ``measure_loop`` a plain loop; ``summarize`` reduces each variant's repetitions to a row.
 """
 
 from __future__ import annotations
@@ -27,11 +19,9 @@ from typing_extensions import override
 from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import synchronize
 
-#: consecutive steps that must agree for the step time to count as settled
-FAST_RUN = 3
-#: those steps agree when the slowest takes at most this many times the fastest; a step slower than this many
-#: times the settled step time is still compiling (compiling takes hundreds of times a step)
-FAST_SPREAD = 2.0
+#: the step time has settled when this many consecutive steps agree within ``FAST_SPREAD`` (slowest over
+#: fastest); a step slower than that times the settled step time is still compiling
+FAST_RUN, FAST_SPREAD = 3, 2.0
 #: seconds a compiled row may spend before its step time settles; the row fails after that
 SETTLE_LIMIT_S = 600.0
 
@@ -41,7 +31,6 @@ def first_fast_step(
 ) -> int | None:
     """Index of the first step from which every step takes at most ``spread`` times the settled step time
     (the median of the last ``run`` steps, once they agree within ``spread``); ``None`` while unsettled.
-    The steps before it are what a compile cost.
 
     Example:
         >>> first_fast_step([41.0, 0.10, 0.11, 0.10])
