@@ -248,18 +248,6 @@ class LadderRunner:
     def _precision(self, spec: RowSpec) -> str:
         return "16-mixed" if spec.mixed and self.cuda else "32-true"
 
-    def _monitor(self, spec: RowSpec) -> pl.Callback:
-        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-
-        # the naive row makes about one step a second: short windows still give several after the warm-up
-        window = 2 if spec.loader == "naive" and not spec.tuned_workers else 10
-        return GPUStatsMonitor(log_every_n_steps=window, gpu=self.cuda)
-
-    def _model(self) -> pl.LightningModule:
-        from lightning_gpuopt.bench.models import ImageClassifier
-
-        return ImageClassifier(self.cfg.model, num_classes=self.num_classes, lr=self.cfg.lr)
-
     def _tuned_naive_workers(self, dataset: Dataset) -> int:
         if self._naive_workers is not None:
             return self._naive_workers
@@ -510,8 +498,11 @@ class LadderRunner:
         loader = self._loader_for(spec, row, done)
         if loader is None:
             return
+        from lightning_gpuopt.bench.models import ImageClassifier
+        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
         callbacks: list[pl.Callback] = []
-        model = self._model()
+        model = ImageClassifier(self.cfg.model, num_classes=self.num_classes, lr=self.cfg.lr)
         if spec.channels_last and spec.loader == "device":
             # the ceiling needs no package component: the model is simply made channels_last
             model = model.to(memory_format=torch.channels_last)
@@ -529,7 +520,8 @@ class LadderRunner:
         # autotuning and worker start-up
         sized = seconds if row["_steps"] is None and cfg.seconds > 0 else None
         clock = RowClock(max(cfg.warmup, 1), row["_steps"] or cfg.steps or 2, sized, cfg.steps, spec.compiled)
-        monitor = self._monitor(spec)
+        # the naive row makes about one step a second: short windows still give several after the warm-up
+        monitor = GPUStatsMonitor(log_every_n_steps=2 if spec.name == "naive" else 10, gpu=self.cuda)
         safety = 3 * seconds + 120 + (SETTLE_LIMIT_S if spec.compiled else 0) if seconds > 0 else None
         trainer = self._trainer(spec, [*callbacks, clock, monitor], safety, f"fit_{rnd}")
         with warnings.catch_warnings():

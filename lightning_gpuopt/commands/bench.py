@@ -46,12 +46,7 @@ _FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("--tune-seconds", float, 10.0, "budget of each worker tuning (default 10)"),
     ("--time-budget", float, None, "whole-run seconds; rows shrink to fit (default: none)"),
     ("--out", str, "lightning_gpuopt_bench", "output folder; each run writes a new version_<n> inside it"),
-    (
-        "--cache-dir",
-        str,
-        None,
-        "cache (default $LIGHTNING_GPUOPT_CACHE_DIR or ~/.cache/lightning_gpuopt)",
-    ),
+    ("--cache-dir", str, None, "cache (default $LIGHTNING_GPUOPT_CACHE_DIR, else ~/.cache/lightning_gpuopt)"),
 )
 
 
