@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from peers import feed_torchvision_v2, files_of, folder_bytes
 
 from lightning_gpuopt import DecodeOptions
 from lightning_gpuopt._common import available_cpus
-from lightning_gpuopt.bench.measure import write_results
+from lightning_gpuopt.bench.measure import cpu_seconds, write_results
 from lightning_gpuopt.bench.steady import summarize
 from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.backends import dali_installed
@@ -87,21 +86,9 @@ def dali_hidden() -> Iterator[None]:
             sys.modules["nvidia.dali"] = saved
 
 
-def cpu_seconds() -> float:
-    """CPU seconds this process and its live children (loader workers) have used so far (psutil)."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += sum(child.cpu_times()[:2])
-    return total
-
-
-def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
-    """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
-    headers), ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``."""
+def describe_images(paths: list[Path]) -> dict[str, Any]:
+    """What the JPEGs at ``paths`` are, from their frame headers: ``count`` (files), ``jpeg`` (readable headers),
+    ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``."""
     from lightning_gpuopt.data.decode import jpeg_info
 
     infos = []
@@ -109,17 +96,12 @@ def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
         with open(path, "rb") as fh:
             infos.append(jpeg_info(fh.read(1 << 16)))
     ok = [i for i in infos if i is not None]
+    sides = {"width": [i.width for i in ok], "height": [i.height for i in ok], "aspect": [i.width / i.height for i in ok]}
     out: dict[str, Any] = {"count": len(infos), "jpeg": len(ok)}
-    for key, values in (
-        ("width", [i.width for i in ok]),
-        ("height", [i.height for i in ok]),
-        ("aspect", [i.width / i.height for i in ok]),
-    ):
+    for key, values in sides.items():
         out.update({f"{key}_min": min(values, default=None), f"{key}_max": max(values, default=None)})
-    out["grayscale"] = sum(i.components == 1 for i in ok)
-    out["cmyk"] = sum(i.components == 4 for i in ok)
-    out["progressive"] = sum(not i.baseline for i in ok)
-    return out
+    return {**out, "grayscale": sum(i.components == 1 for i in ok), "cmyk": sum(i.components == 4 for i in ok),
+            "progressive": sum(not i.baseline for i in ok)}
 
 
 def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:

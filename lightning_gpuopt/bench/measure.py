@@ -186,3 +186,15 @@ class PlainLoop:
         self.step()
         synchronize(self.device)
         return time.perf_counter() - t0
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process and its live children (loader workers) have used so far (psutil)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
