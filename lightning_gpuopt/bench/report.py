@@ -299,9 +299,7 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
 def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]:
     """Which rows are noisy and (``marks``) what ``~`` means; empty when every row held steady."""
     noisy = [r["name"] for r in rows if _ran(r) and (r.get("spread") or 0.0) > NOISE_SPREAD]
-    marked = marks and any(
-        (c["x_naive"] and c["x_naive"][1]) or (c["vs_above"] and c["vs_above"][1]) for c in compare_rows(rows)
-    )
+    marked = marks and any(c[k] and c[k][1] for c in compare_rows(rows) for k in ("x_naive", "vs_above"))
     notes = []
     if noisy:
         notes.append(
