@@ -40,9 +40,9 @@ from _zoo import EncodedJPEGs, GPUDecodeClassifier, InPlaceNormalize, Uint8Class
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpuopt._common import available_cpus
-from lightning_gpuopt.bench.meter import joules_per_sample, window_means
 from lightning_gpuopt.bench.models import ImageClassifier
 from lightning_gpuopt.bench.rows import DeviceBatches, NaiveImageFolder
+from lightning_gpuopt.bench.steady import joules_per_sample, window_means
 
 __all__ = [
     "ROWS",

@@ -59,7 +59,7 @@ from lightning_gpuopt import DecodeOptions
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.bench.measure import cpu_seconds, write_results
 from lightning_gpuopt.bench.steady import summarize
-from lightning_gpuopt.bench.synthetic import describe_images, make_jpeg_folder
+from lightning_gpuopt.bench.synthetic import make_jpeg_folder
 from lightning_gpuopt.data.backends import dali_installed
 
 #: rows read with DALI unimportable (``dali_hidden``), and the ``DecodeOptions`` each asks for
@@ -84,6 +84,24 @@ def dali_hidden() -> Iterator[None]:
         del sys.modules["nvidia.dali"]
         if saved is not None:
             sys.modules["nvidia.dali"] = saved
+
+
+def describe_images(paths: list[Path]) -> dict[str, Any]:
+    """What the JPEGs at ``paths`` are, from their frame headers: ``count`` (files), ``jpeg`` (readable headers),
+    ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``."""
+    from lightning_gpuopt.data.decode import jpeg_info
+
+    infos = []
+    for path in paths:
+        with open(path, "rb") as fh:
+            infos.append(jpeg_info(fh.read(1 << 16)))
+    ok = [i for i in infos if i is not None]
+    sides = {"width": [i.width for i in ok], "height": [i.height for i in ok], "aspect": [i.width / i.height for i in ok]}
+    out: dict[str, Any] = {"count": len(infos), "jpeg": len(ok)}
+    for key, values in sides.items():
+        out.update({f"{key}_min": min(values, default=None), f"{key}_max": max(values, default=None)})
+    return {**out, "grayscale": sum(i.components == 1 for i in ok), "cmyk": sum(i.components == 4 for i in ok),
+            "progressive": sum(not i.baseline for i in ok)}
 
 
 def prepare(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def format_ladder_markdown(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| `{r['name']}` | {r.get('adds', '')} | {report._num(r.get('samples_per_sec'))} | {report._range(r) or '-'} | "
             f"{report._num(r.get('joules_per_sample'), '.3g')} | "
-            f"{report._ms(r.get('p50_ms'))} | {report._ms(r.get('p90_ms'))} | {report._num(r.get('ratio_to_ceiling'), '.3f')} | "
+            f"{report._num(r.get('p50_ms'), '.1f')} | {report._num(r.get('p90_ms'), '.1f')} | {report._num(r.get('ratio_to_ceiling'), '.3f')} | "
             f"{report._num(r.get('ratio_to_eager_ceiling'), '.3f')} | "
             f"{report._num(r.get('speedup_vs_naive'), '.1f')} | {report._num(r.get('gpu_util_mean'), '.1f')} | "
             f"{report._num(r.get('data_wait_frac'), '.3f')} | {status} |"

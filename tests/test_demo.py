@@ -46,11 +46,16 @@ def test_demo_runs_and_says_where_the_logs_are(tmp_path, capsys):
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # the first run's events were not added to
 
 
-def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
+def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys, monkeypatch):
+    from lightning_gpuopt.bench import demo
+
+    # a budget that holds on a loaded machine: every row gets its three fits (the cut: the next test)
+    monkeypatch.setattr(demo, "BUDGET_S", 3600.0)
     out = tmp_path / "run"
     argv = ["demo", "--out", str(out), "--workers", "1", *TINY[:-2], "--ladder-seconds", "0.6"]
     assert main(argv) == 0
     text = capsys.readouterr().out
+    assert "time budget spent" not in text
     run = out / "version_0"
     doc = json.loads((run / "ladder.json").read_text())
     rows = {r["name"]: r for r in doc["rows"]}
@@ -88,6 +93,23 @@ def test_demo_runs_the_ladder_beside_the_recorded_gpu_run(tmp_path, capsys):
     # each window is a fit of its own, the rows taking turns: one TensorBoard run a fit
     assert sorted(p.name for p in (run / "tensorboard" / "00_naive").iterdir()) == ["fit_0", "fit_1", "fit_2"]
     assert "[round 3/3," in text
+
+
+def test_demo_names_the_rows_its_time_budget_cut_short(tmp_path, capsys, monkeypatch):
+    from lightning_gpuopt.bench import demo
+
+    monkeypatch.setattr(demo, "BUDGET_S", 0.0)  # 30 x 0.4 s: spent in the first round
+    out = tmp_path / "run"
+    argv = ["demo", "--out", str(out), "--workers", "1", *TINY[:-2], "--ladder-seconds", "0.4"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    rows = json.loads((out / "version_0" / "ladder.json").read_text())["rows"]
+    short = [r["name"] for r in rows if r["status"] == "ok" and len(r["repeats"]) < 3]
+    left_out = [r["name"] for r in rows if r["status"] == "skipped" and r["reason"] == "time budget spent"]
+    assert short or left_out
+    line = next(line for line in text.splitlines() if line.startswith("time budget spent: "))
+    assert all(f"{name} measured in " in line for name in short)
+    assert line.endswith(f"{', '.join(left_out)} not measured" if left_out else "of 3 fits")
 
 
 def test_demo_rejects_bad_arguments(tmp_path, capsys):

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_gpuopt.bench import ceilings, meter, report, rows
+from lightning_gpuopt.bench import report, rows, steady
 from lightning_gpuopt.bench.runner import run_ladder
 from lightning_gpuopt.cli import main
 from tests._lightning import quiet_trainer
@@ -86,7 +86,6 @@ def test_tiny_ladder_end_to_end(jpeg_folder, tmp_path, capsys):
     assert rows["ceiling_eager"]["ratio_to_ceiling"] == pytest.approx(1.0)
     workers = rows["+workers"]
     assert workers["status"] == "ok" and workers["num_workers"] == 1 and len(workers["repeats"]) == 2
-    assert workers["whole_epochs"] is None and naive["whole_epochs"] is None
     assert rows["ceiling_lightning"]["status"] == "ok"
     dali = rows["+dali"]
     assert dali["status"] == "cannot run" and "CUDA" in dali["reason"] and dali["samples_per_sec"] is None
@@ -141,8 +140,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
     # with --seconds 0, each of the two repetitions measures exactly --steps steps
     assert [r["steps"] for r in doc["rows"][0]["repeats"]] == [2, 2] and doc["rows"][0]["steps_measured"] == 4
     assert not (tmp_path / "out" / "version_0" / "tensorboard").exists()
-    # the cheapest row, by its older name: only the data lookup matters here
-    args[args.index("naive")] = "ceiling_plain"
+    # the cheapest row: only the data lookup matters here
+    args[args.index("naive")] = "ceiling_eager"
     assert main(args) == 0
     assert "using cached generated images" in capsys.readouterr().err
     # the second run has its own folder; the first run's results are untouched
@@ -155,7 +154,8 @@ def test_generated_dataset_is_cached_and_steps_bound_rows(tmp_path, capsys):
     [
         (["--rows", "naive,+turbo"], "unknown row name(s) '+turbo' in --rows; valid rows: naive, +workers"),
         (["--rows", ""], "valid rows: naive"),
-        (["--batch-size", "-4"], "--batch-size must be >= 1"),
+        (["--batch-size", "-4"], "--batch-size must be an int >= 1, got -4"),
+        (["--time-budget", "0"], "--time-budget must be > 0 s (leave it out for no budget), got 0.0"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--seconds", "-1"], "--seconds must be >= 0"),
         (["--seconds", "0"], "give --steps N"),
@@ -201,9 +201,7 @@ def test_bad_source_size_is_an_argparse_error(capsys):
 
 
 def test_parse_rows_returns_ladder_order():
-    # ceiling_plain is the eager ceiling's older name
-    assert rows.parse_rows("ceiling_plain, +hdf5,naive") == ["naive", "+hdf5", "ceiling_eager"]
-    assert rows.parse_rows(["ceiling_eager", "ceiling_plain"]) == ["ceiling_eager"]
+    assert rows.parse_rows("ceiling_eager, +hdf5,naive") == ["naive", "+hdf5", "ceiling_eager"]
     assert rows.ROW_NAMES == (
         "naive",
         "+workers",
@@ -228,7 +226,7 @@ def test_parse_rows_returns_ladder_order():
         True,
         True,
     )
-    assert [s.name for s in rows.ROW_SPECS if s.compiled] == list(ceilings.COMPILED_ROWS)
+    assert [s.name for s in rows.ROW_SPECS if s.compiled] == ["+compile", "ceiling_compiled"]
     eager, ceiling = rows.SPEC_BY_NAME["ceiling_eager"], rows.SPEC_BY_NAME["ceiling_compiled"]
     assert eager.loader == ceiling.loader == "plain" and ceiling.compiled and not eager.compiled
 
@@ -236,7 +234,7 @@ def test_parse_rows_returns_ladder_order():
 def test_compiled_rows_on_a_cpu_run_only_when_named():
     # the whole ladder (the default) leaves them out on a CPU; a shorter list naming one asks for them
     assert not rows.compile_asked(rows.ROW_NAMES)
-    assert not rows.compile_asked(["naive", "+channels_last", "ceiling_plain"])
+    assert not rows.compile_asked(["naive", "+channels_last", "ceiling_eager"])
     assert rows.compile_asked(["naive", "+compile"]) and rows.compile_asked(["ceiling_compiled"])
 
 
@@ -244,7 +242,7 @@ def test_cpu_runner_skips_compiled_rows_of_the_whole_ladder(jpeg_folder, tmp_pat
     from lightning_gpuopt.bench.runner import LadderRunner
 
     whole = LadderRunner(rows.LadderConfig(jpeg_folder, batch_size=8, accelerator="cpu", cache_dir=tmp_path))
-    for name in ceilings.COMPILED_ROWS:
+    for name in ("+compile", "ceiling_compiled"):
         status, reason = whole.cannot_run_reason(rows.SPEC_BY_NAME[name])
         assert status == rows.SKIPPED and "name the row to run it (--rows ...,+compile)" in reason
     asked = LadderRunner(
@@ -254,32 +252,6 @@ def test_cpu_runner_skips_compiled_rows_of_the_whole_ladder(jpeg_folder, tmp_pat
     )
     assert asked.cannot_run_reason(rows.SPEC_BY_NAME["+compile"]) is None
     assert asked.cannot_run_reason(rows.SPEC_BY_NAME["ceiling_compiled"]) is None
-    assert asked._budget_short_of_compile(rows.SPEC_BY_NAME["+compile"], {"compile_seconds": None}) is None
-
-
-def test_time_budget_keeps_the_compile_time_for_compiled_rows(jpeg_folder, tmp_path):
-    from lightning_gpuopt.bench.runner import LadderRunner
-    from lightning_gpuopt.compute.compile import COMPILE_SECONDS
-
-    config = rows.LadderConfig(
-        jpeg_folder,
-        batch_size=8,
-        accelerator="cpu",
-        cache_dir=tmp_path,
-        rows=["+compile"],
-        seconds=60,
-        time_budget_s=120,
-    )
-    runner = LadderRunner(config)
-    # a fit's share of the budget leaves out the compile a compiled row still has to do
-    assert runner._row_seconds(fits_left=2, pending_compiles=1) < runner._row_seconds(fits_left=2)
-    spec = rows.SPEC_BY_NAME["+compile"]
-    assert runner._budget_short_of_compile(spec, {"compile_seconds": None}) is None  # 120 s left > 45 + 10
-    runner._compile_seen.append(3 * COMPILE_SECONDS)  # this run's compile took longer than expected
-    reason = runner._budget_short_of_compile(spec, {"compile_seconds": None})
-    assert reason.startswith("the time budget left (") and "short of a compile (~135 s)" in reason
-    # a row that compiled in an earlier fit needs no new room
-    assert runner._budget_short_of_compile(spec, {"compile_seconds": 2.0}) is None
 
 
 def _ceiling_rows(eager=6176.0, compiled=7309.0, compiled_status="ok"):
@@ -300,7 +272,7 @@ def _ceiling_rows(eager=6176.0, compiled=7309.0, compiled_status="ok"):
 
 def test_ratios_are_against_the_compiled_ceiling_where_it_was_measured():
     results = _ceiling_rows()
-    summary = ceilings.fill_ratios(results)
+    summary = report.fill_ratios(results)
     by = {r["name"]: r for r in results}
     assert summary == {
         "ceiling": "ceiling_compiled",
@@ -330,7 +302,7 @@ def test_ratios_are_against_the_compiled_ceiling_where_it_was_measured():
 def test_ratios_fall_back_to_the_eager_ceiling(status):
     results = _ceiling_rows(compiled=None if status == "skipped" else 7309.0, compiled_status=status)
     results[-1]["reason"] = "why"
-    summary = ceilings.fill_ratios(results)
+    summary = report.fill_ratios(results)
     by = {r["name"]: r for r in results}
     assert summary["ceiling"] == "ceiling_eager" and summary["ceiling_compiled_samples_per_sec"] is None
     assert (
@@ -341,19 +313,19 @@ def test_ratios_fall_back_to_the_eager_ceiling(status):
     assert report.ceiling_notes(results)[0].endswith(f"; ceiling_compiled {status}: why")
     # no ceiling at all: no ratios, no ceiling line
     bare = [{"name": "naive", "status": "ok", "samples_per_sec": 10.0}]
-    assert ceilings.fill_ratios(bare)["ceiling"] is None and bare[0]["ratio_to_ceiling"] is None
+    assert report.fill_ratios(bare)["ceiling"] is None and bare[0]["ratio_to_ceiling"] is None
     assert bare[0]["speedup_vs_naive"] == 1.0 and report.ceiling_notes(bare) == []
 
 
 def test_first_fast_step_finds_the_end_of_the_compile():
-    assert meter.first_fast_step([40.0, 0.1, 0.1, 0.1]) == 1
-    assert meter.first_fast_step([0.1, 0.1, 0.1]) == 0  # nothing to compile
-    assert meter.first_fast_step([40.0, 2.0, 0.1, 0.12, 0.1]) == 2  # a recompile in the second step
-    assert meter.first_fast_step([40.0, 0.1, 0.1]) is None  # too few fast steps yet
-    assert meter.first_fast_step([40.0, 0.1, 0.1, 0.5]) is None  # not settled: 5x apart
+    assert steady.first_fast_step([40.0, 0.1, 0.1, 0.1]) == 1
+    assert steady.first_fast_step([0.1, 0.1, 0.1]) == 0  # nothing to compile
+    assert steady.first_fast_step([40.0, 2.0, 0.1, 0.12, 0.1]) == 2  # a recompile in the second step
+    assert steady.first_fast_step([40.0, 0.1, 0.1]) is None  # too few fast steps yet
+    assert steady.first_fast_step([40.0, 0.1, 0.1, 0.5]) is None  # not settled: 5x apart
     # a jittery step after the compile counts as not yet fast
-    assert meter.first_fast_step([40.0, 0.1, 0.5, 0.1, 0.1, 0.1]) == 3
-    assert meter.first_fast_step([]) is None
+    assert steady.first_fast_step([40.0, 0.1, 0.5, 0.1, 0.1, 0.1]) == 3
+    assert steady.first_fast_step([]) is None
 
 
 def test_naive_dataset_is_float_chw_normalized(jpeg_folder):
@@ -373,15 +345,15 @@ def test_window_means_skip_warmup_windows():
         {"step": 10, "gpu/util": 98.0, "time/data_wait_frac": 0.1},
         {"step": 15, "gpu/util": 96.0, "time/data_wait_frac": 0.3},
     ]
-    assert meter.window_means(history, start_step=5) == (pytest.approx(97.0), pytest.approx(0.2))
-    assert meter.window_means([], start_step=3) == (None, None)
+    assert steady.window_means(history, start_step=5) == (pytest.approx(97.0), pytest.approx(0.2))
+    assert steady.window_means([], start_step=3) == (None, None)
 
 
 def test_joules_per_sample_is_the_measured_windows_power_over_the_rows_rate():
     history = [{"step": 5, "gpu/power_w": 100.0}, {"step": 10, "gpu/power_w": 400.0}, {"step": 15}]
-    assert meter.joules_per_sample(history, 5, 200.0) == pytest.approx(2.0)  # 400 W at 200 samples/s
-    assert meter.joules_per_sample(history, 5, None) is None
-    assert meter.joules_per_sample([{"step": 9, "gpu/util": 50.0}], 5, 200.0) is None  # no power: a CPU run
+    assert steady.joules_per_sample(history, 5, 200.0) == pytest.approx(2.0)  # 400 W at 200 samples/s
+    assert steady.joules_per_sample(history, 5, None) is None
+    assert steady.joules_per_sample([{"step": 9, "gpu/util": 50.0}], 5, 200.0) is None  # no power: a CPU run
     # the ladder's table and Markdown show it beside samples/s
     row = {"name": "naive", "samples_per_sec": 200.0, "joules_per_sample": 2.0, "status": "ok"}
     table = report.format_ladder_table([row], notes=False)
@@ -483,7 +455,7 @@ def test_rows_keep_each_repetition_and_its_ratio_to_the_ceiling_of_its_turn():
     )
     assert workers["windows"] == [45, 20, 40] and workers["steps_measured"] == 6
     assert workers["p50_ms"] == workers["p90_ms"] == 500.0
-    summary = ceilings.fill_ratios(results)
+    summary = report.fill_ratios(results)
     assert summary["ceiling"] == "ceiling_eager"
     # the slow second turn hit the ceiling too: turn by turn, +workers held 0.4-0.45 of it
     assert [r["ratio_to_ceiling"] for r in workers["repeats"]] == [0.45, 0.4, 0.4]
@@ -494,7 +466,7 @@ def test_rows_keep_each_repetition_and_its_ratio_to_the_ceiling_of_its_turn():
     assert hdf5["ratio_to_ceiling"] == pytest.approx(0.85)
     # a ceiling without repetitions: the ratio of the medians
     plain = [{"name": "+workers", "samples_per_sec": 40.0}, {"name": "ceiling_eager", "samples_per_sec": 80}]
-    ceilings.fill_ratios(plain)
+    report.fill_ratios(plain)
     assert plain[0]["ratio_to_ceiling"] == 0.5 and plain[0]["ratio_to_ceiling_worst"] is None
 
 
@@ -515,9 +487,9 @@ def _row(name, rates):
 
 def test_compare_calls_overlapping_ranges_noise():
     slow, fast, close = _row("a", [10, 11, 12]), _row("b", [30, 31, 33]), _row("c", [11.5, 12.5, 13])
-    assert meter.compare(fast, slow) == pytest.approx(31 / 11)
-    assert meter.compare(close, slow) is None  # ranges overlap: within the noise
-    assert meter.compare(fast, {"name": "x", "samples_per_sec": None}) is None
+    assert report.compare(fast, slow) == pytest.approx(31 / 11)
+    assert report.compare(close, slow) is None  # ranges overlap: within the noise
+    assert report.compare(fast, {"name": "x", "samples_per_sec": None}) is None
 
 
 def test_comparison_table_marks_noise_and_prints_the_recorded_run():
@@ -532,11 +504,9 @@ def test_comparison_table_marks_noise_and_prints_the_recorded_run():
     ref = report.load_reference()
     text = report.format_comparison(results, ref)
     lines = {line.split()[0]: line for line in text.splitlines()[2:]}
-    # the recorded ceiling_eager (ceiling_plain in older recordings) is shown beside this run's; a row the
-    # recording lacks shows "-"
+    # the recorded ceiling_eager is shown beside this run's; a row the recording lacks shows "-"
     recorded = {r["name"]: r for r in ref["rows"]}
-    eager = recorded.get("ceiling_eager") or recorded["ceiling_plain"]
-    assert f"{eager['samples_per_sec']:,.0f}" in lines["ceiling_eager"].split("|")[1]
+    assert f"{recorded['ceiling_eager']['samples_per_sec']:,.0f}" in lines["ceiling_eager"].split("|")[1]
     if "+compile" in recorded:
         assert f"{recorded['+compile']['samples_per_sec']:,.0f}" in lines["+compile"].split("|")[1]
     else:
@@ -595,9 +565,9 @@ def test_gpu_ladder_runs_cuda_rows(tmp_path):
     assert by["ceiling_eager"]["precision"] == by["ceiling_compiled"]["precision"] == "fp16 autocast"
     # on CUDA the compiled ceiling is the ratios' ceiling; both compiled rows timed their compile
     compiled = by["ceiling_compiled"]["samples_per_sec"]
-    assert ceilings.ceiling_summary(results)["ceiling"] == "ceiling_compiled"
-    # the ratio is taken turn by turn (ceilings.turn_ratios): the median of each turn's row over its ceiling
-    turns = [t for t in ceilings.turn_ratios(by["+compile"], by["ceiling_compiled"]) if t is not None]
+    assert report.ceiling_summary(results)["ceiling"] == "ceiling_compiled"
+    # the ratio is taken turn by turn (report.turn_ratios): the median of each turn's row over its ceiling
+    turns = [t for t in report.turn_ratios(by["+compile"], by["ceiling_compiled"]) if t is not None]
     expected = statistics.median(turns) if turns else by["+compile"]["samples_per_sec"] / compiled
     assert by["+compile"]["ratio_to_ceiling"] == pytest.approx(expected)
     assert by["+compile"]["compile_seconds"] >= 0 and by["ceiling_compiled"]["compile_seconds"] >= 0

@@ -318,8 +318,8 @@ def test_recorded_ladder_ships_with_the_package():
 
     ref = load_reference()
     names = [r["name"] for r in ref["rows"]]
-    # every recorded row is a ladder row (old names through their aliases)
-    assert rows.parse_rows(names) == [rows.ROW_ALIASES.get(n, n) for n in names]
+    # every recorded row is a ladder row
+    assert rows.parse_rows(names) == names
     assert ref["machine"]["gpu"] and all(r["samples_per_sec"] > 0 for r in ref["rows"])
 
 

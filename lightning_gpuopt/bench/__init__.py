@@ -1,8 +1,8 @@
 """The ladder, its ceilings, and the demo's model and data (``lightning-gpuopt bench`` and ``demo``).
 
 This package measures the product; the product never imports it. ``rows`` holds the ladder's rows and
-settings, ``runner`` runs them (``steady``, ``meter``, ``ceilings`` measure), ``report`` writes what a run
-leaves behind, ``demo`` is the demo's work.
+settings, ``runner`` runs them (``steady`` measures), ``report`` takes the ratios and writes what a run leaves
+behind, ``demo`` is the demo's work.
 
 Example:
     >>> from lightning_gpuopt.bench import LadderConfig, run_ladder

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_gpuopt._checks import check_arg
 from lightning_gpuopt._common import available_cpus, cache_dir, eval_resize_size
 from lightning_gpuopt.bench.runs import check_output_folder, in_new_run
 
 Say = Callable[[str], None]
 
 NUM_CLASSES = 10
+# the ladder's whole-run seconds, plus these a --ladder-seconds: a cap against a machine far slower than
+# expected, not a target (start-ups dominate short rows); the rows it cuts short are named under the table
+BUDGET_S, BUDGET_S_PER_SECOND = 60.0, 30.0
 
 
 @dataclass
@@ -38,21 +42,20 @@ class DemoOptions:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the flag for a bad value."""
-        for name in ("steps", "images", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.image_size < 16:
-            raise ValueError(f"--image-size must be >= 16 pixels, got {self.image_size}")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError(f"--workers must be >= 0, got {self.workers}")
-        if self.ladder_seconds < 0:
-            raise ValueError(f"--ladder-seconds must be >= 0 (0 skips the ladder), got {self.ladder_seconds}")
+        for ok, flag, value, must in (
+            (self.steps >= 1, "--steps", self.steps, ">= 1"),
+            (self.images >= 1, "--images", self.images, ">= 1"),
+            (self.batch_size >= 1, "--batch-size", self.batch_size, ">= 1"),
+            (self.image_size >= 16, "--image-size", self.image_size, ">= 16 pixels"),
+            (self.workers is None or self.workers >= 0, "--workers", self.workers, ">= 0"),
+            (self.ladder_seconds >= 0, "--ladder-seconds", self.ladder_seconds, ">= 0 (0 skips the ladder)"),
+            (self.accelerator in ("auto", "cpu", "gpu"), "--accelerator", self.accelerator, "auto/cpu/gpu"),
+        ):
+            check_arg(ok, flag, value, must)
         if self.batch_size > self.images:
             raise ValueError(
                 f"--batch-size {self.batch_size} is larger than --images {self.images}; lower it or add images"
             )
-        if self.accelerator not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"--accelerator must be auto, cpu or gpu, got {self.accelerator!r}")
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -63,21 +66,6 @@ def _machine(use_gpu: bool) -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if use_gpu else f"{available_cpus()} CPUs"
-
-
-def _busy_note() -> str | None:
-    """A line when other processes already kept this machine's CPUs busy."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on Windows
-        return None
-    cpus = available_cpus()
-    if load < 0.5 * cpus:
-        return None
-    return (
-        f"note: this machine was already busy (load {load:.1f} on {cpus} CPUs): other processes share its "
-        "cores, so expect noisy numbers"
-    )
 
 
 def _fit(opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say) -> Path:
@@ -176,8 +164,7 @@ def _ladder(
         tune_seconds=min(5.0, 2 * opts.ladder_seconds),
         cache_dir=cache_dir(),
         tb_dir=run / "tensorboard" if _TENSORBOARD_AVAILABLE else None,
-        # a cap against a machine far slower than expected, not a target: start-ups dominate short rows
-        time_budget_s=60 + 30 * opts.ladder_seconds,
+        time_budget_s=BUDGET_S + BUDGET_S_PER_SECOND * opts.ladder_seconds,
     )
     say("")
     say(
@@ -199,20 +186,17 @@ def run_demo(opts: DemoOptions, say: Say = print) -> Path:
 
     opts.validate()
     check_output_folder(opts.out)
-    busy = _busy_note()
     use_gpu = torch.cuda.is_available() if opts.accelerator == "auto" else opts.accelerator == "gpu"
     if use_gpu and not torch.cuda.is_available():
         raise ValueError("--accelerator gpu was asked for but torch sees no CUDA GPU; use --accelerator cpu")
-    return in_new_run(opts.out, lambda run: _run_in(run, opts, use_gpu, busy, say))
+    return in_new_run(opts.out, lambda run: _run_in(run, opts, use_gpu, say))
 
 
-def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, busy: str | None, say: Say) -> Path:
+def _run_in(run: Path, opts: DemoOptions, use_gpu: bool, say: Say) -> Path:
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
 
     say(f"lightning-gpuopt demo on {_machine(use_gpu)}; this run writes to {run}")
-    if busy:
-        say(busy)
     # images as large as the rows store them (their evaluation resize), so that no row upsamples them
     short = eval_resize_size(opts.image_size)
     size = (round(short * 1.25), short)
@@ -247,7 +231,7 @@ def _report(
     say(report.format_comparison(rows, reference))
     precision = "16-mixed where a row adds it" if use_gpu else "32-true: a CPU has no 16-mixed"
     say(f"left: {title} ({precision}). right of |: {report.reference_label(reference)}")
-    compiled = report.compile_note(rows)
-    for line in [*_notes(rows, use_gpu), *([compiled] if compiled else []), *report.noise_notes(rows)]:
+    notes = [*_notes(rows, use_gpu), report.compile_note(rows), report.budget_note(rows, config.repeats)]
+    for line in [*filter(None, notes), *report.noise_notes(rows)]:
         say(line)
     say(f"ladder results: {run / 'ladder.json'}" + (f", chart: {png}" if png else f" ({note})"))

@@ -124,18 +124,10 @@ def write_results(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]], 
 
 
 class PlainLoop:
-    """A plain PyTorch training loop on one channels_last batch already on the device (the ceilings).
-
-    Args:
-        model: the model (moved to ``device``; trained in place).
-        batch_size: samples a step.
-        image_size: the batch's side in pixels.
-        num_classes: classes of the random labels.
-        dtype: autocast dtype (``torch.float16`` uses a GradScaler), or ``None`` for fp32.
-        device: where it trains; SGD is fused on CUDA, as ``ImageClassifier``'s.
-        lr: SGD learning rate.
-        label_sets: label tensors the batch cycles through, so that the loss does not collapse to zero.
-        compile: ``torch.compile(model, dynamic=False)``; the first steps compile it.
+    """A plain PyTorch training loop on one channels_last batch already on the device (the ceilings): SGD
+    with momentum (fused on CUDA, as ``ImageClassifier``'s), autocast to ``dtype`` (``torch.float16`` with a
+    GradScaler; ``None``: fp32), the labels cycling through ``label_sets`` random sets so that the loss does not
+    collapse, and ``compile``: ``torch.compile(model, dynamic=False)``, compiled by the first steps.
 
     Example:
         >>> from lightning_gpuopt.bench.models import build_model

@@ -1,9 +1,5 @@
-"""Models for the demo, the benchmarks and the tests.
-
-``build_model("resnet50")`` is torchvision's ResNet-50 (extra ``vision``); ``"small"`` is a built-in
-ResNet small enough to train on a 2-core CPU in a demo. ``ImageClassifier`` is a plain LightningModule
-around either, taking float NCHW batches as ``OptimizedDataModule`` delivers them.
-"""
+"""The model of the demo, the ladder, the benchmarks and the tests: ``ImageClassifier``, a plain
+LightningModule around torchvision's ResNets or a built-in one small enough for a 2-core CPU."""
 
 from __future__ import annotations
 
@@ -66,12 +62,8 @@ MODEL_NAMES = ("small", "resnet18", "resnet50")
 
 
 def build_model(name: str = "small", num_classes: int = 10) -> nn.Module:
-    """Return a freshly initialised classifier.
-
-    Args:
-        name: ``"small"`` (built in), ``"resnet18"`` or ``"resnet50"`` (torchvision, extra ``vision``).
-        num_classes: output classes.
-    """
+    """A freshly initialised classifier: ``"small"`` (built in), ``"resnet18"`` or ``"resnet50"`` (torchvision,
+    extra ``vision``)."""
     if name == "small":
         return SmallResNet(num_classes)
     if name in ("resnet18", "resnet50"):
@@ -81,16 +73,14 @@ def build_model(name: str = "small", num_classes: int = 10) -> nn.Module:
 
 
 class ImageClassifier(pl.LightningModule):
-    """Cross-entropy classifier trained with SGD + momentum.
+    """Cross-entropy classifier of float NCHW batches, trained with SGD + momentum.
 
     Args:
         model: ``"small"``, ``"resnet18"``, ``"resnet50"`` or an ``nn.Module``.
         num_classes: classes (ignored when ``model`` is a module).
         lr: learning rate.
-        fused: use the fused SGD kernel. ``None`` (default): fused when the parameters are on a CUDA device.
-            With ``precision="16-mixed"`` a fused optimizer lets the GradScaler skip an inf/NaN step on the
-            device; an unfused one makes the host wait for the GPU at every step (see
-            ``lightning_gpuopt.compute.optimizer``).
+        fused: the fused SGD kernel (under 16-mixed the GradScaler then skips a step without a host wait);
+            ``None``: fused where the parameters are on a CUDA device and no gradient clipping is asked for.
 
     Example:
         >>> model = ImageClassifier("small", num_classes=10)

@@ -1,12 +1,13 @@
-"""What a ladder run leaves behind (tables, results JSON, PNG chart) and the recorded GPU ladder shipped
-with the package (``load_reference``). A row shows its median repetition with their range; a comparison of
-two rows whose ranges overlap is marked ``~`` (within the noise).
+"""What a ladder run leaves behind: its ratios to the two ceilings, taken turn by turn (docs/benchmarks.md,
+"Two ceilings"), tables, results JSON and PNG chart, beside the recorded GPU ladder (``load_reference``). A
+comparison of two rows whose ranges overlap is marked ``~`` (within the noise).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -15,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning_gpuopt._common import format_table
-from lightning_gpuopt.bench.ceilings import ceiling_summary
 from lightning_gpuopt.bench.measure import write_results
-from lightning_gpuopt.bench.meter import NOISE_SPREAD, compare
-from lightning_gpuopt.bench.rows import OK, ROW_ALIASES, LadderConfig
+from lightning_gpuopt.bench.rows import BUDGET_SPENT, OK, LadderConfig
 
 #: the recorded ladder shipped with the package (an H200 run of ``benchmarks/ladder.py``'s predecessor; its
 #: date and command: docs/benchmarks.md, "The ladder")
 REFERENCE_FILE = "ladder_h200.json"
+#: a row whose repetitions range over more than this fraction of their median is called noisy
+NOISE_SPREAD = 0.25
 
 TABLE_COLUMNS = (
     *("name", "samples_per_sec", "range", "joules_per_sample", "p50_ms", "p90_ms", "ratio_to_ceiling"),
@@ -42,8 +43,114 @@ def _range(row: dict[str, Any]) -> str | None:
     return f"{_num(lo)}-{_num(hi)}"
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+EAGER, COMPILED = "ceiling_eager", "ceiling_compiled"
+
+
+def _ran(row: dict[str, Any] | None) -> bool:
+    return bool(row) and row.get("status", OK) == OK and bool(row.get("samples_per_sec"))  # type: ignore[union-attr]
+
+
+def _ran_row(rows: Sequence[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+    return next((r for r in rows if r.get("name") == name and _ran(r)), None)
+
+
+def turn_ratios(row: dict[str, Any], ceiling: dict[str, Any] | None) -> list[float | None]:
+    """Each of ``row``'s repetitions over the ceiling's of the same turn (``None`` where it has none).
+
+    Example:
+        >>> row = {"repeats": [{"turn": 0, "samples_per_sec": 90.0}, {"turn": 1, "samples_per_sec": 45.0}]}
+        >>> ceiling = {"repeats": [{"turn": 0, "samples_per_sec": 100.0}, {"turn": 1, "samples_per_sec": 50.0}]}
+        >>> turn_ratios(row, ceiling)
+        [0.9, 0.9]
+    """
+    reps = (ceiling or {}).get("repeats") or ()
+    base = {r["turn"]: r.get("samples_per_sec") for r in reps if r.get("turn") is not None}
+    out: list[float | None] = []
+    for r in row.get("repeats") or ():
+        c, sps = base.get(r.get("turn", -1)), r.get("samples_per_sec")
+        out.append(sps / c if sps and c else None)
+    return out
+
+
+def _ratio(
+    row: dict[str, Any], ceiling: dict[str, Any] | None, key: str
+) -> tuple[float | None, float | None]:
+    """The median and worst turn of the row's ``key`` ratio (else of the medians), set on each repetition."""
+    ratios = turn_ratios(row, ceiling)
+    for rep, ratio in zip(row.get("repeats") or (), ratios, strict=True):
+        rep[key] = ratio
+    measured = [x for x in ratios if x is not None]
+    if measured:
+        return statistics.median(measured), min(measured)
+    sps = row.get("samples_per_sec")
+    return (sps / ceiling["samples_per_sec"] if sps and ceiling else None), None
+
+
+def ceiling_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run-level keys: ``ceiling`` (the row the ratios use), ``ceiling_samples_per_sec``, each ceiling's
+    samples/s, and ``compile_seconds`` (``{row: seconds}``).
+
+    Example:
+        >>> rows = [{"name": "ceiling_eager", "samples_per_sec": 6176.0},
+        ...         {"name": "ceiling_compiled", "samples_per_sec": 7309.0, "compile_seconds": 41.0}]
+        >>> ceiling_summary(rows)["ceiling"]
+        'ceiling_compiled'
+    """
+    eager, compiled = (_ran_row(rows, n) for n in (EAGER, COMPILED))
+    ceiling = compiled or eager
+    return {
+        "ceiling": ceiling["name"] if ceiling else None,
+        "ceiling_samples_per_sec": ceiling["samples_per_sec"] if ceiling else None,
+        "ceiling_eager_samples_per_sec": eager["samples_per_sec"] if eager else None,
+        "ceiling_compiled_samples_per_sec": compiled["samples_per_sec"] if compiled else None,
+        "compile_seconds": {
+            r["name"]: r["compile_seconds"] for r in rows if r.get("compile_seconds") is not None
+        },
+    }
+
+
+def fill_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Set each row's ``ratio_to_ceiling`` (and ``_worst``), ``ratio_to_eager_ceiling`` and
+    ``speedup_vs_naive``, and each repetition's two ratios.
+
+    Returns:
+        ``ceiling_summary(rows)``.
+
+    Example:
+        >>> rows = [{"name": "+channels_last", "samples_per_sec": 5518.0},
+        ...         {"name": "ceiling_eager", "samples_per_sec": 6176.0},
+        ...         {"name": "ceiling_compiled", "samples_per_sec": 7309.0}]
+        >>> _ = fill_ratios(rows)
+        >>> round(rows[0]["ratio_to_ceiling"], 3), round(rows[0]["ratio_to_eager_ceiling"], 3)
+        (0.755, 0.893)
+    """
+    summary = ceiling_summary(rows)
+    ceiling, eager, naive = (_ran_row(rows, n) for n in (summary["ceiling"], EAGER, "naive"))
+    for row in rows:
+        row["ratio_to_ceiling"], row["ratio_to_ceiling_worst"] = _ratio(row, ceiling, "ratio_to_ceiling")
+        row["ratio_to_eager_ceiling"] = _ratio(row, eager, "ratio_to_eager_ceiling")[0]
+        sps = row.get("samples_per_sec")
+        row["speedup_vs_naive"] = sps / naive["samples_per_sec"] if sps and naive else None
+    return summary
+
+
+def compare(row: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """``row``'s median over ``other``'s, or ``None`` when either did not run or their ranges overlap (the
+    difference is within the noise).
+
+    Example:
+        >>> compare({"samples_per_sec": 31, "samples_per_sec_min": 30, "samples_per_sec_max": 33},
+        ...         {"samples_per_sec": 11, "samples_per_sec_min": 10, "samples_per_sec_max": 12})
+        2.8181818181818183
+    """
+    a, b = row.get("samples_per_sec"), other.get("samples_per_sec")
+    if not a or not b:
+        return None
+    a_lo, a_hi = row.get("samples_per_sec_min") or a, row.get("samples_per_sec_max") or a
+    b_lo, b_hi = other.get("samples_per_sec_min") or b, other.get("samples_per_sec_max") or b
+    if a_lo <= b_hi and b_lo <= a_hi:
+        return None
+    return float(a / b)
 
 
 def ceiling_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -79,6 +186,24 @@ def compile_note(rows: Sequence[dict[str, Any]]) -> str | None:
     return f"compile time (first compiled step to first fast step): {times}"
 
 
+def budget_note(rows: Sequence[dict[str, Any]], repeats: int) -> str | None:
+    """The rows the time budget cut short (fewer than ``repeats`` fits) or left out, in one line; else ``None``.
+
+    Example:
+        >>> budget_note([{"name": "naive", "status": "ok", "repeats": [{}]}], 3)
+        'time budget spent: naive measured in 1 of 3 fits'
+    """
+    short = [
+        f"{r['name']} measured in {len(r['repeats'])} of {repeats} fits"
+        for r in rows
+        if r.get("status") == OK and 0 < len(r.get("repeats") or ()) < repeats
+    ]
+    left_out = [r["name"] for r in rows if r.get("reason") == BUDGET_SPENT]
+    if left_out:
+        short.append(f"{', '.join(left_out)} not measured")
+    return f"{BUDGET_SPENT}: {'; '.join(short)}" if short else None
+
+
 def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> str:
     """The ladder as a text table (rows that did not run show ``status: reason``), ``ceiling_notes`` under it."""
     shown = []
@@ -109,14 +234,15 @@ def reference_label(reference: dict[str, Any]) -> str:
     )
 
 
-def _ran(row: dict[str, Any] | None) -> bool:
-    return bool(row) and row.get("status") == OK and row.get("samples_per_sec") is not None  # type: ignore[union-attr]
+def _ratio_cell(cell: tuple[float, bool] | None) -> str:
+    return "-" if cell is None else f"{'~' if cell[1] else ''}{cell[0]:.1f}x"
 
 
-def _ratio_cell(value: float | None, within_noise: bool) -> str:
-    if value is None:
-        return "-"
-    return f"{'~' if within_noise else ''}{value:.1f}x"
+def _vs(row: dict[str, Any], other: dict[str, Any] | None) -> tuple[float, bool] | None:
+    """``row``'s median over ``other``'s and whether that is within the noise; ``None`` unless both ran."""
+    if not (_ran(row) and _ran(other)):
+        return None
+    return row["samples_per_sec"] / other["samples_per_sec"], compare(row, other) is None  # type: ignore[arg-type, index]
 
 
 def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,19 +252,12 @@ def compare_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     naive = next((r for r in rows if r["name"] == "naive"), None)
     above: dict[str, Any] | None = None
     for r in rows:
-        item: dict[str, Any] = {"name": r["name"], "x_naive": None, "vs_above": None}
-        if _ran(r):
-            if r is naive:
-                item["x_naive"] = (1.0, False)
-            elif _ran(naive):
-                sig = compare(r, naive)  # type: ignore[arg-type]
-                item["x_naive"] = (r["samples_per_sec"] / naive["samples_per_sec"], sig is None)  # type: ignore[index]
-            if not r["name"].startswith("ceiling") and _ran(above) and r["name"] != "naive":
-                sig = compare(r, above)  # type: ignore[arg-type]
-                item["vs_above"] = (r["samples_per_sec"] / above["samples_per_sec"], sig is None)  # type: ignore[index]
-            if not r["name"].startswith("ceiling"):
-                above = r
-        out.append(item)
+        ceiling = r["name"].startswith("ceiling")
+        x_naive = (1.0, False) if r is naive and _ran(r) else _vs(r, naive)
+        vs_above = None if ceiling or r is naive else _vs(r, above)
+        out.append({"name": r["name"], "x_naive": x_naive, "vs_above": vs_above})
+        if _ran(r) and not ceiling:
+            above = r
     return out
 
 
@@ -146,9 +265,6 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
     """This run's rows (samples/s [range], p50/p90 ms, x naive, vs the row above) and, right of ``|``, the
     recorded run's (samples/s, of its ceiling, x naive, GPU-Util)."""
     ref_rows = {r["name"]: r for r in (reference or {}).get("rows", [])}
-    for old, new in ROW_ALIASES.items():  # a recording made before a row was renamed
-        if old in ref_rows and new not in ref_rows:
-            ref_rows[new] = ref_rows[old]
     headers = ["row", "samples/s [range]", "p50 ms", "p90 ms", "x naive", "vs above"]
     if reference is not None:
         headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]
@@ -162,10 +278,10 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
         cells = [
             r["name"],
             here,
-            _ms(r.get("p50_ms")) if _ran(r) else "-",
-            _ms(r.get("p90_ms")) if _ran(r) else "-",
-            _ratio_cell(*cmp["x_naive"]) if cmp["x_naive"] else "-",
-            _ratio_cell(*cmp["vs_above"]) if cmp["vs_above"] else "-",
+            _num(r.get("p50_ms"), ".1f") if _ran(r) else "-",
+            _num(r.get("p90_ms"), ".1f") if _ran(r) else "-",
+            _ratio_cell(cmp["x_naive"]),
+            _ratio_cell(cmp["vs_above"]),
         ]
         if reference is not None:
             ref = ref_rows.get(r["name"], {})
@@ -183,9 +299,7 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
 def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]:
     """Which rows are noisy and (``marks``) what ``~`` means; empty when every row held steady."""
     noisy = [r["name"] for r in rows if _ran(r) and (r.get("spread") or 0.0) > NOISE_SPREAD]
-    marked = marks and any(
-        (c["x_naive"] and c["x_naive"][1]) or (c["vs_above"] and c["vs_above"][1]) for c in compare_rows(rows)
-    )
+    marked = marks and any(c[k] and c[k][1] for c in compare_rows(rows) for k in ("x_naive", "vs_above"))
     notes = []
     if noisy:
         notes.append(

@@ -1,8 +1,5 @@
-"""The rows of the ladder (``lightning-gpuopt bench`` and ``demo``) and the settings of a run.
-
-Each row trains the same model through Lightning's ``Trainer`` and adds one thing to the row above it; the
-ceilings feed it batches already on the device. The rows, what each adds and needs: docs/benchmarks.md.
-A row that cannot run here stays in the results with ``status`` and ``reason``.
+"""The rows of the ladder (``lightning-gpuopt bench`` and ``demo``; docs/benchmarks.md), the settings of a
+run, and why a row cannot run here (it stays in the results with ``status`` and ``reason``).
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lightning_gpuopt._checks import check_arg, is_int
 from lightning_gpuopt._common import IMAGENET_MEAN, IMAGENET_STD
 from lightning_gpuopt._common import cache_dir as default_cache_dir
 
@@ -27,23 +25,16 @@ OK = "ok"
 CANNOT_RUN = "cannot run"
 SKIPPED = "skipped"
 FAILED = "failed"
+#: the reason of a row the whole-run time budget left without a fit
+BUDGET_SPENT = "time budget spent"
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """What one ladder row runs.
-
-    Attributes:
-        name: row name (as given to ``--rows``).
-        adds: one line: what this row adds to the row above.
-        loader: ``"naive"``, ``"folder"``, ``"hdf5"``, ``"dali"``, ``"best"`` (the fastest data backend
-            measured in this run), ``"device"`` (synthetic batches, through Lightning) or ``"plain"``.
-        tuned_workers: the tuned worker count (else 0; ``loader="naive"``).
-        pin_memory: pin host batches (``loader="naive"``).
-        mixed: ``16-mixed`` precision (else ``32-true``).
-        channels_last: ``ChannelsLast`` on the model.
-        compiled: the model compiled.
-        needs_cuda: why the row means nothing without a CUDA GPU (``None``: it runs on a CPU too).
+    """What one ladder row runs: ``adds`` says what it adds to the row above; ``loader`` is ``"naive"``,
+    ``"folder"``, ``"hdf5"``, ``"dali"``, ``"best"`` (the fastest data backend measured in this run),
+    ``"device"`` (synthetic batches through Lightning) or ``"plain"`` (``PlainLoop``); ``needs_cuda`` says why
+    the row means nothing without a CUDA GPU (``None``: it runs on a CPU too).
 
     Example:
         >>> SPEC_BY_NAME["+hdf5"].loader
@@ -122,8 +113,6 @@ ROW_SPECS: tuple[RowSpec, ...] = (
 #: the ladder's row names in ladder order (what ``--rows`` and ``LadderConfig.rows`` take)
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
-#: other names ``parse_rows`` accepts for a row
-ROW_ALIASES = {"ceiling_plain": "ceiling_eager"}
 # rows that read the image folder itself (an HDF5 file cannot feed them)
 FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
     s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
@@ -131,7 +120,7 @@ FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
-    """Row names (comma-separated string or list) in ladder order, ``ROW_ALIASES`` replaced.
+    """Row names (comma-separated string or list) in ladder order.
 
     Raises:
         ValueError: an unknown or empty name; the message lists the valid ones.
@@ -139,7 +128,6 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
     if not names or any(not n for n in names):
         raise ValueError(f"--rows needs comma-separated row names; valid rows: {', '.join(ROW_NAMES)}")
-    names = [ROW_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in SPEC_BY_NAME]
     if unknown:
         raise ValueError(
@@ -151,22 +139,10 @@ def parse_rows(text: str | Sequence[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------- naive data
 class NaiveImageFolder(Dataset):
     """The input pipeline most tutorials start with, all on the CPU: PIL decode, random-resized-crop to
-    ``size``, random flip, float32 CHW normalized by ``mean``/``std``; items are ``(tensor, label)``.
+    ``size``, random flip, float32 CHW normalized by ImageNet's mean and std; items are ``(tensor, label)``
+    from the class-per-subfolder folder ``root``."""
 
-    Args:
-        root: class-per-subfolder image folder.
-        size: output side in pixels.
-        mean: per-channel mean in [0, 1] units.
-        std: per-channel std in [0, 1] units.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        size: int = 224,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-    ) -> None:
+    def __init__(self, root: str | os.PathLike[str], size: int = 224) -> None:
         from lightning_gpuopt.data.folder import scan_image_folder
 
         if not isinstance(size, int) or size < 1:
@@ -174,8 +150,8 @@ class NaiveImageFolder(Dataset):
         self.root = os.fspath(root)
         self.size = size
         self.classes, self.samples = scan_image_folder(self.root)
-        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+        self.mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -239,26 +215,9 @@ class DeviceBatches:
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
 class LadderConfig:
-    """Settings of one ladder run; each field is the ``lightning-gpuopt bench`` flag of that name
-    (docs/benchmarks.md, "Arguments").
-
-    Attributes:
-        data: class-per-subfolder image folder, or a ``.h5``/``.hdf5`` file.
-        model: ``"small"``, ``"resnet18"`` or ``"resnet50"``.
-        batch_size: samples a step.
-        image_size: training crop side in pixels.
-        rows: row names (``parse_rows``); the ceilings the ratios need are added.
-        seconds: measured seconds a row over its repetitions (``0``: ``steps`` alone).
-        steps: steps each repetition measures (with ``seconds``: at most this many).
-        warmup: warm-up steps of each fit, past the loader's prefetch and a compile.
-        repeats: fits a row, the rows taking turns.
-        accelerator: ``"auto"``, ``"cpu"`` or ``"gpu"``.
-        num_workers: DataLoader workers for tuned rows; ``None`` measures them.
-        tune_seconds: time budget for each worker tuning.
-        cache_dir: where HDF5 conversions and worker counts are cached.
-        tb_dir: TensorBoard ``save_dir`` (one run a row); ``None``: no TensorBoard.
-        time_budget_s: whole-run seconds; the fits left once it is spent are skipped.
-        lr: SGD learning rate.
+    """Settings of one ladder run: each field is the ``lightning-gpuopt bench`` flag of that name
+    (docs/benchmarks.md, "Arguments"), ``num_workers`` is ``--workers``, ``time_budget_s`` ``--time-budget``;
+    ``tb_dir`` is the TensorBoard ``save_dir`` (``None``: none), ``lr`` the SGD learning rate.
 
     Example:
         >>> config = LadderConfig("data/train", model="resnet50", rows=parse_rows("naive,+hdf5"))
@@ -286,28 +245,25 @@ class LadderConfig:
         """Raise ``ValueError`` naming the flag of a bad setting (``check_data=False``: all but ``data``)."""
         from lightning_gpuopt.bench.models import MODEL_NAMES
 
-        if self.model not in MODEL_NAMES:
-            raise ValueError(f"--model {self.model!r} is unknown; choose one of {', '.join(MODEL_NAMES)}")
-        for name, value, low in (("--batch-size", self.batch_size, 1), ("--image-size", self.image_size, 8)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0 steps, got {self.warmup}")
-        if not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"--repeats must be an int >= 1, got {self.repeats!r}")
-        if self.seconds < 0:
-            raise ValueError(f"--seconds must be >= 0, got {self.seconds}")
-        if self.steps is not None and self.steps < 2:
-            raise ValueError(f"--steps must be >= 2 (steps a repetition measures), got {self.steps}")
-        if self.seconds == 0 and self.steps is None:
+        steps, workers, budget, acc = self.steps, self.num_workers, self.time_budget_s, self.accelerator
+        batch, size = self.batch_size, self.image_size
+        for ok, flag, value, must in (
+            (self.model in MODEL_NAMES, "--model", self.model, f"one of {', '.join(MODEL_NAMES)}"),
+            (is_int(batch) and batch >= 1, "--batch-size", batch, "an int >= 1"),
+            (is_int(size) and size >= 8, "--image-size", size, "an int >= 8"),
+            (self.warmup >= 0, "--warmup", self.warmup, ">= 0 steps"),
+            (is_int(self.repeats) and self.repeats >= 1, "--repeats", self.repeats, "an int >= 1"),
+            (self.seconds >= 0, "--seconds", self.seconds, ">= 0"),
+            (steps is None or steps >= 2, "--steps", steps, ">= 2 (steps a repetition measures)"),
+            (workers is None or workers >= 0, "--workers", workers, ">= 0"),
+            (self.tune_seconds > 0, "--tune-seconds", self.tune_seconds, "> 0"),
+            (budget is None or budget > 0, "--time-budget", budget, "> 0 s (leave it out for no budget)"),
+            (acc in ("auto", "cpu", "gpu", "cuda"), "--accelerator", acc, "auto, cpu or gpu"),
+        ):
+            check_arg(ok, flag, value, must)
+        if self.seconds == 0 and steps is None:
             raise ValueError("--seconds 0 turns the time box off, so give --steps N to bound each row")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ValueError(f"--workers must be >= 0, got {self.num_workers}")
-        if self.tune_seconds <= 0:
-            raise ValueError(f"--tune-seconds must be > 0, got {self.tune_seconds}")
-        if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
-            raise ValueError(f"--accelerator must be auto, cpu or gpu, got {self.accelerator!r}")
-        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        if acc in ("gpu", "cuda") and not torch.cuda.is_available():
             raise ValueError(
                 "--accelerator gpu was asked for but no CUDA GPU is visible; use --accelerator auto"
             )
@@ -355,14 +311,8 @@ def ladder_device(accelerator: str) -> torch.device:
 def cannot_run(
     spec: RowSpec, device: torch.device, data_is_h5: bool = False, compile_named: bool = False
 ) -> tuple[str, str] | None:
-    """``(status, reason)`` when row ``spec`` cannot run on ``device``, the reason saying what would make
-    it run; else ``None``. Decided before any data is made or read.
-
-    Args:
-        spec: the row.
-        device: where the ladder trains (``ladder_device``).
-        data_is_h5: ``--data`` is an HDF5 store.
-        compile_named: the compiled rows were named (``compile_asked``).
+    """``(status, reason)`` when row ``spec`` cannot run on ``device`` (``ladder_device``), the reason saying
+    what would make it run; else ``None``. ``compile_named``: the compiled rows were named (``compile_asked``).
 
     Example:
         >>> cannot_run(SPEC_BY_NAME["+pinned"], torch.device("cpu"))[0]

@@ -1,6 +1,5 @@
-"""Runs the ladder (``bench.rows``) as a user measures a long fit: each row ``repeats`` short fits, the
-rows taking turns and the ceilings first in every turn, each fit measured in its steady state
-(``RowClock``, ``bench.steady``) past its warm-up and compile; docs/benchmarks.md says how.
+"""Runs the ladder (``bench.rows``): each row ``repeats`` short fits, the rows taking turns, the ceilings
+first, each fit measured past its warm-up and compile (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -24,16 +23,10 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_gpuopt._common import available_cpus, eval_resize_size
-from lightning_gpuopt.bench.ceilings import COMPILED, EAGER, fill_ratios
 from lightning_gpuopt.bench.measure import PlainLoop, fit
-from lightning_gpuopt.bench.meter import (
-    FAST_RUN,
-    SETTLE_LIMIT_S,
-    first_fast_step,
-    joules_per_sample,
-    window_means,
-)
+from lightning_gpuopt.bench.report import COMPILED, EAGER, fill_ratios
 from lightning_gpuopt.bench.rows import (
+    BUDGET_SPENT,
     CANNOT_RUN,
     FAILED,
     OK,
@@ -49,7 +42,17 @@ from lightning_gpuopt.bench.rows import (
     is_hdf5_path,
     ladder_device,
 )
-from lightning_gpuopt.bench.steady import Measurement, StepClock, measure_loop, summarize
+from lightning_gpuopt.bench.steady import (
+    FAST_RUN,
+    SETTLE_LIMIT_S,
+    Measurement,
+    StepClock,
+    first_fast_step,
+    joules_per_sample,
+    measure_loop,
+    summarize,
+    window_means,
+)
 
 Progress = Callable[[str], None]
 
@@ -60,7 +63,7 @@ _ROW_OF_BACKEND = {"folder": "+uint8_gpu_aug", "hdf5": "+hdf5", "dali": "+dali"}
 # label sets the synthetic batch cycles through: one batch with fixed labels would be fitted exactly, and its
 # vanishing gradients are not the work a real step does
 _LABEL_SETS = 8
-# a row's keys that stay null until measured (or forever, ``whole_epochs``: kept for readers of older files)
+# a row's keys that stay null until measured
 _ROW_NONE_KEYS = (
     *(
         "reason",
@@ -73,7 +76,7 @@ _ROW_NONE_KEYS = (
     ),
     *("ratio_to_ceiling", "ratio_to_ceiling_worst", "ratio_to_eager_ceiling", "speedup_vs_naive"),
     *("gpu_util_mean", "data_wait_frac", "joules_per_sample", "backend", "num_workers", "pin_memory"),
-    *("compile_seconds", "steps_measured", "seconds_measured", "whole_epochs", "_steps"),
+    *("compile_seconds", "steps_measured", "seconds_measured", "_steps"),
 )
 # the monitor's figures a row averages over its fits
 _FIT_MEANS = ("gpu_util_mean", "data_wait_frac", "joules_per_sample")
@@ -88,6 +91,14 @@ def _no_h5py() -> str | None:
 
 def _slug(index: int, name: str) -> str:
     return f"{index:02d}_{name.lstrip('+').replace('/', '_')}"
+
+
+def _window_steps(seconds: float | None, step_s: float, steps: int, cap: int | None) -> int:
+    """Steps that take ``seconds`` at ``step_s`` a step (at least 2, at most ``cap``); ``steps`` without a time."""
+    if not seconds or step_s <= 0:
+        return steps
+    n = max(2, int(seconds / step_s))
+    return min(n, cap) if cap else n
 
 
 def prefetched_batches(loader: Any) -> int:
@@ -113,16 +124,9 @@ def prefetched_batches(loader: Any) -> int:
 
 
 class RowClock(StepClock):
-    """``StepClock`` for one fit of a ladder row: the warm-up counted past the loader's prefetch and, with
-    ``seconds``, the window's step count sized from the warm-up's last steps.
-
-    Args:
-        warmup: warm-up steps past the prefetch (``prefetched_batches``).
-        steps: steps measured (the count to start from when ``seconds`` is given).
-        seconds: the measuring time the step count is sized to (``steps`` then holds it, and
-            ``warmup_step_s`` the step time it came from), or ``None``.
-        max_steps: the most steps ``seconds`` may give (``None``: no cap).
-        settle: a compiled model: wait for the step time to settle first.
+    """``StepClock`` for one fit of a ladder row: ``warmup`` steps past the loader's prefetch
+    (``prefetched_batches``) and, with ``seconds``, a window of the steps that take that long at the warm-up's
+    rate (at most ``max_steps``); ``settle``: a compiled model, sized once its step time settles.
 
     Example:
         >>> clock = RowClock(warmup=5, steps=2, seconds=3.0)
@@ -156,9 +160,8 @@ class RowClock(StepClock):
         n = min(last, len(self._ends) - 1)
         if n < 1 or self.seconds is None:
             return
-        step_s = self.warmup_step_s = (self._ends[-1] - self._ends[-1 - n]) / n
-        steps = int(self.seconds / step_s) if step_s > 0 else self.steps
-        self.steps = max(2, min(steps, self.max_steps) if self.max_steps else steps)
+        self.warmup_step_s = (self._ends[-1] - self._ends[-1 - n]) / n
+        self.steps = _window_steps(self.seconds, self.warmup_step_s, self.steps, self.max_steps)
 
     @override
     def on_train_batch_end(
@@ -192,9 +195,9 @@ class LadderRunner:
         self._dm_workers: dict[str, int] = {}
         self._h5_path: Path | None = self.data if self.data_is_h5 else None
         self._t_start = time.perf_counter()
+        # what the fastest model measured here consumes: the worker tuner stops once a loader has headroom over it
         self._ceiling: float | None = None
         self._compile_asked = compile_asked(config.rows)
-        self._compile_seen: list[float] = []  # compile seconds measured so far in this run
 
     # -- setup ----------------------------------------------------------------------------------------
     def _count_classes(self) -> int:
@@ -215,19 +218,14 @@ class LadderRunner:
         return max(len(classes), 2)
 
     def _trainer(
-        self,
-        row_index: int,
-        spec: RowSpec,
-        callbacks: list[pl.Callback],
-        max_seconds: float | None,
-        version: str,
+        self, spec: RowSpec, callbacks: list[pl.Callback], max_seconds: float | None, version: str
     ) -> pl.Trainer:
         logger: Any = False
         if self.cfg.tb_dir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger
 
             logger = TensorBoardLogger(
-                os.fspath(self.cfg.tb_dir), name=_slug(row_index, spec.name), version=version
+                os.fspath(self.cfg.tb_dir), name=_slug(ROW_NAMES.index(spec.name), spec.name), version=version
             )
         return pl.Trainer(
             accelerator="gpu" if self.cuda else "cpu",
@@ -250,18 +248,6 @@ class LadderRunner:
     def _precision(self, spec: RowSpec) -> str:
         return "16-mixed" if spec.mixed and self.cuda else "32-true"
 
-    def _monitor(self, spec: RowSpec) -> pl.Callback:
-        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
-
-        # the naive row makes about one step a second: short windows still give several after the warm-up
-        window = 2 if spec.loader == "naive" and not spec.tuned_workers else 10
-        return GPUStatsMonitor(log_every_n_steps=window, gpu=self.cuda)
-
-    def _model(self) -> pl.LightningModule:
-        from lightning_gpuopt.bench.models import ImageClassifier
-
-        return ImageClassifier(self.cfg.model, num_classes=self.num_classes, lr=self.cfg.lr)
-
     def _tuned_naive_workers(self, dataset: Dataset) -> int:
         if self._naive_workers is not None:
             return self._naive_workers
@@ -275,7 +261,7 @@ class LadderRunner:
             dataset,
             candidates=candidates,
             budget_s=self.cfg.tune_seconds,
-            target_samples_per_sec=self._tune_target(),
+            target_samples_per_sec=self._ceiling,
             batch_size=self.cfg.batch_size,
             cache_dir=self.cfg.cache_dir,
         )
@@ -284,11 +270,6 @@ class LadderRunner:
         self.say(f"  -> {n} workers ({src})")
         self._naive_workers = n
         return n
-
-    def _tune_target(self) -> float | None:
-        """What the fastest compute can consume (the plain-loop ceiling): the tuner stops once the loader,
-        measured alone, delivers its headroom over that."""
-        return self._ceiling if self._ceiling else None
 
     def _hdf5_file(self) -> tuple[Path | None, str | None]:
         if self._h5_path is not None:
@@ -363,9 +344,8 @@ class LadderRunner:
         )
         return row
 
-    def _row_seconds(self, fits_left: int, pending_compiles: int = 0) -> float | None:
-        """The next fit's measured seconds within the whole-run budget (the expected compile time of
-        ``pending_compiles`` other compiled rows kept aside), or ``None`` when it is spent."""
+    def _row_seconds(self, fits_left: int) -> float | None:
+        """The next fit's measured seconds within the whole-run budget, or ``None`` when it is spent."""
         cfg = self.cfg
         per_fit = cfg.seconds / cfg.repeats
         if cfg.time_budget_s is None:
@@ -374,28 +354,10 @@ class LadderRunner:
         if left < 5.0:
             return None
         # start-up and warm-up (up to the measured seconds for prefetching rows) take about half a fit
-        share = 0.45 * max(0.0, left - pending_compiles * self._expected_compile()) / max(fits_left, 1)
+        share = 0.45 * left / max(fits_left, 1)
         if per_fit == 0:
             return share
         return max(min(1.0, per_fit), min(per_fit, share))
-
-    def _expected_compile(self) -> float:
-        """The longest compile measured in this run, else ``COMPILE_SECONDS``."""
-        from lightning_gpuopt.compute.compile import COMPILE_SECONDS
-
-        return max(self._compile_seen, default=COMPILE_SECONDS)
-
-    def _budget_short_of_compile(self, spec: RowSpec, row: dict[str, Any]) -> str | None:
-        """Why a compiled row's first fit (a compile and its measuring) no longer fits the budget, or ``None``."""
-        if not spec.compiled or row["compile_seconds"] is not None or self.cfg.time_budget_s is None:
-            return None
-        expected = self._expected_compile()
-        left = self.cfg.time_budget_s - (time.perf_counter() - self._t_start)
-        if left >= expected + 10.0:
-            return None
-        return (
-            f"the time budget left ({left:.0f} s) is short of a compile (~{expected:.0f} s) and its measuring"
-        )
 
     def _labels(self) -> list[torch.Tensor]:
         return [
@@ -435,25 +397,16 @@ class LadderRunner:
                 return
             times.append(loop.timed_step())
             fast = first_fast_step(times)
-        compiled_in = sum(times[:fast]) if spec.compiled else None
-        if compiled_in is not None and row["compile_seconds"] is None:
-            self._compile_seen.append(compiled_in)
-            self.say(f"  compiled: {compiled_in:.1f} s from the first step to the first fast one")
         self.say(f"  warmed up in {time.perf_counter() - t0:.1f} s ({len(times)} steps)")
-        steps = row["_steps"] or self._steps_for(seconds, statistics.fmean(times[fast:]))
+        step_s = statistics.fmean(times[fast:])
+        steps = row["_steps"] or _window_steps(
+            seconds if cfg.seconds else None, step_s, cfg.steps or 2, cfg.steps
+        )
         m = measure_loop(loop.step, self.device, cfg.warmup, steps, cfg.batch_size)
+        compiled_in = sum(times[:fast]) if spec.compiled else None
         self._add_repeat(row, rnd, replace(m, compile_seconds=compiled_in), steps)
         row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
         row["backend"] = "synthetic (device)"
-        del loop
-
-    def _steps_for(self, seconds: float, step_s: float) -> int:
-        """The window's step count for ``seconds`` at ``step_s`` a step, at most ``steps``."""
-        cfg = self.cfg
-        if cfg.seconds == 0 or step_s <= 0:
-            return cfg.steps or 2
-        steps = max(2, int(seconds / step_s))
-        return min(steps, cfg.steps) if cfg.steps else steps
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
         """The row's DataLoader or data module; ``None`` with the row skipped when a dependency is missing."""
@@ -502,7 +455,7 @@ class LadderRunner:
             num_workers=dm_workers,
             tuning=TuningConfig(
                 budget_s=cfg.tune_seconds,
-                target_samples_per_sec=self._tune_target(),
+                target_samples_per_sec=self._ceiling,
                 cache_dir=cfg.cache_dir,
             ),
         )
@@ -535,18 +488,21 @@ class LadderRunner:
 
     def run_fit(
         self,
-        index: int,
         spec: RowSpec,
         row: dict[str, Any],
         seconds: float,
         done: dict[str, dict[str, Any]],
         rnd: int = 0,
     ) -> None:
+        """One fit of a row trained through Lightning; its measurement (or why it has none) goes to ``row``."""
         loader = self._loader_for(spec, row, done)
         if loader is None:
             return
+        from lightning_gpuopt.bench.models import ImageClassifier
+        from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+
         callbacks: list[pl.Callback] = []
-        model = self._model()
+        model = ImageClassifier(self.cfg.model, num_classes=self.num_classes, lr=self.cfg.lr)
         if spec.channels_last and spec.loader == "device":
             # the ceiling needs no package component: the model is simply made channels_last
             model = model.to(memory_format=torch.channels_last)
@@ -560,18 +516,14 @@ class LadderRunner:
             torch.compiler.reset()  # each compiled fit compiles afresh in this process
             callbacks.append(CompileModel())
         cfg = self.cfg
-        warmup = max(cfg.warmup, 1)  # at least one: it pays for cuDNN autotuning and worker start-up
-        if row["_steps"] is None and cfg.seconds > 0:
-            # the row's first fit: the window's length from the warm-up's rate and this fit's share
-            clock = RowClock(warmup, cfg.steps or 2, seconds, cfg.steps, settle=spec.compiled)
-        else:
-            clock = RowClock(warmup, row["_steps"] or cfg.steps or 2, settle=spec.compiled)
-        monitor = self._monitor(spec)
-        callbacks += [clock, monitor]
-        safety = 3 * seconds + 120 if seconds > 0 else None
-        if safety is not None and spec.compiled:
-            safety += SETTLE_LIMIT_S
-        trainer = self._trainer(index, spec, callbacks, safety, f"fit_{rnd}")
+        # the row's first fit sizes the window from its warm-up; at least one warm-up step: it pays for cuDNN
+        # autotuning and worker start-up
+        sized = seconds if row["_steps"] is None and cfg.seconds > 0 else None
+        clock = RowClock(max(cfg.warmup, 1), row["_steps"] or cfg.steps or 2, sized, cfg.steps, spec.compiled)
+        # the naive row makes about one step a second: short windows still give several after the warm-up
+        monitor = GPUStatsMonitor(log_every_n_steps=2 if spec.name == "naive" else 10, gpu=self.cuda)
+        safety = 3 * seconds + 120 + (SETTLE_LIMIT_S if spec.compiled else 0) if seconds > 0 else None
+        trainer = self._trainer(spec, [*callbacks, clock, monitor], safety, f"fit_{rnd}")
         with warnings.catch_warnings():
             # rows without TensorBoard keep the monitor's windows in its history on purpose
             warnings.filterwarnings("ignore", message=".*has no logger.*")
@@ -579,19 +531,16 @@ class LadderRunner:
                 fit(trainer, model, datamodule=loader)
                 resolved = getattr(loader, "num_workers", None)
                 if isinstance(resolved, int) and row["backend"]:
-                    self._dm_workers[row["backend"]] = resolved
-                    row["num_workers"] = resolved
+                    self._dm_workers[row["backend"]] = row["num_workers"] = resolved
                 pinned = getattr(loader, "pin_memory", None)
                 row["pin_memory"] = pinned if isinstance(pinned, bool) else None
             else:
                 fit(trainer, model, train_dataloaders=loader)
-        m = clock.measurement
         logged = self._record_fit(spec, row, rnd, clock, monitor, trainer)
         for lg in trainer.loggers:
             if logged:
                 lg.log_metrics(logged, step=trainer.global_step)
-            lg.finalize("success" if m is not None else "failed")
-        del trainer, model, loader
+            lg.finalize("success" if clock.measurement is not None else "failed")
 
     def _record_fit(
         self, spec: RowSpec, row: dict[str, Any], rnd: int, clock: RowClock, monitor: Any, trainer: pl.Trainer
@@ -604,9 +553,6 @@ class LadderRunner:
                 why = "the fit ended before the step time settled after the compile"
             row.update(status=FAILED, reason=why)
             return {}
-        if m.compile_seconds is not None and row["compile_seconds"] is None:
-            self._compile_seen.append(m.compile_seconds)
-            self.say(f"  compiled: {m.compile_seconds:.1f} s from the first step to the first fast one")
         self._add_repeat(row, rnd, m, clock.steps)
         history = getattr(monitor, "history", [])
         gpu, wait = window_means(history, trainer.global_step - m.steps)
@@ -624,103 +570,87 @@ class LadderRunner:
         return {f"bench/{k}": float(v) for k, v in this_fit.items() if v is not None}
 
     def _run_one(
-        self,
-        name: str,
-        row: dict[str, Any],
-        label: str,
-        fits_left: int,
-        done: dict[str, dict[str, Any]],
-        rnd: int,
-    ) -> bool:
-        """One fit of row ``name``; ``False`` when the time budget is spent (nothing ran)."""
+        self, name: str, row: dict[str, Any], seconds: float, done: dict[str, dict[str, Any]], rnd: int
+    ) -> None:
+        """One fit of row ``name``; a row that raises is marked failed with its reason, and the ladder goes on."""
         spec = SPEC_BY_NAME[name]
-        pending = sum(
-            1
-            for n, r in done.items()
-            if n != name and SPEC_BY_NAME[n].compiled and r["status"] == OK and r["compile_seconds"] is None
-        )
-        seconds = self._row_seconds(fits_left, pending)
-        if seconds is None:
-            return False
-        short = self._budget_short_of_compile(spec, row)
-        if short is not None:
-            row.update(status=SKIPPED, reason=short)
-            self.say(f"{label} {name}: skipped: {short}")
-            return True
-        self.say(f"{label} {name}: {spec.adds} (measuring ~{seconds:.0f} s)...")
+        compiled = row["compile_seconds"]
         try:
             if spec.loader == "plain":
                 self.run_plain(spec, row, seconds, rnd)
             else:
-                self.run_fit(ROW_NAMES.index(name), spec, row, seconds, done, rnd)
+                self.run_fit(spec, row, seconds, done, rnd)
         except ModuleNotFoundError as err:
             row.update(status=CANNOT_RUN, reason=str(err).splitlines()[0])
         except (torch.cuda.OutOfMemoryError, RuntimeError, OSError, ValueError) as err:
-            # one broken row must not hide the others; its reason is in the table and JSON
             row.update(status=FAILED, reason=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
             self.say("".join(traceback.format_exception(err)).rstrip())
         finally:
             gc.collect()
             if self.cuda:
                 torch.cuda.empty_cache()
+        if compiled is None and row["compile_seconds"] is not None:
+            self.say(f"  compiled: {row['compile_seconds']:.1f} s from the first step to the first fast one")
         if name in (EAGER, COMPILED) and row["samples_per_sec"]:
-            # the worker tuner's target: what the fastest model measured here consumes
             self._ceiling = max(self._ceiling or 0.0, row["samples_per_sec"])
-        if row["status"] == OK and row["repeats"]:
-            last = row["repeats"][-1]
-            self.say(
-                f"  -> {last['samples_per_sec']:,.1f} samples/s, step p50 {last['p50_ms']:.1f} ms, "
-                f"p90 {last['p90_ms']:.1f} ms ({last['steps']} steps); row median "
-                f"{row['samples_per_sec']:,.1f} [{row['samples_per_sec_min']:,.1f}-"
-                f"{row['samples_per_sec_max']:,.1f}] over {len(row['repeats'])} fits"
-            )
-        else:
+        if row["status"] != OK or not row["repeats"]:
             self.say(f"  -> {row['status']}: {row['reason']}")
-        return True
+            return
+        last = row["repeats"][-1]
+        self.say(
+            f"  -> {last['samples_per_sec']:,.1f} samples/s, step p50 {last['p50_ms']:.1f} ms, "
+            f"p90 {last['p90_ms']:.1f} ms ({last['steps']} steps); row median "
+            f"{row['samples_per_sec']:,.1f} [{row['samples_per_sec_min']:,.1f}-"
+            f"{row['samples_per_sec_max']:,.1f}] over {len(row['repeats'])} fits"
+        )
 
-    def run(self) -> list[dict[str, Any]]:
-        """The rows in ladder order, ratios filled in; where none of the rows asked for can run, nothing runs."""
-        cfg = self.cfg
-        selected = set(cfg.rows)
-        asked = [n for n in cfg.rows if self.cannot_run_reason(SPEC_BY_NAME[n]) is None]
+    def _plan(self) -> dict[str, dict[str, Any]]:
+        """A row for each row to run, in running order (the ceilings first), those that cannot run saying why."""
+        selected = set(self.cfg.rows)
+        asked = [n for n in selected if self.cannot_run_reason(SPEC_BY_NAME[n]) is None]
         if asked:
-            # the ceilings the ratios need, only beside a row that runs
+            # the ceilings the ratios need, only beside a row that runs; the compiled one wherever compiled
+            # rows can run (on a CPU, whenever +compile is asked for)
             selected.add(EAGER)
             if self.cuda or "+compile" in selected:
-                # the ratios' ceiling wherever compiled rows can run (on a CPU, whenever +compile is asked for)
                 selected.add(COMPILED)
         order = [n for n in (EAGER, COMPILED, "ceiling_lightning") if n in selected]
         order += [n for n in ROW_NAMES if n in selected and n not in order]
-        if self.cuda:
-            # every row and the ceiling alike pick their fastest cuDNN kernels (Trainer(benchmark=None)
-            # keeps this process-wide value)
-            torch.backends.cudnn.benchmark = True
         done: dict[str, dict[str, Any]] = {}
-        rounds = cfg.repeats
         for name in order:
             row = done[name] = self._base_row(SPEC_BY_NAME[name])
             blocked = self.cannot_run_reason(SPEC_BY_NAME[name])
             if blocked is not None:
                 row.update(status=blocked[0], reason=blocked[1])
                 self.say(f"{name}: dropped ({blocked[0]}): {blocked[1]}")
-        runnable = [n for n in order if done[n]["status"] == OK]
         if not asked:
             self.say("none of the rows asked for can run here: nothing is measured")
-        spent = False
-        for rnd in range(rounds):
-            for i, name in enumerate(runnable):
-                row = done[name]
-                if row["status"] != OK or spent:
-                    continue
-                where = f"{i + 1}/{len(runnable)}"
-                label = f"[{where}]" if rounds == 1 else f"[round {rnd + 1}/{rounds}, {where}]"
-                fits_left = (rounds - rnd - 1) * len(runnable) + len(runnable) - i
-                spent = not self._run_one(name, row, label, fits_left, done, rnd)
-                if spent:
-                    self.say(f"{label} time budget spent: the fits left are skipped")
-        for name in runnable:
-            if done[name]["status"] == OK and not done[name]["repeats"]:
-                done[name].update(status=SKIPPED, reason="time budget spent")
+        return done
+
+    def run(self) -> list[dict[str, Any]]:
+        """The rows in ladder order, ratios filled in; where none of the rows asked for can run, nothing runs."""
+        done = self._plan()
+        if self.cuda:
+            # every row and the ceiling alike pick their fastest cuDNN kernels (Trainer(benchmark=None)
+            # keeps this process-wide value)
+            torch.backends.cudnn.benchmark = True
+        rounds = self.cfg.repeats
+        runnable = [n for n, r in done.items() if r["status"] == OK]
+        fits = [(rnd, i, name) for rnd in range(rounds) for i, name in enumerate(runnable)]
+        for k, (rnd, i, name) in enumerate(fits):
+            if done[name]["status"] != OK:
+                continue
+            where = f"{i + 1}/{len(runnable)}"
+            label = f"[{where}]" if rounds == 1 else f"[round {rnd + 1}/{rounds}, {where}]"
+            seconds = self._row_seconds(len(fits) - k)
+            if seconds is None:
+                self.say(f"{label} time budget spent: the fits left are skipped")
+                break
+            self.say(f"{label} {name}: {SPEC_BY_NAME[name].adds} (measuring ~{seconds:.0f} s)...")
+            self._run_one(name, done[name], seconds, done, rnd)
+        for row in done.values():
+            if row["status"] == OK and not row["repeats"]:
+                row.update(status=SKIPPED, reason=BUDGET_SPENT)
         rows = [done[n] for n in ROW_NAMES if n in done]
         for row in rows:
             del row["_means"], row["_measured"], row["_steps"]

@@ -1,18 +1,11 @@
-"""Steady-state measurement: step times from the device's own clock, repetitions taking turns, medians with
-their spread.
-
-``StepClock`` times a fit from an event at every batch end after a warm-up; ``measure_loop`` times a plain
-loop the same way; ``summarize`` reduces each variant's repetitions to a row (docs/benchmarks.md).
-
-Example:
-    >>> clock = StepClock(warmup=30, steps=200)
-    >>> trainer = pl.Trainer(max_epochs=-1, callbacks=[clock])  # doctest: +SKIP
-    >>> trainer.fit(model, datamodule=dm); clock.measurement.samples_per_sec  # doctest: +SKIP
+"""Steady-state measurement on the device's own clock: ``StepClock`` times a fit past its warm-up (and
+compile), ``measure_loop`` a plain loop; ``summarize`` reduces each variant's repetitions to a row.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +18,64 @@ from typing_extensions import override
 
 from lightning_gpuopt._checks import check_int
 from lightning_gpuopt._common import synchronize
+
+#: the step time has settled when this many consecutive steps agree within ``FAST_SPREAD`` (slowest over
+#: fastest); a step slower than that times the settled step time is still compiling
+FAST_RUN, FAST_SPREAD = 3, 2.0
+#: seconds a compiled row may spend before its step time settles; the row fails after that
+SETTLE_LIMIT_S = 600.0
+
+
+def first_fast_step(
+    step_seconds: Sequence[float], run: int = FAST_RUN, spread: float = FAST_SPREAD
+) -> int | None:
+    """Index of the first step from which every step takes at most ``spread`` times the settled step time
+    (the median of the last ``run`` steps, once they agree within ``spread``); ``None`` while unsettled.
+
+    Example:
+        >>> first_fast_step([41.0, 0.10, 0.11, 0.10])
+        1
+        >>> first_fast_step([41.0, 0.10, 3.0]) is None
+        True
+    """
+    if run < 1 or len(step_seconds) < run:
+        return None
+    tail = step_seconds[-run:]
+    if max(tail) > spread * min(tail):
+        return None
+    limit = spread * statistics.median(tail)
+    first = len(step_seconds) - run
+    while first > 0 and step_seconds[first - 1] <= limit:
+        first -= 1
+    return first
+
+
+def window_means(
+    history: Sequence[dict[str, float]],
+    start_step: int | None,
+    keys: Sequence[str] = ("gpu/util", "time/data_wait_frac"),
+) -> tuple[float | None, ...]:
+    """Mean of each of ``keys`` over the monitor windows logged after ``start_step`` (else all of them)."""
+    rows = [h for h in history if start_step is None or h.get("step", 0) > start_step] or list(history)
+
+    def mean(key: str) -> float | None:
+        vals = [float(h[key]) for h in rows if h.get(key) is not None and math.isfinite(float(h[key]))]
+        return statistics.fmean(vals) if vals else None
+
+    return tuple(mean(key) for key in keys)
+
+
+def joules_per_sample(
+    history: Sequence[dict[str, float]], start_step: int | None, samples_per_sec: float | None
+) -> float | None:
+    """The monitor's mean ``gpu/power_w`` after ``start_step`` over ``samples_per_sec``; ``None`` without.
+
+    Example:
+        >>> joules_per_sample([{"step": 9, "gpu/power_w": 300.0}, {"step": 19, "gpu/power_w": 500.0}], 9, 1000.0)
+        0.5
+    """
+    (power,) = window_means(history, start_step, ("gpu/power_w",))
+    return power / samples_per_sec if power is not None and samples_per_sec else None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -169,8 +220,6 @@ class StepClock(pl.Callback):
         self._reset()
 
     def _settle_step(self, pl_module: pl.LightningModule) -> None:
-        from lightning_gpuopt.bench.meter import FAST_RUN, first_fast_step
-
         synchronize(pl_module.device)
         self._starts.append(time.perf_counter())
         if len(self._starts) > FAST_RUN:

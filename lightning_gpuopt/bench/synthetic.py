@@ -1,7 +1,5 @@
-"""Generated image folders for the demo, the benchmarks and the tests: JPEGs that cost a decoder what
-ImageNet's do (sizes, aspects and modes drawn by ``imagenet_like``, photo-like content), each class its own
-hue so that a model can learn the labels.
-"""
+"""Generated JPEG folders for the demo, the benchmarks and the tests: files that cost a decoder what
+ImageNet's do (``imagenet_like``), each class its own hue so that a model can learn the labels."""
 
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ from lightning_gpuopt._common import available_cpus
 _MANIFEST = "lightning_gpuopt_synthetic.json"
 #: ``image_size`` value that draws each image's size and mode from ``imagenet_like``
 IMAGENET = "imagenet"
-_IMAGENET_TEXTURE = 22.0
 #: shares of grey and CMYK images among ``imagenet_like``'s (ImageNet holds a few of each)
 GREY_SHARE, CMYK_SHARE = 0.02, 0.02
 #: the long side of most ImageNet images (Flickr's 500 px download size) and the share of images at it
@@ -42,12 +39,9 @@ class ImageSpec(NamedTuple):
 
 
 def imagenet_like(seed: int, index: int) -> ImageSpec:
-    """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``).
-
-    Most images 500 px on the long side, the rest with a shorter side around 400 px (200-800), widths up to
-    ``SIDE_RANGE``; aspects 4:3, 3:2, 1:1, 16:9 or 1.1-2.0, a quarter portrait, ``GREY_SHARE`` grey and
-    ``CMYK_SHARE`` CMYK. The same ``(seed, index)`` always gives the same spec.
-    """
+    """The size and mode of image ``index`` of a folder generated with ``seed`` (``image_size="imagenet"``):
+    most 500 px on the long side, the rest with a shorter side around 400 px, aspects as ``_ASPECTS``, a
+    quarter portrait, ``GREY_SHARE`` grey and ``CMYK_SHARE`` CMYK; the same arguments give the same spec."""
     rng = np.random.default_rng((seed, index, 0x1A6E))
     weights = np.array([w for _, w in _ASPECTS])
     pick = int(rng.choice(len(_ASPECTS), p=weights / weights.sum()))
@@ -142,8 +136,6 @@ def make_jpeg_folder(
     num_images: int = 1024,
     num_classes: int = 10,
     image_size: Sequence[int] | str = IMAGENET,
-    quality: int = 90,
-    texture: float | None = None,
     seed: int = 0,
     workers: int | None = None,
 ) -> Path:
@@ -158,9 +150,6 @@ def make_jpeg_folder(
         num_classes: subfolders.
         image_size: ``"imagenet"``: each image's size and mode from ``imagenet_like``, with photo-like
             content; or ``(width, height)`` in pixels for every image, in RGB.
-        quality: JPEG quality.
-        texture: standard deviation of per-pixel noise (default 28 for a fixed size, about 110 kB per
-            500x375 image; 22 for ``"imagenet"``, about ImageNet's mean file).
         seed: base seed; image ``i`` uses ``seed + i``.
         workers: processes used to encode (default: the CPUs this process may use).
 
@@ -175,15 +164,14 @@ def make_jpeg_folder(
         raise ValueError(
             f"image_size must be {IMAGENET!r} or (width, height) with both >= 8, got {tuple(image_size)}"
         )
-    if texture is None:
-        texture = _IMAGENET_TEXTURE if image_size == IMAGENET else 28.0
     root = Path(root)
     spec = {
         "num_images": num_images,
         "num_classes": num_classes,
         "image_size": image_size if isinstance(image_size, str) else list(image_size),
-        "quality": quality,
-        "texture": texture,
+        "quality": 90,
+        # the per-pixel noise: about ImageNet's mean file for "imagenet", about 110 kB a 500x375 image else
+        "texture": 22.0 if image_size == IMAGENET else 28.0,
         "seed": seed,
         "format": "JPEG",
         **({"sides": list(SIDE_RANGE)} if image_size == IMAGENET else {}),  # ``imagenet_like``'s sizes
@@ -262,31 +250,3 @@ def cached_jpeg_folder(
     if not cached:
         say(f"  -> generated in {time.perf_counter() - t0:.1f} s")
     return root
-
-
-def describe_images(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
-    """What the JPEGs at ``paths`` are, from each file's frame header: ``count`` (files), ``jpeg`` (readable
-    headers), ``width_``/``height_``/``aspect_min`` and ``_max``, ``grayscale``, ``cmyk`` and ``progressive``.
-
-    Example:
-        >>> describe_images(sorted(make_jpeg_folder("/tmp/j", 8, 2).rglob("*.jpg")))["count"]  # doctest: +SKIP
-        8
-    """
-    from lightning_gpuopt.data.decode import jpeg_info
-
-    infos = []
-    for path in paths:
-        with open(path, "rb") as fh:
-            infos.append(jpeg_info(fh.read(1 << 16)))
-    ok = [i for i in infos if i is not None]
-    out: dict[str, Any] = {"count": len(infos), "jpeg": len(ok)}
-    for key, values in (
-        ("width", [i.width for i in ok]),
-        ("height", [i.height for i in ok]),
-        ("aspect", [i.width / i.height for i in ok]),
-    ):
-        out.update({f"{key}_min": min(values, default=None), f"{key}_max": max(values, default=None)})
-    out["grayscale"] = sum(i.components == 1 for i in ok)
-    out["cmyk"] = sum(i.components == 4 for i in ok)
-    out["progressive"] = sum(not i.baseline for i in ok)
-    return out

@@ -7,6 +7,15 @@ import argparse
 
 HELP = "short monitored fit, then the ladder on this machine beside a recorded GPU run"
 
+# (flag, type, default, help) of the flags that take a number
+_FLAGS = (
+    ("--steps", int, 40, "training steps of the fit"),
+    ("--images", int, 256, "generated JPEGs"),
+    ("--image-size", int, 32, "side of the square images the model sees"),
+    ("--batch-size", int, 32, "batch size"),
+    ("--ladder-seconds", float, 3.0, "measured seconds per ladder row, in 3 windows; 0 skips the ladder"),
+)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -14,17 +23,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="./gpuopt_runs/demo",
         help="output folder; each run writes into a new version_<n> folder inside it (default: %(default)s)",
     )
-    parser.add_argument(
-        "--steps", type=int, default=40, help="training steps of the fit (default: %(default)s)"
-    )
-    parser.add_argument("--images", type=int, default=256, help="generated JPEGs (default: %(default)s)")
-    parser.add_argument(
-        "--image-size",
-        type=int,
-        default=32,
-        help="side of the square images the model sees (default: %(default)s)",
-    )
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size (default: %(default)s)")
+    for flag, kind, default, text in _FLAGS:
+        parser.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     parser.add_argument(
         "--workers",
         type=int,
@@ -32,16 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="DataLoader workers (default: min(4, CPUs - 1): one core stays with training)",
     )
     parser.add_argument(
-        "--ladder-seconds",
-        type=float,
-        default=3.0,
-        help="measured seconds per ladder row, in 3 windows; 0 skips the ladder (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--accelerator",
-        choices=("auto", "cpu", "gpu"),
-        default="auto",
-        help="where to train (default: %(default)s)",
+        "--accelerator", choices=("auto", "cpu", "gpu"), default="auto", help="where to train (default: auto)"
     )
 
 
@@ -53,18 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpuopt.bench.demo import DemoOptions, run_demo
     from lightning_gpuopt.commands.bench import ladder_failure
 
-    run = run_demo(
-        DemoOptions(
-            out=args.out,
-            steps=args.steps,
-            images=args.images,
-            image_size=args.image_size,
-            batch_size=args.batch_size,
-            workers=args.workers,
-            ladder_seconds=args.ladder_seconds,
-            accelerator=args.accelerator,
-        )
-    )
+    names = ("out", "steps", "images", "image_size", "batch_size", "workers", "ladder_seconds", "accelerator")
+    run = run_demo(DemoOptions(**{name: getattr(args, name) for name in names}))
     ladder = run / "ladder.json"
     if ladder.is_file():  # the ladder ran (--ladder-seconds > 0)
         failure = ladder_failure(json.loads(ladder.read_text())["rows"], set())
