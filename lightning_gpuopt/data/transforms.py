@@ -285,22 +285,17 @@ class GPUAugment(nn.Module):
             self._constants[device] = (scale.to(device), bias.to(device))
         return self._constants[device]
 
-    def sample_boxes(self, meta: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Training crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32."""
+    def boxes(
+        self, meta: torch.Tensor, train: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32, and flips:
+        the training crop and flip drawn from ``generator``, or (``train=False``) the evaluation boxes, no flip."""
         heights, widths = image_sizes(meta)
-        return random_resized_crop_boxes(heights, widths, self.augment.scale, self.augment.ratio, generator)
-
-    def eval_boxes(self, meta: torch.Tensor) -> torch.Tensor:
-        """Evaluation boxes ``(x0, y0, w, h)`` in each image's own pixels, ``(N, 4)`` float32."""
-        heights, widths = image_sizes(meta)
-        return center_crop_boxes(heights, widths, self.image_size)
-
-    def band(self, canvas: tuple[int, int], train: bool) -> int:
-        """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
-        # a training crop can span the whole stored image; the evaluation box is image_size /
-        # eval_resize_size of the stored image's scale
-        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
-        return band_size(largest)
+        if not train:
+            return center_crop_boxes(heights, widths, self.image_size), None
+        a = self.augment
+        boxes = random_resized_crop_boxes(heights, widths, a.scale, a.ratio, generator)
+        return boxes, torch.rand(meta.shape[0], device=meta.device, generator=generator) < a.flip_p
 
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
@@ -329,16 +324,15 @@ class GPUAugment(nn.Module):
             "(N, 3) = (h, w, transposed) per sample (lightning_gpuopt.data.layout)",
         )
         train = self.training if train is None else train
-        if train:
-            boxes = self.sample_boxes(meta, self.generator)
-            flip = torch.rand(images.shape[0], device=device, generator=self.generator) < self.augment.flip_p
-        else:
-            boxes, flip = self.eval_boxes(meta), None
+        boxes, flip = self.boxes(meta, train, self.generator)
         # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
-        band = self.band((images.shape[1], images.shape[2]), train)
-        x = resample(x, meta, boxes, flip, self.image_size, band)
+        # the largest shrink: a training crop can span the whole stored image, the evaluation box is
+        # image_size / eval_resize_size of the stored image
+        sides = images.shape[1:3]
+        largest = max(sides) / self.image_size if train else min(sides) / eval_resize_size(self.image_size)
+        x = resample(x, meta, boxes, flip, self.image_size, band_size(largest))
         return _scale_shift(x, *self._norm_constants(device), self.output_dtype)
 
     def extra_repr(self) -> str:
