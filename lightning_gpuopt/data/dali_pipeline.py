@@ -78,7 +78,6 @@ def measure_decode_rates(
 def _decode_rate(
     jpegs: Sequence[bytes], *, device: str, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> float:
-    """Images a second one DALI decoder decodes ``jpegs`` at, as one batch, after one warm-up batch."""
     import numpy as np
 
     dali, fn, types = dali_modules()
@@ -121,7 +120,6 @@ def _decode_rate(
 
 
 def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any, Any]:
-    """``(width, height)`` of torchvision's ``Resize(size)`` of an image of ``shape`` (H, W, C)."""
     h, w = shape[0], shape[1]
     portrait = fn.cast(w <= h, dtype=types.INT64)
     new_w = portrait * size + (1 - portrait) * ((size * w) // h)
@@ -139,7 +137,6 @@ def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
 
 
 def _decode_kwargs(types: Any, device_id: int | None, decoder: str) -> dict[str, Any]:
-    """The image decoder's arguments: nvJPEG (``"mixed"``) for ``decoder="gpu"`` on a GPU, else the CPU."""
     kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False, "device": "cpu"}
     if device_id is not None and decoder == "gpu":
         # paddings from DALI's ImageNet example: avoid reallocations for the largest images
@@ -272,7 +269,6 @@ def build_dali_pipeline(
 
 
 def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
-    """PIL's pixel limit for an open image file, from its header (unreadable: DALI names it later)."""
     from PIL import Image
 
     from lightning_gpuopt.data.decode import BOMB_FIX, jpeg_info, pixel_limit_problem
@@ -328,7 +324,6 @@ def _file_in_message(message: str, files: Sequence[str]) -> str | None:
 
 
 def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
-    """The first file PIL cannot fully decode, searching for at most ``budget_s`` seconds."""
     from PIL import Image
 
     def bad(path: str) -> bool:

@@ -87,7 +87,6 @@ class StoreBatches:
         return found
 
     def _read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """The JPEG bytes (one ``pread`` an image) and labels of the images at ``indices``."""
         images: list[np.ndarray] = []
         for i in indices.tolist():
             length = int(self.lengths[i])
@@ -156,7 +155,6 @@ class DALIStoreLoader(DALILoader):
         return int(self._starts[i]), int(self._lengths[i])
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
-        """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""
         from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
         self._source = StoreBatches(

@@ -151,7 +151,6 @@ def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
 
 @functools.cache
 def _torchvision_io() -> Any | None:
-    """``torchvision.io`` where it imports, else ``None``."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

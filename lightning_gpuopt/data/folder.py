@@ -84,12 +84,10 @@ class UnreadableImagesError(ValueError):
 
 
 def _shown(items: Sequence[str], k: int = 10) -> str:
-    """The first ``k`` of ``items``, and how many more."""
     return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
 
 
 def _unreadable(err: OSError) -> None:
-    """``os.walk``'s ``onerror``: a folder it cannot list stops the scan, naming the folder."""
     raise _cannot_read(err.filename, err) from err
 
 
@@ -367,7 +365,6 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         return label, decode_canvas(path, self.size, out)[1]
 
     def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
-        """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""
         if self.on_corrupt == "raise":
             try:
                 return self._load(index, out)
