@@ -68,10 +68,9 @@ def measure_decode_rates(
 ) -> DecodeRates:
     """``DecodeRates`` of DALI's CPU decoder on ``threads`` threads and nvJPEG on ``device_id`` (where given)
     decoding ``jpegs``, the ``crop`` only where given."""
-    cpu = _decode_rate(jpegs, device="cpu", threads=threads, device_id=device_id, crop=crop)
-    gpu = None
-    if device_id is not None:
-        gpu = _decode_rate(jpegs, device="mixed", threads=threads, device_id=device_id, crop=crop)
+    kw: dict[str, Any] = {"threads": threads, "device_id": device_id, "crop": crop}
+    cpu = _decode_rate(jpegs, device="cpu", **kw)
+    gpu = None if device_id is None else _decode_rate(jpegs, device="mixed", **kw)
     return DecodeRates(cpu, gpu, len(jpegs), threads)
 
 
@@ -128,8 +127,7 @@ def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any
 
 
 def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
-    """``crop_pos`` of torchvision's ``CenterCrop`` offset ``round((length - size) / 2)`` (halves to even;
-    DALI's own centring rounds them up)."""
+    """torchvision's ``CenterCrop`` offset ``round((length - size) / 2)`` (DALI's rounds halves up)."""
     d = length - size
     k = d // 2
     offset = k + (d - 2 * k) * (k - 2 * (k // 2))
@@ -177,8 +175,7 @@ def _crop_images(
     decode_kw: dict[str, Any],
     gpu: bool,
 ) -> tuple[Any, dict[str, Any]]:
-    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``: the training crop and flip, or
-    with ``augment=None`` torchvision's evaluation resize, centre-cropped by ``crop_mirror_normalize``."""
+    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``, train or evaluation."""
     op_device = "gpu" if gpu else "cpu"
     resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
     if augment is not None:

@@ -272,7 +272,6 @@ class ThreadDecodedFolder(ThreadDecoded, UInt8ImageFolder):
         self._set_threads(threads)
 
     def label(self, index: int) -> int:
-        """Sample ``index``'s label."""
         return int(self.samples[index][1])
 
     def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:
@@ -303,7 +302,6 @@ class ThreadDecodedStore(ThreadDecoded, JPEGStoreDataset):
         self._set_threads(threads)
 
     def label(self, index: int) -> int:
-        """Image ``index``'s label."""
         return int(self.labels[self._index(index)])
 
     def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:

@@ -241,8 +241,7 @@ def decode_canvas(
 
 
 def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
-    """``rgb`` resized to ``target`` ``(width, height)`` as uint8: torch's antialiased bilinear kernel (PIL's
-    weights, a fraction of its cost), or PIL's resize of the exact region ``box`` of a drafted JPEG."""
+    """``rgb`` resized to ``target``: torch's bilinear (PIL's weights), or PIL's of a draft's ``box``."""
     from PIL import Image
 
     if box is not None:

@@ -1,6 +1,5 @@
-"""GPU batch transforms: uint8 canvases -> normalized float NCHW (channels_last), cropped from the whole image
-(torchvision's ``RandomResizedCrop`` + flip, or ``Resize + CenterCrop``), each box resized as PIL's bilinear
-resize of it by two batched matrix products (docs/accuracy.md), without host synchronisation."""
+"""GPU batch transforms: uint8 canvases -> normalized channels_last float NCHW crops of the whole image, each
+box resized as PIL's bilinear by two batched matrix products (docs/accuracy.md), without host sync."""
 
 from __future__ import annotations
 
@@ -127,10 +126,8 @@ def resize_weights(
     band: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``(N, size, extent)`` matrices of PIL's bilinear resize of each box (``start``, ``length``) along one
-    axis: output ``o`` reads input ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``f = max(length / size,
-    1)`` (PIL's antialiasing), nothing at or past ``valid``, rows normalized, over ``band`` pixels a row;
-    ``flip`` reverses the output."""
+    """``(N, size, extent)`` matrices of PIL's antialiased bilinear resize of each box (``start``, ``length``)
+    along one axis, over ``band`` pixels a row, nothing at or past ``valid``; ``flip`` reverses the output."""
     n, device = start.shape[0], start.device
     start, length = start.to(torch.float32).view(n, 1, 1), length.to(torch.float32).view(n, 1, 1)
     valid = valid.to(device=device, dtype=torch.float32).view(n, 1, 1)
@@ -162,9 +159,8 @@ def resample(
     size: int,
     band: int,
 ) -> torch.Tensor:
-    """Each box ``(x0, y0, w, h)`` (upright image pixels) of its contiguous ``(N, C, H, W)`` canvas, stored as
-    ``meta`` says, resized to ``size x size`` by two batched matrix products (``resize_weights``): rounded,
-    channels_last, in ``images``' dtype."""
+    """Each box ``(x0, y0, w, h)`` (upright image pixels) of its ``(N, C, H, W)`` canvas, stored as ``meta``
+    says, resized to ``size x size`` (``resize_weights``): rounded, channels_last, in ``images``' dtype."""
     n, c, ch, cw = images.shape
     meta = meta.to(images.device)
     x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
@@ -289,7 +285,7 @@ class GPUAugment(nn.Module):
         self, meta: torch.Tensor, train: bool, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32, and flips:
-        the training crop and flip drawn from ``generator``, or (``train=False``) the evaluation boxes, no flip."""
+        the training crop and flip drawn from ``generator``, or (``train=False``) the evaluation boxes."""
         heights, widths = image_sizes(meta)
         if not train:
             return center_crop_boxes(heights, widths, self.image_size), None
