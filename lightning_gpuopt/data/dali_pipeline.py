@@ -147,25 +147,6 @@ def _decode_kwargs(types: Any, device_id: int | None, decoder: str) -> dict[str,
     return kw
 
 
-def _read_files(
-    fn: Any, files: Sequence[str], labels: Sequence[int], train: bool, shard: tuple[int, int]
-) -> Any:
-    return fn.readers.file(
-        files=list(files),
-        labels=[int(v) for v in labels],
-        shard_id=shard[0],
-        num_shards=shard[1],
-        # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so shards
-        # stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
-        shuffle_after_epoch=train,
-        shuffle_after_epoch_seed=SHUFFLE_SEED,
-        # every shard the same size, a multiple of the batch; an epoch never reads into the next shard
-        pad_last_batch=True,
-        stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
-        name=READER_NAME,
-    )
-
-
 def _crop_images(
     fn: Any,
     types: Any,
@@ -250,7 +231,20 @@ def build_dali_pipeline(
     )
     def pipeline() -> Any:
         if source is None:
-            jpegs, label = _read_files(fn, files, labels, train, (shard_id, num_shards))
+            jpegs, label = fn.readers.file(
+                files=list(files),
+                labels=[int(v) for v in labels],
+                shard_id=shard_id,
+                num_shards=num_shards,
+                # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so
+                # shards stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
+                shuffle_after_epoch=train,
+                shuffle_after_epoch_seed=SHUFFLE_SEED,
+                # every shard the same size, a multiple of the batch: an epoch never reads into the next
+                pad_last_batch=True,
+                stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
+                name=READER_NAME,
+            )
         else:  # the source keeps each batch alive until DALI has consumed it
             kw = {"num_outputs": 2, "batch": True, "batch_info": True, "no_copy": True}
             jpegs, label = fn.external_source(source=source, dtype=[types.UINT8, types.INT32], **kw)
@@ -313,13 +307,6 @@ def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
                 raise ValueError(problem)
 
 
-def _file_in_message(message: str, files: Sequence[str]) -> str | None:
-    match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
-    if match:
-        return match.group(1)
-    return next((path for path in files if path in message), None)  # failure path only: a linear scan
-
-
 def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
     from PIL import Image
 
@@ -349,7 +336,9 @@ def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
     if "decod" not in message and "nvImageCodec" not in message:
         return err
     # some codec errors ("nvImageCodec failure: '#3'") do not name the file: look for it with PIL
-    path = _file_in_message(message, files) or _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
+    match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
+    path = match.group(1) if match else next((p for p in files if p in message), None)  # a linear scan
+    path = path or _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
     if path is not None:
         return ValueError(
             f"DALI could not decode image {path!r}; remove or replace the file. DALI said: {err}"

@@ -68,8 +68,7 @@ def random_resized_crop_boxes(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``, one an image of ``heights`` x ``widths`` pixels, drawn by
-    torchvision's ``RandomResizedCrop.get_params`` rule (``CROP_ATTEMPTS`` tries, then its fallback)."""
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` by torchvision's ``RandomResizedCrop.get_params`` rule."""
     n, a = heights.shape[0], CROP_ATTEMPTS
     height, width = heights.view(n, 1).float(), widths.view(n, 1).float()
     u = torch.rand(n, 2 * a + 2, device=heights.device, generator=generator)
@@ -95,8 +94,7 @@ def random_resized_crop_boxes(
 
 
 def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: int) -> torch.Tensor:
-    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` of torchvision's ``Resize(eval_resize_size(image_size))`` +
-    ``CenterCrop(image_size)`` of each image, rounded as torchvision rounds them."""
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` of torchvision's evaluation ``Resize + CenterCrop``."""
     resize = eval_resize_size(image_size)
     h = heights.round().to(torch.int64)
     w = widths.round().to(torch.int64)
@@ -111,8 +109,8 @@ def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: i
 
 
 def band_size(largest_shrink: float) -> int:
-    """Input pixels one output pixel's weights can span when a box shrinks by at most ``largest_shrink``:
-    a triangle of half-width ``s = max(shrink, 1)`` covers at most ``ceil(2 s)`` pixels (one more kept)."""
+    """Input pixels a row of weights spans where a box shrinks by at most ``largest_shrink`` (``s``):
+    ``ceil(2 max(s, 1)) + 1``."""
     return math.ceil(2.0 * max(largest_shrink, 1.0) - 1e-6) + 1
 
 
