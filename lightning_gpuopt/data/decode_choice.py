@@ -25,7 +25,7 @@ _LOGGED: set[str] = set()
 
 @dataclass
 class DecodeChoice:
-    """Where and on how many threads a run decodes JPEGs, why, and its rates (``measured``: chosen by them)."""
+    """Where and on how many threads a run decodes JPEGs, why, and its rates (``measured``: they decided)."""
 
     decoder: str
     threads: int
