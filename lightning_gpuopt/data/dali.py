@@ -179,7 +179,6 @@ class DALILoader:
         self._checkpoint: bytes | str | None = None
 
     def _sample_jpegs(self) -> list[bytes]:
-        """The JPEG bytes of up to ``SAMPLE_JPEGS`` of this split's images, spread over it."""
         out = []
         for i in range(0, len(self.files), max(1, len(self.files) // SAMPLE_JPEGS))[:SAMPLE_JPEGS]:
             start, length = self._byte_range(i)
@@ -192,7 +191,6 @@ class DALILoader:
         return 0, -1  # the whole file
 
     def _measure(self, threads: int) -> DecodeRates:
-        """``measure_decode_rates`` on a sample of this split, once a process for the same sample."""
         device_id = self.device.index if self.device.type == "cuda" else None
         key = (self.files[0], len(self.files), threads, device_id, self.augment if self.train else None)
         if key not in _MEASURED:
@@ -220,7 +218,6 @@ class DALILoader:
         )
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank, as DALI's iterator counts them (known before building)."""
         n, s = len(self.files), self.num_shards
         if self.train:  # DROP
             return (n // s) // self.batch_size
@@ -244,7 +241,6 @@ class DALILoader:
         self._built()
 
     def _pipeline_kwargs(self) -> dict[str, Any]:
-        """``build_dali_pipeline``'s arguments that do not depend on where the JPEGs come from."""
         return {
             "batch_size": self.batch_size,
             "image_size": self.image_size,
@@ -262,7 +258,6 @@ class DALILoader:
         }
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
-        """The pipeline over the files (checked first), and the ``DALIGenericIterator`` arguments for it."""
         from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
         validate_image_files(self.files, num_threads=self.options.threads or 1)
@@ -289,7 +284,6 @@ class DALILoader:
         self._iterator = None
 
     def _pull(self) -> list[dict[str, torch.Tensor]] | None:
-        """One batch from DALI, or ``None`` at DALI's epoch boundary (the iterator has reset itself)."""
         start = time.perf_counter()
         try:
             out = next(self._iterator)

@@ -68,17 +68,15 @@ def measure_decode_rates(
 ) -> DecodeRates:
     """``DecodeRates`` of DALI's CPU decoder on ``threads`` threads and nvJPEG on ``device_id`` (where given)
     decoding ``jpegs``, the ``crop`` only where given."""
-    cpu = _decode_rate(jpegs, device="cpu", threads=threads, device_id=device_id, crop=crop)
-    gpu = None
-    if device_id is not None:
-        gpu = _decode_rate(jpegs, device="mixed", threads=threads, device_id=device_id, crop=crop)
+    kw: dict[str, Any] = {"threads": threads, "device_id": device_id, "crop": crop}
+    cpu = _decode_rate(jpegs, device="cpu", **kw)
+    gpu = None if device_id is None else _decode_rate(jpegs, device="mixed", **kw)
     return DecodeRates(cpu, gpu, len(jpegs), threads)
 
 
 def _decode_rate(
     jpegs: Sequence[bytes], *, device: str, threads: int, device_id: int | None, crop: AugmentConfig | None
 ) -> float:
-    """Images a second one DALI decoder decodes ``jpegs`` at, as one batch, after one warm-up batch."""
     import numpy as np
 
     dali, fn, types = dali_modules()
@@ -121,7 +119,6 @@ def _decode_rate(
 
 
 def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any, Any]:
-    """``(width, height)`` of torchvision's ``Resize(size)`` of an image of ``shape`` (H, W, C)."""
     h, w = shape[0], shape[1]
     portrait = fn.cast(w <= h, dtype=types.INT64)
     new_w = portrait * size + (1 - portrait) * ((size * w) // h)
@@ -130,8 +127,7 @@ def _torchvision_resize(fn: Any, types: Any, shape: Any, size: int) -> tuple[Any
 
 
 def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
-    """``crop_pos`` of torchvision's ``CenterCrop`` offset ``round((length - size) / 2)`` (halves to even;
-    DALI's own centring rounds them up)."""
+    """torchvision's ``CenterCrop`` offset ``round((length - size) / 2)`` (DALI's rounds halves up)."""
     d = length - size
     k = d // 2
     offset = k + (d - 2 * k) * (k - 2 * (k // 2))
@@ -139,7 +135,6 @@ def _center_crop_pos(fn: Any, types: Any, length: Any, size: int) -> Any:
 
 
 def _decode_kwargs(types: Any, device_id: int | None, decoder: str) -> dict[str, Any]:
-    """The image decoder's arguments: nvJPEG (``"mixed"``) for ``decoder="gpu"`` on a GPU, else the CPU."""
     kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False, "device": "cpu"}
     if device_id is not None and decoder == "gpu":
         # paddings from DALI's ImageNet example: avoid reallocations for the largest images
@@ -152,25 +147,6 @@ def _decode_kwargs(types: Any, device_id: int | None, decoder: str) -> dict[str,
     return kw
 
 
-def _read_files(
-    fn: Any, files: Sequence[str], labels: Sequence[int], train: bool, shard: tuple[int, int]
-) -> Any:
-    return fn.readers.file(
-        files=list(files),
-        labels=[int(v) for v in labels],
-        shard_id=shard[0],
-        num_shards=shard[1],
-        # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so shards
-        # stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
-        shuffle_after_epoch=train,
-        shuffle_after_epoch_seed=SHUFFLE_SEED,
-        # every shard the same size, a multiple of the batch; an epoch never reads into the next shard
-        pad_last_batch=True,
-        stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
-        name=READER_NAME,
-    )
-
-
 def _crop_images(
     fn: Any,
     types: Any,
@@ -180,8 +156,7 @@ def _crop_images(
     decode_kw: dict[str, Any],
     gpu: bool,
 ) -> tuple[Any, dict[str, Any]]:
-    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``: the training crop and flip, or
-    with ``augment=None`` torchvision's evaluation resize, centre-cropped by ``crop_mirror_normalize``."""
+    """``(resized images, crop_mirror_normalize's crop or mirror arguments)``, train or evaluation."""
     op_device = "gpu" if gpu else "cpu"
     resize_kw = {"device": op_device, "interp_type": types.INTERP_LINEAR, "antialias": True}  # PIL's bilinear
     if augment is not None:
@@ -256,7 +231,20 @@ def build_dali_pipeline(
     )
     def pipeline() -> Any:
         if source is None:
-            jpegs, label = _read_files(fn, files, labels, train, (shard_id, num_shards))
+            jpegs, label = fn.readers.file(
+                files=list(files),
+                labels=[int(v) for v in labels],
+                shard_id=shard_id,
+                num_shards=num_shards,
+                # training: a full shuffle of the whole list every epoch with a seed shared by all ranks, so
+                # shards stay disjoint (a shuffle buffer would only mix neighbours of a class-sorted list)
+                shuffle_after_epoch=train,
+                shuffle_after_epoch_seed=SHUFFLE_SEED,
+                # every shard the same size, a multiple of the batch: an epoch never reads into the next
+                pad_last_batch=True,
+                stick_to_shard=not train,  # evaluation reads the same files each epoch (page-cache friendly)
+                name=READER_NAME,
+            )
         else:  # the source keeps each batch alive until DALI has consumed it
             kw = {"num_outputs": 2, "batch": True, "batch_info": True, "no_copy": True}
             jpegs, label = fn.external_source(source=source, dtype=[types.UINT8, types.INT32], **kw)
@@ -272,7 +260,6 @@ def build_dali_pipeline(
 
 
 def _pixel_check(fh: Any, head: bytes, path: str) -> str | None:
-    """PIL's pixel limit for an open image file, from its header (unreadable: DALI names it later)."""
     from PIL import Image
 
     from lightning_gpuopt.data.decode import BOMB_FIX, jpeg_info, pixel_limit_problem
@@ -320,15 +307,7 @@ def validate_image_files(files: Sequence[str], num_threads: int = 8) -> None:
                 raise ValueError(problem)
 
 
-def _file_in_message(message: str, files: Sequence[str]) -> str | None:
-    match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
-    if match:
-        return match.group(1)
-    return next((path for path in files if path in message), None)  # failure path only: a linear scan
-
-
 def _find_undecodable(files: Sequence[str], budget_s: float) -> str | None:
-    """The first file PIL cannot fully decode, searching for at most ``budget_s`` seconds."""
     from PIL import Image
 
     def bad(path: str) -> bool:
@@ -357,7 +336,9 @@ def decode_error(err: RuntimeError, files: Sequence[str]) -> Exception:
     if "decod" not in message and "nvImageCodec" not in message:
         return err
     # some codec errors ("nvImageCodec failure: '#3'") do not name the file: look for it with PIL
-    path = _file_in_message(message, files) or _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
+    match = re.search(r"Failed to decode sample #\d+\s*:\s*(\S.*?)\s*$", message, re.MULTILINE)
+    path = match.group(1) if match else next((p for p in files if p in message), None)  # a linear scan
+    path = path or _find_undecodable(files, budget_s=_SEARCH_BUDGET_S)
     if path is not None:
         return ValueError(
             f"DALI could not decode image {path!r}; remove or replace the file. DALI said: {err}"

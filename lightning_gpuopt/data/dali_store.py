@@ -27,10 +27,8 @@ READ_AHEAD = 4
 
 
 class StoreBatches:
-    """``fn.external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` of one rank as
-    ``(uint8 JPEG byte arrays, int32 labels (n, 1))``, read from the ``starts`` and ``lengths`` of ``path``;
-    each epoch a permutation seeded by ``(seed, epoch)``, rank ``r`` its ``r``-th run of whole batches
-    (docs/dali.md). A resumed fit starts at batch ``skip`` of epoch ``first_epoch``."""
+    """``fn.external_source`` callback: one rank's batches ``(uint8 JPEG arrays, int32 labels (n, 1))`` of the
+    store ``path``, permuted per ``(seed, epoch)`` (docs/dali.md), from batch ``skip`` of ``first_epoch``."""
 
     def __init__(
         self,
@@ -87,7 +85,6 @@ class StoreBatches:
         return found
 
     def _read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """The JPEG bytes (one ``pread`` an image) and labels of the images at ``indices``."""
         images: list[np.ndarray] = []
         for i in indices.tolist():
             length = int(self.lengths[i])
@@ -156,7 +153,6 @@ class DALIStoreLoader(DALILoader):
         return int(self._starts[i]), int(self._lengths[i])
 
     def _pipeline(self) -> tuple[Any, dict[str, Any]]:
-        """The pipeline over a new ``StoreBatches`` from where the stream is, and the iterator's arguments."""
         from nvidia.dali.plugin.pytorch import LastBatchPolicy
 
         self._source = StoreBatches(

@@ -151,7 +151,6 @@ def nvjpeg_decodable(info: JPEGInfo | None) -> bool:
 
 @functools.cache
 def _torchvision_io() -> Any | None:
-    """``torchvision.io`` where it imports, else ``None``."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -273,7 +272,6 @@ class ThreadDecodedFolder(ThreadDecoded, UInt8ImageFolder):
         self._set_threads(threads)
 
     def label(self, index: int) -> int:
-        """Sample ``index``'s label."""
         return int(self.samples[index][1])
 
     def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:
@@ -304,7 +302,6 @@ class ThreadDecodedStore(ThreadDecoded, JPEGStoreDataset):
         self._set_threads(threads)
 
     def label(self, index: int) -> int:
-        """Image ``index``'s label."""
         return int(self.labels[self._index(index)])
 
     def jpeg_bytes(self, index: int) -> tuple[bytearray, str]:

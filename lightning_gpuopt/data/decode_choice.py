@@ -25,8 +25,7 @@ _LOGGED: set[str] = set()
 
 @dataclass
 class DecodeChoice:
-    """Where a run decodes its JPEGs (``"gpu"`` or ``"cpu"``), on how many threads, why, and the rates
-    measured (``measured``: the choice came from them)."""
+    """Where and on how many threads a run decodes JPEGs, why, and its rates (``measured``: they decided)."""
 
     decoder: str
     threads: int
@@ -70,10 +69,6 @@ def choose_decoder(
         slow = f" < {model_rate:,.0f} img/s the model trains at" if model_rate is not None else ""
         return "gpu", f"nvJPEG {gpu_rate:,.0f} img/s > {head}{slow}{tail}"
     return "cpu", f"{head} >= nvJPEG {gpu_rate:,.0f} img/s{tail}: the GPU is left to the model"
-
-
-def _sample_indices(n: int, k: int) -> list[int]:
-    return sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, k))})
 
 
 def measure_rates(dataset: Any, indices: Sequence[int], device: torch.device, image_size: int,
@@ -150,7 +145,8 @@ def resolve_decoder(
         choice = DecodeChoice("gpu", gpu_threads, "DecodeOptions(decoder='gpu')")
     else:
         try:
-            sample = _sample_indices(len(dataset), max(SAMPLE_IMAGES, batch_size))
+            n, k = len(dataset), max(SAMPLE_IMAGES, batch_size)
+            sample = sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, k))})
             cpu, gpu = measure_rates(dataset, sample, device, image_size, cpu_threads)
         except RuntimeError as err:  # a torchvision built without nvJPEG, or a GPU that refuses it
             return _log(DecodeChoice("cpu", cpu_threads, f"nvJPEG unavailable ({str(err).splitlines()[0]})"))

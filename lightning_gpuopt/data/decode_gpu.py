@@ -27,8 +27,6 @@ from lightning_gpuopt.data.transforms import (
     GPUAugment,
     _scale_shift,
     band_size,
-    center_crop_boxes,
-    random_resized_crop_boxes,
     resample,
 )
 
@@ -108,7 +106,7 @@ class NVJPEGCrops:
         self.image_size, self.augment = int(image_size), augment
         self.device = None if device is None else torch.device(device)
         self.generator = torch.Generator().manual_seed(int(seed))
-        self._norm = GPUAugment(image_size, augment, mean, std)  # its normalization constants, per device
+        self._norm = GPUAugment(image_size, augment, mean, std)  # its boxes, its normalization constants
         # decoded images a batch's crops still read on the GPU: nvJPEG writes the next batch on a stream of
         # its own, so their memory must not go back to the allocator before those reads are done
         self._held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = collections.deque()
@@ -149,19 +147,12 @@ class NVJPEGCrops:
         except RuntimeError:  # decoded on the CPU, or named there when it cannot be decoded at all
             return _to(decode_rgb(bytearray(data.numpy().tobytes()), batch.names[i]), device)
 
-    def boxes(self, heights: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Crop boxes ``(x0, y0, w, h)`` in each image's pixels and flips, drawn on the host."""
-        if self.augment is None:
-            return center_crop_boxes(heights, widths, self.image_size), None
-        a = self.augment
-        boxes = random_resized_crop_boxes(heights, widths, a.scale, a.ratio, generator=self.generator)
-        return boxes, torch.rand(heights.shape[0], generator=self.generator) < a.flip_p
-
     def crop(self, images: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The crops of ``images`` (NCHW channels_last, float16 on a GPU) and the order they come in."""
         size = self.image_size
-        hw = torch.tensor([[int(t.shape[1]), int(t.shape[2])] for t in images], dtype=torch.float32)
-        boxes, flip = self.boxes(hw[:, 0], hw[:, 1])
+        meta = torch.tensor([[int(t.shape[1]), int(t.shape[2]), 0] for t in images], dtype=torch.int32)
+        hw = meta[:, :2].float()
+        boxes, flip = self._norm.boxes(meta, self.augment is not None, self.generator)
         region = _regions(boxes, hw, size)  # int64 (x0, y0, x1, y1) a box needs, inside its image
         extent = region[:, 2:] - region[:, :2]  # (width, height)
         transposed = extent[:, 1] > extent[:, 0]  # the longer side along the canvas' width

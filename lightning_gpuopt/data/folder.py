@@ -84,12 +84,10 @@ class UnreadableImagesError(ValueError):
 
 
 def _shown(items: Sequence[str], k: int = 10) -> str:
-    """The first ``k`` of ``items``, and how many more."""
     return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
 
 
 def _unreadable(err: OSError) -> None:
-    """``os.walk``'s ``onerror``: a folder it cannot list stops the scan, naming the folder."""
     raise _cannot_read(err.filename, err) from err
 
 
@@ -243,8 +241,7 @@ def decode_canvas(
 
 
 def _resized(rgb: Any, target: tuple[int, int], box: Any) -> np.ndarray:
-    """``rgb`` resized to ``target`` ``(width, height)`` as uint8: torch's antialiased bilinear kernel (PIL's
-    weights, a fraction of its cost), or PIL's resize of the exact region ``box`` of a drafted JPEG."""
+    """``rgb`` resized to ``target``: torch's bilinear (PIL's weights), or PIL's of a draft's ``box``."""
     from PIL import Image
 
     if box is not None:
@@ -367,7 +364,6 @@ class UInt8ImageFolder(DecodesInWorkers, Dataset):
         return label, decode_canvas(path, self.size, out)[1]
 
     def _decode_into(self, index: int, out: np.ndarray) -> tuple[int, np.ndarray]:
-        """Decode sample ``index`` onto ``out``; return ``(label, meta)``."""
         if self.on_corrupt == "raise":
             try:
                 return self._load(index, out)

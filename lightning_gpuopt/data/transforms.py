@@ -1,6 +1,5 @@
-"""GPU batch transforms: uint8 canvases -> normalized float NCHW (channels_last), cropped from the whole image
-(torchvision's ``RandomResizedCrop`` + flip, or ``Resize + CenterCrop``), each box resized as PIL's bilinear
-resize of it by two batched matrix products (docs/accuracy.md), without host synchronisation."""
+"""GPU batch transforms: uint8 canvases -> normalized channels_last float NCHW crops of the whole image, each
+box resized as PIL's bilinear by two batched matrix products (docs/accuracy.md), without host sync."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def random_resized_crop_boxes(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)``, one an image of ``heights`` x ``widths`` pixels, drawn by
-    torchvision's ``RandomResizedCrop.get_params`` rule (``CROP_ATTEMPTS`` tries, then its fallback)."""
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` by torchvision's ``RandomResizedCrop.get_params`` rule."""
     n, a = heights.shape[0], CROP_ATTEMPTS
     height, width = heights.view(n, 1).float(), widths.view(n, 1).float()
     u = torch.rand(n, 2 * a + 2, device=heights.device, generator=generator)
@@ -96,8 +94,7 @@ def random_resized_crop_boxes(
 
 
 def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: int) -> torch.Tensor:
-    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` of torchvision's ``Resize(eval_resize_size(image_size))`` +
-    ``CenterCrop(image_size)`` of each image, rounded as torchvision rounds them."""
+    """float32 ``(N, 4)`` boxes ``(x0, y0, w, h)`` of torchvision's evaluation ``Resize + CenterCrop``."""
     resize = eval_resize_size(image_size)
     h = heights.round().to(torch.int64)
     w = widths.round().to(torch.int64)
@@ -112,8 +109,8 @@ def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, image_size: i
 
 
 def band_size(largest_shrink: float) -> int:
-    """Input pixels one output pixel's weights can span when a box shrinks by at most ``largest_shrink``:
-    a triangle of half-width ``s = max(shrink, 1)`` covers at most ``ceil(2 s)`` pixels (one more kept)."""
+    """Input pixels a row of weights spans where a box shrinks by at most ``largest_shrink`` (``s``):
+    ``ceil(2 max(s, 1)) + 1``."""
     return math.ceil(2.0 * max(largest_shrink, 1.0) - 1e-6) + 1
 
 
@@ -127,10 +124,8 @@ def resize_weights(
     band: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``(N, size, extent)`` matrices of PIL's bilinear resize of each box (``start``, ``length``) along one
-    axis: output ``o`` reads input ``j`` with weight ``tri((j + 0.5 - c_o) / f)``, ``f = max(length / size,
-    1)`` (PIL's antialiasing), nothing at or past ``valid``, rows normalized, over ``band`` pixels a row;
-    ``flip`` reverses the output."""
+    """``(N, size, extent)`` matrices of PIL's antialiased bilinear resize of each box (``start``, ``length``)
+    along one axis, over ``band`` pixels a row, nothing at or past ``valid``; ``flip`` reverses the output."""
     n, device = start.shape[0], start.device
     start, length = start.to(torch.float32).view(n, 1, 1), length.to(torch.float32).view(n, 1, 1)
     valid = valid.to(device=device, dtype=torch.float32).view(n, 1, 1)
@@ -162,9 +157,8 @@ def resample(
     size: int,
     band: int,
 ) -> torch.Tensor:
-    """Each box ``(x0, y0, w, h)`` (upright image pixels) of its contiguous ``(N, C, H, W)`` canvas, stored as
-    ``meta`` says, resized to ``size x size`` by two batched matrix products (``resize_weights``): rounded,
-    channels_last, in ``images``' dtype."""
+    """Each box ``(x0, y0, w, h)`` (upright image pixels) of its ``(N, C, H, W)`` canvas, stored as ``meta``
+    says, resized to ``size x size`` (``resize_weights``): rounded, channels_last, in ``images``' dtype."""
     n, c, ch, cw = images.shape
     meta = meta.to(images.device)
     x0, y0, bw, bh = boxes.to(torch.float32).unbind(1)
@@ -285,22 +279,17 @@ class GPUAugment(nn.Module):
             self._constants[device] = (scale.to(device), bias.to(device))
         return self._constants[device]
 
-    def sample_boxes(self, meta: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Training crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32."""
+    def boxes(
+        self, meta: torch.Tensor, train: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Crop boxes ``(x0, y0, w, h)`` in each image's own (upright) pixels, ``(N, 4)`` float32, and flips:
+        the training crop and flip drawn from ``generator``, or (``train=False``) the evaluation boxes."""
         heights, widths = image_sizes(meta)
-        return random_resized_crop_boxes(heights, widths, self.augment.scale, self.augment.ratio, generator)
-
-    def eval_boxes(self, meta: torch.Tensor) -> torch.Tensor:
-        """Evaluation boxes ``(x0, y0, w, h)`` in each image's own pixels, ``(N, 4)`` float32."""
-        heights, widths = image_sizes(meta)
-        return center_crop_boxes(heights, widths, self.image_size)
-
-    def band(self, canvas: tuple[int, int], train: bool) -> int:
-        """``band_size`` of the largest shrink a box of a ``canvas``-sized batch can have (from shapes alone)."""
-        # a training crop can span the whole stored image; the evaluation box is image_size /
-        # eval_resize_size of the stored image's scale
-        largest = max(canvas) / self.image_size if train else min(canvas) / eval_resize_size(self.image_size)
-        return band_size(largest)
+        if not train:
+            return center_crop_boxes(heights, widths, self.image_size), None
+        a = self.augment
+        boxes = random_resized_crop_boxes(heights, widths, a.scale, a.ratio, generator)
+        return boxes, torch.rand(meta.shape[0], device=meta.device, generator=generator) < a.flip_p
 
     def forward(
         self, images: torch.Tensor, meta: torch.Tensor | None = None, train: bool | None = None
@@ -329,16 +318,15 @@ class GPUAugment(nn.Module):
             "(N, 3) = (h, w, transposed) per sample (lightning_gpuopt.data.layout)",
         )
         train = self.training if train is None else train
-        if train:
-            boxes = self.sample_boxes(meta, self.generator)
-            flip = torch.rand(images.shape[0], device=device, generator=self.generator) < self.augment.flip_p
-        else:
-            boxes, flip = self.eval_boxes(meta), None
+        boxes, flip = self.boxes(meta, train, self.generator)
         # float16 on a GPU: uint8 is exact in it and the matrix products run on tensor cores
         compute = torch.float16 if device.type == "cuda" else torch.float32
         x = images.permute(0, 3, 1, 2).to(compute, memory_format=torch.contiguous_format)
-        band = self.band((images.shape[1], images.shape[2]), train)
-        x = resample(x, meta, boxes, flip, self.image_size, band)
+        # the largest shrink: a training crop can span the whole stored image, the evaluation box is
+        # image_size / eval_resize_size of the stored image
+        sides = images.shape[1:3]
+        largest = max(sides) / self.image_size if train else min(sides) / eval_resize_size(self.image_size)
+        x = resample(x, meta, boxes, flip, self.image_size, band_size(largest))
         return _scale_shift(x, *self._norm_constants(device), self.output_dtype)
 
     def extra_repr(self) -> str:

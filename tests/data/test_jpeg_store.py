@@ -65,8 +65,8 @@ def test_training_crops_cover_the_whole_image_as_torchvision_does(sources, tmp_p
         sw, sh = layout.resized_size(width, height, size)
         assert meta.tolist() == [min(sw, sh), max(sw, sh), int(sh > sw)], (width, height, meta)
         np.testing.assert_array_equal(meta, store.meta[i])
-        boxes = GPUAugment(224).sample_boxes(
-            torch.from_numpy(np.stack([meta] * n)), torch.Generator().manual_seed(i)
+        boxes, _ = GPUAugment(224).boxes(
+            torch.from_numpy(np.stack([meta] * n)), True, torch.Generator().manual_seed(i)
         )
         boxes = boxes.double().numpy()
         assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= sw + 1e-3).all()

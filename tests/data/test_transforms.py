@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lightning_gpuopt._common import eval_resize_size
-from lightning_gpuopt.data import layout
+from lightning_gpuopt.data import layout, transforms
 from lightning_gpuopt.data.transforms import (
     AugmentConfig,
     GPUAugment,
@@ -102,7 +102,7 @@ def test_crop_boxes_match_torchvision_distribution_and_coverage(width, height):
     # what the canvas stores for this image: resized to 256 on the shorter side, portrait transposed
     sw, sh = layout.resized_size(width, height, 256)
     meta = torch.tensor([[min(sw, sh), max(sw, sh), int(sh > sw)]] * n, dtype=torch.int32)
-    boxes = GPUAugment(224).sample_boxes(meta, torch.Generator().manual_seed(0)).double().numpy()
+    boxes = GPUAugment(224).boxes(meta, True, torch.Generator().manual_seed(0))[0].double().numpy()
     assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= sw + 1e-3).all()
     assert (boxes[:, 1] + boxes[:, 3] <= sh + 1e-3).all()  # image coordinates: the upright image
 
@@ -306,8 +306,7 @@ def test_random_crops_match_pil_box_resize_with_flips(portrait):
     out = _pixels(aug(canvas.expand(n, -1, -1, -1), meta.expand(n, 3), train=True)).round()
     # the same boxes and flips, drawn again from the same seed
     g = torch.Generator().manual_seed(5)
-    boxes = aug.sample_boxes(meta.expand(n, 3), g)
-    flips = torch.rand(n, generator=g) < aug.augment.flip_p
+    boxes, flips = aug.boxes(meta.expand(n, 3), True, g)
     assert 0 < int(flips.sum()) < n
     diffs = []
     for i in range(n):
@@ -372,10 +371,19 @@ def test_resize_weights_edges_replicate_and_upscale_is_bilinear():
     assert np.allclose(w2[0].numpy(), raw / raw.sum(), atol=1e-6)
 
 
-def test_band_follows_the_largest_shrink():
+def test_band_follows_the_largest_shrink(monkeypatch):
     assert band_size(1.0) == 3 and band_size(0.5) == 3 and band_size(1.5) == 4 and band_size(2.0) == 5
-    aug = GPUAugment(224)
-    assert aug.band(layout.canvas_shape(256), train=True) == band_size(384 / 224)
+    bands, real = [], transforms.resample
+
+    def recording(*args):
+        bands.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(transforms, "resample", recording)
+    canvas = torch.zeros(2, *layout.canvas_shape(256), 3, dtype=torch.uint8)
+    GPUAugment(224)(canvas, train=True)
+    GPUAugment(224)(canvas, train=False)
+    assert bands == [band_size(384 / 224), band_size(256 / eval_resize_size(224))]
 
 
 def test_half_precision_resample_stays_within_a_level():
