@@ -34,8 +34,7 @@ def eval_resize_size(image_size: int) -> int:
 
 
 def upsamples(source_px: int, target_px: int) -> bool:
-    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it (the one rule of stored
-    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it)."""
+    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it."""
     return target_px > source_px
 
 
@@ -124,7 +123,6 @@ def _user_level(frame: FrameType | None) -> int:
 
 @functools.cache
 def _warnings() -> Any:
-    """The messages warned so far (a ``WarningCache``, a ``set``)."""
     from lightning.pytorch.utilities.rank_zero import WarningCache
 
     return WarningCache()
