@@ -306,8 +306,7 @@ class CompileModel(pl.Callback):
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
             )
         index = self._batches - 1
-        if self._meter is not None:
-            self._meter_batch(trainer, pl_module, index)
+        self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
         if index == warm:
