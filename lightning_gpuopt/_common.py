@@ -104,8 +104,7 @@ def _internal_dirs() -> tuple[str, ...]:
 
 
 def _user_level(frame: FrameType | None) -> int:
-    """The ``stacklevel`` (counted from ``frame``, 1) of the first frame outside ``_INTERNAL_PACKAGES``, else
-    of the first outside this package, else 1; import machinery frames are not counted, as warnings does."""
+    """``stacklevel`` of the first frame outside ``_INTERNAL_PACKAGES``, else outside this package, else 1."""
     internal, own = _internal_dirs(), _internal_dirs()[:1]
     level, outside_own = 1, None
     while frame is not None:

@@ -137,8 +137,7 @@ def _config_entry(obj: Any) -> Any:
 
 def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dict[str, Any]) -> str:
     parts = [
-        f"{k}={v!r}" if not isinstance(v, DDPStrategy) else f"{k}=DDPStrategy(...)"
-        for k, v in settings.items()
+        f"{k}={'DDPStrategy(...)' if isinstance(v, DDPStrategy) else repr(v)}" for k, v in settings.items()
     ]
     if callbacks:
         parts.append("callbacks + " + ", ".join(type(c).__name__ for c in callbacks))
