@@ -42,23 +42,15 @@ def check_pair(value: Any, name: str, low: float, high: float | None, what: str)
 
 
 def check_bool(value: Any, name: str, *, none_ok: bool = False, fix: str = "") -> None:
-    """``TypeError`` unless ``value`` is ``True`` or ``False`` (or ``None`` where ``none_ok``); strings are
-    refused (``"false"`` is truthy)."""
+    """``TypeError`` unless ``value`` is a ``bool`` (or ``None`` where ``none_ok``): ``"false"`` is truthy."""
     must = "True, False or None" if none_ok else "True or False"
     check_arg(isinstance(value, bool) or (none_ok and value is None), name, value, must, fix, TypeError)
 
 
-def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    parts = []
-    if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
-    return " and ".join(parts)
-
-
-def _must(kind: str, bounds: str, what: str, none_ok: bool) -> str:
-    return " ".join(p for p in (kind, bounds, what) if p) + (" or None" if none_ok else "")
+def _must(kind: str, what: str, none_ok: bool, low: Any, high: Any, low_open: bool, high_open: bool) -> str:
+    bounds = [f"{'>' if low_open else '>='} {low:g}"] if low is not None else []
+    bounds += [f"{'<' if high_open else '<='} {high:g}"] if high is not None else []
+    return " ".join(p for p in (kind, " and ".join(bounds), what) if p) + (" or None" if none_ok else "")
 
 
 def check_int(
@@ -72,11 +64,9 @@ def check_int(
     what: str = "",
     fix: str = "",
 ) -> None:
-    """``TypeError`` unless ``value`` is an ``int`` (not a ``bool``), ``ValueError`` unless within the bounds;
-    ``None`` passes where ``none_ok``, the strings of ``also`` (``"auto"``) too. ``what`` follows the bounds
-    in the message (``"an int >= 1 (optimizer steps)"``)."""
-    bounds = _bounds(low, high, False, False)
-    must = " or ".join([*(repr(a) for a in also), _must("an int", bounds, what, none_ok)])
+    """``TypeError`` unless an ``int`` (not a ``bool``), ``ValueError`` unless in bounds; ``None`` passes where
+    ``none_ok``, the strings of ``also`` too; ``what`` follows the bounds in the message."""
+    must = " or ".join([*(repr(a) for a in also), _must("an int", what, none_ok, low, high, False, False)])
     if (none_ok and value is None) or (isinstance(value, str) and value in also):
         return
     check_arg(is_int(value) or (bool(also) and isinstance(value, str)), name, value, must, fix, TypeError)
@@ -98,8 +88,7 @@ def check_float(
 ) -> float | None:
     """``value`` as a float: ``TypeError`` unless a real number (not a ``bool``), ``ValueError`` unless finite
     and in bounds (``low_open``/``high_open`` make a bound exclusive); ``None`` passes where ``none_ok``."""
-    bounds = _bounds(low, high, low_open, high_open)
-    must = _must("a finite number", bounds, what, none_ok)
+    must = _must("a finite number", what, none_ok, low, high, low_open, high_open)
     if none_ok and value is None:
         return None
     check_arg(is_number(value), name, value, must, fix, TypeError)

@@ -34,8 +34,7 @@ def eval_resize_size(image_size: int) -> int:
 
 
 def upsamples(source_px: int, target_px: int) -> bool:
-    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it (the one rule of stored
-    sizes: ``OptimizedDataModule`` and ``convert`` refuse or warn by it)."""
+    """Whether resizing a side of ``source_px`` pixels to ``target_px`` upsamples it."""
     return target_px > source_px
 
 
@@ -105,8 +104,7 @@ def _internal_dirs() -> tuple[str, ...]:
 
 
 def _user_level(frame: FrameType | None) -> int:
-    """The ``stacklevel`` (counted from ``frame``, 1) of the first frame outside ``_INTERNAL_PACKAGES``, else
-    of the first outside this package, else 1; import machinery frames are not counted, as warnings does."""
+    """``stacklevel`` of the first frame outside ``_INTERNAL_PACKAGES``, else outside this package, else 1."""
     internal, own = _internal_dirs(), _internal_dirs()[:1]
     level, outside_own = 1, None
     while frame is not None:
@@ -124,7 +122,6 @@ def _user_level(frame: FrameType | None) -> int:
 
 @functools.cache
 def _warnings() -> Any:
-    """The messages warned so far (a ``WarningCache``, a ``set``)."""
     from lightning.pytorch.utilities.rank_zero import WarningCache
 
     return WarningCache()

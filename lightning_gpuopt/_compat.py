@@ -231,8 +231,5 @@ def cudagraph_skip_logger() -> logging.Logger | None:
     except ImportError:
         return None
     # the name torch gives it, then the one of older releases
-    for name in ("cudagraphs_log", "perf_hint_log"):
-        log = getattr(utils, name, None)
-        if isinstance(log, logging.Logger):
-            return log
-    return None
+    logs = (getattr(utils, name, None) for name in ("cudagraphs_log", "perf_hint_log"))
+    return next((log for log in logs if isinstance(log, logging.Logger)), None)

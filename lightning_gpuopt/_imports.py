@@ -41,10 +41,6 @@ def require(name: str) -> ModuleType:
         ) from err
 
 
-#: the torchvision release made for a torch 2.x release is 0.(x + 15): torch 2.13 pairs with torchvision 0.28
-_TORCHVISION_MINOR_OFFSET = 15
-
-
 def torchvision_mismatch(err: BaseException) -> str:
     """One line: the installed torchvision cannot be imported with this torch (it fails as ``err``, and takes
     ``import lightning.pytorch`` down through torchmetrics), and the pip command that installs the right one."""
@@ -57,11 +53,8 @@ def torchvision_mismatch(err: BaseException) -> str:
     release, _, build = torch.__version__.partition("+")
     major, _, rest = release.partition(".")
     minor = rest.partition(".")[0]
-    pair = (
-        f"torchvision==0.{int(minor) + _TORCHVISION_MINOR_OFFSET}.*"
-        if major == "2" and minor.isdigit()
-        else "torchvision"
-    )
+    # the torchvision made for torch 2.x is 0.(x + 15): torch 2.13 pairs with torchvision 0.28
+    pair = f"torchvision==0.{int(minor) + 15}.*" if major == "2" and minor.isdigit() else "torchvision"
     # a local build label (cpu, cu130, rocm6.4) names PyTorch's own index of that build
     index = f" --index-url https://download.pytorch.org/whl/{build}" if build else ""
     reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]

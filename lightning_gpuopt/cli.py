@@ -30,8 +30,7 @@ EXIT_INTERRUPTED = 130
 # what to do about an OSError, by errno
 _OS_FIXES = {
     errno.EROFS: "the file system is read-only; choose a path on a writable disk",
-    errno.EACCES: "choose a path you can write to, or change its permissions",
-    errno.EPERM: "choose a path you can write to, or change its permissions",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "choose a path you can write to, or change its permissions"),
     errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
     errno.EISDIR: "it is a folder; give a file name",
     errno.EEXIST: "it already exists; choose another path or remove it",
@@ -76,18 +75,6 @@ class CommandParser(argparse.ArgumentParser):
         return message
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="lightning-gpuopt",
-        description="Keep the GPU busy in PyTorch Lightning training.",
-    )
-    parser.add_argument("--version", action="version", version=f"lightning-gpuopt {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in COMMANDS.items():
-        sub.add_parser(name, help=help_text, description=help_text, add_help=False)
-    return parser
-
-
 def describe_os_error(err: OSError) -> str:
     """One line: what failed, on which path, and what to do about it."""
     if err.filename is None:
@@ -108,8 +95,14 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     if not argv or argv[0] not in COMMANDS:
+        parser = CommandParser(
+            prog="lightning-gpuopt", description="Keep the GPU busy in PyTorch Lightning training."
+        )
+        parser.add_argument("--version", action="version", version=f"lightning-gpuopt {__version__}")
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for command, help_text in COMMANDS.items():
+            sub.add_parser(command, help=help_text, description=help_text, add_help=False)
         args = parser.parse_args(argv)  # handles --help / --version / unknown commands
         parser.print_help()
         return 0 if args.command is None and not argv else EXIT_USAGE

@@ -137,8 +137,7 @@ def _config_entry(obj: Any) -> Any:
 
 def _describe(settings: dict[str, Any], callbacks: Sequence[Callback], kept: dict[str, Any]) -> str:
     parts = [
-        f"{k}={v!r}" if not isinstance(v, DDPStrategy) else f"{k}=DDPStrategy(...)"
-        for k, v in settings.items()
+        f"{k}={'DDPStrategy(...)' if isinstance(v, DDPStrategy) else repr(v)}" for k, v in settings.items()
     ]
     if callbacks:
         parts.append("callbacks + " + ", ".join(type(c).__name__ for c in callbacks))
@@ -170,10 +169,10 @@ def _expected(key: str, detail: str) -> str | None:
     found = _EXPECTED.match(detail.strip())
     if found is None:
         return None
-    kind = found.group(1).rpartition(".")[2]
-    kind = _KINDS.get(kind, f"a {kind}")
-    given = found.group(2)
-    return f"{key} must be {kind}" + (f", got {given.strip()!r}" if given is not None else "")
+    kind, given = found.group(1).rpartition(".")[2], found.group(2)
+    return f"{key} must be {_KINDS.get(kind, f'a {kind}')}" + (
+        f", got {given.strip()!r}" if given is not None else ""
+    )
 
 
 def _subtype_names(text: str) -> list[str]:
@@ -225,17 +224,14 @@ def parse_error_line(message: str, package_keys: Sequence[str] = ()) -> str | No
 
 
 def _from_package(err: BaseException) -> bool:
-    """Whether ``err``'s innermost frame is in this package."""
-    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
-    return bool(frames) and _in_package(frames[-1].f_code.co_filename)
+    frames = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return bool(frames) and _in_package(frames[-1])
 
 
 def _chain(err: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = err
-    while current is not None and all(current is not s for s in seen):
-        seen.append(current)
-        current = current.__cause__ or current.__context__
+    seen = [err]
+    while (cause := seen[-1].__cause__ or seen[-1].__context__) and all(cause is not s for s in seen):
+        seen.append(cause)
     return seen
 
 
@@ -401,14 +397,11 @@ class GPUOptCLI(LightningCLI):
         trainer = section.get("trainer")
         if trainer is None:
             return
+        ddp = Namespace(
+            class_path="lightning.pytorch.strategies.DDPStrategy", init_args=Namespace(**PRESET_DDP_KWARGS)
+        )
         for key, value in settings.items():
-            if isinstance(value, DDPStrategy):
-                trainer[key] = Namespace(
-                    class_path="lightning.pytorch.strategies.DDPStrategy",
-                    init_args=Namespace(**PRESET_DDP_KWARGS),
-                )
-            else:
-                trainer[key] = value
+            trainer[key] = ddp if isinstance(value, DDPStrategy) else value
         if added:
             trainer["callbacks"] = _as_list(trainer.get("callbacks")) + [_config_entry(c) for c in added]
 

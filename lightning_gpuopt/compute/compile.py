@@ -306,8 +306,7 @@ class CompileModel(pl.Callback):
                 f"{self._batches - 1} batches, and only forward is compiled. Call self(x) in training_step."
             )
         index = self._batches - 1
-        if self._meter is not None:
-            self._meter_batch(trainer, pl_module, index)
+        self._meter_batch(trainer, pl_module, index)
         if not self._timing:
             return
         if index == warm:
@@ -325,8 +324,7 @@ class CompileModel(pl.Callback):
                 self._meter_batch(trainer, pl_module, index)
 
     def _meter_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, index: int) -> None:
-        """Mark batch ``index`` for the cost measurement; once done, keep and log it (``"auto"``: eager from
-        here where compiled steps were the slower)."""
+        """Mark batch ``index`` for the cost measurement; once measured, keep it, log it, act on it."""
         cost = self._meter.at_batch_start(index, pl_module.device) if self._meter is not None else None
         if cost is None:
             return

@@ -83,11 +83,8 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, amp_scaling: bool = True) -
         probe = cls(groups, **{**defaults, "fused": True})
     except (RuntimeError, ValueError, TypeError) as err:
         return f"{cls.__name__} cannot be fused here: {err}"
-    for group in inner.param_groups:
-        group["fused"] = True
-        group["foreach"] = None  # fused and foreach are exclusive
-    inner.defaults["fused"] = True
-    inner.defaults["foreach"] = None
+    for settings in (*inner.param_groups, inner.defaults):
+        settings.update(fused=True, foreach=None)  # fused and foreach are exclusive
     set_amp_scaling(inner, amp_scaling and supports_amp_scaling(probe))
     return None
 

@@ -79,11 +79,8 @@ def precision_and_reason(
         return "16-mixed", f"{gpu}: no bf16 hardware"
     if family == "conv":
         return "16-mixed", f"a conv net on {gpu}"
-    if family == "transformer":
-        what = "a transformer"
-    else:
-        what = "no model given" if model is None else "a model with no convolution or attention layer"
-    return "bf16-mixed", f"{what} on {gpu}"
+    what = "no model given" if model is None else "a model with no convolution or attention layer"
+    return "bf16-mixed", f"{'a transformer' if family == 'transformer' else what} on {gpu}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,6 @@ class BackendSettings:
     cudnn_benchmark: bool
 
     def restore(self) -> None:
-        """Set the flags back to these values."""
         torch.set_float32_matmul_precision(self.float32_matmul_precision)
         torch.backends.cudnn.allow_tf32 = self.cudnn_allow_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
