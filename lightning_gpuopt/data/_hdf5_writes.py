@@ -19,7 +19,6 @@ from lightning_gpuopt.data.hdf5 import COMPLETE_ATTR
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` of ``fd``."""
     view = memoryview(data).cast("B")
     while view:
         done = os.pwrite(fd, view, offset)
