@@ -94,7 +94,7 @@ def _unwritable(out: str, code: int | None) -> str | None:
 
 
 def _check_destination_folder(out: str) -> None:
-    """Refuse a read-only or forbidden output folder before a scan (a read-only disk reports no free space)."""
+    """Refuse a read-only or forbidden output folder before a scan (a read-only disk shows no free space)."""
     folder = _folder_of(out)
     if not folder.is_dir():
         return  # the conversion names the missing folder

@@ -132,7 +132,7 @@ def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
 
 
 class _Decoder:
-    """Decoded blocks in order, at most ``2 * workers`` in flight; a dead worker raises ``DecodeWorkerError``."""
+    """Decoded blocks in order, ``2 * workers`` in flight; a dead worker raises ``DecodeWorkerError``."""
 
     def __init__(self, jobs: list[tuple[list[str], int, bool, str]], workers: int) -> None:
         self.jobs = jobs

@@ -231,9 +231,9 @@ class HDF5ImageDataset(Dataset):
                     same = str(f.attrs.get("uuid")) == self.uuid
             if not same:
                 raise RuntimeError(
-                    f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was converted "
-                    "again or replaced: its uuid, size or modification time differ); create the dataset (or "
-                    "DataModule) again"
+                    f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was "
+                    "converted again or replaced: its uuid, size or modification time differ); create the "
+                    "dataset (or DataModule) again"
                 )
         except BaseException:
             os.close(fd)
@@ -241,7 +241,7 @@ class HDF5ImageDataset(Dataset):
         return fd
 
     def _opened(self) -> tuple[Any, np.ndarray | None]:
-        """This process's checked file and map, opened on its first read; a read holds them against ``close``."""
+        """This process's checked file and map, opened on its first read; a read keeps them from ``close``."""
         with self._file_lock:
             if self._file_pid != os.getpid() or self._file is None:
                 self._file = open(self._open_checked(), "rb", buffering=0)  # noqa: SIM115 -- kept open
@@ -336,8 +336,7 @@ class HDF5ImageDataset(Dataset):
         return list(zip(batch, labels.tolist(), meta, strict=True))
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
-        """Label each image of stored class ``self.classes[i]`` with ``indices[i]``, ``classes`` becoming
-        ``self.classes`` (``folder.class_indices`` gives ``indices``); the file is not changed."""
+        """Label stored class ``self.classes[i]`` as ``indices[i]`` of ``classes`` (the file is not changed)."""
         n = len(self.classes)
         check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a stored class")
         self.labels = np.asarray(indices, dtype=np.int64)[self.labels]

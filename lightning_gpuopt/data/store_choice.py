@@ -220,9 +220,9 @@ def choose_store_format(
     disk = float(disk_gbps) if disk_gbps is not None else ASSUMED_DISK_GBPS
     cores = cores_per_gpu() if cores is None else max(1, int(cores))
     raw, jpeg = read_rates(num_images, raw_bytes, jpeg_bytes, memory, disk, cores, rates)
-    cache = f"about {raw:,.0f} img/s, assumed"
+    cache, readers = f"about {raw:,.0f} img/s, assumed", min(READ_THREADS, cores)
     if rates is not None:
-        cache = f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {min(READ_THREADS, cores)} reading threads"
+        cache = f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {readers} reading threads"
     decode, gb = f"{cores} cores a GPU x {per_core(rates)}", 1e9
     store = f"the raw store ({raw_bytes / gb:,.2f} GB)"
     if fits(raw_bytes, memory):
