@@ -27,26 +27,12 @@ EXIT_USER, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="image folder laid out as SRC/<class>/<image>")
     parser.add_argument("out", help="HDF5 file to write (e.g. train_256.h5); written atomically")
-    parser.add_argument(
-        "--size",
-        type=int,
-        default=256,
-        help="storage size: the shorter side of each stored whole image, in pixels (256 for 224 crops)",
-    )
-    parser.add_argument(
-        "--format",
-        choices=("raw", "jpeg", "auto"),
-        default=None,
-        help="raw (default): uint8 canvases; jpeg: the compact JPEG store; auto: the one the rule in "
-        "docs/hdf5.md picks for this machine",
-    )
-    parser.add_argument("--workers", type=int, default=None, help="decode processes (default: all CPUs)")
-    parser.add_argument(
-        "--on-corrupt",
-        choices=("raise", "skip"),
-        default="raise",
-        help="stop at an unreadable image (raise) or leave it out and list it (skip)",
-    )
+    parser.add_argument("--size", type=int, default=256, help="stored shorter side (px; 256 for 224 crops)")
+    formats = "raw (default): uint8 canvases; jpeg: the compact JPEG store; auto: the rule's (docs/hdf5.md)"
+    parser.add_argument("--format", choices=("raw", "jpeg", "auto"), help=formats)
+    parser.add_argument("--workers", type=int, help="decode processes (default: all CPUs)")
+    on_corrupt = "stop at an unreadable image (raise) or leave it out and list it (skip)"
+    parser.add_argument("--on-corrupt", choices=("raise", "skip"), default="raise", help=on_corrupt)
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -108,8 +94,7 @@ def _unwritable(out: str, code: int | None) -> str | None:
 
 
 def _check_destination_folder(out: str) -> None:
-    """Refuse a read-only or forbidden output folder before anything is scanned (a read-only disk reports no
-    free space: it would be reported as a full one)."""
+    """Refuse a read-only or forbidden output folder before a scan (a read-only disk shows no free space)."""
     folder = _folder_of(out)
     if not folder.is_dir():
         return  # the conversion names the missing folder
@@ -141,8 +126,7 @@ def _raw_bytes(num_images: int, size: int) -> int:
 
 
 def _auto_format(args: argparse.Namespace, files: list[str], rates: Any) -> str:
-    """``--format auto``: the store the rule picks, stated in one line before converting. The disk is
-    measured (a probe file beside OUT, then removed) only where the raw store would not fit in memory."""
+    """``--format auto``: the store the rule picks, stated in one line before converting."""
     from lightning_gpuopt.data import store_choice
 
     sizes = [os.stat(p).st_size for p in files]

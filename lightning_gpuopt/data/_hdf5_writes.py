@@ -19,7 +19,6 @@ from lightning_gpuopt.data.hdf5 import COMPLETE_ATTR
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` of ``fd``."""
     view = memoryview(data).cast("B")
     while view:
         done = os.pwrite(fd, view, offset)
@@ -34,23 +33,22 @@ class HDF5Writes(io.FileIO):
         super().__init__(path, "r+")
         self.error: OSError | None = None
 
-    def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
+    def _unless_failed(self, op: Callable[..., Any], *args: Any) -> None:
         if self.error is None:
             try:
-                pwrite_all(self.fileno(), data, self.tell())
+                op(*args)
             except OSError as err:
                 self.error = err
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self._unless_failed(pwrite_all, self.fileno(), data, self.tell())
         self.seek(size, os.SEEK_CUR)
         return size
 
     def truncate(self, size: int | None = None) -> int:
         size = self.tell() if size is None else size
-        if self.error is None:
-            try:
-                super().truncate(size)
-            except OSError as err:
-                self.error = err
+        self._unless_failed(super().truncate, size)
         return size
 
 

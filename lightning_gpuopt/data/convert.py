@@ -87,11 +87,8 @@ def _decode_block(job: tuple[list[str], int, bool, str]) -> _Block:
         os._exit(1)  # orphaned: nobody will read the result
     sizes = np.array([source_size(p) for p in paths], dtype=np.int32).reshape(-1, 2)
     metas = np.zeros((len(paths), 3), dtype=np.int32)
-    if fmt == "jpeg":
-        images = np.empty(len(paths), dtype=object)
-        images[:] = [(b"", False)] * len(paths)
-    else:
-        images = np.empty((len(paths), *layout.canvas_shape(storage_size), 3), dtype=np.uint8)
+    shape = (len(paths), *layout.canvas_shape(storage_size), 3)
+    images = np.empty(len(paths), dtype=object) if fmt == "jpeg" else np.empty(shape, dtype=np.uint8)
     errors: list[tuple[int, str, str]] = []
     for j, path in enumerate(paths):
         try:
@@ -114,18 +111,15 @@ def _remove_stale_temps(dest: Path) -> None:
         pid = tmp.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # PermissionError: alive, another user's
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
                 tmp.unlink()
-        except PermissionError:  # alive, another user's
-            pass
 
 
 def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
-    """A decode worker, dying with its parent (``parent_pid``, else the process that started it); Ctrl-C
-    reaches only the converter, which stops the workers."""
+    """A decode worker: dies with its parent; Ctrl-C reaches only the converter, which stops the workers."""
     global _parent_pid
     expected = os.getppid() if parent_pid is None else parent_pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() must end a worker at once
@@ -138,8 +132,7 @@ def _worker_loop(tasks: Any, results: Any, parent_pid: int | None) -> None:
 
 
 class _Decoder:
-    """Decoded blocks in order from worker processes, at most ``2 * workers`` in flight; a worker that dies
-    raises ``DecodeWorkerError`` within half a second."""
+    """Decoded blocks in order, ``2 * workers`` in flight; a dead worker raises ``DecodeWorkerError``."""
 
     def __init__(self, jobs: list[tuple[list[str], int, bool, str]], workers: int) -> None:
         self.jobs = jobs
@@ -203,13 +196,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into ``_Terminated`` while converting (main thread, default handler only), then deliver it
-    again so the process still ends as killed by SIGTERM, after the cleanup."""
-    install = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    )
-    if not install:
+    """SIGTERM (default handler, main thread) cleans up, then still ends the process as killed by SIGTERM."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -217,12 +217,6 @@ class HDF5ImageDataset(Dataset):
     def _raw_end(self) -> int:
         return int(self._offsets.max()) + self._image_bytes
 
-    def _changed(self) -> RuntimeError:
-        return RuntimeError(
-            f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was converted again "
-            "or replaced: its uuid, size or modification time differ); create the dataset (or DataModule) again"
-        )
-
     def _truncated(self) -> RuntimeError:
         return RuntimeError(f"HDF5 store {self.path!r} was truncated while open; {self._fix()}")
 
@@ -231,20 +225,23 @@ class HDF5ImageDataset(Dataset):
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             st = os.fstat(fd)
-            if (st.st_size, st.st_mtime_ns) != self._identity[:2]:
-                raise self._changed()
-            # the uuid is read through this same descriptor: it is the file that gets read
-            with open(fd, "rb", closefd=False) as fh, self._open_h5(fileobj=fh) as f:
-                if str(f.attrs.get("uuid")) != self.uuid:
-                    raise self._changed()
+            same = (st.st_size, st.st_mtime_ns) == self._identity[:2]
+            if same:  # the uuid is read through this same descriptor: it is the file that gets read
+                with open(fd, "rb", closefd=False) as fh, self._open_h5(fileobj=fh) as f:
+                    same = str(f.attrs.get("uuid")) == self.uuid
+            if not same:
+                raise RuntimeError(
+                    f"HDF5 store {self.path!r} changed since this HDF5ImageDataset was made (it was "
+                    "converted again or replaced: its uuid, size or modification time differ); create the "
+                    "dataset (or DataModule) again"
+                )
         except BaseException:
             os.close(fd)
             raise
         return fd
 
     def _opened(self) -> tuple[Any, np.ndarray | None]:
-        """This process's unbuffered file and its map (a raw store's), opened and checked on the first read
-        (again after a fork); a read holds both, so ``close`` cannot release them under it."""
+        """This process's checked file and map, opened on its first read; a read keeps them from ``close``."""
         with self._file_lock:
             if self._file_pid != os.getpid() or self._file is None:
                 self._file = open(self._open_checked(), "rb", buffering=0)  # noqa: SIM115 -- kept open
@@ -339,8 +336,7 @@ class HDF5ImageDataset(Dataset):
         return list(zip(batch, labels.tolist(), meta, strict=True))
 
     def relabel(self, classes: Sequence[str], indices: Sequence[int]) -> None:
-        """Label each image of stored class ``self.classes[i]`` with ``indices[i]``, ``classes`` becoming
-        ``self.classes`` (``folder.class_indices`` gives ``indices``); the file is not changed."""
+        """Label stored class ``self.classes[i]`` as ``indices[i]`` of ``classes`` (the file is not changed)."""
         n = len(self.classes)
         check_arg(len(indices) == n, "indices", len(indices), f"{n}: one a stored class")
         self.labels = np.asarray(indices, dtype=np.int64)[self.labels]

@@ -109,24 +109,17 @@ class JPEGStoreWriter(StoreFile):
     def finish(self, keep: np.ndarray, skipped: list[str]) -> None:
         """Lay ``/jpeg`` out, copy the bytes in, then write the tables and the completeness mark."""
         where: list[int] = []
+        dcpl = self.allocated(contiguous=True)
 
         def lay_out(f: Any) -> None:
-            blob = f.create_dataset(
-                "jpeg",
-                shape=(max(1, self.bytes_written),),
-                dtype=np.uint8,
-                dcpl=self.allocated(contiguous=True),
-            )
+            blob = f.create_dataset("jpeg", shape=(max(1, self.bytes_written),), dtype=np.uint8, dcpl=dcpl)
             where.append(int(blob.id.get_offset()))
             self.identify(f, JPEG_FORMAT, JPEG_FORMAT_VERSION)
 
         self.hdf5("w", lay_out)
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                self._copy_spill(fd, where[0])
-            finally:
-                os.close(fd)
+            with open(self.tmp, "r+b", buffering=0) as fh:
+                self._copy_spill(fh.fileno(), where[0])
         except OSError as err:
             raise self.failed(err) from err
         self.close()

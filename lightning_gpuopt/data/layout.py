@@ -68,11 +68,8 @@ def stored_meta(width: int, height: int, storage_size: int) -> np.ndarray:
 def cut_to_canvas(rgb: np.ndarray, storage_size: int) -> np.ndarray:
     """The part of a resized ``(h, w, C)`` image the canvas keeps (a view), cut by ``cut_window``."""
     h, w = rgb.shape[:2]
-    if h > w:
-        start, length = cut_window(h, storage_size)
-        return rgb[start : start + length]
-    start, length = cut_window(w, storage_size)
-    return rgb[:, start : start + length]
+    start, length = cut_window(max(h, w), storage_size)
+    return rgb[start : start + length] if h > w else rgb[:, start : start + length]
 
 
 def to_rgb8(img: object) -> object:
@@ -117,11 +114,10 @@ def place_on_canvas(
         f"an image whose shorter side fits a {ch}x{cw} canvas",
         "resize it with resized_size()",
     )
-    canvas = np.zeros((ch, cw, 3), dtype=np.uint8) if out is None else out
+    canvas = np.empty((ch, cw, 3), dtype=np.uint8) if out is None else out
     canvas[:h, :w] = rgb
-    if out is not None:
-        canvas[h:, :] = 0
-        canvas[:h, w:] = 0
+    canvas[h:, :] = 0
+    canvas[:h, w:] = 0
     return canvas, np.array([h, w, int(transposed)], dtype=np.int32)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_gpuopt._common import available_cpus
+from lightning_gpuopt.data.hdf5 import READ_THREADS  # HDF5Options' default threads
 
 #: share of the machine's memory a store may take and still be read from the page cache every epoch (the
 #: rest is the training processes': the model, pinned batches, the loader)
@@ -74,12 +75,9 @@ def disk_read_gbps(path: str | os.PathLike[str], limit: int = PROBE_BYTES) -> fl
 
 def probe_disk_gbps(folder: str | os.PathLike[str], name: str) -> float | None:
     """``disk_read_gbps`` of ``PROBE_BYTES`` written to ``folder/name`` (removed after, also on failure)."""
-    path = Path(folder) / name
+    path = Path(folder) / name  # its name holds this process's pid: a file already there is a stale probe
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:
-        return None
-    try:
         try:
             chunk = os.urandom(_BLOCK)  # incompressible: no file system shortcuts
             for offset in range(0, PROBE_BYTES, _BLOCK):
@@ -171,12 +169,6 @@ def fits(store_bytes: int, memory: int) -> bool:
     return store_bytes <= MEMORY_SHARE * memory
 
 
-def _readers(cores: int) -> int:
-    from lightning_gpuopt.data.hdf5 import READ_THREADS
-
-    return min(READ_THREADS, cores)  # HDF5Options' default
-
-
 def read_rates(
     num_images: int,
     raw_bytes: int,
@@ -188,7 +180,7 @@ def read_rates(
 ) -> tuple[float, float]:
     """Expected ``(raw store, JPEG store)`` images a second, from ``rates`` or the assumed ones."""
     disk = disk_gbps * 1e9
-    cached = rates.copy * _readers(cores) if rates is not None else RAW_CACHED_RATE
+    cached = rates.copy * min(READ_THREADS, cores) if rates is not None else RAW_CACHED_RATE
     raw = cached if fits(raw_bytes, memory) else disk / (raw_bytes / num_images)
     decode = cores * (rates.decode if rates is not None else JPEG_DECODE_RATE_PER_CORE)
     jpeg = decode if fits(jpeg_bytes, memory) else min(decode, disk / max(1.0, jpeg_bytes / num_images))
@@ -228,11 +220,9 @@ def choose_store_format(
     disk = float(disk_gbps) if disk_gbps is not None else ASSUMED_DISK_GBPS
     cores = cores_per_gpu() if cores is None else max(1, int(cores))
     raw, jpeg = read_rates(num_images, raw_bytes, jpeg_bytes, memory, disk, cores, rates)
-    cache = f"about {raw:,.0f} img/s, assumed"
+    cache, readers = f"about {raw:,.0f} img/s, assumed", min(READ_THREADS, cores)
     if rates is not None:
-        cache = (
-            f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {_readers(cores)} reading threads"
-        )
+        cache = f"a memory copy, {rates.copy:,.0f} img/s a thread measured, x {readers} reading threads"
     decode, gb = f"{cores} cores a GPU x {per_core(rates)}", 1e9
     store = f"the raw store ({raw_bytes / gb:,.2f} GB)"
     if fits(raw_bytes, memory):
