@@ -23,7 +23,8 @@ from typing_extensions import override
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int
-from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
+from lightning_gpuopt._common import CACHE_ENV as CACHE_ENV  # importable here, beside the cache it names
+from lightning_gpuopt._common import available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data._lifetime import worker_folder
 from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
@@ -51,20 +52,6 @@ MIN_BUDGET_S = 2.0
 STEADY_TOLERANCE = 0.1
 #: counts in a row without improvement that end the measurement.
 PATIENCE = 2
-
-__all__ = [
-    "CACHE_ENV",
-    "TuningConfig",
-    "TuningResult",
-    "WorkerTuner",
-    "dataset_fingerprint",
-    "default_cache_path",
-    "default_candidates",
-    "endless_sampler",
-    "loader_factory",
-    "tune_num_workers",
-    "unmeasured_workers",
-]
 
 
 @dataclass(frozen=True)
@@ -358,6 +345,26 @@ def unmeasured_workers(
     return None
 
 
+def _measure_workers(
+    dataset: Any,
+    batch_size: int,
+    *,
+    trainer: pl.Trainer | None = None,
+    loader_kwargs: dict[str, Any] | None = None,
+    cache_key: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> TuningResult:
+    """``tune_num_workers`` of ``dataset`` read as training reads it, batches of at most ``MEASURE_BATCH_SIZE``,
+    ``max_workers`` the CPUs a local process; under a ``trainer`` each node takes its local rank zero's count."""
+    local = max(1, trainer.num_devices) if trainer is not None else 1
+    kwargs.setdefault("max_workers", max(1, available_cpus() // local))
+    make = loader_factory(dataset, min(batch_size, MEASURE_BATCH_SIZE), **(loader_kwargs or {}))
+    key = {"local_world_size": local, "train_batch_size": batch_size, **(cache_key or {})}
+    result = tune_num_workers(loader=make, cache_key=key, **kwargs)
+    result.best = _node_best(trainer, result.best)
+    return result
+
+
 def _node_best(trainer: pl.Trainer | None, best: int) -> int:
     """The count local rank zero of this rank's node chose (one ``all_gather``; every rank must call it)."""
     if trainer is None or trainer.world_size <= 1:
@@ -425,31 +432,24 @@ class WorkerTuner(pl.Callback):
         if not flat:
             warn_once("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
             return
-        local_world = max(1, trainer.num_devices)
-        max_workers = max(1, available_cpus() // local_world)
         self.results = []
+        # the measured loaders read and collate as this one does
+        kept = ("pin_memory", "collate_fn", "worker_init_fn", "multiprocessing_context")
         for loader in flat:
-            size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
-            result = tune_num_workers(
-                loader_factory(
-                    loader.dataset,
-                    size,
-                    pin_memory=loader.pin_memory,
-                    collate_fn=loader.collate_fn,
-                    worker_init_fn=loader.worker_init_fn,
-                    multiprocessing_context=loader.multiprocessing_context,
-                ),
+            result = _measure_workers(
+                loader.dataset,
+                loader.batch_size or 1,
+                trainer=trainer,
+                loader_kwargs={k: getattr(loader, k) for k in kept},
                 candidates=self.candidates,
                 budget_s=self.budget_s,
                 target_samples_per_sec=self.target_samples_per_sec,
                 tolerance=self.tolerance,
-                max_workers=max_workers,
                 cache=self.cache,
                 cache_dir=self.cache_dir,
-                cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
                 progress=lambda line: rank_zero_info(f"WorkerTuner: {line}"),
             )
-            self.num_workers = result.best = best = _node_best(trainer, result.best)
+            self.num_workers = best = result.best
             self.results.append(result)
             rank_zero_info(f"WorkerTuner: {type(loader.dataset).__name__}\n{result.format_table()}")
             if self.apply and best != loader.num_workers:
