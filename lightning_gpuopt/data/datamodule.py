@@ -153,9 +153,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         self.num_workers: int | str = num_workers
         self.image_size = image_size
         self.storage_size = storage_size
-        self.augment = (
-            augment if isinstance(augment, AugmentConfig) else (AugmentConfig() if augment else None)
-        )
+        self.augment = AugmentConfig() if augment is True else (augment or None)
         self.pin_memory = pin_memory
         self.on_corrupt = on_corrupt
         self.check_images = check_images
@@ -176,14 +174,11 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders of the split hooks, for teardown
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_skip_janitor"] = None  # a process handle; the original keeps removing the folder
-        state["_handed_out"] = None  # the loaders stay with the original; a copy tracks its own
-        return state
+        # a copy holds no process handle (the original removes the folder) and tracks its own loaders
+        return {**self.__dict__, "_skip_janitor": None, "_handed_out": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._handed_out = weakref.WeakSet()
+        self.__dict__.update(state, _handed_out=weakref.WeakSet())
 
     @property
     def backend(self) -> str:
@@ -605,8 +600,7 @@ def _check_kinds(augment: Any, pin_memory: Any, on_corrupt: Any, check_images: A
     """Refuse an argument of the wrong kind (``TypeError``) or an unknown ``on_corrupt``."""
     must = "an AugmentConfig, True (torchvision's defaults) or False"
     check_arg(isinstance(augment, (AugmentConfig, bool)), "augment", augment, must, error=TypeError)
-    ok = pin_memory is None or isinstance(pin_memory, bool)
-    check_arg(ok, "pin_memory", pin_memory, "None or a bool", error=TypeError)
+    check_bool(pin_memory, "pin_memory", none_ok=True)
     check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
     check_bool(check_images, "check_images")
     must = "None or TuningConfig(...)"

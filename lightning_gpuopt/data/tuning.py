@@ -75,9 +75,7 @@ class TuningConfig:
     cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
-        check_float(self.budget_s, "tuning.budget_s", low=0, low_open=True, what="(seconds)")
-        _check_target(self.target_samples_per_sec, "tuning.target_samples_per_sec")
-        _check_cache_dir(self.cache_dir, "tuning.cache_dir")
+        _check_tuning("tuning.", self.budget_s, self.target_samples_per_sec, self.cache_dir)
 
 
 def default_candidates(max_workers: int) -> list[int]:
@@ -210,8 +208,7 @@ def tune_num_workers(
     Raises:
         ValueError: a bad argument, or a loader that yields no batch.
     """
-    _check_budget_tolerance(budget_s, tolerance)
-    _check_target(target_samples_per_sec, "target_samples_per_sec")
+    _check_tuning("", budget_s, target_samples_per_sec, cache_dir, tolerance)
     check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
@@ -263,19 +260,14 @@ def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
     return TuningResult(int(hit["best"]), hit["table"], 0.0, True, reason, key)
 
 
-def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
-    check_float(budget_s, "budget_s", low=0, low_open=True, what="(seconds)")
-    check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
-
-
-def _check_target(target: float | None, name: str) -> None:
-    fix = "None measures up to the loader's plateau"
-    check_float(target, name, low=0, low_open=True, none_ok=True, what="(your model's samples/s)", fix=fix)
-
-
-def _check_cache_dir(cache_dir: Any, name: str) -> None:
+def _check_tuning(prefix: str, budget_s: Any, target: Any, cache_dir: Any, tolerance: Any = 0.05) -> None:
+    check_float(budget_s, prefix + "budget_s", low=0, low_open=True, what="(seconds)")
+    what, fix = "(your model's samples/s)", "None measures up to the loader's plateau"
+    name = prefix + "target_samples_per_sec"
+    check_float(target, name, low=0, low_open=True, none_ok=True, what=what, fix=fix)
     ok = cache_dir is None or isinstance(cache_dir, (str, os.PathLike))
-    check_arg(ok, name, cache_dir, "None or a folder path", error=TypeError)
+    check_arg(ok, prefix + "cache_dir", cache_dir, "None or a folder path", error=TypeError)
+    check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
 
 
 def loader_factory(
@@ -375,11 +367,7 @@ def _node_best(trainer: pl.Trainer | None, best: int) -> int:
 
 
 class WorkerTuner(pl.Callback):
-    """Tune ``num_workers`` of training DataLoaders this package did not build (your own ``DataLoader``).
-
-    At ``on_train_start`` each training ``DataLoader`` is measured with ``tune_num_workers`` and, with
-    ``apply=True``, its ``num_workers`` set to the result (each node takes its local rank zero's answer).
-    Logged: ``tuning/num_workers`` and ``tuning/samples_per_sec`` (docs/worker_tuning.md).
+    """At ``on_train_start``, tune ``num_workers`` of your own training ``DataLoader`` (docs/worker_tuning.md).
 
     Args:
         budget_s: tuning budget in seconds (per loader).
@@ -404,17 +392,15 @@ class WorkerTuner(pl.Callback):
         cache: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        _check_budget_tolerance(budget_s, tolerance)
+        _check_tuning("", budget_s, target_samples_per_sec, cache_dir, tolerance)
         must = "None or a non-empty sequence of worker counts (ints >= 0)"
         ok = candidates is None or isinstance(candidates, Sequence)
         check_arg(ok, "candidates", candidates, must, error=TypeError)
         counts = [] if candidates is None or isinstance(candidates, str) else candidates
         ok = candidates is None or (bool(counts) and all(is_int(c) and c >= 0 for c in counts))
         check_arg(ok, "candidates", candidates, must)
-        _check_target(target_samples_per_sec, "target_samples_per_sec")
         check_bool(apply, "apply")
         check_bool(cache, "cache")
-        _check_cache_dir(cache_dir, "cache_dir")
         self.budget_s = budget_s
         self.candidates = list(candidates) if candidates is not None else None
         self.target_samples_per_sec = target_samples_per_sec
