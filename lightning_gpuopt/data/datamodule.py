@@ -271,13 +271,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         resize = eval_resize_size(self.image_size)
         fix = f"convert the source with `lightning-gpuopt convert SRC OUT.h5 --size {resize}`"
         must = f">= image_size ({self.image_size}), or every crop is upsampled"
-        check_arg(
-            not upsamples(stored, self.image_size),
-            f"{split} data's storage size",
-            stored,
-            must,
-            f"{fix} or lower image_size",
-        )
+        ok = not upsamples(stored, self.image_size)
+        check_arg(ok, f"{split} data's storage size", stored, must, f"{fix} or lower image_size")
         if stored != resize:
             warn_once(
                 f"OptimizedDataModule: the {split} data is stored with its shorter side at {stored} px, not at "
