@@ -149,20 +149,21 @@ def measured(dataset: Any, args: argparse.Namespace, candidates: list[int]) -> A
     import torch
 
     from lightning_gpuopt.data.loader import UInt8Collate, read_by_threads
-    from lightning_gpuopt.data.tuning import MEASURE_BATCH_SIZE, loader_factory, tune_num_workers
+    from lightning_gpuopt.data.tuning import _measure_workers
 
     threads = read_by_threads(dataset)
-    size, pin = min(args.batch_size, MEASURE_BATCH_SIZE), torch.cuda.is_available()
     what = "reading threads" if threads else "worker processes (num_workers)"
     print(f"measuring {what} for {dataset!r}, batch size {args.batch_size}, budget {args.budget:g} s ...")
-    result = tune_num_workers(
-        loader_factory(dataset, size, threads=threads, pin_memory=pin, collate_fn=UInt8Collate()),
+    result = _measure_workers(
+        dataset,
+        args.batch_size,
+        loader_kwargs=dict(threads=threads, pin_memory=torch.cuda.is_available(), collate_fn=UInt8Collate()),
         candidates=candidates,
         budget_s=args.budget,
         target_samples_per_sec=args.target,
         tolerance=args.tolerance,
         cache=not args.no_cache,
-        cache_key={"train_batch_size": args.batch_size, "reader": "threads" if threads else "workers"},
+        cache_key={"reader": "threads" if threads else "workers"},
         progress=lambda line: print(f"  {line}", flush=True),  # stdout, beside the table
     )
     print(result.format_table())

@@ -54,35 +54,38 @@ def choose_backend(
         return _store_backend(chosen, paths.get("train"), num_workers)
     if on_corrupt != "raise":
         return chosen, f"on_corrupt={on_corrupt!r}: DALI cannot skip unreadable files"
+    return _decoder(chosen, "image folders", "them", num_workers, DALIBackend(), "DALI decodes them")
+
+
+def _decoder(
+    chosen: Backend, what: str, them: str, num_workers: Any, dali: Backend, how: str
+) -> tuple[Backend, str]:
+    """JPEGs (``what``): DALI's ``dali`` on a CUDA machine with DALI installed, else who decodes ``them``."""
     if not torch.cuda.is_available():
-        return chosen, "image folders, no CUDA GPU: worker processes decode them"
-    if not backends.dali_installed():
-        return _without_dali(chosen, "image folders", "them", num_workers)
-    if is_int(num_workers) and int(num_workers) > 0:
-        return chosen, (
-            f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image folders; "
-            "DALI has none (leave num_workers='auto' for DALI, whose threads DALIOptions(threads=...) sets)"
-        )
-    return DALIBackend(), "image folders, a CUDA GPU and DALI installed: DALI decodes them"
-
-
-def _without_dali(chosen: Backend, what: str, them: str, num_workers: Any) -> tuple[Backend, str]:
-    """``what`` on a CUDA machine without DALI: decoded in the training process, or by worker processes."""
-    dali = f"pip install 'lightning-gpuopt[dali]' decodes {them} with DALI instead"
+        return chosen, f"{what}, no CUDA GPU: worker processes decode {them}"
+    if backends.dali_installed():
+        if is_int(num_workers) and num_workers and isinstance(chosen, FolderBackend):
+            return chosen, (
+                f"num_workers={num_workers} asks for DataLoader worker processes, which decode the image "
+                "folders; DALI has none (leave num_workers='auto' for DALI, whose threads "
+                "DALIOptions(threads=...) sets)"
+            )
+        return dali, f"{what}, a CUDA GPU and DALI installed: {how}"
+    dali_fix = f"pip install 'lightning-gpuopt[dali]' decodes {them} with DALI instead"
     if num_workers != "auto":
-        return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali})"
+        return chosen, f"{what}, num_workers={num_workers!r}: worker processes decode {them} ({dali_fix})"
     if not backends.torchvision_installed():
         return chosen, (
             f"{what}, worker processes decode {them}; neither DALI nor torchvision is installed (pip "
             f"install 'lightning-gpuopt[vision]' decodes {them} in the training process, with nvJPEG on the "
-            f"GPU; {dali})"
+            f"GPU; {dali_fix})"
         )
     from lightning_gpuopt.data.decode_backend import DecodedFolderBackend, DecodedStoreBackend
 
     decoded = DecodedFolderBackend() if isinstance(chosen, FolderBackend) else DecodedStoreBackend()
     return decoded, (
         f"{what}, a CUDA GPU, no DALI: the training process decodes {them}, with nvJPEG or on its CPU "
-        f"threads as measured at setup ({dali})"
+        f"threads as measured at setup ({dali_fix})"
     )
 
 
@@ -118,14 +121,8 @@ def _store_backend(chosen: Backend, train: str | None, num_workers: Any = "auto"
 
     if train is None or not _is_jpeg_store(train):
         return chosen, "a store file"
-    if not torch.cuda.is_available():
-        return chosen, "a JPEG store, no CUDA GPU: worker processes decode it"
-    if not backends.dali_installed():
-        return _without_dali(chosen, "a JPEG store", "it", num_workers)
-    return DALIStoreBackend(), (
-        "a JPEG store, a CUDA GPU and DALI installed: DALI decodes its training batches, worker processes "
-        "its evaluation splits"
-    )
+    how = "DALI decodes its training batches, worker processes its evaluation splits"
+    return _decoder(chosen, "a JPEG store", "it", num_workers, DALIStoreBackend(), how)
 
 
 def overridden_batch_hooks(dm: pl.LightningDataModule, base: type) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -51,16 +50,7 @@ from lightning_gpuopt.data.loader import (
     read_by_threads,
 )
 from lightning_gpuopt.data.transforms import AugmentConfig, GPUAugment, check_mean_std
-from lightning_gpuopt.data.tuning import (
-    MEASURE_BATCH_SIZE,
-    TuningConfig,
-    TuningResult,
-    _node_best,
-    dataset_fingerprint,
-    loader_factory,
-    tune_num_workers,
-    unmeasured_workers,
-)
+from lightning_gpuopt.data.tuning import TuningConfig, TuningResult, _measure_workers, unmeasured_workers
 
 if TYPE_CHECKING:
     from lightning_gpuopt.data.dali import DALIOptions
@@ -163,9 +153,7 @@ class OptimizedDataModule(pl.LightningDataModule):
         self.num_workers: int | str = num_workers
         self.image_size = image_size
         self.storage_size = storage_size
-        self.augment = (
-            augment if isinstance(augment, AugmentConfig) else (AugmentConfig() if augment else None)
-        )
+        self.augment = AugmentConfig() if augment is True else (augment or None)
         self.pin_memory = pin_memory
         self.on_corrupt = on_corrupt
         self.check_images = check_images
@@ -176,11 +164,9 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._stage_generator: torch.Generator | None = None
         self._auto_workers = num_workers == "auto"
         self._checked: set[str] = set()  # folders check_images found readable
-        self._split_workers: dict[str, int] = {}  # DataLoader worker processes of each split's loader
-        self._split_threads: dict[str, int] = {}  # reading threads of a split read by threads (a raw store)
-        self._how: dict[str, dict[str, str]] = {}  # per split: how each count was chosen, for the setup line
+        # per split: {"num_workers" or "threads": (count, how it was chosen, for the setup line)}
+        self._counts: dict[str, dict[str, tuple[int, str]]] = {}
         self._said: set[str] = set()  # setup lines already given
-        self._measured: dict[str, tuple[int, str]] = {}  # a dataset's fingerprint -> its measured count
         self._datasets: dict[str, Dataset | None] = {}
         self._skip_dir: str | None = None
         self._skip_janitor: Janitor | None = None
@@ -188,14 +174,11 @@ class OptimizedDataModule(pl.LightningDataModule):
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders of the split hooks, for teardown
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_skip_janitor"] = None  # a process handle; the original keeps removing the folder
-        state["_handed_out"] = None  # the loaders stay with the original; a copy tracks its own
-        return state
+        # a copy holds no process handle (the original removes the folder) and tracks its own loaders
+        return {**self.__dict__, "_skip_janitor": None, "_handed_out": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._handed_out = weakref.WeakSet()
+        self.__dict__.update(state, _handed_out=weakref.WeakSet())
 
     @property
     def backend(self) -> str:
@@ -288,13 +271,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         resize = eval_resize_size(self.image_size)
         fix = f"convert the source with `lightning-gpuopt convert SRC OUT.h5 --size {resize}`"
         must = f">= image_size ({self.image_size}), or every crop is upsampled"
-        check_arg(
-            not upsamples(stored, self.image_size),
-            f"{split} data's storage size",
-            stored,
-            must,
-            f"{fix} or lower image_size",
-        )
+        ok = not upsamples(stored, self.image_size)
+        check_arg(ok, f"{split} data's storage size", stored, must, f"{fix} or lower image_size")
         if stored != resize:
             warn_once(
                 f"OptimizedDataModule: the {split} data is stored with its shorter side at {stored} px, not at "
@@ -308,21 +286,25 @@ class OptimizedDataModule(pl.LightningDataModule):
         return max(1, self.trainer.num_devices) if self.trainer is not None else 1
 
     def _workers(self, split: str) -> int:
-        """DataLoader worker processes of ``split``'s loader, resolved once per split and dataset."""
-        if split in self._split_workers:
-            return self._split_workers[split]
-        dataset = self._dataset(split)
-        if dataset is None:
-            return 0
-        if read_by_threads(dataset):
-            return self._resolved(split, 0, "a raw store has none: threads of the training process read it")
-        if not self._auto_workers:
-            return self._resolved(split, int(self.num_workers), "set by you")
-        return self._resolved(split, *self._auto_workers_for(split, dataset))
+        """DataLoader worker processes of ``split``'s loader, resolved once per split."""
+        counts = self._counts.setdefault(split, {})
+        if "num_workers" not in counts:
+            dataset = self._dataset(split)
+            if dataset is None:
+                return 0
+            if self._auto_workers:
+                counts["num_workers"] = self._auto_workers_for(split, dataset)
+            elif read_by_threads(dataset):
+                counts["num_workers"] = (0, "a raw store has none: threads of the training process read it")
+            else:
+                counts["num_workers"] = (int(self.num_workers), "set by you")
+            if split == "train":
+                self.num_workers = counts["num_workers"][0]
+        return counts["num_workers"][0]
 
     def _auto_workers_for(self, split: str, dataset: Dataset) -> tuple[int, str]:
         """``(count, how)`` of ``num_workers="auto"``: unmeasured, the training split's, or measured."""
-        trained = self._split_workers.get("train")
+        trained = self._counts.get("train", {}).get("num_workers")
         if split == "train" or trained is None or isinstance(dataset, BatchReader):
             local = self._local_world_size()
             fixed = unmeasured_workers(
@@ -333,53 +315,38 @@ class OptimizedDataModule(pl.LightningDataModule):
             batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         except TypeError:
             batches = MIN_TUNE_BATCHES
-        return min(trained, batches if batches > 1 else 0), "the training split's count, not measured again"
-
-    def _resolved(self, split: str, workers: int, how: str) -> int:
-        """Keep ``split``'s worker count and how it was chosen; the training split's is ``num_workers``."""
-        self._split_workers[split] = workers
-        self._how.setdefault(split, {})["num_workers"] = how
-        if split == "train":
-            self.num_workers = workers
-        return workers
+        return min(
+            trained[0], batches if batches > 1 else 0
+        ), "the training split's count, not measured again"
 
     def _read_threads(self, split: str) -> int:
         """Threads of the training process reading ``split``'s raw store (``HDF5Options``), resolved once."""
-        if split not in self._split_threads:
+        counts = self._counts.setdefault(split, {})
+        if "threads" not in counts:
             from lightning_gpuopt.data.hdf5 import HDF5Options
 
             cpus = max(1, available_cpus() // self._local_world_size())
-            threads, how = (self.hdf5 or HDF5Options()).resolved_threads(cpus=cpus)
-            self._split_threads[split] = threads
-            self._how.setdefault(split, {})["threads"] = how
-        return self._split_threads[split]
+            counts["threads"] = (self.hdf5 or HDF5Options()).resolved_threads(cpus=cpus)
+        return counts["threads"][0]
 
     def _measure(self, dataset: Dataset, split: str) -> tuple[int, str]:
-        """Measure ``dataset``'s count as ``lightning-gpuopt tune`` does, once per dataset."""
-        key = json.dumps(dataset_fingerprint(dataset), sort_keys=True, default=str)
-        if key in self._measured:  # the same data under another split or stage
-            return self._measured[key]
-
-        local, tuning = self._local_world_size(), self.tuning
+        """Measure ``dataset``'s count as ``lightning-gpuopt tune`` does."""
         batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
-        size, pin = min(self.batch_size, MEASURE_BATCH_SIZE), self._pin()
-        say = f"OptimizedDataModule: num_workers='auto' for {split}: "
-        result = tune_num_workers(
-            loader=loader_factory(
-                dataset, size, pin_memory=pin, collate_fn=UInt8Collate(f"{split}_dataset()")
-            ),
+        pin, tuning, say = self._pin(), self.tuning, f"OptimizedDataModule: num_workers='auto' for {split}: "
+        self.tuning_result = result = _measure_workers(
+            dataset,
+            self.batch_size,
+            trainer=self.trainer,
+            loader_kwargs={"pin_memory": pin, "collate_fn": UInt8Collate(f"{split}_dataset()")},
             budget_s=tuning.budget_s,
             target_samples_per_sec=tuning.target_samples_per_sec,
-            max_workers=max(1, min(available_cpus() // local, batches)),
+            max_workers=max(1, min(available_cpus() // self._local_world_size(), batches)),
             cache_dir=tuning.cache_dir,
-            cache_key={"local_world_size": local, "pin_memory": pin, "train_batch_size": self.batch_size},
+            cache_key={"pin_memory": pin},
             progress=lambda line: rank_zero_info(say + line),
         )
-        result.best = _node_best(self.trainer, result.best)
-        self.tuning_result = result
         rank_zero_info(f"OptimizedDataModule: num_workers='auto' -> {result.best}\n{result.format_table()}")
-        self._measured[key] = (result.best, result.how())
-        return self._measured[key]
+        return result.best, result.how()
 
     def _pin(self) -> bool:
         """Pin host batches: as ``pin_memory`` says, else where the Trainer's device is CUDA."""
@@ -460,10 +427,8 @@ class OptimizedDataModule(pl.LightningDataModule):
     def _say_feed(self, split: str, loader: Any) -> None:
         """The setup line of ``split`` (rank zero; again only when it changes)."""
         hooks = overridden_batch_hooks(self, OptimizedDataModule) if split == "train" else []
-        processes = self._local_world_size()
-        line = feed_line(
-            split, loader, self._how.get(split, {}), hooks=hooks, dali=self.dali, processes=processes
-        )
+        how = {kind: chosen[1] for kind, chosen in self._counts.get(split, {}).items()}
+        line = feed_line(split, loader, how, hooks=hooks, dali=self.dali, processes=self._local_world_size())
         if line is not None and line not in self._said:
             self._said.add(line)
             rank_zero_info(line)
@@ -630,8 +595,7 @@ def _check_kinds(augment: Any, pin_memory: Any, on_corrupt: Any, check_images: A
     """Refuse an argument of the wrong kind (``TypeError``) or an unknown ``on_corrupt``."""
     must = "an AugmentConfig, True (torchvision's defaults) or False"
     check_arg(isinstance(augment, (AugmentConfig, bool)), "augment", augment, must, error=TypeError)
-    ok = pin_memory is None or isinstance(pin_memory, bool)
-    check_arg(ok, "pin_memory", pin_memory, "None or a bool", error=TypeError)
+    check_bool(pin_memory, "pin_memory", none_ok=True)
     check_choice(on_corrupt, "on_corrupt", ON_CORRUPT)
     check_bool(check_images, "check_images")
     must = "None or TuningConfig(...)"

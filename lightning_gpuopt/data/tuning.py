@@ -23,7 +23,8 @@ from typing_extensions import override
 
 from lightning_gpuopt import _compat
 from lightning_gpuopt._checks import check_arg, check_bool, check_float, is_int
-from lightning_gpuopt._common import CACHE_ENV, available_cpus, format_table, warn_once
+from lightning_gpuopt._common import CACHE_ENV as CACHE_ENV  # importable here, beside the cache it names
+from lightning_gpuopt._common import available_cpus, format_table, warn_once
 from lightning_gpuopt._common import cache_dir as _cache_folder
 from lightning_gpuopt.data._lifetime import worker_folder
 from lightning_gpuopt.data._tuning_cache import _cached_problem, _read_cache, _write_cache
@@ -52,20 +53,6 @@ STEADY_TOLERANCE = 0.1
 #: counts in a row without improvement that end the measurement.
 PATIENCE = 2
 
-__all__ = [
-    "CACHE_ENV",
-    "TuningConfig",
-    "TuningResult",
-    "WorkerTuner",
-    "dataset_fingerprint",
-    "default_cache_path",
-    "default_candidates",
-    "endless_sampler",
-    "loader_factory",
-    "tune_num_workers",
-    "unmeasured_workers",
-]
-
 
 @dataclass(frozen=True)
 class TuningConfig:
@@ -88,9 +75,7 @@ class TuningConfig:
     cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
-        check_float(self.budget_s, "tuning.budget_s", low=0, low_open=True, what="(seconds)")
-        _check_target(self.target_samples_per_sec, "tuning.target_samples_per_sec")
-        _check_cache_dir(self.cache_dir, "tuning.cache_dir")
+        _check_tuning("tuning.", self.budget_s, self.target_samples_per_sec, self.cache_dir)
 
 
 def default_candidates(max_workers: int) -> list[int]:
@@ -223,8 +208,7 @@ def tune_num_workers(
     Raises:
         ValueError: a bad argument, or a loader that yields no batch.
     """
-    _check_budget_tolerance(budget_s, tolerance)
-    _check_target(target_samples_per_sec, "target_samples_per_sec")
+    _check_tuning("", budget_s, target_samples_per_sec, cache_dir, tolerance)
     check_float(headroom, "headroom", low=1, what="(a multiple of the target)")
     goal = target_samples_per_sec * headroom if target_samples_per_sec is not None else None
     cpus = available_cpus()
@@ -276,19 +260,14 @@ def _from_cache(path: Path, key: str, cands: list[int]) -> TuningResult | None:
     return TuningResult(int(hit["best"]), hit["table"], 0.0, True, reason, key)
 
 
-def _check_budget_tolerance(budget_s: float, tolerance: float) -> None:
-    check_float(budget_s, "budget_s", low=0, low_open=True, what="(seconds)")
-    check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
-
-
-def _check_target(target: float | None, name: str) -> None:
-    fix = "None measures up to the loader's plateau"
-    check_float(target, name, low=0, low_open=True, none_ok=True, what="(your model's samples/s)", fix=fix)
-
-
-def _check_cache_dir(cache_dir: Any, name: str) -> None:
+def _check_tuning(prefix: str, budget_s: Any, target: Any, cache_dir: Any, tolerance: Any = 0.05) -> None:
+    check_float(budget_s, prefix + "budget_s", low=0, low_open=True, what="(seconds)")
+    what, fix = "(your model's samples/s)", "None measures up to the loader's plateau"
+    name = prefix + "target_samples_per_sec"
+    check_float(target, name, low=0, low_open=True, none_ok=True, what=what, fix=fix)
     ok = cache_dir is None or isinstance(cache_dir, (str, os.PathLike))
-    check_arg(ok, name, cache_dir, "None or a folder path", error=TypeError)
+    check_arg(ok, prefix + "cache_dir", cache_dir, "None or a folder path", error=TypeError)
+    check_float(tolerance, "tolerance", low=0, high=1, high_open=True, what="(0.05 = 5%)")
 
 
 def loader_factory(
@@ -358,6 +337,26 @@ def unmeasured_workers(
     return None
 
 
+def _measure_workers(
+    dataset: Any,
+    batch_size: int,
+    *,
+    trainer: pl.Trainer | None = None,
+    loader_kwargs: dict[str, Any] | None = None,
+    cache_key: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> TuningResult:
+    """``tune_num_workers`` of ``dataset`` read as training reads it, batches of at most ``MEASURE_BATCH_SIZE``,
+    ``max_workers`` the CPUs a local process; under a ``trainer`` each node takes its local rank zero's count."""
+    local = max(1, trainer.num_devices) if trainer is not None else 1
+    kwargs.setdefault("max_workers", max(1, available_cpus() // local))
+    make = loader_factory(dataset, min(batch_size, MEASURE_BATCH_SIZE), **(loader_kwargs or {}))
+    key = {"local_world_size": local, "train_batch_size": batch_size, **(cache_key or {})}
+    result = tune_num_workers(loader=make, cache_key=key, **kwargs)
+    result.best = _node_best(trainer, result.best)
+    return result
+
+
 def _node_best(trainer: pl.Trainer | None, best: int) -> int:
     """The count local rank zero of this rank's node chose (one ``all_gather``; every rank must call it)."""
     if trainer is None or trainer.world_size <= 1:
@@ -368,11 +367,7 @@ def _node_best(trainer: pl.Trainer | None, best: int) -> int:
 
 
 class WorkerTuner(pl.Callback):
-    """Tune ``num_workers`` of training DataLoaders this package did not build (your own ``DataLoader``).
-
-    At ``on_train_start`` each training ``DataLoader`` is measured with ``tune_num_workers`` and, with
-    ``apply=True``, its ``num_workers`` set to the result (each node takes its local rank zero's answer).
-    Logged: ``tuning/num_workers`` and ``tuning/samples_per_sec`` (docs/worker_tuning.md).
+    """At ``on_train_start``, tune ``num_workers`` of your own training ``DataLoader`` (docs/worker_tuning.md).
 
     Args:
         budget_s: tuning budget in seconds (per loader).
@@ -397,17 +392,15 @@ class WorkerTuner(pl.Callback):
         cache: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        _check_budget_tolerance(budget_s, tolerance)
+        _check_tuning("", budget_s, target_samples_per_sec, cache_dir, tolerance)
         must = "None or a non-empty sequence of worker counts (ints >= 0)"
         ok = candidates is None or isinstance(candidates, Sequence)
         check_arg(ok, "candidates", candidates, must, error=TypeError)
         counts = [] if candidates is None or isinstance(candidates, str) else candidates
         ok = candidates is None or (bool(counts) and all(is_int(c) and c >= 0 for c in counts))
         check_arg(ok, "candidates", candidates, must)
-        _check_target(target_samples_per_sec, "target_samples_per_sec")
         check_bool(apply, "apply")
         check_bool(cache, "cache")
-        _check_cache_dir(cache_dir, "cache_dir")
         self.budget_s = budget_s
         self.candidates = list(candidates) if candidates is not None else None
         self.target_samples_per_sec = target_samples_per_sec
@@ -425,31 +418,24 @@ class WorkerTuner(pl.Callback):
         if not flat:
             warn_once("WorkerTuner: the training loader is not a torch DataLoader; nothing to tune")
             return
-        local_world = max(1, trainer.num_devices)
-        max_workers = max(1, available_cpus() // local_world)
         self.results = []
+        # the measured loaders read and collate as this one does
+        kept = ("pin_memory", "collate_fn", "worker_init_fn", "multiprocessing_context")
         for loader in flat:
-            size = min(loader.batch_size or 1, MEASURE_BATCH_SIZE)
-            result = tune_num_workers(
-                loader_factory(
-                    loader.dataset,
-                    size,
-                    pin_memory=loader.pin_memory,
-                    collate_fn=loader.collate_fn,
-                    worker_init_fn=loader.worker_init_fn,
-                    multiprocessing_context=loader.multiprocessing_context,
-                ),
+            result = _measure_workers(
+                loader.dataset,
+                loader.batch_size or 1,
+                trainer=trainer,
+                loader_kwargs={k: getattr(loader, k) for k in kept},
                 candidates=self.candidates,
                 budget_s=self.budget_s,
                 target_samples_per_sec=self.target_samples_per_sec,
                 tolerance=self.tolerance,
-                max_workers=max_workers,
                 cache=self.cache,
                 cache_dir=self.cache_dir,
-                cache_key={"local_world_size": local_world, "train_batch_size": loader.batch_size},
                 progress=lambda line: rank_zero_info(f"WorkerTuner: {line}"),
             )
-            self.num_workers = result.best = best = _node_best(trainer, result.best)
+            self.num_workers = best = result.best
             self.results.append(result)
             rank_zero_info(f"WorkerTuner: {type(loader.dataset).__name__}\n{result.format_table()}")
             if self.apply and best != loader.num_workers:

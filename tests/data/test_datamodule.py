@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 from lightning_gpuopt._common import available_cpus
 from lightning_gpuopt.data import datamodule as datamodule_module
+from lightning_gpuopt.data import tuning as tuning_module
 from lightning_gpuopt.data.datamodule import MAX_WORKERS_PER_CPU, OptimizedDataModule
 from lightning_gpuopt.data.folder import CorruptImageError, UInt8ImageFolder, UnreadableImagesError
 from lightning_gpuopt.data.loader import (
@@ -434,13 +435,13 @@ def test_auto_workers_skip_measuring_a_small_evaluation(tmp_path):
 
 def test_auto_workers_measured_once_per_dataset(jpeg_folder, tmp_path, monkeypatch):
     calls = []
-    real = datamodule_module.tune_num_workers
+    real = tuning_module.tune_num_workers
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("budget_s"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(datamodule_module, "tune_num_workers", counting)
+    monkeypatch.setattr(tuning_module, "tune_num_workers", counting)
     tuning = TuningConfig(budget_s=1.0, cache_dir=tmp_path)
     dm = PerImageData(
         jpeg_folder, jpeg_folder, jpeg_folder, batch_size=4, num_workers="auto", image_size=8, tuning=tuning

@@ -406,7 +406,7 @@ def test_auto_on_eight_small_batches_is_quick_and_says_it_measured(eight_batches
     # no floor of seconds under the epoch share (MIN_BUDGET_S): on a busy machine a count's slot could end
     # before the data does, and what is tested here is that each count ends with the data
     monkeypatch.setattr(tuning_mod, "MIN_BUDGET_S", TuningConfig().budget_s)
-    _recording(monkeypatch, [datamodule, tuning_mod])
+    _recording(monkeypatch, [tuning_mod])
 
     class Data(OptimizedDataModule):
         def train_dataset(self):
