@@ -43,26 +43,13 @@ def ceiling_frac(samples_per_sec: float | None, ceiling_per_sec: float | None) -
 
 @dataclass(frozen=True)
 class Ceiling:
-    """One replay.
-
-    Attributes:
-        samples_per_sec: batch size over the median replayed step time.
-        step_ms: each timed step (device clock on CUDA, host clock on a CPU).
-        batch_size: samples a replayed step.
-        seconds: host time the whole measurement took (copies, warm-up and timed steps).
-        on_device: whether the saved state was kept on the device (else in host memory).
-    """
+    """One replay: ``samples_per_sec`` is the batch size over the median of the timed ``step_ms``."""
 
     samples_per_sec: float
     step_ms: tuple[float, ...]
     batch_size: int
     seconds: float
     on_device: bool
-
-
-def _loss_of(out: Any) -> torch.Tensor | None:
-    loss = out.get("loss") if isinstance(out, dict) else out
-    return loss if isinstance(loss, torch.Tensor) else None
 
 
 class _Saved:
@@ -188,17 +175,8 @@ class ReplayCeiling:
         device: torch.device | str = "cpu",
         batch_idx: int = 0,
     ) -> Ceiling | None:
-        """Replay ``warmup + steps`` steps of ``module`` on a copy of ``batch``; ``None`` when a step returned
-        no loss.
-
-        Args:
-            module: anything with ``training_step(batch, batch_idx)`` returning the loss (or ``{"loss": ...}``).
-            optimizers: the torch optimizers a step steps.
-            batch: a batch the run trained on, on ``device``.
-            precision_plugin: Lightning's precision plugin (its ``forward_context`` and ``scaler`` are used).
-            device: the device the steps run on.
-            batch_idx: passed to ``training_step``.
-        """
+        """Replay ``warmup + steps`` training steps of ``module`` on a copy of ``batch`` (on ``device``), through
+        the precision plugin's ``forward_context`` and ``scaler``; ``None`` when a step returned no loss."""
         # a Fabric optimizer steps through the precision plugin itself: the replay steps the one it wraps
         optimizers = [getattr(opt, "optimizer", opt) for opt in optimizers]
         size = batch_size_of(batch)
@@ -231,8 +209,9 @@ class ReplayCeiling:
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         with forward() if forward is not None else nullcontext():
-            loss = _loss_of(module.training_step(batch, batch_idx))  # type: ignore[operator]
-        if loss is None:
+            loss = module.training_step(batch, batch_idx)  # type: ignore[operator]
+        loss = loss.get("loss") if isinstance(loss, dict) else loss
+        if not isinstance(loss, torch.Tensor):
             return False
         if scaler is not None and scaler.is_enabled():
             scaler.scale(loss).backward()

@@ -92,12 +92,8 @@ class SyncSite:
 
 
 def attribute(stack: Sequence[Any]) -> tuple[str, int, str, str] | None:
-    """``(filename, lineno, code, owner)`` of the line a synchronizing call is charged to.
-
-    Args:
-        stack: the frames, outermost first (as ``traceback.extract_stack`` gives them), ending at the call
-            that synchronized; each with ``filename``, ``lineno`` and ``line``.
-    """
+    """``(filename, lineno, code, owner)`` of the line a synchronizing call at ``stack`` (outermost frame first,
+    as ``traceback.extract_stack`` gives it) is charged to."""
     frames = [(f, owner_of(f.filename)) for f in stack]
     frames = [(f, o) for f, o in frames if o != "python"] or frames
     if not frames:
