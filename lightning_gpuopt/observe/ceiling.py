@@ -60,12 +60,9 @@ class _Saved:
     ) -> None:
         self.params = [p for p in module.parameters()]
         self.buffers = [b for b in module.buffers()]
-        need = sum(t.numel() * t.element_size() for t in self.params + self.buffers) * 2  # weights + grads
-        for opt in optimizers:
-            for state in opt.state.values():
-                need += sum(
-                    v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
-                )
+        states = [v for opt in optimizers for s in opt.state.values() for v in s.values()]
+        tensors = (self.params + self.buffers) * 2 + [v for v in states if isinstance(v, torch.Tensor)]
+        need = sum(t.numel() * t.element_size() for t in tensors)  # weights and grads, optimizer state
         self.on_device = device.type != "cuda" or torch.cuda.mem_get_info(device)[0] > 2 * need
         where = device if self.on_device else torch.device("cpu")
 

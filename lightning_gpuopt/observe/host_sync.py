@@ -80,12 +80,7 @@ class SyncSite:
     def describe(self) -> str:
         """``"`model.py:42` synchronizes every step (`loss.item()`)"``."""
         n = self.per_step
-        if 0.95 <= n < 1.5:
-            often = "every step"
-        elif n >= 1.5:
-            often = f"{n:.0f} times a step"
-        else:
-            often = f"in {n:.0%} of steps"
+        often = f"in {n:.0%} of steps" if n < 0.95 else "every step" if n < 1.5 else f"{n:.0f} times a step"
         code = self.code if len(self.code) <= 60 else self.code[:57] + "..."
         whose = "" if self.owner == "user" else f" ({self.owner}'s own)"
         return f"`{self.where}`{whose} synchronizes {often}" + (f" (`{code}`)" if code else "")
