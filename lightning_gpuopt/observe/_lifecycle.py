@@ -67,10 +67,8 @@ class TrainerLoop:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        batches = self.batches_per_epoch
-        if batches is None:
-            return None
-        return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
+        batches, accumulate = self.batches_per_epoch, max(int(self.trainer.accumulate_grad_batches), 1)
+        return None if batches is None else math.ceil(batches / accumulate)
 
     @property
     def optimizers(self) -> Sequence[Any] | None:
@@ -136,9 +134,7 @@ class FabricLoop:
         return self._loaders[1]
 
     def fetch_seconds(self) -> float | None:
-        if not self._timed:
-            return None
-        return sum(t.fetch_seconds for t in self._timed.values())
+        return sum(t.fetch_seconds for t in self._timed.values()) if self._timed else None
 
     @property
     def batches_per_epoch(self) -> int | None:

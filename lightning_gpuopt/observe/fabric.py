@@ -206,10 +206,8 @@ class FabricObserver:
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and each observer's ``state_dict`` by its class name (for ``fabric.save``)."""
-        state: dict[str, Any] = {"step": self.loop.step if self.loop is not None else 0}
-        for obs in self._starts:
-            state[type(obs).__name__] = obs.state_dict()
-        return state
+        step = self.loop.step if self.loop is not None else 0
+        return {"step": step, **{type(obs).__name__: obs.state_dict() for obs in self._starts}}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` saved; call it after ``on_train_start`` when a loop resumes."""

@@ -92,11 +92,8 @@ def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | N
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
         return text
-    more = (
-        "the default: one a CPU, chosen, not measured"
-        if threads
-        else f"{_auto_workers(cfg)}, or a larger num_workers"
-    )
+    more = f"{_auto_workers(cfg)}, or a larger num_workers"
+    more = "the default: one a CPU, chosen, not measured" if threads else more
     idle = (
         f", yet cores are idle: more {who.split()[-1]} can use them ({more})" if cores_full is False else ""
     )
