@@ -29,35 +29,25 @@ def first_loader(loaders: Any) -> Any:
 
 
 class TrainerLoop:
-    """A ``Loop`` read from a running Trainer through its public attributes."""
+    """A ``Loop`` read from a running Trainer through its public attributes (those fixed for a fit, once)."""
 
-    __slots__ = ("module", "trainer")
     name = "Trainer"
     logger_fix = "add one (e.g. `Trainer(logger=TensorBoardLogger('logs'))`)"
 
     def __init__(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.trainer = trainer
         self.module: nn.Module = pl_module
-
-    @property
-    def device(self) -> torch.device:
-        return self.trainer.strategy.root_device
-
-    @property
-    def loggers(self) -> Sequence[Any]:
-        return self.trainer.loggers
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.trainer.is_global_zero
-
-    @property
-    def world_size(self) -> int:
-        return int(self.trainer.world_size)
-
-    @property
-    def processes_per_node(self) -> int:
-        return max(1, int(self.trainer.num_devices))
+        self.device: torch.device = trainer.strategy.root_device
+        self.loggers: Sequence[Any] = trainer.loggers
+        self.is_global_zero = trainer.is_global_zero
+        self.world_size = int(trainer.world_size)
+        self.processes_per_node = max(1, int(trainer.num_devices))
+        # a public Trainer attribute that type stubs do not declare
+        self.log_every_n_steps: int | None = int(getattr(trainer, "log_every_n_steps", 50))
+        self.callbacks: Sequence[Any] = getattr(trainer, "callbacks", [])
+        self.precision: str | None = str(trainer.precision)
+        self.precision_plugin = getattr(trainer, "precision_plugin", None)
+        self.gradient_clip_val: float | None = getattr(trainer, "gradient_clip_val", None)
 
     @property
     def global_step(self) -> int:
@@ -77,35 +67,12 @@ class TrainerLoop:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        batches = self.batches_per_epoch
-        if batches is None:
-            return None
-        return math.ceil(batches / max(int(self.trainer.accumulate_grad_batches), 1))
-
-    @property
-    def log_every_n_steps(self) -> int | None:
-        # a public Trainer attribute that type stubs do not declare
-        return int(getattr(self.trainer, "log_every_n_steps", 50))
-
-    @property
-    def callbacks(self) -> Sequence[Any]:
-        return getattr(self.trainer, "callbacks", [])
-
-    @property
-    def precision(self) -> str | None:
-        return str(self.trainer.precision)
-
-    @property
-    def precision_plugin(self) -> Any:
-        return getattr(self.trainer, "precision_plugin", None)
+        batches, accumulate = self.batches_per_epoch, max(int(self.trainer.accumulate_grad_batches), 1)
+        return None if batches is None else math.ceil(batches / accumulate)
 
     @property
     def optimizers(self) -> Sequence[Any] | None:
-        return getattr(self.trainer, "optimizers", None)
-
-    @property
-    def gradient_clip_val(self) -> float | None:
-        return getattr(self.trainer, "gradient_clip_val", None)
+        return getattr(self.trainer, "optimizers", None)  # configured after setup
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.all_gather(tensor)
@@ -133,42 +100,26 @@ class FabricLoop:
         timed: Mapping[int, Any],
         observers: Sequence[Any],
     ) -> None:
+        from lightning.fabric.wrappers import is_wrapped
+
         self.fabric = fabric
-        self.model = model
+        inner = getattr(model, "module", None)  # fabric.setup's wrapper holds the user's module there
+        self.module = inner if is_wrapped(model) and isinstance(inner, nn.Module) else model
         self.optimizers = list(optimizers) if optimizers is not None else None
         self.callbacks = observers
+        self.device = torch.device(fabric.device)
+        self.loggers: Sequence[Any] = list(fabric.loggers)
+        self.is_global_zero = bool(fabric.is_global_zero)
+        self.world_size = int(fabric.world_size)
+        devices = getattr(fabric.strategy, "parallel_devices", None)
+        self.processes_per_node = max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
+        self.precision_plugin = getattr(fabric.strategy, "precision", None)
+        precision = getattr(self.precision_plugin, "precision", None)
+        self.precision = str(precision) if precision is not None else None
         self._timed = timed  # the observer's: loaders iterated through FabricObserver.timed, by id
         self._loaders: tuple[tuple[int, ...], Any] = ((), None)  # the same object while the loaders stay
         #: optimizer steps taken so far (``FabricObserver.on_train_batch_end`` moves it on)
         self.step = 0
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device(self.fabric.device)
-
-    @property
-    def module(self) -> nn.Module:
-        from lightning.fabric.wrappers import is_wrapped
-
-        inner = getattr(self.model, "module", None)  # fabric.setup's wrapper holds the user's module there
-        return inner if is_wrapped(self.model) and isinstance(inner, nn.Module) else self.model
-
-    @property
-    def loggers(self) -> Sequence[Any]:
-        return list(self.fabric.loggers)
-
-    @property
-    def is_global_zero(self) -> bool:
-        return bool(self.fabric.is_global_zero)
-
-    @property
-    def world_size(self) -> int:
-        return int(self.fabric.world_size)
-
-    @property
-    def processes_per_node(self) -> int:
-        devices = getattr(self.fabric.strategy, "parallel_devices", None)
-        return max(1, len(devices)) if isinstance(devices, (list, tuple)) else 1
 
     @property
     def global_step(self) -> int:
@@ -183,9 +134,7 @@ class FabricLoop:
         return self._loaders[1]
 
     def fetch_seconds(self) -> float | None:
-        if not self._timed:
-            return None
-        return sum(t.fetch_seconds for t in self._timed.values())
+        return sum(t.fetch_seconds for t in self._timed.values()) if self._timed else None
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -194,19 +143,8 @@ class FabricLoop:
         except TypeError:  # no loader, or an iterable one without a length
             return None
 
-    @property
-    def steps_per_epoch(self) -> int | None:
-        # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
-        return self.batches_per_epoch
-
-    @property
-    def precision_plugin(self) -> Any:
-        return getattr(self.fabric.strategy, "precision", None)
-
-    @property
-    def precision(self) -> str | None:
-        value = getattr(self.precision_plugin, "precision", None)
-        return str(value) if value is not None else None
+    # the loop reports its steps, not how they relate to batches: one step a batch is assumed here
+    steps_per_epoch = batches_per_epoch
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.fabric.all_gather(tensor)  # type: ignore[no-any-return]
@@ -215,7 +153,7 @@ class FabricLoop:
         self.fabric.log_dict(dict(metrics), step=step)
 
 
-#: The training loop as the observers see it, each value read when asked: a Trainer's or a Fabric loop's.
+#: The training loop as the observers see it: a Trainer's or a Fabric loop's.
 Loop: TypeAlias = TrainerLoop | FabricLoop
 
 
@@ -224,7 +162,7 @@ def _relay(event: str, *picked: int, const: str | None = None) -> Any:
 
     def hook(self: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         extra = [args[i] for i in picked] + ([const] if const is not None else [])
-        getattr(self, event)(TrainerLoop(trainer, pl_module), *extra)
+        getattr(self, event)(self._loop(trainer, pl_module), *extra)
 
     return hook
 
@@ -235,6 +173,15 @@ class ObserverCallback(Callback):
     ``_release`` runs at ``teardown`` and at ``on_exception`` (Lightning calls ``on_exception`` but not
     ``teardown`` when fit raises), so it must be safe to call more than once.
     """
+
+    _trainer_loop: TrainerLoop | None = None
+
+    def _loop(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> TrainerLoop:
+        """The ``TrainerLoop`` of this run, read once (dropped at ``teardown``)."""
+        loop = self._trainer_loop
+        if loop is None or loop.trainer is not trainer or loop.module is not pl_module:
+            loop = self._trainer_loop = TrainerLoop(trainer, pl_module)
+        return loop
 
     def _begin(self, loop: Loop) -> None:
         """A fit begins (before the model is configured)."""
@@ -273,7 +220,7 @@ class ObserverCallback(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._begin(TrainerLoop(trainer, pl_module))
+            self._begin(self._loop(trainer, pl_module))
 
     # Lightning passes each hook's arguments by position: ``_relay`` picks the ones the event takes
     on_train_start = _relay("_start")
@@ -293,14 +240,16 @@ class ObserverCallback(Callback):
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        self._validation_end(TrainerLoop(trainer, pl_module), fitting)
+        self._validation_end(self._loop(trainer, pl_module), fitting)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer_loop = None
         self._release()
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        self._trainer_loop = None
         self._release()

@@ -43,26 +43,13 @@ def ceiling_frac(samples_per_sec: float | None, ceiling_per_sec: float | None) -
 
 @dataclass(frozen=True)
 class Ceiling:
-    """One replay.
-
-    Attributes:
-        samples_per_sec: batch size over the median replayed step time.
-        step_ms: each timed step (device clock on CUDA, host clock on a CPU).
-        batch_size: samples a replayed step.
-        seconds: host time the whole measurement took (copies, warm-up and timed steps).
-        on_device: whether the saved state was kept on the device (else in host memory).
-    """
+    """One replay: ``samples_per_sec`` is the batch size over the median of the timed ``step_ms``."""
 
     samples_per_sec: float
     step_ms: tuple[float, ...]
     batch_size: int
     seconds: float
     on_device: bool
-
-
-def _loss_of(out: Any) -> torch.Tensor | None:
-    loss = out.get("loss") if isinstance(out, dict) else out
-    return loss if isinstance(loss, torch.Tensor) else None
 
 
 class _Saved:
@@ -73,12 +60,9 @@ class _Saved:
     ) -> None:
         self.params = [p for p in module.parameters()]
         self.buffers = [b for b in module.buffers()]
-        need = sum(t.numel() * t.element_size() for t in self.params + self.buffers) * 2  # weights + grads
-        for opt in optimizers:
-            for state in opt.state.values():
-                need += sum(
-                    v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
-                )
+        states = [v for opt in optimizers for s in opt.state.values() for v in s.values()]
+        tensors = (self.params + self.buffers) * 2 + [v for v in states if isinstance(v, torch.Tensor)]
+        need = sum(t.numel() * t.element_size() for t in tensors)  # weights and grads, optimizer state
         self.on_device = device.type != "cuda" or torch.cuda.mem_get_info(device)[0] > 2 * need
         where = device if self.on_device else torch.device("cpu")
 
@@ -188,17 +172,8 @@ class ReplayCeiling:
         device: torch.device | str = "cpu",
         batch_idx: int = 0,
     ) -> Ceiling | None:
-        """Replay ``warmup + steps`` steps of ``module`` on a copy of ``batch``; ``None`` when a step returned
-        no loss.
-
-        Args:
-            module: anything with ``training_step(batch, batch_idx)`` returning the loss (or ``{"loss": ...}``).
-            optimizers: the torch optimizers a step steps.
-            batch: a batch the run trained on, on ``device``.
-            precision_plugin: Lightning's precision plugin (its ``forward_context`` and ``scaler`` are used).
-            device: the device the steps run on.
-            batch_idx: passed to ``training_step``.
-        """
+        """Replay ``warmup + steps`` training steps of ``module`` on a copy of ``batch`` (on ``device``), through
+        the precision plugin's ``forward_context`` and ``scaler``; ``None`` when a step returned no loss."""
         # a Fabric optimizer steps through the precision plugin itself: the replay steps the one it wraps
         optimizers = [getattr(opt, "optimizer", opt) for opt in optimizers]
         size = batch_size_of(batch)
@@ -231,8 +206,9 @@ class ReplayCeiling:
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         with forward() if forward is not None else nullcontext():
-            loss = _loss_of(module.training_step(batch, batch_idx))  # type: ignore[operator]
-        if loss is None:
+            loss = module.training_step(batch, batch_idx)  # type: ignore[operator]
+        loss = loss.get("loss") if isinstance(loss, dict) else loss
+        if not isinstance(loss, torch.Tensor):
             return False
         if scaler is not None and scaler.is_enabled():
             scaler.scale(loss).backward()

@@ -50,23 +50,16 @@ class FabricObserver:
 
     def __init__(self, *observers: GPUStatsMonitor | BottleneckAdvisor | NVTXRanges) -> None:
         seen: dict[type, Any] = {}
+        what, must = (
+            "FabricObserver's observers",
+            "GPUStatsMonitor, BottleneckAdvisor or NVTXRanges instances",
+        )
         for obs in observers:
-            kind = next((k for k in _KINDS if isinstance(obs, k)), None)
-            check_arg(
-                kind is not None,
-                "FabricObserver's observers",
-                type(obs).__name__,
-                "GPUStatsMonitor, BottleneckAdvisor or NVTXRanges instances",
-                fix="e.g. FabricObserver(GPUStatsMonitor(), BottleneckAdvisor())",
-                error=TypeError,
-            )
-            check_arg(
-                kind not in seen,
-                "FabricObserver's observers",
-                f"two {type(obs).__name__}",
-                "at most one of each kind",
-                fix="use one FabricObserver per monitor",
-            )
+            kind, name = next((k for k in _KINDS if isinstance(obs, k)), None), type(obs).__name__
+            fix = "e.g. FabricObserver(GPUStatsMonitor(), BottleneckAdvisor())"
+            check_arg(kind is not None, what, name, must, fix=fix, error=TypeError)
+            fix = "use one FabricObserver per monitor"
+            check_arg(kind not in seen, what, f"two {name}", "at most one of each kind", fix=fix)
             seen[kind] = obs  # type: ignore[index]
         self.monitor: GPUStatsMonitor | None = seen.get(GPUStatsMonitor)
         self.advisor: BottleneckAdvisor | None = seen.get(BottleneckAdvisor)
@@ -106,22 +99,11 @@ class FabricObserver:
         """
         from lightning.fabric import Fabric
 
-        check_arg(
-            isinstance(fabric, Fabric),
-            "fabric",
-            type(fabric).__name__,
-            "the lightning.fabric.Fabric running the loop",
-            fix="fabric.call('on_train_start', fabric=fabric, model=model, optimizers=optimizer)",
-            error=TypeError,
-        )
-        check_arg(
-            isinstance(model, nn.Module),
-            "model",
-            type(model).__name__,
-            "the torch.nn.Module being trained",
-            fix="pass the model fabric.setup returned",
-            error=TypeError,
-        )
+        must = "the lightning.fabric.Fabric running the loop"
+        fix = "fabric.call('on_train_start', fabric=fabric, model=model, optimizers=optimizer)"
+        check_arg(isinstance(fabric, Fabric), "fabric", type(fabric).__name__, must, fix=fix, error=TypeError)
+        must, fix = "the torch.nn.Module being trained", "pass the model fabric.setup returned"
+        check_arg(isinstance(model, nn.Module), "model", type(model).__name__, must, fix=fix, error=TypeError)
         if optimizers is not None and not isinstance(optimizers, (list, tuple)):
             optimizers = [optimizers]
         if self.loop is not None:  # a loop that ended without on_train_end
@@ -224,10 +206,8 @@ class FabricObserver:
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and each observer's ``state_dict`` by its class name (for ``fabric.save``)."""
-        state: dict[str, Any] = {"step": self.loop.step if self.loop is not None else 0}
-        for obs in self._starts:
-            state[type(obs).__name__] = obs.state_dict()
-        return state
+        step = self.loop.step if self.loop is not None else 0
+        return {"step": step, **{type(obs).__name__: obs.state_dict() for obs in self._starts}}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` saved; call it after ``on_train_start`` when a loop resumes."""

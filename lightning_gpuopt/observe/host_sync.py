@@ -80,24 +80,15 @@ class SyncSite:
     def describe(self) -> str:
         """``"`model.py:42` synchronizes every step (`loss.item()`)"``."""
         n = self.per_step
-        if 0.95 <= n < 1.5:
-            often = "every step"
-        elif n >= 1.5:
-            often = f"{n:.0f} times a step"
-        else:
-            often = f"in {n:.0%} of steps"
+        often = f"in {n:.0%} of steps" if n < 0.95 else "every step" if n < 1.5 else f"{n:.0f} times a step"
         code = self.code if len(self.code) <= 60 else self.code[:57] + "..."
         whose = "" if self.owner == "user" else f" ({self.owner}'s own)"
         return f"`{self.where}`{whose} synchronizes {often}" + (f" (`{code}`)" if code else "")
 
 
 def attribute(stack: Sequence[Any]) -> tuple[str, int, str, str] | None:
-    """``(filename, lineno, code, owner)`` of the line a synchronizing call is charged to.
-
-    Args:
-        stack: the frames, outermost first (as ``traceback.extract_stack`` gives them), ending at the call
-            that synchronized; each with ``filename``, ``lineno`` and ``line``.
-    """
+    """``(filename, lineno, code, owner)`` of the line a synchronizing call at ``stack`` (outermost frame first,
+    as ``traceback.extract_stack`` gives it) is charged to."""
     frames = [(f, owner_of(f.filename)) for f in stack]
     frames = [(f, o) for f, o in frames if o != "python"] or frames
     if not frames:

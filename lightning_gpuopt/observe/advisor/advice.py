@@ -32,11 +32,11 @@ def sync_sentence(ev: Evidence) -> str:
 
 
 def graphs_sentence(cfg: RunConfig) -> str:
-    """Where a compiled step's CUDA graphs were skipped, torch's reason and the fix; else empty."""
+    """Where a compiled step's CUDA graphs were skipped, torch's reason and the fix (after a space); else empty."""
     if not cfg.cuda_graphs_skipped:
         return ""
     return (
-        f"CUDA graphs were skipped: {cfg.cuda_graphs_skipped}. The compiled step launches its kernels one by one "
+        f" CUDA graphs were skipped: {cfg.cuda_graphs_skipped}. The compiled step launches its kernels one by one "
         "instead of replaying them: remove what torch names (an input changed in place inside forward, a CPU "
         "tensor created in forward, varying input shapes) and the step replays as CUDA graphs."
     )
@@ -92,11 +92,8 @@ def _workers(cause: str, cfg: RunConfig, cores: int | None, cores_full: bool | N
                 '`lightning-gpuopt convert`) or backend="dali" removes most of it.'
             )
         return text
-    more = (
-        "the default: one a CPU, chosen, not measured"
-        if threads
-        else f"{_auto_workers(cfg)}, or a larger num_workers"
-    )
+    more = f"{_auto_workers(cfg)}, or a larger num_workers"
+    more = "the default: one a CPU, chosen, not measured" if threads else more
     idle = (
         f", yet cores are idle: more {who.split()[-1]} can use them ({more})" if cores_full is False else ""
     )
@@ -198,8 +195,7 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
         text += f" That thread keeps a core busy ({ev.cpu_main_pct:.0f}%): Python overhead is the limit."
     if cfg.grad_scaler and cfg.unfused_optimizers:
         text += " The GradScaler's found_inf check is one such sync (see amp-host-sync)."
-    if cfg.cuda_graphs_skipped:
-        text += " " + graphs_sentence(cfg)
+    text += graphs_sentence(cfg)
     text += " Remove per-step syncs; log less often (log_every_n_steps)"
     if small_batch and cfg.batch_size:
         text += f"; grow the batch (batch_size={cfg.batch_size}) so each launch does more work"
@@ -209,7 +205,7 @@ def host_bound(ev: Evidence, cfg: RunConfig, idle: float, wait: float | None, sm
 def launch_bound(ev: Evidence, cfg: RunConfig, util: float) -> str:
     """Advice of a ``launch-bound`` verdict: the locator's lines first where it found them."""
     grow = f"grow the batch (batch_size={cfg.batch_size})" if cfg.batch_size else "grow the batch"
-    graphs = f" {graphs_sentence(cfg)}" if cfg.cuda_graphs_skipped else ""
+    graphs = graphs_sentence(cfg)
     if ev.sync_sites:
         inside = (
             f" ({ev.step_idle_frac:.0%} of its time inside steps)" if ev.step_idle_frac is not None else ""

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from lightning.fabric.loggers import TensorBoardLogger  # Lightning's (lightning.pytorch) derives from it
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -24,6 +25,7 @@ from lightning_gpuopt.observe.advisor.rules import AdvisorThresholds, diagnose, 
 from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 from lightning_gpuopt.observe.advisor.verdict import KINDS, Hysteresis, Verdict, format_summary, markdown
 from lightning_gpuopt.observe.gpu_stats import GPUStatsMonitor
+from lightning_gpuopt.observe.host_sync import user_sites
 from lightning_gpuopt.observe.timing import StepTimer, batch_size_of
 
 __all__ = ["BottleneckAdvisor"]
@@ -326,8 +328,6 @@ class BottleneckAdvisor(ObserverCallback):
             evidence = evidence.merged_with(self._scale.evidence())
         syncs = getattr(self._monitor, "host_syncs", None)
         if syncs:
-            from lightning_gpuopt.observe.host_sync import user_sites
-
             evidence.sync_sites = tuple(s.describe() for s in user_sites(syncs)) or None
         self.ceiling_frac = evidence.ceiling_frac
         if loop.world_size > 1:
@@ -363,9 +363,6 @@ class BottleneckAdvisor(ObserverCallback):
         loop.log_metrics(flags, step)
 
     def _log_text(self, loop: Loop) -> None:
-        # Lightning's TensorBoardLogger (lightning.pytorch) derives from Fabric's
-        from lightning.fabric.loggers import TensorBoardLogger
-
         if self.windows == 0:
             return
         text = markdown(self.verdicts, self.windows, loop.global_step)
