@@ -63,17 +63,15 @@ _ROW_OF_BACKEND = {"folder": "+uint8_gpu_aug", "hdf5": "+hdf5", "dali": "+dali"}
 # label sets the synthetic batch cycles through: one batch with fixed labels would be fitted exactly, and its
 # vanishing gradients are not the work a real step does
 _LABEL_SETS = 8
+# the figures a row takes from ``summarize`` over its fits
+_SUMMARY_KEYS = (
+    *("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max"),
+    *("spread", "p50_ms", "p90_ms"),
+)
 # a row's keys that stay null until measured
 _ROW_NONE_KEYS = (
-    *(
-        "reason",
-        "samples_per_sec",
-        "samples_per_sec_min",
-        "samples_per_sec_max",
-        "spread",
-        "p50_ms",
-        "p90_ms",
-    ),
+    "reason",
+    *_SUMMARY_KEYS,
     *("ratio_to_ceiling", "ratio_to_ceiling_worst", "ratio_to_eager_ceiling", "speedup_vs_naive"),
     *("gpu_util_mean", "data_wait_frac", "joules_per_sample", "backend", "num_workers", "pin_memory"),
     *("compile_seconds", "steps_measured", "seconds_measured", "_steps"),
@@ -83,7 +81,6 @@ _FIT_MEANS = ("gpu_util_mean", "data_wait_frac", "joules_per_sample")
 
 
 def _no_h5py() -> str | None:
-    """Why HDF5 rows cannot run here, or ``None`` when h5py is installed."""
     from lightning_gpuopt._imports import _H5PY_AVAILABLE
 
     return None if _H5PY_AVAILABLE else "h5py is not installed (pip install 'lightning-gpuopt[hdf5]')"
@@ -155,7 +152,7 @@ class RowClock(StepClock):
         super().on_train_start(trainer, pl_module)
 
     def _size(self, last: int) -> None:
-        """Set ``steps`` from the mean of the last ``last`` warm-up step times."""
+        """Set ``steps`` from the mean of the last ``last`` warm-up steps."""
         self._sized = True
         n = min(last, len(self._ends) - 1)
         if n < 1 or self.seconds is None:
@@ -283,17 +280,13 @@ class LadderRunner:
         src = self.data.resolve()
         digest = hashlib.sha1(f"{src}:{os.path.getmtime(src)}".encode()).hexdigest()[:10]
         out = Path(self.cfg.cache_dir).expanduser() / "hdf5" / f"{src.name}-{digest}-{self.storage_size}px.h5"
-        cached = out.is_file()
-        if cached:
-            try:
-                HDF5ImageDataset(out).close()
-            except (ValueError, RuntimeError) as err:  # another format version, or damaged: convert again
+        try:
+            HDF5ImageDataset(out).close()
+            self.say(f"using cached HDF5 copy {out}")
+        except (FileNotFoundError, ValueError, RuntimeError) as err:
+            if out.is_file():  # another format version, or damaged: convert again
                 self.say(f"cached HDF5 copy {out} cannot be read by this version ({err}); converting again")
                 out.unlink()
-                cached = False
-        if cached:
-            self.say(f"using cached HDF5 copy {out}")
-        else:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.say(f"converting {src} to uint8 HDF5 ({self.storage_size}px) at {out} (once, cached)...")
             t0 = time.perf_counter()
@@ -369,9 +362,6 @@ class LadderRunner:
         from lightning_gpuopt.bench.models import build_model
 
         cfg = self.cfg
-        if spec.compiled:
-            # each compiled row compiles afresh in this process (the on-disk caches stay)
-            torch.compiler.reset()
         dtype = torch.float16 if self.cuda else None
         loop = PlainLoop(
             build_model(cfg.model, self.num_classes),
@@ -405,8 +395,7 @@ class LadderRunner:
         m = measure_loop(loop.step, self.device, cfg.warmup, steps, cfg.batch_size)
         compiled_in = sum(times[:fast]) if spec.compiled else None
         self._add_repeat(row, rnd, replace(m, compile_seconds=compiled_in), steps)
-        row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
-        row["backend"] = "synthetic (device)"
+        row.update(precision="fp16 autocast" if dtype is not None else "fp32", backend="synthetic (device)")
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
         """The row's DataLoader or data module; ``None`` with the row skipped when a dependency is missing."""
@@ -474,10 +463,7 @@ class LadderRunner:
             for (t, _), r in zip(row["_measured"], summary["repeats"], strict=True)
         ]
         row.update(
-            {k: summary[k] for k in ("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max")},
-            spread=summary["spread"],
-            p50_ms=summary["p50_ms"],
-            p90_ms=summary["p90_ms"],
+            {k: summary[k] for k in _SUMMARY_KEYS},
             repeats=repeats,
             windows=[r["samples_per_sec"] for r in repeats],
             steps_measured=sum(r["steps"] for r in repeats),
@@ -513,7 +499,6 @@ class LadderRunner:
         if spec.compiled:
             from lightning_gpuopt.compute.compile import CompileModel
 
-            torch.compiler.reset()  # each compiled fit compiles afresh in this process
             callbacks.append(CompileModel())
         cfg = self.cfg
         # the row's first fit sizes the window from its warm-up; at least one warm-up step: it pays for cuDNN
@@ -557,11 +542,7 @@ class LadderRunner:
         history = getattr(monitor, "history", [])
         gpu, wait = window_means(history, trainer.global_step - m.steps)
         joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
-        this_fit = {
-            "gpu_util_mean": gpu if self.cuda else None,
-            "data_wait_frac": wait,
-            "joules_per_sample": joules,
-        }
+        this_fit = dict(zip(_FIT_MEANS, (gpu if self.cuda else None, wait, joules), strict=True))
         for key, value in this_fit.items():
             if value is not None:
                 row["_means"][key].append(value)
@@ -576,6 +557,8 @@ class LadderRunner:
         spec = SPEC_BY_NAME[name]
         compiled = row["compile_seconds"]
         try:
+            if spec.compiled:
+                torch.compiler.reset()  # each compiled fit compiles afresh in this process (on-disk caches stay)
             if spec.loader == "plain":
                 self.run_plain(spec, row, seconds, rnd)
             else:
