@@ -81,9 +81,7 @@ ROW_SPECS: tuple[RowSpec, ...] = tuple(
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
 # rows that read the image folder itself (an HDF5 file cannot feed them)
-FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
-    s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
-)
+FOLDER_ONLY_ROWS = tuple(s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali"))
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
@@ -307,7 +305,6 @@ def cannot_run(
 
 
 def _cannot_compile(device: torch.device, compile_named: bool) -> tuple[str, str] | None:
-    """Why the compiled rows do not run on ``device``, or ``None``."""
     import importlib.util
 
     if device.type != "cuda":

@@ -86,10 +86,6 @@ def _no_h5py() -> str | None:
     return None if _H5PY_AVAILABLE else "h5py is not installed (pip install 'lightning-gpuopt[hdf5]')"
 
 
-def _slug(index: int, name: str) -> str:
-    return f"{index:02d}_{name.lstrip('+').replace('/', '_')}"
-
-
 def _window_steps(seconds: float | None, step_s: float, steps: int, cap: int | None) -> int:
     """Steps that take ``seconds`` at ``step_s`` a step (at least 2, at most ``cap``); ``steps`` without a time."""
     if not seconds or step_s <= 0:
@@ -152,7 +148,6 @@ class RowClock(StepClock):
         super().on_train_start(trainer, pl_module)
 
     def _size(self, last: int) -> None:
-        """Set ``steps`` from the mean of the last ``last`` warm-up steps."""
         self._sized = True
         n = min(last, len(self._ends) - 1)
         if n < 1 or self.seconds is None:
@@ -221,15 +216,13 @@ class LadderRunner:
         if self.cfg.tb_dir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger
 
-            logger = TensorBoardLogger(
-                os.fspath(self.cfg.tb_dir), name=_slug(ROW_NAMES.index(spec.name), spec.name), version=version
-            )
+            slug = f"{ROW_NAMES.index(spec.name):02d}_{spec.name.lstrip('+').replace('/', '_')}"
+            logger = TensorBoardLogger(os.fspath(self.cfg.tb_dir), name=slug, version=version)
         return pl.Trainer(
             accelerator="gpu" if self.cuda else "cpu",
             devices=1,
             precision=cast(Any, self._precision(spec)),
             max_epochs=-1,
-            max_steps=-1,
             # a safety net only: the row's clock stops the fit long before
             max_time=None if max_seconds is None else timedelta(seconds=max_seconds),
             limit_val_batches=0,
@@ -262,11 +255,10 @@ class LadderRunner:
             batch_size=self.cfg.batch_size,
             cache_dir=self.cfg.cache_dir,
         )
-        n = int(result.best)
+        self._naive_workers = int(result.best)
         src = "cached" if result.cached else f"measured in {result.seconds:.1f} s"
-        self.say(f"  -> {n} workers ({src})")
-        self._naive_workers = n
-        return n
+        self.say(f"  -> {self._naive_workers} workers ({src})")
+        return self._naive_workers
 
     def _hdf5_file(self) -> tuple[Path | None, str | None]:
         if self._h5_path is not None:
@@ -311,9 +303,7 @@ class LadderRunner:
                 if b in measured and measured[b] >= top * (1 - _BEST_TIE_FRAC):
                     return b
         # nothing measured in this run: HDF5 when it can be had, else the folder
-        if self.data_is_h5:
-            return "hdf5"
-        return "hdf5" if _no_h5py() is None else "folder"
+        return "hdf5" if self.data_is_h5 or _no_h5py() is None else "folder"
 
     # -- rows -----------------------------------------------------------------------------------------
     def cannot_run_reason(self, spec: RowSpec) -> tuple[str, str] | None:
@@ -352,12 +342,6 @@ class LadderRunner:
             return share
         return max(min(1.0, per_fit), min(per_fit, share))
 
-    def _labels(self) -> list[torch.Tensor]:
-        return [
-            torch.randint(0, self.num_classes, (self.cfg.batch_size,), device=self.device)
-            for _ in range(_LABEL_SETS)
-        ]
-
     def run_plain(self, spec: RowSpec, row: dict[str, Any], seconds: float, rnd: int = 0) -> None:
         from lightning_gpuopt.bench.models import build_model
 
@@ -381,9 +365,8 @@ class LadderRunner:
         fast: int | None = None
         while fast is None or len(times) - fast < max(FAST_RUN, min(cfg.warmup, 3)):
             if time.perf_counter() - t0 > SETTLE_LIMIT_S:
-                row.update(
-                    status=FAILED, reason=f"the step time did not settle within {SETTLE_LIMIT_S:.0f} s"
-                )
+                why = f"the step time did not settle within {SETTLE_LIMIT_S:.0f} s"
+                row.update(status=FAILED, reason=why)
                 return
             times.append(loop.timed_step())
             fast = first_fast_step(times)
@@ -419,8 +402,12 @@ class LadderRunner:
         if spec.loader == "device":
             mf = torch.channels_last if spec.channels_last else torch.contiguous_format
             x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=self.device)
+            ys = [
+                torch.randint(0, self.num_classes, x.shape[:1], device=self.device)
+                for _ in range(_LABEL_SETS)
+            ]
             row.update(backend="synthetic (device)", num_workers=0)
-            return DeviceBatches(x.contiguous(memory_format=mf), self._labels(), 1_000_000)
+            return DeviceBatches(x.contiguous(memory_format=mf), ys, 1_000_000)
         from lightning_gpuopt.data.datamodule import OptimizedDataModule
         from lightning_gpuopt.data.tuning import TuningConfig
 
