@@ -44,12 +44,12 @@ class RowSpec:
     name: str
     adds: str
     loader: str
+    needs_cuda: str | None = None
     tuned_workers: bool = False
     pin_memory: bool = False
     mixed: bool = False
     channels_last: bool = False
     compiled: bool = False
-    needs_cuda: str | None = None
 
 
 # why a row means nothing without a CUDA GPU
@@ -74,7 +74,7 @@ _ROWS = (
     ("ceiling_compiled", "synthetic batches on the device, plain loop, torch.compile", "plain", "mlc"),
 )
 ROW_SPECS: tuple[RowSpec, ...] = tuple(
-    RowSpec(name, adds, loader, *(f in flags for f in "wpmlc"), needs_cuda=_NEEDS_CUDA.get(name))
+    RowSpec(name, adds, loader, _NEEDS_CUDA.get(name), *(f in flags for f in "wpmlc"))
     for name, adds, loader, flags in _ROWS
 )
 #: the ladder's row names in ladder order (what ``--rows`` and ``LadderConfig.rows`` take)
