@@ -69,7 +69,6 @@ def _machine(use_gpu: bool) -> str:
 
 
 def _fit(opts: DemoOptions, data: Path, run: Path, use_gpu: bool, workers: int, say: Say) -> Path:
-    """The monitored fit; returns its log folder."""
     import lightning.pytorch as pl
 
     from lightning_gpuopt._imports import _TENSORBOARD_AVAILABLE
@@ -127,15 +126,15 @@ def _notes(rows: list[dict[str, Any]], use_gpu: bool) -> list[str]:
     """What a CPU run cannot show, and the compiled rows this run skipped."""
     from lightning_gpuopt.bench.rows import CANNOT_RUN, SKIPPED, SPEC_BY_NAME
 
-    gpu_rows = [r["name"] for r in rows if r["status"] == CANNOT_RUN and SPEC_BY_NAME[r["name"]].needs_cuda]
-    notes = (
-        []
-        if use_gpu
-        else [
+    notes = []
+    if not use_gpu:
+        gpu_rows = [
+            r["name"] for r in rows if r["status"] == CANNOT_RUN and SPEC_BY_NAME[r["name"]].needs_cuda
+        ]
+        notes.append(
             f"a CPU cannot show: the GPU rows ({', '.join(gpu_rows)}), what 16-mixed and channels_last buy on "
             "tensor cores, or GPU-Util; and the 'GPU' augmentation runs here on the same CPU cores that train"
-        ]
-    )
+        )
     skipped = [r for r in rows if r["status"] == SKIPPED and SPEC_BY_NAME[r["name"]].compiled]
     if skipped:
         notes.append(f"skipped here: {', '.join(r['name'] for r in skipped)}: {skipped[0]['reason']}")

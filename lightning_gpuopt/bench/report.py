@@ -43,6 +43,11 @@ def _range(row: dict[str, Any]) -> str | None:
     return f"{_num(lo)}-{_num(hi)}"
 
 
+def _rate(row: dict[str, Any], unit: str = "") -> str:
+    rng = _range(row)
+    return f"{_num(row.get('samples_per_sec'))}{unit}" + (f" [{rng}]" if rng else "")
+
+
 EAGER, COMPILED = "ceiling_eager", "ceiling_compiled"
 
 
@@ -219,8 +224,7 @@ def format_ladder_table(rows: Sequence[dict[str, Any]], notes: bool = True) -> s
 # ----------------------------------------------------------------------------------- this run vs recorded
 def load_reference() -> dict[str, Any]:
     """The recorded GPU ladder shipped with the package: ``{"machine", "date", "config", "rows", ...}``."""
-    text = resources.files("lightning_gpuopt.bench").joinpath(REFERENCE_FILE).read_text(encoding="utf-8")
-    return json.loads(text)
+    return json.loads(resources.files("lightning_gpuopt.bench").joinpath(REFERENCE_FILE).read_text("utf-8"))
 
 
 def reference_label(reference: dict[str, Any]) -> str:
@@ -270,16 +274,11 @@ def format_comparison(rows: Sequence[dict[str, Any]], reference: dict[str, Any] 
         headers += ["|", "samples/s", "of ceiling", "x naive", "GPU-Util %"]
     body = []
     for r, cmp in zip(rows, compare_rows(rows), strict=True):
-        if _ran(r):
-            rng = _range(r)
-            here = _num(r["samples_per_sec"]) + (f" [{rng}]" if rng else "")
-        else:
-            here = str(r.get("status") or "-")
+        ran = _ran(r)
         cells = [
             r["name"],
-            here,
-            _num(r.get("p50_ms"), ".1f") if _ran(r) else "-",
-            _num(r.get("p90_ms"), ".1f") if _ran(r) else "-",
+            _rate(r) if ran else str(r.get("status") or "-"),
+            *(_num(r.get(k), ".1f") if ran else "-" for k in ("p50_ms", "p90_ms")),
             _ratio_cell(cmp["x_naive"]),
             _ratio_cell(cmp["vs_above"]),
         ]
@@ -312,13 +311,10 @@ def noise_notes(rows: Sequence[dict[str, Any]], marks: bool = True) -> list[str]
 
 
 # ------------------------------------------------------------------------------------------------- files
-def _bar_label(r: dict[str, Any], value: float) -> str:
+def _bar_label(r: dict[str, Any]) -> str:
     if r.get("status") != OK:
         return textwrap.fill(f"{r.get('status')}: {r.get('reason')}", 60)
-    parts = [f"{value:,.0f}/s"]
-    rng = _range(r)
-    if rng:
-        parts[0] += f" [{rng}]"
+    parts = [_rate(r, "/s")]
     if r.get("ratio_to_ceiling") is not None:
         parts.append(f"{r['ratio_to_ceiling']:.2f} of ceiling")
     if r.get("speedup_vs_naive") is not None and r["name"] != "naive":
@@ -337,12 +333,11 @@ def _draw(ax: Any, rows: Sequence[dict[str, Any]], title: str) -> None:
     highs = [(r.get("samples_per_sec_max") or v) - v for r, v in zip(rows, values, strict=True)]
     colors = ["#9e9e9e" if n.startswith("ceiling") else "#1f77b4" for n in names]
     y = np.arange(len(rows))[::-1]
-    ranged = any(lows) or any(highs)
-    xerr = [lows, highs] if ranged else None
+    xerr = [lows, highs] if any(lows) or any(highs) else None
     ax.barh(y, values, color=colors, xerr=xerr, error_kw={"elinewidth": 1, "capsize": 3})
     top = max([*(v + h for v, h in zip(values, highs, strict=True)), 1.0])
     for yi, r, v, h in zip(y, rows, values, highs, strict=True):
-        ax.text(v + h + top * 0.01, yi, _bar_label(r, v), va="center", fontsize=8)
+        ax.text(v + h + top * 0.01, yi, _bar_label(r), va="center", fontsize=8)
     ceiling = ceiling_summary(rows)["ceiling_samples_per_sec"]
     if ceiling:
         ax.axvline(ceiling, color="#d62728", linestyle="--", linewidth=1)

@@ -44,79 +44,44 @@ class RowSpec:
     name: str
     adds: str
     loader: str
+    needs_cuda: str | None = None
     tuned_workers: bool = False
     pin_memory: bool = False
     mixed: bool = False
     channels_last: bool = False
     compiled: bool = False
-    needs_cuda: str | None = None
 
 
-ROW_SPECS: tuple[RowSpec, ...] = (
-    RowSpec("naive", "DataLoader, PIL decode + float normalize on CPU, 0 workers, fp32, NCHW", "naive"),
-    RowSpec("+workers", "tuned DataLoader workers", "naive", tuned_workers=True),
-    RowSpec(
-        "+pinned",
-        "pin_memory=True",
-        "naive",
-        tuned_workers=True,
-        pin_memory=True,
-        needs_cuda="pinned memory only speeds up copies to a CUDA GPU; none in this run",
-    ),
-    RowSpec("+uint8_gpu_aug", "OptimizedDataModule: uint8 batches, crop/flip/normalize on GPU", "folder"),
-    RowSpec("+hdf5", "uint8 HDF5 file instead of JPEG decode", "hdf5"),
-    RowSpec(
-        "+dali",
-        "DALI: JPEG decoding, decoder chosen from rates measured on the files (instead of HDF5)",
-        "dali",
-        needs_cuda="DALI decodes on a CUDA GPU; none in this run",
-    ),
-    RowSpec(
-        "+16-mixed",
-        "precision='16-mixed' (best data backend)",
-        "best",
-        mixed=True,
-        needs_cuda="16-mixed needs a CUDA GPU (on a CPU Lightning falls back to bf16, slower there)",
-    ),
-    RowSpec("+channels_last", "ChannelsLast model: the full stack", "best", mixed=True, channels_last=True),
-    RowSpec(
-        "+compile",
-        "CompileModel(): the full stack, forward compiled",
-        "best",
-        mixed=True,
-        channels_last=True,
-        compiled=True,
-    ),
-    RowSpec(
-        "ceiling_lightning",
-        "synthetic batches on the device, Lightning",
-        "device",
-        mixed=True,
-        channels_last=True,
-    ),
-    RowSpec(
-        "ceiling_eager",
-        "synthetic batches on the device, plain loop",
-        "plain",
-        mixed=True,
-        channels_last=True,
-    ),
-    RowSpec(
-        "ceiling_compiled",
-        "synthetic batches on the device, plain loop, torch.compile",
-        "plain",
-        mixed=True,
-        channels_last=True,
-        compiled=True,
-    ),
+# why a row means nothing without a CUDA GPU
+_NEEDS_CUDA = {
+    "+pinned": "pinned memory only speeds up copies to a CUDA GPU; none in this run",
+    "+dali": "DALI decodes on a CUDA GPU; none in this run",
+    "+16-mixed": "16-mixed needs a CUDA GPU (on a CPU Lightning falls back to bf16, slower there)",
+}
+# name, adds, loader, flags: w tuned_workers, p pin_memory, m mixed, l channels_last, c compiled
+_ROWS = (
+    ("naive", "DataLoader, PIL decode + float normalize on CPU, 0 workers, fp32, NCHW", "naive", ""),
+    ("+workers", "tuned DataLoader workers", "naive", "w"),
+    ("+pinned", "pin_memory=True", "naive", "wp"),
+    ("+uint8_gpu_aug", "OptimizedDataModule: uint8 batches, crop/flip/normalize on GPU", "folder", ""),
+    ("+hdf5", "uint8 HDF5 file instead of JPEG decode", "hdf5", ""),
+    ("+dali", "DALI: JPEG decoding, decoder chosen from rates measured on the files (not HDF5)", "dali", ""),
+    ("+16-mixed", "precision='16-mixed' (best data backend)", "best", "m"),
+    ("+channels_last", "ChannelsLast model: the full stack", "best", "ml"),
+    ("+compile", "CompileModel(): the full stack, forward compiled", "best", "mlc"),
+    ("ceiling_lightning", "synthetic batches on the device, Lightning", "device", "ml"),
+    ("ceiling_eager", "synthetic batches on the device, plain loop", "plain", "ml"),
+    ("ceiling_compiled", "synthetic batches on the device, plain loop, torch.compile", "plain", "mlc"),
+)
+ROW_SPECS: tuple[RowSpec, ...] = tuple(
+    RowSpec(name, adds, loader, _NEEDS_CUDA.get(name), *(f in flags for f in "wpmlc"))
+    for name, adds, loader, flags in _ROWS
 )
 #: the ladder's row names in ladder order (what ``--rows`` and ``LadderConfig.rows`` take)
 ROW_NAMES: tuple[str, ...] = tuple(s.name for s in ROW_SPECS)
 SPEC_BY_NAME = {s.name: s for s in ROW_SPECS}
 # rows that read the image folder itself (an HDF5 file cannot feed them)
-FOLDER_ONLY_ROWS: tuple[str, ...] = tuple(
-    s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali")
-)
+FOLDER_ONLY_ROWS = tuple(s.name for s in ROW_SPECS if s.loader in ("naive", "folder", "dali"))
 
 
 def parse_rows(text: str | Sequence[str]) -> list[str]:
@@ -340,7 +305,6 @@ def cannot_run(
 
 
 def _cannot_compile(device: torch.device, compile_named: bool) -> tuple[str, str] | None:
-    """Why the compiled rows do not run on ``device``, or ``None``."""
     import importlib.util
 
     if device.type != "cuda":

@@ -63,17 +63,15 @@ _ROW_OF_BACKEND = {"folder": "+uint8_gpu_aug", "hdf5": "+hdf5", "dali": "+dali"}
 # label sets the synthetic batch cycles through: one batch with fixed labels would be fitted exactly, and its
 # vanishing gradients are not the work a real step does
 _LABEL_SETS = 8
+# the figures a row takes from ``summarize`` over its fits
+_SUMMARY_KEYS = (
+    *("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max"),
+    *("spread", "p50_ms", "p90_ms"),
+)
 # a row's keys that stay null until measured
 _ROW_NONE_KEYS = (
-    *(
-        "reason",
-        "samples_per_sec",
-        "samples_per_sec_min",
-        "samples_per_sec_max",
-        "spread",
-        "p50_ms",
-        "p90_ms",
-    ),
+    "reason",
+    *_SUMMARY_KEYS,
     *("ratio_to_ceiling", "ratio_to_ceiling_worst", "ratio_to_eager_ceiling", "speedup_vs_naive"),
     *("gpu_util_mean", "data_wait_frac", "joules_per_sample", "backend", "num_workers", "pin_memory"),
     *("compile_seconds", "steps_measured", "seconds_measured", "_steps"),
@@ -83,14 +81,9 @@ _FIT_MEANS = ("gpu_util_mean", "data_wait_frac", "joules_per_sample")
 
 
 def _no_h5py() -> str | None:
-    """Why HDF5 rows cannot run here, or ``None`` when h5py is installed."""
     from lightning_gpuopt._imports import _H5PY_AVAILABLE
 
     return None if _H5PY_AVAILABLE else "h5py is not installed (pip install 'lightning-gpuopt[hdf5]')"
-
-
-def _slug(index: int, name: str) -> str:
-    return f"{index:02d}_{name.lstrip('+').replace('/', '_')}"
 
 
 def _window_steps(seconds: float | None, step_s: float, steps: int, cap: int | None) -> int:
@@ -155,7 +148,6 @@ class RowClock(StepClock):
         super().on_train_start(trainer, pl_module)
 
     def _size(self, last: int) -> None:
-        """Set ``steps`` from the mean of the last ``last`` warm-up step times."""
         self._sized = True
         n = min(last, len(self._ends) - 1)
         if n < 1 or self.seconds is None:
@@ -224,15 +216,13 @@ class LadderRunner:
         if self.cfg.tb_dir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger
 
-            logger = TensorBoardLogger(
-                os.fspath(self.cfg.tb_dir), name=_slug(ROW_NAMES.index(spec.name), spec.name), version=version
-            )
+            slug = f"{ROW_NAMES.index(spec.name):02d}_{spec.name.lstrip('+').replace('/', '_')}"
+            logger = TensorBoardLogger(os.fspath(self.cfg.tb_dir), name=slug, version=version)
         return pl.Trainer(
             accelerator="gpu" if self.cuda else "cpu",
             devices=1,
             precision=cast(Any, self._precision(spec)),
             max_epochs=-1,
-            max_steps=-1,
             # a safety net only: the row's clock stops the fit long before
             max_time=None if max_seconds is None else timedelta(seconds=max_seconds),
             limit_val_batches=0,
@@ -265,11 +255,10 @@ class LadderRunner:
             batch_size=self.cfg.batch_size,
             cache_dir=self.cfg.cache_dir,
         )
-        n = int(result.best)
+        self._naive_workers = int(result.best)
         src = "cached" if result.cached else f"measured in {result.seconds:.1f} s"
-        self.say(f"  -> {n} workers ({src})")
-        self._naive_workers = n
-        return n
+        self.say(f"  -> {self._naive_workers} workers ({src})")
+        return self._naive_workers
 
     def _hdf5_file(self) -> tuple[Path | None, str | None]:
         if self._h5_path is not None:
@@ -283,17 +272,13 @@ class LadderRunner:
         src = self.data.resolve()
         digest = hashlib.sha1(f"{src}:{os.path.getmtime(src)}".encode()).hexdigest()[:10]
         out = Path(self.cfg.cache_dir).expanduser() / "hdf5" / f"{src.name}-{digest}-{self.storage_size}px.h5"
-        cached = out.is_file()
-        if cached:
-            try:
-                HDF5ImageDataset(out).close()
-            except (ValueError, RuntimeError) as err:  # another format version, or damaged: convert again
+        try:
+            HDF5ImageDataset(out).close()
+            self.say(f"using cached HDF5 copy {out}")
+        except (FileNotFoundError, ValueError, RuntimeError) as err:
+            if out.is_file():  # another format version, or damaged: convert again
                 self.say(f"cached HDF5 copy {out} cannot be read by this version ({err}); converting again")
                 out.unlink()
-                cached = False
-        if cached:
-            self.say(f"using cached HDF5 copy {out}")
-        else:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.say(f"converting {src} to uint8 HDF5 ({self.storage_size}px) at {out} (once, cached)...")
             t0 = time.perf_counter()
@@ -318,9 +303,7 @@ class LadderRunner:
                 if b in measured and measured[b] >= top * (1 - _BEST_TIE_FRAC):
                     return b
         # nothing measured in this run: HDF5 when it can be had, else the folder
-        if self.data_is_h5:
-            return "hdf5"
-        return "hdf5" if _no_h5py() is None else "folder"
+        return "hdf5" if self.data_is_h5 or _no_h5py() is None else "folder"
 
     # -- rows -----------------------------------------------------------------------------------------
     def cannot_run_reason(self, spec: RowSpec) -> tuple[str, str] | None:
@@ -359,19 +342,10 @@ class LadderRunner:
             return share
         return max(min(1.0, per_fit), min(per_fit, share))
 
-    def _labels(self) -> list[torch.Tensor]:
-        return [
-            torch.randint(0, self.num_classes, (self.cfg.batch_size,), device=self.device)
-            for _ in range(_LABEL_SETS)
-        ]
-
     def run_plain(self, spec: RowSpec, row: dict[str, Any], seconds: float, rnd: int = 0) -> None:
         from lightning_gpuopt.bench.models import build_model
 
         cfg = self.cfg
-        if spec.compiled:
-            # each compiled row compiles afresh in this process (the on-disk caches stay)
-            torch.compiler.reset()
         dtype = torch.float16 if self.cuda else None
         loop = PlainLoop(
             build_model(cfg.model, self.num_classes),
@@ -391,9 +365,8 @@ class LadderRunner:
         fast: int | None = None
         while fast is None or len(times) - fast < max(FAST_RUN, min(cfg.warmup, 3)):
             if time.perf_counter() - t0 > SETTLE_LIMIT_S:
-                row.update(
-                    status=FAILED, reason=f"the step time did not settle within {SETTLE_LIMIT_S:.0f} s"
-                )
+                why = f"the step time did not settle within {SETTLE_LIMIT_S:.0f} s"
+                row.update(status=FAILED, reason=why)
                 return
             times.append(loop.timed_step())
             fast = first_fast_step(times)
@@ -405,8 +378,7 @@ class LadderRunner:
         m = measure_loop(loop.step, self.device, cfg.warmup, steps, cfg.batch_size)
         compiled_in = sum(times[:fast]) if spec.compiled else None
         self._add_repeat(row, rnd, replace(m, compile_seconds=compiled_in), steps)
-        row["precision"] = "fp16 autocast" if dtype is not None else "fp32"
-        row["backend"] = "synthetic (device)"
+        row.update(precision="fp16 autocast" if dtype is not None else "fp32", backend="synthetic (device)")
 
     def _loader_for(self, spec: RowSpec, row: dict[str, Any], done: dict[str, dict[str, Any]]) -> Any:
         """The row's DataLoader or data module; ``None`` with the row skipped when a dependency is missing."""
@@ -430,8 +402,12 @@ class LadderRunner:
         if spec.loader == "device":
             mf = torch.channels_last if spec.channels_last else torch.contiguous_format
             x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=self.device)
+            ys = [
+                torch.randint(0, self.num_classes, x.shape[:1], device=self.device)
+                for _ in range(_LABEL_SETS)
+            ]
             row.update(backend="synthetic (device)", num_workers=0)
-            return DeviceBatches(x.contiguous(memory_format=mf), self._labels(), 1_000_000)
+            return DeviceBatches(x.contiguous(memory_format=mf), ys, 1_000_000)
         from lightning_gpuopt.data.datamodule import OptimizedDataModule
         from lightning_gpuopt.data.tuning import TuningConfig
 
@@ -474,10 +450,7 @@ class LadderRunner:
             for (t, _), r in zip(row["_measured"], summary["repeats"], strict=True)
         ]
         row.update(
-            {k: summary[k] for k in ("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max")},
-            spread=summary["spread"],
-            p50_ms=summary["p50_ms"],
-            p90_ms=summary["p90_ms"],
+            {k: summary[k] for k in _SUMMARY_KEYS},
             repeats=repeats,
             windows=[r["samples_per_sec"] for r in repeats],
             steps_measured=sum(r["steps"] for r in repeats),
@@ -513,7 +486,6 @@ class LadderRunner:
         if spec.compiled:
             from lightning_gpuopt.compute.compile import CompileModel
 
-            torch.compiler.reset()  # each compiled fit compiles afresh in this process
             callbacks.append(CompileModel())
         cfg = self.cfg
         # the row's first fit sizes the window from its warm-up; at least one warm-up step: it pays for cuDNN
@@ -557,11 +529,7 @@ class LadderRunner:
         history = getattr(monitor, "history", [])
         gpu, wait = window_means(history, trainer.global_step - m.steps)
         joules = joules_per_sample(history, trainer.global_step - m.steps, m.samples_per_sec)
-        this_fit = {
-            "gpu_util_mean": gpu if self.cuda else None,
-            "data_wait_frac": wait,
-            "joules_per_sample": joules,
-        }
+        this_fit = dict(zip(_FIT_MEANS, (gpu if self.cuda else None, wait, joules), strict=True))
         for key, value in this_fit.items():
             if value is not None:
                 row["_means"][key].append(value)
@@ -576,6 +544,8 @@ class LadderRunner:
         spec = SPEC_BY_NAME[name]
         compiled = row["compile_seconds"]
         try:
+            if spec.compiled:
+                torch.compiler.reset()  # each compiled fit compiles afresh in this process (on-disk caches stay)
             if spec.loader == "plain":
                 self.run_plain(spec, row, seconds, rnd)
             else:

@@ -131,16 +131,8 @@ class Measurement:
         return second / first if first > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "samples_per_sec": self.samples_per_sec,
-            "p50_ms": self.p50_ms,
-            "p90_ms": self.p90_ms,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "halves": self.halves,
-            "compile_seconds": self.compile_seconds,
-            **self.extra,
-        }
+        keys = ("samples_per_sec", "p50_ms", "p90_ms", "steps", "seconds", "halves", "compile_seconds")
+        return {**{k: getattr(self, k) for k in keys}, **self.extra}
 
 
 class _Marks:
@@ -230,7 +222,6 @@ class StepClock(pl.Callback):
                 self._warm_done = len(self._starts) - 1 - fast
 
     def _open(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Open the window at this batch end."""
         from lightning_gpuopt.observe.advisor.scale import ScaleWatch
 
         self._marks = _Marks(pl_module.device)

@@ -83,22 +83,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard runs")
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    for flag, value in (("--images", args.images), ("--classes", args.classes)):
-        check_arg(value >= 1, flag, value, ">= 1")
-
-
-def _check_model(model: str | None) -> None:
-    """A torchvision model without torchvision is refused before any folder is made or data generated."""
-    from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
-
-    if model not in (None, "small") and not _TORCHVISION_AVAILABLE:
-        raise ValueError(
-            f"--model {model} is torchvision's, which is not installed; "
-            "pip install 'lightning-gpuopt[vision]' (or torchvision), or pass --model small"
-        )
-
-
 def ladder_failure(results: list[dict[str, Any]], requested: set[str]) -> str | None:
     """Why a ladder run failed, in one line with each row's reason: no requested row was measured (all
     rows when ``requested`` is empty), or rows raised; ``None`` when it did not fail. ``bench`` and
@@ -138,8 +122,16 @@ def _some_row_runs(config: LadderConfig) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_numbers(args)
-    _check_model(args.model)  # before the heavy imports: found in a moment
+    for flag, value in (("--images", args.images), ("--classes", args.classes)):
+        check_arg(value >= 1, flag, value, ">= 1")
+    from lightning_gpuopt._imports import _TORCHVISION_AVAILABLE
+
+    # before the heavy imports: found in a moment
+    if args.model not in (None, "small") and not _TORCHVISION_AVAILABLE:
+        raise ValueError(
+            f"--model {args.model} is torchvision's, which is not installed; "
+            "pip install 'lightning-gpuopt[vision]' (or torchvision), or pass --model small"
+        )
     from lightning_gpuopt._common import cache_dir
     from lightning_gpuopt.bench import rows, runs
     from lightning_gpuopt.bench.synthetic import cached_jpeg_folder
@@ -180,11 +172,9 @@ def _run_in(run: Path, args: argparse.Namespace, config: LadderConfig) -> int:
     from lightning_gpuopt.bench.measure import quiet_lightning
     from lightning_gpuopt.bench.runner import run_ladder
 
-    if args.no_tensorboard:
-        pass
-    elif _TENSORBOARD_AVAILABLE:
+    if not args.no_tensorboard and _TENSORBOARD_AVAILABLE:
         config.tb_dir = run / "tensorboard"
-    else:
+    elif not args.no_tensorboard:
         _progress(
             "TensorBoard logs skipped: tensorboard is not installed "
             "(pip install 'lightning-gpuopt[tensorboard]')"
