@@ -288,18 +288,17 @@ def straggler(c: Context) -> Verdict | None:
         f"in the gradient all-reduce for it (all-reduce wait per rank: {', '.join(f'{w:.1f}' for w in waits)} "
         "ms), so every GPU trains at its pace. "
     )
-    if cause == "loader":
-        text += (
-            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
-            "(samples of varying size or cost), too few workers for its share of the cores "
-            "(cores / processes per node), or a slower disk or network path for that rank."
-        )
-    else:
-        text += (
-            "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process "
-            "on it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: "
-            "batch them by length)."
-        )
+    loader = (
+        "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
+        "(samples of varying size or cost), too few workers for its share of the cores (cores / processes "
+        "per node), or a slower disk or network path for that rank."
+    )
+    compute = (
+        "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process "
+        "on it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: "
+        "batch them by length)."
+    )
+    text += loader if cause == "loader" else compute
     return Verdict("straggler", figs, text, "warning", cause, gain_of_frac(late_ms / step))
 
 
