@@ -1,8 +1,7 @@
 """Say what starves the GPU and what to change (docs/advisor.md).
 
-``diagnose(evidence, config)`` is the pure part: one window's ``Evidence`` and the run's ``RunConfig`` in, a
-list of ``Verdict`` out. ``BottleneckAdvisor`` adapts it to a Trainer (or, through
-``observe.fabric.FabricObserver``, to a Fabric loop).
+``diagnose(evidence, config)`` is the pure part: one window's ``Evidence`` and ``RunConfig`` in, verdicts out.
+``BottleneckAdvisor`` adapts it to a Trainer (or through ``observe.fabric.FabricObserver`` to a Fabric loop).
 """
 
 from lightning_gpuopt.observe.advisor.callback import BottleneckAdvisor

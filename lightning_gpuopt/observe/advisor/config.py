@@ -39,11 +39,6 @@ def _unwrap_dataset(ds: Any) -> Any:
     return ds
 
 
-def _feed_info_of(obj: Any) -> FeedInfo | None:
-    info = getattr(obj, "feed_info", None)
-    return info if isinstance(info, FeedInfo) else None
-
-
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     """The tensors of a batch or sample, nested up to 4 levels in lists, tuples and dicts."""
     if isinstance(obj, torch.Tensor):
@@ -93,23 +88,19 @@ def describe_feed(loader: Any, probe_dataset: bool = True) -> FeedInfo:
     loader_like = isinstance(loader, DataLoader) or _fabric_loader(loader)
     dataset = getattr(loader, "dataset", None) if loader_like else None
     layers = [loader] + ([dataset, _unwrap_dataset(dataset)] if dataset is not None else [])
-    infos = [info for info in map(_feed_info_of, layers) if info is not None]
-    facts: dict[str, Any] = {}
-    for info in infos:
-        for key, value in info.to_dict().items():
-            if facts.get(key) is None:
-                facts[key] = value
+    infos = [info for info in (getattr(x, "feed_info", None) for x in layers) if isinstance(info, FeedInfo)]
+    facts: dict[str, Any] = {}  # the known facts only: the first layer that knows one wins
+    for info in reversed(infos):
+        facts.update((k, v) for k, v in info.to_dict().items() if v is not None)
     if loader_like:
         facts.setdefault("num_workers", None)
         read_threads = getattr(loader, "read_threads", 0)
         if isinstance(read_threads, int) and read_threads > 0:
             # read by threads of this process (HostDataLoader): no worker processes to count
-            if facts.get("threads") is None:
-                facts["threads"] = read_threads
+            facts.setdefault("threads", read_threads)
         elif facts["num_workers"] is None:
             facts["num_workers"] = int(loader.num_workers)
-        if facts.get("pin_memory") is None:
-            facts["pin_memory"] = bool(loader.pin_memory)
+        facts.setdefault("pin_memory", bool(loader.pin_memory))
         if facts.get("batch_size") is None:
             bs = loader.batch_size
             if bs is None and loader.batch_sampler is not None:
@@ -156,15 +147,9 @@ def distinct_memory_format(t: torch.Tensor) -> bool | None:
 
 def conv_memory_formats(model: nn.Module) -> tuple[int, int]:
     """``(decidable 4-D conv weights, of which channels_last)`` of ``model``; metadata only, no GPU work."""
-    total = cl = 0
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d) and m.weight.dim() == 4:
-            fmt = distinct_memory_format(m.weight)
-            if fmt is None:
-                continue
-            total += 1
-            cl += int(fmt)
-    return total, cl
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d) and m.weight.dim() == 4]
+    known = [fmt for fmt in map(distinct_memory_format, convs) if fmt is not None]
+    return len(known), sum(known)
 
 
 def image_tensor(batch: Any) -> torch.Tensor | None:
@@ -186,12 +171,8 @@ def loop_config(loop: Loop, gpu_monitor: bool, feed: FeedInfo | None = None) -> 
     if feed is None:
         loader = first_loader(loop.train_loaders)
         feed = describe_feed(loader) if loader is not None else FeedInfo()
-    cfg = RunConfig(device_type=device.type, precision=loop.precision, gpu_monitor=gpu_monitor)
-    cfg.cpus, cfg.processes_per_node, cfg.world_size = (
-        available_cpus(),
-        loop.processes_per_node,
-        loop.world_size,
-    )
+    cfg = RunConfig(device.type, precision=loop.precision, cpus=available_cpus(), gpu_monitor=gpu_monitor)
+    cfg.processes_per_node, cfg.world_size = loop.processes_per_node, loop.world_size
     # the feed's facts (a DALI loader's decode rates, measured on its own files, among them) and the AMP facts
     for key, value in {**feed.to_dict(), **amp_facts(loop)}.items():
         if key == "threads":

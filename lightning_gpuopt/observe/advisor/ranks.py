@@ -17,8 +17,6 @@ from lightning_gpuopt.observe.advisor.evidence import RankEvidence
 
 __all__ = ["AllReduceWaitTimer", "gather_ranks"]
 
-_MAX_PENDING = 256
-
 
 class AllReduceWaitTimer:
     """Measures each step's wait in the gradient all-reduce; ``window()`` gives the median since the last call.
@@ -37,8 +35,7 @@ class AllReduceWaitTimer:
         self._ready_s: float | None = None
         self._ready_event: Any = None
         # event pairs waiting for completion; past the bound the GPU is far behind and the oldest are dropped
-        self._pending: deque[tuple[Any, Any]] = deque(maxlen=_MAX_PENDING)
-        self._free: list[Any] = []
+        self._pending: deque[tuple[Any, Any]] = deque(maxlen=256)
         self._waits_ms: list[float] = []
 
     def attach(self, module: nn.Module) -> bool:
@@ -53,18 +50,11 @@ class AllReduceWaitTimer:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        self._pending.clear()
-        self._waits_ms.clear()
-        self._ready_event = self._ready_s = None
-
-    def _event(self) -> Any:
-        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
 
     def _grad_ready(self, param: torch.Tensor) -> None:
         if self.cuda:
-            event = self._event()
-            event.record()  # on the stream the backward of this parameter runs on
-            self._ready_event = event
+            self._ready_event = torch.cuda.Event(enable_timing=True)
+            self._ready_event.record()  # on the stream the backward of this parameter runs on
         else:
             self._ready_s = time.perf_counter()
 
@@ -73,7 +63,7 @@ class AllReduceWaitTimer:
         if self.cuda:
             if self._ready_event is None:
                 return
-            done = self._event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record()
             self._pending.append((self._ready_event, done))
             self._ready_event = None
@@ -86,7 +76,6 @@ class AllReduceWaitTimer:
         while self._pending and self._pending[0][1].query():
             ready, done = self._pending.popleft()
             self._waits_ms.append(ready.elapsed_time(done))
-            self._free += [ready, done]
         median = statistics.median(self._waits_ms) if self._waits_ms else None
         self._waits_ms.clear()
         return median

@@ -114,6 +114,8 @@ class Context:
         ev, t = self.ev, self.t
         self.cuda = self.cfg.device_type == "cuda"
         self.gpu_busy = ev.gpu_util is not None and ev.gpu_util >= t.gpu_busy_util
+        self.small_batch = self.cfg.batch_size is not None and self.cfg.batch_size <= t.small_batch
+        self.small_kernels = ev.sm_active is not None and ev.sm_active < t.launch_sm_active
         procs = max(1, self.cfg.processes_per_node)
         self.cores_per_process = max(1, self.cfg.cpus // procs) if self.cfg.cpus else None
         self.cores_full = None if ev.cpu_busy_frac is None else ev.cpu_busy_frac >= t.cores_full_frac
@@ -207,10 +209,8 @@ def input_bound(c: Context) -> Verdict | None:
         figs["processes_per_node"] = cfg.processes_per_node
     figs.update(c.figures("backend", "batch_size"))
     cause = _input_cause(c)
-    if cause == "dali-bound":
-        figs.update(c.figures("decoder", "decode_threads"))
-    if cause == "jpeg-engine":
-        figs.update(c.figures("jpeg_util", "decoder"))
+    extra = {"dali-bound": ("decoder", "decode_threads"), "jpeg-engine": ("jpeg_util", "decoder")}
+    figs.update(c.figures(*extra.get(cause, ())))
     if cause == "store-bound" and cfg.decode_threads is not None:
         figs["read_threads"] = cfg.decode_threads
     if cfg.backend == "hdf5":
@@ -231,10 +231,7 @@ def host_bound(c: Context) -> Verdict | None:
         *("gpu_idle_frac", "loader_wait_frac", "data_wait_frac", "gpu_blocked_frac", "ceiling_frac"),
         *("step_ms", "gpu_util", "sm_active", "cpu_main_pct", "batch_size", "cuda_graphs_skipped"),
     )
-    small = (c.cfg.batch_size is not None and c.cfg.batch_size <= c.t.small_batch) or (
-        c.ev.sm_active is not None and c.ev.sm_active < c.t.launch_sm_active
-    )
-    text = advice.host_bound(c.ev, c.cfg, c.ev.gpu_idle_frac, c.wait, small)
+    text = advice.host_bound(c.ev, c.cfg, c.ev.gpu_idle_frac, c.wait, c.small_batch or c.small_kernels)
     return Verdict("host-bound", figs, text, gain=c.gain(c.ev.gpu_idle_frac))
 
 
@@ -291,18 +288,17 @@ def straggler(c: Context) -> Verdict | None:
         f"in the gradient all-reduce for it (all-reduce wait per rank: {', '.join(f'{w:.1f}' for w in waits)} "
         "ms), so every GPU trains at its pace. "
     )
-    if cause == "loader":
-        text += (
-            "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
-            "(samples of varying size or cost), too few workers for its share of the cores "
-            "(cores / processes per node), or a slower disk or network path for that rank."
-        )
-    else:
-        text += (
-            "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process "
-            "on it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: "
-            "batch them by length)."
-        )
+    loader = (
+        "It waits longer for its batches than the others: its loader is slower. Look for uneven shards "
+        "(samples of varying size or cost), too few workers for its share of the cores (cores / processes "
+        "per node), or a slower disk or network path for that rank."
+    )
+    compute = (
+        "Its own step is slower: check its GPU (nvidia-smi: clocks, temperature, power cap, another process "
+        "on it), its CPU and NUMA affinity, and whether its samples cost more (variable sequence lengths: "
+        "batch them by length)."
+    )
+    text += loader if cause == "loader" else compute
     return Verdict("straggler", figs, text, "warning", cause, gain_of_frac(late_ms / step))
 
 
@@ -349,13 +345,10 @@ def launch_bound(c: Context) -> Verdict | None:
     if c.ev.gpu_util is None or c.starved is not None:
         return None
     util, ev, t = float(c.ev.gpu_util), c.ev, c.t
-    small_kernels = ev.sm_active is not None and ev.sm_active < t.launch_sm_active
-    small_batch = (
-        c.cfg.batch_size is not None and c.cfg.batch_size <= t.small_batch and util < t.gpu_busy_util
-    )
     # the locator named lines of the user's that make the GPU wait inside steps
     syncing = bool(ev.sync_sites) and (ev.step_idle_frac or 0.0) >= t.gpu_idle_frac
-    if not (util < t.launch_util or small_kernels or small_batch or syncing):
+    small_batch = c.small_batch and util < t.gpu_busy_util
+    if not (util < t.launch_util or c.small_kernels or small_batch or syncing):
         return None
     figs = c.figures(
         *("gpu_util", "sm_active", "tensor_active", "gpu_util_min", "gpu_idle_frac", "step_idle_frac"),
@@ -395,11 +388,6 @@ def amp_host_sync(c: Context) -> Verdict | None:
     return Verdict("amp-host-sync", figs, text, "warning" if costly else "info", gain=gain)
 
 
-def _sig(x: float) -> float:
-    """``x`` to 6 significant digits: a scale of 2**16 stays whole, one of 2**-10 readable."""
-    return float(f"{x:.6g}")
-
-
 def fp16_overflow(c: Context) -> Verdict | None:
     """fp16 mixed precision whose GradScaler keeps backing off: the model overflows fp16, steps skipped."""
     cfg, ev, t = c.cfg, c.ev, c.t
@@ -412,10 +400,11 @@ def fp16_overflow(c: Context) -> Verdict | None:
         return None
     start = ev.grad_scale_start if ev.grad_scale_start is not None else ev.grad_scale
     falls, steps = int(ev.grad_scale_falls or 0), int(ev.grad_scale_steps or 0)
+    # 6 significant digits: a scale of 2**16 stays whole, one of 2**-10 readable
     figs: dict[str, EvidenceValue] = {
         "precision": str(cfg.precision),
-        "grad_scale_start": _sig(start),
-        "grad_scale_end": _sig(ev.grad_scale),
+        "grad_scale_start": float(f"{start:.6g}"),
+        "grad_scale_end": float(f"{ev.grad_scale:.6g}"),
         "scale_falls": falls,
         "window_falls": window,
         "steps_observed": steps,
@@ -491,8 +480,7 @@ def memory_headroom(c: Context) -> Verdict | None:
     used, total = cfg.mem_peak_gb, cfg.mem_total_gb
     if used is None or total is None:
         used, total = ev.mem_used_gb, ev.mem_total_gb
-    saturated = c.gpu_busy and (ev.sm_active is None or ev.sm_active >= t.launch_sm_active)
-    if not (ev.gpu_util is not None and c.starved != "input" and not saturated):
+    if not (ev.gpu_util is not None and c.starved != "input" and not (c.gpu_busy and not c.small_kernels)):
         return None
     if used is None or not total or used / total >= t.headroom_mem_frac:
         return None
@@ -572,7 +560,6 @@ def diagnose(
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
     c = Context(ev, cfg, thresholds or AdvisorThresholds())
     # a rule runs only where the run has what NEEDS lists for its kind
-    ranks = ev.ranks is not None and ev.ranks.world_size > 1
-    have = {"cuda": c.cuda, "ranks": ranks, "scaler": bool(cfg.grad_scaler)}
-    ready = [rule for kind, rule in zip(KINDS, RULES, strict=True) if all(have[n] for n in NEEDS[kind])]
+    absent = unmet_needs(c.cuda, ev.ranks.world_size if ev.ranks else 1, bool(cfg.grad_scaler))
+    ready = [rule for kind, rule in zip(KINDS, RULES, strict=True) if kind not in absent]
     return sort_verdicts([v for rule in ready if (v := rule(c)) is not None])

@@ -16,8 +16,6 @@ from lightning_gpuopt.observe.advisor.evidence import Evidence
 
 __all__ = ["ScaleWatch", "falls_between"]
 
-_MAX_PENDING = 8  # reads queued behind the GPU; past this the oldest are dropped, never waited for
-
 
 def falls_between(before: float, after: float, backoff: float = 0.5) -> int:
     """Backoffs that took the scale from ``before`` to ``after``: a lower bound (a growth hides one).
@@ -61,7 +59,8 @@ class ScaleWatch:
         self.scaler = scaler
         self.device = device
         self._event_factory = event_factory
-        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque(maxlen=_MAX_PENDING)
+        # reads queued behind the GPU; past 8 the oldest are dropped, never waited for
+        self._pending: deque[tuple[int, torch.Tensor, Any]] = deque(maxlen=8)
         self._first: tuple[int, float] | None = None  # (global step, scale) of the first read
         self._last: tuple[int, float] | None = None
         self.falls = 0  # backoffs seen across the fit
@@ -84,9 +83,8 @@ class ScaleWatch:
     def _read(self, step: int, value: float) -> None:
         if self._last is not None:
             backoff = getattr(self.scaler, "get_backoff_factor", lambda: 0.5)()
-            n = falls_between(
-                self._last[1], value, float(backoff) if isinstance(backoff, (int, float)) else 0.5
-            )
+            backoff = float(backoff) if isinstance(backoff, (int, float)) else 0.5
+            n = falls_between(self._last[1], value, backoff)
             self.falls += n
             self._window_falls += n
         self._last = (step, value)
@@ -118,15 +116,12 @@ class ScaleWatch:
         event.record()
         self._pending.append((step, host, event))
 
-    def _collect(self) -> None:
-        while self._pending and self._pending[0][2].query():
-            step, host, _ = self._pending.popleft()
-            self._read(step, float(host.reshape(-1)[0]))
-
     def evidence(self) -> Evidence:
         """The reads completed so far: the scale at the first and the latest read, the falls across the fit
         and since the last call, and the optimizer steps between those reads."""
-        self._collect()
+        while self._pending and self._pending[0][2].query():
+            step, host, _ = self._pending.popleft()
+            self._read(step, float(host.reshape(-1)[0]))
         window, self._window_falls = self._window_falls, 0
         if self._first is None or self._last is None:
             return Evidence()

@@ -21,9 +21,8 @@ __all__ = [
     "sort_verdicts",
 ]
 
-#: Every verdict kind, in report order (logged as ``advisor/<kind>`` flags: stable names), with what a run must
-#: have for its rule to raise it: ``"cuda"`` (a CUDA device), ``"ranks"`` (several processes) or ``"scaler"`` (an
-#: enabled GradScaler).
+#: What a run must have for the rule of each kind to raise it (``KINDS`` order): ``"cuda"`` (a CUDA device),
+#: ``"ranks"`` (several processes) or ``"scaler"`` (an enabled GradScaler).
 NEEDS: dict[str, tuple[str, ...]] = {
     "input-bound": (),
     "host-bound": ("cuda",),  # judged from gpu/idle_frac, which CUDA events measure
@@ -49,8 +48,7 @@ EvidenceValue = float | int | str
 class Verdict:
     """One finding: what starves or slows the GPU, the figures it rests on, and the change that removes it.
 
-    Its fields (``kind``, ``evidence``, ``advice``, ``severity``, ``cause``, ``gain``) are described in
-    docs/advisor.md (Verdicts, Gains).
+    Its fields are described in docs/advisor.md (Verdicts, Gains).
 
     Example:
         >>> v = Verdict("input-bound", {"gpu_idle_frac": 0.4}, "Use more workers.", cause="too-few-workers")
