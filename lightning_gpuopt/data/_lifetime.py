@@ -129,7 +129,7 @@ def die_with_parent(expected_ppid: int | None = None) -> None:
 # in it). Ignores the terminal's and a process group's signals so that it outlives its owner by the moment it
 # takes.
 _JANITOR = """
-import os, select, shutil, signal, sys
+import contextlib, os, select, shutil, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 owner = int(sys.argv[2])
@@ -141,10 +141,8 @@ if not done:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     else:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 """
 
 

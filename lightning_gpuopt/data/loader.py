@@ -55,9 +55,8 @@ def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) 
         except StopIteration:
             return
         finally:
-            setattr(
-                owner, FETCH_SECONDS_ATTR, getattr(owner, FETCH_SECONDS_ATTR) + time.perf_counter() - start
-            )
+            seconds = getattr(owner, FETCH_SECONDS_ATTR) + time.perf_counter() - start
+            setattr(owner, FETCH_SECONDS_ATTR, seconds)
         count += 1
         yield batch
 
@@ -447,11 +446,8 @@ def close_workers(loader: Any) -> None:
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
     """
-    if isinstance(loader, (list, tuple)):
-        for item in loader:
-            close_workers(item)
-    elif isinstance(loader, dict):
-        for item in loader.values():
+    if isinstance(loader, (list, tuple, dict)):
+        for item in loader.values() if isinstance(loader, dict) else loader:
             close_workers(item)
     elif isinstance(loader, ContinuousDataLoader) and loader._continuous_iter is not None:
         loader.close()
