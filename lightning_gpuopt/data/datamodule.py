@@ -278,10 +278,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             dataset = self._dataset(split)
             if dataset is None:
                 return 0
-            if self._auto_workers:
+            if self._auto_workers or read_by_threads(dataset):  # a raw store has none: threads read it
                 counts["num_workers"] = self._auto_workers_for(split, dataset)
-            elif read_by_threads(dataset):
-                counts["num_workers"] = (0, "a raw store has none: threads of the training process read it")
             else:
                 counts["num_workers"] = (int(self.num_workers), "set by you")
             if split == "train":
