@@ -87,9 +87,8 @@ def _start_method(loader: Any) -> str | None:
 
 
 def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], Callable[[], Any]]:
-    """``start()`` (a DataLoader iterator of ``loader``) with its workers' temporary files in a folder of
-    their own, and the call that removes it (also run when the iterator is collected); with a ``TMPDIR`` too
-    long for a worker's socket, the workers keep ``multiprocessing``'s folders."""
+    """``start()`` (``loader``'s iterator) with its workers' temporary files in a folder of their own, and the
+    call that removes it (also run at collection); a ``TMPDIR`` too long for a socket keeps the defaults."""
     folder = os.path.join(tempfile.gettempdir(), _PREFIX + secrets.token_hex(4))  # the workers make it
     if len(os.fsencode(folder)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
         return start(), lambda: None
@@ -108,11 +107,8 @@ def worker_folder(loader: Any, start: Callable[[], Iterator[Any]]) -> tuple[Iter
 
 
 def die_with_parent(expected_ppid: int | None = None) -> None:
-    """In a child process: get SIGKILL when the parent dies (Linux), and exit now if it already died.
-
-    Args:
-        expected_ppid: the parent's pid as the parent knew it; None: the pid ``multiprocessing`` recorded.
-    """
+    """In a child process: get SIGKILL when the parent dies (Linux), and exit now if it already died;
+    ``expected_ppid`` is the parent's pid as the parent knew it (None: the one ``multiprocessing`` recorded)."""
     if expected_ppid is None:
         parent = multiprocessing.parent_process()
         expected_ppid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
@@ -129,7 +125,7 @@ def die_with_parent(expected_ppid: int | None = None) -> None:
 # in it). Ignores the terminal's and a process group's signals so that it outlives its owner by the moment it
 # takes.
 _JANITOR = """
-import os, select, shutil, signal, sys
+import contextlib, os, select, shutil, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 owner = int(sys.argv[2])
@@ -141,10 +137,8 @@ if not done:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     else:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 """
 
 

@@ -231,8 +231,7 @@ class DALIBackend(Backend):
 
 
 class DALIStoreBackend(HDF5Backend):
-    """A JPEG store whose training batches DALI decodes; its evaluation splits are read as ``HDF5Backend``
-    reads them."""
+    """A JPEG store whose training batches DALI decodes; ``HDF5Backend`` reads its evaluation splits."""
 
     name = "dali"
     train_on_device = True

@@ -57,13 +57,7 @@ if TYPE_CHECKING:
     from lightning_gpuopt.data.decode import DecodeOptions
     from lightning_gpuopt.data.hdf5 import HDF5Options
 
-__all__ = [
-    "BACKENDS",
-    "MAX_WORKERS_PER_CPU",
-    "MIN_TUNE_BATCHES",
-    "OptimizedDataModule",
-    "UInt8Collate",
-]
+__all__ = ["BACKENDS", "MAX_WORKERS_PER_CPU", "MIN_TUNE_BATCHES", "OptimizedDataModule", "UInt8Collate"]
 
 #: ``num_workers`` above this many per available CPU is refused: the extra processes only compete for cores.
 MAX_WORKERS_PER_CPU = 4
@@ -233,15 +227,8 @@ class OptimizedDataModule(pl.LightningDataModule):
         return None
 
     def class_indices(self, split: str, classes: Sequence[str], path: Any = None) -> list[int] | None:
-        """The labels of ``split``'s classes: their indices among the training split's classes.
-
-        Args:
-            split: the split (``"val"`` or ``"test"``; the others keep their own labels).
-            classes: the split's own class names, in its label order.
-            path: where the split is read, for the error.
-
-        Returns:
-            The indices, or ``None`` where the split keeps its own labels (or training's are unknown).
+        """The labels of ``split``'s ``classes`` (its names in label order): their indices among the training
+        split's classes; None where the split keeps its own labels. ``path`` is where it is read.
 
         Raises:
             ValueError: naming the split, ``path`` and the classes training lacks.
@@ -286,16 +273,13 @@ class OptimizedDataModule(pl.LightningDataModule):
         return max(1, self.trainer.num_devices) if self.trainer is not None else 1
 
     def _workers(self, split: str) -> int:
-        """DataLoader worker processes of ``split``'s loader, resolved once per split."""
         counts = self._counts.setdefault(split, {})
         if "num_workers" not in counts:
             dataset = self._dataset(split)
             if dataset is None:
                 return 0
-            if self._auto_workers:
+            if self._auto_workers or read_by_threads(dataset):  # a raw store has none: threads read it
                 counts["num_workers"] = self._auto_workers_for(split, dataset)
-            elif read_by_threads(dataset):
-                counts["num_workers"] = (0, "a raw store has none: threads of the training process read it")
             else:
                 counts["num_workers"] = (int(self.num_workers), "set by you")
             if split == "train":
@@ -315,9 +299,8 @@ class OptimizedDataModule(pl.LightningDataModule):
             batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         except TypeError:
             batches = MIN_TUNE_BATCHES
-        return min(
-            trained[0], batches if batches > 1 else 0
-        ), "the training split's count, not measured again"
+        count = min(trained[0], batches if batches > 1 else 0)
+        return count, "the training split's count, not measured again"
 
     def _read_threads(self, split: str) -> int:
         """Threads of the training process reading ``split``'s raw store (``HDF5Options``), resolved once."""
@@ -330,7 +313,6 @@ class OptimizedDataModule(pl.LightningDataModule):
         return counts["threads"][0]
 
     def _measure(self, dataset: Dataset, split: str) -> tuple[int, str]:
-        """Measure ``dataset``'s count as ``lightning-gpuopt tune`` does."""
         batches = math.ceil(len(dataset) / self.batch_size)  # type: ignore[arg-type]
         pin, tuning, say = self._pin(), self.tuning, f"OptimizedDataModule: num_workers='auto' for {split}: "
         self.tuning_result = result = _measure_workers(
@@ -382,7 +364,6 @@ class OptimizedDataModule(pl.LightningDataModule):
             self._checked.add(path)
 
     def _setup_datasets(self, stage: str) -> None:
-        """``setup`` of a backend that reads datasets on the host."""
         try:
             if self.on_corrupt == "skip" and self._skip_dir is None:
                 self._make_skip_dir()
@@ -396,22 +377,17 @@ class OptimizedDataModule(pl.LightningDataModule):
                 must = f"at most the {n} training samples (the last partial batch is dropped)"
                 check_arg(n >= self.batch_size, "batch_size", self.batch_size, must, "lower batch_size")
             built = [split for split in splits if self._datasets.get(split) is not None]
-            self._check_worker_count(built)
+            n = 0 if self._auto_workers else int(self.num_workers)
+            must = "'auto' or 0 for a raw HDF5 store: it is read by threads of the training process, with no "
+            must += "DataLoader worker processes"
+            ok = not (n and built and all(read_by_threads(self._datasets[split]) for split in built))
+            fix = f"pass hdf5=HDF5Options(threads={n}) for {n} reading threads"
+            check_arg(ok, "num_workers", n, must, fix)
             for split in built:
                 self._workers(split)
         except BaseException:
             self._remove_skip_dir()
             raise
-
-    def _check_worker_count(self, splits: list[str]) -> None:
-        """Refuse a ``num_workers`` above 0 where every split is a raw store, read by threads."""
-        if self._auto_workers or not splits or int(self.num_workers) == 0:
-            return
-        n = int(self.num_workers)
-        must = "'auto' or 0 for a raw HDF5 store: it is read by threads of the training process, with no "
-        must += "DataLoader worker processes"
-        ok = not all(read_by_threads(self._datasets[split]) for split in splits)
-        check_arg(ok, "num_workers", n, must, f"pass hdf5=HDF5Options(threads={n}) for {n} reading threads")
 
     def _split_loader(self, split: str) -> Any:
         loader = self._backend.loader(self, split)
@@ -425,7 +401,6 @@ class OptimizedDataModule(pl.LightningDataModule):
         return None if overridden_batch_hooks(self, OptimizedDataModule) else self._stage_train_batch
 
     def _say_feed(self, split: str, loader: Any) -> None:
-        """The setup line of ``split`` (rank zero; again only when it changes)."""
         hooks = overridden_batch_hooks(self, OptimizedDataModule) if split == "train" else []
         how = {kind: chosen[1] for kind, chosen in self._counts.get(split, {}).items()}
         line = feed_line(split, loader, how, hooks=hooks, dali=self.dali, processes=self._local_world_size())
@@ -558,7 +533,6 @@ class OptimizedDataModule(pl.LightningDataModule):
 
 
 def _check_paths(given: dict[str, Any]) -> dict[str, str | None]:
-    """Each split's path, expanded; a path that does not exist is a ``FileNotFoundError`` naming it."""
     paths: dict[str, str | None] = {}
     for split, value in given.items():
         if value is not None:
@@ -572,13 +546,11 @@ def _check_paths(given: dict[str, Any]) -> dict[str, str | None]:
 
 
 def _check_sizes(batch_size: Any, num_workers: Any, image_size: Any, storage_size: Any) -> int:
-    """Refuse a bad batch size, worker count or image size; returns the storage size (its default filled)."""
     check_int(batch_size, "batch_size", low=1)
-    cap = MAX_WORKERS_PER_CPU * available_cpus()
+    cpus = available_cpus()
+    cap = MAX_WORKERS_PER_CPU * cpus
     check_int(num_workers, "num_workers", low=0, also=("auto",))
-    must = (
-        f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {available_cpus()} CPUs this process may use)"
-    )
+    must = f"at most {MAX_WORKERS_PER_CPU} per CPU ({cap} for the {cpus} CPUs this process may use)"
     fix = "pass num_workers='auto' (see the docstring for how it is chosen)"
     check_arg(not is_int(num_workers) or int(num_workers) <= cap, "num_workers", num_workers, must, fix)
     check_int(image_size, "image_size", low=1, what="(pixels)")
@@ -592,7 +564,6 @@ def _check_sizes(batch_size: Any, num_workers: Any, image_size: Any, storage_siz
 
 
 def _check_kinds(augment: Any, pin_memory: Any, on_corrupt: Any, check_images: Any, tuning: Any) -> None:
-    """Refuse an argument of the wrong kind (``TypeError``) or an unknown ``on_corrupt``."""
     must = "an AugmentConfig, True (torchvision's defaults) or False"
     check_arg(isinstance(augment, (AugmentConfig, bool)), "augment", augment, must, error=TypeError)
     check_bool(pin_memory, "pin_memory", none_ok=True)

@@ -55,9 +55,8 @@ def timed_batches(owner: Any, batches: Iterator[Any], limit: int | None = None) 
         except StopIteration:
             return
         finally:
-            setattr(
-                owner, FETCH_SECONDS_ATTR, getattr(owner, FETCH_SECONDS_ATTR) + time.perf_counter() - start
-            )
+            seconds = getattr(owner, FETCH_SECONDS_ATTR) + time.perf_counter() - start
+            setattr(owner, FETCH_SECONDS_ATTR, seconds)
         count += 1
         yield batch
 
@@ -360,12 +359,8 @@ class ContinuousDataLoader(HostDataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the batches handed out so far stand: ``pass``, ``batch``, ``batches_per_pass``, ``seed``."""
-        return {
-            "pass": self._start_pass(),
-            "batch": self._batch,
-            "batches_per_pass": len(self),
-            "seed": self._seed,
-        }
+        start = self._start_pass()
+        return {"pass": start, "batch": self._batch, "batches_per_pass": len(self), "seed": self._seed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue at ``state_dict``'s position: the next ``iter()`` yields the rest of that pass."""
@@ -383,12 +378,8 @@ class ContinuousDataLoader(HostDataLoader):
             )
             self._batch = 0
         sampler = getattr(self.batch_sampler, "sampler", None)
-        reproducible = (
-            self._seed is not None
-            or isinstance(sampler, SequentialSampler)
-            or callable(getattr(sampler, "set_epoch", None))
-        )
-        if self._batch and not reproducible:
+        reproducible = self._seed is not None or isinstance(sampler, SequentialSampler)
+        if self._batch and not (reproducible or callable(getattr(sampler, "set_epoch", None))):
             warn_once(
                 f"ContinuousDataLoader: the training sampler ({type(sampler).__name__}) has no set_epoch "
                 "and is not a RandomSampler, so the interrupted pass cannot be replayed; the rest of that "
@@ -447,11 +438,8 @@ def close_workers(loader: Any) -> None:
     Example:
         >>> close_workers(trainer.val_dataloaders)  # doctest: +SKIP
     """
-    if isinstance(loader, (list, tuple)):
-        for item in loader:
-            close_workers(item)
-    elif isinstance(loader, dict):
-        for item in loader.values():
+    if isinstance(loader, (list, tuple, dict)):
+        for item in loader.values() if isinstance(loader, dict) else loader:
             close_workers(item)
     elif isinstance(loader, ContinuousDataLoader) and loader._continuous_iter is not None:
         loader.close()

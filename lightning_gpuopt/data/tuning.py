@@ -117,20 +117,15 @@ def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
 
 @dataclass
 class TuningResult:
-    """What ``tune_num_workers`` found.
+    """What ``tune_num_workers`` found (its fields: docs/worker_tuning.md).
 
     Attributes:
         best: the chosen ``num_workers``.
-        table: one row per measured count (``num_workers``, ``samples_per_sec``, ``startup_s``, ``batches``,
-            ``until``, ``seconds``); empty where nothing was measured.
+        table: one row per measured count; empty where nothing was measured.
         seconds: total wall time of the tuning.
         cached: True when the answer came from the cache.
         stop_reason: why measuring stopped, or why nothing was measured.
         key: the cache key.
-
-    Example:
-        >>> result = tune_num_workers(lambda n: make_loader(n), budget_s=10.0)  # doctest: +SKIP
-        >>> print(result.format_table())  # doctest: +SKIP
     """
 
     best: int
@@ -279,8 +274,8 @@ def loader_factory(
     collate_fn: Callable[[Any], Any] | None = None,
     **worker_kwargs: Any,
 ) -> Callable[[int], DataLoader]:
-    """``n -> loader`` reading ``dataset`` in endless random order on ``n`` worker processes (a whole batch
-    each where the dataset reads in workers), or with ``threads`` on ``n`` reading threads of this process.
+    """``n -> loader`` reading ``dataset`` in endless random order on ``n`` worker processes, or with
+    ``threads`` on ``n`` reading threads of this process (docs/worker_tuning.md).
 
     Args:
         dataset: the map-style dataset (a ``BatchReader`` with ``threads``).
@@ -289,10 +284,6 @@ def loader_factory(
         pin_memory: pin the batches, as training does.
         collate_fn: the loaders' collate function (None: torch's default).
         **worker_kwargs: more ``DataLoader`` arguments of a loader with workers (e.g. ``worker_init_fn``).
-
-    Example:
-        >>> make = loader_factory(dataset, 64, collate_fn=UInt8Collate())  # doctest: +SKIP
-        >>> tune_num_workers(make, budget_s=10.0).best  # doctest: +SKIP
     """
     data = WholeBatches(dataset) if reads_in_workers(dataset) and not threads else dataset
 
@@ -320,21 +311,20 @@ def unmeasured_workers(
         (0, '1 batch, under 8: one worker a batch, not measured')
     """
     cpus = max(1, available_cpus() // max(1, local_world_size))
+    batches = _pass_batches(dataset, batch_size)
     if isinstance(dataset, BatchReader):
         if not reads_in_workers(dataset):
             return 0, "a raw store has none: threads of the training process read it"
         readers = min(int(getattr(dataset, "auto_readers", cpus)), cpus)
-        batches = _pass_batches(dataset, batch_size)
-        if batches is not None and batches < readers:  # a worker a batch at most, none for one batch
-            why = f"{batches} batch{'es' if batches != 1 else ''} a pass: a worker a batch at most, not measured"
-            return (batches if batches > 1 else 0), why
-        return readers, f"one a CPU: chosen from {cpus} cores a process, not measured"
-    batches = _pass_batches(dataset, batch_size)
-    if batches is not None and batches < min_batches:
-        workers = min(cpus, batches) if batches > 1 else 0
-        plural = "es" if batches != 1 else ""
-        return workers, f"{batches} batch{plural}, under {min_batches}: one worker a batch, not measured"
-    return None
+        if batches is None or batches >= readers:
+            return readers, f"one a CPU: chosen from {cpus} cores a process, not measured"
+        why = " a pass: a worker a batch at most"
+    elif batches is None or batches >= min_batches:
+        return None
+    else:
+        why = f", under {min_batches}: one worker a batch"
+    plural = "es" if batches != 1 else ""  # a worker a batch at most, none for one batch
+    return (min(cpus, batches) if batches > 1 else 0), f"{batches} batch{plural}{why}, not measured"
 
 
 def _measure_workers(
@@ -476,10 +466,7 @@ def _steady(times: Sequence[float], samples: Sequence[int], group: int, toleranc
 
 
 def _measure(
-    loader: Iterable[Any],
-    warmup_batches: int,
-    deadline: Callable[[float], float],
-    max_batches: int | None,
+    loader: Iterable[Any], warmup_batches: int, deadline: Callable[[float], float], max_batches: int | None
 ) -> tuple[float, float, int, str]:
     """``(samples_per_sec, startup_s, measured_batches, until)`` of ``loader`` after ``warmup_batches``,
     until steady, ``max_batches`` (one pass) or ``deadline(rate so far)``; ``until`` says which."""
@@ -489,18 +476,14 @@ def _measure(
         it, remove_folder = worker_folder(loader, lambda: iter(loader))
     else:
         it = iter(loader)  # a HostDataLoader keeps its workers' folder itself
-    startup = None
-    delivered = 0  # every sample, warm-up included
-    times: list[float] = []  # arrival time of each measured batch; the first is the origin
-    samples: list[int] = []  # samples delivered since the origin, at each of them
-    group = max(2, warmup_batches)
-    until = "one pass"
-    end = t0
+    startup, delivered, group, until = None, 0, max(2, warmup_batches), "one pass"
+    # each measured batch's arrival time (the first is the origin) and the samples since the origin then
+    times: list[float] = []
+    samples: list[int] = []
     try:
         for i, batch in enumerate(it):
             now = time.perf_counter()
-            if startup is None:
-                startup = now - t0
+            startup = now - t0 if startup is None else startup
             size = _batch_len(batch)
             delivered += size
             last = max_batches is not None and i + 1 >= max_batches
@@ -516,11 +499,9 @@ def _measure(
             k = len(times) - 1
             if k >= 2 * group and k % group == 0 and _steady(times, samples, group, STEADY_TOLERANCE):
                 until = "steady"
-                break
-            if now >= until_s:
+            elif now >= until_s:
                 until = "slot"
-                break
-            if last:
+            if until != "one pass" or last:
                 break
         end = time.perf_counter()
     finally:
@@ -530,12 +511,10 @@ def _measure(
         remove_folder()
     if startup is None:
         return 0.0, 0.0, 0, "no batch"
-    measured = len(times) - 1
-    if measured > 0 and end > times[0]:
-        return samples[-1] / (end - times[0]), startup, measured, until
+    if len(times) > 1 and end > times[0]:
+        return samples[-1] / (end - times[0]), startup, len(times) - 1, until
     # too slow (or too little data) to measure after warm-up: the pessimistic overall rate
-    total = end - t0
-    return delivered / total if total > 0 else 0.0, startup, 0, until
+    return delivered / (end - t0) if end > t0 else 0.0, startup, 0, until
 
 
 def _pass_batches(dataset: Any, batch_size: Any, drop_last: bool = False) -> int | None:
@@ -570,8 +549,7 @@ def _measure_counts(
     table: list[dict[str, Any]] = []
     best_sps, since_improved = 0.0, 0
     for i, n in enumerate(cands):
-        allowed = allowed_s(best_sps)
-        if allowed - (time.perf_counter() - t_start) <= 0.05 * allowed and table:
+        if table and time.perf_counter() - t_start >= 0.95 * allowed_s(best_sps):
             return table, "budget"
         if progress is not None:
             progress(f"measuring num_workers={n} ({i + 1} of {len(cands)}) ...")
