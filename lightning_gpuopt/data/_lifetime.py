@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -52,8 +53,22 @@ def _remove_if_orphaned(folder: str, parent: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+#: seconds between a worker's looks at its parent (PyTorch's own watchdog looks every 5 s)
+ORPHAN_POLL_S = 0.2
+
+
+def _exit_with_parent(folder: str, parent: int) -> None:
+    """In a worker: once ``parent`` has died, remove the loader's folder and exit. PyTorch's watchdog reads
+    the parent's pid after ``worker_init_fn``; a parent killed in between leaves it waiting forever."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(1)
+
+
 class InWorkerFolder:
-    """A ``worker_init_fn`` putting the worker's temporary files in ``folder``, then running ``inner``."""
+    """A ``worker_init_fn`` putting the worker's temporary files in ``folder``, then running ``inner``; with
+    ``parent``, the worker exits once that process has died (docs/reliability.md)."""
 
     def __init__(
         self, folder: str, inner: Callable[[int], Any] | None = None, parent: int | None = None
@@ -72,6 +87,11 @@ class InWorkerFolder:
             multiprocessing.util.Finalize(
                 None, _remove_if_orphaned, args=(self.folder, os.getppid()), exitpriority=_AFTER_TEMP_DIR
             )
+        if self.parent is not None:  # started once the folder exists: a later death removes it too
+            args = (self.folder, self.parent)
+            threading.Thread(
+                target=_exit_with_parent, args=args, name="lightning_gpuopt-orphan", daemon=True
+            ).start()
         if self.inner is not None:
             self.inner(worker_id)
 

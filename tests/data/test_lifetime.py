@@ -87,6 +87,36 @@ def test_a_worker_made_as_its_parent_died_removes_the_folder_and_exits(tmp_path)
     assert not folder.exists()
 
 
+_PARENT_OF_A_SET_UP_WORKER = """
+import os, sys, time
+from lightning_gpuopt.data._lifetime import InWorkerFolder
+child = os.fork()
+if child == 0:  # a worker whose worker_init_fn ran, then waits as PyTorch's watchdog does with pid 1
+    InWorkerFolder(sys.argv[1], parent=os.getppid())(0)
+    time.sleep(60)
+    os._exit(0)
+while not os.path.isdir(sys.argv[1]):
+    time.sleep(0.01)
+print("child", child, flush=True)
+time.sleep(60)
+"""
+
+
+@linux_only
+def test_a_set_up_worker_whose_parent_dies_removes_the_folder_and_exits(short_tmp):
+    folder = short_tmp / "gpuopt-set-up"
+    proc = _child(_PARENT_OF_A_SET_UP_WORKER, str(folder), tmpdir=short_tmp)
+    child = int(_lines_until(proc, "child "))
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _gone_within([child], 5.0) == [], "the worker outlived its parent"
+        assert not folder.exists()
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 @linux_only
 def test_forkserver_workers_whose_parent_is_the_server_run():
     loader = HostDataLoader(range(8), batch_size=2, num_workers=2, multiprocessing_context="forkserver")
